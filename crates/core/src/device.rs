@@ -1,0 +1,261 @@
+//! The [`BlockDevice`] trait: one set of operations and capabilities for
+//! every layer (files, image formats, NBD connections, filters).
+
+use std::sync::Arc;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::extent::Extent;
+
+/// A shared, dynamically typed block device: what layers hold of the layer below.
+pub type DeviceRef = Arc<dyn BlockDevice>;
+
+/// Flags of a write request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteFlags {
+    /// Force unit access: the data is on stable storage when the call returns.
+    pub fua: bool,
+}
+
+impl WriteFlags {
+    /// No flags.
+    pub const NONE: WriteFlags = WriteFlags { fua: false };
+    /// Force unit access.
+    pub const FUA: WriteFlags = WriteFlags { fua: true };
+}
+
+/// Flags of a write-zeroes request (NBD_CMD_WRITE_ZEROES semantics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroFlags {
+    /// Force unit access.
+    pub fua: bool,
+    /// The range may be deallocated (punched) as long as it reads back as zeros.
+    /// Without it (NBD_CMD_FLAG_NO_HOLE) the range must stay allocated.
+    pub may_trim: bool,
+    /// Fail at once with [`ErrorKind::NotSupported`] unless zeroing is faster
+    /// than writing zeros would be (NBD_CMD_FLAG_FAST_ZERO).
+    pub fast: bool,
+}
+
+/// What a device can do. Layers above must not use an operation whose
+/// capability is false (the NBD server also advertises exactly these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Writes, zeroes and trims are accepted.
+    pub can_write: bool,
+    /// Flush does something (the device has a volatile cache).
+    pub can_flush: bool,
+    /// The FUA flag is honoured (natively, or by flushing after the write).
+    pub can_fua: bool,
+    /// Trim may deallocate.
+    pub can_trim: bool,
+    /// Write-zeroes is implemented more efficiently than writing a zero buffer.
+    pub can_zero: bool,
+    /// Write-zeroes with the fast flag can succeed on at least some ranges.
+    pub can_fast_zero: bool,
+    /// Extents report real allocation (otherwise everything is "data").
+    pub can_extents: bool,
+    /// Several connections (or handles) see each other's flushed writes.
+    pub can_multi_conn: bool,
+    /// Cache (prefetch) does something.
+    pub can_cache: bool,
+    /// The medium is rotational (seeks are expensive).
+    pub is_rotational: bool,
+}
+
+impl Capabilities {
+    /// Capabilities of a read-only device with nothing special.
+    pub const READ_ONLY: Capabilities = Capabilities {
+        can_write: false,
+        can_flush: false,
+        can_fua: false,
+        can_trim: false,
+        can_zero: false,
+        can_fast_zero: false,
+        can_extents: false,
+        can_multi_conn: true,
+        can_cache: false,
+        is_rotational: false,
+    };
+
+    /// The same capabilities with every write-side one switched off.
+    pub fn read_only(self) -> Capabilities {
+        Capabilities {
+            can_write: false,
+            can_fua: false,
+            can_trim: false,
+            can_zero: false,
+            can_fast_zero: false,
+            ..self
+        }
+    }
+}
+
+/// Block size constraints (NBD_INFO_BLOCK_SIZE semantics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSizeLimits {
+    /// Requests must be aligned to this (a power of two, 1 for byte granularity).
+    pub minimum: u32,
+    /// Requests aligned to and sized in multiples of this are efficient.
+    pub preferred: u32,
+    /// The largest read or write payload accepted at once.
+    pub maximum: u32,
+}
+
+impl Default for BlockSizeLimits {
+    fn default() -> Self {
+        BlockSizeLimits { minimum: 1, preferred: 4096, maximum: 32 * 1024 * 1024 }
+    }
+}
+
+/// A block device. All offsets and lengths are in bytes; every operation must
+/// lie within `0..size()`. Implementations are thread-safe and take `&self`
+/// so that many requests may be in flight at once, without a lock around I/O.
+///
+/// Each optional operation has a default that is correct for a device without
+/// that capability; a device overrides what it does better.
+pub trait BlockDevice: Send + Sync {
+    /// The size of the device in bytes.
+    fn size(&self) -> u64;
+
+    /// What the device can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Block size constraints.
+    fn block_size(&self) -> BlockSizeLimits {
+        BlockSizeLimits::default()
+    }
+
+    /// Whether the whole device is known to read as zeros right now
+    /// (a freshly created image, the null device). False when unknown.
+    fn is_known_zero(&self) -> bool {
+        false
+    }
+
+    /// Reads `buf.len()` bytes at `offset`, fully.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, _buf: &[u8], _offset: u64, _flags: WriteFlags) -> Result<()> {
+        Err(Error::new(ErrorKind::PermissionDenied, "device is read-only"))
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros.
+    ///
+    /// The default writes a zero buffer, which is correct for any writable
+    /// device: a device that can do better overrides it and sets `can_zero`.
+    /// With `flags.fast` the default fails at once, as writing zeros is never
+    /// faster than writing zeros.
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        if flags.fast {
+            return Err(Error::from_kind(ErrorKind::NotSupported));
+        }
+        write_zero_buffer(self, offset, len, flags.fua)
+    }
+
+    /// Hints that `len` bytes at `offset` are no longer needed; after a trim
+    /// the contents of the range are unspecified. The default does nothing.
+    fn trim(&self, _offset: u64, _len: u64, flags: WriteFlags) -> Result<()> {
+        if flags.fua { self.flush() } else { Ok(()) }
+    }
+
+    /// Makes all completed writes durable.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Prefetches a range into any cache. The default does nothing.
+    fn cache(&self, _offset: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Describes the allocation of a prefix of `offset..offset+len` (`len > 0`).
+    ///
+    /// Returns at least one extent; the extents are contiguous from `offset`
+    /// and may end before `offset + len` (never after). The default reports
+    /// the whole range as data.
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        let _ = offset;
+        Ok(vec![Extent::data(len)])
+    }
+
+    /// A short description for messages and logs.
+    fn describe(&self) -> String {
+        String::from("device")
+    }
+}
+
+/// Writes zeros from a shared zero buffer: the fallback for write-zeroes.
+pub fn write_zero_buffer<D: BlockDevice + ?Sized>(
+    dev: &D,
+    mut offset: u64,
+    mut len: u64,
+    fua: bool,
+) -> Result<()> {
+    const CHUNK: usize = 1 << 20;
+    static ZEROS: [u8; CHUNK] = [0u8; CHUNK];
+    while len > 0 {
+        let n = len.min(CHUNK as u64) as usize;
+        let last = n as u64 == len;
+        dev.write_at(&ZEROS[..n], offset, WriteFlags { fua: fua && last })?;
+        offset += n as u64;
+        len -= n as u64;
+    }
+    Ok(())
+}
+
+/// Checks that `offset..offset+len` lies within a device of `size` bytes.
+pub fn check_range(size: u64, offset: u64, len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::invalid(format!(
+            "request out of range: offset {offset} length {len} beyond device size {size}"
+        ))),
+    }
+}
+
+macro_rules! forward_device {
+    ($ty:ty) => {
+        impl<T: BlockDevice + ?Sized> BlockDevice for $ty {
+            fn size(&self) -> u64 {
+                (**self).size()
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            fn block_size(&self) -> BlockSizeLimits {
+                (**self).block_size()
+            }
+            fn is_known_zero(&self) -> bool {
+                (**self).is_known_zero()
+            }
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+                (**self).read_at(buf, offset)
+            }
+            fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+                (**self).write_at(buf, offset, flags)
+            }
+            fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+                (**self).write_zeroes(offset, len, flags)
+            }
+            fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+                (**self).trim(offset, len, flags)
+            }
+            fn flush(&self) -> Result<()> {
+                (**self).flush()
+            }
+            fn cache(&self, offset: u64, len: u64) -> Result<()> {
+                (**self).cache(offset, len)
+            }
+            fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+                (**self).extents(offset, len)
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+        }
+    };
+}
+
+forward_device!(Arc<T>);
+forward_device!(Box<T>);
+forward_device!(&T);

@@ -1,0 +1,125 @@
+//! Filters: layers that change some operations of the device below and pass
+//! the rest through untouched, capabilities included.
+//!
+//! A [`Filter`] implements only the methods it changes; every default calls
+//! the next layer. [`Filtered`] joins a filter to the device below it and is
+//! itself a [`BlockDevice`], so filters stack over any device.
+
+use crate::device::{BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, WriteFlags, ZeroFlags};
+use crate::error::Result;
+use crate::extent::Extent;
+
+/// A layer over another device. Every method receives the next layer.
+#[allow(missing_docs)]
+pub trait Filter: Send + Sync {
+    /// The filter's name, for descriptions.
+    fn name(&self) -> &str;
+
+    fn size(&self, next: &dyn BlockDevice) -> u64 {
+        next.size()
+    }
+    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
+        next.capabilities()
+    }
+    fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
+        next.block_size()
+    }
+    fn is_known_zero(&self, next: &dyn BlockDevice) -> bool {
+        next.is_known_zero()
+    }
+    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        next.read_at(buf, offset)
+    }
+    fn write_at(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        next.write_at(buf, offset, flags)
+    }
+    fn write_zeroes(
+        &self,
+        next: &dyn BlockDevice,
+        offset: u64,
+        len: u64,
+        flags: ZeroFlags,
+    ) -> Result<()> {
+        next.write_zeroes(offset, len, flags)
+    }
+    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        next.trim(offset, len, flags)
+    }
+    fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
+        next.flush()
+    }
+    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
+        next.cache(offset, len)
+    }
+    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        next.extents(offset, len)
+    }
+}
+
+/// A filter stacked on a device.
+pub struct Filtered<F> {
+    filter: F,
+    next: DeviceRef,
+}
+
+impl<F: Filter> Filtered<F> {
+    /// Stacks `filter` on `next`.
+    pub fn new(filter: F, next: DeviceRef) -> Filtered<F> {
+        Filtered { filter, next }
+    }
+
+    /// The filter.
+    pub fn filter(&self) -> &F {
+        &self.filter
+    }
+
+    /// The device below.
+    pub fn next(&self) -> &DeviceRef {
+        &self.next
+    }
+}
+
+impl<F: Filter> BlockDevice for Filtered<F> {
+    fn size(&self) -> u64 {
+        self.filter.size(&*self.next)
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.filter.capabilities(&*self.next)
+    }
+    fn block_size(&self) -> BlockSizeLimits {
+        self.filter.block_size(&*self.next)
+    }
+    fn is_known_zero(&self) -> bool {
+        self.filter.is_known_zero(&*self.next)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.filter.read_at(&*self.next, buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.filter.write_at(&*self.next, buf, offset, flags)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.filter.write_zeroes(&*self.next, offset, len, flags)
+    }
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.filter.trim(&*self.next, offset, len, flags)
+    }
+    fn flush(&self) -> Result<()> {
+        self.filter.flush(&*self.next)
+    }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        self.filter.cache(&*self.next, offset, len)
+    }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.filter.extents(&*self.next, offset, len)
+    }
+    fn describe(&self) -> String {
+        format!("{} over {}", self.filter.name(), self.next.describe())
+    }
+}
