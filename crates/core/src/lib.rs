@@ -12,6 +12,7 @@
 //! duration; a request cannot outlive its buffer because the call returns only
 //! when the I/O has completed.
 
+pub mod buffer;
 pub mod concat;
 pub mod device;
 pub mod error;

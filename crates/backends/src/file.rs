@@ -1,0 +1,628 @@
+//! Regular files and block devices.
+//!
+//! Positional I/O (`pread`/`pwrite`) from any number of threads at once with
+//! no lock. Extents come from SEEK_DATA/SEEK_HOLE, but only when asking can
+//! pay off: a fully allocated file is answered from `fstat` alone, the last
+//! region found is cached, and a file system whose seeks turn out slow stops
+//! being asked (zero detection on the data then finds the zeros).
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use diskit_core::buffer::AlignedBuf;
+use diskit_core::device::{BlockSizeLimits, check_range};
+use diskit_core::error::ResultExt;
+use diskit_core::{
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, Result, WriteFlags, ZeroFlags,
+};
+
+use crate::sys;
+
+/// How a file is opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FileOptions {
+    /// Open for writing.
+    pub writable: bool,
+    /// Bypass the page cache (O_DIRECT); unaligned requests go through
+    /// aligned bounce buffers.
+    pub direct: bool,
+}
+
+/// How a new file's space is reserved (qemu-img's `preallocation` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Preallocation {
+    /// Sparse: nothing is allocated.
+    #[default]
+    Off,
+    /// Space is reserved with fallocate.
+    Falloc,
+    /// Zeros are written over the whole range.
+    Full,
+}
+
+impl Preallocation {
+    /// Parses qemu-img's names: off, falloc, full (metadata counts as off for raw).
+    pub fn parse(s: &str) -> Result<Preallocation> {
+        match s {
+            "off" => Ok(Preallocation::Off),
+            "falloc" => Ok(Preallocation::Falloc),
+            "full" => Ok(Preallocation::Full),
+            _ => Err(Error::invalid(format!("Invalid parameter '{s}'"))),
+        }
+    }
+
+    /// qemu-img's name for this mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preallocation::Off => "off",
+            Preallocation::Falloc => "falloc",
+            Preallocation::Full => "full",
+        }
+    }
+}
+
+/// Seeks slower than this turn SEEK_DATA/SEEK_HOLE off for the file.
+const SLOW_SEEK: Duration = Duration::from_millis(50);
+/// Alignment used for O_DIRECT requests and buffers.
+const DIRECT_ALIGN: u64 = 4096;
+
+/// A regular file or a block device.
+pub struct FileDevice {
+    file: File,
+    path: PathBuf,
+    size: AtomicU64,
+    writable: bool,
+    direct: bool,
+    block_device: bool,
+    rotational: bool,
+    /// SEEK_DATA/SEEK_HOLE still worth asking.
+    seek_ok: AtomicBool,
+    /// The last region found by seeking, valid while `generation` is unchanged.
+    seek_cache: Mutex<SeekCache>,
+    /// Bumped by every request that can change allocation.
+    generation: AtomicU64,
+    /// Serialises read-modify-write of unaligned O_DIRECT writes.
+    rmw: Mutex<()>,
+    /// Fallocate modes found unsupported by the file system.
+    no_punch: AtomicBool,
+    no_zero_range: AtomicBool,
+}
+
+#[derive(Default)]
+struct SeekCache {
+    generation: u64,
+    start: u64,
+    end: u64,
+    data: bool,
+}
+
+impl FileDevice {
+    /// Opens an existing file or block device.
+    pub fn open(path: impl AsRef<Path>, opts: FileOptions) -> Result<FileDevice> {
+        let path = path.as_ref();
+        let mut oo = OpenOptions::new();
+        oo.read(true).write(opts.writable);
+        if opts.direct {
+            oo.custom_flags(libc::O_DIRECT);
+        }
+        let file = oo.open(path)?;
+        Self::from_file(file, path, opts)
+    }
+
+    /// Creates (or truncates) a regular file of `size` bytes.
+    pub fn create(path: impl AsRef<Path>, size: u64, prealloc: Preallocation) -> Result<FileDevice> {
+        let path = path.as_ref();
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let dev = Self::from_file(file, path, FileOptions { writable: true, direct: false })?;
+        dev.resize(size, prealloc)?;
+        Ok(dev)
+    }
+
+    fn from_file(file: File, path: &Path, opts: FileOptions) -> Result<FileDevice> {
+        let meta = file.metadata()?;
+        let ft = meta.file_type();
+        let block_device = ft.is_block_device();
+        if ft.is_dir() {
+            return Err(Error::invalid("Is a directory"));
+        }
+        let size = if block_device { sys::block_device_size(file.as_fd())? } else { meta.len() };
+        let rdev = if block_device { meta.rdev() } else { meta.dev() };
+        Ok(FileDevice {
+            rotational: is_rotational(rdev),
+            file,
+            path: path.to_path_buf(),
+            size: AtomicU64::new(size),
+            writable: opts.writable,
+            direct: opts.direct,
+            block_device,
+            seek_ok: AtomicBool::new(!block_device),
+            seek_cache: Mutex::new(SeekCache::default()),
+            generation: AtomicU64::new(1),
+            rmw: Mutex::new(()),
+            no_punch: AtomicBool::new(false),
+            no_zero_range: AtomicBool::new(false),
+        })
+    }
+
+    /// The path the device was opened with.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether this is a block device rather than a regular file.
+    pub fn is_block_device(&self) -> bool {
+        self.block_device
+    }
+
+    /// Bytes allocated on disk (st_blocks × 512), as `du` reports.
+    pub fn allocated_bytes(&self) -> Result<u64> {
+        Ok(self.file.metadata()?.blocks() * 512)
+    }
+
+    /// Changes the size of a regular file, reserving new space as `prealloc` says.
+    pub fn resize(&self, new_size: u64, prealloc: Preallocation) -> Result<()> {
+        if self.block_device {
+            let size = self.size();
+            if new_size > size {
+                return Err(Error::unsupported(format!(
+                    "Cannot grow device files (device size is {size})"
+                )));
+            }
+            return Ok(());
+        }
+        let old = self.file.metadata()?.len();
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        if new_size > old {
+            match prealloc {
+                Preallocation::Off => self.file.set_len(new_size)?,
+                Preallocation::Falloc => {
+                    sys::fallocate(self.file.as_fd(), 0, old, new_size - old)
+                        .context("Could not preallocate data for the new area")?;
+                }
+                Preallocation::Full => {
+                    self.file.set_len(new_size)?;
+                    // Allocate for real: write zeros (after trying fallocate,
+                    // which makes the writes cheaper on most file systems).
+                    let _ = sys::fallocate(self.file.as_fd(), 0, old, new_size - old);
+                    self.size.store(new_size, Ordering::Release);
+                    diskit_core::device::write_zero_buffer(self, old, new_size - old, false)?;
+                }
+            }
+        } else if new_size < old {
+            self.file.set_len(new_size)?;
+        }
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    fn ensure_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::PermissionDenied, "device is read-only"))
+        }
+    }
+
+    fn touched(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads with the file at `offset`, zero-filling past end of file.
+    fn pread_full(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => {
+                    buf[done..].fill(0);
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn is_aligned(&self, ptr: usize, len: usize, offset: u64) -> bool {
+        let a = DIRECT_ALIGN;
+        ptr as u64 % a == 0 && len as u64 % a == 0 && offset % a == 0
+    }
+
+    fn direct_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if self.is_aligned(buf.as_ptr() as usize, buf.len(), offset) {
+            return self.pread_full(buf, offset);
+        }
+        let start = offset / DIRECT_ALIGN * DIRECT_ALIGN;
+        let end = (offset + buf.len() as u64).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let mut bounce = AlignedBuf::new((end - start) as usize, DIRECT_ALIGN as usize)?;
+        self.pread_full(&mut bounce, start)?;
+        let skip = (offset - start) as usize;
+        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    fn direct_write(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if self.is_aligned(buf.as_ptr() as usize, buf.len(), offset) {
+            self.file.write_all_at(buf, offset)?;
+            return Ok(());
+        }
+        let start = offset / DIRECT_ALIGN * DIRECT_ALIGN;
+        let end = (offset + buf.len() as u64).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let mut bounce = AlignedBuf::new((end - start) as usize, DIRECT_ALIGN as usize)?;
+        let _guard = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
+        self.pread_full(&mut bounce, start)?;
+        let skip = (offset - start) as usize;
+        bounce[skip..skip + buf.len()].copy_from_slice(buf);
+        // Never write past the end of a regular file: the tail block is partial.
+        let file_end = self.size().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let n = (end.min(file_end.max(offset + buf.len() as u64)) - start) as usize;
+        self.file.write_all_at(&bounce[..n.div_ceil(DIRECT_ALIGN as usize) * DIRECT_ALIGN as usize], start)?;
+        Ok(())
+    }
+
+    fn try_fallocate(&self, mode: i32, offset: u64, len: u64, unsupported: &AtomicBool) -> Result<bool> {
+        if unsupported.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        match sys::fallocate(self.file.as_fd(), mode, offset, len) {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                let err: Error = e.into();
+                if err.kind() == ErrorKind::NotSupported {
+                    unsupported.store(true, Ordering::Relaxed);
+                    Ok(false)
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// Answers an extents query from the cache, if it covers `offset`.
+    fn cached_extent(&self, offset: u64, len: u64) -> Option<Extent> {
+        let c = self.seek_cache.lock().ok()?;
+        if c.generation != self.generation.load(Ordering::Relaxed) || offset < c.start || offset >= c.end {
+            return None;
+        }
+        let n = (c.end - offset).min(len);
+        let e = if c.data { Extent::data(n) } else { Extent::hole(n) };
+        Some(e.at_host(offset))
+    }
+
+    fn seek_extents(&self, offset: u64, len: u64) -> Result<Option<Vec<Extent>>> {
+        if let Some(e) = self.cached_extent(offset, len) {
+            return Ok(Some(vec![e]));
+        }
+        let generation = self.generation.load(Ordering::Relaxed);
+        let size = self.size();
+        let fd = self.file.as_fd();
+        let started = Instant::now();
+        let data_at = sys::seek(fd, offset, libc::SEEK_DATA);
+        let (start, end, data) = match data_at {
+            Err(e) => {
+                let err = Error::from(e);
+                if err.kind() == ErrorKind::NotSupported {
+                    self.seek_ok.store(false, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                return Err(err);
+            }
+            // No data from here to the end of the file: all hole.
+            Ok(None) => (offset, size, false),
+            Ok(Some(d)) if d > offset => (offset, d.min(size), false),
+            Ok(Some(_)) => {
+                let hole = sys::seek(fd, offset, libc::SEEK_HOLE)?.unwrap_or(size);
+                (offset, hole.min(size).max(offset + 1), true)
+            }
+        };
+        if started.elapsed() > SLOW_SEEK {
+            self.seek_ok.store(false, Ordering::Relaxed);
+        }
+        if let Ok(mut c) = self.seek_cache.lock() {
+            *c = SeekCache { generation, start, end, data };
+        }
+        let n = (end - start).min(len);
+        let e = if data { Extent::data(n) } else { Extent::hole(n) };
+        Ok(Some(vec![e.at_host(offset)]))
+    }
+
+    /// Whether the file is known to be fully allocated (no hole to find).
+    fn fully_allocated(&self) -> bool {
+        match self.file.metadata() {
+            Ok(m) => m.blocks() * 512 >= m.len(),
+            Err(_) => false,
+        }
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let w = self.writable;
+        Capabilities {
+            can_write: w,
+            can_flush: w,
+            can_fua: w,
+            can_trim: w,
+            can_zero: w,
+            can_fast_zero: w,
+            can_extents: !self.block_device,
+            can_multi_conn: true,
+            can_cache: true,
+            is_rotational: self.rotational,
+        }
+    }
+
+    fn block_size(&self) -> BlockSizeLimits {
+        BlockSizeLimits { minimum: 1, preferred: 4096, maximum: 32 << 20 }
+    }
+
+    fn is_known_zero(&self) -> bool {
+        !self.block_device && self.file.metadata().map(|m| m.blocks() == 0).unwrap_or(false)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(self.size(), offset, buf.len() as u64)?;
+        if self.direct { self.direct_read(buf, offset) } else { self.pread_full(buf, offset) }
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.ensure_writable()?;
+        check_range(self.size(), offset, buf.len() as u64)?;
+        self.touched();
+        if self.direct {
+            self.direct_write(buf, offset)?;
+        } else {
+            self.file.write_all_at(buf, offset)?;
+        }
+        if flags.fua {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.ensure_writable()?;
+        check_range(self.size(), offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.touched();
+        let fd = self.file.as_fd();
+        let done = if self.block_device {
+            // BLKZEROOUT may unmap (it uses REQ_OP_WRITE_ZEROES when the
+            // device has it) and falls back to writing zeros in the kernel,
+            // which is not fast: only claim fast when the queue has a
+            // write-zeroes limit.
+            if flags.fast && !block_write_zeroes_supported(&self.file) {
+                return Err(Error::from_kind(ErrorKind::NotSupported));
+            }
+            match sys::block_range_ioctl(fd, sys::BLKZEROOUT, offset, len) {
+                Ok(()) => true,
+                Err(e) => {
+                    let err = Error::from(e);
+                    if err.kind() != ErrorKind::NotSupported {
+                        return Err(err);
+                    }
+                    false
+                }
+            }
+        } else {
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            (flags.may_trim && self.try_fallocate(punch, offset, len, &self.no_punch)?)
+                || self.try_fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len, &self.no_zero_range)?
+                // A punched hole re-allocated keeps NO_HOLE's promise.
+                || (self.try_fallocate(punch, offset, len, &self.no_punch)?
+                    && (flags.may_trim || self.try_fallocate(0, offset, len, &AtomicBool::new(false))?))
+        };
+        if !done {
+            if flags.fast {
+                return Err(Error::from_kind(ErrorKind::NotSupported));
+            }
+            diskit_core::device::write_zero_buffer(self, offset, len, false)?;
+        }
+        if flags.fua {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.ensure_writable()?;
+        check_range(self.size(), offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.touched();
+        if self.block_device {
+            // Discard is advisory: a device without it keeps its data.
+            if let Err(e) = sys::block_range_ioctl(self.file.as_fd(), sys::BLKDISCARD, offset, len) {
+                let err: Error = e.into();
+                if err.kind() != ErrorKind::NotSupported {
+                    return Err(err);
+                }
+            }
+        } else {
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            self.try_fallocate(punch, offset, len, &self.no_punch)?;
+        }
+        if flags.fua {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        if self.writable {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(self.size(), offset, len)?;
+        sys::fadvise(self.file.as_fd(), offset, len, libc::POSIX_FADV_WILLNEED);
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(self.size(), offset, len)?;
+        let all_data = || Ok(vec![Extent::data(len).at_host(offset)]);
+        if !self.seek_ok.load(Ordering::Relaxed) || len == 0 || self.fully_allocated() {
+            return all_data();
+        }
+        match self.seek_extents(offset, len)? {
+            Some(v) => Ok(v),
+            None => all_data(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// Whether a block device's queue implements write-zeroes natively.
+fn block_write_zeroes_supported(file: &File) -> bool {
+    let Ok(meta) = file.metadata() else { return false };
+    let (maj, min) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    for p in [
+        format!("/sys/dev/block/{maj}:{min}/queue/write_zeroes_max_bytes"),
+        format!("/sys/dev/block/{maj}:{min}/../queue/write_zeroes_max_bytes"),
+    ] {
+        if let Ok(s) = std::fs::read_to_string(p) {
+            return s.trim().parse::<u64>().map(|n| n > 0).unwrap_or(false);
+        }
+    }
+    false
+}
+
+/// Whether the block device `dev` (or the one holding a file) is rotational.
+fn is_rotational(dev: u64) -> bool {
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    for p in [
+        format!("/sys/dev/block/{maj}:{min}/queue/rotational"),
+        format!("/sys/dev/block/{maj}:{min}/../queue/rotational"),
+    ] {
+        if let Ok(s) = std::fs::read_to_string(p) {
+            return s.trim() == "1";
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rw(path: &Path) -> FileDevice {
+        FileDevice::open(path, FileOptions { writable: true, direct: false }).unwrap()
+    }
+
+    #[test]
+    fn create_read_write_and_extents() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.raw");
+        let dev = FileDevice::create(&p, 1 << 20, Preallocation::Off).unwrap();
+        assert_eq!(dev.size(), 1 << 20);
+        assert!(dev.is_known_zero());
+        dev.write_at(&[0xab; 4096], 65536, WriteFlags::NONE).unwrap();
+        let mut buf = vec![0u8; 8192];
+        dev.read_at(&mut buf, 61440).unwrap();
+        assert!(buf[..4096].iter().all(|&b| b == 0));
+        assert!(buf[4096..].iter().all(|&b| b == 0xab));
+        // Walk all extents; the data block must be found as data.
+        let mut off = 0;
+        let mut found = false;
+        while off < dev.size() {
+            let ex = dev.extents(off, dev.size() - off).unwrap();
+            for e in ex {
+                if e.flags.data && off <= 65536 && 65536 < off + e.length {
+                    found = true;
+                }
+                if !e.flags.data {
+                    let mut b = vec![1u8; e.length as usize];
+                    dev.read_at(&mut b, off).unwrap();
+                    assert!(b.iter().all(|&x| x == 0), "hole at {off} must read zeros");
+                }
+                off += e.length;
+            }
+        }
+        assert!(found);
+        assert!(dev.read_at(&mut buf, (1 << 20) - 10).is_err());
+    }
+
+    #[test]
+    fn zeroing_and_trim_read_back_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("z.raw");
+        let dev = FileDevice::create(&p, 1 << 20, Preallocation::Full).unwrap();
+        dev.write_at(&vec![7u8; 1 << 20], 0, WriteFlags::NONE).unwrap();
+        for may_trim in [false, true] {
+            dev.write_zeroes(4096, 8192, ZeroFlags { may_trim, ..Default::default() }).unwrap();
+            let mut b = vec![1u8; 8192];
+            dev.read_at(&mut b, 4096).unwrap();
+            assert!(b.iter().all(|&x| x == 0));
+            dev.write_at(&[7u8; 8192], 4096, WriteFlags::FUA).unwrap();
+        }
+        // Unaligned zeroing keeps the neighbours.
+        dev.write_zeroes(100, 50, ZeroFlags::default()).unwrap();
+        let mut b = vec![0u8; 300];
+        dev.read_at(&mut b, 0).unwrap();
+        assert!(b[..100].iter().all(|&x| x == 7) && b[100..150].iter().all(|&x| x == 0));
+        assert!(b[150..].iter().all(|&x| x == 7));
+        dev.flush().unwrap();
+    }
+
+    #[test]
+    fn read_only_refuses_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.raw");
+        FileDevice::create(&p, 4096, Preallocation::Off).unwrap();
+        let dev = FileDevice::open(&p, FileOptions::default()).unwrap();
+        let e = dev.write_at(&[1], 0, WriteFlags::NONE).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+        assert!(!dev.capabilities().can_write);
+        let _ = rw(&p);
+    }
+
+    #[test]
+    fn direct_io_handles_unaligned_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.raw");
+        FileDevice::create(&p, 1 << 20, Preallocation::Off).unwrap();
+        let dev = match FileDevice::open(&p, FileOptions { writable: true, direct: true }) {
+            Ok(d) => d,
+            // tmpfs and some others refuse O_DIRECT.
+            Err(_) => return,
+        };
+        dev.write_at(&[9u8; 1000], 12345, WriteFlags::NONE).unwrap();
+        let mut b = vec![0u8; 1100];
+        dev.read_at(&mut b, 12300).unwrap();
+        assert!(b[..45].iter().all(|&x| x == 0));
+        assert!(b[45..1045].iter().all(|&x| x == 9));
+        assert!(b[1045..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn preallocation_modes_allocate() {
+        let dir = tempfile::tempdir().unwrap();
+        for (mode, expect_alloc) in
+            [(Preallocation::Off, false), (Preallocation::Falloc, true), (Preallocation::Full, true)]
+        {
+            let p = dir.path().join(format!("{}.raw", mode.name()));
+            let dev = FileDevice::create(&p, 1 << 20, mode).unwrap();
+            let alloc = dev.allocated_bytes().unwrap();
+            assert_eq!(alloc >= 1 << 20, expect_alloc, "{mode:?}: {alloc}");
+        }
+    }
+}
