@@ -1,0 +1,248 @@
+//! The copy engine behind `convert`: any source device to any destination.
+//!
+//! Workers (threads, `-m`) take the next piece of the source under a short
+//! lock, guided by the source's extents: a range the source reports as zero
+//! becomes one zero item (skipped when the destination already reads as
+//! zeros, otherwise one write-zeroes), and data is taken in requests of
+//! `request_size` bytes. Data is read, scanned for zero runs of at least
+//! `min_sparse` bytes (holes are only made where the destination can have
+//! them), and written. Reads and writes of different workers overlap; writes
+//! may be kept in source order for destinations whose layout depends on it.
+
+mod plan;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use diskit_core::buffer::AlignedBuf;
+use diskit_core::zero::zero_runs;
+use diskit_core::{BlockDevice, Error, Result, WriteFlags, ZeroFlags};
+
+use plan::{Item, Planner};
+
+/// How to copy.
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    /// Zero runs at least this long become holes; 0 writes every byte as data.
+    pub min_sparse: u64,
+    /// Worker threads (requests in flight).
+    pub workers: usize,
+    /// Bytes per data request.
+    pub request_size: usize,
+    /// The destination is known to read as zeros already.
+    pub target_is_zero: bool,
+    /// Writes must happen in source order (for destinations whose layout
+    /// depends on write order, as qemu-img does without -W).
+    pub ordered_writes: bool,
+    /// Flush the destination at the end.
+    pub flush: bool,
+}
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        CopyOptions {
+            min_sparse: 4096,
+            workers: 8,
+            request_size: 2 << 20,
+            target_is_zero: false,
+            ordered_writes: false,
+            flush: false,
+        }
+    }
+}
+
+/// Progress of a copy, readable from another thread.
+#[derive(Debug, Default)]
+pub struct Progress {
+    done: AtomicU64,
+    total: AtomicU64,
+}
+
+impl Progress {
+    /// Bytes of the source dealt with so far, and the total.
+    pub fn get(&self) -> (u64, u64) {
+        (self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed))
+    }
+}
+
+/// What a copy did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Bytes written as data.
+    pub data_bytes: u64,
+    /// Bytes written as zeros (write-zeroes requests).
+    pub zeroed_bytes: u64,
+    /// Bytes skipped because the destination already reads as zeros.
+    pub skipped_bytes: u64,
+}
+
+/// Copies all of `src` to the start of `dst`, which must be at least as large.
+pub fn copy(
+    src: &dyn BlockDevice,
+    dst: &dyn BlockDevice,
+    opts: &CopyOptions,
+    progress: &Progress,
+) -> Result<CopyStats> {
+    let size = src.size();
+    if dst.size() < size {
+        return Err(Error::invalid("output file is smaller than input file"));
+    }
+    if !dst.capabilities().can_write {
+        return Err(Error::new(diskit_core::ErrorKind::PermissionDenied, "destination is read-only"));
+    }
+    progress.total.store(size, Ordering::Relaxed);
+    let engine = Engine {
+        src,
+        dst,
+        opts: opts.clone(),
+        planner: Mutex::new(Planner::new(size, opts.request_size as u64)),
+        failed: AtomicBool::new(false),
+        error: Mutex::new(None),
+        turn: Mutex::new(0),
+        turn_changed: Condvar::new(),
+        progress,
+        stats: Mutex::new(CopyStats::default()),
+    };
+    let workers = opts.workers.clamp(1, 64);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| engine.worker());
+        }
+    });
+    if let Some(e) = engine.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    if opts.flush {
+        dst.flush()?;
+    }
+    Ok(engine.stats.into_inner().unwrap_or_else(|p| p.into_inner()))
+}
+
+struct Engine<'a> {
+    src: &'a dyn BlockDevice,
+    dst: &'a dyn BlockDevice,
+    opts: CopyOptions,
+    planner: Mutex<Planner>,
+    failed: AtomicBool,
+    error: Mutex<Option<Error>>,
+    /// Sequence number of the next item allowed to write (ordered mode).
+    turn: Mutex<u64>,
+    turn_changed: Condvar,
+    progress: &'a Progress,
+    stats: Mutex<CopyStats>,
+}
+
+impl Engine<'_> {
+    fn worker(&self) {
+        let mut buf: Option<AlignedBuf> = None;
+        while !self.failed.load(Ordering::Relaxed) {
+            let item = {
+                let mut planner = self.planner.lock().unwrap_or_else(|p| p.into_inner());
+                match planner.next(self.src) {
+                    Ok(Some(item)) => item,
+                    Ok(None) => return,
+                    Err(e) => return self.fail(e),
+                }
+            };
+            if let Err(e) = self.process(&item, &mut buf) {
+                return self.fail(e);
+            }
+            self.progress.done.fetch_add(item.len, Ordering::Relaxed);
+        }
+    }
+
+    fn fail(&self, e: Error) {
+        self.failed.store(true, Ordering::Relaxed);
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        // Wake ordered writers waiting for a turn that will never come.
+        self.turn_changed.notify_all();
+    }
+
+    fn process(&self, item: &Item, buf: &mut Option<AlignedBuf>) -> Result<()> {
+        let mut stats = CopyStats::default();
+        let mut writes: Vec<(u64, u64, bool)> = Vec::new(); // (offset, len, zero)
+        if item.zero {
+            writes.push((item.offset, item.len, true));
+        } else {
+            if buf.as_ref().is_none_or(|b| b.len() < item.len as usize) {
+                *buf = Some(AlignedBuf::new(self.opts.request_size.max(item.len as usize), 4096)?);
+            }
+            let data = &mut buf.as_mut().expect("allocated above")[..item.len as usize];
+            self.src.read_at(data, item.offset).map_err(|e| {
+                e.context(format!("error while reading at byte {}", item.offset))
+            })?;
+            if self.opts.min_sparse == 0 {
+                writes.push((item.offset, item.len, false));
+            } else {
+                let min = self.opts.min_sparse as usize;
+                let granularity = (1usize << min.trailing_zeros()).clamp(512, 4096);
+                for r in zero_runs(data, item.offset, granularity, min) {
+                    writes.push((item.offset + r.start as u64, r.len as u64, r.zero));
+                }
+            }
+        }
+        self.wait_turn(item.seq)?;
+        let result = self.write_all(item, buf, &writes, &mut stats);
+        self.end_turn(item.seq);
+        result?;
+        let mut total = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        total.data_bytes += stats.data_bytes;
+        total.zeroed_bytes += stats.zeroed_bytes;
+        total.skipped_bytes += stats.skipped_bytes;
+        Ok(())
+    }
+
+    fn write_all(
+        &self,
+        item: &Item,
+        buf: &Option<AlignedBuf>,
+        writes: &[(u64, u64, bool)],
+        stats: &mut CopyStats,
+    ) -> Result<()> {
+        for &(offset, len, zero) in writes {
+            let at = |e: Error| e.context(format!("error while writing at byte {offset}"));
+            if zero && self.opts.target_is_zero {
+                stats.skipped_bytes += len;
+            } else if zero {
+                // With -S 0 zeros must end up allocated, so no trimming.
+                let flags = ZeroFlags { may_trim: self.opts.min_sparse != 0, ..Default::default() };
+                self.dst.write_zeroes(offset, len, flags).map_err(at)?;
+                stats.zeroed_bytes += len;
+            } else {
+                let b = buf.as_ref().expect("data items have a buffer");
+                let start = (offset - item.offset) as usize;
+                self.dst.write_at(&b[start..start + len as usize], offset, WriteFlags::NONE).map_err(at)?;
+                stats.data_bytes += len;
+            }
+        }
+        Ok(())
+    }
+
+    fn wait_turn(&self, seq: u64) -> Result<()> {
+        if !self.opts.ordered_writes {
+            return Ok(());
+        }
+        let mut turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+        while *turn != seq {
+            if self.failed.load(Ordering::Relaxed) {
+                return Err(Error::io("copy aborted"));
+            }
+            turn = self.turn_changed.wait(turn).unwrap_or_else(|p| p.into_inner());
+        }
+        Ok(())
+    }
+
+    fn end_turn(&self, seq: u64) {
+        if self.opts.ordered_writes {
+            let mut turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+            *turn = seq + 1;
+            self.turn_changed.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
