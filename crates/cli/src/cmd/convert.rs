@@ -1,0 +1,189 @@
+//! `diskit convert`: copy one or more images (concatenated) into a new or
+//! existing image of any format, keeping holes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::progress::ProgressPrinter;
+use crate::util::{CliError, open, parse_format, parse_options};
+use crate::CmdResult;
+use diskit_copy::{CopyOptions, Progress, copy};
+use diskit_core::concat::Concat;
+use diskit_core::size::parse_size;
+use diskit_core::{BlockDevice, DeviceRef};
+use diskit_formats::{Format, OpenOptions, create_image};
+
+/// Arguments of `convert`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Source format (probed if absent).
+    #[arg(short = 'f')]
+    format: Option<String>,
+    /// Target format (default raw).
+    #[arg(short = 'O')]
+    out_format: Option<String>,
+    /// Target creation options.
+    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    options: Vec<String>,
+    /// Zero runs of at least this many bytes become holes (default 4k; 0 = none).
+    #[arg(short = 'S')]
+    sparse_size: Option<String>,
+    /// The target exists already: do not create it.
+    #[arg(short = 'n')]
+    no_create: bool,
+    /// Show progress.
+    #[arg(short = 'p')]
+    progress: bool,
+    /// Quiet.
+    #[arg(short = 'q')]
+    quiet: bool,
+    /// Requests in flight (1 to 16).
+    #[arg(short = 'm', default_value = "8")]
+    coroutines: String,
+    /// Allow writes out of order.
+    #[arg(short = 'W')]
+    out_of_order: bool,
+    /// Compress the target.
+    #[arg(short = 'c')]
+    compress: bool,
+    /// The target reads as zeros already (with -n).
+    #[arg(long = "target-is-zero")]
+    target_is_zero: bool,
+    /// Target cache mode: writeback, unsafe (default), none, writethrough, directsync.
+    #[arg(short = 't')]
+    cache: Option<String>,
+    /// Source cache mode.
+    #[arg(short = 'T')]
+    src_cache: Option<String>,
+    /// Backing file of the target.
+    #[arg(short = 'B')]
+    backing: Option<String>,
+    /// Snapshot of the source to read.
+    #[arg(short = 'l')]
+    snapshot: Option<String>,
+    /// Open sources read-only even if in use.
+    #[arg(short = 'U', long = "force-share")]
+    force_share: bool,
+    /// Sources, then the target.
+    #[arg(required = true, num_args = 2..)]
+    files: Vec<PathBuf>,
+}
+
+/// What a cache mode asks for.
+struct CacheMode {
+    direct: bool,
+    flush: bool,
+}
+
+fn cache_mode(s: Option<&str>, default: &str) -> Result<CacheMode, CliError> {
+    match s.unwrap_or(default) {
+        "unsafe" => Ok(CacheMode { direct: false, flush: false }),
+        "writeback" | "writethrough" => Ok(CacheMode { direct: false, flush: true }),
+        "none" | "directsync" => Ok(CacheMode { direct: true, flush: true }),
+        other => Err(CliError::new(format!("Invalid cache option: {other}"))),
+    }
+}
+
+pub fn run(a: Args) -> CmdResult {
+    let (sources, target) = a.files.split_at(a.files.len() - 1);
+    let target = &target[0];
+    let src_format = parse_format(a.format.as_deref())?;
+    let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::Raw);
+    let options = parse_options(&a.options)?;
+    if options.wants_help() {
+        print!("{}", diskit_formats::raw::CREATE_HELP);
+        return Ok(0);
+    }
+    let workers: usize = match a.coroutines.parse() {
+        Ok(n) if (1..=16).contains(&n) => n,
+        _ => return Err(CliError::new("Invalid number of coroutines. Allowed number of coroutines is between 1 and 16")),
+    };
+    let min_sparse = match &a.sparse_size {
+        None => 4096,
+        Some(s) => {
+            let v = parse_size(s).map_err(|_| CliError::new("Invalid buffer size for sparse output specified"))?;
+            if v % 512 != 0 || v > 16 << 20 {
+                return Err(CliError::new("Invalid buffer size for sparse output specified"));
+            }
+            v
+        }
+    };
+    if a.no_create && !options.is_empty() {
+        return Err(CliError::new("-o has no effect when skipping image creation"));
+    }
+    if a.target_is_zero && !a.no_create {
+        return Err(CliError::new("--target-is-zero requires use of -n flag"));
+    }
+    if a.compress && out_format == Format::Raw {
+        return Err(CliError::new("Compression not supported for this file format"));
+    }
+    if a.snapshot.is_some() {
+        return Err(CliError::new("Source has no snapshot support in this build (raw images have no snapshots)"));
+    }
+    if a.backing.is_some() && out_format == Format::Raw {
+        return Err(CliError::new(format!("{}: Format driver 'raw' does not support backing files", target.display())));
+    }
+    let src_cache = cache_mode(a.src_cache.as_deref(), "writeback")?;
+    let dst_cache = cache_mode(a.cache.as_deref(), "unsafe")?;
+    let _ = a.force_share;
+
+    let mut devices: Vec<DeviceRef> = Vec::new();
+    for s in sources {
+        let img = open(s, src_format, OpenOptions { writable: false, direct: src_cache.direct })?;
+        devices.push(img.device);
+    }
+    let src: DeviceRef = if devices.len() == 1 {
+        devices.pop().expect("one source")
+    } else {
+        Arc::new(Concat::new(devices)?)
+    };
+    let total = src.size();
+
+    let mut created = false;
+    if !a.no_create {
+        create_image(target, out_format, Some(total), &options)
+            .map_err(|e| CliError::new(format!("{}: error while converting {}: {e}", target.display(), out_format)))?;
+        created = true;
+    }
+    let result = copy_into(&a, &*src, target, out_format, created, min_sparse, workers, &dst_cache);
+    if result.is_err() && created {
+        // Leave no half-written target behind.
+        let _ = std::fs::remove_file(target);
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn copy_into(
+    a: &Args,
+    src: &dyn BlockDevice,
+    target: &Path,
+    out_format: Format,
+    created: bool,
+    min_sparse: u64,
+    workers: usize,
+    cache: &CacheMode,
+) -> CmdResult {
+    let dst = open(target, Some(out_format), OpenOptions { writable: true, direct: cache.direct })?;
+    if dst.virtual_size() < src.size() {
+        return Err(CliError::new("output file is smaller than input file"));
+    }
+    let target_is_zero = a.target_is_zero || created || dst.device.is_known_zero();
+    let opts = CopyOptions {
+        min_sparse,
+        workers,
+        target_is_zero,
+        // Raw has no layout that depends on write order.
+        ordered_writes: !a.out_of_order && out_format != Format::Raw,
+        flush: cache.flush,
+        ..Default::default()
+    };
+    let progress = Arc::new(Progress::default());
+    let printer = (a.progress && !a.quiet).then(|| ProgressPrinter::start(progress.clone()));
+    let result = copy(src, &*dst.device, &opts, &progress);
+    if let Some(p) = printer {
+        p.finish();
+    }
+    result.map_err(|e| CliError::new(e.to_string()))?;
+    Ok(0)
+}

@@ -1,0 +1,141 @@
+//! `diskit map`: where each range of the guest disk lives.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::qjson::QJson;
+use crate::util::{CliError, open, parse_format};
+use crate::CmdResult;
+use diskit_core::extent::push_merged;
+use diskit_core::size::parse_size;
+use diskit_core::{BlockDevice, Extent};
+use diskit_formats::OpenOptions;
+
+/// Arguments of `map`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Image format (probed if absent).
+    #[arg(short = 'f')]
+    format: Option<String>,
+    /// Output format: human or json.
+    #[arg(long = "output", default_value = "human")]
+    output: String,
+    /// First guest byte to map.
+    #[arg(short = 's', long = "start-offset")]
+    start_offset: Option<String>,
+    /// How many bytes to map.
+    #[arg(short = 'l', long = "max-length")]
+    max_length: Option<String>,
+    /// Open read-only even if the image is in use.
+    #[arg(short = 'U', long = "force-share")]
+    force_share: bool,
+    /// The image.
+    filename: PathBuf,
+}
+
+/// Checks an `--output` value.
+pub fn output_is_json(s: &str) -> Result<bool, CliError> {
+    match s {
+        "json" => Ok(true),
+        "human" => Ok(false),
+        _ => Err(CliError::new(format!("--output must be used with human or json as argument."))),
+    }
+}
+
+fn offset_arg(s: Option<&str>, what: &str) -> Result<Option<u64>, CliError> {
+    s.map(|v| parse_size(v).map_err(|_| CliError::new(format!("Invalid {what} specified"))))
+        .transpose()
+}
+
+/// Merged extents of `dev` over `start..end`.
+pub fn collect_extents(dev: &dyn BlockDevice, start: u64, end: u64) -> diskit_core::Result<Vec<(u64, Extent)>> {
+    let mut merged: Vec<Extent> = Vec::new();
+    let mut pos = start;
+    while pos < end {
+        let ex = dev.extents(pos, end - pos)?;
+        let mut progressed = false;
+        for e in ex {
+            let len = e.length.min(end - pos);
+            if len == 0 {
+                break;
+            }
+            push_merged(&mut merged, Extent { length: len, ..e });
+            pos += len;
+            progressed = true;
+        }
+        if !progressed {
+            return Err(diskit_core::Error::io("device returned no extents"));
+        }
+    }
+    let mut out = Vec::with_capacity(merged.len());
+    let mut off = start;
+    for e in merged {
+        out.push((off, e));
+        off += e.length;
+    }
+    Ok(out)
+}
+
+pub fn run(a: Args) -> CmdResult {
+    let json = output_is_json(&a.output)?;
+    let format = parse_format(a.format.as_deref())?;
+    let _ = a.force_share;
+    let start = offset_arg(a.start_offset.as_deref(), "start offset")?.unwrap_or(0);
+    let max_len = offset_arg(a.max_length.as_deref(), "max length")?;
+    let img = open(&a.filename, format, OpenOptions::default())?;
+    let size = img.virtual_size();
+    let end = match max_len {
+        Some(l) => start.saturating_add(l).min(size),
+        None => size,
+    };
+    let start = start.min(end);
+    let extents = collect_extents(&*img.device, start, end)?;
+    let name = img.filename.display().to_string();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = if json { print_json(&mut out, &extents) } else { print_human(&mut out, &extents, &name) };
+    result.and_then(|_| out.flush()).map_err(|e| CliError::new(e.to_string()))?;
+    Ok(0)
+}
+
+fn print_json(out: &mut impl Write, extents: &[(u64, Extent)]) -> std::io::Result<()> {
+    write!(out, "[")?;
+    for (i, (start, e)) in extents.iter().enumerate() {
+        if i > 0 {
+            writeln!(out, ",")?;
+        }
+        let mut v = QJson::dict()
+            .with("start", QJson::UInt(*start))
+            .with("length", QJson::UInt(e.length))
+            .with("depth", QJson::UInt(e.depth as u64))
+            .with("present", QJson::Bool(e.flags.present))
+            .with("zero", QJson::Bool(e.flags.zero))
+            .with("data", QJson::Bool(e.flags.data))
+            .with("compressed", QJson::Bool(e.flags.compressed));
+        if let Some(o) = e.host_offset {
+            v = v.with("offset", QJson::UInt(o));
+        }
+        let mut s = String::new();
+        v.write_compact(&mut s);
+        // qemu-img writes "{ " after the brace of each entry.
+        write!(out, "{{ {}", &s[1..])?;
+    }
+    writeln!(out, "]")
+}
+
+fn print_human(out: &mut impl Write, extents: &[(u64, Extent)], name: &str) -> std::io::Result<()> {
+    writeln!(out, "{:<16}{:<16}{:<16}File", "Offset", "Length", "Mapped to")?;
+    for (start, e) in extents {
+        if e.flags.data {
+            if let Some(host) = e.host_offset {
+                writeln!(out, "{:<15} {:<15} {:<15} {}", hex(*start), hex(e.length), hex(host), name)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// C's `%#x`: "0" for zero, "0x..." otherwise.
+fn hex(v: u64) -> String {
+    if v == 0 { "0".into() } else { format!("{v:#x}") }
+}

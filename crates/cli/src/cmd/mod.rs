@@ -1,0 +1,9 @@
+//! One module per subcommand.
+
+pub mod compare;
+pub mod convert;
+pub mod create;
+pub mod info;
+pub mod map;
+pub mod measure;
+pub mod resize;

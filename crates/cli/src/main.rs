@@ -1,0 +1,86 @@
+//! `diskit`: one command line for disk images, shaped like qemu-img's.
+//!
+//! Subcommands, options, human and JSON output and exit codes follow
+//! qemu-img, so scripts written for qemu-img work with diskit.
+
+mod cmd;
+mod progress;
+mod qjson;
+mod util;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// diskit: virtual disk images and the Network Block Device protocol.
+#[derive(Parser, Debug)]
+#[command(name = "diskit", version, about, disable_help_subcommand = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a new image.
+    Create(cmd::create::Args),
+    /// Show information about an image.
+    Info(cmd::info::Args),
+    /// Show the allocation map of an image.
+    Map(cmd::map::Args),
+    /// Compare the contents of two images.
+    Compare(cmd::compare::Args),
+    /// Convert (copy) images, any format to any format.
+    Convert(cmd::convert::Args),
+    /// Change the size of an image.
+    Resize(cmd::resize::Args),
+    /// Compute the size needed for an image.
+    Measure(cmd::measure::Args),
+}
+
+/// The outcome of a command: an exit status, or an error to report.
+pub type CmdResult = Result<u8, util::CliError>;
+
+fn main() -> ExitCode {
+    // Writing to a closed pipe ends the program quietly, as C tools do.
+    // SAFETY: setting a signal disposition to its default has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                return ExitCode::from(if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand { 1 } else { 0 });
+            }
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("diskit: {first}");
+            eprintln!("Try 'diskit --help' for more information");
+            // compare reports every failure, usage included, as 2.
+            let compare = std::env::args().nth(1).as_deref() == Some("compare");
+            return ExitCode::from(if compare { 2 } else { 1 });
+        }
+    };
+    let result = match cli.command {
+        Command::Create(a) => cmd::create::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Map(a) => cmd::map::run(a),
+        Command::Compare(a) => cmd::compare::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
+        Command::Resize(a) => cmd::resize::run(a),
+        Command::Measure(a) => cmd::measure::run(a),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            for line in e.message.lines() {
+                eprintln!("diskit: {line}");
+            }
+            ExitCode::from(e.code)
+        }
+    }
+}
