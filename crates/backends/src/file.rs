@@ -31,6 +31,9 @@ pub struct FileOptions {
     /// Bypass the page cache (O_DIRECT); unaligned requests go through
     /// aligned bounce buffers.
     pub direct: bool,
+    /// Report the size rounded up to a whole 512-byte sector, the tail
+    /// reading as zeros (what QEMU's block layer shows of a raw file).
+    pub sector_size: bool,
 }
 
 /// How a new file's space is reserved (qemu-img's `preallocation` option).
@@ -115,10 +118,26 @@ impl FileDevice {
     }
 
     /// Creates (or truncates) a regular file of `size` bytes.
-    pub fn create(path: impl AsRef<Path>, size: u64, prealloc: Preallocation) -> Result<FileDevice> {
+    pub fn create(
+        path: impl AsRef<Path>,
+        size: u64,
+        prealloc: Preallocation,
+    ) -> Result<FileDevice> {
         let path = path.as_ref();
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
-        let dev = Self::from_file(file, path, FileOptions { writable: true, direct: false })?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        let dev = Self::from_file(
+            file,
+            path,
+            FileOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )?;
         dev.resize(size, prealloc)?;
         Ok(dev)
     }
@@ -130,8 +149,19 @@ impl FileDevice {
         if ft.is_dir() {
             return Err(Error::invalid("Is a directory"));
         }
-        let size = if block_device { sys::block_device_size(file.as_fd())? } else { meta.len() };
-        let rdev = if block_device { meta.rdev() } else { meta.dev() };
+        let mut size = if block_device {
+            sys::block_device_size(file.as_fd())?
+        } else {
+            meta.len()
+        };
+        if opts.sector_size {
+            size = size.div_ceil(512) * 512;
+        }
+        let rdev = if block_device {
+            meta.rdev()
+        } else {
+            meta.dev()
+        };
         Ok(FileDevice {
             rotational: is_rotational(rdev),
             file,
@@ -204,7 +234,10 @@ impl FileDevice {
         if self.writable {
             Ok(())
         } else {
-            Err(Error::new(ErrorKind::PermissionDenied, "device is read-only"))
+            Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "device is read-only",
+            ))
         }
     }
 
@@ -231,7 +264,7 @@ impl FileDevice {
 
     fn is_aligned(&self, ptr: usize, len: usize, offset: u64) -> bool {
         let a = DIRECT_ALIGN;
-        ptr as u64 % a == 0 && len as u64 % a == 0 && offset % a == 0
+        (ptr as u64).is_multiple_of(a) && (len as u64).is_multiple_of(a) && offset.is_multiple_of(a)
     }
 
     fn direct_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
@@ -262,11 +295,20 @@ impl FileDevice {
         // Never write past the end of a regular file: the tail block is partial.
         let file_end = self.size().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
         let n = (end.min(file_end.max(offset + buf.len() as u64)) - start) as usize;
-        self.file.write_all_at(&bounce[..n.div_ceil(DIRECT_ALIGN as usize) * DIRECT_ALIGN as usize], start)?;
+        self.file.write_all_at(
+            &bounce[..n.div_ceil(DIRECT_ALIGN as usize) * DIRECT_ALIGN as usize],
+            start,
+        )?;
         Ok(())
     }
 
-    fn try_fallocate(&self, mode: i32, offset: u64, len: u64, unsupported: &AtomicBool) -> Result<bool> {
+    fn try_fallocate(
+        &self,
+        mode: i32,
+        offset: u64,
+        len: u64,
+        unsupported: &AtomicBool,
+    ) -> Result<bool> {
         if unsupported.load(Ordering::Relaxed) {
             return Ok(false);
         }
@@ -287,11 +329,18 @@ impl FileDevice {
     /// Answers an extents query from the cache, if it covers `offset`.
     fn cached_extent(&self, offset: u64, len: u64) -> Option<Extent> {
         let c = self.seek_cache.lock().ok()?;
-        if c.generation != self.generation.load(Ordering::Relaxed) || offset < c.start || offset >= c.end {
+        if c.generation != self.generation.load(Ordering::Relaxed)
+            || offset < c.start
+            || offset >= c.end
+        {
             return None;
         }
         let n = (c.end - offset).min(len);
-        let e = if c.data { Extent::data(n) } else { Extent::hole(n) };
+        let e = if c.data {
+            Extent::data(n)
+        } else {
+            Extent::hole(n)
+        };
         Some(e.at_host(offset))
     }
 
@@ -325,10 +374,19 @@ impl FileDevice {
             self.seek_ok.store(false, Ordering::Relaxed);
         }
         if let Ok(mut c) = self.seek_cache.lock() {
-            *c = SeekCache { generation, start, end, data };
+            *c = SeekCache {
+                generation,
+                start,
+                end,
+                data,
+            };
         }
         let n = (end - start).min(len);
-        let e = if data { Extent::data(n) } else { Extent::hole(n) };
+        let e = if data {
+            Extent::data(n)
+        } else {
+            Extent::hole(n)
+        };
         Ok(Some(vec![e.at_host(offset)]))
     }
 
@@ -363,16 +421,29 @@ impl BlockDevice for FileDevice {
     }
 
     fn block_size(&self) -> BlockSizeLimits {
-        BlockSizeLimits { minimum: 1, preferred: 4096, maximum: 32 << 20 }
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: 4096,
+            maximum: 32 << 20,
+        }
     }
 
     fn is_known_zero(&self) -> bool {
-        !self.block_device && self.file.metadata().map(|m| m.blocks() == 0).unwrap_or(false)
+        !self.block_device
+            && self
+                .file
+                .metadata()
+                .map(|m| m.blocks() == 0)
+                .unwrap_or(false)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.size(), offset, buf.len() as u64)?;
-        if self.direct { self.direct_read(buf, offset) } else { self.pread_full(buf, offset) }
+        if self.direct {
+            self.direct_read(buf, offset)
+        } else {
+            self.pread_full(buf, offset)
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
@@ -445,7 +516,8 @@ impl BlockDevice for FileDevice {
         self.touched();
         if self.block_device {
             // Discard is advisory: a device without it keeps its data.
-            if let Err(e) = sys::block_range_ioctl(self.file.as_fd(), sys::BLKDISCARD, offset, len) {
+            if let Err(e) = sys::block_range_ioctl(self.file.as_fd(), sys::BLKDISCARD, offset, len)
+            {
                 let err: Error = e.into();
                 if err.kind() != ErrorKind::NotSupported {
                     return Err(err);
@@ -493,7 +565,9 @@ impl BlockDevice for FileDevice {
 
 /// Whether a block device's queue implements write-zeroes natively.
 fn block_write_zeroes_supported(file: &File) -> bool {
-    let Ok(meta) = file.metadata() else { return false };
+    let Ok(meta) = file.metadata() else {
+        return false;
+    };
     let (maj, min) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
     for p in [
         format!("/sys/dev/block/{maj}:{min}/queue/write_zeroes_max_bytes"),
@@ -525,7 +599,14 @@ mod tests {
     use super::*;
 
     fn rw(path: &Path) -> FileDevice {
-        FileDevice::open(path, FileOptions { writable: true, direct: false }).unwrap()
+        FileDevice::open(
+            path,
+            FileOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
     }
 
     #[test]
@@ -535,7 +616,8 @@ mod tests {
         let dev = FileDevice::create(&p, 1 << 20, Preallocation::Off).unwrap();
         assert_eq!(dev.size(), 1 << 20);
         assert!(dev.is_known_zero());
-        dev.write_at(&[0xab; 4096], 65536, WriteFlags::NONE).unwrap();
+        dev.write_at(&[0xab; 4096], 65536, WriteFlags::NONE)
+            .unwrap();
         let mut buf = vec![0u8; 8192];
         dev.read_at(&mut buf, 61440).unwrap();
         assert!(buf[..4096].iter().all(|&b| b == 0));
@@ -566,9 +648,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("z.raw");
         let dev = FileDevice::create(&p, 1 << 20, Preallocation::Full).unwrap();
-        dev.write_at(&vec![7u8; 1 << 20], 0, WriteFlags::NONE).unwrap();
+        dev.write_at(&vec![7u8; 1 << 20], 0, WriteFlags::NONE)
+            .unwrap();
         for may_trim in [false, true] {
-            dev.write_zeroes(4096, 8192, ZeroFlags { may_trim, ..Default::default() }).unwrap();
+            dev.write_zeroes(
+                4096,
+                8192,
+                ZeroFlags {
+                    may_trim,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             let mut b = vec![1u8; 8192];
             dev.read_at(&mut b, 4096).unwrap();
             assert!(b.iter().all(|&x| x == 0));
@@ -600,7 +691,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.raw");
         FileDevice::create(&p, 1 << 20, Preallocation::Off).unwrap();
-        let dev = match FileDevice::open(&p, FileOptions { writable: true, direct: true }) {
+        let dev = match FileDevice::open(
+            &p,
+            FileOptions {
+                writable: true,
+                direct: true,
+                ..Default::default()
+            },
+        ) {
             Ok(d) => d,
             // tmpfs and some others refuse O_DIRECT.
             Err(_) => return,
@@ -616,9 +714,11 @@ mod tests {
     #[test]
     fn preallocation_modes_allocate() {
         let dir = tempfile::tempdir().unwrap();
-        for (mode, expect_alloc) in
-            [(Preallocation::Off, false), (Preallocation::Falloc, true), (Preallocation::Full, true)]
-        {
+        for (mode, expect_alloc) in [
+            (Preallocation::Off, false),
+            (Preallocation::Falloc, true),
+            (Preallocation::Full, true),
+        ] {
             let p = dir.path().join(format!("{}.raw", mode.name()));
             let dev = FileDevice::create(&p, 1 << 20, mode).unwrap();
             let alloc = dev.allocated_bytes().unwrap();

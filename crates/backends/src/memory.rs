@@ -23,7 +23,10 @@ pub struct MemoryDevice {
 impl MemoryDevice {
     /// A device of `size` bytes that reads as zeros.
     pub fn new(size: u64) -> MemoryDevice {
-        MemoryDevice { size, shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect() }
+        MemoryDevice {
+            size,
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+        }
     }
 
     fn shard(&self, page: u64) -> &RwLock<HashMap<u64, Page>> {
@@ -32,7 +35,10 @@ impl MemoryDevice {
 
     /// Bytes of memory in use for data.
     pub fn allocated_bytes(&self) -> u64 {
-        self.shards.iter().map(|s| s.read().map(|m| m.len()).unwrap_or(0) as u64 * PAGE).sum()
+        self.shards
+            .iter()
+            .map(|s| s.read().map(|m| m.len()).unwrap_or(0) as u64 * PAGE)
+            .sum()
     }
 
     /// Calls `f(page, offset in page, offset in request, length)` for each
@@ -101,7 +107,9 @@ impl BlockDevice for MemoryDevice {
         check_range(self.size, offset, buf.len() as u64)?;
         Self::pieces(offset, buf.len() as u64, |page, in_page, at, n| {
             let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
-            let p = shard.entry(page).or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
+            let p = shard
+                .entry(page)
+                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
             p[in_page..in_page + n].copy_from_slice(&buf[at..at + n]);
         });
         Ok(())
@@ -125,8 +133,16 @@ impl BlockDevice for MemoryDevice {
         // Bound the work per call: callers loop for the rest.
         let len = len.min(PAGE * 4096);
         Self::pieces(offset, len, |page, _, _, n| {
-            let present = self.shard(page).read().map(|s| s.contains_key(&page)).unwrap_or(true);
-            let e = if present { Extent::data(n as u64) } else { Extent::hole(n as u64) };
+            let present = self
+                .shard(page)
+                .read()
+                .map(|s| s.contains_key(&page))
+                .unwrap_or(true);
+            let e = if present {
+                Extent::data(n as u64)
+            } else {
+                Extent::hole(n as u64)
+            };
             push_merged(&mut out, e);
         });
         Ok(out)

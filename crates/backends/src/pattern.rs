@@ -33,7 +33,7 @@ impl BlockDevice for PatternDevice {
         check_range(self.size, offset, buf.len() as u64)?;
         let mut pos = 0usize;
         // Unaligned head byte by byte, then whole words.
-        while pos < buf.len() && (offset + pos as u64) % 8 != 0 {
+        while pos < buf.len() && !(offset + pos as u64).is_multiple_of(8) {
             buf[pos] = Self::byte_at(offset + pos as u64);
             pos += 1;
         }

@@ -27,7 +27,11 @@ pub fn seek(fd: BorrowedFd<'_>, offset: u64, whence: i32) -> io::Result<Option<u
         return Ok(Some(r as u64));
     }
     let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::ENXIO) { Ok(None) } else { Err(e) }
+    if e.raw_os_error() == Some(libc::ENXIO) {
+        Ok(None)
+    } else {
+        Err(e)
+    }
 }
 
 /// The size of a block device (BLKGETSIZE64).
@@ -35,15 +39,28 @@ pub fn block_device_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(size) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(size)
+    }
 }
 
 /// BLKZEROOUT or BLKDISCARD over a range of a block device.
-pub fn block_range_ioctl(fd: BorrowedFd<'_>, request: u64, offset: u64, len: u64) -> io::Result<()> {
+pub fn block_range_ioctl(
+    fd: BorrowedFd<'_>,
+    request: u64,
+    offset: u64,
+    len: u64,
+) -> io::Result<()> {
     let range: [u64; 2] = [offset, len];
     // SAFETY: these ioctls read two u64s through the pointer, which is valid.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, range.as_ptr()) };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// `posix_fadvise(2)`; advice failures are not errors worth reporting.

@@ -51,9 +51,18 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind as K;
-            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
-                return ExitCode::from(if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand { 1 } else { 0 });
+                return ExitCode::from(
+                    if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand {
+                        1
+                    } else {
+                        0
+                    },
+                );
             }
             let text = e.render().to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");

@@ -135,6 +135,9 @@ mod tests {
             .with("children", QJson::List(vec![]))
             .with("a", QJson::UInt(1))
             .with("d", QJson::dict());
-        assert_eq!(v.pretty(), "{\n    \"children\": [\n    ],\n    \"a\": 1,\n    \"d\": {\n    }\n}");
+        assert_eq!(
+            v.pretty(),
+            "{\n    \"children\": [\n    ],\n    \"a\": 1,\n    \"d\": {\n    }\n}"
+        );
     }
 }

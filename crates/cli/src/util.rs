@@ -19,7 +19,10 @@ pub struct CliError {
 impl CliError {
     /// An error with exit status 1.
     pub fn new(message: impl Into<String>) -> CliError {
-        CliError { message: message.into(), code: 1 }
+        CliError {
+            message: message.into(),
+            code: 1,
+        }
     }
 
     /// The same error with another exit status.

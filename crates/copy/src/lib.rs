@@ -61,7 +61,10 @@ pub struct Progress {
 impl Progress {
     /// Bytes of the source dealt with so far, and the total.
     pub fn get(&self) -> (u64, u64) {
-        (self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed))
+        (
+            self.done.load(Ordering::Relaxed),
+            self.total.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -88,7 +91,10 @@ pub fn copy(
         return Err(Error::invalid("output file is smaller than input file"));
     }
     if !dst.capabilities().can_write {
-        return Err(Error::new(diskit_core::ErrorKind::PermissionDenied, "destination is read-only"));
+        return Err(Error::new(
+            diskit_core::ErrorKind::PermissionDenied,
+            "destination is read-only",
+        ));
     }
     progress.total.store(size, Ordering::Relaxed);
     let engine = Engine {
@@ -109,7 +115,12 @@ pub fn copy(
             s.spawn(|| engine.worker());
         }
     });
-    if let Some(e) = engine.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+    if let Some(e) = engine
+        .error
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
         return Err(e);
     }
     if opts.flush {
@@ -168,12 +179,15 @@ impl Engine<'_> {
             writes.push((item.offset, item.len, true));
         } else {
             if buf.as_ref().is_none_or(|b| b.len() < item.len as usize) {
-                *buf = Some(AlignedBuf::new(self.opts.request_size.max(item.len as usize), 4096)?);
+                *buf = Some(AlignedBuf::new(
+                    self.opts.request_size.max(item.len as usize),
+                    4096,
+                )?);
             }
             let data = &mut buf.as_mut().expect("allocated above")[..item.len as usize];
-            self.src.read_at(data, item.offset).map_err(|e| {
-                e.context(format!("error while reading at byte {}", item.offset))
-            })?;
+            self.src
+                .read_at(data, item.offset)
+                .map_err(|e| e.context(format!("error while reading at byte {}", item.offset)))?;
             if self.opts.min_sparse == 0 {
                 writes.push((item.offset, item.len, false));
             } else {
@@ -204,17 +218,23 @@ impl Engine<'_> {
     ) -> Result<()> {
         for &(offset, len, zero) in writes {
             let at = |e: Error| e.context(format!("error while writing at byte {offset}"));
-            if zero && self.opts.target_is_zero {
+            // With min_sparse 0 every byte must end up allocated, zeros included.
+            if zero && self.opts.target_is_zero && self.opts.min_sparse != 0 {
                 stats.skipped_bytes += len;
             } else if zero {
                 // With -S 0 zeros must end up allocated, so no trimming.
-                let flags = ZeroFlags { may_trim: self.opts.min_sparse != 0, ..Default::default() };
+                let flags = ZeroFlags {
+                    may_trim: self.opts.min_sparse != 0,
+                    ..Default::default()
+                };
                 self.dst.write_zeroes(offset, len, flags).map_err(at)?;
                 stats.zeroed_bytes += len;
             } else {
                 let b = buf.as_ref().expect("data items have a buffer");
                 let start = (offset - item.offset) as usize;
-                self.dst.write_at(&b[start..start + len as usize], offset, WriteFlags::NONE).map_err(at)?;
+                self.dst
+                    .write_at(&b[start..start + len as usize], offset, WriteFlags::NONE)
+                    .map_err(at)?;
                 stats.data_bytes += len;
             }
         }
@@ -230,7 +250,10 @@ impl Engine<'_> {
             if self.failed.load(Ordering::Relaxed) {
                 return Err(Error::io("copy aborted"));
             }
-            turn = self.turn_changed.wait(turn).unwrap_or_else(|p| p.into_inner());
+            turn = self
+                .turn_changed
+                .wait(turn)
+                .unwrap_or_else(|p| p.into_inner());
         }
         Ok(())
     }

@@ -34,7 +34,13 @@ pub struct Planner {
 impl Planner {
     /// A planner over a source of `size` bytes with data requests of `request` bytes.
     pub fn new(size: u64, request: u64) -> Planner {
-        Planner { size, request: request.max(512), pos: 0, seq: 0, queue: VecDeque::new() }
+        Planner {
+            size,
+            request: request.max(512),
+            pos: 0,
+            seq: 0,
+            queue: VecDeque::new(),
+        }
     }
 
     /// The next item, or None at the end.
@@ -63,13 +69,22 @@ impl Planner {
         let zero = front.flags.zero;
         let cap = if zero { MAX_ZERO_ITEM } else { self.request };
         // Align data requests to the request size so that later ones stay aligned.
-        let to_boundary = if zero { cap } else { self.request - self.pos % self.request };
+        let to_boundary = if zero {
+            cap
+        } else {
+            self.request - self.pos % self.request
+        };
         let len = front.length.min(to_boundary);
         front.length -= len;
         if front.length == 0 {
             self.queue.pop_front();
         }
-        let item = Item { seq: self.seq, offset: self.pos, len, zero };
+        let item = Item {
+            seq: self.seq,
+            offset: self.pos,
+            len,
+            zero,
+        };
         self.seq += 1;
         self.pos += len;
         Ok(Some(item))

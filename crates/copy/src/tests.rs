@@ -21,9 +21,15 @@ fn assert_same(a: &dyn BlockDevice, b: &dyn BlockDevice) {
 #[test]
 fn copies_pattern_exactly_in_any_mode() {
     let src = PatternDevice::new((8 << 20) + 1234);
-    for (workers, ordered, request) in [(1, false, 65536), (8, false, 1 << 20), (4, true, 100_000)] {
+    for (workers, ordered, request) in [(1, false, 65536), (8, false, 1 << 20), (4, true, 100_000)]
+    {
         let dst = MemoryDevice::new(src.size());
-        let opts = CopyOptions { workers, ordered_writes: ordered, request_size: request, ..Default::default() };
+        let opts = CopyOptions {
+            workers,
+            ordered_writes: ordered,
+            request_size: request,
+            ..Default::default()
+        };
         let p = Progress::default();
         let stats = copy(&src, &dst, &opts, &p).unwrap();
         assert_same(&src, &dst);
@@ -36,11 +42,16 @@ fn copies_pattern_exactly_in_any_mode() {
 #[test]
 fn holes_in_the_source_stay_holes() {
     let src = MemoryDevice::new(64 << 20);
-    src.write_at(&[1u8; 65536], 32 << 20, WriteFlags::NONE).unwrap();
+    src.write_at(&[1u8; 65536], 32 << 20, WriteFlags::NONE)
+        .unwrap();
     // A written zero block inside data is found by zero detection too.
-    src.write_at(&[0u8; 8192], 40 << 20, WriteFlags::NONE).unwrap();
+    src.write_at(&[0u8; 8192], 40 << 20, WriteFlags::NONE)
+        .unwrap();
     let dst = MemoryDevice::new(64 << 20);
-    let opts = CopyOptions { target_is_zero: true, ..Default::default() };
+    let opts = CopyOptions {
+        target_is_zero: true,
+        ..Default::default()
+    };
     let stats = copy(&src, &dst, &opts, &Progress::default()).unwrap();
     assert_eq!(stats.data_bytes, 65536);
     assert_eq!(dst.allocated_bytes(), 65536);
@@ -52,7 +63,8 @@ fn a_dirty_destination_gets_zeroed() {
     let src = MemoryDevice::new(4 << 20);
     src.write_at(&[5u8; 4096], 4096, WriteFlags::NONE).unwrap();
     let dst = MemoryDevice::new(4 << 20);
-    dst.write_at(&vec![9u8; 4 << 20], 0, WriteFlags::NONE).unwrap();
+    dst.write_at(&vec![9u8; 4 << 20], 0, WriteFlags::NONE)
+        .unwrap();
     let stats = copy(&src, &dst, &CopyOptions::default(), &Progress::default()).unwrap();
     assert_same(&src, &dst);
     assert!(stats.zeroed_bytes >= (4 << 20) - 8192);
@@ -62,7 +74,10 @@ fn a_dirty_destination_gets_zeroed() {
 fn min_sparse_zero_writes_everything() {
     let src = NullDevice::new(1 << 20);
     let dst = MemoryDevice::new(1 << 20);
-    let opts = CopyOptions { min_sparse: 0, ..Default::default() };
+    let opts = CopyOptions {
+        min_sparse: 0,
+        ..Default::default()
+    };
     copy(&src, &dst, &opts, &Progress::default()).unwrap();
     assert_same(&src, &dst);
 }

@@ -35,7 +35,10 @@ impl Concat {
     ) -> Result<()> {
         crate::device::check_range(self.size, offset, len)?;
         let mut done = 0u64;
-        let first = self.parts.partition_point(|(start, _)| *start <= offset).saturating_sub(1);
+        let first = self
+            .parts
+            .partition_point(|(start, _)| *start <= offset)
+            .saturating_sub(1);
         for (start, dev) in &self.parts[first..] {
             if done == len {
                 break;

@@ -103,7 +103,11 @@ pub struct BlockSizeLimits {
 
 impl Default for BlockSizeLimits {
     fn default() -> Self {
-        BlockSizeLimits { minimum: 1, preferred: 4096, maximum: 32 * 1024 * 1024 }
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: 4096,
+            maximum: 32 * 1024 * 1024,
+        }
     }
 }
 
@@ -136,7 +140,10 @@ pub trait BlockDevice: Send + Sync {
 
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, _buf: &[u8], _offset: u64, _flags: WriteFlags) -> Result<()> {
-        Err(Error::new(ErrorKind::PermissionDenied, "device is read-only"))
+        Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "device is read-only",
+        ))
     }
 
     /// Makes `len` bytes at `offset` read as zeros.

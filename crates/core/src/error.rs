@@ -126,12 +126,22 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// An error of `kind` with a message describing it.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, context: Vec::new(), message: Some(message.into()), source: None }
+        Error {
+            kind,
+            context: Vec::new(),
+            message: Some(message.into()),
+            source: None,
+        }
     }
 
     /// An error of `kind` with only the kind's own description.
     pub fn from_kind(kind: ErrorKind) -> Error {
-        Error { kind, context: Vec::new(), message: None, source: None }
+        Error {
+            kind,
+            context: Vec::new(),
+            message: None,
+            source: None,
+        }
     }
 
     /// Shorthand for an [`ErrorKind::InvalidInput`] error.
@@ -229,7 +239,12 @@ impl From<io::Error> for Error {
                 _ => ErrorKind::Io,
             },
         };
-        Error { kind, context: Vec::new(), message: None, source: Some(e) }
+        Error {
+            kind,
+            context: Vec::new(),
+            message: None,
+            source: Some(e),
+        }
     }
 }
 
@@ -283,7 +298,10 @@ mod tests {
         let e: Error = io::Error::from_raw_os_error(libc::ENOENT).into();
         assert_eq!(e.kind(), ErrorKind::NotFound);
         let e = e.context("Could not open 'x'");
-        assert_eq!(e.to_string(), "Could not open 'x': No such file or directory");
+        assert_eq!(
+            e.to_string(),
+            "Could not open 'x': No such file or directory"
+        );
         let e: Error = io::Error::from_raw_os_error(libc::ENOTTY).into();
         assert_eq!(e.kind(), ErrorKind::NotSupported);
     }

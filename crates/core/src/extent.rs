@@ -37,7 +37,12 @@ impl Extent {
     pub fn data(length: u64) -> Extent {
         Extent {
             length,
-            flags: ExtentFlags { zero: false, data: true, present: true, compressed: false },
+            flags: ExtentFlags {
+                zero: false,
+                data: true,
+                present: true,
+                compressed: false,
+            },
             depth: 0,
             host_offset: None,
         }
@@ -47,7 +52,12 @@ impl Extent {
     pub fn hole(length: u64) -> Extent {
         Extent {
             length,
-            flags: ExtentFlags { zero: true, data: false, present: true, compressed: false },
+            flags: ExtentFlags {
+                zero: true,
+                data: false,
+                present: true,
+                compressed: false,
+            },
             depth: 0,
             host_offset: None,
         }
@@ -81,11 +91,11 @@ pub fn push_merged(list: &mut Vec<Extent>, e: Extent) {
     if e.length == 0 {
         return;
     }
-    if let Some(last) = list.last_mut() {
-        if last.can_merge(&e) {
-            last.length += e.length;
-            return;
-        }
+    if let Some(last) = list.last_mut()
+        && last.can_merge(&e)
+    {
+        last.length += e.length;
+        return;
     }
     list.push(e);
 }

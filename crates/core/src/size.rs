@@ -16,7 +16,9 @@ pub fn parse_size(s: &str) -> Result<u64> {
 pub fn parse_size_with_default(s: &str, default_unit: u64) -> Result<u64> {
     let bad = || Error::invalid(format!("invalid size '{s}'"));
     let t = s.trim();
-    let digits_end = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let digits_end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits_end);
     if num.is_empty() || num.starts_with('.') {
         return Err(bad());
@@ -64,7 +66,11 @@ pub fn human_size(val: u64) -> String {
     const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
     // frexp(val / (1000/1024)) exponent, then (e - 1) / 10.
     let scaled = val as f64 / (1000.0 / 1024.0);
-    let exp = if scaled == 0.0 { 0 } else { scaled.log2().floor() as i32 + 1 };
+    let exp = if scaled == 0.0 {
+        0
+    } else {
+        scaled.log2().floor() as i32 + 1
+    };
     let i = ((exp - 1).max(0) / 10).min(6) as usize;
     let div = (1u64 << (i * 10)) as f64;
     format!("{} {}B", format_g3(val as f64 / div), SUFFIXES[i])
@@ -81,7 +87,11 @@ fn format_g3(v: f64) -> String {
         let factor = 10f64.powi(2 - exp);
         (v * factor).round() / factor
     };
-    let exp = if rounded == 0.0 { exp } else { rounded.abs().log10().floor() as i32 };
+    let exp = if rounded == 0.0 {
+        exp
+    } else {
+        rounded.abs().log10().floor() as i32
+    };
     if !(-4..3).contains(&exp) {
         let mantissa = rounded / 10f64.powi(exp);
         let m = trim_zeros(format!("{:.2}", mantissa));

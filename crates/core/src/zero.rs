@@ -83,7 +83,11 @@ pub fn zero_runs(buf: &[u8], offset: u64, granularity: usize, min_zero: usize) -
         let zero = n == granularity && is_zero(&buf[pos..pos + n]);
         match runs.last_mut() {
             Some(last) if last.zero == zero => last.len += n,
-            _ => runs.push(Run { start: pos, len: n, zero }),
+            _ => runs.push(Run {
+                start: pos,
+                len: n,
+                zero,
+            }),
         }
         pos += n;
     }
@@ -142,16 +146,39 @@ mod tests {
         assert_eq!(
             runs,
             vec![
-                Run { start: 0, len: g, zero: false },
-                Run { start: g, len: 2 * g, zero: true },
-                Run { start: 3 * g, len: g, zero: false },
-                Run { start: 4 * g, len: g, zero: true },
+                Run {
+                    start: 0,
+                    len: g,
+                    zero: false
+                },
+                Run {
+                    start: g,
+                    len: 2 * g,
+                    zero: true
+                },
+                Run {
+                    start: 3 * g,
+                    len: g,
+                    zero: false
+                },
+                Run {
+                    start: 4 * g,
+                    len: g,
+                    zero: true
+                },
             ]
         );
         // With a larger minimum the two-block hole stays, one block does not.
         let runs = zero_runs(&buf, 0, g, 2 * g);
         assert_eq!(runs.len(), 3);
-        assert_eq!(runs[2], Run { start: 3 * g, len: 2 * g, zero: false });
+        assert_eq!(
+            runs[2],
+            Run {
+                start: 3 * g,
+                len: 2 * g,
+                zero: false
+            }
+        );
     }
 
     #[test]
@@ -163,9 +190,21 @@ mod tests {
         assert_eq!(
             runs,
             vec![
-                Run { start: 0, len: g - 512, zero: false },
-                Run { start: g - 512, len: 2 * g, zero: true },
-                Run { start: 3 * g - 512, len: 512, zero: false },
+                Run {
+                    start: 0,
+                    len: g - 512,
+                    zero: false
+                },
+                Run {
+                    start: g - 512,
+                    len: 2 * g,
+                    zero: true
+                },
+                Run {
+                    start: 3 * g - 512,
+                    len: 512,
+                    zero: false
+                },
             ]
         );
         let total: usize = runs.iter().map(|r| r.len).sum();

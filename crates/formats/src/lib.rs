@@ -46,7 +46,10 @@ impl Format {
     }
 
     fn driver_missing(self) -> Error {
-        Error::unsupported(format!("'{}' images are not supported by this build yet", self.name()))
+        Error::unsupported(format!(
+            "'{}' images are not supported by this build yet",
+            self.name()
+        ))
     }
 }
 
@@ -88,7 +91,11 @@ impl Image {
 pub fn open_image(path: &Path, format: Option<Format>, opts: OpenOptions) -> Result<Image> {
     let file = Arc::new(FileDevice::open(
         path,
-        FileOptions { writable: opts.writable, direct: opts.direct },
+        FileOptions {
+            writable: opts.writable,
+            direct: opts.direct,
+            sector_size: true,
+        },
     )?);
     let format = match format {
         Some(f) => f,
@@ -107,7 +114,12 @@ pub fn open_image(path: &Path, format: Option<Format>, opts: OpenOptions) -> Res
 
 /// Creates a new image of `format` at `path` of `size` bytes (or the size
 /// given in `options`), with the format's creation options.
-pub fn create_image(path: &Path, format: Format, size: Option<u64>, options: &OptionList) -> Result<u64> {
+pub fn create_image(
+    path: &Path,
+    format: Format,
+    size: Option<u64>,
+    options: &OptionList,
+) -> Result<u64> {
     match format {
         Format::Raw => raw::create(path, size, options),
         Format::Qcow2 => Err(format.driver_missing()),

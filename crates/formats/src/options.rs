@@ -43,7 +43,14 @@ impl OptionList {
             let (k, v) = match it.split_once('=') {
                 Some((k, v)) => (k.to_string(), v.to_string()),
                 // A bare key is a boolean flag ("lazy_refcounts" = on) or "help".
-                None => (it.clone(), if it == "help" { String::new() } else { "on".into() }),
+                None => (
+                    it.clone(),
+                    if it == "help" {
+                        String::new()
+                    } else {
+                        "on".into()
+                    },
+                ),
             };
             if k.is_empty() {
                 return Err(Error::invalid(format!("Invalid option '{it}'")));
@@ -61,7 +68,10 @@ impl OptionList {
 
     /// The value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.items.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.items
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Whether the list asks for help.
@@ -95,12 +105,16 @@ mod tests {
     fn parses_merges_and_escapes() {
         let mut o = OptionList::new();
         o.parse_into("preallocation=full,size=1M").unwrap();
-        o.parse_into("backing_file=a,,b.img,preallocation=off").unwrap();
+        o.parse_into("backing_file=a,,b.img,preallocation=off")
+            .unwrap();
         assert_eq!(o.get("preallocation"), Some("off"));
         assert_eq!(o.get("size"), Some("1M"));
         assert_eq!(o.get("backing_file"), Some("a,b.img"));
         assert!(o.check_known(&["size", "preallocation"], "raw").is_err());
-        assert!(o.check_known(&["size", "preallocation", "backing_file"], "raw").is_ok());
+        assert!(
+            o.check_known(&["size", "preallocation", "backing_file"], "raw")
+                .is_ok()
+        );
         assert!(o.parse_into("=x").is_err());
     }
 }

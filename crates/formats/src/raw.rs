@@ -28,7 +28,9 @@ pub fn create(path: &Path, size: Option<u64>, options: &OptionList) -> Result<u6
     let prealloc = match options.get("preallocation") {
         None => Preallocation::Off,
         Some(p) => Preallocation::parse(p).map_err(|_| {
-            Error::invalid(format!("Parameter 'preallocation' does not accept value '{p}'"))
+            Error::invalid(format!(
+                "Parameter 'preallocation' does not accept value '{p}'"
+            ))
         })?,
     };
     FileDevice::create(path, size, prealloc)?;
@@ -37,5 +39,7 @@ pub fn create(path: &Path, size: Option<u64>, options: &OptionList) -> Result<u6
 
 /// Parses the preallocation mode named in `options` (default off).
 pub fn preallocation(options: &OptionList) -> Result<Preallocation> {
-    options.get("preallocation").map_or(Ok(Preallocation::Off), Preallocation::parse)
+    options
+        .get("preallocation")
+        .map_or(Ok(Preallocation::Off), Preallocation::parse)
 }

@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-use crate::util::{CliError, parse_format};
 use crate::CmdResult;
+use crate::util::{CliError, parse_format};
 use diskit_core::zero::is_zero;
 use diskit_core::{BlockDevice, Extent};
 use diskit_formats::{OpenOptions, open_image};
@@ -50,13 +50,13 @@ pub fn run(a: Args) -> CmdResult {
     let _ = (a.progress, a.force_share);
     let open = |p: &PathBuf, f: &Option<String>| -> Result<_, CliError> {
         let fmt = parse_format(f.as_deref()).map_err(|e| e.code(2))?;
-        open_image(p, fmt, OpenOptions::default()).map_err(|e| {
-            CliError::new(format!("Could not open '{}': {}", p.display(), e)).code(2)
-        })
+        open_image(p, fmt, OpenOptions::default())
+            .map_err(|e| CliError::new(format!("Could not open '{}': {}", p.display(), e)).code(2))
     };
     let i1 = open(&a.image1, &a.format1)?;
     let i2 = open(&a.image2, &a.format2)?;
-    let read_err = |e: diskit_core::Error| CliError::new(format!("Error while reading: {e}")).code(4);
+    let read_err =
+        |e: diskit_core::Error| CliError::new(format!("Error while reading: {e}")).code(4);
     match compare(&*i1.device, &*i2.device, a.strict, a.quiet).map_err(read_err)? {
         Verdict::Same => {
             if !a.quiet {
@@ -73,7 +73,12 @@ pub fn run(a: Args) -> CmdResult {
     }
 }
 
-fn compare(d1: &dyn BlockDevice, d2: &dyn BlockDevice, strict: bool, quiet: bool) -> diskit_core::Result<Verdict> {
+fn compare(
+    d1: &dyn BlockDevice,
+    d2: &dyn BlockDevice,
+    strict: bool,
+    quiet: bool,
+) -> diskit_core::Result<Verdict> {
     let (s1, s2) = (d1.size(), d2.size());
     if s1 != s2 {
         if strict {
@@ -92,7 +97,9 @@ fn compare(d1: &dyn BlockDevice, d2: &dyn BlockDevice, strict: bool, quiet: bool
         let e2 = first_extent(d2, pos, common - pos)?;
         let n = e1.length.min(e2.length).min(common - pos);
         if strict && (e1.flags.zero != e2.flags.zero || e1.flags.data != e2.flags.data) {
-            return Ok(Verdict::Differ(format!("Strict mode: Offset {pos} block status mismatch!")));
+            return Ok(Verdict::Differ(format!(
+                "Strict mode: Offset {pos} block status mismatch!"
+            )));
         }
         if !(e1.flags.zero && e2.flags.zero) {
             let mut done = 0u64;
@@ -106,7 +113,11 @@ fn compare(d1: &dyn BlockDevice, d2: &dyn BlockDevice, strict: bool, quiet: bool
                     d2.read_at(&mut b2[..m], at)?;
                 }
                 if b1[..m] != b2[..m] {
-                    let i = b1[..m].iter().zip(&b2[..m]).position(|(x, y)| x != y).unwrap_or(0);
+                    let i = b1[..m]
+                        .iter()
+                        .zip(&b2[..m])
+                        .position(|(x, y)| x != y)
+                        .unwrap_or(0);
                     return Ok(mismatch(at + i as u64));
                 }
                 done += m as u64;
@@ -136,10 +147,20 @@ fn compare(d1: &dyn BlockDevice, d2: &dyn BlockDevice, strict: bool, quiet: bool
 }
 
 fn mismatch(byte: u64) -> Verdict {
-    Verdict::Differ(format!("Content mismatch at offset {}!", byte / SECTOR * SECTOR))
+    Verdict::Differ(format!(
+        "Content mismatch at offset {}!",
+        byte / SECTOR * SECTOR
+    ))
 }
 
 fn first_extent(d: &dyn BlockDevice, pos: u64, len: u64) -> diskit_core::Result<Extent> {
-    let e = d.extents(pos, len)?.into_iter().next().unwrap_or_else(|| Extent::data(len));
-    Ok(Extent { length: e.length.clamp(1, len), ..e })
+    let e = d
+        .extents(pos, len)?
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Extent::data(len));
+    Ok(Extent {
+        length: e.length.clamp(1, len),
+        ..e
+    })
 }

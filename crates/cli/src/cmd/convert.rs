@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::CmdResult;
 use crate::progress::ProgressPrinter;
 use crate::util::{CliError, open, parse_format, parse_options};
-use crate::CmdResult;
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::concat::Concat;
 use diskit_core::size::parse_size;
@@ -77,9 +77,18 @@ struct CacheMode {
 
 fn cache_mode(s: Option<&str>, default: &str) -> Result<CacheMode, CliError> {
     match s.unwrap_or(default) {
-        "unsafe" => Ok(CacheMode { direct: false, flush: false }),
-        "writeback" | "writethrough" => Ok(CacheMode { direct: false, flush: true }),
-        "none" | "directsync" => Ok(CacheMode { direct: true, flush: true }),
+        "unsafe" => Ok(CacheMode {
+            direct: false,
+            flush: false,
+        }),
+        "writeback" | "writethrough" => Ok(CacheMode {
+            direct: false,
+            flush: true,
+        }),
+        "none" | "directsync" => Ok(CacheMode {
+            direct: true,
+            flush: true,
+        }),
         other => Err(CliError::new(format!("Invalid cache option: {other}"))),
     }
 }
@@ -96,32 +105,48 @@ pub fn run(a: Args) -> CmdResult {
     }
     let workers: usize = match a.coroutines.parse() {
         Ok(n) if (1..=16).contains(&n) => n,
-        _ => return Err(CliError::new("Invalid number of coroutines. Allowed number of coroutines is between 1 and 16")),
+        _ => {
+            return Err(CliError::new(
+                "Invalid number of coroutines. Allowed number of coroutines is between 1 and 16",
+            ));
+        }
     };
     let min_sparse = match &a.sparse_size {
         None => 4096,
         Some(s) => {
-            let v = parse_size(s).map_err(|_| CliError::new("Invalid buffer size for sparse output specified"))?;
+            let v = parse_size(s)
+                .map_err(|_| CliError::new("Invalid buffer size for sparse output specified"))?;
             if v % 512 != 0 || v > 16 << 20 {
-                return Err(CliError::new("Invalid buffer size for sparse output specified"));
+                return Err(CliError::new(
+                    "Invalid buffer size for sparse output specified",
+                ));
             }
             v
         }
     };
     if a.no_create && !options.is_empty() {
-        return Err(CliError::new("-o has no effect when skipping image creation"));
+        return Err(CliError::new(
+            "-o has no effect when skipping image creation",
+        ));
     }
     if a.target_is_zero && !a.no_create {
         return Err(CliError::new("--target-is-zero requires use of -n flag"));
     }
     if a.compress && out_format == Format::Raw {
-        return Err(CliError::new("Compression not supported for this file format"));
+        return Err(CliError::new(
+            "Compression not supported for this file format",
+        ));
     }
     if a.snapshot.is_some() {
-        return Err(CliError::new("Source has no snapshot support in this build (raw images have no snapshots)"));
+        return Err(CliError::new(
+            "Source has no snapshot support in this build (raw images have no snapshots)",
+        ));
     }
     if a.backing.is_some() && out_format == Format::Raw {
-        return Err(CliError::new(format!("{}: Format driver 'raw' does not support backing files", target.display())));
+        return Err(CliError::new(format!(
+            "{}: Format driver 'raw' does not support backing files",
+            target.display()
+        )));
     }
     let src_cache = cache_mode(a.src_cache.as_deref(), "writeback")?;
     let dst_cache = cache_mode(a.cache.as_deref(), "unsafe")?;
@@ -129,7 +154,14 @@ pub fn run(a: Args) -> CmdResult {
 
     let mut devices: Vec<DeviceRef> = Vec::new();
     for s in sources {
-        let img = open(s, src_format, OpenOptions { writable: false, direct: src_cache.direct })?;
+        let img = open(
+            s,
+            src_format,
+            OpenOptions {
+                writable: false,
+                direct: src_cache.direct,
+            },
+        )?;
         devices.push(img.device);
     }
     let src: DeviceRef = if devices.len() == 1 {
@@ -141,11 +173,18 @@ pub fn run(a: Args) -> CmdResult {
 
     let mut created = false;
     if !a.no_create {
-        create_image(target, out_format, Some(total), &options)
-            .map_err(|e| CliError::new(format!("{}: error while converting {}: {e}", target.display(), out_format)))?;
+        create_image(target, out_format, Some(total), &options).map_err(|e| {
+            CliError::new(format!(
+                "{}: error while converting {}: {e}",
+                target.display(),
+                out_format
+            ))
+        })?;
         created = true;
     }
-    let result = copy_into(&a, &*src, target, out_format, created, min_sparse, workers, &dst_cache);
+    let result = copy_into(
+        &a, &*src, target, out_format, created, min_sparse, workers, &dst_cache,
+    );
     if result.is_err() && created {
         // Leave no half-written target behind.
         let _ = std::fs::remove_file(target);
@@ -164,7 +203,14 @@ fn copy_into(
     workers: usize,
     cache: &CacheMode,
 ) -> CmdResult {
-    let dst = open(target, Some(out_format), OpenOptions { writable: true, direct: cache.direct })?;
+    let dst = open(
+        target,
+        Some(out_format),
+        OpenOptions {
+            writable: true,
+            direct: cache.direct,
+        },
+    )?;
     if dst.virtual_size() < src.size() {
         return Err(CliError::new("output file is smaller than input file"));
     }

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::util::{CliError, parse_format, parse_image_size, parse_options};
 use crate::CmdResult;
+use crate::util::{CliError, parse_format, parse_image_size, parse_options};
 use diskit_formats::{Format, create_image};
 
 /// Arguments of `create`.
@@ -60,7 +60,11 @@ pub fn run(a: Args) -> CmdResult {
         _ => None,
     };
     if !a.quiet {
-        let mut line = format!("Formatting '{}', fmt={}", a.filename.display(), format.name());
+        let mut line = format!(
+            "Formatting '{}', fmt={}",
+            a.filename.display(),
+            format.name()
+        );
         if let Some(s) = summary_size {
             line.push_str(&format!(" size={s}"));
         }
@@ -69,15 +73,17 @@ pub fn run(a: Args) -> CmdResult {
         }
         println!("{line}");
     }
-    create_image(&a.filename, format, summary_size, &options).map_err(|e| {
-        CliError::new(format!("{}: {}", a.filename.display(), e))
-    })?;
+    create_image(&a.filename, format, summary_size, &options)
+        .map_err(|e| CliError::new(format!("{}: {}", a.filename.display(), e)))?;
     Ok(0)
 }
 
 fn create_help(format: Format) -> String {
     match format {
         Format::Raw => diskit_formats::raw::CREATE_HELP.to_string(),
-        other => format!("Creation options for '{}' are not available in this build\n", other.name()),
+        other => format!(
+            "Creation options for '{}' are not available in this build\n",
+            other.name()
+        ),
     }
 }

@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{open, parse_format};
-use crate::CmdResult;
 use diskit_core::size::human_size;
 use diskit_formats::{Image, OpenOptions};
 
@@ -36,7 +36,11 @@ pub fn run(a: Args) -> CmdResult {
     if json {
         let v = info_json(&img, actual);
         // --backing-chain wraps the chain (one image for raw) in a list.
-        let v = if a.backing_chain { QJson::List(vec![v]) } else { v };
+        let v = if a.backing_chain {
+            QJson::List(vec![v])
+        } else {
+            v
+        };
         println!("{}", v.pretty());
     } else {
         print!("{}", info_human(&img, actual));
@@ -52,12 +56,21 @@ fn info_json(img: &Image, actual: u64) -> QJson {
         .with("filename", QJson::Str(name.clone()))
         .with("format", QJson::Str("file".into()))
         .with("actual-size", QJson::UInt(actual))
-        .with("format-specific", QJson::dict().with("type", QJson::Str("file".into())).with("data", QJson::dict()))
+        .with(
+            "format-specific",
+            QJson::dict()
+                .with("type", QJson::Str("file".into()))
+                .with("data", QJson::dict()),
+        )
         .with("dirty-flag", QJson::Bool(false));
     QJson::dict()
         .with(
             "children",
-            QJson::List(vec![QJson::dict().with("name", QJson::Str("file".into())).with("info", file_node)]),
+            QJson::List(vec![
+                QJson::dict()
+                    .with("name", QJson::Str("file".into()))
+                    .with("info", file_node),
+            ]),
         )
         .with("virtual-size", QJson::UInt(img.virtual_size()))
         .with("filename", QJson::Str(name))

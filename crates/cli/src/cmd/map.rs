@@ -3,9 +3,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{CliError, open, parse_format};
-use crate::CmdResult;
 use diskit_core::extent::push_merged;
 use diskit_core::size::parse_size;
 use diskit_core::{BlockDevice, Extent};
@@ -38,7 +38,9 @@ pub fn output_is_json(s: &str) -> Result<bool, CliError> {
     match s {
         "json" => Ok(true),
         "human" => Ok(false),
-        _ => Err(CliError::new(format!("--output must be used with human or json as argument."))),
+        _ => Err(CliError::new(
+            "--output must be used with human or json as argument.",
+        )),
     }
 }
 
@@ -48,7 +50,11 @@ fn offset_arg(s: Option<&str>, what: &str) -> Result<Option<u64>, CliError> {
 }
 
 /// Merged extents of `dev` over `start..end`.
-pub fn collect_extents(dev: &dyn BlockDevice, start: u64, end: u64) -> diskit_core::Result<Vec<(u64, Extent)>> {
+pub fn collect_extents(
+    dev: &dyn BlockDevice,
+    start: u64,
+    end: u64,
+) -> diskit_core::Result<Vec<(u64, Extent)>> {
     let mut merged: Vec<Extent> = Vec::new();
     let mut pos = start;
     while pos < end {
@@ -89,12 +95,25 @@ pub fn run(a: Args) -> CmdResult {
         None => size,
     };
     let start = start.min(end);
-    let extents = collect_extents(&*img.device, start, end)?;
+    let mut extents = collect_extents(&*img.device, start, end)?;
+    if extents.is_empty() {
+        // qemu-img describes an empty range as one empty, absent extent.
+        let mut nothing = Extent::hole(0);
+        nothing.flags.present = false;
+        nothing.flags.zero = false;
+        extents.push((start, nothing));
+    }
     let name = img.filename.display().to_string();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let result = if json { print_json(&mut out, &extents) } else { print_human(&mut out, &extents, &name) };
-    result.and_then(|_| out.flush()).map_err(|e| CliError::new(e.to_string()))?;
+    let result = if json {
+        print_json(&mut out, &extents)
+    } else {
+        print_human(&mut out, &extents, &name)
+    };
+    result
+        .and_then(|_| out.flush())
+        .map_err(|e| CliError::new(e.to_string()))?;
     Ok(0)
 }
 
@@ -124,12 +143,21 @@ fn print_json(out: &mut impl Write, extents: &[(u64, Extent)]) -> std::io::Resul
 }
 
 fn print_human(out: &mut impl Write, extents: &[(u64, Extent)], name: &str) -> std::io::Result<()> {
-    writeln!(out, "{:<16}{:<16}{:<16}File", "Offset", "Length", "Mapped to")?;
+    writeln!(
+        out,
+        "{:<16}{:<16}{:<16}File",
+        "Offset", "Length", "Mapped to"
+    )?;
     for (start, e) in extents {
-        if e.flags.data {
-            if let Some(host) = e.host_offset {
-                writeln!(out, "{:<15} {:<15} {:<15} {}", hex(*start), hex(e.length), hex(host), name)?;
-            }
+        if let (true, Some(host)) = (e.flags.data, e.host_offset) {
+            writeln!(
+                out,
+                "{:<15} {:<15} {:<15} {}",
+                hex(*start),
+                hex(e.length),
+                hex(host),
+                name
+            )?;
         }
     }
     Ok(())
@@ -137,5 +165,9 @@ fn print_human(out: &mut impl Write, extents: &[(u64, Extent)], name: &str) -> s
 
 /// C's `%#x`: "0" for zero, "0x..." otherwise.
 fn hex(v: u64) -> String {
-    if v == 0 { "0".into() } else { format!("{v:#x}") }
+    if v == 0 {
+        "0".into()
+    } else {
+        format!("{v:#x}")
+    }
 }

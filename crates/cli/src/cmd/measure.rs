@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{CliError, open, parse_format, parse_image_size, parse_options};
-use crate::CmdResult;
 use diskit_formats::{Format, OpenOptions};
 
 /// Arguments of `measure`.
@@ -38,20 +38,41 @@ pub fn run(a: Args) -> CmdResult {
     let options = parse_options(&a.options)?;
     let _ = a.force_share;
     let virtual_size = match (&a.size, &a.filename) {
-        (Some(_), Some(_)) => return Err(CliError::new("--size N cannot be used together with a filename.")),
-        (None, None) => return Err(CliError::new("Either --size N or one filename must be specified.")),
+        (Some(_), Some(_)) => {
+            return Err(CliError::new(
+                "--size N cannot be used together with a filename.",
+            ));
+        }
+        (None, None) => {
+            return Err(CliError::new(
+                "Either --size N or one filename must be specified.",
+            ));
+        }
         (Some(s), None) => parse_image_size(s)?,
-        (None, Some(f)) => open(f, parse_format(a.format.as_deref())?, OpenOptions::default())?.virtual_size(),
+        (None, Some(f)) => open(
+            f,
+            parse_format(a.format.as_deref())?,
+            OpenOptions::default(),
+        )?
+        .virtual_size(),
     };
     let (required, fully) = match out_format {
         Format::Raw => {
-            options.check_known(diskit_formats::raw::CREATE_OPTIONS, "raw").map_err(|e| CliError::new(e.to_string()))?;
+            options
+                .check_known(diskit_formats::raw::CREATE_OPTIONS, "raw")
+                .map_err(|e| CliError::new(e.to_string()))?;
             (virtual_size, virtual_size)
         }
-        other => return Err(CliError::new(format!("Format driver '{other}' cannot measure images in this build"))),
+        other => {
+            return Err(CliError::new(format!(
+                "Format driver '{other}' cannot measure images in this build"
+            )));
+        }
     };
     if json {
-        let v = QJson::dict().with("required", QJson::UInt(required)).with("fully-allocated", QJson::UInt(fully));
+        let v = QJson::dict()
+            .with("required", QJson::UInt(required))
+            .with("fully-allocated", QJson::UInt(fully));
         println!("{}", v.pretty());
     } else {
         println!("required size: {required}\nfully allocated size: {fully}");

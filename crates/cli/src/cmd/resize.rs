@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::util::{CliError, open, parse_format, parse_image_size};
 use crate::CmdResult;
+use crate::util::{CliError, open, parse_format, parse_image_size};
 use diskit_backends::Preallocation;
 use diskit_formats::{Format, OpenOptions};
 
@@ -37,9 +37,19 @@ pub fn run(a: Args) -> CmdResult {
         Some(p) => Preallocation::parse(p)
             .map_err(|_| CliError::new(format!("Invalid preallocation mode: '{p}'")))?,
     };
-    let img = open(&a.filename, format, OpenOptions { writable: true, direct: false })?;
+    let img = open(
+        &a.filename,
+        format,
+        OpenOptions {
+            writable: true,
+            direct: false,
+        },
+    )?;
     if img.format != Format::Raw {
-        return Err(CliError::new(format!("Image format '{}' cannot be resized by this build", img.format)));
+        return Err(CliError::new(format!(
+            "Image format '{}' cannot be resized by this build",
+            img.format
+        )));
     }
     let current = img.virtual_size();
     let (rel, digits) = match a.size.as_bytes().first() {
@@ -49,8 +59,12 @@ pub fn run(a: Args) -> CmdResult {
     };
     let n = parse_image_size(digits)?;
     let new_size = match rel {
-        1 => current.checked_add(n).ok_or_else(|| CliError::new("Image size is too large"))?,
-        -1 => current.checked_sub(n).ok_or_else(|| CliError::new("New image size must be positive"))?,
+        1 => current
+            .checked_add(n)
+            .ok_or_else(|| CliError::new("Image size is too large"))?,
+        -1 => current
+            .checked_sub(n)
+            .ok_or_else(|| CliError::new("New image size must be positive"))?,
         _ => n,
     };
     if new_size < current {
@@ -62,10 +76,14 @@ pub fn run(a: Args) -> CmdResult {
             ));
         }
         if prealloc != Preallocation::Off {
-            return Err(CliError::new("Preallocation can only be used for growing images"));
+            return Err(CliError::new(
+                "Preallocation can only be used for growing images",
+            ));
         }
     }
-    img.file.resize(new_size, prealloc).map_err(|e| CliError::new(e.to_string()))?;
+    img.file
+        .resize(new_size, prealloc)
+        .map_err(|e| CliError::new(e.to_string()))?;
     if !a.quiet {
         println!("Image resized.");
     }

@@ -1,0 +1,107 @@
+//! Shared helpers for the interop tests: run diskit and the real peers,
+//! build sparse test files, read allocation.
+
+#![allow(dead_code)]
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The diskit binary under test.
+pub fn diskit_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_diskit"))
+}
+
+/// Runs diskit with `args`.
+pub fn diskit(args: &[&str]) -> Output {
+    Command::new(diskit_bin())
+        .args(args)
+        .output()
+        .expect("run diskit")
+}
+
+/// Runs a peer tool (qemu-img, ...), failing loudly if it is not installed:
+/// the test command installs the peers, so a missing one is a broken setup.
+pub fn peer(tool: &str, args: &[&str]) -> Output {
+    Command::new(tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {tool} ({e}): install it (scripts/test does)"))
+}
+
+/// Runs qemu-img with `args`.
+pub fn qemu_img(args: &[&str]) -> Output {
+    peer("qemu-img", args)
+}
+
+/// Standard output as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Standard error as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The exit code.
+pub fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+/// Asserts success, showing stderr otherwise.
+pub fn ok(o: Output) -> Output {
+    assert!(
+        o.status.success(),
+        "command failed ({}): {}",
+        code(&o),
+        stderr(&o)
+    );
+    o
+}
+
+/// Makes a sparse file of `size` bytes with `(offset, len, byte)` runs of data.
+/// A byte of 0xff means "random-looking": each byte differs from its neighbours.
+pub fn sparse_file(path: &Path, size: u64, runs: &[(u64, usize, u8)]) {
+    let f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
+    f.set_len(size).unwrap();
+    for &(off, len, byte) in runs {
+        let data: Vec<u8> = if byte == 0xff {
+            (0..len)
+                .map(|i| (((off as usize + i) * 2654435761usize) >> 7) as u8 | 1)
+                .collect()
+        } else {
+            vec![byte; len]
+        };
+        f.write_all_at(&data, off).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+/// Bytes allocated to a file (du).
+pub fn allocated(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// Whether two files have the same bytes.
+pub fn same_bytes(a: &Path, b: &Path) -> bool {
+    std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
+}
+
+/// A fresh temporary directory on the work disk (not tmpfs, so holes behave
+/// as on a real file system; falls back to the default temp dir).
+pub fn workdir() -> tempfile::TempDir {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    tempfile::tempdir_in(base).unwrap()
+}
+
+/// `p` as &str.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}

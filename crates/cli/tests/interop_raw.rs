@@ -1,0 +1,381 @@
+//! Interop tests for raw images, with qemu-img as the oracle.
+
+mod common;
+
+use common::*;
+
+/// A test file: name, size, and data runs (offset, length, byte).
+type Layout = (&'static str, u64, Vec<(u64, usize, u8)>);
+
+/// The file layouts every test runs over.
+fn layouts() -> Vec<Layout> {
+    vec![
+        ("empty-sparse", 8 << 20, vec![]),
+        ("data-in-middle", 16 << 20, vec![(5 << 20, 65536, 0xff)]),
+        (
+            "data-at-ends",
+            8 << 20,
+            vec![(0, 4096, 0xff), ((8 << 20) - 8192, 8192, 0xff)],
+        ),
+        (
+            "scattered",
+            32 << 20,
+            (0..16)
+                .map(|i| (i * (2 << 20) + 12288, 20000, 0xff))
+                .collect(),
+        ),
+        (
+            "written-zeros",
+            4 << 20,
+            vec![(0, 1 << 20, 0), (2 << 20, 4096, 7)],
+        ),
+        ("full", 4 << 20, vec![(0, 4 << 20, 0xff)]),
+        ("unaligned-size", 5000, vec![(1000, 100, 0xff)]),
+        (
+            "unaligned-big",
+            (3 << 20) + 777,
+            vec![((3 << 20) - 100, 877, 0xff)],
+        ),
+        ("zero-size", 0, vec![]),
+    ]
+}
+
+#[test]
+fn map_json_equals_qemu_img() {
+    let dir = workdir();
+    for (name, size, runs) in layouts() {
+        let p = dir.path().join(format!("{name}.raw"));
+        sparse_file(&p, size, &runs);
+        let ours = ok(diskit(&["map", "--output=json", "-f", "raw", s(&p)]));
+        let theirs = ok(qemu_img(&["map", "--output=json", "-f", "raw", s(&p)]));
+        assert_eq!(stdout(&ours), stdout(&theirs), "map of {name}");
+        let ours = ok(diskit(&["map", "-f", "raw", s(&p)]));
+        let theirs = ok(qemu_img(&["map", "-f", "raw", s(&p)]));
+        assert_eq!(stdout(&ours), stdout(&theirs), "human map of {name}");
+    }
+}
+
+#[test]
+fn info_json_equals_qemu_img() {
+    let dir = workdir();
+    for (name, size, runs) in layouts() {
+        let p = dir.path().join(format!("{name}.raw"));
+        sparse_file(&p, size, &runs);
+        let ours = ok(diskit(&["info", "--output=json", "-f", "raw", s(&p)]));
+        let theirs = ok(qemu_img(&["info", "--output=json", "-f", "raw", s(&p)]));
+        assert_eq!(stdout(&ours), stdout(&theirs), "info of {name}");
+        let ours = ok(diskit(&["info", s(&p)]));
+        let theirs = ok(qemu_img(&["info", s(&p)]));
+        assert_eq!(stdout(&ours), stdout(&theirs), "human info of {name}");
+    }
+}
+
+#[test]
+fn convert_gives_qemu_img_bytes_and_holes() {
+    let dir = workdir();
+    for (name, size, runs) in layouts() {
+        let src = dir.path().join(format!("{name}.raw"));
+        sparse_file(&src, size, &runs);
+        let ours = dir.path().join(format!("{name}.diskit"));
+        let theirs = dir.path().join(format!("{name}.qemu"));
+        ok(diskit(&[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            s(&src),
+            s(&ours),
+        ]));
+        ok(qemu_img(&[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            s(&src),
+            s(&theirs),
+        ]));
+        assert!(
+            same_bytes(&ours, &theirs),
+            "{name}: bytes differ from qemu-img's output"
+        );
+        assert_eq!(
+            std::fs::metadata(&ours).unwrap().len(),
+            std::fs::metadata(&theirs).unwrap().len()
+        );
+        // Allocation within one 4 KiB block per extent of qemu-img's output.
+        let extents = extent_count(&theirs).max(1);
+        let (a, b) = (allocated(&ours), allocated(&theirs));
+        assert!(
+            a.abs_diff(b) <= 4096 * extents,
+            "{name}: du {a} vs qemu-img {b} ({extents} extents)"
+        );
+        // And the compare commands agree.
+        assert_eq!(code(&diskit(&["compare", s(&src), s(&ours)])), 0, "{name}");
+    }
+}
+
+fn extent_count(p: &std::path::Path) -> u64 {
+    let out = stdout(&ok(qemu_img(&["map", "--output=json", "-f", "raw", s(p)])));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v.as_array().unwrap().len() as u64
+}
+
+#[test]
+fn convert_options_keep_content() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    sparse_file(
+        &src,
+        16 << 20,
+        &[
+            (1 << 20, 100_000, 0xff),
+            (8 << 20, 1 << 20, 0),
+            (12 << 20, 8192, 3),
+        ],
+    );
+    for extra in [
+        vec!["-S", "0"],
+        vec!["-S", "64k"],
+        vec!["-S", "512"],
+        vec!["-m", "1"],
+        vec!["-m", "16", "-W"],
+        vec!["-t", "writeback", "-T", "none"],
+        vec!["-t", "none"],
+        vec!["-p"],
+        vec!["-q"],
+    ] {
+        let dst = dir.path().join("dst.raw");
+        let mut args = vec!["convert", "-f", "raw", "-O", "raw"];
+        args.extend(&extra);
+        args.extend([s(&src), s(&dst)]);
+        ok(diskit(&args));
+        assert!(same_bytes(&src, &dst), "content differs with {extra:?}");
+        if extra == ["-S", "0"] {
+            assert!(allocated(&dst) >= 16 << 20, "-S 0 must allocate everything");
+        }
+        std::fs::remove_file(&dst).unwrap();
+    }
+}
+
+#[test]
+fn convert_into_existing_target_overwrites_everything() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    sparse_file(&src, 8 << 20, &[(4096, 4096, 0xff)]);
+    let dst = dir.path().join("dst.raw");
+    sparse_file(&dst, 10 << 20, &[(0, 10 << 20, 0x55)]);
+    ok(diskit(&[
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        s(&src),
+        s(&dst),
+    ]));
+    // The first 8 MiB are the source; the rest of the larger target stays.
+    let out = std::fs::read(&dst).unwrap();
+    assert_eq!(out[..8 << 20], std::fs::read(&src).unwrap()[..]);
+    assert!(out[8 << 20..].iter().all(|&b| b == 0x55));
+    // Zeroing used holes, not written zeros.
+    assert!(
+        allocated(&dst) < (4 << 20),
+        "zeroed ranges should be punched"
+    );
+    // A smaller target is refused.
+    let small = dir.path().join("small.raw");
+    sparse_file(&small, 1 << 20, &[]);
+    let o = diskit(&["convert", "-n", "-O", "raw", s(&src), s(&small)]);
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains("output file is smaller than input file"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn convert_concatenates_sources_like_qemu_img() {
+    let dir = workdir();
+    let a = dir.path().join("a.raw");
+    let b = dir.path().join("b.raw");
+    sparse_file(&a, 3 << 20, &[(100, 5000, 0xff)]);
+    sparse_file(&b, (2 << 20) + 512, &[(1 << 20, 4096, 9)]);
+    let ours = dir.path().join("ours.raw");
+    let theirs = dir.path().join("theirs.raw");
+    ok(diskit(&["convert", "-f", "raw", s(&a), s(&b), s(&ours)]));
+    ok(qemu_img(&[
+        "convert",
+        "-f",
+        "raw",
+        s(&a),
+        s(&b),
+        s(&theirs),
+    ]));
+    assert!(same_bytes(&ours, &theirs));
+}
+
+#[test]
+fn compare_matches_qemu_img_codes_and_messages() {
+    let dir = workdir();
+    let base = dir.path().join("base.raw");
+    sparse_file(&base, 1 << 20, &[(65536, 8192, 0xff)]);
+    let same = dir.path().join("same.raw");
+    std::fs::copy(&base, &same).unwrap();
+    let differ = dir.path().join("differ.raw");
+    std::fs::copy(&base, &differ).unwrap();
+    sparse_file(&differ, 1 << 20, &[(65536, 8192, 0xff), (70000, 1, 1)]);
+    let longer_zero = dir.path().join("longer-zero.raw");
+    sparse_file(&longer_zero, 2 << 20, &[(65536, 8192, 0xff)]);
+    let longer_data = dir.path().join("longer-data.raw");
+    sparse_file(
+        &longer_data,
+        2 << 20,
+        &[(65536, 8192, 0xff), ((1 << 20) + 1000, 10, 4)],
+    );
+    let written_zeros = dir.path().join("written-zeros.raw");
+    sparse_file(
+        &written_zeros,
+        1 << 20,
+        &[(0, 65536, 0), (65536, 8192, 0xff)],
+    );
+    let missing = dir.path().join("missing.raw");
+    let cases: Vec<(Vec<&str>, &std::path::Path)> = vec![
+        (vec![], &same),
+        (vec![], &differ),
+        (vec![], &longer_zero),
+        (vec![], &longer_data),
+        (vec![], &written_zeros),
+        (vec!["-s"], &longer_zero),
+        (vec!["-q"], &differ),
+        (vec!["-f", "raw", "-F", "raw"], &same),
+    ];
+    for (flags, other) in cases {
+        let mut args = vec!["compare"];
+        args.extend(&flags);
+        args.extend([s(&base), s(other)]);
+        let ours = diskit(&args);
+        let theirs = qemu_img(&args);
+        assert_eq!(code(&ours), code(&theirs), "exit code of {args:?}");
+        assert_eq!(stdout(&ours), stdout(&theirs), "output of {args:?}");
+    }
+    // Errors: 2, as qemu-img.
+    let o = diskit(&["compare", s(&base), s(&missing)]);
+    assert_eq!(code(&o), 2);
+    assert_eq!(code(&qemu_img(&["compare", s(&base), s(&missing)])), 2);
+    assert!(stderr(&o).contains("Could not open"), "{}", stderr(&o));
+}
+
+#[test]
+fn create_makes_the_files_qemu_img_makes() {
+    let dir = workdir();
+    for (size, opts) in [
+        ("1M", ""),
+        ("10M", "preallocation=falloc"),
+        ("3M", "preallocation=full"),
+        ("1.5G", ""),
+    ] {
+        let ours = dir.path().join("ours.raw");
+        let theirs = dir.path().join("theirs.raw");
+        let mut a = vec!["create", "-q", "-f", "raw"];
+        if !opts.is_empty() {
+            a.extend(["-o", opts]);
+        }
+        let mut ours_args = a.clone();
+        ours_args.extend([s(&ours), size]);
+        let mut theirs_args = a.clone();
+        theirs_args.extend([s(&theirs), size]);
+        ok(diskit(&ours_args));
+        ok(qemu_img(&theirs_args));
+        let (mo, mt) = (
+            std::fs::metadata(&ours).unwrap(),
+            std::fs::metadata(&theirs).unwrap(),
+        );
+        assert_eq!(mo.len(), mt.len(), "size {size} {opts}");
+        if !opts.is_empty() {
+            assert!(allocated(&ours) >= mo.len(), "{opts} must allocate");
+        }
+        std::fs::remove_file(&ours).unwrap();
+        std::fs::remove_file(&theirs).unwrap();
+    }
+}
+
+#[test]
+fn bad_input_gets_one_clear_error_and_no_leftovers() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    sparse_file(&src, 1 << 20, &[(0, 4096, 1)]);
+    let dst = dir.path().join("dst.raw");
+    let missing = dir.path().join("nope.raw");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["convert", s(&missing), s(&dst)],
+        vec!["convert", "-O", "nosuchformat", s(&src), s(&dst)],
+        vec!["convert", "-S", "513", s(&src), s(&dst)],
+        vec!["convert", "-m", "0", s(&src), s(&dst)],
+        vec!["convert", "-c", s(&src), s(&dst)],
+        vec!["convert", "--bogus", s(&src), s(&dst)],
+        vec!["convert", "-o", "nosuchoption=1", s(&src), s(&dst)],
+        vec!["create", "-f", "raw", s(&dst), "12Q"],
+        vec!["create", "-f", "raw", s(&dst), "-5"],
+        vec!["create", "-f", "raw", s(&dst)],
+        vec!["info", s(&missing)],
+        vec!["map", s(&missing)],
+        vec!["info", "--output=xml", s(&src)],
+        vec!["resize", s(&src), "512k"],
+        vec!["nosuchcommand"],
+    ];
+    for args in cases {
+        let o = diskit(&args);
+        assert_ne!(code(&o), 0, "{args:?} should fail");
+        assert!(o.status.code().is_some(), "{args:?} died of a signal");
+        let err = stderr(&o);
+        assert!(err.starts_with("diskit: "), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        assert!(!dst.exists(), "{args:?} left {dst:?} behind");
+    }
+    // A target in a directory that does not exist.
+    let o = diskit(&["convert", s(&src), s(&dir.path().join("no/such/dir/x.raw"))]);
+    assert_eq!(code(&o), 1);
+}
+
+#[test]
+fn resize_grows_and_shrinks_like_qemu_img() {
+    let dir = workdir();
+    let p = dir.path().join("r.raw");
+    sparse_file(&p, 1 << 20, &[(0, 100, 1)]);
+    let o = ok(diskit(&["resize", "-f", "raw", s(&p), "+1M"]));
+    assert_eq!(stdout(&o), "Image resized.\n");
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 << 20);
+    ok(diskit(&["resize", "-f", "raw", "--shrink", s(&p), "-512k"]));
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), (3 << 20) / 2);
+    ok(diskit(&[
+        "resize",
+        "-f",
+        "raw",
+        "--preallocation=falloc",
+        s(&p),
+        "4M",
+    ]));
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 4 << 20);
+    assert!(allocated(&p) >= (4 << 20) - (3 << 20) / 2);
+}
+
+#[test]
+fn measure_raw_matches_qemu_img() {
+    let dir = workdir();
+    let p = dir.path().join("m.raw");
+    sparse_file(&p, 3 << 20, &[(0, 100, 1)]);
+    for args in [
+        vec!["measure", "-O", "raw", "--size", "1G"],
+        vec!["measure", "--output=json", "-O", "raw", "--size", "1G"],
+        vec!["measure", "-f", "raw", "-O", "raw", s(&p)],
+        vec!["measure", "--output=json", "-f", "raw", "-O", "raw", s(&p)],
+    ] {
+        let ours = ok(diskit(&args));
+        let theirs = ok(qemu_img(&args));
+        assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
+    }
+}
