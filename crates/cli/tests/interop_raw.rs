@@ -379,3 +379,52 @@ fn measure_raw_matches_qemu_img() {
         assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
     }
 }
+
+/// A loop device over a file of `size` bytes, detached on drop; None where
+/// loop devices cannot be set up (no root, no loop module).
+struct LoopDevice {
+    path: String,
+    _backing: tempfile::TempDir,
+}
+
+impl LoopDevice {
+    fn new(size: u64) -> Option<LoopDevice> {
+        let dir = workdir();
+        let backing = dir.path().join("loop.img");
+        sparse_file(&backing, size, &[(0, size as usize, 0x5a)]);
+        let o = std::process::Command::new("losetup").args(["-f", "--show", s(&backing)]).output().ok()?;
+        if !o.status.success() {
+            return None;
+        }
+        Some(LoopDevice { path: stdout(&o).trim().to_string(), _backing: dir })
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup").args(["-d", &self.path]).status();
+    }
+}
+
+#[test]
+fn convert_onto_a_block_device_zeroes_its_holes() {
+    let Some(dev) = LoopDevice::new(16 << 20) else {
+        eprintln!("SKIP: cannot set up a loop device here");
+        return;
+    };
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    sparse_file(&src, 16 << 20, &[(3 << 20, 70000, 0xff)]);
+    for extra in [vec!["-n"], vec![]] {
+        // The device holds 0x5a everywhere: the source's holes must become zeros.
+        std::fs::write(&dev.path, vec![0x5au8; 16 << 20]).unwrap();
+        let mut args = vec!["convert", "-f", "raw", "-O", "raw"];
+        args.extend(&extra);
+        args.extend([s(&src), dev.path.as_str()]);
+        ok(diskit(&args));
+        let o = ok(diskit(&["compare", "-f", "raw", "-F", "raw", s(&src), &dev.path]));
+        assert_eq!(stdout(&o), "Images are identical.\n");
+        ok(qemu_img(&["compare", "-f", "raw", "-F", "raw", s(&src), &dev.path]));
+    }
+    assert!(std::path::Path::new(&dev.path).exists(), "the device node must survive");
+}

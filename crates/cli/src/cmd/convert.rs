@@ -171,6 +171,7 @@ pub fn run(a: Args) -> CmdResult {
     };
     let total = src.size();
 
+    let existed = target.exists();
     let mut created = false;
     if !a.no_create {
         create_image(target, out_format, Some(total), &options).map_err(|e| {
@@ -185,8 +186,9 @@ pub fn run(a: Args) -> CmdResult {
     let result = copy_into(
         &a, &*src, target, out_format, created, min_sparse, workers, &dst_cache,
     );
-    if result.is_err() && created {
-        // Leave no half-written target behind.
+    if result.is_err() && created && !existed {
+        // Leave no half-written target behind (never a device, never a
+        // file that was there before).
         let _ = std::fs::remove_file(target);
     }
     result
@@ -214,7 +216,11 @@ fn copy_into(
     if dst.virtual_size() < src.size() {
         return Err(CliError::new("output file is smaller than input file"));
     }
-    let target_is_zero = a.target_is_zero || created || dst.device.is_known_zero();
+    // A file created just now reads as zeros (even preallocated); a block
+    // device never is, whatever we did to it.
+    let target_is_zero = a.target_is_zero
+        || (created && !dst.file.is_block_device())
+        || dst.device.is_known_zero();
     let opts = CopyOptions {
         min_sparse,
         workers,
