@@ -91,3 +91,59 @@ fn small_destination_and_read_errors_are_reported() {
     let ro = PatternDevice::new(1 << 20);
     assert!(copy(&*src, &ro, &CopyOptions::default(), &Progress::default()).is_err());
 }
+
+/// A small deterministic generator (xorshift), so randomised tests replay.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[test]
+fn random_layouts_copy_exactly_with_minimal_allocation() {
+    for seed in 1..=40u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let size = 1 + rng.below(6 << 20);
+        let src = MemoryDevice::new(size);
+        // Random runs of data, of zeros written as data, and of holes.
+        for _ in 0..rng.below(12) {
+            let off = rng.below(size);
+            let len = 1 + rng.below((size - off).min(300_000));
+            let byte = if rng.below(3) == 0 { 0 } else { 1 + rng.below(255) as u8 };
+            src.write_at(&vec![byte; len as usize], off, WriteFlags::NONE).unwrap();
+        }
+        let dirty = rng.below(2) == 0;
+        let dst = MemoryDevice::new(size + rng.below(10_000));
+        if dirty {
+            dst.write_at(&vec![0xee; dst.size() as usize], 0, WriteFlags::NONE).unwrap();
+        }
+        let opts = CopyOptions {
+            min_sparse: [0, 512, 4096, 65536][rng.below(4) as usize],
+            workers: 1 + rng.below(8) as usize,
+            request_size: 512 * (1 + rng.below(2048) as usize),
+            target_is_zero: !dirty,
+            ordered_writes: rng.below(2) == 0,
+            flush: rng.below(2) == 0,
+        };
+        let stats = copy(&src, &dst, &opts, &Progress::default())
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let mut a = vec![0u8; size as usize];
+        let mut b = vec![0u8; size as usize];
+        src.read_at(&mut a, 0).unwrap();
+        dst.read_at(&mut b, 0).unwrap();
+        assert!(a == b, "seed {seed} {opts:?}: content differs");
+        // Everything is accounted for exactly once.
+        assert_eq!(stats.data_bytes + stats.zeroed_bytes + stats.skipped_bytes, size, "seed {seed}");
+        if opts.min_sparse == 0 {
+            assert_eq!(stats.skipped_bytes, 0, "seed {seed}: -S 0 skips nothing");
+        }
+    }
+}

@@ -211,3 +211,48 @@ mod tests {
         assert_eq!(total, buf.len());
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+
+    #[test]
+    fn zero_runs_invariants_hold_for_random_buffers() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut rand = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n.max(1)
+        };
+        for _ in 0..300 {
+            let len = rand(70_000) as usize;
+            let mut buf = vec![0u8; len];
+            for _ in 0..rand(6) {
+                let at = rand(len as u64) as usize;
+                let n = (rand(9000) as usize).min(len - at);
+                buf[at..at + n].fill(1 + rand(255) as u8);
+            }
+            let offset = rand(1 << 20);
+            let granularity = 1usize << (9 + rand(4));
+            let min_zero = granularity * (1 + rand(4) as usize);
+            let runs = zero_runs(&buf, offset, granularity, min_zero);
+            let mut pos = 0;
+            for (i, r) in runs.iter().enumerate() {
+                assert_eq!(r.start, pos, "runs are contiguous");
+                assert!(r.len > 0);
+                if i > 0 {
+                    assert_ne!(runs[i - 1].zero, r.zero, "runs alternate");
+                }
+                if r.zero {
+                    assert!(is_zero(&buf[r.start..r.start + r.len]));
+                    assert!(r.len >= min_zero);
+                    assert_eq!((offset + r.start as u64) % granularity as u64, 0, "holes are aligned");
+                    assert_eq!(r.len % granularity, 0);
+                }
+                pos += r.len;
+            }
+            assert_eq!(pos, len, "runs cover the buffer");
+        }
+    }
+}
