@@ -392,17 +392,25 @@ impl LoopDevice {
         let dir = workdir();
         let backing = dir.path().join("loop.img");
         sparse_file(&backing, size, &[(0, size as usize, 0x5a)]);
-        let o = std::process::Command::new("losetup").args(["-f", "--show", s(&backing)]).output().ok()?;
+        let o = std::process::Command::new("losetup")
+            .args(["-f", "--show", s(&backing)])
+            .output()
+            .ok()?;
         if !o.status.success() {
             return None;
         }
-        Some(LoopDevice { path: stdout(&o).trim().to_string(), _backing: dir })
+        Some(LoopDevice {
+            path: stdout(&o).trim().to_string(),
+            _backing: dir,
+        })
     }
 }
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("losetup").args(["-d", &self.path]).status();
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.path])
+            .status();
     }
 }
 
@@ -422,9 +430,28 @@ fn convert_onto_a_block_device_zeroes_its_holes() {
         args.extend(&extra);
         args.extend([s(&src), dev.path.as_str()]);
         ok(diskit(&args));
-        let o = ok(diskit(&["compare", "-f", "raw", "-F", "raw", s(&src), &dev.path]));
+        let o = ok(diskit(&[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            s(&src),
+            &dev.path,
+        ]));
         assert_eq!(stdout(&o), "Images are identical.\n");
-        ok(qemu_img(&["compare", "-f", "raw", "-F", "raw", s(&src), &dev.path]));
+        ok(qemu_img(&[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            s(&src),
+            &dev.path,
+        ]));
     }
-    assert!(std::path::Path::new(&dev.path).exists(), "the device node must survive");
+    assert!(
+        std::path::Path::new(&dev.path).exists(),
+        "the device node must survive"
+    );
 }

@@ -117,13 +117,19 @@ fn random_layouts_copy_exactly_with_minimal_allocation() {
         for _ in 0..rng.below(12) {
             let off = rng.below(size);
             let len = 1 + rng.below((size - off).min(300_000));
-            let byte = if rng.below(3) == 0 { 0 } else { 1 + rng.below(255) as u8 };
-            src.write_at(&vec![byte; len as usize], off, WriteFlags::NONE).unwrap();
+            let byte = if rng.below(3) == 0 {
+                0
+            } else {
+                1 + rng.below(255) as u8
+            };
+            src.write_at(&vec![byte; len as usize], off, WriteFlags::NONE)
+                .unwrap();
         }
         let dirty = rng.below(2) == 0;
         let dst = MemoryDevice::new(size + rng.below(10_000));
         if dirty {
-            dst.write_at(&vec![0xee; dst.size() as usize], 0, WriteFlags::NONE).unwrap();
+            dst.write_at(&vec![0xee; dst.size() as usize], 0, WriteFlags::NONE)
+                .unwrap();
         }
         let opts = CopyOptions {
             min_sparse: [0, 512, 4096, 65536][rng.below(4) as usize],
@@ -141,7 +147,11 @@ fn random_layouts_copy_exactly_with_minimal_allocation() {
         dst.read_at(&mut b, 0).unwrap();
         assert!(a == b, "seed {seed} {opts:?}: content differs");
         // Everything is accounted for exactly once.
-        assert_eq!(stats.data_bytes + stats.zeroed_bytes + stats.skipped_bytes, size, "seed {seed}");
+        assert_eq!(
+            stats.data_bytes + stats.zeroed_bytes + stats.skipped_bytes,
+            size,
+            "seed {seed}"
+        );
         if opts.min_sparse == 0 {
             assert_eq!(stats.skipped_bytes, 0, "seed {seed}: -S 0 skips nothing");
         }

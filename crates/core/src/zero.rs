@@ -247,7 +247,11 @@ mod properties {
                 if r.zero {
                     assert!(is_zero(&buf[r.start..r.start + r.len]));
                     assert!(r.len >= min_zero);
-                    assert_eq!((offset + r.start as u64) % granularity as u64, 0, "holes are aligned");
+                    assert_eq!(
+                        (offset + r.start as u64) % granularity as u64,
+                        0,
+                        "holes are aligned"
+                    );
                     assert_eq!(r.len % granularity, 0);
                 }
                 pos += r.len;

@@ -218,9 +218,8 @@ fn copy_into(
     }
     // A file created just now reads as zeros (even preallocated); a block
     // device never is, whatever we did to it.
-    let target_is_zero = a.target_is_zero
-        || (created && !dst.file.is_block_device())
-        || dst.device.is_known_zero();
+    let target_is_zero =
+        a.target_is_zero || (created && !dst.file.is_block_device()) || dst.device.is_known_zero();
     let opts = CopyOptions {
         min_sparse,
         workers,
