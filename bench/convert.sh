@@ -58,6 +58,11 @@ log "building diskit (release)"
 (cd "$REPO_ROOT" && cargo build --release -p diskit)
 DISKIT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/diskit
 [[ -x $DISKIT ]] || die "diskit binary not found at $DISKIT"
+# What was built, taken now: others may commit while the benchmark runs.
+commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ -n $(git -C "$REPO_ROOT" status --porcelain -- crates Cargo.toml Cargo.lock 2>/dev/null) ]]; then
+    commit="$commit+dirty"   # the measured binary is not exactly that commit
+fi
 
 # --------------------------------------------------------------------------
 # Scratch directories and cleanup
@@ -229,10 +234,6 @@ done
 # --------------------------------------------------------------------------
 
 stamp=$(date +%Y-%m-%d-%H%M%S)
-commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(git -C "$REPO_ROOT" status --porcelain -- crates Cargo.toml Cargo.lock 2>/dev/null) ]]; then
-    commit="$commit+dirty"   # the measured binary is not exactly that commit
-fi
 
 # Everything the report needs goes through the environment.
 export B_TIMES=$TIMES_TSV B_CHECKS=$CHECKS_TSV B_JSON=$RESULTS_DIR/convert-$stamp.json
