@@ -113,7 +113,16 @@ impl FileDevice {
         if opts.direct {
             oo.custom_flags(libc::O_DIRECT);
         }
-        let file = oo.open(path)?;
+        let file = oo
+            .open(path)
+            .map_err(|e| Error::from(e).context(format!("Could not open '{}'", path.display())))?;
+        let meta = file.metadata()?;
+        if !(meta.is_file() || meta.file_type().is_block_device()) {
+            return Err(Error::invalid(format!(
+                "'file' driver requires '{}' to be a regular file",
+                path.display()
+            )));
+        }
         Self::from_file(file, path, opts)
     }
 
@@ -194,6 +203,15 @@ impl FileDevice {
         Ok(self.file.metadata()?.blocks() * 512)
     }
 
+    /// Writes zeros over the first block (up to 4 KiB), as qemu-img does on
+    /// every new raw image, so that the image starts allocated.
+    pub fn write_first_block(&self) -> Result<()> {
+        let n = self.size().min(4096) as usize;
+        self.file.write_all_at(&vec![0u8; n], 0)?;
+        self.touched();
+        Ok(())
+    }
+
     /// Changes the size of a regular file, reserving new space as `prealloc` says.
     pub fn resize(&self, new_size: u64, prealloc: Preallocation) -> Result<()> {
         if self.block_device {
@@ -212,7 +230,7 @@ impl FileDevice {
                 Preallocation::Off => self.file.set_len(new_size)?,
                 Preallocation::Falloc => {
                     sys::fallocate(self.file.as_fd(), 0, old, new_size - old)
-                        .context("Could not preallocate data for the new area")?;
+                        .context("Could not preallocate new data")?;
                 }
                 Preallocation::Full => {
                     self.file.set_len(new_size)?;
@@ -220,7 +238,8 @@ impl FileDevice {
                     // which makes the writes cheaper on most file systems).
                     let _ = sys::fallocate(self.file.as_fd(), 0, old, new_size - old);
                     self.size.store(new_size, Ordering::Release);
-                    diskit_core::device::write_zero_buffer(self, old, new_size - old, false)?;
+                    diskit_core::device::write_zero_buffer(self, old, new_size - old, false)
+                        .context("Could not write zeros for preallocation")?;
                 }
             }
         } else if new_size < old {
@@ -390,12 +409,11 @@ impl FileDevice {
         Ok(Some(vec![e.at_host(offset)]))
     }
 
-    /// Whether the file is known to be fully allocated (no hole to find).
-    fn fully_allocated(&self) -> bool {
-        match self.file.metadata() {
-            Ok(m) => m.blocks() * 512 >= m.len(),
-            Err(_) => false,
-        }
+    /// The file's length when it is known to be fully allocated (no hole
+    /// to find), so that no seek is needed.
+    fn fully_allocated_len(&self) -> Option<u64> {
+        let m = self.file.metadata().ok()?;
+        (m.blocks() * 512 >= m.len()).then_some(m.len())
     }
 }
 
@@ -549,8 +567,16 @@ impl BlockDevice for FileDevice {
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         check_range(self.size(), offset, len)?;
         let all_data = || Ok(vec![Extent::data(len).at_host(offset)]);
-        if !self.seek_ok.load(Ordering::Relaxed) || len == 0 || self.fully_allocated() {
+        if !self.seek_ok.load(Ordering::Relaxed) || len == 0 {
             return all_data();
+        }
+        if let Some(file_len) = self.fully_allocated_len() {
+            // Data up to the end of the file; the sector padding beyond is a hole.
+            return Ok(if offset >= file_len {
+                vec![Extent::hole(len).at_host(offset)]
+            } else {
+                vec![Extent::data((file_len - offset).min(len)).at_host(offset)]
+            });
         }
         match self.seek_extents(offset, len)? {
             Some(v) => Ok(v),

@@ -86,9 +86,9 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            for line in e.message.lines() {
-                eprintln!("diskit: {line}");
-            }
+            // Only the first line carries the prefix: later lines are hints,
+            // or carry their own prefix (a second message).
+            eprintln!("diskit: {}", e.message);
             ExitCode::from(e.code)
         }
     }

@@ -1,7 +1,9 @@
 //! Progress display for long operations (`-p`).
 //!
 //! On a terminal: a live bar with percentage, rate and time left. Otherwise
-//! qemu-img's lines, `    (xx.xx/100%)` each ended by a carriage return.
+//! qemu-img's updates, `    (xx.xx/100%)` each ended by a carriage return:
+//! one at the start, one whenever progress moves by more than a point, and
+//! a final 100.00 followed by a newline.
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use diskit_copy::Progress;
 /// A thread that prints progress until stopped.
 pub struct ProgressPrinter {
     stop: Arc<AtomicBool>,
+    completed: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -21,48 +24,64 @@ impl ProgressPrinter {
     /// Starts printing `progress` to standard output, as qemu-img does.
     pub fn start(progress: Arc<Progress>) -> ProgressPrinter {
         let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
+        let completed = Arc::new(AtomicBool::new(false));
+        let (s, c) = (stop.clone(), completed.clone());
         let tty = std::io::stdout().is_terminal();
         let thread = std::thread::spawn(move || {
             let started = Instant::now();
-            let mut last_line = String::new();
-            let mut last_pct = -1.0f64;
+            let mut last_pct = 0.0f64;
+            let mut out = std::io::stdout();
+            if !tty {
+                let _ = write!(out, "    (0.00/100%)\r");
+                let _ = out.flush();
+            }
             loop {
-                let finished = s.load(Ordering::Relaxed);
+                let stopping = s.load(Ordering::Relaxed);
                 let (done, total) = progress.get();
-                let pct = if total == 0 {
+                let mut pct = if total == 0 {
                     100.0
                 } else {
                     done as f64 * 100.0 / total as f64
                 };
-                let mut out = std::io::stdout().lock();
+                if stopping && c.load(Ordering::Relaxed) {
+                    pct = 100.0;
+                }
                 if tty {
                     let _ = write!(out, "\r{}", bar(pct, done, total, started.elapsed()));
-                } else {
-                    let line = format!("    ({pct:.2}/100%)\r");
-                    if line != last_line && (pct - last_pct >= 1.0 || finished) {
-                        let _ = write!(out, "{line}");
-                        last_line = line;
-                        last_pct = pct;
-                    }
+                } else if pct - last_pct > 1.0 {
+                    let _ = write!(out, "    ({pct:.2}/100%)\r");
+                    last_pct = pct;
                 }
-                let _ = out.flush();
-                if finished {
+                if stopping {
+                    if !tty && c.load(Ordering::Relaxed) {
+                        let _ = write!(out, "    (100.00/100%)\r");
+                    }
                     let _ = writeln!(out);
+                    let _ = out.flush();
                     return;
                 }
-                drop(out);
+                let _ = out.flush();
                 std::thread::sleep(Duration::from_millis(if tty { 100 } else { 50 }));
             }
         });
         ProgressPrinter {
             stop,
+            completed,
             thread: Some(thread),
         }
     }
 
+    /// Marks the operation as completed: the final line says 100%.
+    pub fn completed(&self) {
+        self.completed.store(true, Ordering::Relaxed);
+    }
+
     /// Prints the final state and stops.
     pub fn finish(mut self) {
+        self.stop_thread();
+    }
+
+    fn stop_thread(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -72,16 +91,13 @@ impl ProgressPrinter {
 
 impl Drop for ProgressPrinter {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.stop_thread();
     }
 }
 
 fn bar(pct: f64, done: u64, total: u64, elapsed: Duration) -> String {
     const WIDTH: usize = 30;
-    let filled = ((pct / 100.0) * WIDTH as f64) as usize;
+    let filled = (((pct / 100.0) * WIDTH as f64) as usize).min(WIDTH);
     let secs = elapsed.as_secs_f64().max(1e-3);
     let rate = done as f64 / secs;
     let eta = if rate > 0.0 && total > done {
@@ -91,8 +107,8 @@ fn bar(pct: f64, done: u64, total: u64, elapsed: Duration) -> String {
     };
     format!(
         "[{}{}] {pct:6.2}% {:>10}/s ETA {:02}:{:02}",
-        "#".repeat(filled.min(WIDTH)),
-        " ".repeat(WIDTH - filled.min(WIDTH)),
+        "#".repeat(filled),
+        " ".repeat(WIDTH - filled),
         diskit_core::size::human_size(rate as u64),
         (eta as u64) / 60,
         (eta as u64) % 60

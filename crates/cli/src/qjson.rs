@@ -116,8 +116,13 @@ fn write_str(out: &mut String, s: &str) {
             '\t' => out.push_str("\\t"),
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                let _ = write!(out, "\\u{:04X}", c as u32);
+            // Control characters and everything outside ASCII as \uXXXX
+            // (upper-case hex, UTF-16 surrogates), as QEMU writes them.
+            c if (c as u32) < 0x20 || (c as u32) >= 0x7f => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{:04X}", u);
+                }
             }
             c => out.push(c),
         }

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use diskit_core::Error;
-use diskit_core::size::parse_size;
+use diskit_core::size::{SizeError, parse_size_detailed};
 use diskit_formats::{Format, Image, OpenOptions, OptionList, open_image};
 
 /// An error as the command line reports it: a message and an exit code.
@@ -23,6 +23,14 @@ impl CliError {
             message: message.into(),
             code: 1,
         }
+    }
+
+    /// A usage error of subcommand `cmd`, with the hint qemu-img adds.
+    pub fn usage(cmd: &str, message: impl Into<String>) -> CliError {
+        CliError::new(format!(
+            "{}\nTry 'diskit {cmd} --help' for more info",
+            message.into()
+        ))
     }
 
     /// The same error with another exit status.
@@ -46,13 +54,33 @@ pub fn parse_format(name: Option<&str>) -> Result<Option<Format>, CliError> {
     .transpose()
 }
 
-/// Parses an image size argument with qemu-img's message on failure.
+/// Parses a size argument naming `what` in qemu-img's messages on failure.
+pub fn parse_size_arg(s: &str, what: &str) -> Result<u64, CliError> {
+    parse_size_detailed(s).map_err(|e| match e {
+        SizeError::Syntax => CliError::new(format!("Invalid {what} specified: '{s}'.")),
+        SizeError::Range => CliError::new(format!(
+            "Invalid {what} specified. Must be between 0 and 9223372036854775807."
+        )),
+    })
+}
+
+/// Parses an image size argument.
 pub fn parse_image_size(s: &str) -> Result<u64, CliError> {
-    parse_size(s).map_err(|_| {
-        CliError::new(
-            "Invalid image size specified. You may use k, M, G, T, P or E suffixes for\n\
-             kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.",
-        )
+    parse_size_arg(s, "image size")
+}
+
+/// Parses a size given as an option value (`-o size=`, resize), with
+/// qemu's option-parser messages.
+pub fn parse_option_size(s: &str, name: &str) -> Result<u64, CliError> {
+    parse_size_detailed(s).map_err(|e| match e {
+        SizeError::Syntax => CliError::new(format!(
+            "Parameter '{name}' expects a non-negative number below 2^64\n\
+             Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n\
+             and exabytes, respectively."
+        )),
+        SizeError::Range => CliError::new(format!(
+            "Value '{s}' is out of range for parameter '{name}'"
+        )),
     })
 }
 
@@ -63,6 +91,31 @@ pub fn parse_options(args: &[String]) -> Result<OptionList, CliError> {
         o.parse_into(a).map_err(|e| CliError::new(e.to_string()))?;
     }
     Ok(o)
+}
+
+/// Parses a source `-f` format, with qemu-img's message naming the file.
+pub fn parse_source_format(name: Option<&str>, path: &Path) -> Result<Option<Format>, CliError> {
+    name.map(|n| {
+        Format::from_name(n).map_err(|_| {
+            CliError::new(format!(
+                "Could not open '{}': Unknown driver '{n}'",
+                path.display()
+            ))
+        })
+    })
+    .transpose()
+}
+
+/// Checks an `--output` value of subcommand `cmd`: true for json.
+pub fn output_is_json(s: &str, cmd: &str) -> Result<bool, CliError> {
+    match s {
+        "json" => Ok(true),
+        "human" => Ok(false),
+        _ => Err(CliError::usage(
+            cmd,
+            format!("--output expects 'human' or 'json' not '{s}'"),
+        )),
+    }
 }
 
 /// Opens an image, with qemu-img's "Could not open" message on failure.

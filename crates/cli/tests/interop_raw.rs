@@ -31,6 +31,8 @@ fn layouts() -> Vec<Layout> {
         ),
         ("full", 4 << 20, vec![(0, 4 << 20, 0xff)]),
         ("unaligned-size", 5000, vec![(1000, 100, 0xff)]),
+        ("unaligned-full", 1000, vec![(0, 1000, 0xff)]),
+        ("unaligned-tail-data", 5000, vec![(4500, 1, 0xff)]),
         (
             "unaligned-big",
             (3 << 20) + 777,
@@ -324,7 +326,7 @@ fn bad_input_gets_one_clear_error_and_no_leftovers() {
         vec!["info", s(&missing)],
         vec!["map", s(&missing)],
         vec!["info", "--output=xml", s(&src)],
-        vec!["resize", s(&src), "512k"],
+        vec!["resize", "-f", "raw", s(&src), "512k"],
         vec!["nosuchcommand"],
     ];
     for args in cases {
@@ -454,4 +456,127 @@ fn convert_onto_a_block_device_zeroes_its_holes() {
         std::path::Path::new(&dev.path).exists(),
         "the device node must survive"
     );
+}
+
+/// qemu-img's stderr with its program prefix replaced by ours.
+fn as_diskit(qemu_stderr: &str) -> String {
+    qemu_stderr
+        .lines()
+        .map(|l| {
+            l.replacen("qemu-img: ", "diskit: ", 1)
+                .replacen("'qemu-img ", "'diskit ", 1)
+                + "\n"
+        })
+        .collect()
+}
+
+#[test]
+fn error_messages_match_qemu_img() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    sparse_file(&src, 1 << 20, &[(0, 4096, 1)]);
+    let small = dir.path().join("small.raw");
+    sparse_file(&small, 4096, &[]);
+    let missing = dir.path().join("missing.raw");
+    let t = dir.path().join("t.raw");
+    let (src, small, missing, t) = (s(&src), s(&small), s(&missing), s(&t));
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["create", "-f", "raw", t, "1Gb"],
+        vec!["create", "-f", "raw", t, "100E"],
+        vec!["create", "-f", "raw", t, "1.5"],
+        vec!["create", "-f", "raw", t],
+        vec!["create", "-f", "foo", t, "1M"],
+        vec!["create", "-f", "raw", "-o", "bogus=1", t, "1M"],
+        vec!["create", "-f", "raw", "-o", "size=2M", t, "1M"],
+        vec!["create", "-f", "raw", "-o", "size=abc", t],
+        vec!["create", "-f", "raw", "-o", "preallocation=bogus", t, "1M"],
+        vec![
+            "create",
+            "-f",
+            "raw",
+            "-o",
+            "preallocation=metadata",
+            t,
+            "1M",
+        ],
+        vec!["info", missing],
+        vec!["info", "--output=xml", src],
+        vec!["map", missing],
+        vec!["convert", missing, t],
+        vec!["convert", "-O", "foo", src, t],
+        vec!["convert", "-m", "0", src, t],
+        vec!["convert", "-m", "abc", src, t],
+        vec!["convert", "-S", "513", src, t],
+        vec!["convert", "-S", "abc", src, t],
+        vec!["convert", "-c", src, t],
+        vec!["convert", "-n", "-o", "preallocation=full", src, small],
+        vec!["convert", "-n", src, small],
+        vec!["convert", "--target-is-zero", src, t],
+        vec!["convert", "-o", "bogus=1", src, t],
+        vec!["resize", "-f", "raw", src, "512k"],
+        vec!["resize", "-f", "raw", src, "abc"],
+        vec!["resize", "-f", "raw", "--shrink", src, "0"],
+        vec!["resize", "-f", "raw", "--preallocation=bogus", src, "2M"],
+        vec!["resize", "-f", "raw", "--preallocation=falloc", src, "1M"],
+        vec!["measure", "-O", "raw"],
+        vec!["measure", "-O", "raw", "--size", "abc"],
+    ];
+    for args in cases {
+        let ours = diskit(&args);
+        let theirs = qemu_img(&args);
+        assert_eq!(
+            code(&ours),
+            code(&theirs),
+            "exit code of {args:?}: {}",
+            stderr(&ours)
+        );
+        assert_eq!(
+            stderr(&ours),
+            as_diskit(&stderr(&theirs)),
+            "stderr of {args:?}"
+        );
+        assert_eq!(stdout(&ours), stdout(&theirs), "stdout of {args:?}");
+        let _ = std::fs::remove_file(t);
+    }
+}
+
+#[test]
+fn create_output_and_layout_match_qemu_img() {
+    let dir = workdir();
+    for (size, opts) in [
+        ("1M", ""),
+        ("1000", ""),
+        ("5000", "preallocation=falloc"),
+        ("0", ""),
+        ("1.1k", "preallocation=full"),
+        ("64k", "preallocation=off"),
+    ] {
+        let ours = dir.path().join("ours.raw");
+        let theirs = dir.path().join("theirs.raw");
+        let run = |tool: fn(&[&str]) -> std::process::Output, p: &std::path::Path| {
+            let mut a = vec!["create", "-f", "raw"];
+            if !opts.is_empty() {
+                a.extend(["-o", opts]);
+            }
+            a.extend([s(p), size]);
+            ok(tool(&a))
+        };
+        let (o, t) = (run(diskit, &ours), run(qemu_img, &theirs));
+        assert_eq!(
+            stdout(&o).replace("ours", "theirs"),
+            stdout(&t),
+            "{size} {opts}"
+        );
+        let m = |tool: fn(&[&str]) -> std::process::Output, p: &std::path::Path| {
+            stdout(&ok(tool(&["map", "--output=json", "-f", "raw", s(p)])))
+        };
+        assert_eq!(
+            m(qemu_img, &ours),
+            m(qemu_img, &theirs),
+            "layout of {size} {opts}"
+        );
+        assert!(same_bytes(&ours, &theirs));
+        std::fs::remove_file(&ours).unwrap();
+        std::fs::remove_file(&theirs).unwrap();
+    }
 }

@@ -191,8 +191,10 @@ impl Engine<'_> {
             if self.opts.min_sparse == 0 {
                 writes.push((item.offset, item.len, false));
             } else {
+                // Holes are whole blocks of pow2floor(min_sparse) bytes,
+                // aligned on the device, as qemu-img makes them.
                 let min = self.opts.min_sparse as usize;
-                let granularity = (1usize << min.trailing_zeros()).clamp(512, 4096);
+                let granularity = 1usize << (usize::BITS - 1 - min.leading_zeros());
                 for r in zero_runs(data, item.offset, granularity, min) {
                     writes.push((item.offset + r.start as u64, r.len as u64, r.zero));
                 }

@@ -7,57 +7,125 @@
 
 use crate::error::{Error, Result};
 
-/// Parses a size with an optional suffix; a bare number is in bytes.
-pub fn parse_size(s: &str) -> Result<u64> {
-    parse_size_with_default(s, 1)
+/// Why a size did not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeError {
+    /// Not a size at all ("abc", "1KiB", "1.5" without a suffix).
+    Syntax,
+    /// A size, but negative or beyond `i64::MAX` bytes.
+    Range,
 }
 
-/// Parses a size whose bare numbers are in units of `default_unit` bytes.
-pub fn parse_size_with_default(s: &str, default_unit: u64) -> Result<u64> {
-    let bad = || Error::invalid(format!("invalid size '{s}'"));
-    let t = s.trim();
-    let digits_end = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits_end);
-    if num.is_empty() || num.starts_with('.') {
-        return Err(bad());
-    }
-    let unit: u64 = match suffix {
-        "" => default_unit,
-        "b" | "B" => 1,
-        "k" | "K" => 1 << 10,
-        "m" | "M" => 1 << 20,
-        "g" | "G" => 1 << 30,
-        "t" | "T" => 1 << 40,
-        "p" | "P" => 1 << 50,
-        "e" | "E" => 1 << 60,
-        _ => return Err(bad()),
-    };
-    let (int_part, frac_part) = match num.split_once('.') {
-        Some((i, f)) => (i, Some(f)),
-        None => (num, None),
-    };
-    if frac_part.is_some_and(|f| f.contains('.')) {
-        return Err(bad());
-    }
-    let int: u64 = int_part.parse().map_err(|_| bad())?;
-    let mut total = int.checked_mul(unit).ok_or_else(bad)?;
-    if let Some(frac) = frac_part {
-        // qemu accepts a fraction only with a suffix (bytes are whole).
-        if unit == 1 && !frac.chars().all(|c| c == '0') {
-            return Err(bad());
-        }
-        if !frac.is_empty() {
-            let f: f64 = format!("0.{frac}").parse().map_err(|_| bad())?;
-            let extra = (f * unit as f64).round();
-            total = total.checked_add(extra as u64).ok_or_else(bad)?;
+impl From<SizeError> for Error {
+    fn from(e: SizeError) -> Error {
+        match e {
+            SizeError::Syntax => Error::invalid("invalid size"),
+            SizeError::Range => Error::new(crate::ErrorKind::Overflow, "size out of range"),
         }
     }
-    if total > i64::MAX as u64 {
-        return Err(bad());
+}
+
+/// Parses a size with an optional suffix; a bare number is in bytes.
+pub fn parse_size(s: &str) -> Result<u64> {
+    Ok(parse_size_detailed(s)?)
+}
+
+/// Parses a size exactly as qemu's `qemu_strtosz` followed by qemu-img's
+/// range check (0 to `i64::MAX`): decimal with optional leading blanks and
+/// `+`, or `0x` hex (no fraction, no suffix); a fraction needs a suffix
+/// larger than bytes and rounds to nearest; one suffix of `BKMGTPE` in any
+/// case and nothing after it.
+pub fn parse_size_detailed(s: &str) -> std::result::Result<u64, SizeError> {
+    let t = s.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    let (negative, t) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    if let Some(hex) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        let digits_end = hex
+            .find(|c: char| !c.is_ascii_hexdigit())
+            .unwrap_or(hex.len());
+        if digits_end == 0 || digits_end != hex.len() {
+            return Err(SizeError::Syntax);
+        }
+        let v = u64::from_str_radix(hex, 16).map_err(|_| SizeError::Range)?;
+        return range_check(v, negative);
     }
-    Ok(total)
+    let int_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (int_str, rest) = t.split_at(int_end);
+    let (frac_str, rest) = match rest.strip_prefix('.') {
+        Some(r) => {
+            let e = r.find(|c: char| !c.is_ascii_digit()).unwrap_or(r.len());
+            (Some(&r[..e]), &r[e..])
+        }
+        None => (None, rest),
+    };
+    if int_str.is_empty() && frac_str.is_none_or(|f| f.is_empty()) {
+        return Err(SizeError::Syntax);
+    }
+    let mut chars = rest.chars();
+    let unit_shift = match chars.next().map(|c| c.to_ascii_uppercase()) {
+        None => 0,
+        Some('B') => 0,
+        Some('K') => 10,
+        Some('M') => 20,
+        Some('G') => 30,
+        Some('T') => 40,
+        Some('P') => 50,
+        Some('E') => 60,
+        Some(_) => return Err(SizeError::Syntax),
+    };
+    if chars.next().is_some() {
+        return Err(SizeError::Syntax);
+    }
+    // A fraction needs a unit larger than a byte.
+    if frac_str.is_some() && unit_shift == 0 {
+        return Err(SizeError::Syntax);
+    }
+    // strtoull overflowing is a range error, unless characters follow it.
+    let int_overflow = if rest.is_empty() {
+        SizeError::Range
+    } else {
+        SizeError::Syntax
+    };
+    let int: u128 = if int_str.is_empty() {
+        0
+    } else {
+        int_str.parse().map_err(|_| int_overflow)?
+    };
+    if int > u64::MAX as u128 {
+        return Err(int_overflow);
+    }
+    if negative {
+        return Err(if rest.is_empty() {
+            SizeError::Range
+        } else {
+            SizeError::Syntax
+        });
+    }
+    let mut total: u128 = int << unit_shift;
+    if let Some(f) = frac_str.filter(|f| !f.is_empty()) {
+        // Exact decimal fraction times the unit, rounded to nearest (half up).
+        let digits = &f[..f.len().min(30)];
+        let scale = 10u128.pow(digits.len() as u32);
+        let num: u128 = digits.parse().map_err(|_| SizeError::Syntax)?;
+        let unit = 1u128 << unit_shift;
+        let extra = (num * unit + scale / 2) / scale;
+        total += extra;
+    }
+    if total > u64::MAX as u128 {
+        return Err(SizeError::Range);
+    }
+    range_check(total as u64, false)
+}
+
+fn range_check(v: u64, negative: bool) -> std::result::Result<u64, SizeError> {
+    if negative || v > i64::MAX as u64 {
+        Err(SizeError::Range)
+    } else {
+        Ok(v)
+    }
 }
 
 /// Formats a size as qemu's `size_to_str`: three significant digits and a
@@ -122,8 +190,32 @@ mod tests {
         assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
         assert_eq!(parse_size("2b").unwrap(), 2);
         assert_eq!(parse_size("1E").unwrap(), 1 << 60);
-        for bad in ["", "abc", "-1", "1KiB", "1.5", "8E", "1x", ".5G", "1..5G"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
+        assert_eq!(parse_size("0x100").unwrap(), 256);
+        assert_eq!(parse_size("010").unwrap(), 10);
+        assert_eq!(parse_size(".5k").unwrap(), 512);
+        assert_eq!(parse_size("5.k").unwrap(), 5120);
+        assert_eq!(parse_size("1.1k").unwrap(), 1126);
+        assert_eq!(parse_size("1.9999k").unwrap(), 2048);
+        assert_eq!(parse_size("3.3G").unwrap(), 3543348019);
+        assert_eq!(parse_size(" +1M").unwrap(), 1 << 20);
+        for bad in [
+            "", "abc", "1KiB", "1.5", "1.5B", "1x", "1..5G", "1Gb", "1e3", "0x10k", "1M ", "-1k",
+            "2K3",
+        ] {
+            assert_eq!(parse_size_detailed(bad), Err(SizeError::Syntax), "{bad}");
+        }
+        assert_eq!(
+            parse_size_detailed("99999999999999999999k"),
+            Err(SizeError::Syntax)
+        );
+        for big in [
+            "-1",
+            "8E",
+            "100E",
+            "9223372036854775808",
+            "99999999999999999999",
+        ] {
+            assert_eq!(parse_size_detailed(big), Err(SizeError::Range), "{big}");
         }
     }
 

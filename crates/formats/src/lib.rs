@@ -121,7 +121,20 @@ pub fn create_image(
     options: &OptionList,
 ) -> Result<u64> {
     match format {
-        Format::Raw => raw::create(path, size, options),
+        Format::Raw => {
+            let opts = raw::RawCreateOptions::parse(options)?;
+            let size = match (size, opts.size) {
+                (Some(_), Some(_)) => {
+                    return Err(Error::invalid("The image size must be specified only once"));
+                }
+                (Some(s), None) | (None, Some(s)) => s,
+                (None, None) => {
+                    return Err(Error::invalid("Image creation needs a size parameter"));
+                }
+            };
+            raw::create(path, size, &opts)?;
+            Ok(size)
+        }
         Format::Qcow2 => Err(format.driver_missing()),
     }
 }

@@ -88,9 +88,8 @@ impl OptionList {
     pub fn check_known(&self, known: &[&str], format: &str) -> Result<()> {
         for (k, _) in &self.items {
             if !known.contains(&k.as_str()) {
-                return Err(Error::invalid(format!(
-                    "Invalid parameter '{k}'\nThis option is not supported by the '{format}' format"
-                )));
+                let _ = format;
+                return Err(Error::invalid(format!("Invalid parameter '{k}'")));
             }
         }
         Ok(())

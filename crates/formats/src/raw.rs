@@ -3,43 +3,127 @@
 use std::path::Path;
 
 use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::size::parse_size;
-use diskit_core::{Error, Result};
+use diskit_core::size::{SizeError, parse_size_detailed};
+use diskit_core::{Error, ErrorKind, Result};
 
 use crate::OptionList;
 
-/// The `-o` options raw images accept at creation.
-pub const CREATE_OPTIONS: &[&str] = &["size", "preallocation"];
+/// The `-o` options raw images accept at creation, in the order qemu-img
+/// lists them in its "Formatting" line.
+pub const CREATE_OPTIONS: &[&str] = &["size", "nocow", "preallocation", "extent_size_hint"];
 
-/// Help text for `-o help`, as qemu-img prints it for raw.
-pub const CREATE_HELP: &str = "Creation options for 'raw':
-  preallocation=<str (off, falloc, full)> - Preallocation mode (allowed values: off, falloc, full)
+/// Help text for `-o help`, as qemu-img prints it for raw with a file name.
+pub const CREATE_HELP: &str = "Supported options:
+  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
+  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
+  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)
   size=<size>            - Virtual disk size
 ";
 
-/// Creates a raw image; returns its size.
-pub fn create(path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-    options.check_known(CREATE_OPTIONS, "raw")?;
-    let size = match (size, options.get("size")) {
-        (Some(s), _) => s,
-        (None, Some(s)) => parse_size(s)?,
-        (None, None) => return Err(Error::invalid("Image creation needs a size parameter")),
-    };
-    let prealloc = match options.get("preallocation") {
-        None => Preallocation::Off,
-        Some(p) => Preallocation::parse(p).map_err(|_| {
-            Error::invalid(format!(
-                "Parameter 'preallocation' does not accept value '{p}'"
-            ))
-        })?,
-    };
-    FileDevice::create(path, size, prealloc)?;
-    Ok(size)
+/// Validated raw creation options.
+#[derive(Debug, Clone, Default)]
+pub struct RawCreateOptions {
+    /// Virtual size from `-o size=`, if given.
+    pub size: Option<u64>,
+    /// Preallocation mode text as given (validated at creation, as qemu-img does).
+    pub preallocation: Option<String>,
+    /// `nocow` as given (only meaningful on btrfs).
+    pub nocow: Option<bool>,
+    /// Extent size hint in bytes (applied where the file system supports it).
+    pub extent_size_hint: Option<u64>,
 }
 
-/// Parses the preallocation mode named in `options` (default off).
-pub fn preallocation(options: &OptionList) -> Result<Preallocation> {
-    options
-        .get("preallocation")
-        .map_or(Ok(Preallocation::Off), Preallocation::parse)
+impl RawCreateOptions {
+    /// Checks the option list: unknown keys and malformed values are errors.
+    pub fn parse(options: &OptionList) -> Result<RawCreateOptions> {
+        options.check_known(CREATE_OPTIONS, "raw")?;
+        let size_opt = |name: &str| -> Result<Option<u64>> {
+            options
+                .get(name)
+                .map(|v| {
+                    parse_size_detailed(v).map_err(|e| match e {
+                        SizeError::Syntax => Error::invalid(format!(
+                            "Parameter '{name}' expects a non-negative number below 2^64\n\
+                             Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n\
+                             and exabytes, respectively."
+                        )),
+                        SizeError::Range => {
+                            Error::invalid(format!("Value '{v}' is out of range for parameter '{name}'"))
+                        }
+                    })
+                })
+                .transpose()
+        };
+        let nocow = options
+            .get("nocow")
+            .map(|v| match v {
+                "on" | "yes" | "true" => Ok(true),
+                "off" | "no" | "false" => Ok(false),
+                _ => Err(Error::invalid("Parameter 'nocow' expects 'on' or 'off'")),
+            })
+            .transpose()?;
+        Ok(RawCreateOptions {
+            size: size_opt("size")?,
+            preallocation: options.get("preallocation").map(str::to_string),
+            nocow,
+            extent_size_hint: size_opt("extent_size_hint")?,
+        })
+    }
+
+    /// The options for qemu-img's "Formatting" line, after `size=`.
+    pub fn summary(&self, options: &OptionList) -> String {
+        let mut out = String::new();
+        if let Some(v) = options.get("nocow") {
+            out.push_str(&format!(" nocow={v}"));
+        }
+        if let Some(v) = &self.preallocation {
+            out.push_str(&format!(" preallocation={v}"));
+        }
+        if let Some(v) = self.extent_size_hint {
+            out.push_str(&format!(" extent_size_hint={v}"));
+        }
+        out
+    }
+
+    /// The preallocation mode, with qemu-img's messages for bad values.
+    pub fn preallocation_mode(&self) -> Result<Preallocation> {
+        match self.preallocation.as_deref() {
+            None => Ok(Preallocation::Off),
+            Some("metadata") => Err(Error::unsupported(
+                "Unsupported preallocation mode: metadata",
+            )),
+            Some(p) => Preallocation::parse(p)
+                .map_err(|_| Error::invalid(format!("invalid parameter value: {p}"))),
+        }
+    }
+}
+
+/// Creates a raw image of `size` bytes (rounded up to a whole sector, as
+/// QEMU does). Like qemu-img, the first block is written so that the image
+/// starts allocated; a failed creation removes the file it made.
+pub fn create(path: &Path, size: u64, opts: &RawCreateOptions) -> Result<()> {
+    let prealloc = opts.preallocation_mode()?;
+    let existed = path.exists();
+    let size = size
+        .checked_next_multiple_of(512)
+        .ok_or_else(|| Error::invalid("Could not resize file: Invalid argument"))?;
+    let result = FileDevice::create(path, 0, Preallocation::Off)
+        .map_err(|e| e.context(format!("Could not create '{}'", path.display())))
+        .and_then(|dev| {
+            dev.resize(size, prealloc).map_err(|e| {
+                if e.kind() == ErrorKind::NoSpace && e.detail().contains("too large") {
+                    Error::invalid("The image size is too large for file format 'raw'")
+                } else {
+                    e
+                }
+            })?;
+            if prealloc != Preallocation::Full && size > 0 {
+                dev.write_first_block()?;
+            }
+            Ok(())
+        });
+    if result.is_err() && !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    result
 }

@@ -118,7 +118,7 @@ fn compare(
                         .zip(&b2[..m])
                         .position(|(x, y)| x != y)
                         .unwrap_or(0);
-                    return Ok(mismatch(at + i as u64));
+                    return Ok(mismatch(pos, at + i as u64));
                 }
                 done += m as u64;
             }
@@ -136,7 +136,7 @@ fn compare(
                 longer.read_at(&mut b1[..m], pos + done)?;
                 if !is_zero(&b1[..m]) {
                     let i = b1[..m].iter().position(|&x| x != 0).unwrap_or(0);
-                    return Ok(mismatch(pos + done + i as u64));
+                    return Ok(mismatch(pos, pos + done + i as u64));
                 }
                 done += m as u64;
             }
@@ -146,11 +146,12 @@ fn compare(
     Ok(Verdict::Same)
 }
 
-fn mismatch(byte: u64) -> Verdict {
-    Verdict::Differ(format!(
-        "Content mismatch at offset {}!",
-        byte / SECTOR * SECTOR
-    ))
+/// The message for a difference at `byte`: like qemu-img, the offset is
+/// the start of the differing sector, counted from the start of the extent
+/// being compared (`extent_start`).
+fn mismatch(extent_start: u64, byte: u64) -> Verdict {
+    let offset = extent_start + (byte - extent_start) / SECTOR * SECTOR;
+    Verdict::Differ(format!("Content mismatch at offset {offset}!"))
 }
 
 fn first_extent(d: &dyn BlockDevice, pos: u64, len: u64) -> diskit_core::Result<Extent> {

@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
-use crate::util::{CliError, open, parse_format, parse_options};
+use crate::util::{
+    CliError, open, parse_format, parse_options, parse_size_arg, parse_source_format,
+};
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::concat::Concat;
-use diskit_core::size::parse_size;
 use diskit_core::{BlockDevice, DeviceRef};
+use diskit_formats::raw::RawCreateOptions;
 use diskit_formats::{Format, OpenOptions, create_image};
 
 /// Arguments of `convert`.
@@ -96,29 +98,36 @@ fn cache_mode(s: Option<&str>, default: &str) -> Result<CacheMode, CliError> {
 pub fn run(a: Args) -> CmdResult {
     let (sources, target) = a.files.split_at(a.files.len() - 1);
     let target = &target[0];
-    let src_format = parse_format(a.format.as_deref())?;
+    let src_format = parse_source_format(a.format.as_deref(), &sources[0])?;
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::Raw);
     let options = parse_options(&a.options)?;
     if options.wants_help() {
         print!("{}", diskit_formats::raw::CREATE_HELP);
         return Ok(0);
     }
-    let workers: usize = match a.coroutines.parse() {
-        Ok(n) if (1..=16).contains(&n) => n,
-        _ => {
+    let workers: usize = match a.coroutines.parse::<i64>() {
+        Ok(n) if (1..=16).contains(&n) => n as usize,
+        Ok(_) => {
             return Err(CliError::new(
-                "Invalid number of coroutines. Allowed number of coroutines is between 1 and 16",
+                "Invalid number of coroutines specified. Must be between 1 and 16.",
             ));
+        }
+        Err(_) => {
+            return Err(CliError::new(format!(
+                "Invalid number of coroutines specified: '{}'.",
+                a.coroutines
+            )));
         }
     };
     let min_sparse = match &a.sparse_size {
         None => 4096,
         Some(s) => {
-            let v = parse_size(s)
-                .map_err(|_| CliError::new("Invalid buffer size for sparse output specified"))?;
+            let v = parse_size_arg(s, "buffer size for sparse output")?;
             if v % 512 != 0 || v > 16 << 20 {
                 return Err(CliError::new(
-                    "Invalid buffer size for sparse output specified",
+                    "Invalid buffer size for sparse output specified. Valid sizes are multiples \
+                     of 512 up to 16777216. Select 0 to disable sparse detection (fully allocates \
+                     output).",
                 ));
             }
             v
@@ -139,14 +148,18 @@ pub fn run(a: Args) -> CmdResult {
     }
     if a.snapshot.is_some() {
         return Err(CliError::new(
-            "Source has no snapshot support in this build (raw images have no snapshots)",
+            "Failed to load snapshot: Block format 'raw' used by device '' does not support \
+             temporarily loading internal snapshots",
         ));
     }
     if a.backing.is_some() && out_format == Format::Raw {
-        return Err(CliError::new(format!(
-            "{}: Format driver 'raw' does not support backing files",
-            target.display()
-        )));
+        return Err(CliError::new(
+            "Backing file not supported for file format 'raw'",
+        ));
+    }
+    if !a.no_create && out_format == Format::Raw {
+        // Check the options before anything is opened or created.
+        RawCreateOptions::parse(&options).map_err(|e| CliError::new(e.to_string()))?;
     }
     let src_cache = cache_mode(a.src_cache.as_deref(), "writeback")?;
     let dst_cache = cache_mode(a.cache.as_deref(), "unsafe")?;
@@ -227,14 +240,28 @@ fn copy_into(
         // Raw has no layout that depends on write order.
         ordered_writes: !a.out_of_order && out_format != Format::Raw,
         flush: cache.flush,
-        ..Default::default()
+        // Holes are made of whole aligned blocks of pow2floor(-S) bytes, as
+        // qemu-img does; requests must hold at least one such block.
+        request_size: (2usize << 20).max(pow2_floor(min_sparse) as usize),
     };
     let progress = Arc::new(Progress::default());
     let printer = (a.progress && !a.quiet).then(|| ProgressPrinter::start(progress.clone()));
     let result = copy(src, &*dst.device, &opts, &progress);
+    if let (Some(p), Ok(_)) = (&printer, &result) {
+        p.completed();
+    }
     if let Some(p) = printer {
         p.finish();
     }
     result.map_err(|e| CliError::new(e.to_string()))?;
     Ok(0)
+}
+
+/// The largest power of two not above `v` (0 for 0).
+fn pow2_floor(v: u64) -> u64 {
+    if v == 0 {
+        0
+    } else {
+        1 << (63 - v.leading_zeros())
+    }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
-use crate::util::{open, parse_format};
+use crate::util::{open, output_is_json, parse_source_format};
 use diskit_core::size::human_size;
 use diskit_formats::{Image, OpenOptions};
 
@@ -28,8 +28,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CmdResult {
-    let json = crate::cmd::map::output_is_json(&a.output)?;
-    let format = parse_format(a.format.as_deref())?;
+    let json = output_is_json(&a.output, "info")?;
+    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
     let _ = a.force_share;
     let img = open(&a.filename, format, OpenOptions::default())?;
     let actual = img.file.allocated_bytes()?;

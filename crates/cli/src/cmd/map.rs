@@ -5,9 +5,8 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
-use crate::util::{CliError, open, parse_format};
+use crate::util::{CliError, open, output_is_json, parse_size_arg, parse_source_format};
 use diskit_core::extent::push_merged;
-use diskit_core::size::parse_size;
 use diskit_core::{BlockDevice, Extent};
 use diskit_formats::OpenOptions;
 
@@ -33,20 +32,8 @@ pub struct Args {
     filename: PathBuf,
 }
 
-/// Checks an `--output` value.
-pub fn output_is_json(s: &str) -> Result<bool, CliError> {
-    match s {
-        "json" => Ok(true),
-        "human" => Ok(false),
-        _ => Err(CliError::new(
-            "--output must be used with human or json as argument.",
-        )),
-    }
-}
-
 fn offset_arg(s: Option<&str>, what: &str) -> Result<Option<u64>, CliError> {
-    s.map(|v| parse_size(v).map_err(|_| CliError::new(format!("Invalid {what} specified"))))
-        .transpose()
+    s.map(|v| parse_size_arg(v, what)).transpose()
 }
 
 /// Merged extents of `dev` over `start..end`.
@@ -83,8 +70,8 @@ pub fn collect_extents(
 }
 
 pub fn run(a: Args) -> CmdResult {
-    let json = output_is_json(&a.output)?;
-    let format = parse_format(a.format.as_deref())?;
+    let json = output_is_json(&a.output, "map")?;
+    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
     let _ = a.force_share;
     let start = offset_arg(a.start_offset.as_deref(), "start offset")?.unwrap_or(0);
     let max_len = offset_arg(a.max_length.as_deref(), "max length")?;

@@ -33,7 +33,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CmdResult {
-    let json = crate::cmd::map::output_is_json(&a.output)?;
+    let json = crate::util::output_is_json(&a.output, "measure")?;
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::Raw);
     let options = parse_options(&a.options)?;
     let _ = a.force_share;
@@ -48,7 +48,7 @@ pub fn run(a: Args) -> CmdResult {
                 "Either --size N or one filename must be specified.",
             ));
         }
-        (Some(s), None) => parse_image_size(s)?,
+        (Some(s), None) => parse_image_size(s)?.div_ceil(512) * 512,
         (None, Some(f)) => open(
             f,
             parse_format(a.format.as_deref())?,
@@ -60,7 +60,11 @@ pub fn run(a: Args) -> CmdResult {
         Format::Raw => {
             options
                 .check_known(diskit_formats::raw::CREATE_OPTIONS, "raw")
-                .map_err(|e| CliError::new(e.to_string()))?;
+                .map_err(|e| {
+                    CliError::new(format!(
+                        "{e}\ndiskit: Invalid options for file format 'raw'"
+                    ))
+                })?;
             (virtual_size, virtual_size)
         }
         other => {

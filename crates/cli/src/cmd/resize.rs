@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::CmdResult;
-use crate::util::{CliError, open, parse_format, parse_image_size};
+use crate::util::{CliError, open, parse_option_size, parse_source_format};
 use diskit_backends::Preallocation;
 use diskit_formats::{Format, OpenOptions};
 
@@ -31,12 +31,22 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CmdResult {
-    let format = parse_format(a.format.as_deref())?;
+    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
     let prealloc = match a.preallocation.as_deref() {
-        None => Preallocation::Off,
-        Some(p) => Preallocation::parse(p)
-            .map_err(|_| CliError::new(format!("Invalid preallocation mode: '{p}'")))?,
+        None => None,
+        Some("metadata") => return Err(CliError::new("Unsupported preallocation mode: metadata")),
+        Some(p) => Some(
+            Preallocation::parse(p)
+                .map_err(|_| CliError::new(format!("Invalid preallocation mode '{p}'")))?,
+        ),
     };
+    let (rel, digits) = match a.size.as_bytes().first() {
+        Some(b'+') => (1i8, &a.size[1..]),
+        Some(b'-') => (-1, &a.size[1..]),
+        _ => (0, a.size.as_str()),
+    };
+    // The size is checked before the image is opened.
+    let n = parse_option_size(digits, "size")?;
     let img = open(
         &a.filename,
         format,
@@ -45,44 +55,44 @@ pub fn run(a: Args) -> CmdResult {
             direct: false,
         },
     )?;
+    if format.is_none() && img.format == Format::Raw {
+        eprintln!(
+            "WARNING: Image format was not specified for '{}' and probing guessed raw.\n         \
+             Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n         \
+             Specify the 'raw' format explicitly to remove the restrictions.",
+            a.filename.display()
+        );
+    }
     if img.format != Format::Raw {
         return Err(CliError::new(format!(
             "Image format '{}' cannot be resized by this build",
             img.format
         )));
     }
+    // Relative sizes count from the size the guest sees (whole sectors).
     let current = img.virtual_size();
-    let (rel, digits) = match a.size.as_bytes().first() {
-        Some(b'+') => (1i8, &a.size[1..]),
-        Some(b'-') => (-1, &a.size[1..]),
-        _ => (0, a.size.as_str()),
-    };
-    let n = parse_image_size(digits)?;
     let new_size = match rel {
-        1 => current
-            .checked_add(n)
-            .ok_or_else(|| CliError::new("Image size is too large"))?,
-        -1 => current
-            .checked_sub(n)
-            .ok_or_else(|| CliError::new("New image size must be positive"))?,
+        1 => current.saturating_add(n),
+        -1 => current.saturating_sub(n),
         _ => n,
     };
-    if new_size < current {
-        if !a.shrink {
-            return Err(CliError::new(
-                "Use the --shrink option to perform a shrink operation.\n\
-                 warning: Shrinking an image will delete all data beyond the shrunken image's end. \
-                 Before performing such an operation, make sure there is no important data there.",
-            ));
-        }
-        if prealloc != Preallocation::Off {
-            return Err(CliError::new(
-                "Preallocation can only be used for growing images",
-            ));
-        }
+    if new_size == 0 || new_size > i64::MAX as u64 {
+        return Err(CliError::new("New image size must be positive"));
+    }
+    if prealloc.is_some() && new_size <= current {
+        return Err(CliError::new(
+            "Preallocation can only be used for growing images",
+        ));
+    }
+    if new_size < current && !a.shrink {
+        return Err(CliError::new(
+            "Use the --shrink option to perform a shrink operation.\n\
+             diskit: warning: Shrinking an image will delete all data beyond the shrunken image's end. \
+             Before performing such an operation, make sure there is no important data there.",
+        ));
     }
     img.file
-        .resize(new_size, prealloc)
+        .resize(new_size, prealloc.unwrap_or_default())
         .map_err(|e| CliError::new(e.to_string()))?;
     if !a.quiet {
         println!("Image resized.");
