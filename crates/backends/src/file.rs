@@ -108,6 +108,20 @@ impl FileDevice {
     /// Opens an existing file or block device.
     pub fn open(path: impl AsRef<Path>, opts: FileOptions) -> Result<FileDevice> {
         let path = path.as_ref();
+        // Refuse FIFOs, sockets and character devices before opening: opening
+        // a FIFO would wait for a writer forever.
+        let not_regular = || {
+            Error::invalid(format!(
+                "'file' driver requires '{}' to be a regular file",
+                path.display()
+            ))
+        };
+        if let Ok(meta) = std::fs::metadata(path) {
+            let ft = meta.file_type();
+            if !(ft.is_file() || ft.is_block_device()) {
+                return Err(not_regular());
+            }
+        }
         let mut oo = OpenOptions::new();
         oo.read(true).write(opts.writable);
         if opts.direct {
@@ -118,10 +132,7 @@ impl FileDevice {
             .map_err(|e| Error::from(e).context(format!("Could not open '{}'", path.display())))?;
         let meta = file.metadata()?;
         if !(meta.is_file() || meta.file_type().is_block_device()) {
-            return Err(Error::invalid(format!(
-                "'file' driver requires '{}' to be a regular file",
-                path.display()
-            )));
+            return Err(not_regular());
         }
         Self::from_file(file, path, opts)
     }
@@ -589,35 +600,32 @@ impl BlockDevice for FileDevice {
     }
 }
 
+/// Reads a queue attribute of the block device `dev` (a whole disk or a
+/// partition, whose queue is its parent's).
+fn queue_attribute(dev: u64, attr: &str) -> Option<String> {
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    [
+        format!("/sys/dev/block/{maj}:{min}/queue/{attr}"),
+        format!("/sys/dev/block/{maj}:{min}/../queue/{attr}"),
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok())
+    .map(|s| s.trim().to_string())
+}
+
 /// Whether a block device's queue implements write-zeroes natively.
 fn block_write_zeroes_supported(file: &File) -> bool {
     let Ok(meta) = file.metadata() else {
         return false;
     };
-    let (maj, min) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
-    for p in [
-        format!("/sys/dev/block/{maj}:{min}/queue/write_zeroes_max_bytes"),
-        format!("/sys/dev/block/{maj}:{min}/../queue/write_zeroes_max_bytes"),
-    ] {
-        if let Ok(s) = std::fs::read_to_string(p) {
-            return s.trim().parse::<u64>().map(|n| n > 0).unwrap_or(false);
-        }
-    }
-    false
+    queue_attribute(meta.rdev(), "write_zeroes_max_bytes")
+        .and_then(|s| s.parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
 }
 
 /// Whether the block device `dev` (or the one holding a file) is rotational.
 fn is_rotational(dev: u64) -> bool {
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
-    for p in [
-        format!("/sys/dev/block/{maj}:{min}/queue/rotational"),
-        format!("/sys/dev/block/{maj}:{min}/../queue/rotational"),
-    ] {
-        if let Ok(s) = std::fs::read_to_string(p) {
-            return s.trim() == "1";
-        }
-    }
-    false
+    queue_attribute(dev, "rotational").is_some_and(|s| s == "1")
 }
 
 #[cfg(test)]

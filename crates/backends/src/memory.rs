@@ -73,18 +73,7 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            can_write: true,
-            can_flush: false,
-            can_fua: true,
-            can_trim: true,
-            can_zero: true,
-            can_fast_zero: true,
-            can_extents: true,
-            can_multi_conn: true,
-            can_cache: false,
-            is_rotational: false,
-        }
+        Capabilities::IN_MEMORY
     }
 
     fn is_known_zero(&self) -> bool {

@@ -338,6 +338,28 @@ fn bad_input_gets_one_clear_error_and_no_leftovers() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
         assert!(!dst.exists(), "{args:?} left {dst:?} behind");
     }
+    // A FIFO, a directory: refused at once, never waited on.
+    let fifo = dir.path().join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for args in [
+        vec!["info", s(&fifo)],
+        vec!["map", s(&fifo)],
+        vec!["info", s(dir.path())],
+    ] {
+        let o = diskit(&args);
+        assert_eq!(code(&o), 1, "{args:?}");
+        assert!(
+            stderr(&o).contains("to be a regular file"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
     // A target in a directory that does not exist.
     let o = diskit(&["convert", s(&src), s(&dir.path().join("no/such/dir/x.raw"))]);
     assert_eq!(code(&o), 1);

@@ -64,18 +64,7 @@ impl BlockDevice for Concat {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities {
-            can_write: true,
-            can_flush: false,
-            can_fua: true,
-            can_trim: true,
-            can_zero: true,
-            can_fast_zero: true,
-            can_extents: true,
-            can_multi_conn: true,
-            can_cache: false,
-            is_rotational: false,
-        };
+        let mut caps = Capabilities::IN_MEMORY;
         for (_, d) in &self.parts {
             let c = d.capabilities();
             caps.can_write &= c.can_write;

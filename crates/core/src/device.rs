@@ -77,6 +77,21 @@ impl Capabilities {
         is_rotational: false,
     };
 
+    /// Capabilities of a device held in memory: every operation is cheap and
+    /// coherent, nothing is volatile and there is no cache to fill.
+    pub const IN_MEMORY: Capabilities = Capabilities {
+        can_write: true,
+        can_flush: false,
+        can_fua: true,
+        can_trim: true,
+        can_zero: true,
+        can_fast_zero: true,
+        can_extents: true,
+        can_multi_conn: true,
+        can_cache: false,
+        is_rotational: false,
+    };
+
     /// The same capabilities with every write-side one switched off.
     pub fn read_only(self) -> Capabilities {
         Capabilities {
