@@ -106,8 +106,10 @@ pub fn parse_size_detailed(s: &str) -> std::result::Result<u64, SizeError> {
     }
     let mut total: u128 = int << unit_shift;
     if let Some(f) = frac_str.filter(|f| !f.is_empty()) {
-        // Exact decimal fraction times the unit, rounded to nearest (half up).
-        let digits = &f[..f.len().min(30)];
+        // Exact decimal fraction times the unit, rounded to nearest (half
+        // up). Eighteen digits are finer than a byte of an exabyte and keep
+        // the product inside u128.
+        let digits = &f[..f.len().min(18)];
         let scale = 10u128.pow(digits.len() as u32);
         let num: u128 = digits.parse().map_err(|_| SizeError::Syntax)?;
         let unit = 1u128 << unit_shift;
