@@ -7,6 +7,7 @@
 
 pub mod options;
 pub mod probe;
+pub mod qcow2;
 pub mod raw;
 
 use std::fmt;
