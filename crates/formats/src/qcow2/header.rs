@@ -233,7 +233,7 @@ impl Header {
             h.autoclear_features = be64(cluster0, 88);
             h.refcount_order = be32(cluster0, 96);
             h.header_length = be32(cluster0, 100);
-            if h.header_length < 104 || h.header_length % 8 != 0 {
+            if h.header_length < 104 || !h.header_length.is_multiple_of(8) {
                 return Err(corrupt(format!(
                     "Invalid qcow2 header length {}",
                     h.header_length
@@ -349,7 +349,8 @@ impl Header {
                 return Err(corrupt(format!("{what} offset {off:#x} is invalid")));
             }
         }
-        if self.nb_snapshots > 0 && (self.snapshots_offset % cs != 0 || self.snapshots_offset == 0)
+        if self.nb_snapshots > 0
+            && (!self.snapshots_offset.is_multiple_of(cs) || self.snapshots_offset == 0)
         {
             return Err(corrupt("snapshot table offset is invalid"));
         }

@@ -106,10 +106,13 @@ fn unknown_incompatible_bits_are_refused_by_name() {
     assert!(e.ends_with(": new"), "{e}");
 }
 
+/// A change to an image's bytes.
+type Mutation = Box<dyn Fn(&mut Vec<u8>)>;
+
 #[test]
 fn hostile_headers_get_clear_errors() {
     let good = qemu_image("", "1G", None);
-    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
+    let cases: Vec<(&str, Mutation)> = vec![
         ("is not in qcow2 format", Box::new(|b| b[0] = b'X')),
         ("Unsupported qcow2 version", Box::new(|b| put32(b, 4, 4))),
         ("cluster size", Box::new(|b| put32(b, 20, 40))),
