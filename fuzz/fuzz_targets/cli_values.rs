@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = diskit_core::size::human_size(data.len() as u64 * 0x1_0000_0001);
         let mut o = diskit_formats::OptionList::new();
         if o.parse_into(s).is_ok() {
-            let _ = o.check_known(&["size", "preallocation"], "raw");
+            let _ = o.check_known(&["size", "preallocation"]);
         }
     }
     let _ = diskit_formats::probe::probe_bytes(data);

@@ -48,12 +48,8 @@ fn map_json_equals_qemu_img() {
     for (name, size, runs) in layouts() {
         let p = dir.path().join(format!("{name}.raw"));
         sparse_file(&p, size, &runs);
-        let ours = ok(diskit(&["map", "--output=json", "-f", "raw", s(&p)]));
-        let theirs = ok(qemu_img(&["map", "--output=json", "-f", "raw", s(&p)]));
-        assert_eq!(stdout(&ours), stdout(&theirs), "map of {name}");
-        let ours = ok(diskit(&["map", "-f", "raw", s(&p)]));
-        let theirs = ok(qemu_img(&["map", "-f", "raw", s(&p)]));
-        assert_eq!(stdout(&ours), stdout(&theirs), "human map of {name}");
+        same_as_qemu_img(&["map", "--output=json", "-f", "raw", s(&p)], name);
+        same_as_qemu_img(&["map", "-f", "raw", s(&p)], name);
     }
 }
 
@@ -63,12 +59,8 @@ fn info_json_equals_qemu_img() {
     for (name, size, runs) in layouts() {
         let p = dir.path().join(format!("{name}.raw"));
         sparse_file(&p, size, &runs);
-        let ours = ok(diskit(&["info", "--output=json", "-f", "raw", s(&p)]));
-        let theirs = ok(qemu_img(&["info", "--output=json", "-f", "raw", s(&p)]));
-        assert_eq!(stdout(&ours), stdout(&theirs), "info of {name}");
-        let ours = ok(diskit(&["info", s(&p)]));
-        let theirs = ok(qemu_img(&["info", s(&p)]));
-        assert_eq!(stdout(&ours), stdout(&theirs), "human info of {name}");
+        same_as_qemu_img(&["info", "--output=json", "-f", "raw", s(&p)], name);
+        same_as_qemu_img(&["info", s(&p)], name);
     }
 }
 
@@ -364,9 +356,7 @@ fn measure_raw_matches_qemu_img() {
         vec!["measure", "-f", "raw", "-O", "raw", s(&p)],
         vec!["measure", "--output=json", "-f", "raw", "-O", "raw", s(&p)],
     ] {
-        let ours = ok(diskit(&args));
-        let theirs = ok(qemu_img(&args));
-        assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
+        same_as_qemu_img(&args, "measure");
     }
 }
 

@@ -190,18 +190,10 @@ impl Error {
 
 /// strerror-like text for an io::Error, without Rust's " (os error N)" suffix.
 fn os_error_text(e: &io::Error) -> String {
-    match e.raw_os_error() {
-        Some(errno) => {
-            let s = e.to_string();
-            match s.rfind(" (os error") {
-                Some(i) => s[..i].to_string(),
-                None => {
-                    let _ = errno;
-                    s
-                }
-            }
-        }
-        None => e.to_string(),
+    let s = e.to_string();
+    match s.rfind(" (os error") {
+        Some(i) if e.raw_os_error().is_some() => s[..i].to_string(),
+        _ => s,
     }
 }
 

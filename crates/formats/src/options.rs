@@ -85,10 +85,9 @@ impl OptionList {
     }
 
     /// Fails naming the first key not in `known`.
-    pub fn check_known(&self, known: &[&str], format: &str) -> Result<()> {
+    pub fn check_known(&self, known: &[&str]) -> Result<()> {
         for (k, _) in &self.items {
             if !known.contains(&k.as_str()) {
-                let _ = format;
                 return Err(Error::invalid(format!("Invalid parameter '{k}'")));
             }
         }
@@ -109,9 +108,9 @@ mod tests {
         assert_eq!(o.get("preallocation"), Some("off"));
         assert_eq!(o.get("size"), Some("1M"));
         assert_eq!(o.get("backing_file"), Some("a,b.img"));
-        assert!(o.check_known(&["size", "preallocation"], "raw").is_err());
+        assert!(o.check_known(&["size", "preallocation"]).is_err());
         assert!(
-            o.check_known(&["size", "preallocation", "backing_file"], "raw")
+            o.check_known(&["size", "preallocation", "backing_file"])
                 .is_ok()
         );
         assert!(o.parse_into("=x").is_err());

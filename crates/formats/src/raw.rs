@@ -36,7 +36,7 @@ pub struct RawCreateOptions {
 impl RawCreateOptions {
     /// Checks the option list: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<RawCreateOptions> {
-        options.check_known(CREATE_OPTIONS, "raw")?;
+        options.check_known(CREATE_OPTIONS)?;
         let size_opt = |name: &str| -> Result<Option<u64>> {
             options
                 .get(name)

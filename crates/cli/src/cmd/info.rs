@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{open, output_is_json, parse_source_format};
+use diskit_core::BlockDevice;
 use diskit_core::size::human_size;
 use diskit_formats::{Image, OpenOptions};
 
@@ -52,7 +53,7 @@ fn info_json(img: &Image, actual: u64) -> QJson {
     let name = img.filename.display().to_string();
     let file_node = QJson::dict()
         .with("children", QJson::List(vec![]))
-        .with("virtual-size", QJson::UInt(img.file_size()))
+        .with("virtual-size", QJson::UInt(img.file.size()))
         .with("filename", QJson::Str(name.clone()))
         .with("format", QJson::Str("file".into()))
         .with("actual-size", QJson::UInt(actual))
@@ -82,7 +83,7 @@ fn info_json(img: &Image, actual: u64) -> QJson {
 fn info_human(img: &Image, actual: u64) -> String {
     let name = img.filename.display();
     let size = img.virtual_size();
-    let file_size = img.file_size();
+    let file_size = img.file.size();
     format!(
         "image: {name}\nfile format: {}\nvirtual size: {} ({size} bytes)\ndisk size: {}\n\
          Child node '/file':\n    filename: {name}\n    protocol type: file\n    \
@@ -93,16 +94,4 @@ fn info_human(img: &Image, actual: u64) -> String {
         human_size(file_size),
         human_size(actual),
     )
-}
-
-/// The size of the file under the image.
-trait FileSize {
-    fn file_size(&self) -> u64;
-}
-
-impl FileSize for Image {
-    fn file_size(&self) -> u64 {
-        use diskit_core::BlockDevice;
-        self.file.size()
-    }
 }

@@ -59,7 +59,7 @@ pub fn run(a: Args) -> CmdResult {
     let (required, fully) = match out_format {
         Format::Raw => {
             options
-                .check_known(diskit_formats::raw::CREATE_OPTIONS, "raw")
+                .check_known(diskit_formats::raw::CREATE_OPTIONS)
                 .map_err(|e| {
                     CliError::new(format!(
                         "{e}\ndiskit: Invalid options for file format 'raw'"

@@ -105,3 +105,12 @@ pub fn workdir() -> tempfile::TempDir {
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
+
+/// Runs `args` through diskit and qemu-img, both must succeed with the same
+/// standard output; returns diskit's run.
+pub fn same_as_qemu_img(args: &[&str], what: &str) -> Output {
+    let ours = ok(diskit(args));
+    let theirs = ok(qemu_img(args));
+    assert_eq!(stdout(&ours), stdout(&theirs), "{what}: {args:?}");
+    ours
+}
