@@ -223,6 +223,52 @@ impl FileDevice {
         Ok(())
     }
 
+    /// Reads `buf.len()` bytes at `offset` with no range check: bytes past
+    /// the end of the file read as zeros. Image formats use it for their
+    /// metadata, which QEMU does not pad to a whole cluster.
+    pub fn read_padded(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if self.direct {
+            self.direct_read(buf, offset)
+        } else {
+            self.pread_full(buf, offset)
+        }
+    }
+
+    /// Writes all of `buf` at `offset`, growing the file when the write
+    /// ends past its end (image formats allocate at the end of their file).
+    pub fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.ensure_writable()?;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| Error::new(ErrorKind::Overflow, "write past the largest file offset"))?;
+        if end > self.size() && self.block_device {
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                format!("write ends at {end}, past the end of the device"),
+            ));
+        }
+        self.touched();
+        if self.direct {
+            // Grow first: O_DIRECT read-modify-write needs the range to exist.
+            if end > self.size() {
+                self.file.set_len(end)?;
+            }
+            self.direct_write(buf, offset)?;
+        } else {
+            self.file.write_all_at(buf, offset)?;
+        }
+        self.size.fetch_max(end, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The length of the file now (not rounded to sectors).
+    pub fn file_len(&self) -> Result<u64> {
+        if self.block_device {
+            return Ok(self.size());
+        }
+        Ok(self.file.metadata()?.len())
+    }
+
     /// Changes the size of a regular file, reserving new space as `prealloc` says.
     pub fn resize(&self, new_size: u64, prealloc: Preallocation) -> Result<()> {
         if self.block_device {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use diskit_backends::{FileDevice, FileOptions};
-use diskit_core::{DeviceRef, Error, Result};
+use diskit_core::{BlockDevice, DeviceRef, Error, Result};
 
 pub use options::OptionList;
 
@@ -24,7 +24,7 @@ pub use options::OptionList;
 pub enum Format {
     /// A plain disk image: guest offset = file offset.
     Raw,
-    /// QEMU copy-on-write v2/v3 (recognised by probing; the driver comes next).
+    /// QEMU copy-on-write v2/v3.
     Qcow2,
 }
 
@@ -67,6 +67,8 @@ pub struct OpenOptions {
     pub writable: bool,
     /// Bypass the host page cache.
     pub direct: bool,
+    /// Bytes of qcow2 L2 tables to cache (QEMU's l2-cache-size).
+    pub l2_cache_size: Option<u64>,
 }
 
 /// An open image: the guest-visible device plus what `info` and `map` need.
@@ -79,6 +81,10 @@ pub struct Image {
     pub filename: PathBuf,
     /// The file (protocol layer) under the format.
     pub file: Arc<FileDevice>,
+    /// The qcow2 driver, for qcow2 images.
+    pub qcow2: Option<Arc<qcow2::Qcow2>>,
+    /// The image below this one in its backing chain.
+    pub backing: Option<Box<Image>>,
 }
 
 impl Image {
@@ -86,30 +92,119 @@ impl Image {
     pub fn virtual_size(&self) -> u64 {
         self.device.size()
     }
+
+    /// The images of the chain, this one first.
+    pub fn chain(&self) -> Vec<&Image> {
+        let mut v = vec![self];
+        while let Some(b) = v.last().and_then(|i| i.backing.as_deref()) {
+            v.push(b);
+        }
+        v
+    }
+
+    /// Writes cached metadata and syncs: call before exiting after writes.
+    pub fn close(&self) -> Result<()> {
+        match &self.qcow2 {
+            Some(q) => q.close(),
+            None => Ok(()),
+        }
+    }
 }
+
+/// Backing chains deeper than this are refused (a loop that escaped
+/// detection, or an absurd image).
+const MAX_CHAIN_DEPTH: usize = 256;
 
 /// Opens `path` as an image of format `format`, or of the probed format.
 pub fn open_image(path: &Path, format: Option<Format>, opts: OpenOptions) -> Result<Image> {
-    let file = Arc::new(FileDevice::open(
+    open_in_chain(path, format, opts, &mut Vec::new())
+}
+
+fn open_in_chain(
+    path: &Path,
+    format: Option<Format>,
+    opts: OpenOptions,
+    seen: &mut Vec<(u64, u64)>,
+) -> Result<Image> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = std::fs::metadata(path) {
+        let id = (m.dev(), m.ino());
+        if seen.contains(&id) {
+            return Err(Error::invalid(format!(
+                "Backing file chain of '{}' contains a loop",
+                path.display()
+            )));
+        }
+        if seen.len() >= MAX_CHAIN_DEPTH {
+            return Err(Error::invalid("Backing file chain is too deep"));
+        }
+        seen.push(id);
+    }
+    let probe_file = FileDevice::open(
         path,
         FileOptions {
             writable: opts.writable,
             direct: opts.direct,
-            sector_size: true,
+            sector_size: false,
         },
-    )?);
+    )?;
     let format = match format {
         Some(f) => f,
-        None => probe::probe(&*file)?,
+        None => probe::probe(&probe_file)?,
     };
     match format {
-        Format::Raw => Ok(Image {
-            device: file.clone(),
-            format,
-            filename: path.to_path_buf(),
-            file,
-        }),
-        Format::Qcow2 => Err(format.driver_missing()),
+        Format::Raw => {
+            drop(probe_file);
+            let file = Arc::new(FileDevice::open(
+                path,
+                FileOptions {
+                    writable: opts.writable,
+                    direct: opts.direct,
+                    sector_size: true,
+                },
+            )?);
+            Ok(Image {
+                device: file.clone(),
+                format,
+                filename: path.to_path_buf(),
+                file,
+                qcow2: None,
+                backing: None,
+            })
+        }
+        Format::Qcow2 => {
+            let file = Arc::new(probe_file);
+            let below = std::cell::RefCell::new(None);
+            let mut open_backing = |p: &Path, fmt: Option<&str>| -> Result<(DeviceRef, u64)> {
+                let fmt = fmt.map(Format::from_name).transpose()?;
+                let ro = OpenOptions {
+                    writable: false,
+                    ..opts
+                };
+                let img = open_in_chain(p, fmt, ro, seen)?;
+                let r = (img.device.clone(), img.virtual_size());
+                *below.borrow_mut() = Some(Box::new(img));
+                Ok(r)
+            };
+            let q = Arc::new(qcow2::open::open(
+                path,
+                file.clone(),
+                qcow2::Qcow2Options {
+                    writable: opts.writable,
+                    direct: opts.direct,
+                    l2_cache_size: opts.l2_cache_size,
+                },
+                &mut open_backing,
+            )?);
+            Ok(Image {
+                device: q.clone(),
+                format,
+                filename: path.to_path_buf(),
+                file,
+                qcow2: Some(q),
+                backing: below.into_inner(),
+            })
+        }
     }
 }
 

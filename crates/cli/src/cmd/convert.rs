@@ -173,6 +173,7 @@ pub fn run(a: Args) -> CmdResult {
             OpenOptions {
                 writable: false,
                 direct: src_cache.direct,
+                ..Default::default()
             },
         )?;
         devices.push(img.device);
@@ -224,6 +225,7 @@ fn copy_into(
         OpenOptions {
             writable: true,
             direct: cache.direct,
+            ..Default::default()
         },
     )?;
     if dst.virtual_size() < src.size() {
@@ -254,6 +256,7 @@ fn copy_into(
         p.finish();
     }
     result.map_err(|e| CliError::new(e.to_string()))?;
+    dst.close().map_err(|e| CliError::new(e.to_string()))?;
     Ok(0)
 }
 

@@ -90,13 +90,17 @@ pub fn run(a: Args) -> CmdResult {
         nothing.flags.zero = false;
         extents.push((start, nothing));
     }
-    let name = img.filename.display().to_string();
+    let names: Vec<String> = img
+        .chain()
+        .iter()
+        .map(|i| i.filename.display().to_string())
+        .collect();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = if json {
         print_json(&mut out, &extents)
     } else {
-        print_human(&mut out, &extents, &name)
+        print_human(&mut out, &extents, &names)
     };
     result
         .and_then(|_| out.flush())
@@ -129,7 +133,11 @@ fn print_json(out: &mut impl Write, extents: &[(u64, Extent)]) -> std::io::Resul
     writeln!(out, "]")
 }
 
-fn print_human(out: &mut impl Write, extents: &[(u64, Extent)], name: &str) -> std::io::Result<()> {
+fn print_human(
+    out: &mut impl Write,
+    extents: &[(u64, Extent)],
+    names: &[String],
+) -> std::io::Result<()> {
     writeln!(
         out,
         "{:<16}{:<16}{:<16}File",
@@ -143,7 +151,7 @@ fn print_human(out: &mut impl Write, extents: &[(u64, Extent)], name: &str) -> s
                 hex(*start),
                 hex(e.length),
                 hex(host),
-                name
+                names.get(e.depth as usize).map_or("", |s| s.as_str())
             )?;
         }
     }

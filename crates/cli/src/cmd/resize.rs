@@ -53,6 +53,7 @@ pub fn run(a: Args) -> CmdResult {
         OpenOptions {
             writable: true,
             direct: false,
+            ..Default::default()
         },
     )?;
     if format.is_none() && img.format == Format::Raw {

@@ -1,8 +1,20 @@
 //! qcow2: QEMU's copy-on-write format (docs/interop/qcow2.rst).
 //!
-//! On-disk structures are parsed in one place ([`header`]), with every field
-//! validated before anything else uses it.
+//! On-disk structures are parsed in one place ([`header`], [`l2`],
+//! [`refcount`]), with every field validated before anything else uses it.
+//! The metadata answers "where does this guest range live?" ([`l2::Mapping`])
+//! and one generic layer ([`device`]) moves the bytes.
 
+pub mod cache;
+pub mod compress;
+pub mod device;
 pub mod header;
+pub mod l2;
+pub mod layout;
+pub mod meta;
+pub mod open;
+pub mod refcount;
 
+pub use device::Qcow2;
 pub use header::{Header, HeaderExtension};
+pub use open::Qcow2Options;

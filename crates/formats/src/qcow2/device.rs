@@ -1,0 +1,703 @@
+//! The qcow2 block device: one generic layer that moves bytes according to
+//! the mappings the metadata gives.
+//!
+//! Reads look a range up under the metadata lock, take the guest clusters
+//! shared, and read outside the lock. Writes to clusters that are already
+//! theirs go the same way; writes that need new clusters take them
+//! exclusive, allocate under the lock, copy what the old mapping held
+//! around the new data (at subcluster granularity with extended L2), write
+//! outside the lock, and only then point the L2 entry at the new data.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use diskit_backends::FileDevice;
+use diskit_core::device::check_range;
+use diskit_core::zero::is_zero;
+use diskit_core::{
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, Result,
+    WriteFlags, ZeroFlags,
+};
+
+use super::compress;
+use super::header::Header;
+use super::l2::{COPIED, ClusterKind, L2Entry, Mapping, ZERO, map_in_cluster};
+use super::layout::{Geometry, GuestOffset, HostOffset};
+use super::meta::{Meta, RangeTicket};
+
+/// The image below a qcow2 image.
+pub struct Backing {
+    /// The backing device.
+    pub device: DeviceRef,
+    /// Its size (reads past it are zeros).
+    pub size: u64,
+}
+
+/// An open qcow2 image.
+pub struct Qcow2 {
+    file: Arc<FileDevice>,
+    data: Arc<FileDevice>,
+    backing: Option<Backing>,
+    header: Header,
+    geo: Geometry,
+    writable: bool,
+    meta: Mutex<Meta>,
+    released: Condvar,
+    last_cluster: Mutex<Option<(HostOffset, Arc<Vec<u8>>)>>,
+}
+
+/// The largest run one lookup returns (bounds the work under the lock).
+const MAX_RUN: u64 = 32 << 20;
+
+impl Qcow2 {
+    /// Assembles an image from its opened parts (see [`super::open`]).
+    pub fn new(
+        file: Arc<FileDevice>,
+        data: Arc<FileDevice>,
+        backing: Option<Backing>,
+        header: Header,
+        meta: Meta,
+        writable: bool,
+    ) -> Qcow2 {
+        Qcow2 {
+            geo: Geometry::of(&header),
+            file,
+            data,
+            backing,
+            header,
+            writable,
+            meta: Mutex::new(meta),
+            released: Condvar::new(),
+            last_cluster: Mutex::new(None),
+        }
+    }
+
+    /// The header as opened.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The image's geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    /// The backing image, if any.
+    pub fn backing(&self) -> Option<&Backing> {
+        self.backing.as_ref()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Meta> {
+        self.meta.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` with the metadata locked (for check and other whole-image tools).
+    pub fn with_meta<R>(&self, f: impl FnOnce(&mut Meta) -> R) -> R {
+        f(&mut self.lock())
+    }
+
+    /// Looks up the mapping at `g`: how many bytes (at most `max`) share it.
+    fn lookup(&self, meta: &mut Meta, g: GuestOffset, max: u64) -> Result<(u64, Mapping)> {
+        let geo = self.geo;
+        let table_end = (g.0 / geo.l2_coverage() + 1) * geo.l2_coverage();
+        let max = max.min(table_end - g.0).min(MAX_RUN);
+        let Some(at) = meta.l2_offset(geo.l1_index(g))? else {
+            return Ok((max, Mapping::Backing { alloc: None }));
+        };
+        let cx = meta.cx;
+        let table = meta.l2_table(at)?;
+        let mut pos = g.0;
+        let mut first: Option<(u64, Mapping)> = None;
+        while pos < g.0 + max {
+            let e = table[geo.l2_index(GuestOffset(pos))];
+            let start = geo.cluster_start(GuestOffset(pos)).0;
+            let kind = e.decode(&cx, start)?;
+            let (n, m) = map_in_cluster(&geo, &e, kind, pos - start, g.0 + max - pos);
+            match &mut first {
+                None => first = Some((n, m)),
+                Some((len, fm)) if fm.continues(*len, &m) => *len += n,
+                Some(_) => break,
+            }
+            pos += n;
+        }
+        Ok(first.expect("max > 0"))
+    }
+
+    /// Guest clusters `[g, g+len)` touches, as an inclusive range.
+    fn clusters(&self, g: u64, len: u64) -> (u64, u64) {
+        (
+            g >> self.geo.cluster_bits,
+            (g + len - 1) >> self.geo.cluster_bits,
+        )
+    }
+
+    fn give_back(&self, t: Option<RangeTicket>) {
+        if let Some(t) = t {
+            self.lock().give_back(t);
+            self.released.notify_all();
+        }
+    }
+
+    /// Reads what `m` maps `buf.len()` bytes at guest `g` to.
+    fn read_mapping(&self, m: Mapping, g: u64, buf: &mut [u8]) -> Result<()> {
+        match m {
+            Mapping::Data(h) => self.data.read_padded(buf, h.0),
+            Mapping::Zero { .. } => {
+                buf.fill(0);
+                Ok(())
+            }
+            Mapping::Backing { .. } => self.read_backing(g, buf),
+            Mapping::Compressed { stream, skip } => {
+                let cluster = self.decompressed(stream)?;
+                buf.copy_from_slice(&cluster[skip as usize..skip as usize + buf.len()]);
+                Ok(())
+            }
+        }
+    }
+
+    fn read_backing(&self, g: u64, buf: &mut [u8]) -> Result<()> {
+        let Some(b) = &self.backing else {
+            buf.fill(0);
+            return Ok(());
+        };
+        let n = b.size.saturating_sub(g).min(buf.len() as u64) as usize;
+        if n > 0 {
+            b.device.read_at(&mut buf[..n], g)?;
+        }
+        buf[n..].fill(0);
+        Ok(())
+    }
+
+    fn decompressed(&self, stream: super::l2::Compressed) -> Result<Arc<Vec<u8>>> {
+        if let Some((at, data)) = &*self.last_cluster.lock().unwrap_or_else(|p| p.into_inner())
+            && *at == stream.offset
+        {
+            return Ok(data.clone());
+        }
+        let file_len = self.file.file_len()?;
+        if stream.offset.0 >= file_len {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "qcow2 image is corrupt: compressed cluster at {} is past the end of the file",
+                    stream.offset
+                ),
+            ));
+        }
+        let mut input = vec![0u8; stream.size as usize];
+        self.file.read_padded(&mut input, stream.offset.0)?;
+        let mut out = vec![0u8; self.geo.cluster_size() as usize];
+        compress::decompress(self.header.compression_type, &input, &mut out)?;
+        let out = Arc::new(out);
+        *self.last_cluster.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((stream.offset, out.clone()));
+        Ok(out)
+    }
+
+    /// Whether a write to `[g, g+len)` inside one cluster can go straight to
+    /// the host cluster that is already there.
+    fn in_place(
+        &self,
+        e: &L2Entry,
+        kind: ClusterKind,
+        in_cluster: u64,
+        len: u64,
+    ) -> Option<HostOffset> {
+        let ClusterKind::Normal(h) = kind else {
+            return None;
+        };
+        if e.word & COPIED == 0 {
+            return None;
+        }
+        if self.geo.extended_l2 {
+            let mask = self.subcluster_mask(in_cluster, len);
+            if e.bitmap & mask != mask {
+                return None;
+            }
+        }
+        Some(h + in_cluster)
+    }
+
+    /// Bitmap bits (allocation half) of the subclusters `[off, off+len)` touches.
+    fn subcluster_mask(&self, off: u64, len: u64) -> u64 {
+        let scs = self.geo.subcluster_size();
+        let a = off / scs;
+        let b = (off + len).div_ceil(scs);
+        ((1u64 << b) - 1) & !((1u64 << a) - 1)
+    }
+
+    fn write_range(&self, buf: &[u8], g: u64) -> Result<()> {
+        let geo = self.geo;
+        let cs = geo.cluster_size();
+        let mut meta = self.lock();
+        loop {
+            // Runs of clusters writable in place, merged while host-contiguous.
+            let start = geo.cluster_start(GuestOffset(g)).0;
+            let (e, kind) = meta.kind(GuestOffset(g))?;
+            let first_len = (cs - (g - start)).min(buf.len() as u64);
+            if let Some(h) = self.in_place(&e, kind, g - start, first_len) {
+                let mut len = first_len;
+                while len < buf.len() as u64 && len < MAX_RUN {
+                    let ng = g + len;
+                    if geo.l2_index(GuestOffset(ng)) == 0 {
+                        break;
+                    }
+                    let (e2, k2) = meta.kind(GuestOffset(ng))?;
+                    let n = cs.min(buf.len() as u64 - len);
+                    match self.in_place(&e2, k2, 0, n) {
+                        Some(h2) if h2 == (h + len) => len += n,
+                        _ => break,
+                    }
+                }
+                let (first, last) = self.clusters(g, len);
+                let Some(t) = meta.try_take(first, last, false) else {
+                    meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+                    continue;
+                };
+                drop(meta);
+                let r = self.data.write_extend(&buf[..len as usize], h.0);
+                self.give_back(Some(t));
+                r?;
+                if (len as usize) < buf.len() {
+                    return self.write_range(&buf[len as usize..], g + len);
+                }
+                return Ok(());
+            }
+            // Allocation: a run of clusters that all need new host clusters.
+            let (first, _) = self.clusters(g, 1);
+            let Some(t) = meta.try_take(first, first, true) else {
+                meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+                continue;
+            };
+            drop(meta);
+            let r = self.allocating_write(&buf[..first_len as usize], g, e, kind);
+            self.give_back(Some(t));
+            r?;
+            if (first_len as usize) < buf.len() {
+                return self.write_range(&buf[first_len as usize..], g + first_len);
+            }
+            return Ok(());
+        }
+    }
+
+    /// Writes `buf` (inside one cluster) at guest `g` into a newly allocated
+    /// cluster (or the existing one when only subclusters are missing),
+    /// copying what the old mapping held around it.
+    fn allocating_write(&self, buf: &[u8], g: u64, e: L2Entry, kind: ClusterKind) -> Result<()> {
+        let geo = self.geo;
+        let cs = geo.cluster_size();
+        let start = geo.cluster_start(GuestOffset(g)).0;
+        let off = g - start;
+        let len = buf.len() as u64;
+        let scs = geo.subcluster_size();
+        // Keep the host cluster when it is ours and only subclusters are
+        // missing (extended L2) or it is a preallocated zero cluster.
+        let own_host = match kind {
+            ClusterKind::Normal(h) | ClusterKind::ZeroAlloc(h) if e.word & COPIED != 0 => Some(h),
+            _ => None,
+        };
+        // Which part of the cluster the old mapping must fill around the data.
+        let whole = match kind {
+            ClusterKind::Compressed(_) => true,
+            ClusterKind::Normal(_) | ClusterKind::ZeroAlloc(_) => own_host.is_none(),
+            _ => false,
+        };
+        let (ra, rb) = if geo.extended_l2 && !whole {
+            (off / scs * scs, (off + len).div_ceil(scs) * scs)
+        } else {
+            (0, cs)
+        };
+        let (host, fresh) = {
+            let mut meta = self.lock();
+            meta.l2_for_write(GuestOffset(g))?;
+            match own_host {
+                Some(h) => (h, false),
+                None => {
+                    let (c, fresh) = meta.refs()?.alloc(1)?;
+                    (geo.host_offset(c), fresh)
+                }
+            }
+        };
+        let mut region = vec![0u8; (rb - ra) as usize];
+        let d = (off - ra) as usize;
+        region[d..d + buf.len()].copy_from_slice(buf);
+        // Fill the head and tail from the old mapping.
+        for (a, b) in [(ra, off), (off + len, rb)] {
+            let mut pos = a;
+            while pos < b {
+                let (n, m) = map_in_cluster(&geo, &e, kind, pos, b - pos);
+                let at = (pos - ra) as usize;
+                self.read_mapping(m, start + pos, &mut region[at..at + n as usize])?;
+                pos += n;
+            }
+        }
+        // On a fresh cluster, zeros around the data need not be written.
+        let (mut wa, mut wb) = (0usize, region.len());
+        if fresh {
+            if is_zero(&region[..d]) {
+                wa = d;
+            }
+            if is_zero(&region[d + buf.len()..]) {
+                wb = d + buf.len();
+            }
+        }
+        self.data
+            .write_extend(&region[wa..wb], host.0 + ra + wa as u64)?;
+        // Point the entry at the data only now that it is written.
+        let mut meta = self.lock();
+        let mut new = L2Entry {
+            word: host.0 | COPIED,
+            bitmap: 0,
+        };
+        if geo.extended_l2 {
+            new.bitmap = if whole {
+                0xffff_ffff
+            } else {
+                let mask = self.subcluster_mask(ra, rb - ra);
+                (e.bitmap | mask) & !(mask << 32)
+            };
+        }
+        meta.set_entry(GuestOffset(g), new)?;
+        if own_host.is_none() {
+            meta.release(kind);
+        }
+        Ok(())
+    }
+
+    /// Zeroes or discards whole clusters (or subclusters) of `[g, g+len)`,
+    /// which must be aligned to the zeroing granularity. `discard` drops the
+    /// data (the backing file shows through where the format allows it).
+    fn zero_aligned(&self, g: u64, len: u64, keep_alloc: bool, discard: bool) -> Result<()> {
+        let geo = self.geo;
+        let cs = geo.cluster_size();
+        let v3 = self.header.version >= 3;
+        let mut pos = g;
+        while pos < g + len {
+            let start = geo.cluster_start(GuestOffset(pos)).0;
+            let n = (start + cs).min(g + len) - pos;
+            let (first, _) = self.clusters(pos, 1);
+            let mut meta = self.lock();
+            let t = loop {
+                if let Some(t) = meta.try_take(first, first, true) {
+                    break t;
+                }
+                meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+            };
+            let r = (|| -> Result<()> {
+                let (e, kind) = meta.kind(GuestOffset(pos))?;
+                let whole = n == cs;
+                let unalloc_reads_zero = self.backing.is_none();
+                if !geo.extended_l2 {
+                    let new_word = if discard && !v3 || discard && unalloc_reads_zero && !keep_alloc
+                    {
+                        0
+                    } else {
+                        match kind.host() {
+                            Some(h) if keep_alloc && e.word & COPIED != 0 => h.0 | COPIED | ZERO,
+                            _ if unalloc_reads_zero && !v3 => 0,
+                            _ => ZERO,
+                        }
+                    };
+                    if new_word & ZERO != 0 && !v3 {
+                        return Err(Error::from_kind(ErrorKind::NotSupported));
+                    }
+                    if new_word == e.word {
+                        return Ok(());
+                    }
+                    meta.set_entry(
+                        GuestOffset(pos),
+                        L2Entry {
+                            word: new_word,
+                            bitmap: 0,
+                        },
+                    )?;
+                    if new_word & COPIED == 0 {
+                        meta.release(kind);
+                    }
+                    return Ok(());
+                }
+                let mask = self.subcluster_mask(pos - start, n);
+                let fill = if discard && unalloc_reads_zero {
+                    0
+                } else {
+                    mask << 32
+                };
+                let new = match kind {
+                    _ if whole && (!keep_alloc || kind.host().is_none()) => L2Entry {
+                        word: 0,
+                        bitmap: fill,
+                    },
+                    ClusterKind::Compressed(_) => {
+                        return Err(Error::from_kind(ErrorKind::NotSupported));
+                    }
+                    _ => L2Entry {
+                        word: e.word,
+                        bitmap: (e.bitmap & !mask & !(mask << 32)) | fill,
+                    },
+                };
+                if new == e {
+                    return Ok(());
+                }
+                meta.set_entry(GuestOffset(pos), new)?;
+                if new.word == 0 {
+                    meta.release(kind);
+                }
+                Ok(())
+            })();
+            meta.give_back(t);
+            drop(meta);
+            self.released.notify_all();
+            r?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Writes all cached metadata out and syncs (twice, so that deferred
+    /// refcount decrements land too).
+    pub fn close(&self) -> Result<()> {
+        if self.writable {
+            let mut meta = self.lock();
+            meta.write_back()?;
+            meta.write_back()?;
+            drop(meta);
+            self.file.flush()?;
+        }
+        Ok(())
+    }
+
+    fn zero_granularity(&self) -> u64 {
+        self.geo.subcluster_size()
+    }
+}
+
+impl Drop for Qcow2 {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            eprintln!("diskit: error writing qcow2 metadata on close: {e}");
+        }
+    }
+}
+
+impl BlockDevice for Qcow2 {
+    fn size(&self) -> u64 {
+        self.geo.size
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let w = self.writable;
+        Capabilities {
+            can_write: w,
+            can_flush: w,
+            can_fua: w,
+            can_trim: w,
+            can_zero: w,
+            can_fast_zero: w && self.header.version >= 3,
+            can_extents: true,
+            can_multi_conn: true,
+            can_cache: true,
+            is_rotational: false,
+        }
+    }
+
+    fn block_size(&self) -> BlockSizeLimits {
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: self.geo.cluster_size().min(1 << 20) as u32,
+            maximum: 32 << 20,
+        }
+    }
+
+    fn is_known_zero(&self) -> bool {
+        false
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(self.size(), offset, buf.len() as u64)?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let g = offset + done as u64;
+            let rest = (buf.len() - done) as u64;
+            let mut meta = self.lock();
+            let (n, m) = self.lookup(&mut meta, GuestOffset(g), rest)?;
+            let ticket = if self.writable {
+                // Writers change mappings only with the clusters taken
+                // exclusively: wait for them, then look again.
+                let (first, last) = self.clusters(g, n);
+                match meta.try_take(first, last, false) {
+                    Some(t) => Some(t),
+                    None => {
+                        drop(self.released.wait(meta).unwrap_or_else(|p| p.into_inner()));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            drop(meta);
+            let r = self.read_mapping(m, g, &mut buf[done..done + n as usize]);
+            self.give_back(ticket);
+            r?;
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        if !self.writable {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "image is read-only",
+            ));
+        }
+        check_range(self.size(), offset, buf.len() as u64)?;
+        if !buf.is_empty() {
+            self.write_range(buf, offset)?;
+        }
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        if !self.writable {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "image is read-only",
+            ));
+        }
+        check_range(self.size(), offset, len)?;
+        let gran = self.zero_granularity();
+        let end = offset + len;
+        let a = offset.div_ceil(gran) * gran;
+        let b = end / gran * gran;
+        // Unaligned edges at the very end of the image count as aligned.
+        let b = if end == self.size() { end } else { b };
+        // Only whole (sub)clusters of a v3 image are cheap to zero.
+        if flags.fast && (self.header.version < 3 || a != offset || b != end) {
+            return Err(Error::from_kind(ErrorKind::NotSupported));
+        }
+        if a >= b {
+            diskit_core::device::write_zero_buffer(self, offset, len, false)?;
+        } else {
+            if a > offset {
+                diskit_core::device::write_zero_buffer(self, offset, a - offset, false)?;
+            }
+            match self.zero_aligned(a, b - a, !flags.may_trim, false) {
+                Err(e) if e.kind() == ErrorKind::NotSupported && !flags.fast => {
+                    diskit_core::device::write_zero_buffer(self, a, b - a, false)?;
+                }
+                r => r?,
+            }
+            if b < end {
+                diskit_core::device::write_zero_buffer(self, b, end - b, false)?;
+            }
+        }
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        if !self.writable {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "image is read-only",
+            ));
+        }
+        check_range(self.size(), offset, len)?;
+        let cs = self.geo.cluster_size();
+        let end = offset + len;
+        let a = offset.div_ceil(cs) * cs;
+        let b = if end == self.size() {
+            end
+        } else {
+            end / cs * cs
+        };
+        if a < b && !(self.header.version < 3 && self.backing.is_some()) {
+            // Discard is advisory: what cannot be dropped cheaply stays.
+            match self.zero_aligned(a, b - a, false, true) {
+                Err(e) if e.kind() == ErrorKind::NotSupported => {}
+                r => r?,
+            }
+        }
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        let mut meta = self.lock();
+        meta.write_back()?;
+        drop(meta);
+        self.data.flush()?;
+        if !Arc::ptr_eq(&self.data, &self.file) {
+            self.file.flush()?;
+        }
+        Ok(())
+    }
+
+    fn cache(&self, _offset: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(self.size(), offset, len)?;
+        let (n, m) = {
+            let mut meta = self.lock();
+            self.lookup(&mut meta, GuestOffset(offset), len)?
+        };
+        let mut e = Extent::data(n);
+        match m {
+            Mapping::Data(h) => {
+                e = e.at_host(h.0);
+                // Ask the file: preallocated clusters that were never
+                // written are holes there and read as zeros.
+                let fsize = self.data.size();
+                if h.0 >= fsize {
+                    e.flags.zero = true;
+                } else if let Some(fe) =
+                    self.data.extents(h.0, n.min(fsize - h.0))?.first().copied()
+                {
+                    e.length = fe.length.min(n);
+                    e.flags.zero = fe.flags.zero;
+                }
+            }
+            Mapping::Zero { alloc } => {
+                e = Extent::hole(n);
+                e.host_offset = alloc.map(|h| h.0);
+            }
+            Mapping::Compressed { .. } => {
+                e.flags.compressed = true;
+            }
+            Mapping::Backing { .. } => match &self.backing {
+                None => {
+                    e = Extent::hole(n);
+                    e.flags.present = false;
+                }
+                Some(b) if offset >= b.size => {
+                    e = Extent::hole(n);
+                    e.flags.present = false;
+                    e.depth = 1;
+                }
+                Some(b) => {
+                    let mut v = b.device.extents(offset, n.min(b.size - offset))?;
+                    for x in &mut v {
+                        x.depth += 1;
+                    }
+                    return Ok(v);
+                }
+            },
+        }
+        Ok(vec![e])
+    }
+
+    fn describe(&self) -> String {
+        self.file.describe()
+    }
+}

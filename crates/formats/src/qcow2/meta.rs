@@ -1,0 +1,378 @@
+//! The mutable metadata of an open image: the active L1 table, the L2
+//! table cache, the refcounts, deferred refcount decrements and the guest
+//! ranges that requests in flight are using.
+//!
+//! All of it sits behind one mutex that is held only to look things up and
+//! to change them, never while guest data moves.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use diskit_backends::FileDevice;
+use diskit_core::{BlockDevice, Error, ErrorKind, Result};
+
+use super::cache::TableCache;
+use super::l2::{COPIED, ClusterKind, DecodeContext, L1E_OFFSET_MASK, L1E_RESERVED, L2Entry};
+use super::layout::{Geometry, GuestOffset, HostCluster, HostOffset};
+use super::refcount::Refcounts;
+
+fn corrupt(msg: String) -> Error {
+    Error::new(ErrorKind::Io, format!("qcow2 image is corrupt: {msg}"))
+}
+
+/// A guest cluster range in use by a request in flight.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    id: u64,
+    first: u64,
+    last: u64,
+    exclusive: bool,
+}
+
+/// A ticket for a range taken with [`Meta::try_take`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeTicket(u64);
+
+/// Metadata state of an image.
+pub struct Meta {
+    /// The image file.
+    pub file: Arc<FileDevice>,
+    /// Decoding context (geometry, version, data file).
+    pub cx: DecodeContext,
+    /// Active L1 table.
+    pub l1: Vec<u64>,
+    /// Where the active L1 table lives.
+    pub l1_offset: HostOffset,
+    l1_dirty: BTreeSet<usize>,
+    l2: TableCache<Vec<L2Entry>>,
+    /// Refcounts (loaded for writable images).
+    pub refs: Option<Refcounts>,
+    /// Refcount changes that wait until the tables that dropped the
+    /// references are on disk.
+    pending: Vec<(HostCluster, i64)>,
+    inflight: Vec<InFlight>,
+    next_id: u64,
+    /// File length when last checked (metadata past it is refused).
+    file_len: u64,
+}
+
+impl Meta {
+    /// Loads and validates the active L1 table.
+    pub fn load(
+        file: Arc<FileDevice>,
+        cx: DecodeContext,
+        l1_offset: u64,
+        l1_size: u32,
+        l2_cache_tables: usize,
+        refs: Option<Refcounts>,
+    ) -> Result<Meta> {
+        let file_len = file.file_len()?;
+        let cs = cx.geo.cluster_size();
+        let bytes = l1_size as u64 * 8;
+        if l1_size > 0 && (l1_offset < cs || l1_offset + bytes > file_len) {
+            return Err(corrupt(format!(
+                "L1 table at {l1_offset:#x} ({l1_size} entries) is outside the file"
+            )));
+        }
+        let mut raw = vec![0u8; bytes as usize];
+        file.read_padded(&mut raw, l1_offset)?;
+        let l1: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
+            .collect();
+        Ok(Meta {
+            file,
+            cx,
+            l1,
+            l1_offset: HostOffset(l1_offset),
+            l1_dirty: BTreeSet::new(),
+            l2: TableCache::new(l2_cache_tables),
+            refs,
+            pending: Vec::new(),
+            inflight: Vec::new(),
+            next_id: 1,
+            file_len,
+        })
+    }
+
+    fn geo(&self) -> &Geometry {
+        &self.cx.geo
+    }
+
+    /// The L2 table offset for an L1 index (validated), or None when unallocated.
+    pub fn l2_offset(&mut self, l1i: usize) -> Result<Option<HostOffset>> {
+        let Some(&e) = self.l1.get(l1i) else {
+            return Ok(None);
+        };
+        let off = e & L1E_OFFSET_MASK;
+        if off == 0 {
+            return Ok(None);
+        }
+        if e & L1E_RESERVED != 0 || !self.geo().is_cluster_aligned(HostOffset(off)) {
+            return Err(corrupt(format!("L1 entry {l1i} ({e:#018x}) is invalid")));
+        }
+        if off < self.geo().cluster_size() {
+            return Err(corrupt(format!(
+                "L1 entry {l1i} points at the image header"
+            )));
+        }
+        Ok(Some(HostOffset(off)))
+    }
+
+    /// Makes room in the L2 cache, writing a dirty victim (after the
+    /// refcounts it depends on).
+    fn evict_l2(&mut self) -> Result<()> {
+        let Some(victim) = self.l2.victim() else {
+            return Ok(());
+        };
+        if self.l2.peek_mut(victim).is_some_and(|s| s.dirty) {
+            if let Some(refs) = self.refs.as_mut()
+                && refs.write_dirty()?
+            {
+                self.file.flush()?;
+            }
+            let slot = self.l2.peek_mut(victim).expect("victim is cached");
+            let raw = encode_l2(&slot.table, self.cx.geo.extended_l2);
+            self.file.write_extend(&raw, victim.0)?;
+        }
+        self.l2.remove(victim);
+        Ok(())
+    }
+
+    /// The L2 table at `at`, loading it on a miss.
+    pub fn l2_table(&mut self, at: HostOffset) -> Result<&mut Vec<L2Entry>> {
+        if !self.l2.contains(at) {
+            if at.0 >= self.file_len {
+                self.file_len = self.file.file_len()?;
+                if at.0 >= self.file_len {
+                    return Err(corrupt(format!(
+                        "L2 table offset {at} is past the end of the file"
+                    )));
+                }
+            }
+            if self.overlaps_l1(at) {
+                return Err(corrupt(format!(
+                    "L2 table offset {at} overlaps the L1 table"
+                )));
+            }
+            let mut raw = vec![0u8; self.geo().cluster_size() as usize];
+            self.file.read_padded(&mut raw, at.0)?;
+            let table = decode_l2(&raw, self.cx.geo.extended_l2);
+            self.evict_l2()?;
+            self.l2.insert(at, table, false);
+        }
+        Ok(&mut self.l2.get(at).expect("cached").table)
+    }
+
+    fn overlaps_l1(&self, at: HostOffset) -> bool {
+        let start = self.l1_offset.0;
+        let end = start + self.l1.len() as u64 * 8;
+        at.0 < end && at.0 + self.geo().cluster_size() > start
+    }
+
+    /// The L2 entry for a guest offset (all zeros when its table is unallocated).
+    pub fn entry(&mut self, g: GuestOffset) -> Result<L2Entry> {
+        let geo = *self.geo();
+        match self.l2_offset(geo.l1_index(g))? {
+            None => Ok(L2Entry::default()),
+            Some(at) => Ok(self.l2_table(at)?[geo.l2_index(g)]),
+        }
+    }
+
+    /// Decodes the entry for a guest offset.
+    pub fn kind(&mut self, g: GuestOffset) -> Result<(L2Entry, ClusterKind)> {
+        let e = self.entry(g)?;
+        let start = self.geo().cluster_start(g).0;
+        let k = e.decode(&self.cx, start)?;
+        Ok((e, k))
+    }
+
+    /// The refcounts, which writable images always have.
+    pub fn refs(&mut self) -> Result<&mut Refcounts> {
+        self.refs
+            .as_mut()
+            .ok_or_else(|| Error::new(ErrorKind::PermissionDenied, "image is read-only"))
+    }
+
+    /// An L2 table for `g` that may be changed: allocated if missing, copied
+    /// if shared with a snapshot.
+    pub fn l2_for_write(&mut self, g: GuestOffset) -> Result<HostOffset> {
+        let geo = *self.geo();
+        let l1i = geo.l1_index(g);
+        if l1i >= self.l1.len() {
+            return Err(Error::invalid("guest offset beyond the L1 table"));
+        }
+        let e = self.l1[l1i];
+        let old = self.l2_offset(l1i)?;
+        if let Some(at) = old {
+            if e & COPIED != 0 {
+                return Ok(at);
+            }
+            if self.refs()?.get(geo.host_cluster(at))? == 1 {
+                self.l1[l1i] = at.0 | COPIED;
+                self.l1_dirty.insert(l1i);
+                return Ok(at);
+            }
+        }
+        let (c, _) = self.refs()?.alloc(1)?;
+        let at = geo.host_offset(c);
+        let table = match old {
+            Some(old_at) => {
+                let mut t = self.l2_table(old_at)?.clone();
+                for entry in t.iter_mut() {
+                    entry.word &= !COPIED;
+                }
+                self.pending.push((geo.host_cluster(old_at), -1));
+                t
+            }
+            None => vec![L2Entry::default(); geo.l2_entries() as usize],
+        };
+        self.evict_l2()?;
+        self.l2.insert(at, table, true);
+        self.l1[l1i] = at.0 | COPIED;
+        self.l1_dirty.insert(l1i);
+        Ok(at)
+    }
+
+    /// Sets the L2 entry for `g` (its table must come from [`Self::l2_for_write`]).
+    pub fn set_entry(&mut self, g: GuestOffset, e: L2Entry) -> Result<()> {
+        let geo = *self.geo();
+        let at = self.l2_for_write(g)?;
+        self.l2_table(at)?[geo.l2_index(g)] = e;
+        self.l2.get(at).expect("cached").dirty = true;
+        Ok(())
+    }
+
+    /// Queues a refcount change to apply once the L2/L1 tables are on disk.
+    pub fn defer_refcount(&mut self, c: HostCluster, delta: i64) {
+        self.pending.push((c, delta));
+    }
+
+    /// Releases the host clusters of an entry being dropped (deferred).
+    pub fn release(&mut self, kind: ClusterKind) {
+        let geo = *self.geo();
+        match kind {
+            ClusterKind::Normal(h) | ClusterKind::ZeroAlloc(h) if !self.cx.external_data => {
+                self.defer_refcount(geo.host_cluster(h), -1);
+            }
+            ClusterKind::Compressed(c) => {
+                let (start, end) = c.sector_range();
+                for hc in (start >> geo.cluster_bits)..=((end - 1) >> geo.cluster_bits) {
+                    self.defer_refcount(HostCluster(hc), -1);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether any metadata waits to be written.
+    pub fn is_dirty(&self) -> bool {
+        !self.l1_dirty.is_empty()
+            || self.l2.any_dirty()
+            || !self.pending.is_empty()
+            || self.refs.as_ref().is_some_and(|r| r.is_dirty())
+    }
+
+    /// Writes all metadata in dependency order: refcount blocks, a barrier,
+    /// L2 tables, the L1 entries, a barrier; then applies the deferred
+    /// refcount decrements (written by the next call).
+    pub fn write_back(&mut self) -> Result<()> {
+        let tables_dirty = self.l2.any_dirty() || !self.l1_dirty.is_empty();
+        if let Some(refs) = self.refs.as_mut()
+            && refs.write_dirty()?
+            && tables_dirty
+        {
+            self.file.flush()?;
+        }
+        let ext = self.cx.geo.extended_l2;
+        for at in self.l2.dirty() {
+            let slot = self.l2.peek_mut(at).expect("dirty table is cached");
+            let raw = encode_l2(&slot.table, ext);
+            slot.dirty = false;
+            self.file.write_extend(&raw, at.0)?;
+        }
+        if let (Some(&first), Some(&last)) = (self.l1_dirty.first(), self.l1_dirty.last()) {
+            let mut raw = Vec::with_capacity((last - first + 1) * 8);
+            for e in &self.l1[first..=last] {
+                raw.extend_from_slice(&e.to_be_bytes());
+            }
+            self.file
+                .write_extend(&raw, self.l1_offset.0 + first as u64 * 8)?;
+            self.l1_dirty.clear();
+        }
+        if tables_dirty {
+            self.file.flush()?;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        if !pending.is_empty() {
+            let refs = self.refs()?;
+            for (c, d) in pending {
+                refs.adjust(c, d)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn conflicts(&self, first: u64, last: u64, exclusive: bool) -> bool {
+        self.inflight
+            .iter()
+            .any(|r| r.first <= last && first <= r.last && (exclusive || r.exclusive))
+    }
+
+    /// Takes guest clusters `first..=last` for a request, shared (data I/O
+    /// on clusters whose mapping stays) or exclusive (mapping changes).
+    /// Returns None when another request holds a conflicting range.
+    pub fn try_take(&mut self, first: u64, last: u64, exclusive: bool) -> Option<RangeTicket> {
+        if self.conflicts(first, last, exclusive) {
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.inflight.push(InFlight {
+            id,
+            first,
+            last,
+            exclusive,
+        });
+        Some(RangeTicket(id))
+    }
+
+    /// Gives back a range taken with [`Self::try_take`].
+    pub fn give_back(&mut self, t: RangeTicket) {
+        if let Some(i) = self.inflight.iter().position(|r| r.id == t.0) {
+            self.inflight.swap_remove(i);
+        }
+    }
+}
+
+/// Decodes an L2 table from its on-disk bytes.
+pub fn decode_l2(raw: &[u8], extended: bool) -> Vec<L2Entry> {
+    let be = |c: &[u8]| u64::from_be_bytes(c.try_into().unwrap());
+    if extended {
+        raw.chunks_exact(16)
+            .map(|c| L2Entry {
+                word: be(&c[..8]),
+                bitmap: be(&c[8..]),
+            })
+            .collect()
+    } else {
+        raw.chunks_exact(8)
+            .map(|c| L2Entry {
+                word: be(c),
+                bitmap: 0,
+            })
+            .collect()
+    }
+}
+
+/// Encodes an L2 table to its on-disk bytes.
+pub fn encode_l2(table: &[L2Entry], extended: bool) -> Vec<u8> {
+    let mut raw = Vec::with_capacity(table.len() * if extended { 16 } else { 8 });
+    for e in table {
+        raw.extend_from_slice(&e.word.to_be_bytes());
+        if extended {
+            raw.extend_from_slice(&e.bitmap.to_be_bytes());
+        }
+    }
+    raw
+}

@@ -1,0 +1,169 @@
+//! Opening a qcow2 image: header, tables, external data file and backing chain.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use diskit_backends::{FileDevice, FileOptions};
+use diskit_core::error::ResultExt;
+use diskit_core::{BlockDevice, Error, ErrorKind, Result};
+
+use super::device::{Backing, Qcow2};
+use super::header::{Header, autoclear, ext, incompat};
+use super::l2::DecodeContext;
+use super::layout::Geometry;
+use super::meta::Meta;
+use super::refcount::Refcounts;
+
+/// The default L2 cache: enough for 256 GiB at 64 KiB clusters (32 MiB), or
+/// the whole image when it needs less.
+pub const DEFAULT_L2_CACHE_BYTES: u64 = 32 << 20;
+
+/// Options for opening a qcow2 image.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Qcow2Options {
+    /// Open for writing.
+    pub writable: bool,
+    /// Bypass the host page cache.
+    pub direct: bool,
+    /// Bytes of L2 tables to cache (QEMU's l2-cache-size).
+    pub l2_cache_size: Option<u64>,
+}
+
+/// Reads and validates the header of an open file.
+pub fn read_header(file: &FileDevice) -> Result<Header> {
+    let mut head = vec![0u8; 104];
+    file.read_padded(&mut head, 0)?;
+    let bits = u32::from_be_bytes(head[20..24].try_into().unwrap());
+    let cs = if (9..=21).contains(&bits) {
+        1usize << bits
+    } else {
+        4096
+    };
+    let len = (file.file_len()? as usize).min(cs);
+    let mut cluster0 = vec![0u8; len.max(104)];
+    file.read_padded(&mut cluster0, 0)?;
+    cluster0.truncate(len);
+    Header::parse(&cluster0)
+}
+
+/// Resolves a name stored in an image (backing or data file) the way QEMU
+/// does: relative names are relative to the image's directory.
+pub fn resolve_relative(image: &Path, name: &str) -> PathBuf {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        return p.to_path_buf();
+    }
+    match image.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join(p),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// What opening the backing chain needs from the caller: a way to open an
+/// image of any format (read-only) by path.
+pub type OpenBacking<'a> =
+    &'a mut dyn FnMut(&Path, Option<&str>) -> Result<(Arc<dyn BlockDevice>, u64)>;
+
+/// Opens the qcow2 image in `file` (already opened at `path`).
+pub fn open(
+    path: &Path,
+    file: Arc<FileDevice>,
+    opts: Qcow2Options,
+    open_backing: OpenBacking<'_>,
+) -> Result<Qcow2> {
+    let mut header = read_header(&file)?;
+    if header.crypt_method != 0 {
+        return Err(Error::unsupported(
+            "encrypted qcow2 images are not supported",
+        ));
+    }
+    let cs = header.cluster_size();
+    if header.refcount_table_offset < cs || header.l1_table_offset < cs && header.l1_size > 0 {
+        return Err(Error::new(
+            ErrorKind::Io,
+            "qcow2 image is corrupt: the L1 or refcount table overlaps the header",
+        ));
+    }
+    if opts.writable {
+        if header.incompatible_features & incompat::CORRUPT != 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                "qcow2: Image is corrupt; cannot be opened read/write",
+            ));
+        }
+        if header.incompatible_features & incompat::DIRTY != 0 {
+            return Err(Error::new(
+                ErrorKind::NotSupported,
+                "the image is dirty (lazy refcounts); repair it with 'diskit check -r all' first",
+            ));
+        }
+    }
+    let external = header.incompatible_features & incompat::EXTERNAL_DATA != 0;
+    let data = if external {
+        let name = header
+            .extension(ext::DATA_FILE)
+            .map(|e| String::from_utf8_lossy(&e.data).into_owned())
+            .ok_or_else(|| {
+                Error::invalid("Could not open data file: no data file name in the image")
+            })?;
+        let dpath = resolve_relative(path, &name);
+        Arc::new(
+            FileDevice::open(
+                &dpath,
+                FileOptions {
+                    writable: opts.writable,
+                    direct: opts.direct,
+                    sector_size: false,
+                },
+            )
+            .context(format!("Could not open data file '{}'", dpath.display()))?,
+        )
+    } else {
+        file.clone()
+    };
+    let backing = match &header.backing_file {
+        None => None,
+        Some(name) => {
+            let bpath = resolve_relative(path, name);
+            let fmt = header.backing_format();
+            let (device, size) = open_backing(&bpath, fmt.as_deref())
+                .context(format!("Could not open backing file '{}'", bpath.display()))?;
+            Some(Backing { device, size })
+        }
+    };
+    let geo = Geometry::of(&header);
+    let cx = DecodeContext {
+        geo,
+        version: header.version,
+        external_data: external,
+    };
+    let refs = if opts.writable {
+        Some(Refcounts::load(file.clone(), &header, 256)?)
+    } else {
+        None
+    };
+    let cache_bytes = opts
+        .l2_cache_size
+        .unwrap_or(DEFAULT_L2_CACHE_BYTES)
+        .min(header.l1_size as u64 * cs)
+        .max(2 * cs);
+    let meta = Meta::load(
+        file.clone(),
+        cx,
+        header.l1_table_offset,
+        header.l1_size,
+        (cache_bytes / cs) as usize,
+        refs,
+    )?;
+    if opts.writable {
+        // Autoclear bits name features a writer must maintain or drop:
+        // diskit does not update bitmaps yet, so they are all cleared.
+        if header.autoclear_features & !autoclear::RAW_EXTERNAL != 0 {
+            let keep = header.autoclear_features & autoclear::RAW_EXTERNAL;
+            file.write_extend(&keep.to_be_bytes(), 88)?;
+            file.flush()?;
+            header.autoclear_features = keep;
+        }
+    }
+    Ok(Qcow2::new(file, data, backing, header, meta, opts.writable))
+}
