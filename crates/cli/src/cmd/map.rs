@@ -98,13 +98,14 @@ pub fn run(a: Args) -> CmdResult {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = if json {
-        print_json(&mut out, &extents)
+        print_json(&mut out, &extents).map(Ok)
     } else {
         print_human(&mut out, &extents, &names)
     };
-    result
-        .and_then(|_| out.flush())
+    let outcome = result
+        .and_then(|r| out.flush().map(|_| r))
         .map_err(|e| CliError::new(e.to_string()))?;
+    outcome?;
     Ok(0)
 }
 
@@ -137,25 +138,33 @@ fn print_human(
     out: &mut impl Write,
     extents: &[(u64, Extent)],
     names: &[String],
-) -> std::io::Result<()> {
+) -> std::io::Result<Result<(), CliError>> {
     writeln!(
         out,
         "{:<16}{:<16}{:<16}File",
         "Offset", "Length", "Mapped to"
     )?;
     for (start, e) in extents {
-        if let (true, Some(host)) = (e.flags.data, e.host_offset) {
-            writeln!(
-                out,
-                "{:<15} {:<15} {:<15} {}",
-                hex(*start),
-                hex(e.length),
-                hex(host),
-                names.get(e.depth as usize).map_or("", |s| s.as_str())
-            )?;
+        if !e.flags.data || e.flags.zero {
+            continue;
         }
+        let Some(host) = e.host_offset else {
+            // qemu-img stops here too: the human format cannot say where
+            // compressed data lives.
+            return Ok(Err(CliError::new(
+                "File contains external, encrypted or compressed clusters.",
+            )));
+        };
+        writeln!(
+            out,
+            "{:<15} {:<15} {:<15} {}",
+            hex(*start),
+            hex(e.length),
+            hex(host),
+            names.get(e.depth as usize).map_or("", |s| s.as_str())
+        )?;
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 /// C's `%#x`: "0" for zero, "0x..." otherwise.

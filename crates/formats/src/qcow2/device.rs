@@ -225,16 +225,26 @@ impl Qcow2 {
         ((1u64 << b) - 1) & !((1u64 << a) - 1)
     }
 
-    fn write_range(&self, buf: &[u8], g: u64) -> Result<()> {
+    fn write_range(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            done += self.write_step(&buf[done..], offset + done as u64)? as usize;
+        }
+        Ok(())
+    }
+
+    /// Writes a prefix of `buf` at guest `g`: a run of clusters writable in
+    /// place, or one cluster that needs allocating. Returns the bytes written.
+    fn write_step(&self, buf: &[u8], g: u64) -> Result<u64> {
         let geo = self.geo;
         let cs = geo.cluster_size();
         let mut meta = self.lock();
         loop {
-            // Runs of clusters writable in place, merged while host-contiguous.
             let start = geo.cluster_start(GuestOffset(g)).0;
             let (e, kind) = meta.kind(GuestOffset(g))?;
             let first_len = (cs - (g - start)).min(buf.len() as u64);
             if let Some(h) = self.in_place(&e, kind, g - start, first_len) {
+                // Merge following clusters while they stay host-contiguous.
                 let mut len = first_len;
                 while len < buf.len() as u64 && len < MAX_RUN {
                     let ng = g + len;
@@ -244,7 +254,7 @@ impl Qcow2 {
                     let (e2, k2) = meta.kind(GuestOffset(ng))?;
                     let n = cs.min(buf.len() as u64 - len);
                     match self.in_place(&e2, k2, 0, n) {
-                        Some(h2) if h2 == (h + len) => len += n,
+                        Some(h2) if h2 == h + len => len += n,
                         _ => break,
                     }
                 }
@@ -257,12 +267,8 @@ impl Qcow2 {
                 let r = self.data.write_extend(&buf[..len as usize], h.0);
                 self.give_back(Some(t));
                 r?;
-                if (len as usize) < buf.len() {
-                    return self.write_range(&buf[len as usize..], g + len);
-                }
-                return Ok(());
+                return Ok(len);
             }
-            // Allocation: a run of clusters that all need new host clusters.
             let (first, _) = self.clusters(g, 1);
             let Some(t) = meta.try_take(first, first, true) else {
                 meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
@@ -272,10 +278,7 @@ impl Qcow2 {
             let r = self.allocating_write(&buf[..first_len as usize], g, e, kind);
             self.give_back(Some(t));
             r?;
-            if (first_len as usize) < buf.len() {
-                return self.write_range(&buf[first_len as usize..], g + first_len);
-            }
-            return Ok(());
+            return Ok(first_len);
         }
     }
 
@@ -675,22 +678,20 @@ impl BlockDevice for Qcow2 {
             Mapping::Compressed { .. } => {
                 e.flags.compressed = true;
             }
-            Mapping::Backing { .. } => match &self.backing {
-                None => {
-                    e = Extent::hole(n);
-                    e.flags.present = false;
-                }
-                Some(b) if offset >= b.size => {
-                    e = Extent::hole(n);
-                    e.flags.present = false;
-                    e.depth = 1;
-                }
-                Some(b) => {
+            Mapping::Backing { alloc } => match &self.backing {
+                // Nothing below: unallocated here, with the host space
+                // already reserved for it if any (extended L2).
+                Some(b) if offset < b.size => {
                     let mut v = b.device.extents(offset, n.min(b.size - offset))?;
                     for x in &mut v {
                         x.depth += 1;
                     }
                     return Ok(v);
+                }
+                _ => {
+                    e = Extent::hole(n);
+                    e.flags.present = false;
+                    e.host_offset = alloc.map(|h| h.0);
                 }
             },
         }
