@@ -416,3 +416,147 @@ fn hostile_images_get_clear_errors() {
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(stderr(&o).contains("loop"), "{}", stderr(&o));
 }
+
+/// `check` reports what qemu-img check reports (exit code, human and JSON
+/// output), and `-r` repairs so that qemu-img then finds the image clean.
+#[test]
+fn check_matches_qemu_img() {
+    let dir = workdir();
+    let d = dir.path();
+    let same = |img: &Path, extra: &[&str], what: &str| {
+        for output in ["human", "json"] {
+            let mut args = vec!["check", "--output", output];
+            args.extend_from_slice(extra);
+            args.push(s(img));
+            let (o, t) = (diskit(&args), qemu_img(&args));
+            assert_eq!(
+                (code(&o), stdout(&o)),
+                (code(&t), stdout(&t)),
+                "{what} ({output}): {}",
+                stderr(&o)
+            );
+        }
+    };
+    // Clean images of several kinds, written by QEMU.
+    for opts in [
+        "compat=0.10",
+        "cluster_size=4096,refcount_bits=1",
+        "extended_l2=on",
+        "preallocation=metadata",
+    ] {
+        let img = d.join("c.qcow2");
+        let size = 5 << 20;
+        ok(qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            opts,
+            s(&img),
+            &size.to_string(),
+        ]));
+        scribble(&img, "qcow2", size);
+        same(&img, &[], opts);
+    }
+    let src = d.join("src.raw");
+    sparse_file(
+        &src,
+        2 << 20,
+        &[(0, 1 << 20, 0x41), (1 << 20, 300_000, 0xff)],
+    );
+    let comp = d.join("comp.qcow2");
+    ok(qemu_img(&[
+        "convert",
+        "-c",
+        "-O",
+        "qcow2",
+        s(&src),
+        s(&comp),
+    ]));
+    same(&comp, &[], "compressed");
+    // A leak and a refcount too low (corruption), patched in.
+    let good = d.join("good.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&good), "1M"]));
+    qemu_io(&["-c", "write 0 64k", "-c", "write 256k 64k", s(&good)]);
+    let reftable = read_u64(&good, 48);
+    let block = read_u64(&good, reftable);
+    let leaky = d.join("leaky.qcow2");
+    std::fs::copy(&good, &leaky).unwrap();
+    patch(&leaky, block + 2 * 4, &2u16.to_be_bytes());
+    same(&leaky, &[], "leak");
+    let broken = d.join("broken.qcow2");
+    std::fs::copy(&good, &broken).unwrap();
+    patch(&broken, block + 2 * 5, &0u16.to_be_bytes());
+    same(&broken, &[], "refcount too low");
+    // Repairs: diskit repairs one copy, qemu-img another; same report, and
+    // qemu-img finds diskit's repaired image clean.
+    for (img, mode) in [(&leaky, "leaks"), (&leaky, "all"), (&broken, "all")] {
+        let ours = d.join("ours.qcow2");
+        let theirs = d.join("theirs.qcow2");
+        std::fs::copy(img, &ours).unwrap();
+        std::fs::copy(img, &theirs).unwrap();
+        let o = diskit(&["check", "-r", mode, s(&ours)]);
+        let t = qemu_img(&["check", "-r", mode, s(&theirs)]);
+        assert_eq!(code(&o), code(&t), "-r {mode}: {}", stderr(&o));
+        if img == &leaky {
+            assert_eq!(stdout(&o), stdout(&t), "-r {mode}");
+        }
+        let after = qemu_img(&["check", s(&ours)]);
+        assert_eq!(code(&after), 0, "-r {mode}: {}", stdout(&after));
+        ok(qemu_img(&["compare", s(&good), s(&ours)]));
+    }
+    // Raw images cannot be checked.
+    let o = diskit(&["check", "-f", "raw", s(&src)]);
+    let t = qemu_img(&["check", "-f", "raw", s(&src)]);
+    assert_eq!(code(&o), code(&t));
+    assert_eq!(code(&o), 63);
+}
+
+/// A lazy-refcounts image left dirty by a killed QEMU is repaired when
+/// diskit opens it for writing, as QEMU does.
+#[test]
+fn dirty_lazy_refcounts_image_is_repaired_on_writable_open() {
+    let dir = workdir();
+    let d = dir.path();
+    let img = d.join("lazy.qcow2");
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "lazy_refcounts=on",
+        s(&img),
+        "4M",
+    ]));
+    // qemu-io kills itself after the write: refcounts stay stale, dirty bit set.
+    let _ = peer(
+        "qemu-io",
+        &["-c", "write -P 7 0 1M", "-c", "sigraise 9", s(&img)],
+    );
+    assert_eq!(read_u64(&img, 72) & 1, 1, "the image is dirty");
+    assert_eq!(code(&qemu_img(&["check", s(&img)])), 2);
+    let expect = d.join("expect.raw");
+    ok(qemu_img(&["convert", "-O", "raw", s(&img), s(&expect)]));
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&expect)
+        .unwrap();
+    f.write_all_at(&[0x42; 4096], 2 << 20).unwrap();
+    drop(f);
+    ok(diskit(&[
+        "convert",
+        "-n",
+        "-O",
+        "qcow2",
+        "-f",
+        "raw",
+        s(&expect),
+        s(&img),
+    ]));
+    assert_eq!(read_u64(&img, 72) & 1, 0, "the dirty bit is cleared");
+    let check = qemu_img(&["check", s(&img)]);
+    assert_eq!(code(&check), 0, "{}", stdout(&check));
+    ok(qemu_img(&["compare", s(&expect), s(&img)]));
+}

@@ -6,6 +6,7 @@
 //! and one generic layer ([`device`]) moves the bytes.
 
 pub mod cache;
+pub mod check;
 pub mod compress;
 pub mod device;
 pub mod header;

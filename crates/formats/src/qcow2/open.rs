@@ -92,10 +92,15 @@ pub fn open(
             ));
         }
         if header.incompatible_features & incompat::DIRTY != 0 {
-            return Err(Error::new(
-                ErrorKind::NotSupported,
-                "the image is dirty (lazy refcounts); repair it with 'diskit check -r all' first",
-            ));
+            // Lazy refcounts were left stale: rebuild them, as QEMU does.
+            let report = super::check::check(&file, super::check::Repair::All)?;
+            if report.corruptions > 0 || report.check_errors > 0 {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    "qcow2: the dirty image could not be repaired; run 'diskit check -r all'",
+                ));
+            }
+            header = read_header(&file)?;
         }
     }
     let external = header.incompatible_features & incompat::EXTERNAL_DATA != 0;

@@ -1,0 +1,169 @@
+//! `diskit check`: verify (and repair) an image's metadata, as qemu-img check.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::CmdResult;
+use crate::qjson::QJson;
+use crate::util::{CliError, output_is_json, parse_source_format};
+use diskit_backends::{FileDevice, FileOptions};
+use diskit_formats::qcow2::check::{CheckReport, Repair, check};
+use diskit_formats::{Format, probe};
+
+/// Arguments of `check`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Image format (probed if absent).
+    #[arg(short = 'f')]
+    format: Option<String>,
+    /// Output format: human or json.
+    #[arg(long = "output", default_value = "human")]
+    output: String,
+    /// Repair: leaks or all.
+    #[arg(short = 'r')]
+    repair: Option<String>,
+    /// Quiet.
+    #[arg(short = 'q')]
+    quiet: bool,
+    /// Cache mode of the image (accepted for compatibility).
+    #[arg(short = 'T')]
+    cache: Option<String>,
+    /// Open read-only even if the image is in use.
+    #[arg(short = 'U', long = "force-share")]
+    force_share: bool,
+    /// The image.
+    filename: PathBuf,
+}
+
+pub fn run(a: Args) -> CmdResult {
+    let json = output_is_json(&a.output, "check")?;
+    let repair = match a.repair.as_deref() {
+        None => Repair::None,
+        Some("leaks") => Repair::Leaks,
+        Some("all") => Repair::All,
+        Some(_) => {
+            return Err(CliError::usage(
+                "check",
+                "Unknown option value for -r (expecting 'leaks' or 'all')",
+            ));
+        }
+    };
+    let _ = (a.cache, a.force_share);
+    let name = a.filename.display().to_string();
+    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let file = FileDevice::open(
+        &a.filename,
+        FileOptions {
+            writable: repair != Repair::None,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
+    let format = match format {
+        Some(f) => f,
+        None => probe::probe(&file).map_err(|e| CliError::new(e.to_string()))?,
+    };
+    if format != Format::Qcow2 {
+        return Err(CliError {
+            message: "This image format does not support checks".into(),
+            code: 63,
+        });
+    }
+    let file = Arc::new(file);
+    let r =
+        check(&file, repair).map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
+    for m in &r.messages {
+        eprintln!("{m}");
+    }
+    if json {
+        println!("{}", report_json(&r, &name).pretty());
+    } else if !a.quiet {
+        print!("{}", report_human(&r, repair != Repair::None));
+    }
+    Ok(if r.check_errors > 0 {
+        1
+    } else if r.corruptions > 0 {
+        2
+    } else if r.leaks > 0 {
+        3
+    } else {
+        0
+    })
+}
+
+fn report_json(r: &CheckReport, name: &str) -> QJson {
+    let mut v = QJson::dict();
+    let opt = |v: QJson, key: &str, n: u64| {
+        if n > 0 {
+            v.with(key, QJson::UInt(n))
+        } else {
+            v
+        }
+    };
+    v = opt(v, "image-end-offset", r.image_end_offset);
+    v = opt(v, "compressed-clusters", r.compressed_clusters);
+    v = opt(v, "total-clusters", r.total_clusters);
+    v = opt(v, "corruptions", r.corruptions);
+    v = opt(v, "corruptions-fixed", r.corruptions_fixed);
+    v = v.with("check-errors", QJson::UInt(r.check_errors));
+    v = opt(v, "leaks", r.leaks);
+    v = opt(v, "leaks-fixed", r.leaks_fixed);
+    v = opt(v, "allocated-clusters", r.allocated_clusters);
+    v = v
+        .with("filename", QJson::Str(name.to_string()))
+        .with("format", QJson::Str("qcow2".into()));
+    opt(v, "fragmented-clusters", r.fragmented_clusters)
+}
+
+fn report_human(r: &CheckReport, repairing: bool) -> String {
+    let mut s = String::new();
+    if repairing && (r.corruptions_fixed > 0 || r.leaks_fixed > 0) {
+        s.push_str(&format!(
+            "The following inconsistencies were found and repaired:\n\n    {} leaked clusters\n    {} corruptions\n\nDouble checking the fixed image now...\n",
+            r.leaks_fixed, r.corruptions_fixed
+        ));
+    }
+    if r.corruptions == 0 && r.leaks == 0 && r.check_errors == 0 {
+        s.push_str("No errors were found on the image.\n");
+    } else {
+        if r.corruptions > 0 {
+            s.push_str(&format!(
+                "\n{} errors were found on the image.\nData may be corrupted, or further writes to the image may corrupt it.\n",
+                r.corruptions
+            ));
+        }
+        if r.leaks > 0 {
+            s.push_str(&format!(
+                "\n{} leaked clusters were found on the image.\nThis means waste of disk space, but no harm to data.\n",
+                r.leaks
+            ));
+        }
+        if r.check_errors > 0 {
+            s.push_str(&format!(
+                "\n{} internal errors have occurred during the check.\n",
+                r.check_errors
+            ));
+        }
+    }
+    if r.total_clusters != 0 && r.allocated_clusters != 0 {
+        let pct = |a: u64, b: u64| {
+            if b == 0 {
+                0.0
+            } else {
+                a as f64 * 100.0 / b as f64
+            }
+        };
+        s.push_str(&format!(
+            "{}/{} = {:.2}% allocated, {:.2}% fragmented, {:.2}% compressed clusters\n",
+            r.allocated_clusters,
+            r.total_clusters,
+            pct(r.allocated_clusters, r.total_clusters),
+            pct(r.fragmented_clusters, r.allocated_clusters),
+            pct(r.compressed_clusters, r.allocated_clusters),
+        ));
+    }
+    if r.image_end_offset > 0 {
+        s.push_str(&format!("Image end offset: {}\n", r.image_end_offset));
+    }
+    s
+}

@@ -1,0 +1,354 @@
+//! `check`: rebuild the reference counts from everything the image's
+//! metadata points at, compare them with the stored refcounts and the
+//! COPIED flags, and optionally repair (qemu-img check -r leaks|all).
+
+use std::sync::Arc;
+
+use diskit_backends::FileDevice;
+use diskit_core::{BlockDevice, Error, Result};
+
+use super::header::{Header, incompat};
+use super::l2::{COMPRESSED, COPIED, Compressed, L1E_OFFSET_MASK, L2E_OFFSET_MASK};
+use super::layout::{Geometry, HostCluster, HostOffset};
+use super::meta::decode_l2;
+use super::refcount::Refcounts;
+
+/// What to repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
+    /// Report only.
+    None,
+    /// Drop references counted but not made (leaks).
+    Leaks,
+    /// Leaks and every other refcount or COPIED flag error.
+    All,
+}
+
+/// The outcome of a check, in qemu-img's terms.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Errors that may corrupt data.
+    pub corruptions: u64,
+    /// Clusters with more references counted than made.
+    pub leaks: u64,
+    /// Errors that stopped the check itself.
+    pub check_errors: u64,
+    /// Corruptions repaired.
+    pub corruptions_fixed: u64,
+    /// Leaks repaired.
+    pub leaks_fixed: u64,
+    /// One past the last byte in use.
+    pub image_end_offset: u64,
+    /// Guest clusters of the virtual disk.
+    pub total_clusters: u64,
+    /// Guest clusters with host storage.
+    pub allocated_clusters: u64,
+    /// Allocated clusters not following their predecessor on the host.
+    pub fragmented_clusters: u64,
+    /// Compressed guest clusters.
+    pub compressed_clusters: u64,
+    /// One line per problem found (qemu-img prints them on stderr).
+    pub messages: Vec<String>,
+}
+
+/// References counted from the metadata, one per host cluster of the file.
+struct Counted {
+    geo: Geometry,
+    counts: Vec<u32>,
+    file_clusters: u64,
+}
+
+impl Counted {
+    fn inc_range(&mut self, r: &mut CheckReport, start: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let first = start >> self.geo.cluster_bits;
+        let last = (start + len - 1) >> self.geo.cluster_bits;
+        for c in first..=last {
+            if c >= self.file_clusters {
+                r.messages.push(format!(
+                    "ERROR: host cluster {c} is referenced but lies outside the image file"
+                ));
+                r.corruptions += 1;
+                continue;
+            }
+            let v = &mut self.counts[c as usize];
+            *v = v.saturating_add(1);
+        }
+    }
+}
+
+/// Checks (and with `repair`, fixes) the image in `file`.
+pub fn check(file: &Arc<FileDevice>, repair: Repair) -> Result<CheckReport> {
+    let header = super::open::read_header(file)?;
+    let geo = Geometry::of(&header);
+    let cs = geo.cluster_size();
+    let file_len = file.file_len()?;
+    let mut r = CheckReport {
+        total_clusters: header.size.div_ceil(cs),
+        ..Default::default()
+    };
+    let file_clusters = file_len.div_ceil(cs);
+    let mut counted = Counted {
+        geo,
+        counts: vec![0; file_clusters as usize],
+        file_clusters,
+    };
+    let external = header.incompatible_features & incompat::EXTERNAL_DATA != 0;
+    // The header, the active L1 table and everything below it.
+    counted.inc_range(&mut r, 0, cs);
+    let l1 = read_table(file, header.l1_table_offset, header.l1_size as u64)?;
+    counted.inc_range(&mut r, header.l1_table_offset, header.l1_size as u64 * 8);
+    let mut copied_checks: Vec<CopiedCheck> = Vec::new();
+    walk_l1(
+        file,
+        &header,
+        &l1,
+        &mut counted,
+        &mut r,
+        true,
+        external,
+        &mut copied_checks,
+    )?;
+    // The refcount structures count themselves.
+    let mut refs = Refcounts::load(file.clone(), &header, 64)?;
+    let (table_at, table_clusters) = refs.table_location();
+    counted.inc_range(&mut r, table_at.0, table_clusters * cs);
+    for (j, &e) in refs.table().to_vec().iter().enumerate() {
+        if e == 0 {
+            continue;
+        }
+        let off = e & !0x1ff;
+        if e & 0x1ff != 0 || off & (cs - 1) != 0 {
+            r.messages.push(format!(
+                "ERROR refcount block {j} is not cluster aligned; refcount table entry corrupted"
+            ));
+            r.corruptions += 1;
+        } else if off >= file_len {
+            r.messages
+                .push(format!("ERROR refcount block {j} is outside image"));
+            r.corruptions += 1;
+        } else {
+            counted.inc_range(&mut r, off, cs);
+        }
+    }
+    // Compare the stored refcounts with what was counted.
+    let max_refcount = refs.max_refcount();
+    let mut fix_failed = false;
+    for c in 0..file_clusters {
+        let stored = match refs.get(HostCluster(c)) {
+            Ok(v) => v,
+            Err(_) => 0,
+        };
+        let made = counted.counts[c as usize] as u64;
+        if stored > 0 || made > 0 {
+            r.image_end_offset = (c + 1) * cs;
+        }
+        if stored == made {
+            continue;
+        }
+        let leak = stored > made;
+        let fix = match repair {
+            Repair::All => true,
+            Repair::Leaks => leak,
+            Repair::None => false,
+        };
+        let label = if leak {
+            "Leaked cluster"
+        } else {
+            "ERROR cluster"
+        };
+        r.messages
+            .push(format!("{label} {c} refcount={stored} reference={made}"));
+        if fix && made <= max_refcount {
+            r.messages.push(format!(
+                "Repairing cluster {c} refcount={stored} reference={made}"
+            ));
+            if refs.set(HostCluster(c), made).is_ok() {
+                if leak {
+                    r.leaks_fixed += 1;
+                } else {
+                    r.corruptions_fixed += 1;
+                }
+                continue;
+            }
+            fix_failed = true;
+        }
+        if leak {
+            r.leaks += 1;
+        } else {
+            r.corruptions += 1;
+        }
+    }
+    if repair != Repair::None {
+        refs.write_dirty()?;
+        file.flush()?;
+    }
+    // COPIED must say exactly whether the refcount is one.
+    for cc in copied_checks {
+        let rc = refs.get(cc.cluster).unwrap_or(0);
+        if (rc == 1) == cc.copied {
+            continue;
+        }
+        r.messages.push(match cc.l1_index {
+            Some(i) => format!(
+                "ERROR OFLAG_COPIED L2 cluster: l1_index={i} l1_entry={:x} refcount={rc}",
+                cc.entry
+            ),
+            None => format!(
+                "ERROR OFLAG_COPIED data cluster: l2_entry={:x} refcount={rc}",
+                cc.entry
+            ),
+        });
+        if repair == Repair::All {
+            let fixed = if rc == 1 {
+                cc.entry | COPIED
+            } else {
+                cc.entry & !COPIED
+            };
+            file.write_extend(&fixed.to_be_bytes(), cc.at.0)?;
+            r.corruptions_fixed += 1;
+        } else {
+            r.corruptions += 1;
+        }
+    }
+    if repair != Repair::None {
+        file.flush()?;
+        // A repaired image is consistent again: drop the dirty and corrupt bits.
+        let clean = r.corruptions == 0 && r.check_errors == 0 && !fix_failed;
+        let bits = header.incompatible_features & !(incompat::DIRTY | incompat::CORRUPT);
+        if clean && header.version >= 3 && bits != header.incompatible_features {
+            file.write_extend(&bits.to_be_bytes(), 72)?;
+            file.flush()?;
+        }
+    }
+    Ok(r)
+}
+
+/// A COPIED flag to verify once the refcounts are known.
+struct CopiedCheck {
+    cluster: HostCluster,
+    copied: bool,
+    entry: u64,
+    /// Where the entry lives (for repair).
+    at: HostOffset,
+    /// Set for L1 entries.
+    l1_index: Option<usize>,
+}
+
+fn read_table(file: &FileDevice, offset: u64, entries: u64) -> Result<Vec<u64>> {
+    if entries > (32 << 20) / 8 {
+        return Err(Error::invalid("table too large"));
+    }
+    let mut raw = vec![0u8; entries as usize * 8];
+    file.read_padded(&mut raw, offset)?;
+    Ok(raw
+        .chunks_exact(8)
+        .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
+        .collect())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk_l1(
+    file: &FileDevice,
+    header: &Header,
+    l1: &[u64],
+    counted: &mut Counted,
+    r: &mut CheckReport,
+    active: bool,
+    external: bool,
+    copied: &mut Vec<CopiedCheck>,
+) -> Result<()> {
+    let geo = counted.geo;
+    let cs = geo.cluster_size();
+    let file_len = counted.file_clusters * cs;
+    for (i, &e) in l1.iter().enumerate() {
+        let l2_off = e & L1E_OFFSET_MASK;
+        if l2_off == 0 {
+            continue;
+        }
+        if l2_off & (cs - 1) != 0 {
+            r.messages.push(format!(
+                "ERROR l2_offset={l2_off:x}: Table is not cluster aligned; L1 entry corrupted"
+            ));
+            r.corruptions += 1;
+            continue;
+        }
+        if l2_off >= file_len {
+            r.messages.push(format!(
+                "ERROR l2_offset={l2_off:x}: L2 table is outside the image file; L1 entry corrupted"
+            ));
+            r.corruptions += 1;
+            continue;
+        }
+        counted.inc_range(r, l2_off, cs);
+        if active {
+            copied.push(CopiedCheck {
+                cluster: geo.host_cluster(HostOffset(l2_off)),
+                copied: e & COPIED != 0,
+                entry: e,
+                at: HostOffset(header.l1_table_offset + i as u64 * 8),
+                l1_index: Some(i),
+            });
+        }
+        let mut raw = vec![0u8; cs as usize];
+        file.read_padded(&mut raw, l2_off)?;
+        let table = decode_l2(&raw, geo.extended_l2);
+        let mut next_contiguous = 0u64;
+        for (k, entry) in table.iter().enumerate() {
+            let w = entry.word;
+            let at = HostOffset(l2_off + k as u64 * geo.l2_entry_bytes());
+            if w & COMPRESSED != 0 {
+                if w & COPIED != 0 {
+                    r.messages.push(format!(
+                        "ERROR: coffset={:#x}: Compressed cluster entry has the COPIED flag set",
+                        w & !(COPIED | COMPRESSED)
+                    ));
+                    r.corruptions += 1;
+                }
+                let c = Compressed::decode(&geo, w & !COMPRESSED);
+                let (start, end) = c.sector_range();
+                counted.inc_range(r, start, end - start);
+                if active {
+                    r.allocated_clusters += 1;
+                    r.compressed_clusters += 1;
+                    r.fragmented_clusters += 1;
+                }
+                continue;
+            }
+            let off = w & L2E_OFFSET_MASK;
+            if off == 0 {
+                continue;
+            }
+            if off & (cs - 1) != 0 {
+                r.messages.push(format!(
+                    "ERROR offset={off:x}: Cluster is not properly aligned; L2 entry corrupted"
+                ));
+                r.corruptions += 1;
+                continue;
+            }
+            if active {
+                r.allocated_clusters += 1;
+                if next_contiguous != 0 && off != next_contiguous {
+                    r.fragmented_clusters += 1;
+                }
+                next_contiguous = off + cs;
+            }
+            if external {
+                continue;
+            }
+            counted.inc_range(r, off, cs);
+            if active {
+                copied.push(CopiedCheck {
+                    cluster: geo.host_cluster(HostOffset(off)),
+                    copied: w & COPIED != 0,
+                    entry: w,
+                    at,
+                    l1_index: None,
+                });
+            }
+        }
+    }
+    Ok(())
+}
