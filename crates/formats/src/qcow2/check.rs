@@ -137,10 +137,7 @@ pub fn check(file: &Arc<FileDevice>, repair: Repair) -> Result<CheckReport> {
     let max_refcount = refs.max_refcount();
     let mut fix_failed = false;
     for c in 0..file_clusters {
-        let stored = match refs.get(HostCluster(c)) {
-            Ok(v) => v,
-            Err(_) => 0,
-        };
+        let stored: u64 = refs.get(HostCluster(c)).unwrap_or_default();
         let made = counted.counts[c as usize] as u64;
         if stored > 0 || made > 0 {
             r.image_end_offset = (c + 1) * cs;
