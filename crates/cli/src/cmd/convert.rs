@@ -185,6 +185,16 @@ pub fn run(a: Args) -> CmdResult {
     };
     let total = src.size();
 
+    if target.as_os_str() == NULL_TARGET {
+        // QEMU's null protocol: everything written is dropped.
+        if !a.no_create {
+            return Err(CliError::new(
+                "Protocol driver 'null-co' does not support image creation",
+            ));
+        }
+        let null = diskit_backends::NullDevice::new(total);
+        return run_copy(&a, &*src, &null, false, min_sparse, workers, false);
+    }
     let existed = target.exists();
     let mut created = false;
     if !a.no_create {
@@ -235,20 +245,51 @@ fn copy_into(
     // device never is, whatever we did to it.
     let target_is_zero =
         a.target_is_zero || (created && !dst.file.is_block_device()) || dst.device.is_known_zero();
+    run_copy(
+        a,
+        src,
+        &*dst.device,
+        target_is_zero,
+        min_sparse,
+        workers,
+        // Raw has no layout that depends on write order.
+        !a.out_of_order && out_format != Format::Raw,
+    )?;
+    if cache.flush {
+        dst.device
+            .flush()
+            .map_err(|e| CliError::new(e.to_string()))?;
+    }
+    dst.close().map_err(|e| CliError::new(e.to_string()))?;
+    Ok(0)
+}
+
+/// The target name of QEMU's null protocol.
+const NULL_TARGET: &str = "null-co://";
+
+/// Copies `src` into `dst` with the progress display.
+fn run_copy(
+    a: &Args,
+    src: &dyn BlockDevice,
+    dst: &dyn BlockDevice,
+    target_is_zero: bool,
+    min_sparse: u64,
+    workers: usize,
+    ordered_writes: bool,
+) -> CmdResult {
     let opts = CopyOptions {
         min_sparse,
         workers,
-        target_is_zero,
-        // Raw has no layout that depends on write order.
-        ordered_writes: !a.out_of_order && out_format != Format::Raw,
-        flush: cache.flush,
+        target_is_zero: target_is_zero || a.target_is_zero,
+        ordered_writes,
+        flush: false,
         // Holes are made of whole aligned blocks of pow2floor(-S) bytes, as
         // qemu-img does; requests must hold at least one such block.
         request_size: (2usize << 20).max(pow2_floor(min_sparse) as usize),
     };
     let progress = Arc::new(Progress::default());
     let printer = (a.progress && !a.quiet).then(|| ProgressPrinter::start(progress.clone()));
-    let result = copy(src, &*dst.device, &opts, &progress);
+    let result = copy(src, dst, &opts, &progress);
     if let (Some(p), Ok(_)) = (&printer, &result) {
         p.completed();
     }
@@ -256,7 +297,6 @@ fn copy_into(
         p.finish();
     }
     result.map_err(|e| CliError::new(e.to_string()))?;
-    dst.close().map_err(|e| CliError::new(e.to_string()))?;
     Ok(0)
 }
 
