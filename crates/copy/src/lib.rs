@@ -36,6 +36,9 @@ pub struct CopyOptions {
     pub ordered_writes: bool,
     /// Flush the destination at the end.
     pub flush: bool,
+    /// Source zero extents count only in whole aligned blocks of this many
+    /// bytes (1: any); compressed targets need whole clusters.
+    pub zero_alignment: u64,
 }
 
 impl Default for CopyOptions {
@@ -47,6 +50,7 @@ impl Default for CopyOptions {
             target_is_zero: false,
             ordered_writes: false,
             flush: false,
+            zero_alignment: 1,
         }
     }
 }
@@ -101,7 +105,9 @@ pub fn copy(
         src,
         dst,
         opts: opts.clone(),
-        planner: Mutex::new(Planner::new(size, opts.request_size as u64)),
+        planner: Mutex::new(
+            Planner::new(size, opts.request_size as u64).with_zero_alignment(opts.zero_alignment),
+        ),
         failed: AtomicBool::new(false),
         error: Mutex::new(None),
         turn: Mutex::new(0),

@@ -29,6 +29,8 @@ pub struct Planner {
     pos: u64,
     seq: u64,
     queue: VecDeque<Extent>,
+    /// Zero extents are only trusted in whole aligned blocks of this size.
+    zero_align: u64,
 }
 
 impl Planner {
@@ -40,6 +42,67 @@ impl Planner {
             pos: 0,
             seq: 0,
             queue: VecDeque::new(),
+            zero_align: 1,
+        }
+    }
+
+    /// Queues the extents from `from` on (the queue holds what precedes it).
+    fn fill(&mut self, src: &dyn BlockDevice, from: u64) -> Result<()> {
+        let ex = src.extents(from, self.size - from)?;
+        let mut covered = 0u64;
+        for e in ex {
+            // Never trust a device to stay inside the range asked.
+            let len = e.length.min(self.size - from - covered);
+            if len == 0 {
+                break;
+            }
+            let start = from + covered;
+            covered += len;
+            self.push(start, Extent { length: len, ..e });
+        }
+        if covered == 0 {
+            // A device that answers nothing: treat the rest as data.
+            self.push_merged(Extent::data(self.size - from));
+        }
+        Ok(())
+    }
+
+    /// Treats the unaligned edges of zero extents as data, so that every
+    /// zero item covers whole aligned blocks of `align` bytes (compressed
+    /// targets store whole clusters only).
+    pub fn with_zero_alignment(mut self, align: u64) -> Planner {
+        self.zero_align = align.max(1);
+        self
+    }
+
+    fn push(&mut self, start: u64, e: Extent) {
+        let end = start + e.length;
+        let al = self.zero_align;
+        if !e.flags.zero || al == 1 {
+            self.push_merged(e);
+            return;
+        }
+        let a = start.div_ceil(al) * al;
+        let b = if end == self.size { end } else { end / al * al };
+        if a >= b {
+            self.push_merged(Extent::data(e.length));
+            return;
+        }
+        if a > start {
+            self.push_merged(Extent::data(a - start));
+        }
+        self.queue.push_back(Extent { length: b - a, ..e });
+        if end > b {
+            self.queue.push_back(Extent::data(end - b));
+        }
+    }
+
+    /// Queues an extent, joining it to the previous one when both are to be
+    /// read: only zero or not matters to the copy.
+    fn push_merged(&mut self, e: Extent) {
+        match self.queue.back_mut() {
+            Some(back) if !back.flags.zero && !e.flags.zero => back.length += e.length,
+            _ => self.queue.push_back(e),
         }
     }
 
@@ -49,20 +112,25 @@ impl Planner {
             return Ok(None);
         }
         if self.queue.is_empty() {
-            let ex = src.extents(self.pos, self.size - self.pos)?;
-            let mut covered = 0u64;
-            for e in ex {
-                // Never trust a device to stay inside the range asked.
-                let len = e.length.min(self.size - self.pos - covered);
-                if len == 0 {
-                    break;
-                }
-                covered += len;
-                self.queue.push_back(Extent { length: len, ..e });
+            self.fill(src, self.pos)?;
+        }
+        // A data run that stops short of the request boundary may continue
+        // in the next extents (unaligned zero edges become data): look, so
+        // that one request reads it whole.
+        loop {
+            let front = self.queue.front().expect("queue filled above");
+            let boundary = self.request - self.pos % self.request;
+            let end = self.pos + front.length;
+            if front.flags.zero
+                || self.queue.len() > 1
+                || front.length >= boundary
+                || end >= self.size
+            {
+                break;
             }
-            if self.queue.is_empty() {
-                // A device that answers nothing: treat the rest as data.
-                self.queue.push_back(Extent::data(self.size - self.pos));
+            self.fill(src, end)?;
+            if self.queue.len() > 1 {
+                break;
             }
         }
         let front = self.queue.front_mut().expect("queue filled above");

@@ -138,6 +138,7 @@ fn random_layouts_copy_exactly_with_minimal_allocation() {
             target_is_zero: !dirty,
             ordered_writes: rng.below(2) == 0,
             flush: rng.below(2) == 0,
+            zero_alignment: [1, 4096, 65536][rng.below(3) as usize],
         };
         let stats = copy(&src, &dst, &opts, &Progress::default())
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));

@@ -12,6 +12,7 @@ use crate::util::{
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::concat::Concat;
 use diskit_core::{BlockDevice, DeviceRef};
+use diskit_formats::qcow2::compressed::CompressedWriter;
 use diskit_formats::raw::RawCreateOptions;
 use diskit_formats::{Format, OpenOptions, create_image};
 
@@ -193,7 +194,14 @@ pub fn run(a: Args) -> CmdResult {
             ));
         }
         let null = diskit_backends::NullDevice::new(total);
-        return run_copy(&a, &*src, &null, false, min_sparse, workers, false);
+        let how = How {
+            target_is_zero: false,
+            min_sparse,
+            workers,
+            ordered_writes: false,
+            zero_alignment: 1,
+        };
+        return run_copy(&a, &*src, &null, &how);
     }
     let existed = target.exists();
     let mut created = false;
@@ -245,16 +253,29 @@ fn copy_into(
     // device never is, whatever we did to it.
     let target_is_zero =
         a.target_is_zero || (created && !dst.file.is_block_device()) || dst.device.is_known_zero();
-    run_copy(
-        a,
-        src,
-        &*dst.device,
+    let mut how = How {
         target_is_zero,
         min_sparse,
         workers,
         // Raw has no layout that depends on write order.
-        !a.out_of_order && out_format != Format::Raw,
-    )?;
+        ordered_writes: !a.out_of_order && out_format != Format::Raw,
+        zero_alignment: 1,
+    };
+    let mut device = dst.device.clone();
+    if a.compress {
+        let q = dst
+            .qcow2
+            .clone()
+            .ok_or_else(|| CliError::new("Compression not supported for this file format"))?;
+        let cs = q.geometry().cluster_size();
+        // Whole clusters are compressed on the copy workers' threads, in
+        // parallel: their order on the host does not matter.
+        device = Arc::new(CompressedWriter::new(q));
+        how.min_sparse = cs;
+        how.zero_alignment = cs;
+        how.ordered_writes = false;
+    }
+    run_copy(a, src, &*device, &how)?;
     if cache.flush {
         dst.device
             .flush()
@@ -267,22 +288,25 @@ fn copy_into(
 /// The target name of QEMU's null protocol.
 const NULL_TARGET: &str = "null-co://";
 
-/// Copies `src` into `dst` with the progress display.
-fn run_copy(
-    a: &Args,
-    src: &dyn BlockDevice,
-    dst: &dyn BlockDevice,
+/// How to copy.
+struct How {
     target_is_zero: bool,
     min_sparse: u64,
     workers: usize,
     ordered_writes: bool,
-) -> CmdResult {
+    zero_alignment: u64,
+}
+
+/// Copies `src` into `dst` with the progress display.
+fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &dyn BlockDevice, how: &How) -> CmdResult {
+    let min_sparse = how.min_sparse;
     let opts = CopyOptions {
         min_sparse,
-        workers,
-        target_is_zero: target_is_zero || a.target_is_zero,
-        ordered_writes,
+        workers: how.workers,
+        target_is_zero: how.target_is_zero || a.target_is_zero,
+        ordered_writes: how.ordered_writes,
         flush: false,
+        zero_alignment: how.zero_alignment,
         // Holes are made of whole aligned blocks of pow2floor(-S) bytes, as
         // qemu-img does; requests must hold at least one such block.
         request_size: (2usize << 20).max(pow2_floor(min_sparse) as usize),

@@ -455,6 +455,58 @@ impl Qcow2 {
         Ok(())
     }
 
+    /// Writes one whole guest cluster at `g` (cluster aligned) as the
+    /// compressed stream `stream`. A cluster that is already allocated is
+    /// written uncompressed instead (`plain` holds its data).
+    pub fn write_compressed(&self, g: u64, stream: &[u8], plain: &[u8]) -> Result<()> {
+        let geo = self.geo;
+        if self.data_is_external() {
+            return Err(Error::unsupported(
+                "Compression is not supported with an external data file",
+            ));
+        }
+        let (first, _) = self.clusters(g, 1);
+        let mut meta = self.lock();
+        let t = loop {
+            if let Some(t) = meta.try_take(first, first, true) {
+                break t;
+            }
+            meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+        };
+        // Only a cluster with nothing in it can become compressed.
+        let prepared = (|| -> Result<Option<HostOffset>> {
+            let (_, kind) = meta.kind(GuestOffset(g))?;
+            if !matches!(kind, ClusterKind::Unallocated | ClusterKind::ZeroPlain) {
+                return Ok(None);
+            }
+            meta.l2_for_write(GuestOffset(g))?;
+            Ok(Some(meta.alloc_bytes(stream.len() as u64)?))
+        })();
+        drop(meta);
+        let plain_write = matches!(prepared, Ok(None));
+        let r = match prepared {
+            Ok(Some(at)) => self.file.write_extend(stream, at.0).and_then(|_| {
+                let word = super::l2::Compressed::encode(&geo, at, stream.len() as u64);
+                self.lock()
+                    .set_entry(GuestOffset(g), L2Entry { word, bitmap: 0 })
+            }),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.give_back(Some(t));
+        r?;
+        if plain_write {
+            // Written uncompressed, with the cluster released first.
+            self.write_range(plain, g)?;
+        }
+        Ok(())
+    }
+
+    /// Whether guest data lives in an external data file.
+    pub fn data_is_external(&self) -> bool {
+        !Arc::ptr_eq(&self.data, &self.file)
+    }
+
     /// Writes all cached metadata out and syncs (twice, so that deferred
     /// refcount decrements land too).
     pub fn close(&self) -> Result<()> {

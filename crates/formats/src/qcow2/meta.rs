@@ -52,6 +52,9 @@ pub struct Meta {
     pending: Vec<(HostCluster, i64)>,
     inflight: Vec<InFlight>,
     next_id: u64,
+    /// Where the next compressed cluster may be packed (inside a partly
+    /// used host cluster), as QEMU's free_byte_offset.
+    free_byte: u64,
     /// File length when last checked (metadata past it is refused).
     file_len: u64,
 }
@@ -91,6 +94,7 @@ impl Meta {
             pending: Vec::new(),
             inflight: Vec::new(),
             next_id: 1,
+            free_byte: 0,
             file_len,
         })
     }
@@ -263,6 +267,40 @@ impl Meta {
             }
             _ => {}
         }
+    }
+
+    /// Allocates `size` bytes (less than a cluster) for compressed data,
+    /// packed after the previous compressed cluster when it fits. Every
+    /// host cluster the bytes touch gains one reference.
+    pub fn alloc_bytes(&mut self, size: u64) -> Result<HostOffset> {
+        let geo = *self.geo();
+        let cs = geo.cluster_size();
+        let off = self.free_byte;
+        if !off.is_multiple_of(cs) {
+            let cluster = geo.host_cluster(HostOffset(off));
+            let room = cs - off % cs;
+            if size <= room {
+                self.refs()?.adjust(cluster, 1)?;
+                self.free_byte = off + size;
+                return Ok(HostOffset(off));
+            }
+            // Spill into the next cluster when it is free.
+            let refs = self.refs()?;
+            if refs.get(HostCluster(cluster.0 + 1))? == 0 && refs.top().0 <= cluster.0 + 1 {
+                let (c, _) = refs.alloc(1)?;
+                if c.0 == cluster.0 + 1 {
+                    refs.adjust(cluster, 1)?;
+                    self.free_byte = off + size;
+                    return Ok(HostOffset(off));
+                }
+                refs.set(c, 0)?;
+            }
+        }
+        let n = size.div_ceil(cs);
+        let (c, _) = self.refs()?.alloc(n)?;
+        let at = geo.host_offset(c);
+        self.free_byte = at.0 + size;
+        Ok(at)
     }
 
     /// Whether any metadata waits to be written.

@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod check;
 pub mod compress;
+pub mod compressed;
 pub mod device;
 pub mod header;
 pub mod l2;
