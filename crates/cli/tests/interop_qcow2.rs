@@ -229,6 +229,9 @@ fn images_diskit_writes_pass_qemu_check() {
             (size - 5000, 5000, 0x33),
         ],
     );
+    let data_file = d.join("data.raw");
+    let data_file_opt = format!("data_file={}", s(&data_file));
+    let data_file_raw_opt = format!("data_file={},data_file_raw=on", s(&data_file));
     for opts in [
         "compat=0.10",
         "cluster_size=512",
@@ -236,6 +239,8 @@ fn images_diskit_writes_pass_qemu_check() {
         "extended_l2=on",
         "refcount_bits=32,cluster_size=2M",
         "preallocation=metadata",
+        &data_file_opt,
+        &data_file_raw_opt,
     ] {
         let img = d.join("w.qcow2");
         ok(qemu_img(&[
@@ -253,6 +258,18 @@ fn images_diskit_writes_pass_qemu_check() {
         assert_eq!(code(&check), 0, "{opts}: {}", stdout(&check));
         ok(qemu_img(&["compare", s(&src), s(&img)]));
         reads_like_qemu(&img, d, opts);
+        if opts.contains("data_file_raw=on") {
+            // The data file alone is the disk.
+            ok(qemu_img(&[
+                "compare",
+                "-f",
+                "raw",
+                "-F",
+                "raw",
+                s(&src),
+                s(&data_file),
+            ]));
+        }
     }
 }
 

@@ -93,7 +93,11 @@ pub fn run(a: Args) -> CmdResult {
     let names: Vec<String> = img
         .chain()
         .iter()
-        .map(|i| i.filename.display().to_string())
+        .map(|i| match &i.qcow2 {
+            // Data offsets point into the external data file, if any.
+            Some(q) if q.data_is_external() => q.data_path().display().to_string(),
+            _ => i.filename.display().to_string(),
+        })
         .collect();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

@@ -314,6 +314,8 @@ impl Qcow2 {
             meta.l2_for_write(GuestOffset(g))?;
             match own_host {
                 Some(h) => (h, false),
+                // External data files map guest clusters 1:1, unrefcounted.
+                None if self.data_is_external() => (HostOffset(start), false),
                 None => {
                     let (c, fresh) = meta.refs()?.alloc(1)?;
                     (geo.host_offset(c), fresh)
@@ -500,6 +502,12 @@ impl Qcow2 {
             self.write_range(plain, g)?;
         }
         Ok(())
+    }
+
+    /// The file that holds guest data (the image itself, or its external
+    /// data file).
+    pub fn data_path(&self) -> &std::path::Path {
+        self.data.path()
     }
 
     /// Whether guest data lives in an external data file.
