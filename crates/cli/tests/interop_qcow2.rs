@@ -648,3 +648,39 @@ fn compressed_writes_qemu_reads() {
         }
     }
 }
+
+/// resize grows (moving the L1 table when it must) and shrinks (with
+/// --shrink) like qemu-img: same contents, and qemu-img check is clean.
+#[test]
+fn resize_matches_qemu_img() {
+    let dir = workdir();
+    let d = dir.path();
+    for cs in ["512", "65536"] {
+        let ours = d.join("ours.qcow2");
+        let theirs = d.join("theirs.qcow2");
+        ok(qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            &format!("cluster_size={cs}"),
+            s(&ours),
+            "1M",
+        ]));
+        qemu_io(&["-c", "write -P 9 0 1M", s(&ours)]);
+        std::fs::copy(&ours, &theirs).unwrap();
+        for (size, flag) in [("+100M", "-q"), ("300k", "--shrink"), ("+5M", "-q")] {
+            ok(diskit(&["resize", flag, s(&ours), size]));
+            ok(qemu_img(&["resize", "-q", flag, s(&theirs), size]));
+            let check = qemu_img(&["check", s(&ours)]);
+            assert_eq!(code(&check), 0, "{cs} {size}: {}", stdout(&check));
+            ok(qemu_img(&["compare", s(&ours), s(&theirs)]));
+            same_as_qemu_img(&["map", "--output=json", s(&ours)], "resized");
+        }
+        // Shrinking needs --shrink.
+        let o = diskit(&["resize", s(&ours), "100k"]);
+        assert_eq!(code(&o), 1);
+        assert!(stderr(&o).contains("--shrink"));
+    }
+}

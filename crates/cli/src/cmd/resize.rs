@@ -64,6 +64,33 @@ pub fn run(a: Args) -> CmdResult {
             a.filename.display()
         );
     }
+    if let Some(q) = &img.qcow2 {
+        let current = img.virtual_size();
+        let new_size = match rel {
+            1 => current.saturating_add(n),
+            -1 => current.saturating_sub(n),
+            _ => n,
+        };
+        if prealloc.is_some_and(|p| p != Preallocation::Off) {
+            return Err(CliError::new(
+                "Preallocation is not supported when resizing qcow2 images by this build",
+            ));
+        }
+        if new_size < current && !a.shrink {
+            return Err(CliError::new(
+                "Use the --shrink option to perform a shrink operation.\n\
+                 diskit: warning: Shrinking an image will delete all data beyond the shrunken image's end. \
+                 Before performing such an operation, make sure there is no important data there.",
+            ));
+        }
+        q.resize(new_size, a.shrink)
+            .and_then(|_| img.close())
+            .map_err(|e| CliError::new(e.to_string()))?;
+        if !a.quiet {
+            println!("Image resized.");
+        }
+        return Ok(0);
+    }
     if img.format != Format::Raw {
         return Err(CliError::new(format!(
             "Image format '{}' cannot be resized by this build",

@@ -8,6 +8,7 @@
 //! around the new data (at subcluster granularity with extended L2), write
 //! outside the lock, and only then point the L2 entry at the new data.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use diskit_backends::FileDevice;
@@ -34,12 +35,14 @@ pub struct Backing {
 
 /// An open qcow2 image.
 pub struct Qcow2 {
-    file: Arc<FileDevice>,
+    pub(super) file: Arc<FileDevice>,
     data: Arc<FileDevice>,
     backing: Option<Backing>,
     header: Header,
     geo: Geometry,
-    writable: bool,
+    pub(super) writable: bool,
+    /// The virtual size (changed by resize).
+    pub(super) size: AtomicU64,
     meta: Mutex<Meta>,
     released: Condvar,
     last_cluster: Mutex<Option<(HostOffset, Arc<Vec<u8>>)>>,
@@ -60,6 +63,7 @@ impl Qcow2 {
     ) -> Qcow2 {
         Qcow2 {
             geo: Geometry::of(&header),
+            size: AtomicU64::new(header.size),
             file,
             data,
             backing,
@@ -86,7 +90,7 @@ impl Qcow2 {
         self.backing.as_ref()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Meta> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Meta> {
         self.meta.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -368,6 +372,29 @@ impl Qcow2 {
         Ok(())
     }
 
+    /// Makes every cluster of `[g, g+len)` (cluster aligned) unallocated,
+    /// dropping its host clusters (used past the end when shrinking).
+    pub(super) fn discard_clusters(&self, g: u64, len: u64) -> Result<()> {
+        let cs = self.geo.cluster_size();
+        let mut meta = self.lock();
+        let mut pos = g;
+        while pos < g + len {
+            let l1i = self.geo.l1_index(GuestOffset(pos));
+            if meta.l2_offset(l1i)?.is_none() {
+                // A whole unallocated L2 table: skip to the next one.
+                pos = (pos / self.geo.l2_coverage() + 1) * self.geo.l2_coverage();
+                continue;
+            }
+            let (e, kind) = meta.kind(GuestOffset(pos))?;
+            if e != L2Entry::default() {
+                meta.set_entry(GuestOffset(pos), L2Entry::default())?;
+                meta.release(kind);
+            }
+            pos += cs;
+        }
+        Ok(())
+    }
+
     /// Zeroes or discards whole clusters (or subclusters) of `[g, g+len)`,
     /// which must be aligned to the zeroing granularity. `discard` drops the
     /// data (the backing file shows through where the format allows it).
@@ -543,7 +570,7 @@ impl Drop for Qcow2 {
 
 impl BlockDevice for Qcow2 {
     fn size(&self) -> u64 {
-        self.geo.size
+        self.size.load(Ordering::Acquire)
     }
 
     fn capabilities(&self) -> Capabilities {

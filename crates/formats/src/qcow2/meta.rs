@@ -303,6 +303,60 @@ impl Meta {
         Ok(at)
     }
 
+    /// Moves the active L1 table to a new place with `entries` entries
+    /// (growing it), written before the header points at it.
+    pub fn relocate_l1(&mut self, entries: usize) -> Result<()> {
+        let geo = *self.geo();
+        let cs = geo.cluster_size();
+        if entries as u64 * 8 > 32 << 20 {
+            return Err(Error::invalid("Active L1 table too large"));
+        }
+        // Pending L1 changes land in the old table first.
+        self.write_back()?;
+        let mut l1 = self.l1.clone();
+        l1.resize(entries, 0);
+        let clusters = (entries as u64 * 8).div_ceil(cs).max(1);
+        let (c, _) = self.refs()?.alloc(clusters)?;
+        let at = geo.host_offset(c);
+        let mut raw = Vec::with_capacity((clusters * cs) as usize);
+        for e in &l1 {
+            raw.extend_from_slice(&e.to_be_bytes());
+        }
+        raw.resize((clusters * cs) as usize, 0);
+        self.file.write_extend(&raw, at.0)?;
+        self.write_back()?;
+        self.file.flush()?;
+        let mut hdr = [0u8; 12];
+        hdr[..4].copy_from_slice(&(entries as u32).to_be_bytes());
+        hdr[4..].copy_from_slice(&at.0.to_be_bytes());
+        self.file.write_extend(&hdr, 36)?;
+        self.file.flush()?;
+        let old_first = geo.host_cluster(self.l1_offset).0;
+        let old_clusters = (self.l1.len() as u64 * 8).div_ceil(cs);
+        self.l1 = l1;
+        self.l1_offset = at;
+        for k in 0..old_clusters {
+            self.refs()?.adjust(HostCluster(old_first + k), -1)?;
+        }
+        Ok(())
+    }
+
+    /// Drops every L2 table from the L1 entry `first` on (after a shrink).
+    pub fn drop_l2_tables_from(&mut self, first: usize) -> Result<()> {
+        let geo = *self.geo();
+        for i in first..self.l1.len() {
+            if let Some(at) = self.l2_offset(i)? {
+                if let Some(slot) = self.l2.remove(at) {
+                    drop(slot);
+                }
+                self.l1[i] = 0;
+                self.l1_dirty.insert(i);
+                self.pending.push((geo.host_cluster(at), -1));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether any metadata waits to be written.
     pub fn is_dirty(&self) -> bool {
         !self.l1_dirty.is_empty()

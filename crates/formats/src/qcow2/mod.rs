@@ -16,6 +16,7 @@ pub mod layout;
 pub mod meta;
 pub mod open;
 pub mod refcount;
+pub mod resize;
 
 pub use device::Qcow2;
 pub use header::{Header, HeaderExtension};
