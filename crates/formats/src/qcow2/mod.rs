@@ -5,6 +5,7 @@
 //! The metadata answers "where does this guest range live?" ([`l2::Mapping`])
 //! and one generic layer ([`device`]) moves the bytes.
 
+pub mod bitmap;
 pub mod cache;
 pub mod compress;
 pub mod device;
@@ -14,6 +15,7 @@ pub mod layout;
 pub mod meta;
 pub mod open;
 pub mod refcount;
+pub mod snapshot;
 
 pub use device::Qcow2;
 pub use header::{Header, HeaderExtension};
