@@ -36,6 +36,8 @@ enum Command {
     Resize(cmd::resize::Args),
     /// Compute the size needed for an image.
     Measure(cmd::measure::Args),
+    /// List the internal snapshots of an image.
+    Snapshot(cmd::snapshot::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
         Command::Convert(a) => cmd::convert::run(a),
         Command::Resize(a) => cmd::resize::run(a),
         Command::Measure(a) => cmd::measure::run(a),
+        Command::Snapshot(a) => cmd::snapshot::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),
