@@ -76,7 +76,7 @@ pub fn run(a: Args) -> CmdResult {
 
 /// The snapshot table as qemu-img prints it (`bdrv_snapshot_dump`): a
 /// header line and one line per snapshot, without the "Snapshot list:"
-/// title.
+/// title. ICOUNT is "--" when the snapshot has none.
 pub fn table(snaps: &[Snapshot]) -> String {
     let mut out = row(["ID", "TAG", "VM_SIZE", "DATE", "VM_CLOCK", "ICOUNT"].map(String::from));
     for sn in snaps {
@@ -87,8 +87,7 @@ pub fn table(snaps: &[Snapshot]) -> String {
             local_date(sn.date_sec),
             vm_clock(sn.vm_clock_nsec),
             sn.icount()
-                .map(|n| (n as i64).to_string())
-                .unwrap_or_default(),
+                .map_or_else(|| "--".to_string(), |n| (n as i64).to_string()),
         ]);
     }
     out

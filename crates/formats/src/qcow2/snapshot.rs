@@ -122,6 +122,13 @@ impl Snapshot {
         Self::c_string(&self.name, 256)
     }
 
+    /// Whether a v3 image's entry lacks the extra data v3 requires (the
+    /// 64-bit VM state size and the disk size): QEMU opens such images but
+    /// `qemu-img check` reports the entry as incomplete.
+    pub fn incomplete(&self, version: u32) -> bool {
+        version >= 3 && self.extra.len() < 16
+    }
+
     /// Bytes of this entry in the table, padding not counted.
     pub fn entry_bytes(&self) -> usize {
         ENTRY_HEADER_BYTES + self.extra.len() + self.id.len() + self.name.len()
