@@ -146,7 +146,7 @@ pub struct TableContext {
 
 /// The outcome of scanning a buffer that may hold only part of the table.
 enum Scan {
-    /// The whole table, and its length in bytes.
+    /// The whole table.
     Done(Vec<Snapshot>),
     /// The buffer ends inside entry `entry`, which needs `need` bytes of
     /// table in all.
