@@ -38,6 +38,8 @@ enum Command {
     Measure(cmd::measure::Args),
     /// Check (and repair) an image's metadata.
     Check(cmd::check::Args),
+    /// List the internal snapshots of an image.
+    Snapshot(cmd::snapshot::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -85,6 +87,7 @@ fn main() -> ExitCode {
         Command::Resize(a) => cmd::resize::run(a),
         Command::Measure(a) => cmd::measure::run(a),
         Command::Check(a) => cmd::check::run(a),
+        Command::Snapshot(a) => cmd::snapshot::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

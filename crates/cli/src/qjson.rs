@@ -1,6 +1,8 @@
 //! JSON printed the way QEMU prints it, so that output compares equal to
-//! qemu-img's byte for byte: keys in insertion order, four-space indents,
-//! and empty containers opened and closed on separate lines.
+//! qemu-img's byte for byte: four-space indents, empty containers opened and
+//! closed on separate lines, and object keys in the order QEMU's QDict
+//! iterates them (see [`qdict_order`]). Also QEMU's human dump of the same
+//! objects (`dump_qdict`), used for "Format specific information".
 
 use std::fmt::Write;
 
@@ -11,11 +13,14 @@ pub enum QJson {
     Bool(bool),
     /// An unsigned integer.
     UInt(u64),
+    /// A signed integer (QAPI `int` fields, printed as C's `PRId64`).
+    Int(i64),
     /// A string.
     Str(String),
     /// An array.
     List(Vec<QJson>),
-    /// An object with keys in order.
+    /// An object, keys in insertion order (insert in QAPI schema order:
+    /// it decides ties in QEMU's key order).
     Dict(Vec<(String, QJson)>),
 }
 
@@ -33,7 +38,7 @@ impl QJson {
         self
     }
 
-    /// Pretty-prints as qemu's `qobject_to_json_pretty`.
+    /// Pretty-prints as qemu's `qobject_to_json_pretty`, keys in QDict order.
     pub fn pretty(&self) -> String {
         let mut out = String::new();
         self.write_pretty(&mut out, 0);
@@ -56,7 +61,7 @@ impl QJson {
             }
             QJson::Dict(items) => {
                 out.push('{');
-                for (i, (k, v)) in items.iter().enumerate() {
+                for (i, (k, v)) in qdict_order(items).enumerate() {
                     out.push_str(if i == 0 { "\n" } else { ",\n" });
                     pad(out, level + 1);
                     write_str(out, k);
@@ -71,11 +76,15 @@ impl QJson {
         }
     }
 
-    /// Prints on one line, with qemu's spacing (`{"a": 1, "b": 2}`).
+    /// Prints on one line, with qemu's spacing (`{"a": 1, "b": 2}`), keys
+    /// in insertion order (callers order them by hand, as qemu-img map does).
     pub fn write_compact(&self, out: &mut String) {
         match self {
             QJson::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
             QJson::UInt(n) => {
+                let _ = write!(out, "{n}");
+            }
+            QJson::Int(n) => {
                 let _ = write!(out, "{n}");
             }
             QJson::Str(s) => write_str(out, s),
@@ -103,6 +112,75 @@ impl QJson {
             }
         }
     }
+
+    /// QEMU's human dump of an object (`dump_qobject` in block/qapi.c):
+    /// `key: value` lines, dashes in keys shown as spaces, list items as
+    /// `[i]:`, nested containers indented four more spaces. `indentation`
+    /// is the level of the object's own lines.
+    pub fn dump_human(&self, indentation: usize) -> String {
+        let mut out = String::new();
+        self.dump_into(&mut out, indentation);
+        out
+    }
+
+    fn dump_into(&self, out: &mut String, level: usize) {
+        let entry = |out: &mut String, label: &str, v: &QJson| {
+            let composite = matches!(v, QJson::List(_) | QJson::Dict(_));
+            out.push_str(&" ".repeat(level * 4));
+            out.push_str(label);
+            out.push(':');
+            out.push(if composite { '\n' } else { ' ' });
+            v.dump_into(out, level + 1);
+            if !composite {
+                out.push('\n');
+            }
+        };
+        match self {
+            QJson::Dict(items) => {
+                for (k, v) in qdict_order(items) {
+                    entry(out, &k.replace('-', " "), v);
+                }
+            }
+            QJson::List(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    entry(out, &format!("[{i}]"), v);
+                }
+            }
+            QJson::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            QJson::UInt(n) => {
+                let _ = write!(out, "{n}");
+            }
+            QJson::Int(n) => {
+                let _ = write!(out, "{n}");
+            }
+            QJson::Str(s) => out.push_str(s),
+        }
+    }
+}
+
+/// QEMU's QDict hash (`tdb_hash` in qobject/qdict.c), modulo its 512
+/// buckets.
+fn qdict_bucket(key: &str) -> u32 {
+    let bytes = key.as_bytes();
+    let mut value = 0x238F_13AFu32.wrapping_mul(bytes.len() as u32);
+    for (i, &b) in bytes.iter().enumerate() {
+        value = value.wrapping_add((b as u32) << ((i * 5) % 24));
+    }
+    1_103_515_243u32.wrapping_mul(value).wrapping_add(12345) % 512
+}
+
+/// The entries of an object in the order a QDict iterates them: by hash
+/// bucket, and within a bucket the most recently inserted key first.
+pub fn qdict_order(items: &[(String, QJson)]) -> impl Iterator<Item = &(String, QJson)> {
+    let mut order: Vec<(u32, std::cmp::Reverse<usize>)> = items
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| (qdict_bucket(k), std::cmp::Reverse(i)))
+        .collect();
+    order.sort_unstable();
+    order
+        .into_iter()
+        .map(move |(_, std::cmp::Reverse(i))| &items[i])
 }
 
 fn write_str(out: &mut String, s: &str) {
@@ -138,11 +216,108 @@ mod tests {
     fn pretty_matches_qemu_layout() {
         let v = QJson::dict()
             .with("children", QJson::List(vec![]))
-            .with("a", QJson::UInt(1))
-            .with("d", QJson::dict());
+            .with("format", QJson::UInt(1))
+            .with("data", QJson::dict());
         assert_eq!(
             v.pretty(),
-            "{\n    \"children\": [\n    ],\n    \"a\": 1,\n    \"d\": {\n    }\n}"
+            "{\n    \"children\": [\n    ],\n    \"format\": 1,\n    \"data\": {\n    }\n}"
+        );
+    }
+
+    #[test]
+    fn buckets_are_qemus() {
+        // Observed with qemu-img 10 (bucket numbers from QEMU's tdb_hash).
+        for (k, b) in [
+            ("children", 206),
+            ("snapshots", 263),
+            ("backing-filename-format", 206),
+            ("virtual-size", 309),
+            ("filename", 313),
+            ("cluster-size", 316),
+            ("format", 337),
+            ("actual-size", 351),
+            ("format-specific", 354),
+            ("full-backing-filename", 360),
+            ("backing-filename", 475),
+            ("dirty-flag", 501),
+        ] {
+            assert_eq!(qdict_bucket(k), b, "{k}");
+        }
+    }
+
+    #[test]
+    fn keys_come_out_in_qdict_order() {
+        // Inserted in QAPI schema order (BlockNodeInfo, then children);
+        // the order is the one qemu-img 10 prints.
+        let keys = [
+            "filename",
+            "format",
+            "dirty-flag",
+            "actual-size",
+            "virtual-size",
+            "cluster-size",
+            "backing-filename",
+            "full-backing-filename",
+            "backing-filename-format",
+            "snapshots",
+            "format-specific",
+            "children",
+        ];
+        let mut v = QJson::dict();
+        for k in keys {
+            v = v.with(k, QJson::Bool(true));
+        }
+        let QJson::Dict(items) = &v else {
+            unreachable!()
+        };
+        let order: Vec<&str> = qdict_order(items).map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "children",
+                "backing-filename-format",
+                "snapshots",
+                "virtual-size",
+                "filename",
+                "cluster-size",
+                "format",
+                "actual-size",
+                "format-specific",
+                "full-backing-filename",
+                "backing-filename",
+                "dirty-flag",
+            ]
+        );
+        // Compact output keeps insertion order.
+        let mut compact = String::new();
+        v.write_compact(&mut compact);
+        assert!(compact.starts_with("{\"filename\": true, \"format\""));
+    }
+
+    #[test]
+    fn human_dump_is_qemus() {
+        let v = QJson::dict()
+            .with("compat", QJson::Str("1.1".into()))
+            .with("lazy-refcounts", QJson::Bool(false))
+            .with(
+                "bitmaps",
+                QJson::List(vec![
+                    QJson::dict()
+                        .with("name", QJson::Str("b".into()))
+                        .with("granularity", QJson::UInt(65536))
+                        .with("flags", QJson::List(vec![QJson::Str("auto".into())])),
+                    QJson::dict()
+                        .with("name", QJson::Str("c".into()))
+                        .with("granularity", QJson::Int(-1))
+                        .with("flags", QJson::List(vec![])),
+                ]),
+            );
+        assert_eq!(
+            v.dump_human(1),
+            "    compat: 1.1\n    lazy refcounts: false\n    bitmaps:\n        [0]:\n            \
+             flags:\n                [0]: auto\n            name: b\n            \
+             granularity: 65536\n        [1]:\n            flags:\n            name: c\n            \
+             granularity: -1\n"
         );
     }
 }

@@ -134,49 +134,39 @@ fn range_check(v: u64, negative: bool) -> std::result::Result<u64, SizeError> {
 /// binary unit, switching unit from 1000 of the smaller one.
 pub fn human_size(val: u64) -> String {
     const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-    // frexp(val / (1000/1024)) exponent, then (e - 1) / 10.
     let scaled = val as f64 / (1000.0 / 1024.0);
-    let exp = if scaled == 0.0 {
+    // frexp's exponent: scaled = m × 2^e with m in [0.5, 1).
+    let e = if val == 0 {
         0
     } else {
-        scaled.log2().floor() as i32 + 1
+        ((scaled.to_bits() >> 52) & 0x7ff) as i32 - 1022
     };
-    let i = ((exp - 1).max(0) / 10).min(6) as usize;
+    let i = ((e - 1) / 10).clamp(0, 6) as usize;
     let div = (1u64 << (i * 10)) as f64;
     format!("{} {}B", format_g3(val as f64 / div), SUFFIXES[i])
 }
 
-/// C's `%0.3g`: three significant digits, trailing zeros removed.
+/// C's `%0.3g`: three significant digits, trailing zeros removed. Rust's
+/// formatting rounds the exact binary value, ties to even, as glibc does.
 fn format_g3(v: f64) -> String {
+    let trim = |s: String| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
     if v == 0.0 {
         return "0".into();
     }
-    let exp = v.abs().log10().floor() as i32;
-    // Round to 3 significant digits first: rounding can bump the exponent.
-    let rounded = {
-        let factor = 10f64.powi(2 - exp);
-        (v * factor).round() / factor
-    };
-    let exp = if rounded == 0.0 {
-        exp
-    } else {
-        rounded.abs().log10().floor() as i32
-    };
+    let sci = format!("{v:.2e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
     if !(-4..3).contains(&exp) {
-        let mantissa = rounded / 10f64.powi(exp);
-        let m = trim_zeros(format!("{:.2}", mantissa));
-        return format!("{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
+        let sign = if exp < 0 { '-' } else { '+' };
+        return format!("{}e{sign}{:02}", trim(mantissa.to_string()), exp.abs());
     }
-    let decimals = (2 - exp).max(0) as usize;
-    trim_zeros(format!("{rounded:.decimals$}"))
-}
-
-fn trim_zeros(s: String) -> String {
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
+    trim(format!("{v:.*}", (2 - exp) as usize))
 }
 
 #[cfg(test)]
@@ -224,6 +214,8 @@ mod tests {
     #[test]
     fn formats_like_size_to_str() {
         assert_eq!(human_size(0), "0 B");
+        // Ties round to even, as glibc's %0.3g: 197120 B is 192.5 KiB.
+        assert_eq!(human_size(197_120), "192 KiB");
         assert_eq!(human_size(512), "512 B");
         assert_eq!(human_size(1000), "0.977 KiB");
         assert_eq!(human_size(1536), "1.5 KiB");

@@ -1,13 +1,28 @@
-//! `diskit info`: what an image is.
+//! `diskit info`: what an image is, as `qemu-img info` shows it.
+//!
+//! Each image is opened on its own, without its backing file (as qemu-img
+//! does, so a missing backing file does not stop `info`); with
+//! `--backing-chain` the backing files are then opened one by one by the
+//! names the images give. Collecting ([`Node::collect`]) is kept apart from
+//! printing ([`Node::json`], [`Node::human`]).
 
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::CmdResult;
+use crate::cmd::snapshot;
 use crate::qjson::QJson;
-use crate::util::{open, output_is_json, parse_source_format};
-use diskit_core::BlockDevice;
+use crate::util::{CliError, open, output_is_json, parse_source_format};
+use diskit_backends::{FileDevice, FileOptions, NullDevice};
 use diskit_core::size::human_size;
-use diskit_formats::{Image, OpenOptions};
+use diskit_core::{BlockDevice, DeviceRef, Error};
+use diskit_formats::qcow2::bitmap::{self, Bitmap, BitmapsState};
+use diskit_formats::qcow2::header::CompressionType;
+use diskit_formats::qcow2::header::{Header, autoclear, compat, ext, incompat};
+use diskit_formats::qcow2::snapshot::Snapshot;
+use diskit_formats::qcow2::{self, Qcow2Options};
+use diskit_formats::{Format, Image, OpenOptions, probe};
 
 /// Arguments of `info`.
 #[derive(clap::Args, Debug)]
@@ -30,68 +45,431 @@ pub struct Args {
 
 pub fn run(a: Args) -> CmdResult {
     let json = output_is_json(&a.output, "info")?;
-    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let mut format = parse_source_format(a.format.as_deref(), &a.filename)?;
     let _ = a.force_share;
-    let img = open(&a.filename, format, OpenOptions::default())?;
-    let actual = img.file.allocated_bytes()?;
+    let mut nodes = Vec::new();
+    let mut seen = HashSet::new();
+    let mut next = Some(a.filename.display().to_string());
+    while let Some(name) = next.take() {
+        // Loops are caught by name, as qemu-img does.
+        if !seen.insert(name.clone()) {
+            return Err(CliError::new(format!(
+                "Backing file '{name}' creates an infinite loop."
+            )));
+        }
+        let node = Node::collect(&name, format)?;
+        if a.backing_chain
+            && let Some(q) = &node.qcow2
+        {
+            next = q.full_backing_filename.clone();
+            format = match &q.backing_format {
+                Some(f) => Some(Format::from_name(f).map_err(|_| {
+                    CliError::new(format!(
+                        "Could not open '{}': Unknown driver '{f}'",
+                        next.as_deref().unwrap_or_default()
+                    ))
+                })?),
+                None => None,
+            };
+        }
+        nodes.push(node);
+    }
     if json {
-        let v = info_json(&img, actual);
-        // --backing-chain wraps the chain (one image for raw) in a list.
+        let mut list: Vec<QJson> = nodes.iter().map(Node::json).collect();
         let v = if a.backing_chain {
-            QJson::List(vec![v])
+            QJson::List(list)
         } else {
-            v
+            list.remove(0)
         };
         println!("{}", v.pretty());
     } else {
-        print!("{}", info_human(&img, actual));
+        let blocks: Vec<String> = nodes.iter().map(Node::human).collect();
+        print!("{}", blocks.join("\n"));
     }
     Ok(0)
 }
 
-fn info_json(img: &Image, actual: u64) -> QJson {
-    let name = img.filename.display().to_string();
-    let file_node = QJson::dict()
-        .with("children", QJson::List(vec![]))
-        .with("virtual-size", QJson::UInt(img.file.size()))
-        .with("filename", QJson::Str(name.clone()))
-        .with("format", QJson::Str("file".into()))
-        .with("actual-size", QJson::UInt(actual))
-        .with(
-            "format-specific",
-            QJson::dict()
-                .with("type", QJson::Str("file".into()))
-                .with("data", QJson::dict()),
-        )
-        .with("dirty-flag", QJson::Bool(false));
-    QJson::dict()
-        .with(
+/// What `info` reports about one image.
+struct Node {
+    image: Image,
+    /// The name shown (as given, or as the image above names it).
+    filename: String,
+    /// Bytes allocated to the image file.
+    actual: u64,
+    qcow2: Option<Qcow2Node>,
+}
+
+/// What a qcow2 image adds.
+struct Qcow2Node {
+    cluster_size: u64,
+    dirty: bool,
+    backing_filename: Option<String>,
+    full_backing_filename: Option<String>,
+    backing_format: Option<String>,
+    snapshots: Vec<Snapshot>,
+    /// The "data" of format-specific.
+    specific: QJson,
+}
+
+/// Opens one image without its backing file.
+fn open_node(path: &Path, format: Option<Format>) -> Result<Image, CliError> {
+    let fail = |e: Error| CliError::new(format!("Could not open '{}': {e}", path.display()));
+    let format = match format {
+        Some(f) => f,
+        None => {
+            let f = FileDevice::open(path, FileOptions::default()).map_err(fail)?;
+            probe::probe(&f).map_err(fail)?
+        }
+    };
+    if format != Format::Qcow2 {
+        return open(path, Some(format), OpenOptions::default());
+    }
+    let file = Arc::new(FileDevice::open(path, FileOptions::default()).map_err(fail)?);
+    let mut no_backing =
+        |_: &Path, _: Option<&str>| Ok((Arc::new(NullDevice::new(0)) as DeviceRef, 0));
+    let q = qcow2::open::open(path, file.clone(), Qcow2Options::default(), &mut no_backing)
+        .map_err(fail)?;
+    let q = Arc::new(q);
+    Ok(Image {
+        device: q.clone(),
+        format,
+        filename: path.to_path_buf(),
+        file,
+        qcow2: Some(q),
+        backing: None,
+    })
+}
+
+/// A C string stored in an image, shown as QEMU shows it (cut at NUL).
+fn c_string(s: &str) -> &str {
+    s.split('\0').next().unwrap_or_default()
+}
+
+/// The name of a backing file as QEMU resolves it against the image's
+/// name: as is when absolute (or with a protocol prefix), otherwise after
+/// the image's directory as written (`sub/../base.raw`).
+fn full_backing_filename(image: &str, backing: &str) -> String {
+    let protocol = backing
+        .find(':')
+        .is_some_and(|c| backing.find('/').is_none_or(|s| c < s));
+    if backing.starts_with('/') || protocol {
+        return backing.to_string();
+    }
+    let dir = image.rfind('/').map_or("", |i| &image[..=i]);
+    format!("{dir}{backing}")
+}
+
+impl Node {
+    fn collect(name: &str, format: Option<Format>) -> Result<Node, CliError> {
+        let path = Path::new(name);
+        let image = open_node(path, format)?;
+        let actual = image.file.allocated_bytes()?;
+        let qcow2 = match &image.qcow2 {
+            Some(q) => Some(Qcow2Node::collect(name, &image.file, q.header())?),
+            None => None,
+        };
+        Ok(Node {
+            image,
+            filename: name.to_string(),
+            actual,
+            qcow2,
+        })
+    }
+
+    /// The QAPI BlockGraphInfo object (keys inserted in schema order).
+    fn json(&self) -> QJson {
+        let img = &self.image;
+        let mut v = QJson::dict()
+            .with("filename", QJson::Str(self.filename.clone()))
+            .with("format", QJson::Str(img.format.name().into()))
+            .with(
+                "dirty-flag",
+                QJson::Bool(self.qcow2.as_ref().is_some_and(|q| q.dirty)),
+            )
+            .with("actual-size", QJson::UInt(self.actual))
+            .with("virtual-size", QJson::UInt(img.virtual_size()));
+        if let Some(q) = &self.qcow2 {
+            v = q.json_fields(v);
+        }
+        v.with(
             "children",
             QJson::List(vec![
                 QJson::dict()
                     .with("name", QJson::Str("file".into()))
-                    .with("info", file_node),
+                    .with("info", self.file_json()),
             ]),
         )
-        .with("virtual-size", QJson::UInt(img.virtual_size()))
-        .with("filename", QJson::Str(name))
-        .with("format", QJson::Str(img.format.name().into()))
-        .with("actual-size", QJson::UInt(actual))
-        .with("dirty-flag", QJson::Bool(false))
+    }
+
+    /// The length of the image file as QEMU's file driver reports it: in
+    /// whole 512-byte sectors.
+    fn file_length(&self) -> u64 {
+        self.image.file.size().div_ceil(512) * 512
+    }
+
+    /// The protocol node under the image.
+    fn file_json(&self) -> QJson {
+        QJson::dict()
+            .with("filename", QJson::Str(self.filename.clone()))
+            .with("format", QJson::Str("file".into()))
+            .with("dirty-flag", QJson::Bool(false))
+            .with("actual-size", QJson::UInt(self.actual))
+            .with("virtual-size", QJson::UInt(self.file_length()))
+            .with(
+                "format-specific",
+                QJson::dict()
+                    .with("type", QJson::Str("file".into()))
+                    .with("data", QJson::dict()),
+            )
+            .with("children", QJson::List(vec![]))
+    }
+
+    /// qemu-img's human block (`bdrv_node_info_dump` and the child node).
+    fn human(&self) -> String {
+        let img = &self.image;
+        let name = &self.filename;
+        let size = img.virtual_size();
+        let mut out = format!(
+            "image: {name}\nfile format: {}\nvirtual size: {} ({size} bytes)\ndisk size: {}\n",
+            img.format.name(),
+            human_size(size),
+            human_size(self.actual),
+        );
+        if let Some(q) = &self.qcow2 {
+            out += &q.human();
+        }
+        let file_size = self.file_length();
+        out += &format!(
+            "Child node '/file':\n    filename: {name}\n    protocol type: file\n    \
+             file length: {} ({file_size} bytes)\n    disk size: {}\n",
+            human_size(file_size),
+            human_size(self.actual),
+        );
+        out
+    }
 }
 
-fn info_human(img: &Image, actual: u64) -> String {
-    let name = img.filename.display();
-    let size = img.virtual_size();
-    let file_size = img.file.size();
-    format!(
-        "image: {name}\nfile format: {}\nvirtual size: {} ({size} bytes)\ndisk size: {}\n\
-         Child node '/file':\n    filename: {name}\n    protocol type: file\n    \
-         file length: {} ({file_size} bytes)\n    disk size: {}\n",
-        img.format.name(),
-        human_size(size),
-        human_size(actual),
-        human_size(file_size),
-        human_size(actual),
-    )
+impl Qcow2Node {
+    fn collect(name: &str, file: &FileDevice, h: &Header) -> Result<Qcow2Node, CliError> {
+        let fail = |e: Error| CliError::new(format!("Could not open '{name}': {e}"));
+        let snapshots = qcow2::snapshot::read(file, h).map_err(fail)?;
+        let (state, bitmaps) = bitmap::read(file, h).map_err(fail)?;
+        if state == BitmapsState::Stale {
+            warn_stale_bitmaps(h.version);
+        }
+        let backing_filename = h
+            .backing_file
+            .as_deref()
+            .map(c_string)
+            .filter(|b| !b.is_empty())
+            .map(str::to_string);
+        Ok(Qcow2Node {
+            cluster_size: h.cluster_size(),
+            dirty: h.incompatible_features & incompat::DIRTY != 0,
+            full_backing_filename: backing_filename
+                .as_deref()
+                .map(|b| full_backing_filename(name, b)),
+            backing_format: backing_filename
+                .as_ref()
+                .and(h.backing_format())
+                .map(|f| c_string(&f).to_string())
+                .filter(|f| !f.is_empty()),
+            backing_filename,
+            snapshots,
+            specific: specific(h, matches!(state, BitmapsState::Present(_)), &bitmaps),
+        })
+    }
+
+    /// Adds the qcow2 fields of BlockNodeInfo, in schema order.
+    fn json_fields(&self, mut v: QJson) -> QJson {
+        v = v.with("cluster-size", QJson::UInt(self.cluster_size));
+        if let Some(b) = &self.backing_filename {
+            v = v.with("backing-filename", QJson::Str(b.clone()));
+        }
+        if let Some(b) = &self.full_backing_filename {
+            v = v.with("full-backing-filename", QJson::Str(b.clone()));
+        }
+        if let Some(f) = &self.backing_format {
+            v = v.with("backing-filename-format", QJson::Str(f.clone()));
+        }
+        if !self.snapshots.is_empty() {
+            v = v.with(
+                "snapshots",
+                QJson::List(self.snapshots.iter().map(snapshot_json).collect()),
+            );
+        }
+        v.with(
+            "format-specific",
+            QJson::dict()
+                .with("type", QJson::Str("qcow2".into()))
+                .with("data", self.specific.clone()),
+        )
+    }
+
+    fn human(&self) -> String {
+        let mut out = format!("cluster_size: {}\n", self.cluster_size);
+        if self.dirty {
+            out += "cleanly shut down: no\n";
+        }
+        if let Some(b) = &self.backing_filename {
+            out += &format!("backing file: {b}");
+            match &self.full_backing_filename {
+                Some(full) if full != b => out += &format!(" (actual path: {full})"),
+                _ => {}
+            }
+            out.push('\n');
+            if let Some(f) = &self.backing_format {
+                out += &format!("backing file format: {f}\n");
+            }
+        }
+        if !self.snapshots.is_empty() {
+            out += "Snapshot list:\n";
+            out += &snapshot::table(&self.snapshots);
+        }
+        out += "Format specific information:\n";
+        out += &self.specific.dump_human(1);
+        out
+    }
+}
+
+/// The warning QEMU prints when it opens an image whose bitmaps a program
+/// without bitmap support may have made stale.
+fn warn_stale_bitmaps(version: u32) {
+    if version < 3 {
+        eprintln!(
+            "diskit: warning: This qcow2 v2 image contains bitmaps, but they may have been \
+             modified by a program without persistent bitmap support; so now they must all \
+             be considered inconsistent"
+        );
+    } else {
+        eprintln!(
+            "diskit: warning: a program lacking bitmap support modified this file, so all \
+             bitmaps are now considered inconsistent"
+        );
+    }
+    eprintln!("Some clusters may be leaked, run 'diskit check -r' on the image file to fix.");
+}
+
+/// One QAPI SnapshotInfo (keys in schema order; QAPI `int`s are signed).
+fn snapshot_json(sn: &Snapshot) -> QJson {
+    let v = QJson::dict()
+        .with("id", QJson::Str(sn.display_id()))
+        .with("name", QJson::Str(sn.display_name()))
+        .with("vm-state-size", QJson::Int(sn.vm_state_size() as i64))
+        .with("date-sec", QJson::Int(sn.date_sec as i64))
+        .with("date-nsec", QJson::Int(sn.date_nsec as i64))
+        .with(
+            "vm-clock-sec",
+            QJson::Int((sn.vm_clock_nsec / 1_000_000_000) as i64),
+        )
+        .with(
+            "vm-clock-nsec",
+            QJson::Int((sn.vm_clock_nsec % 1_000_000_000) as i64),
+        );
+    match sn.icount() {
+        Some(n) => v.with("icount", QJson::Int(n as i64)),
+        None => v,
+    }
+}
+
+/// QAPI ImageInfoSpecificQCow2 (keys in schema order): v2 images show only
+/// compat, refcount-bits and compression-type.
+fn specific(h: &Header, has_bitmaps: bool, bitmaps: &[Bitmap]) -> QJson {
+    let compression = QJson::Str(
+        match h.compression_type {
+            CompressionType::Zlib => "zlib",
+            CompressionType::Zstd => "zstd",
+        }
+        .into(),
+    );
+    let refcount_bits = QJson::Int(h.refcount_bits() as i64);
+    if h.version < 3 {
+        return QJson::dict()
+            .with("compat", QJson::Str("0.10".into()))
+            .with("refcount-bits", refcount_bits)
+            .with("compression-type", compression);
+    }
+    let mut v = QJson::dict().with("compat", QJson::Str("1.1".into()));
+    if let Some(e) = h.extension(ext::DATA_FILE) {
+        let name = String::from_utf8_lossy(&e.data);
+        v = v.with("data-file", QJson::Str(c_string(&name).to_string()));
+    }
+    if h.incompatible_features & incompat::EXTERNAL_DATA != 0 {
+        let raw = h.autoclear_features & autoclear::RAW_EXTERNAL != 0;
+        v = v.with("data-file-raw", QJson::Bool(raw));
+    }
+    v = v
+        .with("extended-l2", QJson::Bool(h.extended_l2()))
+        .with(
+            "lazy-refcounts",
+            QJson::Bool(h.compatible_features & compat::LAZY_REFCOUNTS != 0),
+        )
+        .with(
+            "corrupt",
+            QJson::Bool(h.incompatible_features & incompat::CORRUPT != 0),
+        )
+        .with("refcount-bits", refcount_bits);
+    if has_bitmaps {
+        v = v.with(
+            "bitmaps",
+            QJson::List(bitmaps.iter().map(bitmap_json).collect()),
+        );
+    }
+    v.with("compression-type", compression)
+}
+
+/// One QAPI Qcow2BitmapInfo.
+fn bitmap_json(b: &Bitmap) -> QJson {
+    let mut flags = Vec::new();
+    if b.in_use() {
+        flags.push(QJson::Str("in-use".into()));
+    }
+    if b.auto() {
+        flags.push(QJson::Str("auto".into()));
+    }
+    QJson::dict()
+        .with("name", QJson::Str(b.display_name()))
+        .with("granularity", QJson::Int(b.granularity() as i64))
+        .with("flags", QJson::List(flags))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_like_qemu() {
+        for (v, s) in [
+            (0, "0 B"),
+            (1, "1 B"),
+            (999, "999 B"),
+            (1000, "0.977 KiB"),
+            (197_120, "192 KiB"),
+            (721_408, "704 KiB"),
+            (328_192, "320 KiB"),
+            (1_023_488, "1e+03 KiB"),
+            (193 * 1024 + 512, "194 KiB"),
+            (1 << 30, "1 GiB"),
+            (1_638_912, "1.56 MiB"),
+            (u64::MAX, "16 EiB"),
+        ] {
+            assert_eq!(human_size(v), s, "{v}");
+        }
+    }
+
+    #[test]
+    fn backing_names_resolve_like_qemu() {
+        assert_eq!(full_backing_filename("top.qcow2", "b.raw"), "b.raw");
+        assert_eq!(
+            full_backing_filename("sub/mid.qcow2", "../b.raw"),
+            "sub/../b.raw"
+        );
+        assert_eq!(
+            full_backing_filename("/x/y/t.qcow2", "/abs.raw"),
+            "/abs.raw"
+        );
+        assert_eq!(full_backing_filename("/x/t.qcow2", "z/b"), "/x/z/b");
+        assert_eq!(full_backing_filename("d/t.qcow2", "nbd://h/x"), "nbd://h/x");
+        assert_eq!(full_backing_filename("d/t.qcow2", "a/b:c"), "d/a/b:c");
+    }
 }

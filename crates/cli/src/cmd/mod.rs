@@ -8,3 +8,4 @@ pub mod info;
 pub mod map;
 pub mod measure;
 pub mod resize;
+pub mod snapshot;

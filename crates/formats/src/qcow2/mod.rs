@@ -5,6 +5,7 @@
 //! The metadata answers "where does this guest range live?" ([`l2::Mapping`])
 //! and one generic layer ([`device`]) moves the bytes.
 
+pub mod bitmap;
 pub mod cache;
 pub mod check;
 pub mod compress;
@@ -17,6 +18,7 @@ pub mod meta;
 pub mod open;
 pub mod refcount;
 pub mod resize;
+pub mod snapshot;
 
 pub use device::Qcow2;
 pub use header::{Header, HeaderExtension};

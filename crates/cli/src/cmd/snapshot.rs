@@ -1,0 +1,169 @@
+//! `diskit snapshot`: list the internal snapshots of an image (creating,
+//! applying and deleting them is not supported yet), and the snapshot
+//! table as qemu-img prints it (shared with `info`).
+
+use std::path::PathBuf;
+
+use crate::CmdResult;
+use crate::util::{CliError, open, parse_source_format};
+use diskit_core::size::human_size;
+use diskit_formats::OpenOptions;
+use diskit_formats::qcow2::snapshot::{self, Snapshot};
+
+/// Arguments of `snapshot`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Image format (probed if absent).
+    #[arg(short = 'f', long = "format")]
+    format: Option<String>,
+    /// List the snapshots (the default).
+    #[arg(short = 'l', long = "list", action = clap::ArgAction::Count)]
+    list: u8,
+    /// Apply (revert to) a snapshot.
+    #[arg(short = 'a', long = "apply", value_name = "SNAPSHOT")]
+    apply: Vec<String>,
+    /// Create a snapshot.
+    #[arg(short = 'c', long = "create", value_name = "SNAPSHOT")]
+    create: Vec<String>,
+    /// Delete a snapshot.
+    #[arg(short = 'd', long = "delete", value_name = "SNAPSHOT")]
+    delete: Vec<String>,
+    /// Open read-only even if the image is in use.
+    #[arg(short = 'U', long = "force-share")]
+    force_share: bool,
+    /// Quiet operation.
+    #[arg(short = 'q', long = "quiet")]
+    quiet: bool,
+    /// The image.
+    filename: PathBuf,
+}
+
+pub fn run(a: Args) -> CmdResult {
+    let ops = a.list as usize + a.apply.len() + a.create.len() + a.delete.len();
+    if ops > 1 {
+        return Err(CliError::usage(
+            "snapshot",
+            "Cannot mix '-l', '-a', '-c', '-d'",
+        ));
+    }
+    let _ = (a.force_share, a.quiet);
+    for (names, verb, doing) in [
+        (&a.create, "create", "creating"),
+        (&a.apply, "apply", "applying"),
+        (&a.delete, "delete", "deleting"),
+    ] {
+        if let Some(name) = names.first() {
+            return Err(CliError::new(format!(
+                "Could not {verb} snapshot '{name}': {doing} snapshots is not supported \
+                 yet (only listing, -l)"
+            )));
+        }
+    }
+    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    // Like qemu-img, the whole chain is opened (a missing backing file is
+    // an error), and formats without snapshots list nothing.
+    let img = open(&a.filename, format, OpenOptions::default())?;
+    let Some(q) = &img.qcow2 else {
+        return Ok(0);
+    };
+    let snaps = snapshot::read(&img.file, q.header())
+        .map_err(|e| CliError::new(format!("Could not list snapshots: {e}")))?;
+    if !snaps.is_empty() {
+        print!("Snapshot list:\n{}", table(&snaps));
+    }
+    Ok(0)
+}
+
+/// The snapshot table as qemu-img prints it (`bdrv_snapshot_dump`): a
+/// header line and one line per snapshot, without the "Snapshot list:"
+/// title. ICOUNT is "--" when the snapshot has none.
+pub fn table(snaps: &[Snapshot]) -> String {
+    let mut out = row(["ID", "TAG", "VM_SIZE", "DATE", "VM_CLOCK", "ICOUNT"].map(String::from));
+    for sn in snaps {
+        out += &row([
+            sn.display_id(),
+            sn.display_name(),
+            human_size(sn.vm_state_size()),
+            local_date(sn.date_sec),
+            vm_clock(sn.vm_clock_nsec),
+            sn.icount()
+                .map_or_else(|| "--".to_string(), |n| (n as i64).to_string()),
+        ]);
+    }
+    out
+}
+
+/// `"%-7s %-16s %8s %19s %15s %10s\n"`, widths in bytes as C counts them.
+fn row(f: [String; 6]) -> String {
+    let pad = |s: &str, w: usize, left: bool| {
+        let fill = " ".repeat(w.saturating_sub(s.len()));
+        if left {
+            format!("{s}{fill}")
+        } else {
+            format!("{fill}{s}")
+        }
+    };
+    format!(
+        "{} {} {} {} {} {}\n",
+        pad(&f[0], 7, true),
+        pad(&f[1], 16, true),
+        pad(&f[2], 8, false),
+        pad(&f[3], 19, false),
+        pad(&f[4], 15, false),
+        pad(&f[5], 10, false),
+    )
+}
+
+/// The guest clock as `HHHH:MM:SS.mmm`.
+pub fn vm_clock(nsec: u64) -> String {
+    let secs = (nsec / 1_000_000_000) as i64;
+    format!(
+        "{:04}:{:02}:{:02}.{:03}",
+        (secs / 3600) as i32,
+        ((secs / 60) % 60) as i32,
+        (secs % 60) as i32,
+        ((nsec / 1_000_000) % 1000) as i32
+    )
+}
+
+/// A time as `%Y-%m-%d %H:%M:%S` in the local time zone (TZ), as glib's
+/// `g_date_time_new_from_unix_local` shows it.
+pub fn local_date(secs: u32) -> String {
+    let t = secs as libc::time_t;
+    // SAFETY: an all-zero `tm` is a valid value (integers and, on glibc, a
+    // null zone name pointer).
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: `t` and `tm` are valid for the call; localtime_r is the
+    // thread-safe variant and only writes `tm`.
+    let ok = unsafe { !libc::localtime_r(&t, &mut tm).is_null() };
+    if !ok {
+        return String::new();
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_and_header_like_qemu() {
+        assert_eq!(vm_clock(0), "0000:00:00.000");
+        assert_eq!(vm_clock(3_723_456_789_000), "0001:02:03.456");
+        assert_eq!(vm_clock(u64::MAX), "5124095:34:33.709");
+        assert_eq!(
+            row(["ID", "TAG", "VM_SIZE", "DATE", "VM_CLOCK", "ICOUNT"].map(String::from)),
+            "ID      TAG               VM_SIZE                DATE        VM_CLOCK     ICOUNT\n"
+        );
+        // Widths count bytes, as printf does.
+        assert_eq!(row(["1", "ü", "", "", "", ""].map(String::from)).len(), 81);
+    }
+}
