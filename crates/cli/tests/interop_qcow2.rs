@@ -684,3 +684,75 @@ fn resize_matches_qemu_img() {
         assert!(stderr(&o).contains("--shrink"));
     }
 }
+
+/// `convert -l` reads an internal snapshot, by id or name, as qemu-img does.
+#[test]
+fn convert_reads_internal_snapshots() {
+    let dir = workdir();
+    let d = dir.path();
+    let img = d.join("sn.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&img), "4M"]));
+    qemu_io(&["-c", "write -P 1 0 1M", s(&img)]);
+    ok(qemu_img(&["snapshot", "-c", "first", s(&img)]));
+    qemu_io(&["-c", "write -P 2 512k 1M", "-c", "write -z 3M 64k", s(&img)]);
+    ok(qemu_img(&["resize", "-q", s(&img), "8M"]));
+    ok(qemu_img(&["snapshot", "-c", "second", s(&img)]));
+    qemu_io(&["-c", "write -P 3 0 64k", s(&img)]);
+    let ours = d.join("ours.raw");
+    let theirs = d.join("theirs.raw");
+    for l in [
+        "first",
+        "second",
+        "1",
+        "snapshot.id=2",
+        "snapshot.name=first",
+    ] {
+        ok(diskit(&[
+            "convert",
+            "-l",
+            l,
+            "-O",
+            "raw",
+            s(&img),
+            s(&ours),
+        ]));
+        ok(qemu_img(&[
+            "convert",
+            "-l",
+            l,
+            "-O",
+            "raw",
+            s(&img),
+            s(&theirs),
+        ]));
+        assert!(same_bytes(&ours, &theirs), "-l {l}");
+    }
+    for (args, what) in [
+        (
+            vec!["convert", "-l", "nope", "-O", "raw", s(&img), s(&ours)],
+            "missing",
+        ),
+        (
+            vec![
+                "convert",
+                "-l",
+                "1",
+                "-f",
+                "raw",
+                "-O",
+                "raw",
+                s(&theirs),
+                s(&ours),
+            ],
+            "raw",
+        ),
+    ] {
+        let (o, t) = (diskit(&args), qemu_img(&args));
+        assert_eq!(code(&o), code(&t), "{what}");
+        assert_eq!(
+            stderr(&o).trim_start_matches("diskit: "),
+            stderr(&t).trim_start_matches("qemu-img: "),
+            "{what}"
+        );
+    }
+}

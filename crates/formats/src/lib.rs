@@ -61,7 +61,7 @@ impl fmt::Display for Format {
 }
 
 /// How to open an image.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
     /// Open for writing.
     pub writable: bool,
@@ -69,6 +69,8 @@ pub struct OpenOptions {
     pub direct: bool,
     /// Bytes of qcow2 L2 tables to cache (QEMU's l2-cache-size).
     pub l2_cache_size: Option<u64>,
+    /// Read this internal snapshot (qcow2 only; id or name).
+    pub snapshot: Option<String>,
 }
 
 /// An open image: the guest-visible device plus what `info` and `map` need.
@@ -179,7 +181,8 @@ fn open_in_chain(
                 let fmt = fmt.map(Format::from_name).transpose()?;
                 let ro = OpenOptions {
                     writable: false,
-                    ..opts
+                    snapshot: None,
+                    ..opts.clone()
                 };
                 let img = open_in_chain(p, fmt, ro, seen)?;
                 let r = (img.device.clone(), img.virtual_size());
@@ -193,6 +196,7 @@ fn open_in_chain(
                     writable: opts.writable,
                     direct: opts.direct,
                     l2_cache_size: opts.l2_cache_size,
+                    snapshot: opts.snapshot.clone(),
                 },
                 &mut open_backing,
             )?);

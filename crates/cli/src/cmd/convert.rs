@@ -14,7 +14,7 @@ use diskit_core::concat::Concat;
 use diskit_core::{BlockDevice, DeviceRef};
 use diskit_formats::qcow2::compressed::CompressedWriter;
 use diskit_formats::raw::RawCreateOptions;
-use diskit_formats::{Format, OpenOptions, create_image};
+use diskit_formats::{Format, OpenOptions, create_image, open_image};
 
 /// Arguments of `convert`.
 #[derive(clap::Args, Debug)]
@@ -147,12 +147,6 @@ pub fn run(a: Args) -> CmdResult {
             "Compression not supported for this file format",
         ));
     }
-    if a.snapshot.is_some() {
-        return Err(CliError::new(
-            "Failed to load snapshot: Block format 'raw' used by device '' does not support \
-             temporarily loading internal snapshots",
-        ));
-    }
     if a.backing.is_some() && out_format == Format::Raw {
         return Err(CliError::new(
             "Backing file not supported for file format 'raw'",
@@ -168,15 +162,30 @@ pub fn run(a: Args) -> CmdResult {
 
     let mut devices: Vec<DeviceRef> = Vec::new();
     for s in sources {
-        let img = open(
+        let img = open_image(
             s,
             src_format,
             OpenOptions {
                 writable: false,
                 direct: src_cache.direct,
+                snapshot: a.snapshot.clone(),
                 ..Default::default()
             },
-        )?;
+        )
+        .map_err(|e| {
+            if e.kind() == diskit_core::ErrorKind::NotFound && a.snapshot.is_some() {
+                CliError::new(format!("Failed to load snapshot: {e}"))
+            } else {
+                CliError::new(format!("Could not open '{}': {e}", s.display()))
+            }
+        })?;
+        if a.snapshot.is_some() && img.qcow2.is_none() {
+            return Err(CliError::new(format!(
+                "Failed to load snapshot: Block format '{}' used by device '' does not support \
+                 temporarily loading internal snapshots",
+                img.format
+            )));
+        }
         devices.push(img.device);
     }
     let src: DeviceRef = if devices.len() == 1 {

@@ -19,7 +19,7 @@ use super::refcount::Refcounts;
 pub const DEFAULT_L2_CACHE_BYTES: u64 = 32 << 20;
 
 /// Options for opening a qcow2 image.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Qcow2Options {
     /// Open for writing.
     pub writable: bool,
@@ -27,6 +27,9 @@ pub struct Qcow2Options {
     pub direct: bool,
     /// Bytes of L2 tables to cache (QEMU's l2-cache-size).
     pub l2_cache_size: Option<u64>,
+    /// Read this internal snapshot (by id, then by name) instead of the
+    /// active disk; read-only.
+    pub snapshot: Option<String>,
 }
 
 /// Reads and validates the header of an open file.
@@ -136,6 +139,28 @@ pub fn open(
             Some(Backing { device, size })
         }
     };
+    if let Some(want) = &opts.snapshot {
+        if opts.writable {
+            return Err(Error::invalid("internal snapshots can only be read"));
+        }
+        // QEMU's -l: "snapshot.id=X", "snapshot.name=X", or X as an id then a name.
+        let snapshots = super::snapshot::read(&file, &header)?;
+        let (by_id, by_name) = match (
+            want.strip_prefix("snapshot.id="),
+            want.strip_prefix("snapshot.name="),
+        ) {
+            (Some(id), _) => (Some(id), None),
+            (_, Some(name)) => (None, Some(name)),
+            _ => (Some(want.as_str()), Some(want.as_str())),
+        };
+        let found = by_id
+            .and_then(|id| snapshots.iter().find(|s| s.id == id.as_bytes()))
+            .or_else(|| by_name.and_then(|n| snapshots.iter().find(|s| s.name == n.as_bytes())))
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "Can't find snapshot"))?;
+        // The disk keeps its current size; the snapshot's table maps it.
+        header.l1_table_offset = found.l1_table_offset;
+        header.l1_size = found.l1_size;
+    }
     let geo = Geometry::of(&header);
     let cx = DecodeContext {
         geo,
