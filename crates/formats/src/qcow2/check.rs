@@ -111,6 +111,54 @@ pub fn check(file: &Arc<FileDevice>, repair: Repair) -> Result<CheckReport> {
         external,
         &mut copied_checks,
     )?;
+    // Internal snapshots: their table, their L1 tables and what those reach.
+    if header.nb_snapshots > 0 {
+        match super::snapshot::read(file, &header) {
+            Ok(snapshots) => {
+                let len = super::snapshot::table_len(&snapshots);
+                counted.inc_range(&mut r, header.snapshots_offset, len);
+                for sn in &snapshots {
+                    let sl1 = read_table(file, sn.l1_table_offset, sn.l1_size as u64)?;
+                    counted.inc_range(&mut r, sn.l1_table_offset, sn.l1_size as u64 * 8);
+                    walk_l1(
+                        file,
+                        &header,
+                        &sl1,
+                        &mut counted,
+                        &mut r,
+                        false,
+                        external,
+                        &mut Vec::new(),
+                    )?;
+                }
+            }
+            Err(e) => {
+                r.messages.push(format!("ERROR snapshot table: {e}"));
+                r.corruptions += 1;
+            }
+        }
+    }
+    // Persistent bitmaps: the directory, each bitmap's table and its data.
+    match super::bitmap::read(file, &header) {
+        Ok((super::bitmap::BitmapsState::Present(x), bitmaps)) => {
+            counted.inc_range(&mut r, x.directory_offset, x.directory_size);
+            for b in &bitmaps {
+                let table = read_table(file, b.table_offset, b.table_size as u64)?;
+                counted.inc_range(&mut r, b.table_offset, b.table_size as u64 * 8);
+                for e in table {
+                    let off = e & L2E_OFFSET_MASK;
+                    if off != 0 {
+                        counted.inc_range(&mut r, off, cs);
+                    }
+                }
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            r.messages.push(format!("ERROR bitmaps: {e}"));
+            r.corruptions += 1;
+        }
+    }
     // The refcount structures count themselves.
     let mut refs = Refcounts::load(file.clone(), &header, 64)?;
     let (table_at, table_clusters) = refs.table_location();
