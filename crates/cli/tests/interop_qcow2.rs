@@ -476,6 +476,15 @@ fn check_matches_qemu_img() {
         scribble(&img, "qcow2", size);
         same(&img, &[], opts);
     }
+    // Snapshots and a dirtied persistent bitmap: their clusters count too.
+    let snap = d.join("snap.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&snap), "8M"]));
+    ok(qemu_img(&["bitmap", "--add", s(&snap), "b1"]));
+    qemu_io(&["-c", "write 0 1M", "-c", "write 5M 64k", s(&snap)]);
+    ok(qemu_img(&["snapshot", "-c", "s1", s(&snap)]));
+    qemu_io(&["-c", "write -P 4 0 128k", s(&snap)]);
+    ok(qemu_img(&["snapshot", "-c", "s2", s(&snap)]));
+    same(&snap, &[], "snapshots and bitmaps");
     let src = d.join("src.raw");
     sparse_file(
         &src,
