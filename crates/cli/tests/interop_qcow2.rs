@@ -765,3 +765,59 @@ fn convert_reads_internal_snapshots() {
         );
     }
 }
+
+/// Writing over clusters shared with internal snapshots copies them (and
+/// their L2 tables): the snapshots keep their contents, check stays clean.
+#[test]
+fn writes_keep_internal_snapshots_intact() {
+    let dir = workdir();
+    let d = dir.path();
+    let img = d.join("sn.qcow2");
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=16k",
+        s(&img),
+        "8M",
+    ]));
+    qemu_io(&["-c", "write -P 1 0 3M", "-c", "write -P 2 6M 64k", s(&img)]);
+    ok(qemu_img(&["snapshot", "-c", "s1", s(&img)]));
+    let before = d.join("before.raw");
+    ok(qemu_img(&[
+        "convert",
+        "-l",
+        "s1",
+        "-O",
+        "raw",
+        s(&img),
+        s(&before),
+    ]));
+    let src = d.join("src.raw");
+    sparse_file(
+        &src,
+        8 << 20,
+        &[
+            (4096, 100_000, 0xff),
+            (1 << 20, 5000, 0x44),
+            (6 << 20, 1 << 20, 0x45),
+        ],
+    );
+    ok(diskit(&["convert", "-n", "-O", "qcow2", s(&src), s(&img)]));
+    let check = qemu_img(&["check", s(&img)]);
+    assert_eq!(code(&check), 0, "{}", stdout(&check));
+    ok(qemu_img(&["compare", s(&src), s(&img)]));
+    let after = d.join("after.raw");
+    ok(qemu_img(&[
+        "convert",
+        "-l",
+        "s1",
+        "-O",
+        "raw",
+        s(&img),
+        s(&after),
+    ]));
+    assert!(same_bytes(&before, &after), "the snapshot is unchanged");
+}

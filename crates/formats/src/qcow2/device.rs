@@ -45,6 +45,8 @@ pub struct Qcow2 {
     pub(super) size: AtomicU64,
     meta: Mutex<Meta>,
     released: Condvar,
+    /// Autoclear bits still to clear before the first change.
+    autoclear_pending: std::sync::atomic::AtomicBool,
     last_cluster: Mutex<Option<(HostOffset, Arc<Vec<u8>>)>>,
 }
 
@@ -61,6 +63,8 @@ impl Qcow2 {
         meta: Meta,
         writable: bool,
     ) -> Qcow2 {
+        let pending =
+            writable && header.autoclear_features & !super::header::autoclear::RAW_EXTERNAL != 0;
         Qcow2 {
             geo: Geometry::of(&header),
             size: AtomicU64::new(header.size),
@@ -69,6 +73,7 @@ impl Qcow2 {
             backing,
             header,
             writable,
+            autoclear_pending: std::sync::atomic::AtomicBool::new(pending),
             meta: Mutex::new(meta),
             released: Condvar::new(),
             last_cluster: Mutex::new(None),
@@ -230,6 +235,7 @@ impl Qcow2 {
     }
 
     fn write_range(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.before_change()?;
         let mut done = 0usize;
         while done < buf.len() {
             done += self.write_step(&buf[done..], offset + done as u64)? as usize;
@@ -375,6 +381,7 @@ impl Qcow2 {
     /// Makes every cluster of `[g, g+len)` (cluster aligned) unallocated,
     /// dropping its host clusters (used past the end when shrinking).
     pub(super) fn discard_clusters(&self, g: u64, len: u64) -> Result<()> {
+        self.before_change()?;
         let cs = self.geo.cluster_size();
         let mut meta = self.lock();
         let mut pos = g;
@@ -399,6 +406,7 @@ impl Qcow2 {
     /// which must be aligned to the zeroing granularity. `discard` drops the
     /// data (the backing file shows through where the format allows it).
     fn zero_aligned(&self, g: u64, len: u64, keep_alloc: bool, discard: bool) -> Result<()> {
+        self.before_change()?;
         let geo = self.geo;
         let cs = geo.cluster_size();
         let v3 = self.header.version >= 3;
@@ -488,6 +496,7 @@ impl Qcow2 {
     /// compressed stream `stream`. A cluster that is already allocated is
     /// written uncompressed instead (`plain` holds its data).
     pub fn write_compressed(&self, g: u64, stream: &[u8], plain: &[u8]) -> Result<()> {
+        self.before_change()?;
         let geo = self.geo;
         if self.data_is_external() {
             return Err(Error::unsupported(
@@ -535,6 +544,18 @@ impl Qcow2 {
     /// data file).
     pub fn data_path(&self) -> &std::path::Path {
         self.data.path()
+    }
+
+    /// Clears the autoclear bits of features diskit does not maintain
+    /// (persistent bitmaps) before the image first changes, as the format
+    /// asks of a writer that does not update them. Opening alone keeps them.
+    pub(super) fn before_change(&self) -> Result<()> {
+        if !self.autoclear_pending.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let keep = self.header.autoclear_features & super::header::autoclear::RAW_EXTERNAL;
+        self.file.write_extend(&keep.to_be_bytes(), 88)?;
+        self.file.flush()
     }
 
     /// Whether guest data lives in an external data file.

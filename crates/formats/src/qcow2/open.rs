@@ -8,7 +8,7 @@ use diskit_core::error::ResultExt;
 use diskit_core::{BlockDevice, Error, ErrorKind, Result};
 
 use super::device::{Backing, Qcow2};
-use super::header::{Header, autoclear, ext, incompat};
+use super::header::{Header, ext, incompat};
 use super::l2::DecodeContext;
 use super::layout::Geometry;
 use super::meta::Meta;
@@ -185,15 +185,5 @@ pub fn open(
         (cache_bytes / cs) as usize,
         refs,
     )?;
-    if opts.writable {
-        // Autoclear bits name features a writer must maintain or drop:
-        // diskit does not update bitmaps yet, so they are all cleared.
-        if header.autoclear_features & !autoclear::RAW_EXTERNAL != 0 {
-            let keep = header.autoclear_features & autoclear::RAW_EXTERNAL;
-            file.write_extend(&keep.to_be_bytes(), 88)?;
-            file.flush()?;
-            header.autoclear_features = keep;
-        }
-    }
     Ok(Qcow2::new(file, data, backing, header, meta, opts.writable))
 }

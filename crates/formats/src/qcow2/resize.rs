@@ -26,6 +26,7 @@ impl Qcow2 {
                 "Can't resize an image which has snapshots",
             ));
         }
+        self.before_change()?;
         let old = self.size();
         let geo = Geometry {
             size: new_size,
