@@ -772,3 +772,6 @@ fn write_image(p: &Prepared, dev: &FileDevice, mode: Preallocation) -> Result<()
     put(&p.header, 0)?;
     dev.flush()
 }
+
+#[cfg(test)]
+mod tests;

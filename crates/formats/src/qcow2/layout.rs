@@ -168,6 +168,7 @@ impl ClusterSet {
             .map(|(&s, &e)| (s, e))
     }
 
+    #[cfg(test)]
     fn contains(&self, c: u64) -> bool {
         self.range_of(c).is_some()
     }
@@ -347,16 +348,10 @@ impl Plan {
 
     // ---- refcounts (qcow2-refcount.c) ------------------------------------
 
-    fn refcount(&self, cluster: u64) -> bool {
-        let idx = cluster >> self.rb_bits();
-        match self.reftable.get(idx as usize) {
-            Some(&b) if b != 0 => self.used.contains(cluster),
-            _ => false,
-        }
-    }
-
     /// `alloc_clusters_noref`: the first run of free clusters at or after
-    /// the free cluster index, which moves past it.
+    /// the free cluster index, which moves past it. (A cluster's refcount
+    /// is in `used` only while its refcount block exists or is being
+    /// created, so `used` alone says what is free.)
     fn alloc_noref(&mut self, size: u64, max: u64) -> PResult<u64> {
         let n = size.div_ceil(self.cs());
         let mut q = self.free_cluster_index;
@@ -546,10 +541,10 @@ impl Plan {
         let cs = self.cs();
         loop {
             let first = offset / cs;
-            let mut i = 0;
-            while i < n && !self.refcount(first + i) {
-                i += 1;
-            }
+            let i = match self.used.first_overlap(first, first + n) {
+                Some((s, _)) => s.max(first) - first,
+                None => n,
+            };
             match self.update_refcount(offset, i * cs, false) {
                 Ok(()) => return Ok(i),
                 Err(PlanError::Again) => self.retry()?,

@@ -205,3 +205,6 @@ pub fn source_bitmaps_size(
     }
     Ok(Some(total + dir_bytes.next_multiple_of(cluster_size)))
 }
+
+#[cfg(test)]
+mod tests;

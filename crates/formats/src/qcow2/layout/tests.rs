@@ -87,3 +87,95 @@ fn too_big_is_reported() {
         PlanError::TooBig
     );
 }
+
+#[test]
+fn headers_round_trip_through_the_parser() {
+    use crate::qcow2::header::Header;
+    for (geo, size, spec) in [
+        (
+            geo(16, 4, false),
+            1 << 30,
+            HeaderSpec {
+                version: 3,
+                compression: CompressionType::Zstd,
+                lazy_refcounts: true,
+                data_file: Some("data.raw".into()),
+                data_file_raw: true,
+                backing_file: None,
+                backing_format: None,
+            },
+        ),
+        (
+            geo(9, 0, false),
+            1 << 20,
+            HeaderSpec {
+                version: 3,
+                compression: CompressionType::Zlib,
+                lazy_refcounts: false,
+                data_file: None,
+                data_file_raw: false,
+                backing_file: Some("base.qcow2".into()),
+                backing_format: Some("qcow2".into()),
+            },
+        ),
+        (
+            geo(21, 6, true),
+            5 << 30,
+            HeaderSpec {
+                version: 3,
+                compression: CompressionType::Zlib,
+                lazy_refcounts: false,
+                data_file: None,
+                data_file_raw: false,
+                backing_file: Some("b".into()),
+                backing_format: Some("raw".into()),
+            },
+        ),
+        (
+            geo(16, 4, false),
+            12345 * 512,
+            HeaderSpec {
+                version: 2,
+                compression: CompressionType::Zlib,
+                lazy_refcounts: false,
+                data_file: None,
+                data_file_raw: false,
+                backing_file: Some("base.raw".into()),
+                backing_format: Some("raw".into()),
+            },
+        ),
+    ] {
+        let plan = Plan::create(geo, size, Prealloc::Off, spec.data_file.is_some()).unwrap();
+        let header = plan.header(&spec);
+        let bytes = header.to_bytes().unwrap();
+        assert_eq!(bytes.len() as u64, geo.cluster_size());
+        let parsed = Header::parse(&bytes).unwrap();
+        assert_eq!(parsed.size, size);
+        assert_eq!(parsed.l1_table_offset, plan.l1().0);
+        assert_eq!(parsed.refcount_table_offset, plan.reftable_offset());
+        assert_eq!(parsed.backing_file, spec.backing_file);
+        assert_eq!(parsed.backing_format(), spec.backing_format);
+        assert_eq!(parsed.extensions, header.extensions);
+        assert_eq!(
+            parsed.to_bytes().unwrap(),
+            bytes,
+            "serialise(parse(x)) == x"
+        );
+    }
+}
+
+#[test]
+fn a_header_that_does_not_fit_is_refused() {
+    let plan = Plan::create(geo(9, 4, false), 1 << 20, Prealloc::Off, false).unwrap();
+    let spec = HeaderSpec {
+        version: 3,
+        compression: CompressionType::Zlib,
+        lazy_refcounts: false,
+        data_file: None,
+        data_file_raw: false,
+        backing_file: Some("x".repeat(400)),
+        backing_format: Some("raw".into()),
+    };
+    let err = plan.header(&spec).to_bytes().unwrap_err();
+    assert_eq!(err.kind(), diskit_core::ErrorKind::NoSpace);
+}
