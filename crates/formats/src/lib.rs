@@ -45,13 +45,6 @@ impl Format {
             Format::Qcow2 => "qcow2",
         }
     }
-
-    fn driver_missing(self) -> Error {
-        Error::unsupported(format!(
-            "'{}' images are not supported by this build yet",
-            self.name()
-        ))
-    }
 }
 
 impl fmt::Display for Format {
@@ -235,6 +228,23 @@ pub fn create_image(
             raw::create(path, size, &opts)?;
             Ok(size)
         }
-        Format::Qcow2 => Err(format.driver_missing()),
+        Format::Qcow2 => {
+            let mut opts = qcow2::create::Qcow2CreateOptions::parse(options)?;
+            let size = match (size, opts.size) {
+                (Some(_), Some(_)) => {
+                    return Err(Error::invalid("The image size must be specified only once"));
+                }
+                (Some(s), None) => {
+                    opts.set_size(s);
+                    s
+                }
+                (None, Some(s)) => s,
+                (None, None) => {
+                    return Err(Error::invalid("Image creation needs a size parameter"));
+                }
+            };
+            qcow2::create::create(path, &opts)?;
+            Ok(size)
+        }
     }
 }

@@ -1,11 +1,12 @@
 //! `diskit create`: make a new image.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::CmdResult;
 use crate::util::{CliError, parse_image_size, parse_options};
+use diskit_formats::qcow2::create::Qcow2CreateOptions;
 use diskit_formats::raw::RawCreateOptions;
-use diskit_formats::{Format, create_image};
+use diskit_formats::{Format, OpenOptions, OptionList, create_image, open_image};
 
 /// Arguments of `create`.
 #[derive(clap::Args, Debug)]
@@ -50,7 +51,9 @@ pub fn run(a: Args) -> CmdResult {
     let size = a.size.as_deref().map(parse_image_size).transpose()?;
     let format = Format::from_name(format_name)
         .map_err(|_| at(format!("Unknown file format '{format_name}'")))?;
-    let _ = a.unsafe_backing;
+    if format == Format::Qcow2 {
+        return create_qcow2(&a, filename, size, &options);
+    }
     if format == Format::Raw {
         if a.backing.is_some() || options.get("backing_file").is_some() {
             return Err(at("Backing file not supported for file format 'raw'".into()));
@@ -80,8 +83,92 @@ pub fn run(a: Args) -> CmdResult {
     Ok(0)
 }
 
+/// The qcow2 path of `qemu-img create` (QEMU's `bdrv_img_create`): the
+/// options, the size (from the argument, `-o size=` or the backing file),
+/// the backing file checks, the "Formatting" line, then the image.
+fn create_qcow2(a: &Args, filename: &Path, size: Option<u64>, options: &OptionList) -> CmdResult {
+    let name = filename.display().to_string();
+    let at = |msg: String| CliError::new(format!("{name}: {msg}"));
+    let mut opts = Qcow2CreateOptions::parse(options).map_err(|e| at(e.to_string()))?;
+    match (opts.size, size) {
+        (Some(_), Some(_)) => {
+            return Err(at("The image size must be specified only once".into()));
+        }
+        (None, Some(s)) => opts.set_size(s),
+        _ => {}
+    }
+    if let Some(b) = &a.backing {
+        opts.set_backing_file(b);
+    }
+    if let Some(f) = &a.backing_format {
+        opts.set_backing_fmt(f);
+    }
+    if let Some(b) = &opts.backing_file {
+        if *b == name {
+            return Err(at(
+                "Error: Trying to create an image with the same filename as the backing file"
+                    .into(),
+            ));
+        }
+        if b.is_empty() {
+            return Err(at("Expected backing file name, got empty string".into()));
+        }
+    }
+    match opts.backing_file.clone() {
+        Some(backing) if !a.unsafe_backing => {
+            let full = full_backing_path(filename, &backing);
+            let format = match opts.backing_fmt.as_deref() {
+                None => None,
+                Some(f) => Some(Format::from_name(f).map_err(|_| {
+                    at(format!(
+                        "Unknown driver '{f}'\nCould not open backing image."
+                    ))
+                })?),
+            };
+            let image = open_image(&full, format, OpenOptions::default())
+                .map_err(|e| at(format!("{e}\nCould not open backing image.")))?;
+            if opts.backing_fmt.is_none() {
+                return Err(at(format!(
+                    "Backing file specified without backing format\nDetected format of {}.",
+                    image.format
+                )));
+            }
+            if opts.size.is_none() {
+                opts.set_size(image.virtual_size());
+            }
+        }
+        Some(_) if opts.backing_fmt.is_none() => {
+            return Err(at("Backing file specified without backing format".into()));
+        }
+        _ => {}
+    }
+    if opts.size.is_none() {
+        return Err(at("Image creation needs a size parameter".into()));
+    }
+    if !a.quiet {
+        println!("Formatting '{name}', fmt=qcow2 {}", opts.summary());
+    }
+    diskit_formats::qcow2::create::create(filename, &opts).map_err(|e| at(e.to_string()))?;
+    Ok(0)
+}
+
+/// Where QEMU looks for a backing file: relative names are relative to the
+/// directory of the image that refers to them.
+fn full_backing_path(image: &Path, backing: &str) -> PathBuf {
+    let b = Path::new(backing);
+    if b.is_absolute() {
+        return b.to_path_buf();
+    }
+    match image.to_str().and_then(|s| s.rfind('/')) {
+        Some(i) => PathBuf::from(format!("{}{backing}", &image.to_string_lossy()[..=i])),
+        None => b.to_path_buf(),
+    }
+}
+
 fn create_help(format: &str, with_file: bool) -> String {
     match (format, with_file) {
+        ("qcow2", true) => diskit_formats::qcow2::create::CREATE_HELP.to_string(),
+        ("qcow2", false) => diskit_formats::qcow2::create::CREATE_HELP_NO_FILE.to_string(),
         ("raw", true) => diskit_formats::raw::CREATE_HELP.to_string(),
         ("raw", false) => {
             "Supported raw options:\n  size=<size>            - Virtual disk size\n\n\

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{CliError, open, parse_format, parse_image_size, parse_options};
+use diskit_formats::qcow2::create::Qcow2CreateOptions;
+use diskit_formats::qcow2::measure::{Measurement, Source, measure};
 use diskit_formats::{Format, OpenOptions};
 
 /// Arguments of `measure`.
@@ -37,7 +39,7 @@ pub fn run(a: Args) -> CmdResult {
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::Raw);
     let options = parse_options(&a.options)?;
     let _ = a.force_share;
-    let virtual_size = match (&a.size, &a.filename) {
+    let (size, image) = match (&a.size, &a.filename) {
         (Some(_), Some(_)) => {
             return Err(CliError::new(
                 "--size N cannot be used together with a filename.",
@@ -48,38 +50,67 @@ pub fn run(a: Args) -> CmdResult {
                 "Either --size N or one filename must be specified.",
             ));
         }
-        (Some(s), None) => parse_image_size(s)?.div_ceil(512) * 512,
-        (None, Some(f)) => open(
-            f,
-            parse_format(a.format.as_deref())?,
-            OpenOptions::default(),
-        )?
-        .virtual_size(),
+        (Some(s), None) => (Some(parse_image_size(s)?), None),
+        (None, Some(f)) => (
+            None,
+            Some(open(
+                f,
+                parse_format(a.format.as_deref())?,
+                OpenOptions::default(),
+            )?),
+        ),
     };
-    let (required, fully) = match out_format {
+    let invalid_options = |e: diskit_core::Error, fmt: Format| {
+        CliError::new(format!(
+            "{e}\ndiskit: Invalid options for file format '{fmt}'"
+        ))
+    };
+    let m = match out_format {
         Format::Raw => {
             options
                 .check_known(diskit_formats::raw::CREATE_OPTIONS)
-                .map_err(|e| {
-                    CliError::new(format!(
-                        "{e}\ndiskit: Invalid options for file format 'raw'"
-                    ))
-                })?;
-            (virtual_size, virtual_size)
+                .map_err(|e| invalid_options(e, Format::Raw))?;
+            let v = match (&image, size) {
+                (Some(img), _) => img.virtual_size(),
+                (None, s) => s.unwrap_or(0).div_ceil(512) * 512,
+            };
+            Measurement {
+                required: v,
+                fully_allocated: v,
+                bitmaps: None,
+            }
         }
-        other => {
-            return Err(CliError::new(format!(
-                "Format driver '{other}' cannot measure images in this build"
-            )));
+        Format::Qcow2 => {
+            let mut opts = Qcow2CreateOptions::parse(&options)
+                .map_err(|e| invalid_options(e, Format::Qcow2))?;
+            if let Some(s) = size {
+                opts.set_size(s);
+            }
+            let source = image.as_ref().map(|img| Source {
+                device: &*img.device,
+                qcow2_file: (img.format == Format::Qcow2)
+                    .then_some(&*img.file as &dyn diskit_core::BlockDevice),
+            });
+            measure(&opts, source)?
         }
     };
     if json {
-        let v = QJson::dict()
-            .with("required", QJson::UInt(required))
-            .with("fully-allocated", QJson::UInt(fully));
+        let mut v = QJson::dict();
+        if let Some(b) = m.bitmaps {
+            v = v.with("bitmaps", QJson::UInt(b));
+        }
+        v = v
+            .with("required", QJson::UInt(m.required))
+            .with("fully-allocated", QJson::UInt(m.fully_allocated));
         println!("{}", v.pretty());
     } else {
-        println!("required size: {required}\nfully allocated size: {fully}");
+        println!(
+            "required size: {}\nfully allocated size: {}",
+            m.required, m.fully_allocated
+        );
+        if let Some(b) = m.bitmaps {
+            println!("bitmaps size: {b}");
+        }
     }
     Ok(0)
 }

@@ -64,7 +64,16 @@ impl Counted {
             return;
         }
         let first = start >> self.geo.cluster_bits;
-        let last = (start + len - 1) >> self.geo.cluster_bits;
+        let last = start.saturating_add(len - 1) >> self.geo.cluster_bits;
+        // Past the file: one error, not one per cluster of a hostile range.
+        if first >= self.file_clusters {
+            r.messages.push(format!(
+                "ERROR: host offset {start:#x} is referenced but lies outside the image file"
+            ));
+            r.corruptions += 1;
+            return;
+        }
+        let last = last.min(self.file_clusters - 1);
         for c in first..=last {
             if c >= self.file_clusters {
                 r.messages.push(format!(

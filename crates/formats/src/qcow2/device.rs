@@ -45,6 +45,9 @@ pub struct Qcow2 {
     pub(super) size: AtomicU64,
     meta: Mutex<Meta>,
     released: Condvar,
+    /// Whether data clusters may be holes in the file (metadata
+    /// preallocation), decided on first use as QEMU decides it.
+    prealloc_like: std::sync::OnceLock<bool>,
     /// Autoclear bits still to clear before the first change.
     autoclear_pending: std::sync::atomic::AtomicBool,
     last_cluster: Mutex<Option<(HostOffset, Arc<Vec<u8>>)>>,
@@ -74,6 +77,7 @@ impl Qcow2 {
             header,
             writable,
             autoclear_pending: std::sync::atomic::AtomicBool::new(pending),
+            prealloc_like: std::sync::OnceLock::new(),
             meta: Mutex::new(meta),
             released: Condvar::new(),
             last_cluster: Mutex::new(None),
@@ -758,13 +762,56 @@ impl BlockDevice for Qcow2 {
     }
 
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.extents_with(offset, len)
+    }
+
+    fn describe(&self) -> String {
+        self.file.describe()
+    }
+}
+
+impl Qcow2 {
+    /// QEMU's test for metadata preallocation: many more clusters have a
+    /// reference than the file has allocated on disk. Only then are data
+    /// clusters worth asking the file about (their unwritten parts read as
+    /// zeros); otherwise a data cluster is data, as qemu-img reports it.
+    fn looks_preallocated(&self) -> bool {
+        *self.prealloc_like.get_or_init(|| {
+            (|| -> Result<bool> {
+                let cs = self.geo.cluster_size();
+                let real = self.file.allocated_bytes()? / cs;
+                let threshold = (real * 10 / 9).max(real + 2);
+                let clusters = self.file.file_len()?.div_ceil(cs);
+                if clusters > 1 << 26 {
+                    return Ok(false);
+                }
+                let mut refs =
+                    super::refcount::Refcounts::load(self.file.clone(), &self.header, 16)?;
+                let mut used = 0u64;
+                for c in 0..clusters {
+                    if refs.get(super::layout::HostCluster(c))? > 0 {
+                        used += 1;
+                        if used > threshold {
+                            return Ok(true);
+                        }
+                    }
+                }
+                Ok(false)
+            })()
+            .unwrap_or(false)
+        })
+    }
+
+    fn extents_with(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         check_range(self.size(), offset, len)?;
+        let probe_file = !self.data_is_external() && self.looks_preallocated();
         let (n, m) = {
             let mut meta = self.lock();
             self.lookup(&mut meta, GuestOffset(offset), len)?
         };
         let mut e = Extent::data(n);
         match m {
+            Mapping::Data(h) if !probe_file => e = e.at_host(h.0),
             Mapping::Data(h) => {
                 e = e.at_host(h.0);
                 // Ask the file: preallocated clusters that were never
@@ -804,9 +851,5 @@ impl BlockDevice for Qcow2 {
             },
         }
         Ok(vec![e])
-    }
-
-    fn describe(&self) -> String {
-        self.file.describe()
     }
 }

@@ -261,6 +261,90 @@ impl Header {
         Ok(h)
     }
 
+    /// Serialises the header into cluster 0 as QEMU's `qcow2_update_header`
+    /// writes it: the fixed fields (72 bytes for v2; for v3 112 bytes plus
+    /// any unknown header bytes kept in [`Header::extra_header`]), the
+    /// extensions in the order of [`Header::extensions`], the end marker,
+    /// then the backing file name right after it. The rest of the cluster is
+    /// zero. `header_length`, `backing_file_offset` and `backing_file_size`
+    /// are computed, not taken from the struct.
+    ///
+    /// Fails with [`ErrorKind::NoSpace`](diskit_core::ErrorKind::NoSpace)
+    /// when everything does not fit in one cluster, as QEMU does.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let no_space = || Error::from_kind(diskit_core::ErrorKind::NoSpace);
+        if !(9..=21).contains(&self.cluster_bits) {
+            return Err(Error::invalid(format!(
+                "Unsupported cluster size: 2^{}",
+                self.cluster_bits
+            )));
+        }
+        let cluster_size = 1usize << self.cluster_bits;
+        let mut buf = vec![0u8; cluster_size];
+        let put32 =
+            |b: &mut [u8], at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        let put64 =
+            |b: &mut [u8], at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+        buf[..4].copy_from_slice(&MAGIC);
+        put32(&mut buf, 4, self.version);
+        put32(&mut buf, 20, self.cluster_bits);
+        put64(&mut buf, 24, self.size);
+        put32(&mut buf, 32, self.crypt_method);
+        put32(&mut buf, 36, self.l1_size);
+        put64(&mut buf, 40, self.l1_table_offset);
+        put64(&mut buf, 48, self.refcount_table_offset);
+        put32(&mut buf, 56, self.refcount_table_clusters);
+        put32(&mut buf, 60, self.nb_snapshots);
+        put64(&mut buf, 64, self.snapshots_offset);
+        let mut at = match self.version {
+            2 => 72,
+            3 => {
+                let header_length = 112 + self.extra_header.len();
+                if header_length > cluster_size {
+                    return Err(no_space());
+                }
+                put64(&mut buf, 72, self.incompatible_features);
+                put64(&mut buf, 80, self.compatible_features);
+                put64(&mut buf, 88, self.autoclear_features);
+                put32(&mut buf, 96, self.refcount_order);
+                put32(&mut buf, 100, header_length as u32);
+                buf[104] = match self.compression_type {
+                    CompressionType::Zlib => 0,
+                    CompressionType::Zstd => 1,
+                };
+                buf[112..header_length].copy_from_slice(&self.extra_header);
+                header_length
+            }
+            v => {
+                return Err(Error::unsupported(format!("Unsupported qcow2 version {v}")));
+            }
+        };
+        let end = HeaderExtension {
+            kind: ext::END,
+            data: Vec::new(),
+        };
+        for e in self.extensions.iter().chain(std::iter::once(&end)) {
+            let len = 8 + e.data.len().next_multiple_of(8);
+            if cluster_size - at < len {
+                return Err(no_space());
+            }
+            put32(&mut buf, at, e.kind);
+            put32(&mut buf, at + 4, e.data.len() as u32);
+            buf[at + 8..at + 8 + e.data.len()].copy_from_slice(&e.data);
+            at += len;
+        }
+        if let Some(name) = &self.backing_file {
+            let name = name.as_bytes();
+            if cluster_size - at < name.len() {
+                return Err(no_space());
+            }
+            buf[at..at + name.len()].copy_from_slice(name);
+            put64(&mut buf, 8, at as u64);
+            put32(&mut buf, 16, name.len() as u32);
+        }
+        Ok(buf)
+    }
+
     fn read_extensions(&mut self, cluster0: &[u8]) -> Result<()> {
         let cluster_size = self.cluster_size() as usize;
         // The area ends at the backing file name, or at the end of cluster 0.

@@ -72,7 +72,12 @@ impl Meta {
         let file_len = file.file_len()?;
         let cs = cx.geo.cluster_size();
         let bytes = l1_size as u64 * 8;
-        if l1_size > 0 && (l1_offset < cs || l1_offset + bytes > file_len) {
+        if l1_size > 0
+            && (l1_offset < cs
+                || l1_offset
+                    .checked_add(bytes)
+                    .is_none_or(|end| end > file_len))
+        {
             return Err(corrupt(format!(
                 "L1 table at {l1_offset:#x} ({l1_size} entries) is outside the file"
             )));
