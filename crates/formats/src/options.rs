@@ -4,7 +4,33 @@
 //! ones winning. Each format checks that every key is one it knows, so typos
 //! are errors, not silence.
 
+use diskit_core::size::{SizeError, parse_size_detailed};
 use diskit_core::{Error, Result};
+
+/// A boolean option value as QEMU spells it.
+pub fn bool_value(name: &str, v: &str) -> Result<bool> {
+    match v {
+        "on" | "yes" | "true" | "y" => Ok(true),
+        "off" | "no" | "false" | "n" => Ok(false),
+        _ => Err(Error::invalid(format!(
+            "Parameter '{name}' expects 'on' or 'off'"
+        ))),
+    }
+}
+
+/// A size option value, with QEMU's option parser's messages.
+pub fn size_value(name: &str, v: &str) -> Result<u64> {
+    parse_size_detailed(v).map_err(|e| match e {
+        SizeError::Syntax => Error::invalid(format!(
+            "Parameter '{name}' expects a non-negative number below 2^64\n\
+             Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n\
+             and exabytes, respectively."
+        )),
+        SizeError::Range => Error::invalid(format!(
+            "Value '{v}' is out of range for parameter '{name}'"
+        )),
+    })
+}
 
 /// Parsed `-o` options, in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

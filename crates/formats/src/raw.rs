@@ -3,10 +3,10 @@
 use std::path::Path;
 
 use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::size::{SizeError, parse_size_detailed};
 use diskit_core::{Error, ErrorKind, Result};
 
 use crate::OptionList;
+use crate::options::{bool_value, size_value};
 
 /// The `-o` options raw images accept at creation, in the order qemu-img
 /// lists them in its "Formatting" line.
@@ -37,30 +37,10 @@ impl RawCreateOptions {
     /// Checks the option list: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<RawCreateOptions> {
         options.check_known(CREATE_OPTIONS)?;
-        let size_opt = |name: &str| -> Result<Option<u64>> {
-            options
-                .get(name)
-                .map(|v| {
-                    parse_size_detailed(v).map_err(|e| match e {
-                        SizeError::Syntax => Error::invalid(format!(
-                            "Parameter '{name}' expects a non-negative number below 2^64\n\
-                             Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n\
-                             and exabytes, respectively."
-                        )),
-                        SizeError::Range => {
-                            Error::invalid(format!("Value '{v}' is out of range for parameter '{name}'"))
-                        }
-                    })
-                })
-                .transpose()
-        };
+        let size_opt = |name: &str| options.get(name).map(|v| size_value(name, v)).transpose();
         let nocow = options
             .get("nocow")
-            .map(|v| match v {
-                "on" | "yes" | "true" => Ok(true),
-                "off" | "no" | "false" => Ok(false),
-                _ => Err(Error::invalid("Parameter 'nocow' expects 'on' or 'off'")),
-            })
+            .map(|v| bool_value("nocow", v))
             .transpose()?;
         Ok(RawCreateOptions {
             size: size_opt("size")?,

@@ -204,7 +204,7 @@ pub fn run(a: Args) -> CmdResult {
         }
         let null = diskit_backends::NullDevice::new(total);
         let how = How {
-            target_is_zero: false,
+            target_is_zero: a.target_is_zero,
             min_sparse,
             workers,
             ordered_writes: false,
@@ -312,7 +312,7 @@ fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &dyn BlockDevice, how: &How) -
     let opts = CopyOptions {
         min_sparse,
         workers: how.workers,
-        target_is_zero: how.target_is_zero || a.target_is_zero,
+        target_is_zero: how.target_is_zero,
         ordered_writes: how.ordered_writes,
         flush: false,
         zero_alignment: how.zero_alignment,

@@ -295,12 +295,7 @@ fn read_table(file: &FileDevice, offset: u64, entries: u64) -> Result<Vec<u64>> 
     if entries > (32 << 20) / 8 {
         return Err(Error::invalid("table too large"));
     }
-    let mut raw = vec![0u8; entries as usize * 8];
-    file.read_padded(&mut raw, offset)?;
-    Ok(raw
-        .chunks_exact(8)
-        .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
-        .collect())
+    super::table::read_u64_table(file, offset, entries)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -16,12 +16,12 @@
 use std::path::Path;
 
 use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::size::{SizeError, parse_size_detailed};
 use diskit_core::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use super::create_layout::{Geometry, HeaderSpec, Plan, PlanError, Prealloc};
 use super::header::CompressionType;
 use crate::OptionList;
+use crate::options::{bool_value as parse_bool, size_value as parse_size_opt};
 
 /// Default cluster size (64 KiB).
 pub const DEFAULT_CLUSTER_SIZE: u64 = 65536;
@@ -188,29 +188,6 @@ pub enum Version {
     V2,
     /// compat=1.1 (default).
     V3,
-}
-
-/// A boolean as QEMU spells it.
-fn parse_bool(name: &str, v: &str) -> Result<bool> {
-    match v {
-        "on" | "yes" | "true" | "y" => Ok(true),
-        "off" | "no" | "false" | "n" => Ok(false),
-        _ => Err(invalid(format!("Parameter '{name}' expects 'on' or 'off'"))),
-    }
-}
-
-/// A size option, with QEMU's option parser's messages.
-fn parse_size_opt(name: &str, v: &str) -> Result<u64> {
-    parse_size_detailed(v).map_err(|e| match e {
-        SizeError::Syntax => invalid(format!(
-            "Parameter '{name}' expects a non-negative number below 2^64\n\
-             Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n\
-             and exabytes, respectively."
-        )),
-        SizeError::Range => invalid(format!(
-            "Value '{v}' is out of range for parameter '{name}'"
-        )),
-    })
 }
 
 /// An unsigned number as `strtoull(v, NULL, 0)` reads it (decimal, 0x hex

@@ -143,6 +143,18 @@ impl Qcow2 {
         )
     }
 
+    /// Takes guest cluster `cluster` exclusively, waiting for the requests
+    /// that use it; returns the metadata still locked.
+    fn take_exclusive(&self, cluster: u64) -> (MutexGuard<'_, Meta>, RangeTicket) {
+        let mut meta = self.lock();
+        loop {
+            if let Some(t) = meta.try_take(cluster, cluster, true) {
+                return (meta, t);
+            }
+            meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     fn give_back(&self, t: Option<RangeTicket>) {
         if let Some(t) = t {
             self.lock().give_back(t);
@@ -419,13 +431,7 @@ impl Qcow2 {
             let start = geo.cluster_start(GuestOffset(pos)).0;
             let n = (start + cs).min(g + len) - pos;
             let (first, _) = self.clusters(pos, 1);
-            let mut meta = self.lock();
-            let t = loop {
-                if let Some(t) = meta.try_take(first, first, true) {
-                    break t;
-                }
-                meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
-            };
+            let (mut meta, t) = self.take_exclusive(first);
             let r = (|| -> Result<()> {
                 let (e, kind) = meta.kind(GuestOffset(pos))?;
                 let whole = n == cs;
@@ -487,9 +493,8 @@ impl Qcow2 {
                 }
                 Ok(())
             })();
-            meta.give_back(t);
             drop(meta);
-            self.released.notify_all();
+            self.give_back(Some(t));
             r?;
             pos += n;
         }
@@ -508,13 +513,7 @@ impl Qcow2 {
             ));
         }
         let (first, _) = self.clusters(g, 1);
-        let mut meta = self.lock();
-        let t = loop {
-            if let Some(t) = meta.try_take(first, first, true) {
-                break t;
-            }
-            meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
-        };
+        let (mut meta, t) = self.take_exclusive(first);
         // Only a cluster with nothing in it can become compressed.
         let prepared = (|| -> Result<Option<HostOffset>> {
             let (_, kind) = meta.kind(GuestOffset(g))?;

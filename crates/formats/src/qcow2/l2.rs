@@ -4,9 +4,10 @@
 //! cluster: a host extent, zeros, the backing file, or a compressed cluster.
 //! Every entry is validated here before anyone follows it.
 
-use diskit_core::{Error, ErrorKind, Result};
+use diskit_core::Result;
 
 use super::layout::{Geometry, HostOffset};
+use super::table::corrupt;
 
 /// L1 entry: the L2 table offset bits.
 pub const L1E_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
@@ -104,10 +105,6 @@ pub struct DecodeContext {
     pub version: u32,
     /// Host cluster 0 is valid (external data file).
     pub external_data: bool,
-}
-
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Io, format!("qcow2 image is corrupt: {msg}"))
 }
 
 impl L2Entry {

@@ -15,10 +15,7 @@ use super::cache::TableCache;
 use super::l2::{COPIED, ClusterKind, DecodeContext, L1E_OFFSET_MASK, L1E_RESERVED, L2Entry};
 use super::layout::{Geometry, GuestOffset, HostCluster, HostOffset};
 use super::refcount::Refcounts;
-
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Io, format!("qcow2 image is corrupt: {msg}"))
-}
+use super::table::{corrupt, read_u64_table, u64_table_bytes};
 
 /// A guest cluster range in use by a request in flight.
 #[derive(Debug, Clone, Copy)]
@@ -82,12 +79,7 @@ impl Meta {
                 "L1 table at {l1_offset:#x} ({l1_size} entries) is outside the file"
             )));
         }
-        let mut raw = vec![0u8; bytes as usize];
-        file.read_padded(&mut raw, l1_offset)?;
-        let l1: Vec<u64> = raw
-            .chunks_exact(8)
-            .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
-            .collect();
+        let l1 = read_u64_table(&file, l1_offset, l1_size as u64)?;
         Ok(Meta {
             file,
             cx,
@@ -323,12 +315,8 @@ impl Meta {
         let clusters = (entries as u64 * 8).div_ceil(cs).max(1);
         let (c, _) = self.refs()?.alloc(clusters)?;
         let at = geo.host_offset(c);
-        let mut raw = Vec::with_capacity((clusters * cs) as usize);
-        for e in &l1 {
-            raw.extend_from_slice(&e.to_be_bytes());
-        }
-        raw.resize((clusters * cs) as usize, 0);
-        self.file.write_extend(&raw, at.0)?;
+        self.file
+            .write_extend(&u64_table_bytes(&l1, (clusters * cs) as usize), at.0)?;
         self.write_back()?;
         self.file.flush()?;
         let mut hdr = [0u8; 12];
@@ -389,10 +377,7 @@ impl Meta {
             self.file.write_extend(&raw, at.0)?;
         }
         if let (Some(&first), Some(&last)) = (self.l1_dirty.first(), self.l1_dirty.last()) {
-            let mut raw = Vec::with_capacity((last - first + 1) * 8);
-            for e in &self.l1[first..=last] {
-                raw.extend_from_slice(&e.to_be_bytes());
-            }
+            let raw = u64_table_bytes(&self.l1[first..=last], 0);
             self.file
                 .write_extend(&raw, self.l1_offset.0 + first as u64 * 8)?;
             self.l1_dirty.clear();

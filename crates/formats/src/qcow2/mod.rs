@@ -22,6 +22,7 @@ pub mod open;
 pub mod refcount;
 pub mod resize;
 pub mod snapshot;
+pub mod table;
 
 pub use device::Qcow2;
 pub use header::{Header, HeaderExtension};

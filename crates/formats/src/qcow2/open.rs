@@ -75,11 +75,6 @@ pub fn open(
     open_backing: OpenBacking<'_>,
 ) -> Result<Qcow2> {
     let mut header = read_header(&file)?;
-    if header.crypt_method != 0 {
-        return Err(Error::unsupported(
-            "encrypted qcow2 images are not supported",
-        ));
-    }
     let cs = header.cluster_size();
     if header.refcount_table_offset < cs || header.l1_table_offset < cs && header.l1_size > 0 {
         return Err(Error::new(

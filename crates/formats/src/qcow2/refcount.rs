@@ -14,13 +14,10 @@ use diskit_core::{BlockDevice, Error, ErrorKind, Result};
 use super::cache::TableCache;
 use super::header::Header;
 use super::layout::{Geometry, HostCluster, HostOffset};
+use super::table::{corrupt, read_u64_table, u64_table_bytes};
 
 /// The largest refcount table QEMU accepts (8 MiB).
 pub const MAX_TABLE_BYTES: u64 = 8 << 20;
-
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Io, format!("qcow2 image is corrupt: {msg}"))
-}
 
 /// The refcount structures of an open image.
 pub struct Refcounts {
@@ -82,13 +79,11 @@ impl Refcounts {
                 "refcount table offset {offset:#x} is past the end of the file"
             )));
         }
-        let bytes = header.refcount_table_clusters as u64 * cs;
-        let mut raw = vec![0u8; bytes as usize];
-        file.read_padded(&mut raw, offset)?;
-        let table: Vec<u64> = raw
-            .chunks_exact(8)
-            .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
-            .collect();
+        let table = read_u64_table(
+            &file,
+            offset,
+            header.refcount_table_clusters as u64 * cs / 8,
+        )?;
         Ok(Refcounts {
             file,
             geo,
@@ -139,17 +134,24 @@ impl Refcounts {
         HostCluster(self.top)
     }
 
-    /// Makes sure the block at `at` is cached, evicting (and writing) as needed.
-    fn load_block(&mut self, at: HostOffset) -> Result<()> {
-        if self.cache.contains(at) {
-            return Ok(());
-        }
+    /// Evicts the least recently used block if the cache is full, writing
+    /// it first if it is dirty (refcount blocks depend on nothing else).
+    fn make_room(&mut self) -> Result<()> {
         if let Some(victim) = self.cache.victim() {
             let slot = self.cache.remove(victim).expect("victim is cached");
             if slot.dirty {
                 self.file.write_extend(&slot.table, victim.0)?;
             }
         }
+        Ok(())
+    }
+
+    /// Makes sure the block at `at` is cached, evicting (and writing) as needed.
+    fn load_block(&mut self, at: HostOffset) -> Result<()> {
+        if self.cache.contains(at) {
+            return Ok(());
+        }
+        self.make_room()?;
         if at.0 >= self.file.file_len()?.max(self.top << self.geo.cluster_bits) {
             return Err(corrupt(format!(
                 "refcount block offset {:#x} is past the end of the file",
@@ -297,12 +299,7 @@ impl Refcounts {
         self.table[j as usize] = at.0;
         self.file
             .write_extend(&at.0.to_be_bytes(), self.table_offset.0 + j * 8)?;
-        if let Some(victim) = self.cache.victim() {
-            let slot = self.cache.remove(victim).expect("victim is cached");
-            if slot.dirty {
-                self.file.write_extend(&slot.table, victim.0)?;
-            }
-        }
+        self.make_room()?;
         self.cache.insert(at, block, false);
         Ok(at)
     }
@@ -365,12 +362,10 @@ impl Refcounts {
             self.file.write_extend(b, (start + k as u64) * cs)?;
         }
         let table_at = (start + new_blocks.len() as u64) * cs;
-        let mut raw = Vec::with_capacity((table_clusters * cs) as usize);
-        for e in &table {
-            raw.extend_from_slice(&e.to_be_bytes());
-        }
-        raw.resize((table_clusters * cs) as usize, 0);
-        self.file.write_extend(&raw, table_at)?;
+        self.file.write_extend(
+            &u64_table_bytes(&table, (table_clusters * cs) as usize),
+            table_at,
+        )?;
         self.file.flush()?;
         let mut hdr = [0u8; 12];
         hdr[..8].copy_from_slice(&table_at.to_be_bytes());
@@ -382,12 +377,7 @@ impl Refcounts {
         self.table_offset = HostOffset(table_at);
         for (k, (_, b)) in blocks.into_iter().enumerate() {
             let at = HostOffset((start + k as u64) * cs);
-            if let Some(victim) = self.cache.victim() {
-                let slot = self.cache.remove(victim).expect("victim is cached");
-                if slot.dirty {
-                    self.file.write_extend(&slot.table, victim.0)?;
-                }
-            }
+            self.make_room()?;
             self.cache.insert(at, b, false);
         }
         // The old table is garbage now that the header points elsewhere.
