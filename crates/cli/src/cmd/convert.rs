@@ -12,6 +12,10 @@ use crate::util::{
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::concat::Concat;
 use diskit_core::{BlockDevice, DeviceRef};
+use diskit_formats::Image;
+use diskit_formats::qcow2::bitmap;
+use diskit_formats::qcow2::bitmap_bits::read_bits;
+use diskit_formats::qcow2::bitmap_store::NewBitmap;
 use diskit_formats::qcow2::compressed::CompressedWriter;
 use diskit_formats::raw::RawCreateOptions;
 use diskit_formats::{Format, OpenOptions, create_image, open_image};
@@ -64,6 +68,12 @@ pub struct Args {
     /// Snapshot of the source to read.
     #[arg(short = 'l')]
     snapshot: Option<String>,
+    /// Copy the source's persistent bitmaps (qcow2 to qcow2).
+    #[arg(long = "bitmaps")]
+    bitmaps: bool,
+    /// With --bitmaps, skip bitmaps marked inconsistent instead of failing.
+    #[arg(long = "skip-broken-bitmaps")]
+    skip_broken_bitmaps: bool,
     /// Open sources read-only even if in use.
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
@@ -160,6 +170,15 @@ pub fn run(a: Args) -> CmdResult {
     let dst_cache = cache_mode(a.cache.as_deref(), "unsafe")?;
     let _ = a.force_share;
 
+    if a.skip_broken_bitmaps && !a.bitmaps {
+        return Err(CliError::new("--skip-broken-bitmaps requires --bitmaps"));
+    }
+    if a.bitmaps && sources.len() > 1 {
+        return Err(CliError::new(
+            "Copying bitmaps only possible with single source",
+        ));
+    }
+    let mut bitmaps = Vec::new();
     let mut devices: Vec<DeviceRef> = Vec::new();
     for s in sources {
         let img = open_image(
@@ -186,7 +205,20 @@ pub fn run(a: Args) -> CmdResult {
                 img.format
             )));
         }
+        if a.bitmaps {
+            bitmaps = source_bitmaps(&img, a.skip_broken_bitmaps)?;
+        }
         devices.push(img.device);
+    }
+    if a.bitmaps && (out_format == Format::Raw || target.as_os_str() == NULL_TARGET) {
+        let driver = if out_format == Format::Raw {
+            "raw"
+        } else {
+            "null-co"
+        };
+        return Err(CliError::new(format!(
+            "Format driver '{driver}' does not support bitmaps"
+        )));
     }
     let src: DeviceRef = if devices.len() == 1 {
         devices.pop().expect("one source")
@@ -225,7 +257,7 @@ pub fn run(a: Args) -> CmdResult {
         created = true;
     }
     let result = copy_into(
-        &a, &*src, target, out_format, created, min_sparse, workers, &dst_cache,
+        &a, &*src, target, out_format, created, min_sparse, workers, &dst_cache, bitmaps,
     );
     if result.is_err() && created && !existed {
         // Leave no half-written target behind (never a device, never a
@@ -245,6 +277,7 @@ fn copy_into(
     min_sparse: u64,
     workers: usize,
     cache: &CacheMode,
+    bitmaps: Vec<NewBitmap>,
 ) -> CmdResult {
     let dst = open(
         target,
@@ -284,7 +317,24 @@ fn copy_into(
         how.zero_alignment = cs;
         how.ordered_writes = false;
     }
-    run_copy(a, src, &*device, &how)?;
+    if !bitmaps.is_empty() {
+        let q = dst.qcow2.as_ref().ok_or_else(|| {
+            CliError::new(format!(
+                "Format driver '{}' does not support bitmaps",
+                dst.format
+            ))
+        })?;
+        if q.header().version < 3 {
+            return Err(CliError::new(
+                "Format driver 'qcow2' does not support bitmaps",
+            ));
+        }
+        run_copy(a, src, &*device, &how)?;
+        q.add_bitmaps(bitmaps)
+            .map_err(|e| CliError::new(e.to_string()))?;
+    } else {
+        run_copy(a, src, &*device, &how)?;
+    }
     if cache.flush {
         dst.device
             .flush()
@@ -292,6 +342,39 @@ fn copy_into(
     }
     dst.close().map_err(|e| CliError::new(e.to_string()))?;
     Ok(0)
+}
+
+/// The persistent bitmaps of a source image, with their bits, for
+/// `--bitmaps` (inconsistent ones fail, or are skipped with a warning).
+fn source_bitmaps(img: &Image, skip_broken: bool) -> Result<Vec<NewBitmap>, CliError> {
+    let q = img
+        .qcow2
+        .as_ref()
+        .ok_or_else(|| CliError::new("Source lacks bitmap support"))?;
+    let fail = |e: diskit_core::Error| CliError::new(e.to_string());
+    let (_, list) = bitmap::read(&img.file, q.header()).map_err(fail)?;
+    let cs = q.geometry().cluster_size();
+    let mut out = Vec::new();
+    for b in list {
+        let name = b.display_name();
+        if b.in_use() {
+            if skip_broken {
+                eprintln!("diskit: warning: Skipping inconsistent bitmap '{name}'");
+                continue;
+            }
+            return Err(CliError::new(format!(
+                "Cannot copy inconsistent bitmap '{name}'\nTry --skip-broken-bitmaps, or use \
+                 'qemu-img bitmap --remove' to delete it"
+            )));
+        }
+        let bits = read_bits(&img.file, cs, &b, img.virtual_size()).map_err(fail)?;
+        out.push(NewBitmap {
+            name,
+            enabled: b.auto(),
+            bits,
+        });
+    }
+    Ok(out)
 }
 
 /// The target name of QEMU's null protocol.

@@ -253,6 +253,36 @@ fn check_entry(bm: &Bitmap, cx: &DirectoryContext) -> Result<()> {
     Ok(())
 }
 
+/// The on-disk bytes of a directory holding `list`, in order (each entry
+/// padded to 8 bytes, no extra data).
+pub fn directory_bytes(list: &[Bitmap]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in list {
+        out.extend_from_slice(&b.table_offset.to_be_bytes());
+        out.extend_from_slice(&b.table_size.to_be_bytes());
+        out.extend_from_slice(&b.flags.to_be_bytes());
+        out.push(b.kind);
+        out.push(b.granularity_bits);
+        out.extend_from_slice(&(b.name.len() as u16).to_be_bytes());
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out.extend_from_slice(&b.name);
+        out.resize(out.len().next_multiple_of(8), 0);
+    }
+    out
+}
+
+impl BitmapsExt {
+    /// The extension's 24 data bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut d = Vec::with_capacity(24);
+        d.extend_from_slice(&self.nb_bitmaps.to_be_bytes());
+        d.extend_from_slice(&0u32.to_be_bytes());
+        d.extend_from_slice(&self.directory_size.to_be_bytes());
+        d.extend_from_slice(&self.directory_offset.to_be_bytes());
+        d
+    }
+}
+
 /// Reads and validates the bitmap directory of an image: the state of its
 /// extension (see [`BitmapsExt::of`]) and the bitmaps, none unless the
 /// extension is [`BitmapsState::Present`].

@@ -48,8 +48,13 @@ pub struct Qcow2 {
     /// Whether data clusters may be holes in the file (metadata
     /// preallocation), decided on first use as QEMU decides it.
     prealloc_like: std::sync::OnceLock<bool>,
-    /// Autoclear bits still to clear before the first change.
-    autoclear_pending: std::sync::atomic::AtomicBool,
+    /// Autoclear bits still to clear (and bitmaps to mark in use) before
+    /// the first change.
+    pub(super) autoclear_pending: std::sync::atomic::AtomicBool,
+    /// Persistent bitmaps kept up to date (writable images only).
+    pub(super) bitmaps: super::bitmap_store::TrackerSlot,
+    /// Whether `bitmaps` holds any (a lock-free test on the write path).
+    pub(super) has_bitmaps: std::sync::atomic::AtomicBool,
     last_cluster: Mutex<Option<(HostOffset, Arc<Vec<u8>>)>>,
 }
 
@@ -77,6 +82,8 @@ impl Qcow2 {
             header,
             writable,
             autoclear_pending: std::sync::atomic::AtomicBool::new(pending),
+            bitmaps: std::sync::Mutex::new(None),
+            has_bitmaps: std::sync::atomic::AtomicBool::new(false),
             prealloc_like: std::sync::OnceLock::new(),
             meta: Mutex::new(meta),
             released: Condvar::new(),
@@ -505,7 +512,7 @@ impl Qcow2 {
     /// compressed stream `stream`. A cluster that is already allocated is
     /// written uncompressed instead (`plain` holds its data).
     pub fn write_compressed(&self, g: u64, stream: &[u8], plain: &[u8]) -> Result<()> {
-        self.before_change()?;
+        self.changing(g, self.geo.cluster_size())?;
         let geo = self.geo;
         if self.data_is_external() {
             return Err(Error::unsupported(
@@ -549,16 +556,37 @@ impl Qcow2 {
         self.data.path()
     }
 
-    /// Clears the autoclear bits of features diskit does not maintain
-    /// (persistent bitmaps) before the image first changes, as the format
-    /// asks of a writer that does not update them. Opening alone keeps them.
+    /// Before the image first changes: marks the enabled persistent bitmaps
+    /// in use, and clears the autoclear bits of features diskit does not
+    /// maintain, as the format asks. Opening alone changes nothing.
     pub(super) fn before_change(&self) -> Result<()> {
-        if !self.autoclear_pending.swap(false, Ordering::AcqRel) {
+        if !self.autoclear_pending.swap(false, Ordering::AcqRel) || self.header.version < 3 {
             return Ok(());
         }
-        let keep = self.header.autoclear_features & super::header::autoclear::RAW_EXTERNAL;
-        self.file.write_extend(&keep.to_be_bytes(), 88)?;
-        self.file.flush()
+        let keep_bitmaps = self.keeps_bitmaps();
+        if keep_bitmaps {
+            self.mark_bitmaps_in_use()?;
+        }
+        let mut raw = [0u8; 8];
+        self.file.read_padded(&mut raw, 88)?;
+        let now = u64::from_be_bytes(raw);
+        let mut keep = super::header::autoclear::RAW_EXTERNAL;
+        if keep_bitmaps {
+            keep |= super::header::autoclear::BITMAPS;
+        }
+        if now & !keep != 0 {
+            self.file.write_extend(&(now & keep).to_be_bytes(), 88)?;
+            self.file.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Before guest bytes `[g, g+len)` change: see [`Self::before_change`];
+    /// the range is recorded in the dirty bitmaps.
+    fn changing(&self, g: u64, len: u64) -> Result<()> {
+        self.before_change()?;
+        self.note_dirty(g, g + len);
+        Ok(())
     }
 
     /// Whether guest data lives in an external data file.
@@ -570,6 +598,7 @@ impl Qcow2 {
     /// refcount decrements land too).
     pub fn close(&self) -> Result<()> {
         if self.writable {
+            self.persist_bitmaps()?;
             let mut meta = self.lock();
             meta.write_back()?;
             meta.write_back()?;
@@ -665,6 +694,7 @@ impl BlockDevice for Qcow2 {
         }
         check_range(self.size(), offset, buf.len() as u64)?;
         if !buf.is_empty() {
+            self.changing(offset, buf.len() as u64)?;
             self.write_range(buf, offset)?;
         }
         if flags.fua {
@@ -690,6 +720,9 @@ impl BlockDevice for Qcow2 {
         // Only whole (sub)clusters of a v3 image are cheap to zero.
         if flags.fast && (self.header.version < 3 || a != offset || b != end) {
             return Err(Error::from_kind(ErrorKind::NotSupported));
+        }
+        if len > 0 {
+            self.changing(offset, len)?;
         }
         if a >= b {
             diskit_core::device::write_zero_buffer(self, offset, len, false)?;
@@ -721,6 +754,9 @@ impl BlockDevice for Qcow2 {
             ));
         }
         check_range(self.size(), offset, len)?;
+        if len > 0 {
+            self.changing(offset, len)?;
+        }
         let cs = self.geo.cluster_size();
         let end = offset + len;
         let a = offset.div_ceil(cs) * cs;

@@ -6,6 +6,8 @@
 //! and one generic layer ([`device`]) moves the bytes.
 
 pub mod bitmap;
+pub mod bitmap_bits;
+pub mod bitmap_store;
 pub mod cache;
 pub mod check;
 pub mod compress;

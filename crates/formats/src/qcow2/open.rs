@@ -180,5 +180,9 @@ pub fn open(
         (cache_bytes / cs) as usize,
         refs,
     )?;
-    Ok(Qcow2::new(file, data, backing, header, meta, opts.writable))
+    let image = Qcow2::new(file, data, backing, header, meta, opts.writable);
+    if opts.writable {
+        image.track_bitmaps()?;
+    }
+    Ok(image)
 }

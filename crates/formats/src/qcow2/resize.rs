@@ -62,6 +62,9 @@ impl Qcow2 {
         self.file.write_extend(&new_size.to_be_bytes(), 24)?;
         self.file.flush()?;
         self.size.store(new_size, Ordering::Release);
+        if self.keeps_bitmaps() {
+            self.resize_bitmaps(old)?;
+        }
         Ok(())
     }
 

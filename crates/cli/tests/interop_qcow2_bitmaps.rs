@@ -1,0 +1,181 @@
+//! `convert --bitmaps` against qemu-img: the target carries every bitmap
+//! of the source with the same bits (read back through qemu-nbd and
+//! nbdinfo), flags and granularity, and the errors are qemu-img's.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn peer_ok(tool: &str, args: &[&str]) {
+    ok(peer(tool, args));
+}
+
+/// A 4 MiB image with bitmaps "b0" (enabled), "fine" (4 KiB granularity)
+/// and "frozen" (disabled), all holding dirty bits.
+fn source(dir: &Path) -> PathBuf {
+    let img = dir.join("src.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&img), "4M"]));
+    ok(qemu_img(&["bitmap", "--add", s(&img), "b0"]));
+    ok(qemu_img(&["bitmap", "--add", "-g", "4k", s(&img), "fine"]));
+    ok(qemu_img(&["bitmap", "--add", s(&img), "frozen"]));
+    peer_ok(
+        "qemu-io",
+        &["-c", "write -P 3 64k 8k", "-c", "write 3M 100k", s(&img)],
+    );
+    ok(qemu_img(&["bitmap", "--disable", s(&img), "frozen"]));
+    peer_ok("qemu-io", &["-c", "write -P 5 2M 4k", s(&img)]);
+    img
+}
+
+fn dirty_map(img: &Path, name: &str) -> String {
+    let sock = img.with_extension("sock");
+    let _ = std::fs::remove_file(&sock);
+    let mut server = Command::new("qemu-nbd")
+        .args(["-r", "-f", "qcow2", "-B", name, "-k", s(&sock), s(img)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("qemu-nbd is installed");
+    let start = Instant::now();
+    while !sock.exists() && start.elapsed() < Duration::from_secs(20) {
+        if server.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let o = Command::new("nbdinfo")
+        .args([&format!("--map=qemu:dirty-bitmap:{name}"), &uri])
+        .output();
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_file(&sock);
+    stdout(&ok(o.expect("nbdinfo is installed")))
+}
+
+fn bitmaps_json(img: &Path) -> serde_json::Value {
+    let out = stdout(&ok(qemu_img(&["info", "--output=json", s(img)])));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["format-specific"]["data"]["bitmaps"].clone()
+}
+
+#[test]
+fn convert_carries_every_bitmap_like_qemu_img() {
+    let dir = workdir();
+    let src = source(dir.path());
+    for extra in [&[][..], &["-o", "cluster_size=4096"][..], &["-c"][..]] {
+        let ours = dir.path().join("ours.qcow2");
+        let theirs = dir.path().join("theirs.qcow2");
+        let mut args = vec!["convert", "--bitmaps", "-O", "qcow2"];
+        args.extend_from_slice(extra);
+        args.extend([s(&src)]);
+        ok(diskit(&[&args[..], &[s(&ours)]].concat()));
+        ok(qemu_img(&[&args[..], &[s(&theirs)]].concat()));
+        let check = stdout(&ok(qemu_img(&["check", s(&ours)])));
+        assert!(check.contains("No errors were found"), "{check}");
+        ok(qemu_img(&["compare", s(&src), s(&ours)]));
+        assert_eq!(bitmaps_json(&ours), bitmaps_json(&theirs), "{extra:?}");
+        for name in ["b0", "fine", "frozen"] {
+            let (a, b) = (dirty_map(&ours, name), dirty_map(&theirs, name));
+            assert!(a.contains("dirty"), "{name}: {a}");
+            assert_eq!(a, b, "{name} {extra:?}");
+        }
+        // The copied bitmaps go on tracking writes: qemu-img opens the
+        // target and writes through them.
+        peer_ok("qemu-io", &["-c", "write 1M 4k", s(&ours)]);
+        assert!(dirty_map(&ours, "b0").contains("1048576"));
+        std::fs::remove_file(&ours).unwrap();
+        std::fs::remove_file(&theirs).unwrap();
+    }
+}
+
+/// Sets the in-use flag of the first bitmap, as a crash of its writer
+/// would leave it.
+fn mark_first_in_use(img: &Path) {
+    let mut bytes = std::fs::read(img).unwrap();
+    let magic = 0x2385_2875u32.to_be_bytes();
+    let at = bytes[..65536]
+        .windows(4)
+        .position(|w| w == magic)
+        .expect("bitmaps extension");
+    let dir = u64::from_be_bytes(bytes[at + 24..at + 32].try_into().unwrap()) as usize;
+    bytes[dir + 15] |= 1;
+    std::fs::write(img, bytes).unwrap();
+}
+
+#[test]
+fn inconsistent_bitmaps_fail_or_are_skipped() {
+    let dir = workdir();
+    let src = source(dir.path());
+    mark_first_in_use(&src);
+    let out = dir.path().join("out.qcow2");
+    let args = ["convert", "--bitmaps", "-O", "qcow2", s(&src), s(&out)];
+    let d = diskit(&args);
+    let q = qemu_img(&args);
+    assert_eq!(code(&d), 1);
+    assert_eq!(code(&q), 1);
+    assert!(
+        stderr(&d).contains("Cannot copy inconsistent bitmap 'b0'"),
+        "{}",
+        stderr(&d)
+    );
+    assert!(stderr(&q).contains("Cannot copy inconsistent bitmap 'b0'"));
+
+    let args = [
+        "convert",
+        "--bitmaps",
+        "--skip-broken-bitmaps",
+        "-O",
+        "qcow2",
+        s(&src),
+        s(&out),
+    ];
+    let d = ok(diskit(&args));
+    assert!(stderr(&d).contains("Skipping inconsistent bitmap 'b0'"));
+    let names: Vec<String> = bitmaps_json(&out)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["fine", "frozen"]);
+}
+
+#[test]
+fn bitmap_errors_match_qemu_img() {
+    let dir = workdir();
+    let src = source(dir.path());
+    let raw = dir.path().join("plain.raw");
+    ok(qemu_img(&["create", "-q", "-f", "raw", s(&raw), "4M"]));
+    let out = dir.path().join("o");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["convert", "--bitmaps", "-O", "qcow2", s(&raw), s(&out)],
+        vec!["convert", "--bitmaps", "-O", "raw", s(&src), s(&out)],
+        vec![
+            "convert",
+            "--bitmaps",
+            "-O",
+            "qcow2",
+            "-o",
+            "compat=0.10",
+            s(&src),
+            s(&out),
+        ],
+    ];
+    for args in cases {
+        let d = diskit(&args);
+        let q = qemu_img(&args);
+        assert_eq!(code(&d), code(&q), "{args:?}");
+        let want = stderr(&q).trim().replace("qemu-img: ", "");
+        assert!(
+            stderr(&d).contains(&want),
+            "{args:?}: {} vs {want}",
+            stderr(&d)
+        );
+        let _ = std::fs::remove_file(&out);
+    }
+}
