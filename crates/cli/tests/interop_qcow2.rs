@@ -694,6 +694,105 @@ fn resize_matches_qemu_img() {
     }
 }
 
+/// `resize --preallocation`: every mode maps the new clusters, passes
+/// check and reads as zeros; metadata lays them out exactly as qemu-img
+/// does; falloc and full reserve the space in the file; a shrink truncates
+/// the file where qemu-img does.
+#[test]
+fn resize_preallocates_and_truncates_like_qemu_img() {
+    let dir = workdir();
+    let d = dir.path();
+    for mode in ["metadata", "falloc", "full"] {
+        let ours = d.join("ours.qcow2");
+        let theirs = d.join("theirs.qcow2");
+        ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&ours), "1M"]));
+        qemu_io(&["-c", "write -P 9 0 300k", s(&ours)]);
+        std::fs::copy(&ours, &theirs).unwrap();
+        let flag = format!("--preallocation={mode}");
+        ok(diskit(&["resize", &flag, s(&ours), "+3M"]));
+        ok(qemu_img(&["resize", "-q", &flag, s(&theirs), "+3M"]));
+        let check = qemu_img(&["check", s(&ours)]);
+        assert_eq!(code(&check), 0, "{mode}: {}", stdout(&check));
+        ok(qemu_img(&["compare", s(&ours), s(&theirs)]));
+        let map = |p: &Path| -> Vec<(u64, u64, bool)> {
+            let out = stdout(&ok(qemu_img(&["map", "--output=json", s(p)])));
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    (
+                        e["start"].as_u64().unwrap(),
+                        e["length"].as_u64().unwrap(),
+                        e["data"].as_bool().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(map(&ours), map(&theirs), "{mode}");
+        if mode == "metadata" {
+            same_as_qemu_img(&["map", "--output=json", s(&ours)], "metadata preallocated");
+        } else {
+            // The new 3 MiB are allocated in the file.
+            assert!(allocated(&ours) >= (3 << 20) + (300 << 10), "{mode}");
+        }
+        std::fs::remove_file(&theirs).unwrap();
+        std::fs::remove_file(&ours).unwrap();
+    }
+    let ours = d.join("shrink.qcow2");
+    let theirs = d.join("shrink-qemu.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&ours), "4M"]));
+    qemu_io(&["-c", "write -P 9 0 3M", s(&ours)]);
+    std::fs::copy(&ours, &theirs).unwrap();
+    for args in [
+        &[
+            "resize",
+            "--preallocation=falloc",
+            "--shrink",
+            "IMG",
+            "--",
+            "-1M",
+        ][..],
+        &["resize", "--preallocation=bogus", "IMG", "+1M"][..],
+    ] {
+        let (o, t) = (
+            diskit(
+                &args
+                    .iter()
+                    .map(|a| if *a == "IMG" { s(&ours) } else { a })
+                    .collect::<Vec<_>>(),
+            ),
+            qemu_img(
+                &args
+                    .iter()
+                    .map(|a| if *a == "IMG" { s(&theirs) } else { a })
+                    .collect::<Vec<_>>(),
+            ),
+        );
+        assert_eq!(code(&o), code(&t), "{args:?}");
+        assert_eq!(
+            stderr(&o).replace("diskit: ", ""),
+            stderr(&t).replace("qemu-img: ", ""),
+            "{args:?}"
+        );
+    }
+    ok(diskit(&["resize", "-q", "--shrink", s(&ours), "--", "-3M"]));
+    ok(qemu_img(&[
+        "resize",
+        "-q",
+        "--shrink",
+        s(&theirs),
+        "--",
+        "-3M",
+    ]));
+    assert_eq!(
+        std::fs::metadata(&ours).unwrap().len(),
+        std::fs::metadata(&theirs).unwrap().len()
+    );
+    let check = qemu_img(&["check", s(&ours)]);
+    assert_eq!(code(&check), 0, "{}", stdout(&check));
+}
+
 /// `convert -l` reads an internal snapshot, by id or name, as qemu-img does.
 #[test]
 fn convert_reads_internal_snapshots() {

@@ -32,9 +32,20 @@ pub struct Args {
 
 pub fn run(a: Args) -> CmdResult {
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let qcow2_prealloc = match a.preallocation.as_deref() {
+        None => None,
+        Some(p) => Some(
+            diskit_formats::qcow2::create::parse_prealloc(p)
+                .ok_or_else(|| CliError::new(format!("Invalid preallocation mode '{p}'")))?,
+        ),
+    };
     let prealloc = match a.preallocation.as_deref() {
         None => None,
-        Some("metadata") => return Err(CliError::new("Unsupported preallocation mode: metadata")),
+        Some("metadata") if format != Some(Format::Qcow2) => {
+            // Only qcow2 has metadata to preallocate (checked again once
+            // the format is known).
+            None
+        }
         Some(p) => Some(
             Preallocation::parse(p)
                 .map_err(|_| CliError::new(format!("Invalid preallocation mode '{p}'")))?,
@@ -71,9 +82,9 @@ pub fn run(a: Args) -> CmdResult {
             -1 => current.saturating_sub(n),
             _ => n,
         };
-        if prealloc.is_some_and(|p| p != Preallocation::Off) {
+        if qcow2_prealloc.is_some() && new_size <= current {
             return Err(CliError::new(
-                "Preallocation is not supported when resizing qcow2 images by this build",
+                "Preallocation can only be used for growing images",
             ));
         }
         if new_size < current && !a.shrink {
@@ -83,13 +94,16 @@ pub fn run(a: Args) -> CmdResult {
                  Before performing such an operation, make sure there is no important data there.",
             ));
         }
-        q.resize(new_size, a.shrink)
+        q.resize_with(new_size, a.shrink, qcow2_prealloc.unwrap_or_default())
             .and_then(|_| img.close())
             .map_err(|e| CliError::new(e.to_string()))?;
         if !a.quiet {
             println!("Image resized.");
         }
         return Ok(0);
+    }
+    if a.preallocation.as_deref() == Some("metadata") {
+        return Err(CliError::new("Unsupported preallocation mode: metadata"));
     }
     if img.format != Format::Raw {
         return Err(CliError::new(format!(

@@ -215,8 +215,8 @@ fn parse_number_opt(name: &str, v: &str) -> Result<u64> {
     Ok(if neg { n.wrapping_neg() } else { n })
 }
 
-/// A preallocation mode name.
-pub(crate) fn parse_prealloc(s: &str) -> Option<Prealloc> {
+/// A preallocation mode name (off, metadata, falloc, full).
+pub fn parse_prealloc(s: &str) -> Option<Prealloc> {
     match s {
         "off" => Some(Prealloc::Off),
         "metadata" => Some(Prealloc::Metadata),

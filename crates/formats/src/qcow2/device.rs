@@ -589,6 +589,11 @@ impl Qcow2 {
         Ok(())
     }
 
+    /// The file that holds guest data.
+    pub(super) fn data_file(&self) -> &Arc<FileDevice> {
+        &self.data
+    }
+
     /// Whether guest data lives in an external data file.
     pub fn data_is_external(&self) -> bool {
         !Arc::ptr_eq(&self.data, &self.file)

@@ -2,15 +2,27 @@
 
 use std::sync::atomic::Ordering;
 
-use diskit_core::{BlockDevice, Error, ErrorKind, Result};
+use diskit_backends::Preallocation;
+use diskit_core::{BlockDevice, Error, ErrorKind, Result, ZeroFlags};
 
 use super::Qcow2;
-use super::layout::Geometry;
+use super::create_layout::Prealloc;
+use super::l2::{COPIED, L2Entry};
+use super::layout::{Geometry, GuestOffset, HostCluster};
 
 impl Qcow2 {
     /// Changes the virtual size. Growing may move the L1 table; shrinking
-    /// (only with `shrink`) drops every cluster past the new end.
+    /// (only with `shrink`) drops every cluster past the new end and
+    /// truncates the file after the last cluster still in use.
     pub fn resize(&self, new_size: u64, shrink: bool) -> Result<()> {
+        self.resize_with(new_size, shrink, Prealloc::Off)
+    }
+
+    /// [`Self::resize`], reserving the space of a grown disk as `prealloc`
+    /// says (metadata: clusters allocated and mapped; falloc: and reserved
+    /// in the file; full: and written with zeros), as `qemu-img resize
+    /// --preallocation` does.
+    pub fn resize_with(&self, new_size: u64, shrink: bool, prealloc: Prealloc) -> Result<()> {
         if !self.writable {
             return Err(Error::new(
                 ErrorKind::PermissionDenied,
@@ -36,6 +48,11 @@ impl Qcow2 {
         if needed > i32::MAX as u64 / 8 {
             return Err(Error::invalid("The image size is too large"));
         }
+        if prealloc != Prealloc::Off && new_size <= old {
+            return Err(Error::invalid(
+                "Preallocation can only be used for growing images",
+            ));
+        }
         if new_size < old {
             if !shrink {
                 return Err(Error::invalid(
@@ -55,6 +72,12 @@ impl Qcow2 {
             if needed as usize > meta.l1.len() {
                 meta.relocate_l1(needed as usize)?;
             }
+        }
+        if prealloc != Prealloc::Off {
+            self.preallocate(old, new_size, prealloc)?;
+        }
+        {
+            let mut meta = self.lock();
             meta.write_back()?;
             meta.write_back()?;
         }
@@ -62,8 +85,98 @@ impl Qcow2 {
         self.file.write_extend(&new_size.to_be_bytes(), 24)?;
         self.file.flush()?;
         self.size.store(new_size, Ordering::Release);
+        if new_size < old {
+            self.truncate_tail()?;
+        }
         if self.keeps_bitmaps() {
             self.resize_bitmaps(old)?;
+        }
+        Ok(())
+    }
+
+    /// Maps every unallocated guest cluster of `[from, to)` to a new host
+    /// cluster (contiguous runs), then reserves or zeroes the host space as
+    /// `mode` says. The mapping reaches the file after the data space.
+    fn preallocate(&self, from: u64, to: u64, mode: Prealloc) -> Result<()> {
+        let geo = self.geometry();
+        let cs = geo.cluster_size();
+        let per = geo.l2_entries();
+        let external = self.data_is_external();
+        let end = to.div_ceil(cs);
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        {
+            let mut meta = self.lock();
+            let mut c = from / cs;
+            while c < end {
+                let table_end = end.min((c / per + 1) * per);
+                let unallocated = |meta: &mut super::meta::Meta, c: u64| -> Result<bool> {
+                    Ok(meta.entry(GuestOffset(c * cs))? == L2Entry::default())
+                };
+                if !unallocated(&mut meta, c)? {
+                    c += 1;
+                    continue;
+                }
+                let mut stop = c + 1;
+                while stop < table_end && unallocated(&mut meta, stop)? {
+                    stop += 1;
+                }
+                let host = if external {
+                    c * cs
+                } else {
+                    geo.host_offset(meta.refs()?.alloc(stop - c)?.0).0
+                };
+                for i in c..stop {
+                    let word = (host + (i - c) * cs) | COPIED;
+                    meta.set_entry(GuestOffset(i * cs), L2Entry { word, bitmap: 0 })?;
+                }
+                runs.push((host, (stop - c) * cs));
+                c = stop;
+            }
+        }
+        let Some(last_end) = runs.iter().map(|&(h, n)| h + n).max() else {
+            return Ok(());
+        };
+        let data = self.data_file();
+        let file_end = data.file_len()?;
+        let how = match mode {
+            Prealloc::Off | Prealloc::Metadata => Preallocation::Off,
+            Prealloc::Falloc => Preallocation::Falloc,
+            Prealloc::Full => Preallocation::Full,
+        };
+        // Runs inside the file (reused free clusters) are reserved in place;
+        // the space past its end is added in one go.
+        if how != Preallocation::Off {
+            for &(h, n) in &runs {
+                let n = n.min(file_end.saturating_sub(h));
+                if n == 0 {
+                    continue;
+                }
+                if how == Preallocation::Full {
+                    diskit_core::device::write_zero_buffer(&**data, h, n, false)?;
+                } else {
+                    data.write_zeroes(h, n, ZeroFlags::default())?;
+                }
+            }
+        }
+        if last_end > file_end {
+            data.resize(last_end, how)?;
+        }
+        data.flush()
+    }
+
+    /// Truncates the file after the last cluster in use (after a shrink).
+    fn truncate_tail(&self) -> Result<()> {
+        let cs = self.geometry().cluster_size();
+        let len = self.file.file_len()?;
+        let mut meta = self.lock();
+        let refs = meta.refs()?;
+        let mut last = len.div_ceil(cs);
+        while last > 0 && refs.get(HostCluster(last - 1))? == 0 {
+            last -= 1;
+        }
+        drop(meta);
+        if last * cs < len {
+            self.file.resize(last * cs, Preallocation::Off)?;
         }
         Ok(())
     }
