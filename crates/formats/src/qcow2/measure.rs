@@ -158,7 +158,19 @@ pub fn source_bitmaps_size(
     cluster_size: u64,
 ) -> Result<Option<u64>> {
     use super::header::{Header, autoclear, ext};
-    let mut first = vec![0u8; (2usize << 20).min(file.size() as usize)];
+    // Only the header cluster: reading more would pull data into the page
+    // cache, where file systems then report preallocated-but-unwritten
+    // ranges as data to later block-status queries.
+    let mut fixed = [0u8; 104];
+    let n = fixed.len().min(file.size() as usize);
+    file.read_at(&mut fixed[..n], 0)?;
+    let cluster_bits = u32::from_be_bytes(fixed[20..24].try_into().expect("4 bytes"));
+    if !(9..=21).contains(&cluster_bits) {
+        return Err(Error::io(format!(
+            "Unsupported cluster size: 2^{cluster_bits}"
+        )));
+    }
+    let mut first = vec![0u8; (1usize << cluster_bits).min(file.size() as usize)];
     file.read_at(&mut first, 0)?;
     let header = Header::parse(&first)?;
     if header.version < 3 {
