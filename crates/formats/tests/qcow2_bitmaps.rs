@@ -280,3 +280,40 @@ fn resize_fits_the_bitmaps_as_qemu_does() {
         }
     }
 }
+
+fn autoclear_bits(img: &Path) -> u64 {
+    let b = std::fs::read(img).unwrap();
+    u64::from_be_bytes(b[88..96].try_into().unwrap())
+}
+
+#[test]
+fn unknown_autoclear_bits_go_at_a_writable_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image_with_bitmaps(dir.path(), "autoclear.qcow2", "cluster_size=65536");
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[95] |= 1 << 5;
+    std::fs::write(&img, bytes).unwrap();
+    assert_eq!(autoclear_bits(&img), 1 | 1 << 5);
+    let open = |writable| {
+        open_image(
+            &img,
+            Some(Format::Qcow2),
+            OpenOptions {
+                writable,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    open(false).close().unwrap();
+    assert_eq!(
+        autoclear_bits(&img),
+        1 | 1 << 5,
+        "a read-only open changes nothing"
+    );
+    open(true).close().unwrap();
+    // The bitmaps bit stays: diskit keeps the bitmaps up to date.
+    assert_eq!(autoclear_bits(&img), 1);
+    check_clean(&img);
+    assert_eq!(bitmap_flags(&img).len(), 3);
+}

@@ -8,7 +8,7 @@ use diskit_core::error::ResultExt;
 use diskit_core::{BlockDevice, Error, ErrorKind, Result};
 
 use super::device::{Backing, Qcow2};
-use super::header::{Header, ext, incompat};
+use super::header::{Header, autoclear, ext, incompat};
 use super::l2::DecodeContext;
 use super::layout::Geometry;
 use super::meta::Meta;
@@ -100,6 +100,13 @@ pub fn open(
             }
             header = read_header(&file)?;
         }
+    }
+    if opts.writable && header.version >= 3 && header.autoclear_features & !autoclear::KNOWN != 0 {
+        // Unknown autoclear bits go at a read-write open, as the format asks
+        // of programs that do not maintain what they stand for.
+        header.autoclear_features &= autoclear::KNOWN;
+        file.write_extend(&header.autoclear_features.to_be_bytes(), 88)?;
+        file.flush()?;
     }
     let external = header.incompatible_features & incompat::EXTERNAL_DATA != 0;
     let data = if external {
