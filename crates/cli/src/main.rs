@@ -38,7 +38,7 @@ enum Command {
     Measure(cmd::measure::Args),
     /// Check (and repair) an image's metadata.
     Check(cmd::check::Args),
-    /// List the internal snapshots of an image.
+    /// List, create, apply or delete internal snapshots.
     Snapshot(cmd::snapshot::Args),
 }
 

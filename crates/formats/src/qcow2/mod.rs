@@ -22,6 +22,8 @@ pub mod open;
 pub mod refcount;
 pub mod resize;
 pub mod snapshot;
+pub mod snapshot_ops;
+pub mod snapshot_refs;
 pub mod table;
 
 pub use device::Qcow2;
