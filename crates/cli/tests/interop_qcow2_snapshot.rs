@@ -1,8 +1,9 @@
-//! Internal snapshots, both ways with qemu-img and qemu-io as the oracle:
-//! snapshots diskit creates, applies and deletes leave images that
-//! `qemu-img check` finds clean, that `qemu-img snapshot -l` lists and
+//! Internal snapshots and `amend`, both ways with qemu-img and qemu-io as
+//! the oracle: snapshots diskit creates, applies and deletes leave images
+//! that `qemu-img check` finds clean, that `qemu-img snapshot -l` lists and
 //! whose snapshots `qemu-img convert -l` reads back as they were; snapshots
-//! qemu-img made are applied and deleted by diskit; errors read as
+//! qemu-img made are applied and deleted by diskit; every amendable option
+//! changes what `qemu-img info` shows and nothing else; errors read as
 //! qemu-img's.
 
 mod common;
@@ -258,13 +259,13 @@ fn fails_like_qemu_img(img: &Path, args: &[&str], as_nobody: bool) -> Output {
     };
     let o = run(&diskit_bin(), &mine);
     let t = run(Path::new("qemu-img"), &theirs);
-    let strip = |e: String, p: &str| e.replace(p, "").replace(".ours", "").replace(".theirs", "");
+    let strip = |e: String| {
+        e.replace("diskit", "qemu-img")
+            .replace(".ours", "")
+            .replace(".theirs", "")
+    };
     assert_eq!(code(&o), code(&t), "{args:?}: {}", stderr(&o));
-    assert_eq!(
-        strip(stderr(&o), "diskit: "),
-        strip(stderr(&t), "qemu-img: "),
-        "{args:?}"
-    );
+    assert_eq!(strip(stderr(&o)), strip(stderr(&t)), "{args:?}");
     assert_eq!(stdout(&o), stdout(&t), "{args:?}");
     o
 }
@@ -341,4 +342,189 @@ fn errors_like_qemu_img() {
     let o = diskit(&["snapshot", "-c", "a", "-d", "b", s(&img)]);
     assert_eq!(code(&o), 1);
     assert!(stderr(&o).contains("Cannot mix '-l', '-a', '-c', '-d'"));
+}
+
+/// qemu-img's format-specific data for an image.
+fn qcow2_info(img: &Path) -> serde_json::Value {
+    let o = ok(qemu_img(&["info", "--output=json", s(img)]));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["format-specific"]["data"].clone()
+}
+
+#[test]
+fn amend_every_option() {
+    let dir = workdir();
+    let d = dir.path();
+    // (created with, amended with, field, value qemu-img info then shows)
+    let cases: [(&str, &str, &str, serde_json::Value); 12] = [
+        ("compat=0.10", "compat=1.1", "compat", "1.1".into()),
+        ("compat=1.1", "compat=0.10", "compat", "0.10".into()),
+        ("lazy_refcounts=on", "compat=v2", "compat", "0.10".into()),
+        (
+            "compression_type=zstd",
+            "compat=0.10",
+            "compat",
+            "0.10".into(),
+        ),
+        (
+            "compat=1.1",
+            "lazy_refcounts=on",
+            "lazy-refcounts",
+            true.into(),
+        ),
+        (
+            "lazy_refcounts=on",
+            "lazy_refcounts=off",
+            "lazy-refcounts",
+            false.into(),
+        ),
+        ("compat=1.1", "refcount_bits=1", "refcount-bits", 1.into()),
+        ("compat=1.1", "refcount_bits=4", "refcount-bits", 4.into()),
+        (
+            "refcount_bits=8",
+            "refcount_bits=64",
+            "refcount-bits",
+            64.into(),
+        ),
+        (
+            "cluster_size=4096",
+            "refcount_bits=8",
+            "refcount-bits",
+            8.into(),
+        ),
+        (
+            "compat=0.10",
+            "compat=1.1,refcount_bits=32,lazy_refcounts=on",
+            "refcount-bits",
+            32.into(),
+        ),
+        (
+            "compat=1.1",
+            "compat=0.10,refcount_bits=16",
+            "compat",
+            "0.10".into(),
+        ),
+    ];
+    for (create, amend, field, want) in cases {
+        let what = format!("{create} -> {amend}");
+        let img = d.join("a.qcow2");
+        ok(qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            create,
+            s(&img),
+            "4M",
+        ]));
+        // Data, zero clusters (plain and allocated) and, where a refcount
+        // of 2 fits, a snapshot; compressed data only where it may stay.
+        let mut cmds = vec![
+            "write -P 0x11 0 64k",
+            "write -z 1M 128k",
+            "write -P 0x22 2M 64k",
+            "write -z 2M 64k",
+            "write -P 0x33 3M 4k",
+        ];
+        if !amend.contains("compat=0.10") && !create.contains("zstd") {
+            cmds.push("write -c -P 0x44 3200k 64k");
+        }
+        qemu_io(&img, &cmds);
+        if !amend.contains("refcount_bits=1") {
+            ok(qemu_img(&["snapshot", "-c", "keep", s(&img)]));
+            qemu_io(&img, &["write -P 0x55 0 32k"]);
+        }
+        let copy = d.join("copy.qcow2");
+        std::fs::copy(&img, &copy).unwrap();
+        let has_snap = !amend.contains("refcount_bits=1");
+        let snap_before = has_snap.then(|| contents(&img, Some("keep"), &d.join("k0.raw")));
+        ok(diskit(&["amend", "-o", amend, s(&img)]));
+        clean(&img, &what);
+        assert_eq!(qcow2_info(&img)[field], want, "{what}");
+        ok(qemu_img(&["compare", s(&copy), s(&img)]));
+        if let Some(before) = snap_before {
+            assert!(
+                contents(&img, Some("keep"), &d.join("k1.raw")) == before,
+                "{what}"
+            );
+        }
+        std::fs::remove_file(&img).unwrap();
+    }
+    // The size, and several -o merged.
+    let img = qemu_image(d, "s.qcow2", "", "4M");
+    ok(diskit(&[
+        "amend",
+        "-o",
+        "size=8M",
+        "-o",
+        "lazy_refcounts=on",
+        s(&img),
+    ]));
+    clean(&img, "size");
+    let info = stdout(&ok(qemu_img(&["info", "--output=json", s(&img)])));
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(v["virtual-size"], 8 << 20);
+    assert_eq!(v["format-specific"]["data"]["lazy-refcounts"], true);
+    // The external data file's name, and its raw bit cleared.
+    let ext = d.join("e.qcow2");
+    let data = d.join("e.data");
+    let data_opt = format!("data_file={},data_file_raw=on", s(&data));
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        &data_opt,
+        s(&ext),
+        "1M",
+    ]));
+    qemu_io(&ext, &["write -P 0x66 0 64k"]);
+    let moved = d.join("moved.data");
+    std::fs::copy(&data, &moved).unwrap();
+    let amend_opt = format!("data_file={},data_file_raw=off", s(&moved));
+    ok(diskit(&["amend", "-o", &amend_opt, s(&ext)]));
+    clean(&ext, "data_file");
+    let v = qcow2_info(&ext);
+    assert_eq!(v["data-file"], s(&moved));
+    assert_eq!(v["data-file-raw"], false);
+    std::fs::remove_file(&data).unwrap();
+    let raw = d.join("e.raw");
+    sparse_file(&raw, 1 << 20, &[(0, 64 << 10, 0x66)]);
+    ok(qemu_img(&["compare", "-f", "raw", s(&raw), s(&ext)]));
+}
+
+#[test]
+fn amend_errors_like_qemu_img() {
+    let dir = workdir();
+    let d = dir.path();
+    let img = qemu_image(d, "a.qcow2", "", "4M");
+    ok(qemu_img(&["snapshot", "-c", "s", s(&img)]));
+    for o in [
+        "foo=bar",
+        "cluster_size=4096",
+        "extended_l2=on",
+        "compat=2",
+        "refcount_bits=3",
+        "refcount_bits=128",
+        "lazy_refcounts=maybe",
+        "compat=0.10,lazy_refcounts=on",
+        "refcount_bits=8,compat=0.10",
+        "data_file=x.raw",
+        "data_file_raw=on",
+        "backing_file=b.qcow2",
+        "backing_fmt=raw",
+        "encrypt.keyslot=1",
+        "refcount_bits=1",
+        "help",
+    ] {
+        fails_like_qemu_img(&img, &["amend", "-o", o, "{}"], false);
+    }
+    fails_like_qemu_img(&img, &["amend", "{}"], false);
+    fails_like_qemu_img(&img, &["amend", "-f", "raw", "-o", "size=1M", "{}"], false);
+    for create in ["extended_l2=on", "refcount_bits=8", "compression_type=zstd"] {
+        let i = qemu_image(d, "b.qcow2", create, "4M");
+        fails_like_qemu_img(&i, &["amend", "-o", "compat=0.10", "{}"], false);
+    }
 }

@@ -5,6 +5,9 @@
 //! The metadata answers "where does this guest range live?" ([`l2::Mapping`])
 //! and one generic layer ([`device`]) moves the bytes.
 
+pub mod amend;
+pub mod amend_refcount;
+pub mod amend_zero;
 pub mod bitmap;
 pub mod cache;
 pub mod check;
