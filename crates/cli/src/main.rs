@@ -36,9 +36,11 @@ enum Command {
     Resize(cmd::resize::Args),
     /// Compute the size needed for an image.
     Measure(cmd::measure::Args),
+    /// Change the options of an existing image.
+    Amend(cmd::amend::Args),
     /// Check (and repair) an image's metadata.
     Check(cmd::check::Args),
-    /// List the internal snapshots of an image.
+    /// List, create, apply or delete internal snapshots.
     Snapshot(cmd::snapshot::Args),
 }
 
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
         Command::Convert(a) => cmd::convert::run(a),
         Command::Resize(a) => cmd::resize::run(a),
         Command::Measure(a) => cmd::measure::run(a),
+        Command::Amend(a) => cmd::amend::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Snapshot(a) => cmd::snapshot::run(a),
     };

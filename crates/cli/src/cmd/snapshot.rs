@@ -1,14 +1,15 @@
-//! `diskit snapshot`: list the internal snapshots of an image (creating,
-//! applying and deleting them is not supported yet), and the snapshot
-//! table as qemu-img prints it (shared with `info`).
+//! `diskit snapshot`: list, create, apply and delete the internal
+//! snapshots of an image as qemu-img does, and the snapshot table as
+//! qemu-img prints it (shared with `info`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::CmdResult;
 use crate::util::{CliError, open, parse_source_format};
 use diskit_core::size::human_size;
-use diskit_formats::OpenOptions;
+use diskit_core::{Error, ErrorKind};
 use diskit_formats::qcow2::snapshot::{self, Snapshot};
+use diskit_formats::{Format, OpenOptions};
 
 /// Arguments of `snapshot`.
 #[derive(clap::Args, Debug)]
@@ -46,32 +47,107 @@ pub fn run(a: Args) -> CmdResult {
             "Cannot mix '-l', '-a', '-c', '-d'",
         ));
     }
-    let _ = (a.force_share, a.quiet);
-    for (names, verb, doing) in [
-        (&a.create, "create", "creating"),
-        (&a.apply, "apply", "applying"),
-        (&a.delete, "delete", "deleting"),
-    ] {
-        if let Some(name) = names.first() {
-            return Err(CliError::new(format!(
-                "Could not {verb} snapshot '{name}': {doing} snapshots is not supported \
-                 yet (only listing, -l)"
-            )));
-        }
-    }
+    let _ = a.quiet;
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let change = if let Some(name) = a.create.first() {
+        Some(Change::Create(name))
+    } else if let Some(name) = a.apply.first() {
+        Some(Change::Apply(name))
+    } else {
+        a.delete.first().map(|name| Change::Delete(name))
+    };
+    if let Some(change) = change {
+        let _ = a.force_share;
+        return modify(&a.filename, format, change);
+    }
     // Like qemu-img, the whole chain is opened (a missing backing file is
     // an error), and formats without snapshots list nothing.
     let img = open(&a.filename, format, OpenOptions::default())?;
     let Some(q) = &img.qcow2 else {
         return Ok(0);
     };
+    if q.data_is_external() {
+        // QEMU lists no snapshots for images with an external data file.
+        return Ok(0);
+    }
     let snaps = snapshot::read(&img.file, q.header())
         .map_err(|e| CliError::new(format!("Could not list snapshots: {e}")))?;
     if !snaps.is_empty() {
         print!("Snapshot list:\n{}", table(&snaps));
     }
     Ok(0)
+}
+
+/// A change to the snapshots of an image.
+enum Change<'a> {
+    Create(&'a str),
+    Apply(&'a str),
+    Delete(&'a str),
+}
+
+/// Creates, applies or deletes a snapshot, with qemu-img's messages.
+fn modify(path: &Path, format: Option<Format>, change: Change<'_>) -> CmdResult {
+    let img = open(
+        path,
+        format,
+        OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )?;
+    if format.is_none() && img.format == Format::Raw {
+        // qemu-img warns again when -a reopens the image below the format.
+        let times = if matches!(change, Change::Apply(_)) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..times {
+            eprintln!(
+                "WARNING: Image format was not specified for '{}' and probing guessed raw.\n         \
+                 Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n         \
+                 Specify the 'raw' format explicitly to remove the restrictions.",
+                path.display()
+            );
+        }
+    }
+    let q = img.qcow2.as_deref();
+    let result = match change {
+        Change::Create(name) => {
+            let q = q.ok_or_else(|| Error::from_kind(ErrorKind::NotSupported));
+            let (sec, nsec) = now();
+            q.and_then(|q| q.create_snapshot(name, sec, nsec))
+                .map(|_| ())
+                .map_err(|e| format!("Could not create snapshot '{name}': {e}"))
+        }
+        Change::Apply(name) => {
+            let r = match q {
+                None => Err("Block driver does not support snapshots".to_string()),
+                Some(q) => q
+                    .apply_snapshot(name)
+                    .map_err(|e| format!("Failed to load snapshot: {e}")),
+            };
+            r.map_err(|e| format!("Could not apply snapshot '{name}': {e}"))
+        }
+        Change::Delete(name) => {
+            let q = q.ok_or_else(|| Error::new(ErrorKind::NotFound, "snapshot not found"));
+            q.and_then(|q| q.delete_snapshot(name))
+                .map_err(|e| format!("Could not delete snapshot '{name}': {e}"))
+        }
+    };
+    let closed = img.close();
+    result.map_err(CliError::new)?;
+    closed?;
+    Ok(0)
+}
+
+/// The time now as qemu-img records it: seconds and microseconds (as
+/// nanoseconds).
+fn now() -> (u32, u32) {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_secs() as u32, t.subsec_micros() * 1000)
 }
 
 /// The snapshot table as qemu-img prints it (`bdrv_snapshot_dump`): a

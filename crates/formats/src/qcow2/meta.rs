@@ -350,6 +350,32 @@ impl Meta {
         Ok(())
     }
 
+    /// Marks the cached L2 table at `at` (loaded with [`Self::l2_table`])
+    /// as changed, to be written by [`Self::write_back`].
+    pub fn mark_l2_dirty(&mut self, at: HostOffset) {
+        if let Some(slot) = self.l2.get(at) {
+            slot.dirty = true;
+        }
+    }
+
+    /// Drops the L2 table at `at` from the cache without writing it: its
+    /// cluster has just been freed.
+    pub fn forget_l2(&mut self, at: HostOffset) {
+        self.l2.remove(at);
+    }
+
+    /// Replaces the active L1 entries (the table keeps its place and
+    /// length), marking the entries that change for write-back.
+    pub fn replace_l1(&mut self, l1: &[u64]) {
+        debug_assert_eq!(l1.len(), self.l1.len());
+        for (i, (old, new)) in self.l1.iter_mut().zip(l1).enumerate() {
+            if old != new {
+                *old = *new;
+                self.l1_dirty.insert(i);
+            }
+        }
+    }
+
     /// Whether any metadata waits to be written.
     pub fn is_dirty(&self) -> bool {
         !self.l1_dirty.is_empty()

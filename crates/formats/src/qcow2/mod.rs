@@ -5,6 +5,9 @@
 //! The metadata answers "where does this guest range live?" ([`l2::Mapping`])
 //! and one generic layer ([`device`]) moves the bytes.
 
+pub mod amend;
+pub mod amend_refcount;
+pub mod amend_zero;
 pub mod bitmap;
 pub mod bitmap_bits;
 pub mod bitmap_store;
@@ -24,6 +27,8 @@ pub mod open;
 pub mod refcount;
 pub mod resize;
 pub mod snapshot;
+pub mod snapshot_ops;
+pub mod snapshot_refs;
 pub mod table;
 
 pub use device::Qcow2;

@@ -1,0 +1,78 @@
+//! `diskit amend`: change the options of an existing image, as
+//! `qemu-img amend` does (qcow2 only).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::CmdResult;
+use crate::util::{CliError, open, parse_options, parse_source_format};
+use diskit_formats::qcow2::amend::{self, Amend};
+use diskit_formats::{Format, OpenOptions};
+
+/// Arguments of `amend`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Image format (probed if absent).
+    #[arg(short = 'f')]
+    format: Option<String>,
+    /// Options to change (key=value,...); "help" lists them.
+    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    options: Vec<String>,
+    /// Cache mode (accepted for compatibility).
+    #[arg(short = 't')]
+    cache: Option<String>,
+    /// Show progress.
+    #[arg(short = 'p')]
+    progress: bool,
+    /// Quiet.
+    #[arg(short = 'q')]
+    quiet: bool,
+    /// Allow changes qemu-img guards with --force (none for qcow2).
+    #[arg(long = "force")]
+    force: bool,
+    /// The image.
+    filename: PathBuf,
+}
+
+pub fn run(a: Args) -> CmdResult {
+    let _ = (a.cache, a.force);
+    if a.options.is_empty() {
+        return Err(CliError::usage("amend", "Must specify options (-o)"));
+    }
+    let opts = parse_options(&a.options)?;
+    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    if opts.wants_help() && format == Some(Format::Qcow2) {
+        print!("{}", amend::help());
+        return Ok(0);
+    }
+    let img = open(
+        &a.filename,
+        format,
+        OpenOptions {
+            writable: !opts.wants_help(),
+            ..Default::default()
+        },
+    )?;
+    let Some(q) = &img.qcow2 else {
+        return Err(CliError::new(format!(
+            "Format driver '{}' does not support option amendment",
+            img.format
+        )));
+    };
+    if opts.wants_help() {
+        print!("{}", amend::help());
+        return Ok(0);
+    }
+    let changes = Amend::parse(&opts).map_err(|e| CliError::new(e.to_string()))?;
+    let progress = a.progress && !a.quiet;
+    if progress {
+        print!("    (0.00/100%)\r");
+        let _ = std::io::stdout().flush();
+    }
+    let result = q.amend(&changes).and_then(|_| img.close());
+    if progress {
+        println!("    (100.00/100%)\r");
+    }
+    result.map_err(|e| CliError::new(e.to_string()))?;
+    Ok(0)
+}
