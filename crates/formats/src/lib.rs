@@ -64,6 +64,9 @@ pub struct OpenOptions {
     pub l2_cache_size: Option<u64>,
     /// Read this internal snapshot (qcow2 only; id or name).
     pub snapshot: Option<String>,
+    /// How many layers of the backing chain below the image are opened
+    /// writable too (with `writable`): commit writes into its base.
+    pub writable_backing_depth: usize,
 }
 
 /// An open image: the guest-visible device plus what `info` and `map` need.
@@ -172,9 +175,11 @@ fn open_in_chain(
             let below = std::cell::RefCell::new(None);
             let mut open_backing = |p: &Path, fmt: Option<&str>| -> Result<(DeviceRef, u64)> {
                 let fmt = fmt.map(Format::from_name).transpose()?;
+                let below_writable = opts.writable && opts.writable_backing_depth > 0;
                 let ro = OpenOptions {
-                    writable: false,
+                    writable: below_writable,
                     snapshot: None,
+                    writable_backing_depth: opts.writable_backing_depth.saturating_sub(1),
                     ..opts.clone()
                 };
                 let img = open_in_chain(p, fmt, ro, seen)?;

@@ -5,6 +5,7 @@
 //! The metadata answers "where does this guest range live?" ([`l2::Mapping`])
 //! and one generic layer ([`device`]) moves the bytes.
 
+pub mod backing;
 pub mod bitmap;
 pub mod cache;
 pub mod check;
@@ -13,6 +14,7 @@ pub mod compressed;
 pub mod create;
 pub mod create_layout;
 pub mod device;
+pub mod empty;
 pub mod header;
 pub mod l2;
 pub mod layout;

@@ -51,7 +51,7 @@ fn get_entry(block: &[u8], order: u32, i: u64) -> u64 {
 }
 
 /// Writes a refcount of width 2^order bits at index `i` of a block.
-fn set_entry(block: &mut [u8], order: u32, i: u64, v: u64) {
+pub(super) fn set_entry(block: &mut [u8], order: u32, i: u64, v: u64) {
     let bits = 1u64 << order;
     if bits < 8 {
         let bit = i * bits;
