@@ -38,6 +38,10 @@ enum Command {
     Measure(cmd::measure::Args),
     /// Check (and repair) an image's metadata.
     Check(cmd::check::Args),
+    /// Write an image's data into its backing file.
+    Commit(cmd::commit::Args),
+    /// Change the backing file of an image.
+    Rebase(cmd::rebase::Args),
     /// List the internal snapshots of an image.
     Snapshot(cmd::snapshot::Args),
 }
@@ -88,6 +92,8 @@ fn main() -> ExitCode {
         Command::Measure(a) => cmd::measure::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Snapshot(a) => cmd::snapshot::run(a),
+        Command::Commit(a) => cmd::commit::run(a),
+        Command::Rebase(a) => cmd::rebase::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -5,6 +5,7 @@
 //! format lives in its own module; raw is the identity mapping, so a raw image
 //! is its file device.
 
+mod chain;
 pub mod options;
 pub mod probe;
 pub mod qcow2;
@@ -67,6 +68,9 @@ pub struct OpenOptions {
     /// How many layers of the backing chain below the image are opened
     /// writable too (with `writable`): commit writes into its base.
     pub writable_backing_depth: usize,
+    /// Do not open the backing file: the image reads as if it had none
+    /// (what an unsafe rebase needs when the backing file is gone).
+    pub no_backing: bool,
 }
 
 /// An open image: the guest-visible device plus what `info` and `map` need.
@@ -174,6 +178,11 @@ fn open_in_chain(
             let file = Arc::new(probe_file);
             let below = std::cell::RefCell::new(None);
             let mut open_backing = |p: &Path, fmt: Option<&str>| -> Result<(DeviceRef, u64)> {
+                if opts.no_backing {
+                    // An empty device: everything reads as zeros.
+                    let none: DeviceRef = Arc::new(diskit_backends::NullDevice::new(0));
+                    return Ok((none, 0));
+                }
                 let fmt = fmt.map(Format::from_name).transpose()?;
                 let below_writable = opts.writable && opts.writable_backing_depth > 0;
                 let ro = OpenOptions {

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
 use crate::util::{
-    CliError, open, parse_format, parse_options, parse_size_arg, parse_source_format,
+    CacheMode, CliError, cache_mode, open, parse_format, parse_options, parse_size_arg,
+    parse_source_format,
 };
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::concat::Concat;
@@ -74,30 +75,6 @@ pub struct Args {
     /// Sources, then the target.
     #[arg(required = true, num_args = 2..)]
     files: Vec<PathBuf>,
-}
-
-/// What a cache mode asks for.
-struct CacheMode {
-    direct: bool,
-    flush: bool,
-}
-
-fn cache_mode(s: Option<&str>, default: &str) -> Result<CacheMode, CliError> {
-    match s.unwrap_or(default) {
-        "unsafe" => Ok(CacheMode {
-            direct: false,
-            flush: false,
-        }),
-        "writeback" | "writethrough" => Ok(CacheMode {
-            direct: false,
-            flush: true,
-        }),
-        "none" | "directsync" => Ok(CacheMode {
-            direct: true,
-            flush: true,
-        }),
-        other => Err(CliError::new(format!("Invalid cache option: {other}"))),
-    }
 }
 
 pub fn run(a: Args) -> CmdResult {

@@ -1,11 +1,13 @@
 //! One module per subcommand.
 
 pub mod check;
+pub mod commit;
 pub mod compare;
 pub mod convert;
 pub mod create;
 pub mod info;
 pub mod map;
 pub mod measure;
+pub mod rebase;
 pub mod resize;
 pub mod snapshot;
