@@ -115,7 +115,11 @@ pub fn run(a: Args) -> CmdResult {
     img.close().map_err(|e| CliError::new(e.to_string()))?;
     drop(img);
     let shown = a.backing.as_deref().unwrap_or("(null)");
-    let changed = if is_qcow2 {
+    let changed = if name.is_some() && a.backing_format.is_none() {
+        Err(diskit_core::Error::invalid(
+            "backing format must be specified",
+        ))
+    } else if is_qcow2 {
         change_backing_file(
             &file,
             name,
