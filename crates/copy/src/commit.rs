@@ -59,58 +59,100 @@ impl RateLimit {
 /// Copies into `base` every range of `top` that a layer above depth
 /// `base_depth` of `top`'s chain answers (`base` is that layer, opened
 /// writable, at least as large as `top`).
+///
+/// As QEMU's commit job does, the work is done in whole blocks of
+/// `granularity` bytes (the base's cluster size): every block touched by a
+/// range above the base is written, as zeroes when whole blocks read as
+/// zeros without data, otherwise copied (from the whole chain, so the parts
+/// of a block that come from the base are rewritten unchanged).
 pub fn commit(
     top: &dyn BlockDevice,
     base: &dyn BlockDevice,
     base_depth: u32,
+    granularity: u64,
     progress: &Progress,
     limit: &mut RateLimit,
 ) -> Result<CommitStats> {
     let size = top.size();
+    let g = granularity.max(512);
     progress.start(size);
     let mut stats = CommitStats::default();
     let mut buf = Vec::new();
     let mut pos = 0;
     while pos < size {
-        let extents = top.extents(pos, size - pos)?;
-        let mut any = false;
-        for e in extents {
-            let len = e.length.min(size - pos);
-            if len == 0 {
-                break;
-            }
-            any = true;
-            // A range no layer allocates, above the base, reads as zeros
-            // (past the end of a shorter layer): the base must too.
-            if e.depth < base_depth {
-                if e.flags.zero || !e.flags.present {
+        let (above, n) = run(top, pos, size - pos, base_depth)?;
+        if !above {
+            pos += n;
+            progress.advance(n);
+            continue;
+        }
+        // The block holding `pos` starts at or after the end of the last
+        // one written (those ends are block aligned).
+        let start = pos / g * g;
+        let end = (pos + n).div_ceil(g).saturating_mul(g).min(size);
+        let mut at = start;
+        while at < end {
+            let e = top.extents(at, end - at)?.first().copied();
+            let len = e.map_or(0, |e| e.length.min(end - at));
+            let whole = len / g * g;
+            match e {
+                Some(e) if whole > 0 && !e.flags.data => {
                     base.write_zeroes(
-                        pos,
-                        len,
+                        at,
+                        whole,
                         ZeroFlags {
                             may_trim: true,
                             ..Default::default()
                         },
                     )?;
-                    stats.zeroed_bytes += len;
-                } else {
-                    copy_range(top, base, pos, len, &mut buf, limit)?;
-                    stats.data_bytes += len;
+                    stats.zeroed_bytes += whole;
+                    at += whole;
+                }
+                Some(_) if whole > 0 => {
+                    copy_range(top, base, at, whole, &mut buf, limit)?;
+                    stats.data_bytes += whole;
+                    at += whole;
+                }
+                _ => {
+                    let n = g.min(end - at);
+                    copy_range(top, base, at, n, &mut buf, limit)?;
+                    stats.data_bytes += n;
+                    at += n;
                 }
             }
-            pos += len;
-            progress.advance(len);
         }
-        if !any {
-            // A device that answers nothing: treat the rest as data.
-            copy_range(top, base, pos, size - pos, &mut buf, limit)?;
-            stats.data_bytes += size - pos;
-            progress.advance(size - pos);
-            pos = size;
-        }
+        progress.advance(end - pos);
+        pos = end;
     }
     base.flush()?;
     Ok(stats)
+}
+
+/// Whether `[offset, ...)` is answered above depth `base_depth`, and for
+/// how many bytes (at most `max`, at least 1) that holds.
+fn run(dev: &dyn BlockDevice, offset: u64, max: u64, base_depth: u32) -> Result<(bool, u64)> {
+    let mut state = None;
+    let mut n = 0;
+    while n < max {
+        let before = n;
+        for e in dev.extents(offset + n, max - n)? {
+            let above = e.depth < base_depth;
+            match state {
+                None => state = Some(above),
+                Some(s) if s != above => return Ok((s, n)),
+                _ => {}
+            }
+            n += e.length.min(max - n);
+            if n >= max {
+                break;
+            }
+        }
+        if n == before {
+            // A device that answers nothing: copy the rest.
+            return Ok((true, max));
+        }
+    }
+    Ok((state.unwrap_or(true), n))
 }
 
 fn copy_range(

@@ -220,6 +220,7 @@ impl BlockDevice for Layered {
         e.length = run_end - offset;
         e.depth = depth;
         e.flags.zero = zero;
+        e.flags.data = !zero;
         Ok(vec![e])
     }
 }
@@ -267,7 +268,7 @@ fn commit_copies_the_top_layer_into_the_base() {
     let src = layered();
     let p = Progress::default();
     let mut limit = commit::RateLimit::new(None);
-    let stats = commit::commit(&src, &src.below, 1, &p, &mut limit).unwrap();
+    let stats = commit::commit(&src, &src.below, 1, 65536, &p, &mut limit).unwrap();
     assert_eq!(stats.data_bytes, 65536);
     assert_eq!(stats.zeroed_bytes, 65536);
     assert_same(&src, &src.below);

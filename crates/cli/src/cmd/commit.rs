@@ -120,11 +120,17 @@ fn commit_into(
         }
         .map_err(failed)?;
     }
+    // QEMU's default block size for the job: the base's clusters, or 64 KiB.
+    let granularity = base
+        .qcow2
+        .as_ref()
+        .map_or(65536, |q| q.geometry().cluster_size().max(4096));
     let mut limit = RateLimit::new(rate);
     commit(
         &*img.device,
         &*base.device,
         depth as u32,
+        granularity,
         progress,
         &mut limit,
     )
