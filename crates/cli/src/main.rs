@@ -40,6 +40,10 @@ enum Command {
     Amend(cmd::amend::Args),
     /// Check (and repair) an image's metadata.
     Check(cmd::check::Args),
+    /// Write an image's data into its backing file.
+    Commit(cmd::commit::Args),
+    /// Change the backing file of an image.
+    Rebase(cmd::rebase::Args),
     /// List, create, apply or delete internal snapshots.
     Snapshot(cmd::snapshot::Args),
 }
@@ -91,6 +95,8 @@ fn main() -> ExitCode {
         Command::Amend(a) => cmd::amend::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Snapshot(a) => cmd::snapshot::run(a),
+        Command::Commit(a) => cmd::commit::run(a),
+        Command::Rebase(a) => cmd::rebase::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -123,3 +123,30 @@ pub fn open(path: &Path, format: Option<Format>, opts: OpenOptions) -> Result<Im
     open_image(path, format, opts)
         .map_err(|e| CliError::new(format!("Could not open '{}': {}", path.display(), e)))
 }
+
+/// What a cache mode asks for.
+pub struct CacheMode {
+    /// Bypass the host page cache.
+    pub direct: bool,
+    /// Flush when done.
+    pub flush: bool,
+}
+
+/// Parses a cache mode (`-t`/`-T`), `default` when absent.
+pub fn cache_mode(s: Option<&str>, default: &str) -> Result<CacheMode, CliError> {
+    match s.unwrap_or(default) {
+        "unsafe" => Ok(CacheMode {
+            direct: false,
+            flush: false,
+        }),
+        "writeback" | "writethrough" => Ok(CacheMode {
+            direct: false,
+            flush: true,
+        }),
+        "none" | "directsync" => Ok(CacheMode {
+            direct: true,
+            flush: true,
+        }),
+        other => Err(CliError::new(format!("Invalid cache option: {other}"))),
+    }
+}

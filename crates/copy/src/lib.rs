@@ -9,7 +9,9 @@
 //! them), and written. Reads and writes of different workers overlap; writes
 //! may be kept in source order for destinations whose layout depends on it.
 
+pub mod commit;
 mod plan;
+pub mod rebase;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -39,6 +41,10 @@ pub struct CopyOptions {
     /// Source zero extents count only in whole aligned blocks of this many
     /// bytes (1: any); compressed targets need whole clusters.
     pub zero_alignment: u64,
+    /// Leave alone the ranges a layer below the source's top answers: the
+    /// destination has the same backing file (`convert -B`). Everything
+    /// else, zeros included, is written.
+    pub skip_backing: bool,
 }
 
 impl Default for CopyOptions {
@@ -51,6 +57,7 @@ impl Default for CopyOptions {
             ordered_writes: false,
             flush: false,
             zero_alignment: 1,
+            skip_backing: false,
         }
     }
 }
@@ -69,6 +76,17 @@ impl Progress {
             self.done.load(Ordering::Relaxed),
             self.total.load(Ordering::Relaxed),
         )
+    }
+
+    /// Starts over for an operation of `total` bytes.
+    pub fn start(&self, total: u64) {
+        self.done.store(0, Ordering::Relaxed);
+        self.total.store(total, Ordering::Relaxed);
+    }
+
+    /// Counts `n` more bytes as dealt with.
+    pub fn advance(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -106,7 +124,9 @@ pub fn copy(
         dst,
         opts: opts.clone(),
         planner: Mutex::new(
-            Planner::new(size, opts.request_size as u64).with_zero_alignment(opts.zero_alignment),
+            Planner::new(size, opts.request_size as u64)
+                .with_zero_alignment(opts.zero_alignment)
+                .skipping_backing(opts.skip_backing),
         ),
         failed: AtomicBool::new(false),
         error: Mutex::new(None),
@@ -161,6 +181,10 @@ impl Engine<'_> {
                     Err(e) => return self.fail(e),
                 }
             };
+            if item.skip {
+                self.progress.done.fetch_add(item.len, Ordering::Relaxed);
+                continue;
+            }
             if let Err(e) = self.process(&item, &mut buf) {
                 return self.fail(e);
             }

@@ -15,6 +15,9 @@ pub struct Item {
     pub len: u64,
     /// The source reports the range as reading zeros.
     pub zero: bool,
+    /// A layer below the source's top answers the range: the destination
+    /// has the same layer below it, so nothing is written.
+    pub skip: bool,
 }
 
 /// Zero ranges are handed out in pieces no larger than this, so that a
@@ -31,6 +34,8 @@ pub struct Planner {
     queue: VecDeque<Extent>,
     /// Zero extents are only trusted in whole aligned blocks of this size.
     zero_align: u64,
+    /// Ranges answered below the source's top layer are skipped.
+    skip_below: bool,
 }
 
 impl Planner {
@@ -43,7 +48,28 @@ impl Planner {
             seq: 0,
             queue: VecDeque::new(),
             zero_align: 1,
+            skip_below: false,
         }
+    }
+
+    /// Skips the ranges that a layer below the source's top answers (the
+    /// destination has the same backing file: `convert -B`).
+    pub fn skipping_backing(mut self, skip: bool) -> Planner {
+        self.skip_below = skip;
+        self
+    }
+
+    /// Normalizes an extent to what the copy needs: skipped (depth 1, not
+    /// zero), zero, or data (both at depth 0).
+    fn classify(&self, e: Extent) -> Extent {
+        let mut e = e;
+        if self.skip_below && e.depth > 0 {
+            e.depth = 1;
+            e.flags.zero = false;
+        } else {
+            e.depth = 0;
+        }
+        e
     }
 
     /// Queues the extents from `from` on (the queue holds what precedes it).
@@ -58,7 +84,8 @@ impl Planner {
             }
             let start = from + covered;
             covered += len;
-            self.push(start, Extent { length: len, ..e });
+            let e = self.classify(Extent { length: len, ..e });
+            self.push(start, e);
         }
         if covered == 0 {
             // A device that answers nothing: treat the rest as data.
@@ -101,7 +128,9 @@ impl Planner {
     /// read: only zero or not matters to the copy.
     fn push_merged(&mut self, e: Extent) {
         match self.queue.back_mut() {
-            Some(back) if !back.flags.zero && !e.flags.zero => back.length += e.length,
+            Some(back) if !back.flags.zero && !e.flags.zero && back.depth == e.depth => {
+                back.length += e.length
+            }
             _ => self.queue.push_back(e),
         }
     }
@@ -134,6 +163,18 @@ impl Planner {
             }
         }
         let front = self.queue.front_mut().expect("queue filled above");
+        if front.depth > 0 {
+            let item = Item {
+                seq: self.seq,
+                offset: self.pos,
+                len: front.length,
+                zero: false,
+                skip: true,
+            };
+            self.pos += front.length;
+            self.queue.pop_front();
+            return Ok(Some(item));
+        }
         let zero = front.flags.zero;
         let cap = if zero { MAX_ZERO_ITEM } else { self.request };
         // Align data requests to the request size so that later ones stay aligned.
@@ -152,6 +193,7 @@ impl Planner {
             offset: self.pos,
             len,
             zero,
+            skip: false,
         };
         self.seq += 1;
         self.pos += len;

@@ -139,6 +139,7 @@ fn random_layouts_copy_exactly_with_minimal_allocation() {
             ordered_writes: rng.below(2) == 0,
             flush: rng.below(2) == 0,
             zero_alignment: [1, 4096, 65536][rng.below(3) as usize],
+            skip_backing: false,
         };
         let stats = copy(&src, &dst, &opts, &Progress::default())
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
@@ -157,4 +158,149 @@ fn random_layouts_copy_exactly_with_minimal_allocation() {
             assert_eq!(stats.skipped_bytes, 0, "seed {seed}: -S 0 skips nothing");
         }
     }
+}
+
+/// A two-layer view for the layered operations: `top` answers where `mask`
+/// says so (depth 0, data), `below` everywhere else (depth 1).
+struct Layered {
+    top: MemoryDevice,
+    below: MemoryDevice,
+    /// Ranges (start, len) the top layer holds; `zero` ones read as zeros.
+    mask: Vec<(u64, u64, bool)>,
+}
+
+impl Layered {
+    fn owner(&self, off: u64) -> Option<(u64, u64, bool)> {
+        self.mask
+            .iter()
+            .copied()
+            .find(|&(s, l, _)| off >= s && off < s + l)
+    }
+}
+
+impl BlockDevice for Layered {
+    fn size(&self) -> u64 {
+        self.top.size()
+    }
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        diskit_core::Capabilities::IN_MEMORY
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+        for (i, b) in buf.iter_mut().enumerate() {
+            let at = offset + i as u64;
+            let mut one = [0u8];
+            match self.owner(at) {
+                Some((_, _, true)) => {}
+                Some(_) => self.top.read_at(&mut one, at)?,
+                None => self.below.read_at(&mut one, at)?,
+            }
+            *b = one[0];
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> diskit_core::Result<()> {
+        self.top.write_at(buf, offset, flags)
+    }
+    fn extents(&self, offset: u64, len: u64) -> diskit_core::Result<Vec<diskit_core::Extent>> {
+        let mut e = diskit_core::Extent::data(1);
+        let end = offset + len;
+        let (run_end, depth, zero) = match self.owner(offset) {
+            Some((s, l, z)) => ((s + l).min(end), 0, z),
+            None => {
+                let next = self
+                    .mask
+                    .iter()
+                    .map(|&(s, _, _)| s)
+                    .filter(|&s| s > offset)
+                    .min()
+                    .unwrap_or(end);
+                (next.min(end), 1, false)
+            }
+        };
+        e.length = run_end - offset;
+        e.depth = depth;
+        e.flags.zero = zero;
+        e.flags.data = !zero;
+        Ok(vec![e])
+    }
+}
+
+fn layered() -> Layered {
+    let top = MemoryDevice::new(1 << 20);
+    let below = MemoryDevice::new(1 << 20);
+    below
+        .write_at(&[7u8; 1 << 20], 0, WriteFlags::NONE)
+        .unwrap();
+    top.write_at(&[3u8; 65536], 65536, WriteFlags::NONE)
+        .unwrap();
+    Layered {
+        top,
+        below,
+        mask: vec![(65536, 65536, false), (262144, 65536, true)],
+    }
+}
+
+#[test]
+fn skip_backing_writes_only_what_the_top_layer_holds() {
+    let src = layered();
+    let dst = MemoryDevice::new(src.size());
+    dst.write_at(&[9u8; 1 << 20], 0, WriteFlags::NONE).unwrap();
+    let opts = CopyOptions {
+        skip_backing: true,
+        ..Default::default()
+    };
+    let p = Progress::default();
+    let stats = copy(&src, &dst, &opts, &p).unwrap();
+    assert_eq!(p.get(), (src.size(), src.size()));
+    assert_eq!(stats.data_bytes, 65536);
+    assert_eq!(stats.zeroed_bytes, 65536);
+    let mut b = vec![0u8; 1 << 20];
+    dst.read_at(&mut b, 0).unwrap();
+    assert!(b[..65536].iter().all(|&x| x == 9));
+    assert!(b[65536..131072].iter().all(|&x| x == 3));
+    assert!(b[131072..262144].iter().all(|&x| x == 9));
+    assert!(b[262144..327680].iter().all(|&x| x == 0));
+    assert!(b[327680..].iter().all(|&x| x == 9));
+}
+
+#[test]
+fn commit_copies_the_top_layer_into_the_base() {
+    let src = layered();
+    let p = Progress::default();
+    let mut limit = commit::RateLimit::new(None);
+    let stats = commit::commit(&src, &src.below, 1, 65536, &p, &mut limit).unwrap();
+    assert_eq!(stats.data_bytes, 65536);
+    assert_eq!(stats.zeroed_bytes, 65536);
+    assert_same(&src, &src.below);
+}
+
+#[test]
+fn rebase_keeps_what_the_image_shows() {
+    let src = layered();
+    let new = MemoryDevice::new(1 << 20);
+    new.write_at(&[7u8; 131072], 0, WriteFlags::NONE).unwrap();
+    new.write_at(&[1u8; 4096], 500_000, WriteFlags::NONE)
+        .unwrap();
+    let before = MemoryDevice::new(1 << 20);
+    let mut b = vec![0u8; 1 << 20];
+    src.read_at(&mut b, 0).unwrap();
+    before.write_at(&b, 0, WriteFlags::NONE).unwrap();
+    let backings = rebase::Backings {
+        old: Some(&src.below),
+        new: Some(&new),
+    };
+    rebase::copy_differences(&src, &backings, 65536, &Progress::default()).unwrap();
+    // The image now shows top where written, else the new backing file.
+    let mut shown = vec![0u8; 1 << 20];
+    let mut written = vec![0u8; 1 << 20];
+    src.top.read_at(&mut written, 0).unwrap();
+    new.read_at(&mut shown, 0).unwrap();
+    for (i, s) in shown.iter_mut().enumerate() {
+        if written[i] != 0 {
+            *s = written[i];
+        }
+    }
+    assert!(shown == b, "content changed by the rebase");
+    // Equal blocks were not copied: the first 64 KiB stays unwritten.
+    assert!(written[..65536].iter().all(|&x| x == 0));
 }

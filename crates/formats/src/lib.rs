@@ -5,6 +5,7 @@
 //! format lives in its own module; raw is the identity mapping, so a raw image
 //! is its file device.
 
+mod chain;
 pub mod options;
 pub mod probe;
 pub mod qcow2;
@@ -64,6 +65,12 @@ pub struct OpenOptions {
     pub l2_cache_size: Option<u64>,
     /// Read this internal snapshot (qcow2 only; id or name).
     pub snapshot: Option<String>,
+    /// How many layers of the backing chain below the image are opened
+    /// writable too (with `writable`): commit writes into its base.
+    pub writable_backing_depth: usize,
+    /// Do not open the backing file: the image reads as if it had none
+    /// (what an unsafe rebase needs when the backing file is gone).
+    pub no_backing: bool,
 }
 
 /// An open image: the guest-visible device plus what `info` and `map` need.
@@ -171,10 +178,17 @@ fn open_in_chain(
             let file = Arc::new(probe_file);
             let below = std::cell::RefCell::new(None);
             let mut open_backing = |p: &Path, fmt: Option<&str>| -> Result<(DeviceRef, u64)> {
+                if opts.no_backing {
+                    // An empty device: everything reads as zeros.
+                    let none: DeviceRef = Arc::new(diskit_backends::NullDevice::new(0));
+                    return Ok((none, 0));
+                }
                 let fmt = fmt.map(Format::from_name).transpose()?;
+                let below_writable = opts.writable && opts.writable_backing_depth > 0;
                 let ro = OpenOptions {
-                    writable: false,
+                    writable: below_writable,
                     snapshot: None,
+                    writable_backing_depth: opts.writable_backing_depth.saturating_sub(1),
                     ..opts.clone()
                 };
                 let img = open_in_chain(p, fmt, ro, seen)?;

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
 use crate::util::{
-    CliError, open, parse_format, parse_options, parse_size_arg, parse_source_format,
+    CacheMode, CliError, cache_mode, open, parse_format, parse_options, parse_size_arg,
+    parse_source_format,
 };
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::concat::Concat;
@@ -62,9 +63,13 @@ pub struct Args {
     /// Source cache mode.
     #[arg(short = 'T')]
     src_cache: Option<String>,
-    /// Backing file of the target.
+    /// Backing file of the target: only what the source's top layer holds
+    /// is written.
     #[arg(short = 'B')]
     backing: Option<String>,
+    /// Format of the target's backing file.
+    #[arg(short = 'F')]
+    backing_format: Option<String>,
     /// Snapshot of the source to read.
     #[arg(short = 'l')]
     snapshot: Option<String>,
@@ -82,36 +87,12 @@ pub struct Args {
     files: Vec<PathBuf>,
 }
 
-/// What a cache mode asks for.
-struct CacheMode {
-    direct: bool,
-    flush: bool,
-}
-
-fn cache_mode(s: Option<&str>, default: &str) -> Result<CacheMode, CliError> {
-    match s.unwrap_or(default) {
-        "unsafe" => Ok(CacheMode {
-            direct: false,
-            flush: false,
-        }),
-        "writeback" | "writethrough" => Ok(CacheMode {
-            direct: false,
-            flush: true,
-        }),
-        "none" | "directsync" => Ok(CacheMode {
-            direct: true,
-            flush: true,
-        }),
-        other => Err(CliError::new(format!("Invalid cache option: {other}"))),
-    }
-}
-
 pub fn run(a: Args) -> CmdResult {
     let (sources, target) = a.files.split_at(a.files.len() - 1);
     let target = &target[0];
     let src_format = parse_source_format(a.format.as_deref(), &sources[0])?;
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::Raw);
-    let options = parse_options(&a.options)?;
+    let mut options = parse_options(&a.options)?;
     if options.wants_help() {
         print!("{}", diskit_formats::raw::CREATE_HELP);
         return Ok(0);
@@ -161,6 +142,25 @@ pub fn run(a: Args) -> CmdResult {
         return Err(CliError::new(
             "Backing file not supported for file format 'raw'",
         ));
+    }
+    if a.backing.is_some() && sources.len() > 1 {
+        return Err(CliError::new(
+            "Having a backing file for the target makes no sense when concatenating multiple \
+             input images",
+        ));
+    }
+    if !a.no_create {
+        if let Some(b) = &a.backing {
+            options.set("backing_file", b);
+        }
+        if let Some(f) = &a.backing_format {
+            options.set("backing_fmt", f);
+        }
+        if options.get("backing_file").is_some() && options.get("backing_fmt").is_none() {
+            return Err(CliError::new(
+                "Use of backing file requires explicit backing format",
+            ));
+        }
     }
     if !a.no_create && out_format == Format::Raw {
         // Check the options before anything is opened or created.
@@ -241,6 +241,7 @@ pub fn run(a: Args) -> CmdResult {
             workers,
             ordered_writes: false,
             zero_alignment: 1,
+            skip_backing: false,
         };
         return run_copy(&a, &*src, &null, &how);
     }
@@ -256,8 +257,20 @@ pub fn run(a: Args) -> CmdResult {
         })?;
         created = true;
     }
+    // A target with a backing file (-B, or -o backing_file) gets only what
+    // the source's top layer holds.
+    let skip_backing = a.backing.is_some() || options.get("backing_file").is_some();
     let result = copy_into(
-        &a, &*src, target, out_format, created, min_sparse, workers, &dst_cache, bitmaps,
+        &a,
+        &*src,
+        target,
+        out_format,
+        created,
+        min_sparse,
+        workers,
+        &dst_cache,
+        skip_backing,
+        bitmaps,
     );
     if result.is_err() && created && !existed {
         // Leave no half-written target behind (never a device, never a
@@ -277,6 +290,7 @@ fn copy_into(
     min_sparse: u64,
     workers: usize,
     cache: &CacheMode,
+    skip_backing: bool,
     bitmaps: Vec<NewBitmap>,
 ) -> CmdResult {
     let dst = open(
@@ -293,8 +307,12 @@ fn copy_into(
     }
     // A file created just now reads as zeros (even preallocated); a block
     // device never is, whatever we did to it.
-    let target_is_zero =
-        a.target_is_zero || (created && !dst.file.is_block_device()) || dst.device.is_known_zero();
+    // With a backing file the target shows it, not zeros: everything the
+    // source's top layer holds is written, zeros included.
+    let target_is_zero = !skip_backing
+        && (a.target_is_zero
+            || (created && !dst.file.is_block_device())
+            || dst.device.is_known_zero());
     let mut how = How {
         target_is_zero,
         min_sparse,
@@ -302,6 +320,7 @@ fn copy_into(
         // Raw has no layout that depends on write order.
         ordered_writes: !a.out_of_order && out_format != Format::Raw,
         zero_alignment: 1,
+        skip_backing,
     };
     let mut device = dst.device.clone();
     if a.compress {
@@ -387,6 +406,7 @@ struct How {
     workers: usize,
     ordered_writes: bool,
     zero_alignment: u64,
+    skip_backing: bool,
 }
 
 /// Copies `src` into `dst` with the progress display.
@@ -399,6 +419,7 @@ fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &dyn BlockDevice, how: &How) -
         ordered_writes: how.ordered_writes,
         flush: false,
         zero_alignment: how.zero_alignment,
+        skip_backing: how.skip_backing,
         // Holes are made of whole aligned blocks of pow2floor(-S) bytes, as
         // qemu-img does; requests must hold at least one such block.
         request_size: (2usize << 20).max(pow2_floor(min_sparse) as usize),

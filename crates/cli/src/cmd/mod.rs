@@ -2,11 +2,13 @@
 
 pub mod amend;
 pub mod check;
+pub mod commit;
 pub mod compare;
 pub mod convert;
 pub mod create;
 pub mod info;
 pub mod map;
 pub mod measure;
+pub mod rebase;
 pub mod resize;
 pub mod snapshot;

@@ -8,6 +8,7 @@
 pub mod amend;
 pub mod amend_refcount;
 pub mod amend_zero;
+pub mod backing;
 pub mod bitmap;
 pub mod bitmap_bits;
 pub mod bitmap_store;
@@ -18,6 +19,7 @@ pub mod compressed;
 pub mod create;
 pub mod create_layout;
 pub mod device;
+pub mod empty;
 pub mod header;
 pub mod l2;
 pub mod layout;

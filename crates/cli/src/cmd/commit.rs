@@ -1,0 +1,164 @@
+//! `diskit commit`: write what an image holds into its backing file (or a
+//! base further down its chain), then empty the image unless told not to.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::CmdResult;
+use crate::progress::ProgressPrinter;
+use crate::util::{CliError, cache_mode, open, parse_size_arg, parse_source_format};
+use diskit_backends::Preallocation;
+use diskit_copy::Progress;
+use diskit_copy::commit::{RateLimit, commit};
+use diskit_formats::qcow2::empty::{can_empty_completely, empty_completely};
+use diskit_formats::{Image, OpenOptions};
+
+/// Arguments of `commit`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Image format (probed if absent).
+    #[arg(short = 'f')]
+    format: Option<String>,
+    /// Cache mode: writeback (default), unsafe, none, writethrough, directsync.
+    #[arg(short = 't')]
+    cache: Option<String>,
+    /// Commit into this image of the chain (implies -d).
+    #[arg(short = 'b')]
+    base: Option<String>,
+    /// Do not empty the image afterwards.
+    #[arg(short = 'd')]
+    drop: bool,
+    /// Show progress.
+    #[arg(short = 'p')]
+    progress: bool,
+    /// Quiet.
+    #[arg(short = 'q')]
+    quiet: bool,
+    /// Write at most this many bytes per second.
+    #[arg(short = 'r')]
+    rate_limit: Option<String>,
+    /// The image to commit.
+    filename: PathBuf,
+}
+
+pub fn run(a: Args) -> CmdResult {
+    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let cache = cache_mode(a.cache.as_deref(), "writeback")?;
+    let rate = a
+        .rate_limit
+        .as_deref()
+        .map(|r| parse_size_arg(r, "rate limit"))
+        .transpose()?;
+    // -b implies -d: emptying the image would change what the images
+    // between it and the base show.
+    let drop = a.drop || a.base.is_some();
+    let opts = OpenOptions {
+        direct: cache.direct,
+        ..Default::default()
+    };
+    // Find the base first, then open the chain writable down to it.
+    let depth = {
+        let img = open(&a.filename, format, opts.clone())?;
+        base_depth(&img, &a)?
+    };
+    let img = open(
+        &a.filename,
+        format,
+        OpenOptions {
+            writable: true,
+            writable_backing_depth: depth,
+            ..opts
+        },
+    )?;
+    let progress = Arc::new(Progress::default());
+    let printer = (a.progress && !a.quiet).then(|| ProgressPrinter::start(progress.clone()));
+    let result = commit_into(&img, depth, &progress, rate);
+    if let (Some(p), Ok(_)) = (&printer, &result) {
+        p.completed();
+    }
+    if let Some(p) = printer {
+        p.finish();
+    }
+    result?;
+    if !drop {
+        empty(img, &a)?;
+    }
+    if !a.quiet {
+        println!("Image committed.");
+    }
+    Ok(0)
+}
+
+/// The position of the base in the chain of `img`.
+fn base_depth(img: &Image, a: &Args) -> Result<usize, CliError> {
+    match &a.base {
+        Some(name) => img.find_backing(name).ok_or_else(|| {
+            CliError::new(format!(
+                "Did not find '{name}' in the backing chain of '{}'",
+                a.filename.display()
+            ))
+        }),
+        None if img.backing.is_some() => Ok(1),
+        None => Err(CliError::new("Image does not have a backing file")),
+    }
+}
+
+/// Grows the base to the image's size if it is smaller, then copies.
+fn commit_into(
+    img: &Image,
+    depth: usize,
+    progress: &Progress,
+    rate: Option<u64>,
+) -> Result<(), CliError> {
+    let failed = |e: diskit_core::Error| CliError::new(format!("Block job failed: {e}"));
+    let base = img.chain()[depth];
+    let size = img.virtual_size();
+    if base.virtual_size() < size {
+        match &base.qcow2 {
+            Some(q) => q.resize(size, false),
+            None => base.file.resize(size, Preallocation::Off),
+        }
+        .map_err(failed)?;
+    }
+    // QEMU's default block size for the job: the base's clusters, or 64 KiB.
+    let granularity = base
+        .qcow2
+        .as_ref()
+        .map_or(65536, |q| q.geometry().cluster_size().max(4096));
+    let mut limit = RateLimit::new(rate);
+    commit(
+        &*img.device,
+        &*base.device,
+        depth as u32,
+        granularity,
+        progress,
+        &mut limit,
+    )
+    .map_err(failed)?;
+    base.close().map_err(failed)?;
+    Ok(())
+}
+
+/// Empties the committed image: everything reads from its backing file.
+fn empty(img: Image, a: &Args) -> Result<(), CliError> {
+    let fail = |e: diskit_core::Error| {
+        CliError::new(format!("Could not empty {}: {e}", a.filename.display()))
+    };
+    let Some(q) = img.qcow2.clone() else {
+        return Err(CliError::new(format!(
+            "Could not empty {}: Operation not supported",
+            a.filename.display()
+        )));
+    };
+    if can_empty_completely(q.header()) {
+        // Reset the file itself, with every handle on it closed.
+        let file = img.file.clone();
+        drop(q);
+        img.close().map_err(fail)?;
+        drop(img);
+        empty_completely(&file).map_err(fail)
+    } else {
+        q.discard_everything().map_err(fail)?;
+        img.close().map_err(fail)
+    }
+}

@@ -1,0 +1,176 @@
+//! `diskit rebase`: change the backing file of an image. Safe mode first
+//! writes into the image whatever would read differently through the new
+//! backing file; `-u` only changes the name in the header.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::CmdResult;
+use crate::progress::ProgressPrinter;
+use crate::util::{CliError, cache_mode, open, parse_source_format};
+use diskit_copy::Progress;
+use diskit_copy::rebase::{Backings, copy_differences};
+use diskit_core::{DeviceRef, ErrorKind};
+use diskit_formats::qcow2::backing::change_backing_file;
+use diskit_formats::qcow2::open::resolve_relative;
+use diskit_formats::{Format, Image, OpenOptions, open_image};
+
+/// Arguments of `rebase`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Image format (probed if absent).
+    #[arg(short = 'f')]
+    format: Option<String>,
+    /// The new backing file ("" for none).
+    #[arg(short = 'b')]
+    backing: Option<String>,
+    /// Format of the new backing file (-B in newer qemu-img).
+    #[arg(short = 'F', short_alias = 'B')]
+    backing_format: Option<String>,
+    /// Unsafe: only change the name; the old backing file is not read.
+    #[arg(short = 'u')]
+    unsafe_mode: bool,
+    /// Cache mode of the image (default writeback).
+    #[arg(short = 't')]
+    cache: Option<String>,
+    /// Cache mode of the backing files (default writeback).
+    #[arg(short = 'T')]
+    src_cache: Option<String>,
+    /// Show progress.
+    #[arg(short = 'p')]
+    progress: bool,
+    /// Quiet.
+    #[arg(short = 'q')]
+    quiet: bool,
+    /// Open the backing files read-only even if in use.
+    #[arg(short = 'U', long = "force-share")]
+    force_share: bool,
+    /// The image.
+    filename: PathBuf,
+}
+
+pub fn run(a: Args) -> CmdResult {
+    if !a.unsafe_mode && a.backing.is_none() {
+        return Err(CliError::usage(
+            "rebase",
+            "Must specify backing file (-b) or use unsafe mode (-u)",
+        ));
+    }
+    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let cache = cache_mode(a.cache.as_deref(), "writeback")?;
+    let src_cache = cache_mode(a.src_cache.as_deref(), "writeback").map_err(|_| {
+        CliError::new(format!(
+            "Invalid source cache option: {}",
+            a.src_cache.as_deref().unwrap_or_default()
+        ))
+    })?;
+    let _ = a.force_share;
+    let img = open(
+        &a.filename,
+        format,
+        OpenOptions {
+            writable: true,
+            direct: cache.direct,
+            no_backing: a.unsafe_mode,
+            ..Default::default()
+        },
+    )?;
+    if format.is_none() && img.format == Format::Raw {
+        warn_probed_raw(&a.filename);
+    }
+    let new_format = match &a.backing_format {
+        Some(f) => Some(
+            Format::from_name(f)
+                .map_err(|_| CliError::new(format!("Invalid format name: '{f}'")))?,
+        ),
+        None => None,
+    };
+    let name = a.backing.as_deref().filter(|b| !b.is_empty());
+    if !a.unsafe_mode {
+        let new = match name {
+            Some(n) => Some(open_new_backing(&img, n, new_format, src_cache.direct)?),
+            None => None,
+        };
+        let progress = Arc::new(Progress::default());
+        let printer = (a.progress && !a.quiet).then(|| ProgressPrinter::start(progress.clone()));
+        let align = img
+            .qcow2
+            .as_ref()
+            .map_or(1, |q| q.geometry().subcluster_size());
+        let backings = Backings {
+            old: img.backing.as_ref().map(|b| &*b.device),
+            new: new.as_deref(),
+        };
+        let result = copy_differences(&*img.device, &backings, align, &progress);
+        if let (Some(p), Ok(_)) = (&printer, &result) {
+            p.completed();
+        }
+        if let Some(p) = printer {
+            p.finish();
+        }
+        result.map_err(|e| CliError::new(format!("Error while writing to COW image: {e}")))?;
+    }
+    let is_qcow2 = img.qcow2.is_some();
+    let file = img.file.clone();
+    img.close().map_err(|e| CliError::new(e.to_string()))?;
+    drop(img);
+    let shown = a.backing.as_deref().unwrap_or("(null)");
+    let changed = if name.is_some() && a.backing_format.is_none() {
+        Err(diskit_core::Error::invalid(
+            "backing format must be specified",
+        ))
+    } else if is_qcow2 {
+        change_backing_file(
+            &file,
+            name,
+            a.backing_format.as_deref().filter(|_| name.is_some()),
+        )
+    } else {
+        Err(diskit_core::Error::from_kind(ErrorKind::NotSupported))
+    };
+    changed.map_err(|e| {
+        let why = match e.kind() {
+            ErrorKind::NoSpace => "No space left in the file header".to_string(),
+            ErrorKind::NotSupported => "Operation not supported".to_string(),
+            _ => e.to_string(),
+        };
+        CliError::new(format!(
+            "Could not change the backing file to '{shown}': {why}"
+        ))
+    })?;
+    Ok(0)
+}
+
+/// Opens the new backing file, named as the image will record it (relative
+/// to the image's directory): the image of the current chain when it is one.
+fn open_new_backing(
+    img: &Image,
+    name: &str,
+    format: Option<Format>,
+    direct: bool,
+) -> Result<DeviceRef, CliError> {
+    if let Some(i) = img.find_backing(name) {
+        return Ok(img.chain()[i].device.clone());
+    }
+    let path = resolve_relative(&img.filename, name);
+    let below = open_image(
+        &path,
+        format,
+        OpenOptions {
+            direct,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| CliError::new(format!("Could not open new backing file '{name}': {e}")))?;
+    Ok(below.device.clone())
+}
+
+/// qemu-img's warning when the image format was probed as raw.
+fn warn_probed_raw(path: &Path) {
+    eprintln!(
+        "WARNING: Image format was not specified for '{}' and probing guessed raw.\n         \
+         Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n         \
+         Specify the 'raw' format explicitly to remove the restrictions.",
+        path.display()
+    );
+}

@@ -1,0 +1,29 @@
+//! Finding an image in a backing chain by the name a user gives.
+
+use std::path::Path;
+
+use crate::Image;
+use crate::qcow2::open::resolve_relative;
+
+impl Image {
+    /// The position in [`Image::chain`] (1 or more: never this image) of the
+    /// backing file named `name`, as QEMU finds it: the name as recorded in
+    /// the image above it, or a path (relative to that image's directory)
+    /// to the same file.
+    pub fn find_backing(&self, name: &str) -> Option<usize> {
+        let chain = self.chain();
+        let same_file = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => false,
+        };
+        (1..chain.len()).find(|&i| {
+            let above = chain[i - 1];
+            let recorded = above
+                .qcow2
+                .as_ref()
+                .and_then(|q| q.header().backing_file.as_deref());
+            recorded == Some(name)
+                || same_file(&resolve_relative(&above.filename, name), &chain[i].filename)
+        })
+    }
+}
