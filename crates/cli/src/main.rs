@@ -40,6 +40,8 @@ enum Command {
     Check(cmd::check::Args),
     /// List the internal snapshots of an image.
     Snapshot(cmd::snapshot::Args),
+    /// Serve a device or image over NBD (nbdkit-style command line).
+    Serve(cmd::serve::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -88,6 +90,7 @@ fn main() -> ExitCode {
         Command::Measure(a) => cmd::measure::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Snapshot(a) => cmd::snapshot::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),
