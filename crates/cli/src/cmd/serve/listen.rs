@@ -1,6 +1,7 @@
 //! Where `diskit serve` listens, and the NBD URI that reaches it.
 
 use std::net::{IpAddr, TcpListener};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
@@ -30,6 +31,53 @@ impl Listener {
         let l = TcpListener::bind((addr, port))
             .map_err(|e| CliError::new(format!("cannot listen on {addr} port {port}: {e}")))?;
         Ok(Listener::Tcp(l))
+    }
+
+    /// The socket passed by systemd-style socket activation (LISTEN_PID is
+    /// this process, LISTEN_FDS ≥ 1: the socket is descriptor 3), if any.
+    /// The variables are removed so that children do not see them.
+    pub fn from_socket_activation() -> Result<Option<Listener>, CliError> {
+        let pid = std::env::var("LISTEN_PID").ok();
+        let fds = std::env::var("LISTEN_FDS").ok();
+        let ours = pid.and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
+        let count = fds.and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+        if !ours || count == 0 {
+            return Ok(None);
+        }
+        // SAFETY: called before any other thread exists (serve sets up
+        // listening first), so nothing reads the environment concurrently.
+        unsafe {
+            std::env::remove_var("LISTEN_PID");
+            std::env::remove_var("LISTEN_FDS");
+            std::env::remove_var("LISTEN_FDNAMES");
+        }
+        const FD: RawFd = 3;
+        // SAFETY: getsockname on a descriptor number only reads its state;
+        // the buffer is a zeroed sockaddr_storage of the length passed.
+        let family = unsafe {
+            let mut addr: libc::sockaddr_storage = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            if libc::getsockname(FD, (&raw mut addr).cast(), &mut len) != 0 {
+                return Err(CliError::new(
+                    "LISTEN_FDS is set but descriptor 3 is not a socket",
+                ));
+            }
+            i32::from(addr.ss_family)
+        };
+        // SAFETY: the activation protocol hands descriptor 3 to this process,
+        // and nothing else in it owns that descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(FD) };
+        Ok(Some(if family == libc::AF_UNIX {
+            let l = UnixListener::from(fd);
+            let path = l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+                .unwrap_or_default();
+            Listener::Unix(l, path)
+        } else {
+            Listener::Tcp(TcpListener::from(fd))
+        }))
     }
 
     /// The Unix socket path, if any.

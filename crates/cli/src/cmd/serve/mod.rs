@@ -2,6 +2,9 @@
 //!
 //! `diskit serve [-U SOCKET | -U - | -p PORT [-i ADDR] | -s] [-r] [-e NAME]
 //! [-f] [-v] [--print-uri] [-P PIDFILE] [--run CMD] PLUGIN [ARGS] [key=value]...`
+//!
+//! Without -U, -p or -s, a socket passed by systemd-style socket
+//! activation (LISTEN_PID/LISTEN_FDS) is used when there is one.
 
 mod lifecycle;
 mod listen;
@@ -113,7 +116,13 @@ pub fn run(a: Args) -> CmdResult {
 
     let mut tempdir = None;
     let mut created_socket = None;
+    let activated = if a.unix.is_none() && a.port.is_none() {
+        Listener::from_socket_activation()?
+    } else {
+        None
+    };
     let listener = match (&a.unix, a.port) {
+        _ if activated.is_some() => activated.expect("checked"),
         (Some(u), _) if u == "-" => {
             let dir = tempfile::Builder::new()
                 .prefix("diskit")
