@@ -46,6 +46,8 @@ enum Command {
     Rebase(cmd::rebase::Args),
     /// List, create, apply or delete internal snapshots.
     Snapshot(cmd::snapshot::Args),
+    /// Serve a device or image over NBD (nbdkit-style command line).
+    Serve(cmd::serve::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -97,6 +99,7 @@ fn main() -> ExitCode {
         Command::Snapshot(a) => cmd::snapshot::run(a),
         Command::Commit(a) => cmd::commit::run(a),
         Command::Rebase(a) => cmd::rebase::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

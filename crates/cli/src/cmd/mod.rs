@@ -11,4 +11,5 @@ pub mod map;
 pub mod measure;
 pub mod rebase;
 pub mod resize;
+pub mod serve;
 pub mod snapshot;

@@ -1,0 +1,121 @@
+//! The life of a `diskit serve` process: clean-up that runs exactly once
+//! (on a signal, or when `--run`'s command ends), signal handling, the pid
+//! file, and the captive command.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use crate::util::CliError;
+use diskit_formats::Image;
+
+/// What to undo when the server stops.
+#[derive(Default)]
+pub struct Cleanup {
+    inner: Mutex<Option<Parts>>,
+}
+
+/// The pieces of [`Cleanup`].
+#[derive(Default)]
+pub struct Parts {
+    /// An image whose metadata must be written back.
+    pub image: Option<Image>,
+    /// A socket file to remove.
+    pub socket: Option<PathBuf>,
+    /// A private directory (for `-U -`) to remove.
+    pub tempdir: Option<tempfile::TempDir>,
+    /// A pid file to remove.
+    pub pidfile: Option<PathBuf>,
+}
+
+impl Cleanup {
+    /// Clean-up of `parts`.
+    pub fn new(parts: Parts) -> Cleanup {
+        Cleanup {
+            inner: Mutex::new(Some(parts)),
+        }
+    }
+
+    /// Closes the image and removes the files; later calls do nothing.
+    pub fn run(&self) {
+        let parts = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(p) = parts else { return };
+        if let Some(img) = &p.image
+            && let Err(e) = img.close()
+        {
+            eprintln!("diskit: closing {}: {e}", img.filename.display());
+        }
+        if let Some(s) = &p.socket {
+            let _ = std::fs::remove_file(s);
+        }
+        if let Some(f) = &p.pidfile {
+            let _ = std::fs::remove_file(f);
+        }
+        drop(p.tempdir);
+    }
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it
+/// starts later, and starts a thread that waits for them, runs `cleanup`
+/// and exits. Call before starting any other thread.
+pub fn handle_signals(cleanup: Arc<Cleanup>) {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it,
+    // and pthread_sigmask only changes this thread's mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    std::thread::spawn(move || {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `set` is an initialised signal set and `sig` a valid out pointer.
+        let rc = unsafe { libc::sigwait(&set, &mut sig) };
+        if rc == 0 {
+            cleanup.run();
+            std::process::exit(0);
+        }
+    });
+}
+
+/// Writes this process's id to `path`.
+pub fn write_pidfile(path: &PathBuf) -> Result<(), CliError> {
+    std::fs::write(path, format!("{}\n", std::process::id()))
+        .map_err(|e| CliError::new(format!("cannot write pid file {}: {e}", path.display())))
+}
+
+/// The variables `--run` sets for its command.
+pub struct RunEnv {
+    /// The NBD URI.
+    pub uri: String,
+    /// The Unix socket path ("" for TCP).
+    pub unixsocket: String,
+    /// The TCP port ("" for Unix sockets).
+    pub port: String,
+    /// The export name.
+    pub exportname: String,
+}
+
+/// Runs `cmd` with /bin/sh and returns its exit status (128+N when killed
+/// by signal N), as nbdkit's captive mode does.
+pub fn run_captive(cmd: &str, env: &RunEnv) -> Result<u8, CliError> {
+    use std::os::unix::process::ExitStatusExt;
+    let status = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(cmd)
+        .env("uri", &env.uri)
+        .env("nbd", &env.uri)
+        .env("unixsocket", &env.unixsocket)
+        .env("port", &env.port)
+        .env("exportname", &env.exportname)
+        .status()
+        .map_err(|e| CliError::new(format!("--run: cannot start /bin/sh: {e}")))?;
+    Ok(match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(sig)) => (128 + sig) as u8,
+        _ => 1,
+    })
+}

@@ -1,0 +1,218 @@
+//! `diskit serve`: an NBD server with nbdkit's command line.
+//!
+//! `diskit serve [-U SOCKET | -U - | -p PORT [-i ADDR] | -s] [-r] [-e NAME]
+//! [-f] [-v] [--print-uri] [-P PIDFILE] [--run CMD] PLUGIN [ARGS] [key=value]...`
+//!
+//! Without -U, -p or -s, a socket passed by systemd-style socket
+//! activation (LISTEN_PID/LISTEN_FDS) is used when there is one.
+
+mod lifecycle;
+mod listen;
+mod plugin;
+
+use std::fs::File;
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::CmdResult;
+use crate::util::CliError;
+use diskit_nbd::server::{Export, ExportSet, Pipe, Server, ServerConfig};
+use lifecycle::{Cleanup, Parts, RunEnv};
+use listen::{Listener, NBD_PORT};
+
+/// Arguments of `serve`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = plugin_help())]
+pub struct Args {
+    /// Listen on a Unix socket ("-": a private socket in a new temporary directory).
+    #[arg(
+        short = 'U',
+        long = "unix",
+        value_name = "SOCKET",
+        allow_hyphen_values = true
+    )]
+    unix: Option<String>,
+    /// Listen on this TCP port (default 10809 when no Unix socket is given).
+    #[arg(short = 'p', long = "port")]
+    port: Option<u16>,
+    /// Listen on this address only (default: every IPv4 address).
+    #[arg(short = 'i', long = "ipaddr", value_name = "ADDR")]
+    ipaddr: Option<IpAddr>,
+    /// Serve one client on stdin/stdout.
+    #[arg(short = 's', long = "single", conflicts_with_all = ["unix", "port", "run"])]
+    single: bool,
+    /// Serve read-only.
+    #[arg(short = 'r', long = "readonly", alias = "read-only")]
+    readonly: bool,
+    /// The export's name (clients asking for "" get it too).
+    #[arg(
+        short = 'e',
+        long = "exportname",
+        alias = "export-name",
+        default_value = ""
+    )]
+    exportname: String,
+    /// A description of the export, shown by nbdinfo.
+    #[arg(long = "description", value_name = "TEXT")]
+    description: Option<String>,
+    /// Stay in the foreground (the only mode for now).
+    #[arg(short = 'f', long = "foreground")]
+    foreground: bool,
+    /// Log one line per connection to stderr.
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+    /// Print the URI clients connect to, once listening.
+    #[arg(long = "print-uri")]
+    print_uri: bool,
+    /// Write the process id to this file once listening.
+    #[arg(short = 'P', long = "pidfile", alias = "pid-file", value_name = "FILE")]
+    pidfile: Option<PathBuf>,
+    /// Run this shell command with $uri, $nbd, $unixsocket, $port and
+    /// $exportname set, serve while it runs, and exit with its status.
+    #[arg(long = "run", value_name = "CMD")]
+    run: Option<String>,
+    /// Worker threads per connection.
+    #[arg(short = 't', long = "threads", default_value_t = 16)]
+    threads: usize,
+    /// The plugin: file, memory, null, pattern, image.
+    plugin: String,
+    /// The plugin's arguments: a bare value for its main parameter, and key=value pairs.
+    args: Vec<String>,
+}
+
+fn plugin_help() -> String {
+    plugin::help()
+}
+
+/// Runs `serve`.
+pub fn run(a: Args) -> CmdResult {
+    if a.unix.is_some() && a.port.is_some() {
+        return Err(CliError::usage(
+            "serve",
+            "-U and -p cannot be used together",
+        ));
+    }
+    let opened = plugin::open_plugin(&a.plugin, &a.args, a.readonly)?;
+    let mut exports = ExportSet::new();
+    exports.add(
+        Export::new(a.exportname.clone(), opened.device.clone())
+            .with_read_only(a.readonly)
+            .with_description(a.description.clone().unwrap_or_default()),
+    );
+    let server = Arc::new(Server::new(
+        exports,
+        ServerConfig {
+            threads: a.threads,
+            verbose: a.verbose,
+            ..ServerConfig::default()
+        },
+    ));
+
+    if a.single {
+        return serve_stdio(&server, opened.image);
+    }
+
+    let mut tempdir = None;
+    let mut created_socket = None;
+    let activated = if a.unix.is_none() && a.port.is_none() {
+        Listener::from_socket_activation()?
+    } else {
+        None
+    };
+    let listener = match (&a.unix, a.port) {
+        _ if activated.is_some() => activated.expect("checked"),
+        (Some(u), _) if u == "-" => {
+            let dir = tempfile::Builder::new()
+                .prefix("diskit")
+                .tempdir()
+                .map_err(|e| CliError::new(format!("cannot create a temporary directory: {e}")))?;
+            let path = dir.path().join("socket");
+            tempdir = Some(dir);
+            Listener::unix(&path)?
+        }
+        (Some(u), _) => {
+            let l = Listener::unix(Path::new(u))?;
+            created_socket = Some(PathBuf::from(u));
+            l
+        }
+        (None, port) => Listener::tcp(
+            a.ipaddr.unwrap_or(IpAddr::from([0, 0, 0, 0])),
+            port.unwrap_or(NBD_PORT),
+        )?,
+    };
+    let cleanup = Arc::new(Cleanup::new(Parts {
+        image: opened.image,
+        socket: created_socket,
+        tempdir,
+        pidfile: a.pidfile.clone(),
+    }));
+    lifecycle::handle_signals(cleanup.clone());
+
+    let uri = listener.uri(&a.exportname);
+    if let Some(p) = &a.pidfile {
+        lifecycle::write_pidfile(p)?;
+    }
+    if a.print_uri {
+        println!("{uri}");
+    }
+    if a.verbose {
+        eprintln!("diskit: serving {} at {uri}", a.plugin);
+    }
+
+    let env = RunEnv {
+        uri,
+        unixsocket: listener
+            .socket_path()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        port: listener.port().map(|p| p.to_string()).unwrap_or_default(),
+        exportname: a.exportname.clone(),
+    };
+    match &a.run {
+        Some(cmd) => {
+            let s = server.clone();
+            std::thread::spawn(move || accept_loop(&s, listener));
+            let status = lifecycle::run_captive(cmd, &env);
+            // Let connections the command left behind finish (and log).
+            server.wait_idle(std::time::Duration::from_secs(5));
+            cleanup.run();
+            status
+        }
+        None => {
+            let e = accept_loop(&server, listener);
+            cleanup.run();
+            Err(e)
+        }
+    }
+}
+
+/// Accepts connections until the listener fails.
+fn accept_loop(server: &Arc<Server>, listener: Listener) -> CliError {
+    let r = match listener {
+        Listener::Unix(l, _) => server.serve_unix(l),
+        Listener::Tcp(l) => server.serve_tcp(l),
+    };
+    match r {
+        Ok(()) => CliError::new("listener closed"),
+        Err(e) => CliError::new(format!("accept: {e}")),
+    }
+}
+
+/// Serves one client on stdin/stdout, then closes the image.
+fn serve_stdio(server: &Server, image: Option<diskit_formats::Image>) -> CmdResult {
+    let dup = |fd: std::os::fd::BorrowedFd<'_>| {
+        fd.try_clone_to_owned()
+            .map(File::from)
+            .map_err(|e| CliError::new(format!("cannot use stdin/stdout: {e}")))
+    };
+    let input = dup(std::io::stdin().as_fd())?;
+    let output = dup(std::io::stdout().as_fd())?;
+    let end = server.serve(Box::new(Pipe::new(input, output, "stdin/stdout")));
+    if let Some(img) = image {
+        img.close()?;
+    }
+    drop(end);
+    Ok(0)
+}

@@ -1,0 +1,251 @@
+//! Exports: a named device with its description, its read-only switch, the
+//! transmission flags it earns and its request counters.
+
+use std::sync::Arc;
+
+use diskit_core::{BlockSizeLimits, Capabilities, DeviceRef};
+
+use super::stats::Stats;
+use crate::proto::consts::*;
+
+/// One export: what a client reaches by name.
+pub struct Export {
+    name: String,
+    description: String,
+    device: DeviceRef,
+    read_only: bool,
+    stats: Stats,
+}
+
+impl Export {
+    /// Exports `device` under `name`.
+    pub fn new(name: impl Into<String>, device: DeviceRef) -> Export {
+        Export {
+            name: name.into(),
+            description: String::new(),
+            device,
+            read_only: false,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Sets the description shown by LIST and INFO.
+    pub fn with_description(mut self, description: impl Into<String>) -> Export {
+        self.description = description.into();
+        self
+    }
+
+    /// Serves the device read-only, whatever it can do.
+    pub fn with_read_only(mut self, read_only: bool) -> Export {
+        self.read_only = read_only;
+        self
+    }
+
+    /// The export's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The export's description ("" when none).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The device behind the export.
+    pub fn device(&self) -> &DeviceRef {
+        &self.device
+    }
+
+    /// Request counters of every connection to this export.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// What the export offers: the device's capabilities, minus writes
+    /// when served read-only.
+    pub fn capabilities(&self) -> Capabilities {
+        let caps = self.device.capabilities();
+        if self.read_only || !caps.can_write {
+            caps.read_only()
+        } else {
+            caps
+        }
+    }
+
+    /// Block size constraints, made valid for the protocol: a minimum that
+    /// is a power of two up to 64 KiB, a preferred size that is a power of
+    /// two at least max(minimum, 512), a maximum payload at least that and
+    /// at most 32 MiB (the size every client handles).
+    pub fn block_size(&self) -> BlockSizeLimits {
+        let b = self.device.block_size();
+        let minimum = b.minimum.clamp(1, 64 * 1024).next_power_of_two();
+        let preferred = b
+            .preferred
+            .clamp(minimum.max(512), 32 << 20)
+            .next_power_of_two();
+        let maximum = b.maximum.clamp(preferred, 32 << 20);
+        BlockSizeLimits {
+            minimum,
+            preferred,
+            maximum,
+        }
+    }
+
+    /// The transmission flags advertised to a client; DF only once
+    /// structured replies are negotiated. Each flag is set only when the
+    /// device really has the capability. WRITE_ZEROES is offered on every
+    /// writable export: [`diskit_core::BlockDevice::write_zeroes`] always
+    /// works (a device without a cheap path writes zeros itself), and
+    /// FAST_ZERO only when the device can sometimes zero cheaply.
+    pub fn transmission_flags(&self, structured: bool) -> u16 {
+        let c = self.capabilities();
+        let mut f = TFLAG_HAS_FLAGS;
+        let mut set = |cond: bool, flag: u16| {
+            if cond {
+                f |= flag;
+            }
+        };
+        set(!c.can_write, TFLAG_READ_ONLY);
+        set(c.can_flush, TFLAG_SEND_FLUSH);
+        set(c.can_write && c.can_fua, TFLAG_SEND_FUA);
+        set(c.is_rotational, TFLAG_ROTATIONAL);
+        set(c.can_write && c.can_trim, TFLAG_SEND_TRIM);
+        set(c.can_write, TFLAG_SEND_WRITE_ZEROES);
+        set(structured, TFLAG_SEND_DF);
+        set(c.can_multi_conn, TFLAG_CAN_MULTI_CONN);
+        set(c.can_cache, TFLAG_SEND_CACHE);
+        set(c.can_write && c.can_fast_zero, TFLAG_SEND_FAST_ZERO);
+        f
+    }
+}
+
+/// The exports of a server, one of them the default ("" reaches it).
+#[derive(Clone, Default)]
+pub struct ExportSet {
+    exports: Vec<Arc<Export>>,
+    default: Option<usize>,
+}
+
+impl ExportSet {
+    /// An empty set.
+    pub fn new() -> ExportSet {
+        ExportSet::default()
+    }
+
+    /// Adds an export; the first one added is the default.
+    pub fn add(&mut self, export: Export) -> Arc<Export> {
+        let e = Arc::new(export);
+        self.exports.push(e.clone());
+        if self.default.is_none() {
+            self.default = Some(self.exports.len() - 1);
+        }
+        e
+    }
+
+    /// Looks an export up by name; "" is the default export.
+    pub fn find(&self, name: &str) -> Option<Arc<Export>> {
+        if let Some(e) = self.exports.iter().find(|e| e.name == name) {
+            return Some(e.clone());
+        }
+        if name.is_empty() {
+            return self.default.map(|i| self.exports[i].clone());
+        }
+        None
+    }
+
+    /// Every export, in the order added.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Export>> {
+        self.exports.iter()
+    }
+}
+
+/// The metadata contexts this server offers for block status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaContext {
+    /// `base:allocation`: HOLE and ZERO bits.
+    BaseAllocation,
+    /// `qemu:allocation-depth`: 0 unallocated, 1 this layer, n+1 the n-th backing file.
+    AllocationDepth,
+}
+
+impl MetaContext {
+    /// Every context offered.
+    pub const ALL: [MetaContext; 2] = [MetaContext::BaseAllocation, MetaContext::AllocationDepth];
+
+    /// The context's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MetaContext::BaseAllocation => "base:allocation",
+            MetaContext::AllocationDepth => "qemu:allocation-depth",
+        }
+    }
+
+    /// The id given to the context by SET_META_CONTEXT.
+    pub fn id(self) -> u32 {
+        match self {
+            MetaContext::BaseAllocation => 1,
+            MetaContext::AllocationDepth => 2,
+        }
+    }
+
+    /// The contexts a LIST_META_CONTEXT query names: an exact name, or a
+    /// namespace wildcard ("base:", "qemu:"). Unknown names match nothing.
+    pub fn list_matches(query: &str) -> Vec<MetaContext> {
+        Self::ALL
+            .into_iter()
+            .filter(|c| {
+                let name = c.name();
+                query == name || (query.ends_with(':') && name.starts_with(query))
+            })
+            .collect()
+    }
+
+    /// The context a SET_META_CONTEXT query selects: exact names only.
+    pub fn set_match(query: &str) -> Option<MetaContext> {
+        Self::ALL.into_iter().find(|c| c.name() == query)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diskit_backends::{MemoryDevice, PatternDevice};
+
+    #[test]
+    fn flags_follow_capabilities() {
+        let mem = Export::new("m", Arc::new(MemoryDevice::new(1 << 20)));
+        let f = mem.transmission_flags(false);
+        assert_eq!(f & TFLAG_READ_ONLY, 0);
+        assert_ne!(f & TFLAG_SEND_TRIM, 0);
+        assert_ne!(f & TFLAG_SEND_FAST_ZERO, 0);
+        assert_eq!(f & TFLAG_SEND_FLUSH, 0, "memory has nothing to flush");
+        assert_eq!(f & TFLAG_SEND_DF, 0);
+        assert_ne!(mem.transmission_flags(true) & TFLAG_SEND_DF, 0);
+        let ro = Export::new("m", Arc::new(MemoryDevice::new(1 << 20))).with_read_only(true);
+        let f = ro.transmission_flags(true);
+        assert_ne!(f & TFLAG_READ_ONLY, 0);
+        assert_eq!(
+            f & (TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FUA | TFLAG_SEND_FAST_ZERO),
+            0
+        );
+        let pat = Export::new("p", Arc::new(PatternDevice::new(1 << 20)));
+        assert_ne!(pat.transmission_flags(false) & TFLAG_READ_ONLY, 0);
+    }
+
+    #[test]
+    fn default_export_and_contexts() {
+        let mut set = ExportSet::new();
+        set.add(Export::new("a", Arc::new(MemoryDevice::new(512))));
+        set.add(Export::new("b", Arc::new(MemoryDevice::new(512))));
+        assert_eq!(set.find("").unwrap().name(), "a");
+        assert_eq!(set.find("b").unwrap().name(), "b");
+        assert!(set.find("c").is_none());
+        assert_eq!(
+            MetaContext::list_matches("qemu:"),
+            vec![MetaContext::AllocationDepth]
+        );
+        assert_eq!(MetaContext::list_matches("base:allocation").len(), 1);
+        assert!(MetaContext::list_matches("qemu:dirty-bitmap:x").is_empty());
+        assert_eq!(MetaContext::set_match("base:"), None);
+    }
+}

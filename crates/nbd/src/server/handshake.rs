@@ -1,0 +1,377 @@
+//! The handshake: greeting, client flags, and option haggling until the
+//! client picks an export (EXPORT_NAME or GO) or leaves.
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use super::export::{Export, ExportSet, MetaContext};
+use crate::proto::consts::*;
+use crate::proto::option::{OPTION_HEADER_LEN, OptionError};
+use crate::proto::{ClientOption, Info, InfoRequest, MetaRequest, OptionHeader, OptionReply};
+
+/// Option data longer than this is not buffered: it is skipped and refused
+/// with ERR_TOO_BIG (no legitimate option comes close).
+pub const MAX_OPTION_DATA: u32 = 64 * 1024;
+/// Option data longer than this ends the connection: skipping it would
+/// only serve a client that is trying to waste the server's time.
+pub const MAX_OPTION_SKIP: u32 = 16 << 20;
+
+/// What the handshake settled.
+pub struct Negotiated {
+    /// The export chosen.
+    pub export: Arc<Export>,
+    /// Structured replies (implied by extended headers).
+    pub structured: bool,
+    /// Extended headers.
+    pub extended: bool,
+    /// The metadata contexts selected for this export.
+    pub contexts: Vec<MetaContext>,
+    /// The transmission flags sent to the client.
+    pub tflags: u16,
+}
+
+/// Why the handshake ended without transmission.
+#[derive(Debug)]
+pub enum HandshakeEnd {
+    /// The client sent NBD_OPT_ABORT (soft disconnect).
+    Aborted,
+    /// The client broke the protocol; the connection is closed.
+    Protocol(String),
+    /// The stream failed or the client went away.
+    Io(io::Error),
+}
+
+impl From<io::Error> for HandshakeEnd {
+    fn from(e: io::Error) -> HandshakeEnd {
+        HandshakeEnd::Io(e)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    fixed: bool,
+    no_zeroes: bool,
+    structured: bool,
+    extended: bool,
+    /// The last SET_META_CONTEXT: the export it named and what it selected.
+    meta: Option<(Arc<Export>, Vec<MetaContext>)>,
+}
+
+/// Runs the handshake on `stream` (unbuffered, so that nothing the client
+/// sends after its last option is lost).
+pub fn negotiate<S: Read + Write + ?Sized>(
+    stream: &mut S,
+    exports: &ExportSet,
+) -> Result<Negotiated, HandshakeEnd> {
+    let mut greeting = Vec::with_capacity(18);
+    greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    greeting.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    stream.write_all(&greeting)?;
+    stream.flush()?;
+
+    let mut flags = [0u8; 4];
+    stream.read_exact(&mut flags)?;
+    let flags = u32::from_be_bytes(flags);
+    if flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(HandshakeEnd::Protocol(format!(
+            "unknown client flags {flags:#x}"
+        )));
+    }
+    let mut st = State {
+        fixed: flags & FLAG_C_FIXED_NEWSTYLE != 0,
+        no_zeroes: flags & FLAG_C_NO_ZEROES != 0,
+        ..State::default()
+    };
+
+    loop {
+        let mut head = [0u8; OPTION_HEADER_LEN];
+        stream.read_exact(&mut head)?;
+        let h = OptionHeader::parse(&head)
+            .map_err(|e| HandshakeEnd::Protocol(format!("option header: {e}")))?;
+        if !st.fixed && h.option != OPT_EXPORT_NAME {
+            // Plain newstyle knows no option replies: hang up.
+            return Err(HandshakeEnd::Protocol(format!(
+                "option {} from a client without fixed newstyle",
+                h.option
+            )));
+        }
+        if h.length > MAX_OPTION_DATA {
+            if h.option == OPT_EXPORT_NAME || h.length > MAX_OPTION_SKIP {
+                return Err(HandshakeEnd::Protocol(format!(
+                    "option {} with {} bytes of data",
+                    h.option, h.length
+                )));
+            }
+            io::copy(
+                &mut (&mut *stream).take(u64::from(h.length)),
+                &mut io::sink(),
+            )?;
+            send(
+                stream,
+                &OptionReply::error(h.option, REP_ERR_TOO_BIG, "option data too long"),
+            )?;
+            continue;
+        }
+        let mut data = vec![0u8; h.length as usize];
+        stream.read_exact(&mut data)?;
+        let option = match ClientOption::parse(h.option, &data) {
+            Ok(o) => o,
+            Err(e) if h.option == OPT_EXPORT_NAME => {
+                return Err(HandshakeEnd::Protocol(e.message));
+            }
+            Err(e) => {
+                send(stream, &OptionReply::error(h.option, e.reply, &e.message))?;
+                continue;
+            }
+        };
+        match handle(stream, exports, &mut st, option)? {
+            Some(n) => return Ok(n),
+            None => continue,
+        }
+    }
+}
+
+fn send<S: Write + ?Sized>(stream: &mut S, reply: &OptionReply) -> io::Result<()> {
+    stream.write_all(&reply.encode())?;
+    stream.flush()
+}
+
+fn refuse<S: Write + ?Sized>(stream: &mut S, option: u32, e: OptionError) -> io::Result<()> {
+    send(stream, &OptionReply::error(option, e.reply, &e.message))
+}
+
+fn error(reply: u32, message: impl Into<String>) -> OptionError {
+    OptionError {
+        reply,
+        message: message.into(),
+    }
+}
+
+/// Handles one option; `Some` when transmission starts.
+fn handle<S: Read + Write + ?Sized>(
+    stream: &mut S,
+    exports: &ExportSet,
+    st: &mut State,
+    option: ClientOption,
+) -> Result<Option<Negotiated>, HandshakeEnd> {
+    let code = option.code();
+    match option {
+        ClientOption::ExportName(name) => {
+            if st.extended {
+                return Err(HandshakeEnd::Protocol(
+                    "NBD_OPT_EXPORT_NAME after extended headers".into(),
+                ));
+            }
+            let export = exports
+                .find(&name)
+                .ok_or_else(|| HandshakeEnd::Protocol(format!("unknown export '{name}'")))?;
+            let tflags = export.transmission_flags(st.structured);
+            let mut out = Vec::with_capacity(134);
+            out.extend_from_slice(&export.device().size().to_be_bytes());
+            out.extend_from_slice(&tflags.to_be_bytes());
+            if !st.no_zeroes {
+                out.extend_from_slice(&[0u8; 124]);
+            }
+            stream.write_all(&out)?;
+            stream.flush()?;
+            let contexts = selected_contexts(st, &export);
+            return Ok(Some(Negotiated {
+                export,
+                structured: st.structured,
+                extended: false,
+                contexts,
+                tflags,
+            }));
+        }
+        ClientOption::Abort => {
+            // The client may close before reading this.
+            let _ = send(stream, &OptionReply::ack(code));
+            return Err(HandshakeEnd::Aborted);
+        }
+        ClientOption::List => {
+            let mut out = Vec::new();
+            for e in exports.iter() {
+                out.extend(OptionReply::server(code, e.name(), e.description()).encode());
+            }
+            out.extend(OptionReply::ack(code).encode());
+            stream.write_all(&out)?;
+            stream.flush()?;
+        }
+        ClientOption::StartTls => {
+            refuse(stream, code, error(REP_ERR_POLICY, "TLS is not configured"))?;
+        }
+        ClientOption::Info(req) | ClientOption::Go(req) => {
+            let Some(export) = exports.find(&req.name) else {
+                refuse(
+                    stream,
+                    code,
+                    error(REP_ERR_UNKNOWN, format!("unknown export '{}'", req.name)),
+                )?;
+                return Ok(None);
+            };
+            let tflags = export.transmission_flags(st.structured);
+            send_info(stream, code, &export, &req, tflags)?;
+            send(stream, &OptionReply::ack(code))?;
+            if code == OPT_GO {
+                let contexts = selected_contexts(st, &export);
+                return Ok(Some(Negotiated {
+                    export,
+                    structured: st.structured,
+                    extended: st.extended,
+                    contexts,
+                    tflags,
+                }));
+            }
+        }
+        ClientOption::StructuredReply => {
+            let r = if st.extended {
+                Err(error(
+                    REP_ERR_EXT_HEADER_REQD,
+                    "extended headers already negotiated",
+                ))
+            } else if st.structured {
+                Err(error(
+                    REP_ERR_INVALID,
+                    "structured replies already negotiated",
+                ))
+            } else {
+                st.structured = true;
+                Ok(())
+            };
+            reply_result(stream, code, r)?;
+        }
+        ClientOption::ExtendedHeaders => {
+            let r = if st.extended {
+                Err(error(
+                    REP_ERR_INVALID,
+                    "extended headers already negotiated",
+                ))
+            } else {
+                st.extended = true;
+                st.structured = true;
+                Ok(())
+            };
+            reply_result(stream, code, r)?;
+        }
+        ClientOption::ListMetaContext(req) => meta_context(stream, exports, st, code, req, false)?,
+        ClientOption::SetMetaContext(req) => meta_context(stream, exports, st, code, req, true)?,
+        ClientOption::Unknown(_) => {
+            refuse(
+                stream,
+                code,
+                error(REP_ERR_UNSUP, format!("option {code} not supported")),
+            )?;
+        }
+    }
+    Ok(None)
+}
+
+fn reply_result<S: Write + ?Sized>(
+    stream: &mut S,
+    code: u32,
+    r: Result<(), OptionError>,
+) -> io::Result<()> {
+    match r {
+        Ok(()) => send(stream, &OptionReply::ack(code)),
+        Err(e) => refuse(stream, code, e),
+    }
+}
+
+/// The contexts selected by the last SET_META_CONTEXT, if it named `export`.
+fn selected_contexts(st: &State, export: &Arc<Export>) -> Vec<MetaContext> {
+    match &st.meta {
+        Some((e, contexts)) if st.structured && Arc::ptr_eq(e, export) => contexts.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// INFO_EXPORT always, BLOCK_SIZE always, NAME and DESCRIPTION when asked
+/// (the description also whenever there is one, as qemu-nbd does).
+fn send_info<S: Write + ?Sized>(
+    stream: &mut S,
+    code: u32,
+    export: &Export,
+    req: &InfoRequest,
+    tflags: u16,
+) -> io::Result<()> {
+    let mut out = Vec::new();
+    let mut put = |info: Info| out.extend(OptionReply::info(code, &info).encode());
+    put(Info::Export {
+        size: export.device().size(),
+        flags: tflags,
+    });
+    if req.requests.contains(&INFO_NAME) {
+        put(Info::Name(export.name().to_string()));
+    }
+    if !export.description().is_empty() {
+        put(Info::Description(export.description().to_string()));
+    }
+    let b = export.block_size();
+    put(Info::BlockSize {
+        minimum: b.minimum,
+        preferred: b.preferred,
+        maximum: b.maximum,
+    });
+    stream.write_all(&out)?;
+    stream.flush()
+}
+
+fn meta_context<S: Write + ?Sized>(
+    stream: &mut S,
+    exports: &ExportSet,
+    st: &mut State,
+    code: u32,
+    req: MetaRequest,
+    set: bool,
+) -> io::Result<()> {
+    if set {
+        // A SET replaces the previous selection, even when it fails.
+        st.meta = None;
+    }
+    if !st.structured {
+        return refuse(
+            stream,
+            code,
+            error(
+                REP_ERR_INVALID,
+                "structured replies must be negotiated first",
+            ),
+        );
+    }
+    let Some(export) = exports.find(&req.export) else {
+        return refuse(
+            stream,
+            code,
+            error(REP_ERR_UNKNOWN, format!("unknown export '{}'", req.export)),
+        );
+    };
+    let mut found: Vec<MetaContext> = Vec::new();
+    if req.queries.is_empty() && !set {
+        found.extend(MetaContext::ALL);
+    }
+    for q in &req.queries {
+        let matches = if set {
+            MetaContext::set_match(q).into_iter().collect()
+        } else {
+            MetaContext::list_matches(q)
+        };
+        for m in matches {
+            if !found.contains(&m) {
+                found.push(m);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for m in &found {
+        let id = if set { m.id() } else { 0 };
+        out.extend(OptionReply::meta_context(code, id, m.name()).encode());
+    }
+    out.extend(OptionReply::ack(code).encode());
+    stream.write_all(&out)?;
+    stream.flush()?;
+    if set {
+        st.meta = Some((export, found));
+    }
+    Ok(())
+}

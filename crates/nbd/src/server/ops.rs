@@ -1,0 +1,550 @@
+//! Executing validated commands on an export's device and building the
+//! replies: simple, structured or extended, with sparse reads sent as hole
+//! chunks and block status in every selected context.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use diskit_core::{BlockDevice, Error, ErrorKind, Extent, WriteFlags, ZeroFlags};
+
+use super::export::{Export, MetaContext};
+use crate::proto::consts::*;
+use crate::proto::reply::{
+    ChunkHeader, block_status_payload, error_payload, hole_payload, put_chunk, simple_reply,
+};
+use crate::proto::{Command, ReplyStyle};
+
+/// Zero extents shorter than this are sent as data (a hole chunk costs
+/// about as much as a few hundred bytes of zeros).
+const MIN_HOLE: u64 = 512;
+/// The most descriptors one block status chunk carries.
+const MAX_DESCRIPTORS: usize = 1 << 16;
+
+/// What a connection knows when it executes a command.
+pub struct Conn {
+    /// The export.
+    pub export: Arc<Export>,
+    /// The reply headers in use.
+    pub style: ReplyStyle,
+    /// The contexts selected for block status.
+    pub contexts: Vec<MetaContext>,
+}
+
+/// One piece of a reply on the wire.
+#[derive(Debug)]
+pub enum Part {
+    /// Bytes built for this reply (headers, small payloads).
+    Bytes(Vec<u8>),
+    /// A range of the reply's data buffer.
+    Data(Range<usize>),
+}
+
+/// A reply to one request, ready to write.
+#[derive(Debug)]
+pub struct Reply {
+    /// The pieces, in wire order.
+    pub parts: Vec<Part>,
+    /// Data the [`Part::Data`] pieces refer to.
+    pub data: Vec<u8>,
+    /// Whether the request succeeded.
+    pub ok: bool,
+}
+
+impl Reply {
+    fn bytes(b: Vec<u8>, ok: bool) -> Reply {
+        Reply {
+            parts: vec![Part::Bytes(b)],
+            data: Vec::new(),
+            ok,
+        }
+    }
+
+    /// Bytes of READ data this reply carries.
+    pub fn data_len(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Data(r) => r.len() as u64,
+                Part::Bytes(_) => 0,
+            })
+            .sum()
+    }
+}
+
+fn done(kind: u16, cookie: u64, offset: u64, length: u64) -> ChunkHeader {
+    ChunkHeader {
+        flags: REPLY_FLAG_DONE,
+        kind,
+        cookie,
+        offset,
+        length,
+    }
+}
+
+/// The reply for a failed request: a simple reply, or an ERROR chunk.
+pub fn error_reply(style: ReplyStyle, cookie: u64, offset: u64, code: u32, msg: &str) -> Reply {
+    match style {
+        ReplyStyle::Simple => Reply::bytes(simple_reply(code, cookie).to_vec(), false),
+        _ => {
+            let payload = error_payload(code, msg);
+            let mut v = Vec::new();
+            let h = done(REPLY_TYPE_ERROR, cookie, offset, payload.len() as u64);
+            put_chunk(&mut v, style == ReplyStyle::Extended, h, &payload);
+            Reply::bytes(v, false)
+        }
+    }
+}
+
+/// The reply for a successful request without data: a simple reply
+/// (allowed with structured replies), or a NONE chunk with extended headers.
+pub fn ok_reply(style: ReplyStyle, cookie: u64, offset: u64) -> Reply {
+    match style {
+        ReplyStyle::Extended => {
+            let mut v = Vec::new();
+            put_chunk(&mut v, true, done(REPLY_TYPE_NONE, cookie, offset, 0), &[]);
+            Reply::bytes(v, true)
+        }
+        _ => Reply::bytes(simple_reply(0, cookie).to_vec(), true),
+    }
+}
+
+/// The wire error for a device error. ENOTSUP is reserved for FAST_ZERO and
+/// EOVERFLOW for DF reads, so elsewhere they become EINVAL.
+pub fn wire_error(e: &Error, fast_zero: bool) -> u32 {
+    match e.kind() {
+        ErrorKind::NotSupported if fast_zero => ENOTSUP,
+        ErrorKind::NotSupported | ErrorKind::Overflow => EINVAL,
+        k => k.nbd_code(),
+    }
+}
+
+/// Executes `cmd` (never [`Command::Disconnect`]) and builds its reply.
+pub fn execute(conn: &Conn, cookie: u64, offset: u64, cmd: Command, payload: Vec<u8>) -> Reply {
+    let dev = conn.export.device();
+    let style = conn.style;
+    let result = match cmd {
+        Command::Read { offset, len, df } => return read(conn, cookie, offset, len, df),
+        Command::BlockStatus {
+            offset,
+            len,
+            req_one,
+        } => return block_status(conn, cookie, offset, len, req_one),
+        Command::Write { offset, fua, .. } => dev.write_at(&payload, offset, WriteFlags { fua }),
+        Command::Flush => dev.flush(),
+        Command::Trim { offset, len, fua } => {
+            // A trim is a hint: a device that cannot do it has done enough.
+            match dev.trim(offset, len, WriteFlags { fua }) {
+                Err(e) if e.kind() == ErrorKind::NotSupported => Ok(()),
+                r => r,
+            }
+        }
+        Command::Cache { offset, len } => match dev.cache(offset, len) {
+            Err(e) if e.kind() == ErrorKind::NotSupported => Ok(()),
+            r => r,
+        },
+        Command::WriteZeroes {
+            offset,
+            len,
+            fua,
+            may_trim,
+            fast,
+        } => dev.write_zeroes(
+            offset,
+            len,
+            ZeroFlags {
+                fua,
+                may_trim,
+                fast,
+            },
+        ),
+        Command::Disconnect => Ok(()),
+    };
+    match result {
+        Ok(()) => ok_reply(style, cookie, offset),
+        Err(e) => {
+            let fast = matches!(cmd, Command::WriteZeroes { fast: true, .. });
+            error_reply(style, cookie, offset, wire_error(&e, fast), &e.to_string())
+        }
+    }
+}
+
+/// A run of a read: data to read, or a hole to send as such.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    start: u64,
+    len: u64,
+    hole: bool,
+}
+
+/// Splits `offset..offset+len` into data and hole runs from the device's
+/// extents; any trouble asking makes the whole range data.
+fn plan_read(dev: &dyn BlockDevice, offset: u64, len: u64) -> Vec<Run> {
+    let all_data = vec![Run {
+        start: 0,
+        len,
+        hole: false,
+    }];
+    let Ok(extents) = collect_extents(dev, offset, len, usize::MAX) else {
+        return all_data;
+    };
+    let mut runs: Vec<Run> = Vec::new();
+    let mut pos = 0u64;
+    for e in extents {
+        let hole = e.flags.zero && e.length >= MIN_HOLE;
+        match runs.last_mut() {
+            Some(last) if last.hole == hole => last.len += e.length,
+            _ => runs.push(Run {
+                start: pos,
+                len: e.length,
+                hole,
+            }),
+        }
+        pos += e.length;
+    }
+    if pos < len {
+        runs.push(Run {
+            start: pos,
+            len: len - pos,
+            hole: false,
+        });
+    }
+    runs
+}
+
+/// The device's extents over `offset..offset+len`, clipped to it; stops
+/// early after `max` extents or when the device makes no progress.
+fn collect_extents(
+    dev: &dyn BlockDevice,
+    offset: u64,
+    len: u64,
+    max: usize,
+) -> diskit_core::Result<Vec<Extent>> {
+    let end = offset + len;
+    let mut out: Vec<Extent> = Vec::new();
+    let mut pos = offset;
+    while pos < end && out.len() < max {
+        let got = dev.extents(pos, end - pos)?;
+        let before = pos;
+        for mut e in got {
+            if pos >= end || out.len() >= max {
+                break;
+            }
+            e.length = e.length.min(end - pos);
+            if e.length == 0 {
+                continue;
+            }
+            pos += e.length;
+            out.push(e);
+        }
+        if pos == before {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool) -> Reply {
+    let dev = conn.export.device().as_ref();
+    let style = conn.style;
+    let len64 = u64::from(len);
+    let mut data = vec![0u8; len as usize];
+    if style == ReplyStyle::Simple {
+        return match dev.read_at(&mut data, offset) {
+            Ok(()) => Reply {
+                parts: vec![
+                    Part::Bytes(simple_reply(0, cookie).to_vec()),
+                    Part::Data(0..data.len()),
+                ],
+                data,
+                ok: true,
+            },
+            Err(e) => error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string()),
+        };
+    }
+    let runs = if df || !conn.export.capabilities().can_extents {
+        vec![Run {
+            start: 0,
+            len: len64,
+            hole: false,
+        }]
+    } else {
+        plan_read(dev, offset, len64)
+    };
+    // Read everything first: an error then fails the request as a whole,
+    // before any chunk is on the wire.
+    for r in runs.iter().filter(|r| !r.hole) {
+        let range = r.start as usize..(r.start + r.len) as usize;
+        if let Err(e) = dev.read_at(&mut data[range], offset + r.start) {
+            return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
+        }
+    }
+    let extended = style == ReplyStyle::Extended;
+    let mut parts = Vec::with_capacity(runs.len() * 2);
+    for (i, r) in runs.iter().enumerate() {
+        let flags = if i + 1 == runs.len() {
+            REPLY_FLAG_DONE
+        } else {
+            0
+        };
+        let mut head = Vec::with_capacity(48);
+        if r.hole {
+            let h = ChunkHeader {
+                flags,
+                kind: REPLY_TYPE_OFFSET_HOLE,
+                cookie,
+                offset,
+                length: 12,
+            };
+            put_chunk(
+                &mut head,
+                extended,
+                h,
+                &hole_payload(offset + r.start, r.len as u32),
+            );
+            parts.push(Part::Bytes(head));
+        } else {
+            let h = ChunkHeader {
+                flags,
+                kind: REPLY_TYPE_OFFSET_DATA,
+                cookie,
+                offset,
+                length: 8 + r.len,
+            };
+            h.encode_into(extended, &mut head);
+            head.extend_from_slice(&(offset + r.start).to_be_bytes());
+            parts.push(Part::Bytes(head));
+            parts.push(Part::Data(r.start as usize..(r.start + r.len) as usize));
+        }
+    }
+    Reply {
+        parts,
+        data,
+        ok: true,
+    }
+}
+
+/// The status of an extent in a context.
+fn status(ctx: MetaContext, e: &Extent) -> u32 {
+    match ctx {
+        MetaContext::BaseAllocation => {
+            let mut s = 0;
+            if !e.flags.data {
+                s |= STATE_HOLE;
+            }
+            if e.flags.zero {
+                s |= STATE_ZERO;
+            }
+            s
+        }
+        MetaContext::AllocationDepth => {
+            if e.flags.present {
+                e.depth.saturating_add(1)
+            } else {
+                0
+            }
+        }
+    }
+}
+
+fn block_status(conn: &Conn, cookie: u64, offset: u64, len: u64, req_one: bool) -> Reply {
+    let style = conn.style;
+    let dev = conn.export.device().as_ref();
+    let max = if req_one { 1 } else { MAX_DESCRIPTORS };
+    let extents = match collect_extents(dev, offset, len, max) {
+        Ok(e) if !e.is_empty() => e,
+        Ok(_) => vec![Extent::data(len)],
+        Err(e) => {
+            return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
+        }
+    };
+    let extended = style == ReplyStyle::Extended;
+    let kind = if extended {
+        REPLY_TYPE_BLOCK_STATUS_EXT
+    } else {
+        REPLY_TYPE_BLOCK_STATUS
+    };
+    let mut v = Vec::new();
+    for (i, &ctx) in conn.contexts.iter().enumerate() {
+        let mut descs: Vec<(u64, u32)> = Vec::new();
+        for e in &extents {
+            let s = status(ctx, e);
+            match descs.last_mut() {
+                Some(last) if last.1 == s => last.0 += e.length,
+                _ => descs.push((e.length, s)),
+            }
+        }
+        if req_one {
+            descs.truncate(1);
+        }
+        let payload = block_status_payload(ctx.id(), &descs, extended);
+        let flags = if i + 1 == conn.contexts.len() {
+            REPLY_FLAG_DONE
+        } else {
+            0
+        };
+        let h = ChunkHeader {
+            flags,
+            kind,
+            cookie,
+            offset,
+            length: payload.len() as u64,
+        };
+        put_chunk(&mut v, extended, h, &payload);
+    }
+    Reply::bytes(v, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{Chunk, ReplyHeader};
+    use diskit_backends::MemoryDevice;
+
+    /// The memory device's allocation granularity.
+    const P: usize = 64 * 1024;
+
+    fn conn(style: ReplyStyle) -> (Conn, Arc<MemoryDevice>) {
+        let mem = Arc::new(MemoryDevice::new(1 << 20));
+        let export = Arc::new(Export::new("", mem.clone()));
+        (
+            Conn {
+                export,
+                style,
+                contexts: vec![MetaContext::BaseAllocation, MetaContext::AllocationDepth],
+            },
+            mem,
+        )
+    }
+
+    fn wire(r: &Reply) -> Vec<u8> {
+        let mut v = Vec::new();
+        for p in &r.parts {
+            match p {
+                Part::Bytes(b) => v.extend_from_slice(b),
+                Part::Data(range) => v.extend_from_slice(&r.data[range.clone()]),
+            }
+        }
+        v
+    }
+
+    /// Parses every chunk of a structured reply.
+    fn chunks(mut buf: &[u8]) -> Vec<(ChunkHeader, Vec<u8>)> {
+        let mut out = Vec::new();
+        while !buf.is_empty() {
+            let (h, used) = ReplyHeader::parse(buf).unwrap();
+            let ReplyHeader::Chunk(h) = h else {
+                panic!("simple reply")
+            };
+            let end = used + h.length as usize;
+            out.push((h, buf[used..end].to_vec()));
+            buf = &buf[end..];
+        }
+        out
+    }
+
+    #[test]
+    fn sparse_reads_send_holes() {
+        for style in [ReplyStyle::Structured, ReplyStyle::Extended] {
+            let (c, mem) = conn(style);
+            mem.write_at(&[7u8; P], 2 * P as u64, WriteFlags::NONE)
+                .unwrap();
+            let cmd = Command::Read {
+                offset: P as u64,
+                len: 3 * P as u32,
+                df: false,
+            };
+            let r = execute(&c, 5, P as u64, cmd, Vec::new());
+            let got = chunks(&wire(&r));
+            assert_eq!(got.len(), 3);
+            assert_eq!(
+                Chunk::parse(got[0].0.kind, &got[0].1).unwrap(),
+                Chunk::Hole {
+                    offset: P as u64,
+                    len: P as u32
+                }
+            );
+            match Chunk::parse(got[1].0.kind, &got[1].1).unwrap() {
+                Chunk::Data { offset, data } => {
+                    assert_eq!(offset, 2 * P as u64);
+                    assert!(data.iter().all(|&b| b == 7) && data.len() == P);
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(got[2].0.flags, REPLY_FLAG_DONE);
+            assert_eq!(got[0].0.flags, 0);
+            assert_eq!(r.data_len(), P as u64);
+
+            // DF: one data chunk with the zeros in it.
+            let cmd = Command::Read {
+                offset: P as u64,
+                len: 3 * P as u32,
+                df: true,
+            };
+            let got = chunks(&wire(&execute(&c, 5, P as u64, cmd, Vec::new())));
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].0.kind, REPLY_TYPE_OFFSET_DATA);
+        }
+    }
+
+    #[test]
+    fn block_status_in_both_contexts() {
+        let (c, mem) = conn(ReplyStyle::Structured);
+        mem.write_at(&[1u8; P], 0, WriteFlags::NONE).unwrap();
+        let cmd = Command::BlockStatus {
+            offset: 0,
+            len: 3 * P as u64,
+            req_one: false,
+        };
+        let got = chunks(&wire(&execute(&c, 1, 0, cmd, Vec::new())));
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            Chunk::parse(got[0].0.kind, &got[0].1).unwrap(),
+            Chunk::BlockStatus {
+                context: 1,
+                extents: vec![(P as u64, 0), (2 * P as u64, 3)]
+            }
+        );
+        // Memory holes are still "present" at this layer.
+        assert_eq!(
+            Chunk::parse(got[1].0.kind, &got[1].1).unwrap(),
+            Chunk::BlockStatus {
+                context: 2,
+                extents: vec![(3 * P as u64, 1)]
+            }
+        );
+        assert_eq!(got[1].0.flags, REPLY_FLAG_DONE);
+        let cmd = Command::BlockStatus {
+            offset: 0,
+            len: 3 * P as u64,
+            req_one: true,
+        };
+        let got = chunks(&wire(&execute(&c, 1, 0, cmd, Vec::new())));
+        assert_eq!(
+            Chunk::parse(got[0].0.kind, &got[0].1).unwrap(),
+            Chunk::BlockStatus {
+                context: 1,
+                extents: vec![(P as u64, 0)]
+            }
+        );
+    }
+
+    #[test]
+    fn errors_map_to_protocol_codes() {
+        assert_eq!(wire_error(&Error::unsupported("x"), true), ENOTSUP);
+        assert_eq!(wire_error(&Error::unsupported("x"), false), EINVAL);
+        assert_eq!(
+            wire_error(&Error::from_kind(ErrorKind::NoSpace), false),
+            ENOSPC
+        );
+        assert_eq!(
+            wire_error(&Error::from_kind(ErrorKind::Overflow), false),
+            EINVAL
+        );
+        let r = error_reply(ReplyStyle::Simple, 3, 0, EPERM, "ro");
+        assert_eq!(wire(&r), simple_reply(EPERM, 3).to_vec());
+        let r = ok_reply(ReplyStyle::Extended, 3, 9);
+        let got = chunks(&wire(&r));
+        assert_eq!(got[0].0.kind, REPLY_TYPE_NONE);
+        assert_eq!(got[0].0.offset, 9);
+    }
+}

@@ -1,0 +1,115 @@
+//! Byte streams a connection runs over. The handshake uses the stream
+//! whole; transmission splits it into a read half (the request reader) and
+//! a write half (shared by the workers). A TLS layer is one more
+//! [`Transport`]: STARTTLS wraps the plain stream and the rest of the
+//! server does not change.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+
+/// The two halves of a transport, and a way to end it from either side.
+pub struct Halves {
+    /// Where requests come from.
+    pub reader: Box<dyn Read + Send>,
+    /// Where replies go.
+    pub writer: Box<dyn Write + Send>,
+    /// Shuts the connection down both ways (unblocks the reader).
+    pub shutdown: Box<dyn Fn() + Send + Sync>,
+}
+
+/// A bidirectional byte stream to one client.
+pub trait Transport: Read + Write + Send {
+    /// Splits the stream for transmission.
+    fn split(self: Box<Self>) -> io::Result<Halves>;
+
+    /// Who is at the other end, for logs.
+    fn peer(&self) -> String;
+}
+
+impl Transport for UnixStream {
+    fn split(self: Box<Self>) -> io::Result<Halves> {
+        let writer = self.try_clone()?;
+        let closer = self.try_clone()?;
+        Ok(Halves {
+            reader: self,
+            writer: Box::new(writer),
+            shutdown: Box::new(move || {
+                let _ = closer.shutdown(Shutdown::Both);
+            }),
+        })
+    }
+
+    fn peer(&self) -> String {
+        String::from("unix socket")
+    }
+}
+
+impl Transport for TcpStream {
+    fn split(self: Box<Self>) -> io::Result<Halves> {
+        let writer = self.try_clone()?;
+        let closer = self.try_clone()?;
+        Ok(Halves {
+            reader: self,
+            writer: Box::new(writer),
+            shutdown: Box::new(move || {
+                let _ = closer.shutdown(Shutdown::Both);
+            }),
+        })
+    }
+
+    fn peer(&self) -> String {
+        self.peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| String::from("tcp"))
+    }
+}
+
+/// A transport made of two separate streams: stdin/stdout, a pipe pair,
+/// or in-memory buffers (tests, fuzzing). Shutting it down does nothing:
+/// the streams end when dropped.
+pub struct Pipe<R, W> {
+    reader: R,
+    writer: W,
+    name: String,
+}
+
+impl<R, W> Pipe<R, W> {
+    /// A transport reading `reader` and writing `writer`.
+    pub fn new(reader: R, writer: W, name: impl Into<String>) -> Pipe<R, W> {
+        Pipe {
+            reader,
+            writer,
+            name: name.into(),
+        }
+    }
+}
+
+impl<R: Read, W> Read for Pipe<R, W> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reader.read(buf)
+    }
+}
+
+impl<R, W: Write> Write for Pipe<R, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.writer.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+}
+
+impl<R: Read + Send + 'static, W: Write + Send + 'static> Transport for Pipe<R, W> {
+    fn split(self: Box<Self>) -> io::Result<Halves> {
+        Ok(Halves {
+            reader: Box::new(self.reader),
+            writer: Box::new(self.writer),
+            shutdown: Box::new(|| {}),
+        })
+    }
+
+    fn peer(&self) -> String {
+        self.name.clone()
+    }
+}
