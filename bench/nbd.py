@@ -117,9 +117,10 @@ def server_argv(diskit, server, row, path, sock):
         plugin = {"file": ["file", str(path)], "memory": ["memory", size]}[row]
         return ["nbdkit", "-f", "-U", str(sock), *plugin]
     fmt = "qcow2" if row == "qcow2" else "raw"
-    # -e: as many connections as nbdcopy opens; writeback caching as the
+    # -t: keep serving after a client leaves (fio connects twice); -e: as
+    # many connections as nbdcopy opens; writeback caching as the
     # other servers (neither opens with O_DIRECT).
-    return ["qemu-nbd", "-f", fmt, "-k", str(sock), "-e", "8", "--cache=writeback",
+    return ["qemu-nbd", "-t", "-f", fmt, "-k", str(sock), "-e", "8", "--cache=writeback",
             "--aio=threads", str(path)]
 
 

@@ -17,6 +17,10 @@ use crate::proto::{Command, ReplyStyle};
 /// Zero extents shorter than this are sent as data (a hole chunk costs
 /// about as much as a few hundred bytes of zeros).
 const MIN_HOLE: u64 = 512;
+/// Reads shorter than this are not planned from the device's extents
+/// (asking can cost more syscalls than the read itself, e.g. two lseeks
+/// on a file): they are read whole, and sent as a hole if all zero.
+const PLANNED_READ: u64 = 128 << 10;
 /// The most descriptors one block status chunk carries.
 const MAX_DESCRIPTORS: usize = 1 << 16;
 
@@ -261,18 +265,25 @@ fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool) -> Reply {
             Err(e) => error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string()),
         };
     }
-    let runs = if df || !conn.export.capabilities().can_extents {
+    let whole = |hole| {
         vec![Run {
             start: 0,
             len: len64,
-            hole: false,
+            hole,
         }]
-    } else {
+    };
+    let planned = !df && len64 >= PLANNED_READ && conn.export.capabilities().can_extents;
+    let runs = if planned {
         plan_read(dev, offset, len64)
+    } else {
+        if let Err(e) = dev.read_at(&mut data, offset) {
+            return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
+        }
+        whole(!df && len64 >= MIN_HOLE && diskit_core::zero::is_zero(&data))
     };
     // Read everything first: an error then fails the request as a whole,
     // before any chunk is on the wire.
-    for r in runs.iter().filter(|r| !r.hole) {
+    for r in runs.iter().filter(|r| planned && !r.hole) {
         let range = r.start as usize..(r.start + r.len) as usize;
         if let Err(e) = dev.read_at(&mut data[range], offset + r.start) {
             return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());

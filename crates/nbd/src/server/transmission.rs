@@ -3,7 +3,7 @@
 //! complete (out of order) under one writer lock.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -68,6 +68,8 @@ struct Job {
 struct Shared<'a> {
     conn: Conn,
     writer: Mutex<BufWriter<Box<dyn Write + Send>>>,
+    /// Replies waiting for the writer lock.
+    waiting: AtomicUsize,
     broken: AtomicBool,
     shutdown: &'a (dyn Fn() + Send + Sync),
     budget: Budget,
@@ -79,7 +81,9 @@ impl Shared<'_> {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
         let result = (|| {
             for p in &reply.parts {
                 match p {
@@ -87,7 +91,13 @@ impl Shared<'_> {
                     Part::Data(r) => w.write_all(&reply.data[r.clone()])?,
                 }
             }
-            w.flush()
+            // A reply waiting for the lock flushes this one with its own:
+            // one syscall for a burst of small replies. The last always
+            // flushes.
+            if self.waiting.load(Ordering::Acquire) == 0 {
+                w.flush()?;
+            }
+            Ok::<(), io::Error>(())
         })();
         if result.is_err() {
             // The client is gone: stop the reader too. Requests already
@@ -180,6 +190,7 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
             contexts,
         },
         writer: Mutex::new(BufWriter::with_capacity(256 * 1024, writer)),
+        waiting: AtomicUsize::new(0),
         broken: AtomicBool::new(false),
         shutdown: &*shutdown,
         budget: Budget::new(tuning.max_in_flight.max(u64::from(bs.maximum))),
