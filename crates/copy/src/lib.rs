@@ -13,7 +13,7 @@ pub mod commit;
 mod plan;
 pub mod rebase;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use diskit_core::buffer::AlignedBuf;
@@ -134,13 +134,12 @@ pub fn copy(
         turn_changed: Condvar::new(),
         progress,
         stats: Mutex::new(CopyStats::default()),
+        max_workers: opts.workers.clamp(1, 64),
+        spawned: AtomicUsize::new(1),
+        busy: AtomicUsize::new(0),
+        handed: AtomicU64::new(0),
     };
-    let workers = opts.workers.clamp(1, 64);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| engine.worker());
-        }
-    });
+    std::thread::scope(|s| engine.worker(s));
     if let Some(e) = engine
         .error
         .lock()
@@ -167,10 +166,24 @@ struct Engine<'a> {
     turn_changed: Condvar,
     progress: &'a Progress,
     stats: Mutex<CopyStats>,
+    /// Workers at most (`CopyOptions::workers`).
+    max_workers: usize,
+    /// Workers started so far: one, then another when every worker is
+    /// busy with I/O (see [`RAMP_BYTES`]).
+    spawned: AtomicUsize,
+    /// Workers in the middle of an item's I/O.
+    busy: AtomicUsize,
+    /// Bytes of the items handed to workers for I/O so far.
+    handed: AtomicU64,
 }
 
+/// A worker more is started for every this many bytes of I/O (while all
+/// are busy): small or sparse copies stay on few threads, whose start-up
+/// would cost more than they bring.
+const RAMP_BYTES: u64 = 8 << 20;
+
 impl Engine<'_> {
-    fn worker(&self) {
+    fn worker<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>) {
         let mut buf: Option<AlignedBuf> = None;
         while !self.failed.load(Ordering::Relaxed) {
             let item = {
@@ -185,7 +198,22 @@ impl Engine<'_> {
                 self.progress.done.fetch_add(item.len, Ordering::Relaxed);
                 continue;
             }
-            if let Err(e) = self.process(&item, &mut buf) {
+            let busy = self.busy.fetch_add(1, Ordering::AcqRel) + 1;
+            let spawned = self.spawned.load(Ordering::Acquire);
+            let handed = self.handed.fetch_add(item.len, Ordering::AcqRel) + item.len;
+            if busy >= spawned
+                && handed >= spawned as u64 * RAMP_BYTES
+                && spawned < self.max_workers
+                && self
+                    .spawned
+                    .compare_exchange(spawned, spawned + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                scope.spawn(move || self.worker(scope));
+            }
+            let result = self.process(&item, &mut buf);
+            self.busy.fetch_sub(1, Ordering::AcqRel);
+            if let Err(e) = result {
                 return self.fail(e);
             }
             self.progress.done.fetch_add(item.len, Ordering::Relaxed);
