@@ -235,42 +235,47 @@ impl Refcounts {
         Ok(new)
     }
 
-    /// Finds `n` contiguous free clusters from the hint on, without taking them.
-    fn find_free(&mut self, n: u64) -> Result<u64> {
+    /// Finds `n` contiguous free clusters from the hint on, without taking
+    /// them. Also returns the first free cluster seen (the start of a free
+    /// run too short for `n`, or the start of the result).
+    fn find_free(&mut self, n: u64) -> Result<(u64, u64)> {
         let mut start = self.free_hint.max(1);
+        let mut first_free = None;
         let mut run = 0;
         while run < n {
-            if start + run >= self.top || self.get(HostCluster(start + run))? == 0 {
-                if start + run >= self.top {
-                    // Everything from the top on is free.
-                    return Ok(start);
-                }
+            let c = start + run;
+            if c >= self.top {
+                // Everything from the top on is free.
+                return Ok((start, first_free.unwrap_or(start)));
+            }
+            if self.get(HostCluster(c))? == 0 {
+                first_free.get_or_insert(c);
                 run += 1;
             } else {
-                start += run + 1;
+                start = c + 1;
                 run = 0;
             }
         }
-        Ok(start)
+        Ok((start, first_free.unwrap_or(start)))
     }
 
     /// Allocates `n` contiguous clusters with refcount 1. Returns the first
     /// and whether they are fresh (past every cluster ever used, so they read
     /// as zeros).
     pub fn alloc(&mut self, n: u64) -> Result<(HostCluster, bool)> {
-        let start = self.find_free(n)?;
+        let (start, first_free) = self.find_free(n)?;
         let fresh = start >= self.top;
         // Reserve the range before setting refcounts: setting them may need
         // new refcount blocks, which must not land inside it.
-        let hint = self.free_hint;
         self.free_hint = start + n;
         self.top = self.top.max(start + n);
         for c in start..start + n {
             self.set(HostCluster(c), 1)?;
         }
-        if hint < start {
-            // Free clusters remain below the range.
-            self.free_hint = hint;
+        if first_free < start {
+            // A free run too short for this request remains below it (the
+            // scan never goes back over clusters known to be in use).
+            self.free_hint = self.free_hint.min(first_free);
         }
         Ok((HostCluster(start), fresh))
     }
@@ -284,7 +289,7 @@ impl Refcounts {
             }
         }
         let epb = self.entries_per_block();
-        let b = self.find_free(1)?;
+        let (b, _) = self.find_free(1)?;
         self.free_hint = self.free_hint.max(b + 1);
         self.top = self.top.max(b + 1);
         let at = self.geo.host_offset(HostCluster(b));
