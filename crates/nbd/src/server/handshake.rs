@@ -49,6 +49,7 @@ impl From<io::Error> for HandshakeEnd {
 
 #[derive(Default)]
 struct State {
+    tls: TlsState,
     fixed: bool,
     no_zeroes: bool,
     structured: bool,
@@ -57,12 +58,54 @@ struct State {
     meta: Option<(Arc<Export>, Vec<MetaContext>)>,
 }
 
+/// What the client said in its flags.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientFlags {
+    /// Fixed newstyle: options get replies.
+    pub fixed: bool,
+    /// No 124 zero bytes after EXPORT_NAME.
+    pub no_zeroes: bool,
+}
+
+/// Where TLS stands on a connection while options are haggled over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsState {
+    /// No TLS: STARTTLS is refused with ERR_POLICY.
+    #[default]
+    Unavailable,
+    /// STARTTLS is accepted; plain-text clients are served too.
+    Offered,
+    /// Nothing but STARTTLS and ABORT until TLS is up: other options get
+    /// ERR_TLS_REQD, EXPORT_NAME closes the connection.
+    Required,
+    /// TLS is up: a second STARTTLS is invalid.
+    Active,
+}
+
+/// How option haggling ended well.
+pub enum Step {
+    /// The client chose an export: transmission starts.
+    Go(Negotiated),
+    /// STARTTLS was acknowledged: the caller runs the TLS handshake and
+    /// haggles again over TLS, from a clean slate.
+    StartTls,
+}
+
 /// Runs the handshake on `stream` (unbuffered, so that nothing the client
-/// sends after its last option is lost).
+/// sends after its last option is lost), without TLS.
 pub fn negotiate<S: Read + Write + ?Sized>(
     stream: &mut S,
     exports: &ExportSet,
 ) -> Result<Negotiated, HandshakeEnd> {
+    let flags = greet(stream)?;
+    match haggle(stream, exports, flags, TlsState::Unavailable)? {
+        Step::Go(n) => Ok(n),
+        Step::StartTls => Err(HandshakeEnd::Protocol("STARTTLS without TLS".into())),
+    }
+}
+
+/// Sends the greeting and reads the client's flags.
+pub fn greet<S: Read + Write + ?Sized>(stream: &mut S) -> Result<ClientFlags, HandshakeEnd> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
     greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -78,9 +121,25 @@ pub fn negotiate<S: Read + Write + ?Sized>(
             "unknown client flags {flags:#x}"
         )));
     }
-    let mut st = State {
+    Ok(ClientFlags {
         fixed: flags & FLAG_C_FIXED_NEWSTYLE != 0,
         no_zeroes: flags & FLAG_C_NO_ZEROES != 0,
+    })
+}
+
+/// Handles options until the client picks an export, asks for TLS, or
+/// leaves. Everything negotiated before starts afresh with each call (as
+/// STARTTLS demands).
+pub fn haggle<S: Read + Write + ?Sized>(
+    stream: &mut S,
+    exports: &ExportSet,
+    flags: ClientFlags,
+    tls: TlsState,
+) -> Result<Step, HandshakeEnd> {
+    let mut st = State {
+        fixed: flags.fixed,
+        no_zeroes: flags.no_zeroes,
+        tls,
         ..State::default()
     };
 
@@ -95,6 +154,14 @@ pub fn negotiate<S: Read + Write + ?Sized>(
                 "option {} from a client without fixed newstyle",
                 h.option
             )));
+        }
+        let tls_reqd =
+            st.tls == TlsState::Required && h.option != OPT_STARTTLS && h.option != OPT_ABORT;
+        if tls_reqd && h.option == OPT_EXPORT_NAME {
+            // EXPORT_NAME cannot fail cleanly: close.
+            return Err(HandshakeEnd::Protocol(
+                "NBD_OPT_EXPORT_NAME before STARTTLS, and TLS is required".into(),
+            ));
         }
         if h.length > MAX_OPTION_DATA {
             if h.option == OPT_EXPORT_NAME || h.length > MAX_OPTION_SKIP {
@@ -115,6 +182,17 @@ pub fn negotiate<S: Read + Write + ?Sized>(
         }
         let mut data = vec![0u8; h.length as usize];
         stream.read_exact(&mut data)?;
+        if tls_reqd {
+            refuse(
+                stream,
+                h.option,
+                error(
+                    REP_ERR_TLS_REQD,
+                    "TLS is required: send NBD_OPT_STARTTLS first",
+                ),
+            )?;
+            continue;
+        }
         let option = match ClientOption::parse(h.option, &data) {
             Ok(o) => o,
             Err(e) if h.option == OPT_EXPORT_NAME => {
@@ -125,8 +203,27 @@ pub fn negotiate<S: Read + Write + ?Sized>(
                 continue;
             }
         };
+        if let ClientOption::StartTls = option {
+            match st.tls {
+                TlsState::Unavailable => refuse(
+                    stream,
+                    h.option,
+                    error(REP_ERR_POLICY, "TLS is not configured"),
+                )?,
+                TlsState::Active => refuse(
+                    stream,
+                    h.option,
+                    error(REP_ERR_INVALID, "TLS is already negotiated"),
+                )?,
+                TlsState::Offered | TlsState::Required => {
+                    send(stream, &OptionReply::ack(h.option))?;
+                    return Ok(Step::StartTls);
+                }
+            }
+            continue;
+        }
         match handle(stream, exports, &mut st, option)? {
-            Some(n) => return Ok(n),
+            Some(n) => return Ok(Step::Go(n)),
             None => continue,
         }
     }
@@ -199,6 +296,7 @@ fn handle<S: Read + Write + ?Sized>(
             stream.flush()?;
         }
         ClientOption::StartTls => {
+            // Answered by `haggle`, which owns the TLS state.
             refuse(stream, code, error(REP_ERR_POLICY, "TLS is not configured"))?;
         }
         ClientOption::Info(req) | ClientOption::Go(req) => {

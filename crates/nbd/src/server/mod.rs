@@ -7,6 +7,7 @@ pub mod export;
 pub mod handshake;
 pub mod ops;
 pub mod stats;
+pub mod tls;
 pub mod transmission;
 pub mod transport;
 
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 pub use export::{Export, ExportSet, MetaContext};
 pub use handshake::HandshakeEnd;
 pub use stats::{Stats, StatsSnapshot};
+pub use tls::{TlsConfig, TlsMode};
 pub use transmission::End;
 pub use transport::{Halves, Pipe, Transport};
 
@@ -76,6 +78,7 @@ pub struct Server {
     config: ServerConfig,
     next_id: AtomicU64,
     active: AtomicUsize,
+    tls: Option<TlsConfig>,
 }
 
 /// Counts a connection as active while it lives.
@@ -95,7 +98,14 @@ impl Server {
             config,
             next_id: AtomicU64::new(1),
             active: AtomicUsize::new(0),
+            tls: None,
         }
+    }
+
+    /// Offers (or requires) TLS through NBD_OPT_STARTTLS.
+    pub fn with_tls(mut self, tls: TlsConfig) -> Server {
+        self.tls = Some(tls);
+        self
     }
 
     /// The exports served.
@@ -128,7 +138,7 @@ impl Server {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let peer = transport.peer();
         let start = Instant::now();
-        let neg = match handshake::negotiate(&mut *transport, &self.exports) {
+        let neg = match self.handshake(&mut transport) {
             Ok(n) => n,
             Err(e) => {
                 let end = ConnectionEnd::Handshake(e);
@@ -138,6 +148,8 @@ impl Server {
                 return end;
             }
         };
+        // After STARTTLS the peer's name says so.
+        let peer = transport.peer();
         let halves = match transport.split() {
             Ok(h) => h,
             Err(e) => return ConnectionEnd::Transmission(End::Io(e)),
@@ -166,6 +178,37 @@ impl Server {
             );
         }
         ConnectionEnd::Transmission(end)
+    }
+
+    /// The handshake, STARTTLS included: after a TLS handshake `transport`
+    /// is the encrypted stream and option haggling starts over.
+    fn handshake(
+        &self,
+        transport: &mut Box<dyn Transport>,
+    ) -> Result<handshake::Negotiated, HandshakeEnd> {
+        let flags = handshake::greet(&mut **transport)?;
+        let mut state = match self.tls.as_ref().map(TlsConfig::mode) {
+            None => handshake::TlsState::Unavailable,
+            Some(TlsMode::Allow) => handshake::TlsState::Offered,
+            Some(TlsMode::Require) => handshake::TlsState::Required,
+        };
+        loop {
+            match handshake::haggle(&mut **transport, &self.exports, flags, state)? {
+                handshake::Step::Go(n) => return Ok(n),
+                handshake::Step::StartTls => {
+                    let Some(config) = &self.tls else {
+                        return Err(HandshakeEnd::Protocol("STARTTLS without TLS".into()));
+                    };
+                    let placeholder: Box<dyn Transport> =
+                        Box::new(Pipe::new(io::empty(), io::sink(), ""));
+                    let plain = std::mem::replace(transport, placeholder);
+                    *transport = tls::upgrade(plain, config).map_err(|e| {
+                        HandshakeEnd::Protocol(format!("TLS handshake failed: {e}"))
+                    })?;
+                    state = handshake::TlsState::Active;
+                }
+            }
+        }
     }
 
     /// Accepts connections on a Unix socket forever, one thread each.

@@ -9,6 +9,7 @@
 mod lifecycle;
 mod listen;
 mod plugin;
+mod tls;
 
 use std::fs::File;
 use std::net::IpAddr;
@@ -73,6 +74,9 @@ pub struct Args {
     /// $exportname set, serve while it runs, and exit with its status.
     #[arg(long = "run", value_name = "CMD")]
     run: Option<String>,
+    /// TLS options.
+    #[command(flatten)]
+    tls: tls::TlsArgs,
     /// Worker threads per connection.
     #[arg(short = 't', long = "threads", default_value_t = 16)]
     threads: usize,
@@ -101,14 +105,18 @@ pub fn run(a: Args) -> CmdResult {
             .with_read_only(a.readonly)
             .with_description(a.description.clone().unwrap_or_default()),
     );
-    let server = Arc::new(Server::new(
+    let mut server = Server::new(
         exports,
         ServerConfig {
             threads: a.threads,
             verbose: a.verbose,
             ..ServerConfig::default()
         },
-    ));
+    );
+    if let Some(tls) = a.tls.config()? {
+        server = server.with_tls(tls);
+    }
+    let server = Arc::new(server);
 
     if a.single {
         return serve_stdio(&server, opened.image);
@@ -150,7 +158,7 @@ pub fn run(a: Args) -> CmdResult {
     }));
     lifecycle::handle_signals(cleanup.clone());
 
-    let uri = listener.uri(&a.exportname);
+    let uri = tls::uri(listener.uri(&a.exportname), a.tls.required());
     if let Some(p) = &a.pidfile {
         lifecycle::write_pidfile(p)?;
     }

@@ -1,0 +1,266 @@
+//! `diskit serve --tls` against the real peers: nbdinfo, qemu-img, qemu-io
+//! and libnbd's Python bindings, with X.509 certificates made in the test.
+//! Every server runs under `timeout` on a private Unix socket and stops
+//! with its `--run` command.
+
+mod common;
+
+#[path = "../../nbd/tests/certs/mod.rs"]
+mod certs;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::*;
+
+/// The Python with libnbd's `nbd` module.
+const PYTHON: &str = "/usr/bin/python3";
+
+fn path_env() -> String {
+    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+/// Runs `diskit serve ARGS` under a timeout.
+fn serve(args: &[&str]) -> Output {
+    Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .arg(diskit_bin())
+        .arg("serve")
+        .args(args)
+        .env("PATH", path_env())
+        .output()
+        .expect("run timeout diskit serve")
+}
+
+/// A 4 MiB sparse file: 64 KiB of 0x11 at 0, 64 KiB of 0x22 at 1 MiB.
+fn test_file(dir: &Path) -> PathBuf {
+    let p = dir.join("t.raw");
+    sparse_file(&p, 4 << 20, &[(0, 65536, 0x11), (1 << 20, 65536, 0x22)]);
+    p
+}
+
+/// Certificates in DIR/pki.
+fn pki(dir: &Path) -> PathBuf {
+    let p = dir.join("pki");
+    std::fs::create_dir(&p).unwrap();
+    certs::generate(&p);
+    p
+}
+
+/// The TLS URI of the served socket, with libnbd's certificate directory.
+fn tls_uri(pki: &Path) -> String {
+    format!(
+        "nbds+unix:///?socket=$unixsocket&tls-certificates={}",
+        s(pki)
+    )
+}
+
+/// qemu's client options for TLS (it wants a hostname to check the
+/// certificate against, which a Unix socket does not give).
+fn qemu_tls(pki: &Path) -> String {
+    format!(
+        "--object tls-creds-x509,id=tls0,endpoint=client,dir={} --image-opts \
+         driver=nbd,server.type=unix,server.path=$unixsocket,tls-creds=tls0,tls-hostname=localhost",
+        s(pki)
+    )
+}
+
+#[test]
+fn require_serves_nbdinfo_qemu_img_and_qemu_io_over_tls() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let pki = pki(dir.path());
+    let out = dir.path().join("out.raw");
+    let uri_file = dir.path().join("uri");
+    let cmd = format!(
+        "echo \"$uri\" > {uri_file} && \
+         nbdinfo --json \"{uri}\" && \
+         nbdinfo --is tls \"{uri}\" && \
+         qemu-img convert {qemu} -O raw {out} && \
+         qemu-io -r {qemu} -c 'read -P 0x22 1M 64k' -c 'read -P 0 2M 64k' >&2",
+        uri_file = s(&uri_file),
+        uri = tls_uri(&pki),
+        qemu = qemu_tls(&pki),
+        out = s(&out),
+    );
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "-r",
+        "--tls=require",
+        "--tls-certificates",
+        s(&pki),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", stdout(&o)));
+    assert_eq!(v["TLS"], true, "{v}");
+    assert_eq!(v["exports"][0]["export-size"], 4 << 20);
+    assert!(same_bytes(&f, &out), "qemu-img read other bytes over TLS");
+    assert!(!stderr(&o).contains("Pattern verification failed"));
+    let uri = std::fs::read_to_string(&uri_file).unwrap();
+    assert!(uri.starts_with("nbds+unix:///?socket="), "{uri}");
+}
+
+#[test]
+fn require_gives_plain_clients_nothing() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let pki = pki(dir.path());
+    let out = dir.path().join("out.raw");
+    // Each plain client must fail; the command records what each did.
+    let cmd = format!(
+        "nbdinfo --json \"nbd+unix:///?socket=$unixsocket\"; echo nbdinfo=$?; \
+         nbdinfo --list \"nbd+unix:///?socket=$unixsocket\"; echo list=$?; \
+         qemu-img convert -f raw \"nbd+unix:///?socket=$unixsocket\" -O raw {out}; echo qemu=$?",
+        out = s(&out)
+    );
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "--tls=require",
+        "--tls-certificates",
+        s(&pki),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    let text = stdout(&o);
+    for tool in ["nbdinfo", "list", "qemu"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{tool}=")))
+            .unwrap_or_else(|| panic!("no {tool} result in {text}"));
+        assert_ne!(line, format!("{tool}=0"), "{tool} succeeded in plain text");
+    }
+    assert!(!text.contains("export-size"), "{text}");
+    assert!(
+        !out.exists() || std::fs::metadata(&out).unwrap().len() == 0,
+        "qemu-img got data without TLS"
+    );
+    assert!(
+        stderr(&o).contains("TLS") || stderr(&o).contains("tls"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn on_serves_plain_and_tls_clients() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let pki = pki(dir.path());
+    let cmd = format!(
+        "nbdinfo --size \"nbd+unix:///?socket=$unixsocket\" && \
+         nbdinfo --size \"{uri}\" && \
+         nbdinfo --is tls \"{uri}\" && \
+         {{ nbdinfo --is tls \"nbd+unix:///?socket=$unixsocket\"; echo plain-tls=$?; }}",
+        uri = tls_uri(&pki)
+    );
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "--tls=on",
+        "--tls-certificates",
+        s(&pki),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    let text = stdout(&o);
+    assert_eq!(text.matches("4194304").count(), 2, "{text}");
+    assert!(text.contains("plain-tls=2"), "{text}");
+}
+
+#[test]
+fn verify_peer_wants_a_client_certificate_from_the_ca() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let pki = pki(dir.path());
+    // The same CA, no client certificate.
+    let anonymous = dir.path().join("anonymous");
+    std::fs::create_dir(&anonymous).unwrap();
+    std::fs::copy(pki.join("ca-cert.pem"), anonymous.join("ca-cert.pem")).unwrap();
+    // The right CA to check the server, a client certificate from another.
+    let rogue = dir.path().join("rogue");
+    std::fs::create_dir(&rogue).unwrap();
+    std::fs::copy(pki.join("ca-cert.pem"), rogue.join("ca-cert.pem")).unwrap();
+    certs::Ca::new("another CA").leaf(&rogue, "client");
+    let cmd = format!(
+        "nbdinfo --size \"{good}\"; echo good=$?; \
+         nbdinfo --size \"{anon}\"; echo anonymous=$?; \
+         nbdinfo --size \"{rogue}\"; echo rogue=$?; \
+         qemu-io -r {qemu} -c 'read -P 0x11 0 64k'; echo qemu=$?",
+        good = tls_uri(&pki),
+        anon = tls_uri(&anonymous),
+        rogue = tls_uri(&rogue),
+        qemu = qemu_tls(&pki),
+    );
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "--tls=require",
+        "--tls-verify-peer",
+        "--tls-certificates",
+        s(&pki),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    let text = stdout(&o);
+    assert!(text.contains("4194304\ngood=0"), "{text}");
+    assert!(text.contains("qemu=0"), "{text}");
+    assert!(!text.contains("anonymous=0"), "{text}");
+    assert!(!text.contains("rogue=0"), "{text}");
+    assert_eq!(text.matches("4194304").count(), 1, "{text}");
+}
+
+/// The whole libnbd check suite (structured reads, block status, 256
+/// writes in flight, disconnect with writes in flight, multi-conn...) over
+/// TLS.
+#[test]
+fn libnbd_checks_over_tls() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let pki = pki(dir.path());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/nbd/checks.py");
+    let cmd = format!("{PYTHON} {} rw \"{}\"", s(&script), tls_uri(&pki));
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "--tls=require",
+        "--tls-certificates",
+        s(&pki),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+}
+
+#[test]
+fn bad_tls_settings_are_refused_at_startup() {
+    let dir = workdir();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = serve(&[
+        "-U",
+        "-",
+        "--tls=on",
+        "--tls-certificates",
+        s(&empty),
+        "memory",
+        "1M",
+        "--run",
+        "true",
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("server-cert.pem"), "{}", stderr(&o));
+}
