@@ -593,6 +593,7 @@ fn fio_verify(serve_args: &[&str]) {
     let cmd = format!(
         "fio --name=verify --ioengine=nbd --uri=\"$uri\" --rw=randwrite --bs=4k \
          --iodepth=32 --size=16M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+         --verify_state_save=0 \
          --output-format=json --output={}",
         s(&out)
     );
