@@ -1,7 +1,7 @@
 //! `diskit serve` against the real NBD peers: nbdinfo, nbdcopy, qemu-img,
-//! qemu-io and libnbd's Python bindings. Every server runs under
+//! qemu-io, fio and libnbd's Python bindings. Every server runs under
 //! `timeout`, on a private Unix socket (or 127.0.0.1), and stops with its
-//! `--run` command.
+//! `--run` command, or (daemons and foreground servers) is killed by pid.
 
 mod common;
 
@@ -396,4 +396,346 @@ fn socket_activation_and_stdin_stdout() {
         .output()
         .unwrap());
     assert_eq!(stdout(&o).trim(), "1048576 0000000000001000");
+}
+
+/// Field `i` (0: the state) after the command name in /proc/PID/stat,
+/// or None once the process is gone or a zombie.
+fn proc_stat(pid: i32, i: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    (fields[0] != "Z").then(|| fields[i].to_string())
+}
+
+/// A daemonised server, killed by its pid (from its pid file) when dropped.
+struct Daemon(i32);
+
+impl Daemon {
+    /// Sends SIGTERM and waits for the process to end.
+    fn stop(&mut self) {
+        // SAFETY: kill(2) on the pid the daemon wrote into its pid file.
+        unsafe { libc::kill(self.0, libc::SIGTERM) };
+        let start = Instant::now();
+        while proc_stat(self.0, 0).is_some() {
+            assert!(start.elapsed() < Duration::from_secs(20), "daemon lives on");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.0 = 0;
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            // SAFETY: as in stop(); the test failed before stopping it.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+}
+
+#[test]
+fn daemon_mode_forks_once_listening_and_stops_by_pid_file() {
+    let dir = workdir();
+    let sock = dir.path().join("nbd.sock");
+    let pidfile = dir.path().join("pid");
+    let start = Instant::now();
+    let o = serve(&[
+        "--print-uri",
+        "-U",
+        s(&sock),
+        "-P",
+        s(&pidfile),
+        "memory",
+        "1M",
+    ]);
+    // The command returns once the daemon serves: the pid file and the
+    // socket are there, and the URI was printed by the parent.
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .expect("pid file written before the command returned")
+        .trim()
+        .parse()
+        .unwrap();
+    let mut daemon = Daemon(pid);
+    let o = ok(o);
+    assert!(start.elapsed() < Duration::from_secs(20));
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    assert_eq!(stdout(&o).trim(), uri);
+    assert!(sock.exists());
+    // A new session (detached from the terminal), stdio on /dev/null.
+    assert_eq!(proc_stat(pid, 3).as_deref(), Some(pid.to_string().as_str()));
+    for fd in 0..3 {
+        let target = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap();
+        assert_eq!(target, Path::new("/dev/null"), "fd {fd}");
+    }
+    let o = ok(Command::new("timeout")
+        .args(["30", "nbdinfo", "--size", &uri])
+        .output()
+        .unwrap());
+    assert_eq!(stdout(&o).trim(), "1048576");
+    daemon.stop();
+    assert!(
+        !sock.exists() && !pidfile.exists(),
+        "socket or pid file left behind"
+    );
+
+    // A start-up failure in the daemon fails the command, and nothing
+    // keeps serving.
+    let o = serve(&["-U", s(&sock), "-P", "/nonexistent/dir/pid", "null", "1M"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("pid file"), "{}", stderr(&o));
+    assert!(!sock.exists(), "socket left behind");
+}
+
+#[test]
+fn connection_limit_and_handshake_timeout() {
+    let script = r#"
+import nbd, socket, sys, time
+uri, path, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+def connect():
+    h = nbd.NBD()
+    h.connect_uri(uri)
+    return h
+if mode == "limit":
+    h1 = connect()
+    try:
+        connect()
+        sys.exit("a second connection was served")
+    except nbd.Error:
+        pass
+    h1.shutdown()
+    del h1
+    for i in range(200):
+        try:
+            connect().shutdown()
+            break
+        except nbd.Error:
+            time.sleep(0.05)
+    else:
+        sys.exit("the freed slot was never reused")
+else:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.settimeout(30)
+    t = time.time()
+    got = b""
+    while True:
+        d = s.recv(100)
+        if not d:
+            break
+        got += d
+    took = time.time() - t
+    assert len(got) == 18, got
+    assert 0.9 < took < 20, took
+    h = connect()
+    assert h.get_size() == 1048576
+    h.shutdown()
+print("ok")
+"#;
+    let dir = workdir();
+    let py = dir.path().join("limits.py");
+    std::fs::write(&py, script).unwrap();
+    for (mode, opts) in [
+        ("limit", ["--max-connections", "1"]),
+        ("timeout", ["--timeout", "1"]),
+    ] {
+        let cmd = format!("{PYTHON} {} \"$uri\" \"$unixsocket\" {mode}", s(&py));
+        let mut args = vec!["-U", "-"];
+        args.extend(opts);
+        args.extend(["memory", "1M", "--run", &cmd]);
+        let o = ok(serve(&args));
+        assert_eq!(stdout(&o).trim(), "ok", "{mode}");
+    }
+}
+
+#[test]
+fn verbose_logs_one_line_per_connection_and_export_counters() {
+    let script = "import nbd, sys\n\
+                  h = nbd.NBD()\n\
+                  h.connect_uri(sys.argv[1])\n\
+                  h.pwrite(b'x' * 4096, 0)\n\
+                  h.pread(4096, 0)\n\
+                  h.pread(512, 8192)\n\
+                  h.shutdown()\n";
+    let cmd = format!("{PYTHON} -c \"{script}\" \"$uri\" && nbdinfo --size \"$uri\"");
+    let o = ok(serve(&[
+        "-v", "-U", "-", "-e", "d", "memory", "1M", "--run", &cmd,
+    ]));
+    let err = stderr(&o);
+    let conns: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("diskit: connection "))
+        .collect();
+    assert_eq!(conns.len(), 2, "{err}");
+    assert!(
+        conns.iter().any(|l| l.contains(
+            "export 'd', structured replies: 3 requests (read 2, write 1), 0 errors, \
+             4608 bytes read, 4096 bytes written; client disconnected after"
+        )),
+        "{err}"
+    );
+    let export: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("diskit: export 'd': "))
+        .collect();
+    assert_eq!(export.len(), 1, "{err}");
+    assert!(
+        export[0].starts_with(
+            "diskit: export 'd': 2 connections, 3 requests (read 2, write 1), 0 errors, \
+             4608 bytes read, 4096 bytes written"
+        ),
+        "{err}"
+    );
+}
+
+/// Random 4 KiB writes at depth 32, read back and checked with crc32c.
+fn fio_verify(serve_args: &[&str]) {
+    let dir = workdir();
+    let out = dir.path().join("fio.json");
+    let cmd = format!(
+        "fio --name=verify --ioengine=nbd --uri=\"$uri\" --rw=randwrite --bs=4k \
+         --iodepth=32 --size=16M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+         --verify_state_save=0 \
+         --output-format=json --output={}",
+        s(&out)
+    );
+    let mut args = serve_args.to_vec();
+    args.extend(["--run", &cmd]);
+    ok(serve(&args));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0, "{job}");
+    assert_eq!(job["write"]["io_bytes"], 16 << 20);
+    assert_eq!(job["read"]["io_bytes"], 16 << 20, "every block verified");
+}
+
+#[test]
+fn fio_nbd_engine_with_verify_on_memory_and_qcow2() {
+    fio_verify(&["-U", "-", "memory", "16M"]);
+    let dir = workdir();
+    let img = dir.path().join("f.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&img), "16M"]));
+    fio_verify(&["-U", "-", "image", s(&img)]);
+    ok(qemu_img(&["check", s(&img)]));
+}
+
+#[test]
+fn qemu_io_aio_reads_and_writes() {
+    let dir = workdir();
+    let img = dir.path().join("a.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&img), "8M"]));
+    let mut cmd = String::from("qemu-io -f raw");
+    for i in 0..8 {
+        cmd += &format!(" -c 'aio_write -P {} {}k 64k'", 0x10 + i, i * 64);
+    }
+    cmd += " -c aio_flush -c 'aio_write -z 128k 64k' -c aio_flush";
+    for i in 0..8 {
+        let p = if i == 2 { 0 } else { 0x10 + i };
+        cmd += &format!(" -c 'aio_read -P {p} {}k 64k'", i * 64);
+    }
+    cmd += " -c aio_flush \"$uri\"";
+    let o = ok(serve(&["-U", "-", "image", s(&img), "--run", &cmd]));
+    let out = stdout(&o);
+    assert!(!out.contains("fail") && !out.contains("error"), "{out}");
+    assert_eq!(out.matches("read 65536/65536 bytes").count(), 8, "{out}");
+    ok(peer(
+        "qemu-io",
+        &["-f", "qcow2", "-c", "read -P 0x17 448k 64k", s(&img)],
+    ));
+}
+
+#[test]
+fn qemu_img_map_of_allocation_depth_matches_qemu_nbd() {
+    let dir = workdir();
+    let base = dir.path().join("base.qcow2");
+    let top = dir.path().join("top.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "4M"]));
+    ok(peer(
+        "qemu-io",
+        &[
+            "-f",
+            "qcow2",
+            "-c",
+            "write -P 0x11 0 1M",
+            "-c",
+            "write -z 3M 512k",
+            s(&base),
+        ],
+    ));
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        s(&base),
+        "-F",
+        "qcow2",
+        s(&top),
+    ]));
+    ok(peer(
+        "qemu-io",
+        &[
+            "-f",
+            "qcow2",
+            "-c",
+            "write -P 0x22 2M 1M",
+            "-c",
+            "write -z 512k 64k",
+            s(&top),
+        ],
+    ));
+    let map = |sock: &Path| {
+        let opts = format!(
+            "driver=nbd,server.type=unix,server.path={},x-dirty-bitmap=qemu:allocation-depth",
+            s(sock)
+        );
+        stdout(&ok(Command::new("timeout")
+            .args([
+                "60",
+                "qemu-img",
+                "map",
+                "--output=json",
+                "--image-opts",
+                &opts,
+            ])
+            .output()
+            .unwrap()))
+    };
+    // qemu-nbd exposes allocation depth with -A and exits after its client.
+    let qsock = dir.path().join("q.sock");
+    let mut qemu_nbd = Command::new("timeout")
+        .args([
+            "-k", "5", "120", "qemu-nbd", "-A", "-r", "-f", "qcow2", "-k",
+        ])
+        .args([s(&qsock), s(&top)])
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !qsock.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "qemu-nbd did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let want = map(&qsock);
+    let _ = qemu_nbd.kill();
+    let _ = qemu_nbd.wait();
+
+    let dsock = dir.path().join("d.sock");
+    let cmd = format!(
+        "qemu-img map --output=json --image-opts \
+         driver=nbd,server.type=unix,server.path={},x-dirty-bitmap=qemu:allocation-depth",
+        s(&dsock)
+    );
+    let o = ok(serve(&[
+        "-U",
+        s(&dsock),
+        "-r",
+        "image",
+        s(&top),
+        "--run",
+        &cmd,
+    ]));
+    assert_eq!(stdout(&o), want);
+    assert!(want.matches("\"start\"").count() >= 5, "{want}");
 }

@@ -10,9 +10,10 @@ pub mod stats;
 pub mod tls;
 pub mod transmission;
 pub mod transport;
+pub mod watchdog;
 
 use std::io;
-use std::net::TcpListener;
+use std::net::{Shutdown, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -24,6 +25,7 @@ pub use stats::{Stats, StatsSnapshot};
 pub use tls::{TlsConfig, TlsMode};
 pub use transmission::End;
 pub use transport::{Halves, Pipe, Transport};
+pub use watchdog::Cutoff;
 
 /// Server settings.
 #[derive(Debug, Clone, Copy)]
@@ -36,6 +38,12 @@ pub struct ServerConfig {
     pub max_in_flight: u64,
     /// Log one line per connection to stderr.
     pub verbose: bool,
+    /// A client that has not finished the handshake after this long is
+    /// cut off (sockets only; `None`: no limit).
+    pub handshake_timeout: Option<Duration>,
+    /// Connections served at once by the accept loops; one more is
+    /// accepted and closed at once (0: no limit).
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -44,6 +52,8 @@ impl Default for ServerConfig {
             threads: 16,
             max_in_flight: 64 << 20,
             verbose: false,
+            handshake_timeout: Some(Duration::from_secs(60)),
+            max_connections: 0,
         }
     }
 }
@@ -53,6 +63,10 @@ impl Default for ServerConfig {
 pub enum ConnectionEnd {
     /// It ended during the handshake.
     Handshake(HandshakeEnd),
+    /// The handshake took longer than the handshake timeout.
+    HandshakeTimeout,
+    /// The accept loop turned it away: too many connections.
+    Refused,
     /// It ended during transmission.
     Transmission(End),
 }
@@ -67,6 +81,8 @@ impl std::fmt::Display for ConnectionEnd {
                 write!(f, "handshake protocol violation: {m}")
             }
             ConnectionEnd::Handshake(HandshakeEnd::Io(e)) => write!(f, "handshake I/O error: {e}"),
+            ConnectionEnd::HandshakeTimeout => f.write_str("handshake timed out"),
+            ConnectionEnd::Refused => f.write_str("refused: too many connections"),
             ConnectionEnd::Transmission(e) => e.fmt(f),
         }
     }
@@ -131,17 +147,48 @@ impl Server {
         true
     }
 
-    /// Serves one connection to its end: handshake, then transmission.
-    pub fn serve(&self, mut transport: Box<dyn Transport>) -> ConnectionEnd {
+    /// Serves one connection to its end: handshake, then transmission,
+    /// with no handshake deadline (stdin/stdout, in-memory pipes).
+    pub fn serve(&self, transport: Box<dyn Transport>) -> ConnectionEnd {
         self.active.fetch_add(1, Ordering::SeqCst);
+        self.serve_counted(transport, None)
+    }
+
+    /// Serves one connection like [`Server::serve`], calling `cutoff`
+    /// (which shuts the socket down) if the handshake outlasts the
+    /// configured timeout.
+    pub fn serve_with_cutoff(
+        &self,
+        transport: Box<dyn Transport>,
+        cutoff: Cutoff,
+    ) -> ConnectionEnd {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        self.serve_counted(transport, Some(cutoff))
+    }
+
+    /// Serves a connection already counted in `active`.
+    fn serve_counted(
+        &self,
+        mut transport: Box<dyn Transport>,
+        cutoff: Option<Cutoff>,
+    ) -> ConnectionEnd {
         let _active = ActiveGuard(&self.active);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let peer = transport.peer();
         let start = Instant::now();
-        let neg = match self.handshake(&mut transport) {
-            Ok(n) => n,
-            Err(e) => {
-                let end = ConnectionEnd::Handshake(e);
+        let dog = match (self.config.handshake_timeout, cutoff) {
+            (Some(t), Some(c)) => Some(watchdog::Watchdog::start(t, c)),
+            _ => None,
+        };
+        let negotiated = self.handshake(&mut transport);
+        let timed_out = dog.is_some_and(watchdog::Watchdog::disarm);
+        let neg = match negotiated {
+            Ok(n) if !timed_out => n,
+            r => {
+                let end = match r {
+                    Err(e) if !timed_out => ConnectionEnd::Handshake(e),
+                    _ => ConnectionEnd::HandshakeTimeout,
+                };
                 if self.config.verbose {
                     eprintln!("diskit: connection {id} ({peer}): {end}");
                 }
@@ -215,7 +262,14 @@ impl Server {
     pub fn serve_unix(self: &Arc<Self>, listener: UnixListener) -> io::Result<()> {
         loop {
             match listener.accept() {
-                Ok((stream, _)) => self.spawn(Box::new(stream)),
+                Ok((stream, _)) => {
+                    let cutoff = stream.try_clone().ok().map(|s| -> Cutoff {
+                        Box::new(move || {
+                            let _ = s.shutdown(Shutdown::Both);
+                        })
+                    });
+                    self.spawn(Box::new(stream), cutoff);
+                }
                 Err(e) => self.accept_failed(e)?,
             }
         }
@@ -227,21 +281,43 @@ impl Server {
             match listener.accept() {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    self.spawn(Box::new(stream));
+                    let cutoff = stream.try_clone().ok().map(|s| -> Cutoff {
+                        Box::new(move || {
+                            let _ = s.shutdown(Shutdown::Both);
+                        })
+                    });
+                    self.spawn(Box::new(stream), cutoff);
                 }
                 Err(e) => self.accept_failed(e)?,
             }
         }
     }
 
-    fn spawn(self: &Arc<Self>, transport: Box<dyn Transport>) {
+    /// Serves `transport` in a new thread, or closes it at once when
+    /// `max_connections` are being served already.
+    fn spawn(self: &Arc<Self>, transport: Box<dyn Transport>, cutoff: Option<Cutoff>) {
+        let max = self.config.max_connections;
+        let before = self.active.fetch_add(1, Ordering::SeqCst);
+        if max > 0 && before >= max {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            if self.config.verbose {
+                eprintln!(
+                    "diskit: connection from {}: {} ({max} already)",
+                    transport.peer(),
+                    ConnectionEnd::Refused
+                );
+            }
+            return;
+        }
         let server = self.clone();
         let spawned = std::thread::Builder::new()
             .name("nbd-conn".into())
             .spawn(move || {
-                server.serve(transport);
+                server.serve_counted(transport, cutoff);
             });
         if let Err(e) = spawned {
+            // The closure (and its transport) was dropped without running.
+            self.active.fetch_sub(1, Ordering::SeqCst);
             eprintln!("diskit: cannot start a connection thread: {e}");
         }
     }

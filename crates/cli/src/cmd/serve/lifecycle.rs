@@ -26,6 +26,8 @@ pub struct Parts {
     pub tempdir: Option<tempfile::TempDir>,
     /// A pid file to remove.
     pub pidfile: Option<PathBuf>,
+    /// Runs first (the per-export report at -v).
+    pub on_stop: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Cleanup {
@@ -39,7 +41,10 @@ impl Cleanup {
     /// Closes the image and removes the files; later calls do nothing.
     pub fn run(&self) {
         let parts = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let Some(p) = parts else { return };
+        let Some(mut p) = parts else { return };
+        if let Some(f) = p.on_stop.take() {
+            f();
+        }
         if let Some(img) = &p.image
             && let Err(e) = img.close()
         {

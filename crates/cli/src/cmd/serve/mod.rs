@@ -1,11 +1,15 @@
 //! `diskit serve`: an NBD server with nbdkit's command line.
 //!
 //! `diskit serve [-U SOCKET | -U - | -p PORT [-i ADDR] | -s] [-r] [-e NAME]
-//! [-f] [-v] [--print-uri] [-P PIDFILE] [--run CMD] PLUGIN [ARGS] [key=value]...`
+//! [-f] [-v] [--print-uri] [-P PIDFILE] [--run CMD] [--timeout SECS]
+//! [--max-connections N] PLUGIN [ARGS] [key=value]...`
 //!
 //! Without -U, -p or -s, a socket passed by systemd-style socket
 //! activation (LISTEN_PID/LISTEN_FDS) is used when there is one.
+//! Without -f, --run, -s or socket activation the server forks into the
+//! background once it listens (see [`daemon`]).
 
+mod daemon;
 mod lifecycle;
 mod listen;
 mod plugin;
@@ -16,6 +20,7 @@ use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::CmdResult;
 use crate::util::CliError;
@@ -58,9 +63,23 @@ pub struct Args {
     /// A description of the export, shown by nbdinfo.
     #[arg(long = "description", value_name = "TEXT")]
     description: Option<String>,
-    /// Stay in the foreground (the only mode for now).
+    /// Stay in the foreground (the default is to fork into the background
+    /// once listening, unless --run, -s or socket activation is used).
     #[arg(short = 'f', long = "foreground")]
     foreground: bool,
+    /// Cut off clients that have not finished the handshake after this
+    /// many seconds (0: never).
+    #[arg(long = "timeout", value_name = "SECS", default_value_t = 60)]
+    timeout: u64,
+    /// Serve at most this many connections at once; more are closed as
+    /// soon as they are accepted (0: no limit).
+    #[arg(
+        long = "max-connections",
+        alias = "shared",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    max_connections: usize,
     /// Log one line per connection to stderr.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -110,6 +129,8 @@ pub fn run(a: Args) -> CmdResult {
         ServerConfig {
             threads: a.threads,
             verbose: a.verbose,
+            handshake_timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
+            max_connections: a.max_connections,
             ..ServerConfig::default()
         },
     );
@@ -119,7 +140,11 @@ pub fn run(a: Args) -> CmdResult {
     let server = Arc::new(server);
 
     if a.single {
-        return serve_stdio(&server, opened.image);
+        let r = serve_stdio(&server, opened.image);
+        if a.verbose {
+            report_exports(&server);
+        }
+        return r;
     }
 
     let mut tempdir = None;
@@ -129,6 +154,7 @@ pub fn run(a: Args) -> CmdResult {
     } else {
         None
     };
+    let activated_socket = activated.is_some();
     let listener = match (&a.unix, a.port) {
         _ if activated.is_some() => activated.expect("checked"),
         (Some(u), _) if u == "-" => {
@@ -150,23 +176,52 @@ pub fn run(a: Args) -> CmdResult {
             port.unwrap_or(NBD_PORT),
         )?,
     };
+    let foreground = a.foreground || a.run.is_some() || activated_socket;
+    // The daemon runs in /: the files it removes need absolute paths.
+    let pidfile = a.pidfile.as_deref().map(absolute).transpose()?;
     let cleanup = Arc::new(Cleanup::new(Parts {
         image: opened.image,
-        socket: created_socket,
+        socket: created_socket.as_deref().map(absolute).transpose()?,
         tempdir,
-        pidfile: a.pidfile.clone(),
+        pidfile: pidfile.clone(),
+        on_stop: a.verbose.then(|| {
+            let s = server.clone();
+            Box::new(move || report_exports(&s)) as Box<dyn FnOnce() + Send>
+        }),
     }));
-    lifecycle::handle_signals(cleanup.clone());
 
     let uri = tls::uri(listener.uri(&a.exportname), a.tls.required());
-    if let Some(p) = &a.pidfile {
-        lifecycle::write_pidfile(p)?;
+    let ready = if foreground {
+        None
+    } else {
+        let daemon = daemon::daemonize(a.verbose, || {
+            if a.print_uri {
+                println!("{uri}");
+            }
+        });
+        match daemon {
+            Ok(r) => Some(r),
+            Err(e) => {
+                cleanup.run();
+                return Err(e);
+            }
+        }
+    };
+    lifecycle::handle_signals(cleanup.clone());
+    if let Some(p) = &pidfile
+        && let Err(e) = lifecycle::write_pidfile(p)
+    {
+        cleanup.run();
+        return Err(e);
     }
-    if a.print_uri {
+    if foreground && a.print_uri {
         println!("{uri}");
     }
     if a.verbose {
         eprintln!("diskit: serving {} at {uri}", a.plugin);
+    }
+    if let Some(r) = ready {
+        r.signal();
     }
 
     let env = RunEnv {
@@ -184,7 +239,7 @@ pub fn run(a: Args) -> CmdResult {
             std::thread::spawn(move || accept_loop(&s, listener));
             let status = lifecycle::run_captive(cmd, &env);
             // Let connections the command left behind finish (and log).
-            server.wait_idle(std::time::Duration::from_secs(5));
+            server.wait_idle(Duration::from_secs(5));
             cleanup.run();
             status
         }
@@ -194,6 +249,24 @@ pub fn run(a: Args) -> CmdResult {
             Err(e)
         }
     }
+}
+
+/// Logs each export's request counters (at -v, when the server stops).
+fn report_exports(server: &Server) {
+    for e in server.exports().iter() {
+        let snap = e.stats().snapshot();
+        eprintln!(
+            "diskit: export '{}': {} connections, {}",
+            e.name(),
+            snap.connections,
+            snap.summary()
+        );
+    }
+}
+
+/// `p` made absolute against the current directory.
+fn absolute(p: &Path) -> Result<PathBuf, CliError> {
+    std::path::absolute(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))
 }
 
 /// Accepts connections until the listener fails.
