@@ -107,8 +107,10 @@ impl Shared<'_> {
         }
     }
 
-    fn record(&self, command: u16, reply: &Reply, written: u64) {
-        let read = reply.data_len();
+    fn record(&self, command: u16, reply: &Reply, read: u64, written: u64) {
+        // Bytes served to reads count whole, whether they went as data or
+        // as hole chunks.
+        let read = if reply.ok { read } else { 0 };
         self.conn_stats.record(command, reply.ok, read, written);
         self.conn
             .export
@@ -122,8 +124,12 @@ impl Shared<'_> {
         } else {
             0
         };
+        let read = match job.cmd {
+            Command::Read { len, .. } => u64::from(len),
+            _ => 0,
+        };
         let reply = ops::execute(&self.conn, job.cookie, job.offset, job.cmd, job.payload);
-        self.record(job.command, &reply, written);
+        self.record(job.command, &reply, read, written);
         self.send(&reply);
         drop(reply);
         self.budget.release(job.taken);
@@ -297,7 +303,7 @@ fn read_requests(
                     rej.error,
                     &rej.message,
                 );
-                shared.record(h.command, &reply, 0);
+                shared.record(h.command, &reply, 0, 0);
                 shared.send(&reply);
             }
         }
