@@ -136,7 +136,6 @@ pub fn copy(
         stats: Mutex::new(CopyStats::default()),
         max_workers: opts.workers.clamp(1, 64),
         spawned: AtomicUsize::new(1),
-        busy: AtomicUsize::new(0),
         handed: AtomicU64::new(0),
     };
     std::thread::scope(|s| engine.worker(s));
@@ -168,18 +167,16 @@ struct Engine<'a> {
     stats: Mutex<CopyStats>,
     /// Workers at most (`CopyOptions::workers`).
     max_workers: usize,
-    /// Workers started so far: one, then another when every worker is
-    /// busy with I/O (see [`RAMP_BYTES`]).
+    /// Workers started so far: one, then another per [`RAMP_BYTES`] of
+    /// I/O handed out.
     spawned: AtomicUsize,
-    /// Workers in the middle of an item's I/O.
-    busy: AtomicUsize,
     /// Bytes of the items handed to workers for I/O so far.
     handed: AtomicU64,
 }
 
-/// A worker more is started for every this many bytes of I/O (while all
-/// are busy): small or sparse copies stay on few threads, whose start-up
-/// would cost more than they bring.
+/// A worker more is started for every this many bytes of I/O handed out:
+/// small or sparse copies stay on few threads, whose start-up would cost
+/// more than they bring; big ones reach every worker within a few steps.
 const RAMP_BYTES: u64 = 8 << 20;
 
 impl Engine<'_> {
@@ -198,11 +195,9 @@ impl Engine<'_> {
                 self.progress.done.fetch_add(item.len, Ordering::Relaxed);
                 continue;
             }
-            let busy = self.busy.fetch_add(1, Ordering::AcqRel) + 1;
             let spawned = self.spawned.load(Ordering::Acquire);
             let handed = self.handed.fetch_add(item.len, Ordering::AcqRel) + item.len;
-            if busy >= spawned
-                && handed >= spawned as u64 * RAMP_BYTES
+            if handed >= spawned as u64 * RAMP_BYTES
                 && spawned < self.max_workers
                 && self
                     .spawned
@@ -212,7 +207,6 @@ impl Engine<'_> {
                 scope.spawn(move || self.worker(scope));
             }
             let result = self.process(&item, &mut buf);
-            self.busy.fetch_sub(1, Ordering::AcqRel);
             if let Err(e) = result {
                 return self.fail(e);
             }
