@@ -75,41 +75,16 @@ pub fn run(a: Args) -> CmdResult {
             a.filename.display()
         );
     }
-    if let Some(q) = &img.qcow2 {
-        let current = img.virtual_size();
-        let new_size = match rel {
-            1 => current.saturating_add(n),
-            -1 => current.saturating_sub(n),
-            _ => n,
-        };
-        if qcow2_prealloc.is_some() && new_size <= current {
-            return Err(CliError::new(
-                "Preallocation can only be used for growing images",
-            ));
+    if img.qcow2.is_none() {
+        if a.preallocation.as_deref() == Some("metadata") {
+            return Err(CliError::new("Unsupported preallocation mode: metadata"));
         }
-        if new_size < current && !a.shrink {
-            return Err(CliError::new(
-                "Use the --shrink option to perform a shrink operation.\n\
-                 diskit: warning: Shrinking an image will delete all data beyond the shrunken image's end. \
-                 Before performing such an operation, make sure there is no important data there.",
-            ));
+        if img.format != Format::Raw {
+            return Err(CliError::new(format!(
+                "Image format '{}' cannot be resized by this build",
+                img.format
+            )));
         }
-        q.resize_with(new_size, a.shrink, qcow2_prealloc.unwrap_or_default())
-            .and_then(|_| img.close())
-            .map_err(|e| CliError::new(e.to_string()))?;
-        if !a.quiet {
-            println!("Image resized.");
-        }
-        return Ok(0);
-    }
-    if a.preallocation.as_deref() == Some("metadata") {
-        return Err(CliError::new("Unsupported preallocation mode: metadata"));
-    }
-    if img.format != Format::Raw {
-        return Err(CliError::new(format!(
-            "Image format '{}' cannot be resized by this build",
-            img.format
-        )));
     }
     // Relative sizes count from the size the guest sees (whole sectors).
     let current = img.virtual_size();
@@ -118,10 +93,14 @@ pub fn run(a: Args) -> CmdResult {
         -1 => current.saturating_sub(n),
         _ => n,
     };
-    if new_size == 0 || new_size > i64::MAX as u64 {
+    if img.qcow2.is_none() && (new_size == 0 || new_size > i64::MAX as u64) {
         return Err(CliError::new("New image size must be positive"));
     }
-    if prealloc.is_some() && new_size <= current {
+    let preallocating = match img.qcow2 {
+        Some(_) => qcow2_prealloc.is_some(),
+        None => prealloc.is_some(),
+    };
+    if preallocating && new_size <= current {
         return Err(CliError::new(
             "Preallocation can only be used for growing images",
         ));
@@ -133,9 +112,13 @@ pub fn run(a: Args) -> CmdResult {
              Before performing such an operation, make sure there is no important data there.",
         ));
     }
-    img.file
-        .resize(new_size, prealloc.unwrap_or_default())
-        .map_err(|e| CliError::new(e.to_string()))?;
+    let done = match &img.qcow2 {
+        Some(q) => q
+            .resize_with(new_size, a.shrink, qcow2_prealloc.unwrap_or_default())
+            .and_then(|_| img.close()),
+        None => img.file.resize(new_size, prealloc.unwrap_or_default()),
+    };
+    done.map_err(|e| CliError::new(e.to_string()))?;
     if !a.quiet {
         println!("Image resized.");
     }

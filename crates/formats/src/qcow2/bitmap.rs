@@ -10,6 +10,7 @@ use diskit_backends::FileDevice;
 use diskit_core::{Error, Result};
 
 use super::header::{Header, autoclear, ext};
+use super::table::{be16, be32, be64};
 
 /// At most this many bitmaps (QCOW2_MAX_BITMAPS).
 pub const MAX_BITMAPS: u32 = 65535;
@@ -111,18 +112,6 @@ impl Bitmap {
             .unwrap_or(self.name.len());
         String::from_utf8_lossy(&self.name[..end]).into_owned()
     }
-}
-
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 fn corrupt(msg: impl Into<String>) -> Error {

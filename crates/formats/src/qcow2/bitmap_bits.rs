@@ -14,7 +14,7 @@ use super::bitmap::Bitmap;
 use super::table::{corrupt, read_u64_table};
 
 /// Bits 9–55 of a bitmap table entry: the data cluster's offset.
-const ENTRY_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+pub(super) const ENTRY_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 /// Bit 0 of an entry without an offset: the cluster reads as all ones.
 const ENTRY_ALL_ONES: u64 = 1;
 

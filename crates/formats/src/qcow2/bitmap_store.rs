@@ -15,7 +15,7 @@ use diskit_core::{BlockDevice, Error, Result};
 
 use super::Qcow2;
 use super::bitmap::{self, Bitmap, BitmapsExt, BitmapsState, flags};
-use super::bitmap_bits::{Bits, DirtyRanges, bytes_for, read_bits};
+use super::bitmap_bits::{Bits, DirtyRanges, ENTRY_OFFSET_MASK, bytes_for, read_bits};
 use super::header::{HeaderExtension, autoclear, ext};
 use super::layout::{HostCluster, HostOffset};
 use super::meta::Meta;
@@ -148,32 +148,7 @@ impl Qcow2 {
     /// Stores the bitmaps this open marked in use, with their new dirty
     /// bits and the mark cleared (on close).
     pub(super) fn persist_bitmaps(&self) -> Result<()> {
-        let Some(t) = self.tracker().take() else {
-            return Ok(());
-        };
-        if !t.marked.iter().any(|&m| m) {
-            *self.tracker() = Some(t);
-            return Ok(());
-        }
-        let size = self.size();
-        let plans = t
-            .list
-            .iter()
-            .zip(&t.marked)
-            .map(|(b, &m)| {
-                if m {
-                    Plan::Rewrite {
-                        old: b.clone(),
-                        read_size: size,
-                        flags: b.flags & !flags::IN_USE,
-                        track: true,
-                    }
-                } else {
-                    Plan::Keep(b.clone())
-                }
-            })
-            .collect();
-        self.store_bitmaps(plans, &t.dirty)
+        self.rewrite_tracked(self.size(), false)
     }
 
     /// Adds bitmaps (as `qemu-img convert --bitmaps` does on its target).
@@ -210,24 +185,37 @@ impl Qcow2 {
     /// Fits every consistent bitmap to a disk resized from `old_size` (and
     /// stores what this open's writes changed).
     pub(super) fn resize_bitmaps(&self, old_size: u64) -> Result<()> {
+        self.rewrite_tracked(old_size.min(self.size()), true)
+    }
+
+    /// Stores the tracked set: the bitmaps this open marked in use get its
+    /// dirty ranges and lose the mark; with `refit`, every other consistent
+    /// bitmap is rewritten too (for a new disk size). `read_size` is the
+    /// disk size their current bits are read for. Nothing happens when
+    /// nothing needs rewriting.
+    fn rewrite_tracked(&self, read_size: u64, refit: bool) -> Result<()> {
         let Some(t) = self.tracker().take() else {
             return Ok(());
         };
-        let read_size = old_size.min(self.size());
+        let rewrite = |b: &Bitmap, marked: bool| marked || (refit && !b.in_use());
+        if !t.list.iter().zip(&t.marked).any(|(b, &m)| rewrite(b, m)) {
+            *self.tracker() = Some(t);
+            return Ok(());
+        }
         let plans = t
             .list
             .iter()
             .zip(&t.marked)
             .map(|(b, &marked)| {
-                if b.in_use() && !marked {
-                    Plan::Keep(b.clone())
-                } else {
+                if rewrite(b, marked) {
                     Plan::Rewrite {
                         old: b.clone(),
                         read_size,
                         flags: b.flags & !flags::IN_USE,
                         track: marked,
                     }
+                } else {
+                    Plan::Keep(b.clone())
                 }
             })
             .collect();
@@ -309,7 +297,7 @@ impl Qcow2 {
         for b in &freed {
             let table = read_u64_table(&self.file, b.table_offset, b.table_size as u64)?;
             for e in table {
-                let off = e & 0x00ff_ffff_ffff_fe00;
+                let off = e & ENTRY_OFFSET_MASK;
                 if off != 0 {
                     refs.adjust(HostCluster(off / cs), -1)?;
                 }

@@ -5,6 +5,7 @@
 //! when it has one). Every offset and size is checked against the limits
 //! QEMU enforces before it is used.
 
+use super::table::{be32, be64};
 use diskit_core::{Error, Result};
 
 /// The magic at the start of every qcow2 image: "QFI\xfb".
@@ -121,14 +122,6 @@ pub struct Header {
     pub extensions: Vec<HeaderExtension>,
     /// Backing file name, if any.
     pub backing_file: Option<String>,
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 fn corrupt(msg: impl Into<String>) -> Error {

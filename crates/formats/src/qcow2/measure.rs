@@ -183,8 +183,7 @@ pub fn source_bitmaps_size(
     if header.autoclear_features & autoclear::BITMAPS == 0 || bitmaps.data.len() != 24 {
         return Ok(Some(0));
     }
-    let be32 = |b: &[u8], at: usize| u32::from_be_bytes(b[at..at + 4].try_into().expect("4"));
-    let be64 = |b: &[u8], at: usize| u64::from_be_bytes(b[at..at + 8].try_into().expect("8"));
+    use super::table::{be32, be64};
     let count = be32(&bitmaps.data, 0) as usize;
     let dir_size = be64(&bitmaps.data, 8);
     let dir_offset = be64(&bitmaps.data, 16);

@@ -14,6 +14,7 @@ use diskit_backends::FileDevice;
 use diskit_core::{Error, Result};
 
 use super::header::Header;
+use super::table::{be16, be32, be64};
 
 /// At most this many snapshots (QEMU's QCOW_MAX_SNAPSHOTS).
 pub const MAX_SNAPSHOTS: u32 = 65536;
@@ -56,18 +57,6 @@ pub struct Snapshot {
     pub vm_state_size_32: u32,
     /// The extra data, verbatim (see [`Snapshot::vm_state_size`] and friends).
     pub extra: Vec<u8>,
-}
-
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 fn corrupt(msg: impl Into<String>) -> Error {

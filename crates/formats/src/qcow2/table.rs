@@ -1,6 +1,6 @@
-//! Big-endian u64 tables (L1 tables, the refcount table) and the error for
-//! metadata that breaks the format's rules, shared by the modules that read
-//! and write them.
+//! Big-endian fields and u64 tables (L1 tables, the refcount table) and
+//! the error for metadata that breaks the format's rules, shared by the
+//! modules that read and write them.
 
 use diskit_backends::FileDevice;
 use diskit_core::{Error, ErrorKind, Result};
@@ -30,4 +30,19 @@ pub fn u64_table_bytes(entries: &[u64], len: usize) -> Vec<u8> {
     }
     raw.resize(len.max(raw.len()), 0);
     raw
+}
+
+/// The big-endian u16 at `at` (the caller checked the bounds).
+pub fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// The big-endian u32 at `at` (the caller checked the bounds).
+pub fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// The big-endian u64 at `at` (the caller checked the bounds).
+pub fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
