@@ -197,8 +197,9 @@ impl Write for Gate {
 
 #[test]
 fn a_client_that_never_reads_replies_stops_the_reader() {
+    let threads = 4u64;
     let srv = server(ServerConfig {
-        threads: 4,
+        threads: threads as usize,
         ..ServerConfig::default()
     });
     let budget = ServerConfig::default().max_in_flight.max(32 << 20);
@@ -235,13 +236,16 @@ fn a_client_that_never_reads_replies_stops_the_reader() {
             "the reader never stopped: {now} bytes read"
         );
     }
+    // Each worker holds one request whose reply cannot be written; the
+    // reader's buffer may hold one more part-read request.
     let read = consumed.load(Ordering::SeqCst);
     let slack = (256 << 10) + 2 * (CHUNK + 1024) + 1024;
+    let held = threads * (CHUNK + 1024);
     assert!(
-        read <= budget + slack,
-        "read {read} bytes with no reply taken (budget {budget})"
+        read <= held.min(budget) + slack,
+        "read {read} bytes with no reply taken ({threads} workers, budget {budget})"
     );
-    assert!(read > CHUNK * 8, "only {read} bytes read");
+    assert!(read >= threads * CHUNK, "only {read} bytes read");
     assert!(!t.is_finished());
 
     // The client starts reading: everything is served and answered.

@@ -43,13 +43,12 @@ pub enum Part {
     Data(Range<usize>),
 }
 
-/// A reply to one request, ready to write.
+/// A reply to one request, ready to write. Its [`Part::Data`] pieces are
+/// ranges of the buffer the request was executed with (see [`execute`]).
 #[derive(Debug)]
 pub struct Reply {
     /// The pieces, in wire order.
     pub parts: Vec<Part>,
-    /// Data the [`Part::Data`] pieces refer to.
-    pub data: Vec<u8>,
     /// Whether the request succeeded.
     pub ok: bool,
 }
@@ -58,7 +57,6 @@ impl Reply {
     fn bytes(b: Vec<u8>, ok: bool) -> Reply {
         Reply {
             parts: vec![Part::Bytes(b)],
-            data: Vec::new(),
             ok,
         }
     }
@@ -122,18 +120,40 @@ pub fn wire_error(e: &Error, fast_zero: bool) -> u32 {
     }
 }
 
+/// The part of `buf` a request of `len` bytes uses, growing `buf` (never
+/// shrinking it) so that a worker's buffer is allocated once, not per request.
+pub fn request_buf(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    &mut buf[..len]
+}
+
 /// Executes `cmd` (never [`Command::Disconnect`]) and builds its reply.
-pub fn execute(conn: &Conn, cookie: u64, offset: u64, cmd: Command, payload: Vec<u8>) -> Reply {
+///
+/// `buf` is the worker's buffer: a WRITE's payload is its first
+/// `payload_len` bytes, and READ data is read into it (the reply's
+/// [`Part::Data`] pieces are ranges of it).
+pub fn execute(
+    conn: &Conn,
+    cookie: u64,
+    offset: u64,
+    cmd: Command,
+    buf: &mut Vec<u8>,
+    payload_len: usize,
+) -> Reply {
     let dev = conn.export.device();
     let style = conn.style;
     let result = match cmd {
-        Command::Read { offset, len, df } => return read(conn, cookie, offset, len, df),
+        Command::Read { offset, len, df } => return read(conn, cookie, offset, len, df, buf),
         Command::BlockStatus {
             offset,
             len,
             req_one,
         } => return block_status(conn, cookie, offset, len, req_one),
-        Command::Write { offset, fua, .. } => dev.write_at(&payload, offset, WriteFlags { fua }),
+        Command::Write { offset, fua, .. } => {
+            dev.write_at(&buf[..payload_len], offset, WriteFlags { fua })
+        }
         Command::Flush => dev.flush(),
         Command::Trim { offset, len, fua } => {
             // A trim is a hint: a device that cannot do it has done enough.
@@ -247,19 +267,20 @@ fn collect_extents(
     Ok(out)
 }
 
-fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool) -> Reply {
+fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool, buf: &mut Vec<u8>) -> Reply {
     let dev = conn.export.device().as_ref();
     let style = conn.style;
     let len64 = u64::from(len);
-    let mut data = vec![0u8; len as usize];
+    // Every byte sent is read first: parts of the buffer left from an
+    // earlier request are only ever under hole chunks, which carry no data.
+    let data = request_buf(buf, len as usize);
     if style == ReplyStyle::Simple {
-        return match dev.read_at(&mut data, offset) {
+        return match dev.read_at(data, offset) {
             Ok(()) => Reply {
                 parts: vec![
                     Part::Bytes(simple_reply(0, cookie).to_vec()),
                     Part::Data(0..data.len()),
                 ],
-                data,
                 ok: true,
             },
             Err(e) => error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string()),
@@ -276,10 +297,10 @@ fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool) -> Reply {
     let runs = if planned {
         plan_read(dev, offset, len64)
     } else {
-        if let Err(e) = dev.read_at(&mut data, offset) {
+        if let Err(e) = dev.read_at(data, offset) {
             return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
         }
-        whole(!df && len64 >= MIN_HOLE && diskit_core::zero::is_zero(&data))
+        whole(!df && len64 >= MIN_HOLE && diskit_core::zero::is_zero(data))
     };
     // Read everything first: an error then fails the request as a whole,
     // before any chunk is on the wire.
@@ -327,11 +348,7 @@ fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool) -> Reply {
             parts.push(Part::Data(r.start as usize..(r.start + r.len) as usize));
         }
     }
-    Reply {
-        parts,
-        data,
-        ok: true,
-    }
+    Reply { parts, ok: true }
 }
 
 /// The status of an extent in a context.
@@ -427,15 +444,24 @@ mod tests {
         )
     }
 
-    fn wire(r: &Reply) -> Vec<u8> {
+    fn wire(r: &Reply, buf: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
         for p in &r.parts {
             match p {
                 Part::Bytes(b) => v.extend_from_slice(b),
-                Part::Data(range) => v.extend_from_slice(&r.data[range.clone()]),
+                Part::Data(range) => v.extend_from_slice(&buf[range.clone()]),
             }
         }
         v
+    }
+
+    /// Executes `cmd` with a buffer full of junk (as left by earlier
+    /// requests) and returns the reply and its bytes on the wire.
+    fn run(c: &Conn, cookie: u64, offset: u64, cmd: Command) -> (Reply, Vec<u8>) {
+        let mut buf = vec![0xa5u8; 8 * P];
+        let r = execute(c, cookie, offset, cmd, &mut buf, 0);
+        let w = wire(&r, &buf);
+        (r, w)
     }
 
     /// Parses every chunk of a structured reply.
@@ -464,8 +490,8 @@ mod tests {
                 len: 3 * P as u32,
                 df: false,
             };
-            let r = execute(&c, 5, P as u64, cmd, Vec::new());
-            let got = chunks(&wire(&r));
+            let (r, w) = run(&c, 5, P as u64, cmd);
+            let got = chunks(&w);
             assert_eq!(got.len(), 3);
             assert_eq!(
                 Chunk::parse(got[0].0.kind, &got[0].1).unwrap(),
@@ -491,9 +517,18 @@ mod tests {
                 len: 3 * P as u32,
                 df: true,
             };
-            let got = chunks(&wire(&execute(&c, 5, P as u64, cmd, Vec::new())));
+            let got = chunks(&run(&c, 5, P as u64, cmd).1);
             assert_eq!(got.len(), 1);
             assert_eq!(got[0].0.kind, REPLY_TYPE_OFFSET_DATA);
+            match Chunk::parse(got[0].0.kind, &got[0].1).unwrap() {
+                Chunk::Data { data, .. } => {
+                    assert_eq!(data.len(), 3 * P);
+                    assert!(data[..P].iter().all(|&b| b == 0), "junk sent as data");
+                    assert!(data[P..2 * P].iter().all(|&b| b == 7));
+                    assert!(data[2 * P..].iter().all(|&b| b == 0), "junk sent as data");
+                }
+                other => panic!("{other:?}"),
+            }
         }
     }
 
@@ -506,7 +541,7 @@ mod tests {
             len: 3 * P as u64,
             req_one: false,
         };
-        let got = chunks(&wire(&execute(&c, 1, 0, cmd, Vec::new())));
+        let got = chunks(&run(&c, 1, 0, cmd).1);
         assert_eq!(got.len(), 2);
         assert_eq!(
             Chunk::parse(got[0].0.kind, &got[0].1).unwrap(),
@@ -529,7 +564,7 @@ mod tests {
             len: 3 * P as u64,
             req_one: true,
         };
-        let got = chunks(&wire(&execute(&c, 1, 0, cmd, Vec::new())));
+        let got = chunks(&run(&c, 1, 0, cmd).1);
         assert_eq!(
             Chunk::parse(got[0].0.kind, &got[0].1).unwrap(),
             Chunk::BlockStatus {
@@ -552,9 +587,9 @@ mod tests {
             EINVAL
         );
         let r = error_reply(ReplyStyle::Simple, 3, 0, EPERM, "ro");
-        assert_eq!(wire(&r), simple_reply(EPERM, 3).to_vec());
+        assert_eq!(wire(&r, &[]), simple_reply(EPERM, 3).to_vec());
         let r = ok_reply(ReplyStyle::Extended, 3, 9);
-        let got = chunks(&wire(&r));
+        let got = chunks(&wire(&r, &[]));
         assert_eq!(got[0].0.kind, REPLY_TYPE_NONE);
         assert_eq!(got[0].0.offset, 9);
     }

@@ -1,11 +1,12 @@
-//! The transmission phase of one connection: a reader parsing requests, a
-//! bounded pool of workers executing them, replies written as they
-//! complete (out of order) under one writer lock.
+//! The transmission phase of one connection, served as nbdkit does: a pool
+//! of workers takes turns reading one request each (under the reader
+//! lock), executes it at once on the same thread, and writes its reply
+//! under the writer lock. Replies go out as requests complete, out of
+//! order, and no request is handed from thread to thread.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, MutexGuard};
 
 use super::budget::Budget;
 use super::export::MetaContext;
@@ -22,6 +23,9 @@ use crate::proto::{Command, ReplyStyle};
 pub const MAX_DISCARD: u64 = 64 << 20;
 /// What every request in flight counts against the budget besides its data.
 const REQUEST_OVERHEAD: u64 = 1024;
+/// A worker keeps its buffer between requests up to this size; a bigger
+/// one (for a rare big request) is freed once the reply is sent.
+const KEEP_BUF: usize = 2 << 20;
 
 /// How the transmission phase ended.
 #[derive(Debug)]
@@ -50,23 +54,42 @@ impl std::fmt::Display for End {
 /// Tunables of the transmission phase.
 #[derive(Debug, Clone, Copy)]
 pub struct Tuning {
-    /// Worker threads per connection; 0 executes requests in the reader.
+    /// Requests executed at once per connection (0 counts as 1): the
+    /// connection's thread and `threads - 1` more.
     pub threads: usize,
     /// Bytes of request and reply data in flight per connection.
     pub max_in_flight: u64,
 }
 
+/// A request read off the wire and ready to execute; its payload, if any,
+/// is in the worker's buffer.
 struct Job {
     cookie: u64,
     offset: u64,
     command: u16,
     cmd: Command,
-    payload: Vec<u8>,
+    payload_len: usize,
     taken: u64,
+}
+
+/// What the next turn at the reader gave a worker.
+enum Turn {
+    /// A request to execute.
+    Job(Job),
+    /// A request refused at validation, to answer.
+    Refused(Reply, u16),
+    /// The connection is over for readers.
+    End(End),
 }
 
 struct Shared<'a> {
     conn: Conn,
+    limits: Limits,
+    reader: Mutex<BufReader<Box<dyn Read + Send>>>,
+    /// Set once a worker has read the end of the request stream: the
+    /// others finish what they hold and stop.
+    stopped: AtomicBool,
+    end: Mutex<Option<End>>,
     writer: Mutex<BufWriter<Box<dyn Write + Send>>>,
     /// Replies waiting for the writer lock.
     waiting: AtomicUsize,
@@ -76,19 +99,23 @@ struct Shared<'a> {
     conn_stats: &'a Stats,
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Shared<'_> {
-    fn send(&self, reply: &Reply) {
+    fn send(&self, reply: &Reply, buf: &[u8]) {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
         self.waiting.fetch_add(1, Ordering::AcqRel);
-        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = lock(&self.writer);
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         let result = (|| {
             for p in &reply.parts {
                 match p {
                     Part::Bytes(b) => w.write_all(b)?,
-                    Part::Data(r) => w.write_all(&reply.data[r.clone()])?,
+                    Part::Data(r) => w.write_all(&buf[r.clone()])?,
                 }
             }
             // A reply waiting for the lock flushes this one with its own:
@@ -100,7 +127,7 @@ impl Shared<'_> {
             Ok::<(), io::Error>(())
         })();
         if result.is_err() {
-            // The client is gone: stop the reader too. Requests already
+            // The client is gone: stop the readers too. Requests already
             // received still run (their writes must land).
             self.broken.store(true, Ordering::Relaxed);
             (self.shutdown)();
@@ -118,9 +145,9 @@ impl Shared<'_> {
             .record(command, reply.ok, read, written);
     }
 
-    fn run(&self, job: Job) {
+    fn execute(&self, job: Job, buf: &mut Vec<u8>) {
         let written = if matches!(job.cmd, Command::Write { .. }) {
-            job.payload.len() as u64
+            job.payload_len as u64
         } else {
             0
         };
@@ -128,11 +155,50 @@ impl Shared<'_> {
             Command::Read { len, .. } => u64::from(len),
             _ => 0,
         };
-        let reply = ops::execute(&self.conn, job.cookie, job.offset, job.cmd, job.payload);
+        let reply = ops::execute(
+            &self.conn,
+            job.cookie,
+            job.offset,
+            job.cmd,
+            buf,
+            job.payload_len,
+        );
         self.record(job.command, &reply, read, written);
-        self.send(&reply);
+        self.send(&reply, buf);
         drop(reply);
         self.budget.release(job.taken);
+    }
+
+    /// One worker: takes turns at the reader until the request stream ends.
+    fn work(&self) {
+        let mut buf = Vec::new();
+        loop {
+            let turn = {
+                let mut reader = lock(&self.reader);
+                if self.stopped.load(Ordering::Acquire) {
+                    return;
+                }
+                let turn = next_request(&mut *reader, self, &mut buf);
+                if matches!(turn, Turn::End(_)) {
+                    self.stopped.store(true, Ordering::Release);
+                }
+                turn
+            };
+            match turn {
+                Turn::Job(job) => self.execute(job, &mut buf),
+                Turn::Refused(reply, command) => {
+                    self.record(command, &reply, 0, 0);
+                    self.send(&reply, &[]);
+                }
+                Turn::End(end) => {
+                    *lock(&self.end) = Some(end);
+                    return;
+                }
+            }
+            if buf.len() > KEEP_BUF {
+                buf = Vec::new();
+            }
+        }
     }
 }
 
@@ -195,6 +261,10 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
             style,
             contexts,
         },
+        limits,
+        reader: Mutex::new(BufReader::with_capacity(256 * 1024, reader)),
+        stopped: AtomicBool::new(false),
+        end: Mutex::new(None),
         writer: Mutex::new(BufWriter::with_capacity(256 * 1024, writer)),
         waiting: AtomicUsize::new(0),
         broken: AtomicBool::new(false),
@@ -202,110 +272,82 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
         budget: Budget::new(tuning.max_in_flight.max(u64::from(bs.maximum))),
         conn_stats,
     };
-    let mut reader = BufReader::with_capacity(256 * 1024, reader);
 
-    let end = std::thread::scope(|s| {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
-        for _ in 0..tuning.threads {
-            let rx = rx.clone();
+    std::thread::scope(|s| {
+        for _ in 1..tuning.threads.max(1) {
             let shared = &shared;
-            s.spawn(move || {
-                loop {
-                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    match job {
-                        Ok(job) => shared.run(job),
-                        Err(_) => break,
-                    }
-                }
-            });
+            s.spawn(move || shared.work());
         }
-        let end = read_requests(&mut reader, &shared, &limits, |job| {
-            if tuning.threads == 0 {
-                shared.run(job);
-            } else if let Err(mpsc::SendError(job)) = tx.send(job) {
-                shared.run(job);
-            }
-        });
-        drop(tx);
-        end
+        shared.work();
     });
-    let mut w = shared.writer.lock().unwrap_or_else(|p| p.into_inner());
-    let _ = w.flush();
-    drop(w);
+    let _ = lock(&shared.writer).flush();
     (shared.shutdown)();
-    end
+    lock(&shared.end)
+        .take()
+        .unwrap_or_else(|| End::Io(io::Error::other("connection ended without a cause")))
 }
 
-fn read_requests(
-    reader: &mut impl Read,
-    shared: &Shared<'_>,
-    limits: &Limits,
-    mut dispatch: impl FnMut(Job),
-) -> End {
+/// Reads the next request: its header, and its payload into `buf`.
+fn next_request(reader: &mut impl Read, shared: &Shared<'_>, buf: &mut Vec<u8>) -> Turn {
+    let limits = &shared.limits;
     let hlen = RequestHeader::wire_len(limits.extended);
     let mut hbuf = [0u8; 32];
-    loop {
-        match read_header(reader, &mut hbuf[..hlen]) {
-            Ok(true) => {}
-            Ok(false) => return End::Closed,
-            Err(e) if shared.broken.load(Ordering::Relaxed) => {
-                return End::Io(io::Error::new(e.kind(), "client went away"));
-            }
-            Err(e) => return End::Io(e),
+    match read_header(reader, &mut hbuf[..hlen]) {
+        Ok(true) => {}
+        Ok(false) => return Turn::End(End::Closed),
+        Err(e) if shared.broken.load(Ordering::Relaxed) => {
+            return Turn::End(End::Io(io::Error::new(e.kind(), "client went away")));
         }
-        let h = match RequestHeader::parse(&hbuf[..hlen], limits.extended) {
-            Ok(h) => h,
-            Err(e) => return End::Protocol(format!("request header: {e}")),
-        };
-        let plen = h.payload_len();
-        if plen > u64::from(limits.max_payload) && (limits.extended || plen > MAX_DISCARD) {
-            return End::Protocol(format!("request payload of {plen} bytes"));
+        Err(e) => return Turn::End(End::Io(e)),
+    }
+    let h = match RequestHeader::parse(&hbuf[..hlen], limits.extended) {
+        Ok(h) => h,
+        Err(e) => return Turn::End(End::Protocol(format!("request header: {e}"))),
+    };
+    let plen = h.payload_len();
+    if plen > u64::from(limits.max_payload) && (limits.extended || plen > MAX_DISCARD) {
+        return Turn::End(End::Protocol(format!("request payload of {plen} bytes")));
+    }
+    match validate(&h, limits) {
+        Ok(Command::Disconnect) => match discard(reader, plen) {
+            Ok(()) => Turn::End(End::Disconnect),
+            Err(e) => Turn::End(End::Io(e)),
+        },
+        Ok(cmd) => {
+            let data = match cmd {
+                Command::Read { len, .. } | Command::Write { len, .. } => u64::from(len),
+                _ => 0,
+            };
+            let taken = shared.budget.acquire(REQUEST_OVERHEAD + data);
+            // Validation bounds a payload by the maximum payload size.
+            let payload_len = plen as usize;
+            if payload_len > 0
+                && let Err(e) = reader.read_exact(ops::request_buf(buf, payload_len))
+            {
+                shared.budget.release(taken);
+                return Turn::End(End::Io(e));
+            }
+            Turn::Job(Job {
+                cookie: h.cookie,
+                offset: h.offset,
+                command: h.command,
+                cmd,
+                payload_len,
+                taken,
+            })
         }
-        match validate(&h, limits) {
-            Ok(Command::Disconnect) => {
-                if let Err(e) = discard(reader, plen) {
-                    return End::Io(e);
-                }
-                return End::Disconnect;
+        Err(rej) => {
+            if let Err(e) = discard(reader, plen) {
+                return Turn::End(End::Io(e));
             }
-            Ok(cmd) => {
-                let data = match cmd {
-                    Command::Read { len, .. } | Command::Write { len, .. } => u64::from(len),
-                    _ => 0,
-                };
-                let taken = shared.budget.acquire(REQUEST_OVERHEAD + data);
-                let mut payload = Vec::new();
-                if plen > 0 {
-                    payload = vec![0u8; plen as usize];
-                    if let Err(e) = reader.read_exact(&mut payload) {
-                        shared.budget.release(taken);
-                        return End::Io(e);
-                    }
-                }
-                dispatch(Job {
-                    cookie: h.cookie,
-                    offset: h.offset,
-                    command: h.command,
-                    cmd,
-                    payload,
-                    taken,
-                });
-            }
-            Err(rej) => {
-                if let Err(e) = discard(reader, plen) {
-                    return End::Io(e);
-                }
-                let reply = ops::error_reply(
-                    shared.conn.style,
-                    h.cookie,
-                    h.offset,
-                    rej.error,
-                    &rej.message,
-                );
-                shared.record(h.command, &reply, 0, 0);
-                shared.send(&reply);
-            }
+            let reply = ops::error_reply(
+                shared.conn.style,
+                h.cookie,
+                h.offset,
+                rej.error,
+                &rej.message,
+            );
+            Turn::Refused(reply, h.command)
         }
     }
 }
