@@ -209,6 +209,81 @@ fn qemu_snapshots_applied_and_deleted_by_diskit() {
     assert!(contents(&img, None, &d.join("now.raw")) == second);
 }
 
+/// An image with two snapshots and active data over them, for the same
+/// operation by both tools.
+fn layered_image(d: &Path, opts: &str) -> PathBuf {
+    let img = qemu_image(d, "layered.qcow2", opts, "4M");
+    qemu_io(&img, &["write -P 0x01 0 4M"]);
+    ok(qemu_img(&["snapshot", "-c", "s1", s(&img)]));
+    qemu_io(&img, &["write -P 0x02 1M 1M", "write -P 0x03 3M 512k"]);
+    ok(qemu_img(&["snapshot", "-c", "s2", s(&img)]));
+    qemu_io(&img, &["write -P 0x04 2M 64k"]);
+    img
+}
+
+/// Runs `ours` (diskit) and `theirs` (qemu-img) on copies of `img` and
+/// requires byte-identical results: the same clusters freed, and their
+/// space given back (a freed cluster reads as zeros, as QEMU punches it).
+fn same_result_as_qemu_img(img: &Path, ours: &[&str], theirs: &[&str], what: &str) {
+    let a = img.with_extension("qemu.qcow2");
+    let b = img.with_extension("diskit.qcow2");
+    std::fs::copy(img, &a).unwrap();
+    std::fs::copy(img, &b).unwrap();
+    let with = |args: &[&str], p: &Path| -> Vec<String> {
+        args.iter()
+            .map(|x| {
+                if *x == "IMG" {
+                    s(p).to_string()
+                } else {
+                    x.to_string()
+                }
+            })
+            .collect()
+    };
+    let theirs = with(theirs, &a);
+    ok(qemu_img(
+        &theirs.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    let ours = with(ours, &b);
+    ok(diskit(&ours.iter().map(String::as_str).collect::<Vec<_>>()));
+    clean(&b, what);
+    assert!(same_bytes(&a, &b), "{what}: images differ");
+}
+
+#[test]
+fn shrink_and_delete_with_snapshots_match_qemu_img_byte_for_byte() {
+    let dir = workdir();
+    let d = dir.path();
+    for opts in [
+        "",
+        "cluster_size=4096",
+        "extended_l2=on",
+        "cluster_size=512",
+    ] {
+        let img = layered_image(d, opts);
+        for size in ["1536k", "100k", "3M"] {
+            let what = format!("shrink to {size} ({opts})");
+            let args = ["resize", "-q", "--shrink", "IMG", size];
+            same_result_as_qemu_img(&img, &args[..], &args[..], &what);
+        }
+        let grow = ["resize", "-q", "IMG", "6M"];
+        same_result_as_qemu_img(&img, &grow, &grow, &format!("grow ({opts})"));
+        for sn in ["s1", "s2"] {
+            let args = ["snapshot", "-d", sn, "IMG"];
+            same_result_as_qemu_img(&img, &args, &args, &format!("delete {sn} ({opts})"));
+        }
+    }
+    // v2 images keep their size while they hold snapshots.
+    let img = layered_image(d, "compat=0.10");
+    let o = diskit(&["resize", s(&img), "8M"]);
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains("Can't resize a v2 image which has snapshots"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn apply_takes_the_snapshots_size() {
     let dir = workdir();

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use diskit_backends::FileDevice;
-use diskit_core::{BlockDevice, Error, ErrorKind, Result};
+use diskit_core::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 
 use super::cache::TableCache;
 use super::l2::{COPIED, ClusterKind, DecodeContext, L1E_OFFSET_MASK, L1E_RESERVED, L2Entry};
@@ -315,8 +315,10 @@ impl Meta {
         let clusters = (entries as u64 * 8).div_ceil(cs).max(1);
         let (c, _) = self.refs()?.alloc(clusters)?;
         let at = geo.host_offset(c);
+        // Only the table is written, as QEMU does: at the end of the file
+        // the file then ends with it.
         self.file
-            .write_extend(&u64_table_bytes(&l1, (clusters * cs) as usize), at.0)?;
+            .write_extend(&u64_table_bytes(&l1, entries * 8), at.0)?;
         self.write_back()?;
         self.file.flush()?;
         let mut hdr = [0u8; 12];
@@ -416,6 +418,36 @@ impl Meta {
             let refs = self.refs()?;
             for (c, d) in pending {
                 refs.adjust(c, d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Punches holes in the file where clusters were freed since
+    /// [`Refcounts::note_freed`], as QEMU discards the clusters a shrink or
+    /// a snapshot deletion frees: the space goes back to the file system.
+    /// Call it once the tables that referenced them are on disk; clusters
+    /// allocated again meanwhile are left alone.
+    pub fn discard_freed(&mut self) -> Result<()> {
+        let cs = self.cx.geo.cluster_size();
+        let freed = self.refs()?.take_freed()?;
+        let len = self.file.file_len()?;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for c in freed {
+            match runs.last_mut() {
+                Some((start, n)) if *start + *n == c.0 => *n += 1,
+                _ => runs.push((c.0, 1)),
+            }
+        }
+        for (start, n) in runs {
+            let from = start * cs;
+            let to = ((start + n) * cs).min(len);
+            if from >= to {
+                continue;
+            }
+            match self.file.trim(from, to - from, WriteFlags::NONE) {
+                Err(e) if e.kind() == ErrorKind::NotSupported => {}
+                r => r?,
             }
         }
         Ok(())

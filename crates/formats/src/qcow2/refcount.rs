@@ -32,6 +32,9 @@ pub struct Refcounts {
     /// One past the highest cluster that may be in use: everything from
     /// here on is free and reads as zeros.
     top: u64,
+    /// Clusters whose refcount dropped to zero since [`Self::note_freed`]
+    /// (`None`: not noting).
+    freed: Option<Vec<u64>>,
 }
 
 /// Reads a refcount of width 2^order bits at index `i` of a block.
@@ -93,6 +96,7 @@ impl Refcounts {
             cache: TableCache::new(cache_blocks),
             free_hint: 0,
             top: file_len.div_ceil(cs),
+            freed: None,
         })
     }
 
@@ -232,7 +236,32 @@ impl Refcounts {
             ))
         })?;
         self.set(c, new)?;
+        if new == 0
+            && old > 0
+            && let Some(freed) = self.freed.as_mut()
+        {
+            freed.push(c.0);
+        }
         Ok(new)
+    }
+
+    /// Starts noting the clusters that get freed, for [`Self::take_freed`].
+    pub fn note_freed(&mut self) {
+        self.freed.get_or_insert_with(Vec::new);
+    }
+
+    /// Stops noting freed clusters and returns those still free, sorted.
+    pub fn take_freed(&mut self) -> Result<Vec<HostCluster>> {
+        let mut freed = self.freed.take().unwrap_or_default();
+        freed.sort_unstable();
+        freed.dedup();
+        let mut out = Vec::with_capacity(freed.len());
+        for c in freed {
+            if self.get(HostCluster(c))? == 0 {
+                out.push(HostCluster(c));
+            }
+        }
+        Ok(out)
     }
 
     /// Finds `n` contiguous free clusters from the hint on, without taking
@@ -389,6 +418,53 @@ impl Refcounts {
         let first = self.geo.host_cluster(old_at).0;
         for c in first..first + old_clusters {
             self.set(HostCluster(c), 0)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the refcount blocks that count nothing but, at most, their own
+    /// cluster, as QEMU does after a shrink: their table entries are cleared
+    /// on disk (and synced) first, then the blocks' clusters are freed.
+    pub fn drop_unused_blocks(&mut self) -> Result<()> {
+        let epb = self.entries_per_block();
+        let mut unused = Vec::new();
+        for j in 0..self.table.len() as u64 {
+            let Some(at) = self.block_offset(j)? else {
+                continue;
+            };
+            self.load_block(at)?;
+            let own = self.geo.host_cluster(at).0;
+            let order = self.order;
+            let slot = self.cache.get(at).expect("just loaded");
+            let mut counts = slot.table.clone();
+            if own / epb == j {
+                set_entry(&mut counts, order, own % epb, 0);
+            }
+            if counts.iter().all(|&b| b == 0) {
+                unused.push((j, at));
+            }
+        }
+        if unused.is_empty() {
+            return Ok(());
+        }
+        for &(j, _) in &unused {
+            self.table[j as usize] = 0;
+            self.file
+                .write_extend(&[0u8; 8], self.table_offset.0 + j * 8)?;
+        }
+        self.file.flush()?;
+        for (_, at) in unused {
+            self.cache.remove(at);
+            let own = self.geo.host_cluster(at);
+            if self.block_offset(own.0 / epb)?.is_some() {
+                self.adjust(own, -1)?;
+            } else {
+                // It counted itself, and went with its table entry.
+                self.free_hint = self.free_hint.min(own.0);
+                if let Some(freed) = self.freed.as_mut() {
+                    freed.push(own.0);
+                }
+            }
         }
         Ok(())
     }

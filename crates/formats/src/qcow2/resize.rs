@@ -33,9 +33,11 @@ impl Qcow2 {
             return Err(Error::invalid("The new size must be a multiple of 512"));
         }
         let header = self.header();
-        if header.nb_snapshots > 0 && (header.version < 3 || new_size < self.size()) {
+        // Snapshots keep their own L1 tables and sizes (v3 records them);
+        // the active layer alone grows or shrinks.
+        if header.nb_snapshots > 0 && header.version < 3 {
             return Err(Error::unsupported(
-                "Can't resize an image which has snapshots",
+                "Can't resize a v2 image which has snapshots",
             ));
         }
         self.before_change()?;
@@ -59,7 +61,9 @@ impl Qcow2 {
                     "Use the --shrink option to perform a shrink operation.",
                 ));
             }
-            // Whole clusters past the new end go (the partial last one stays).
+            // Whole clusters past the new end go (the partial last one
+            // stays), and the space they held goes back to the file system.
+            self.lock().refs()?.note_freed();
             let cs = geo.cluster_size();
             let from = new_size.div_ceil(cs) * cs;
             if from < old {
@@ -80,8 +84,13 @@ impl Qcow2 {
             let mut meta = self.lock();
             meta.write_back()?;
             meta.write_back()?;
+            self.file.flush()?;
+            if new_size < old {
+                meta.refs()?.drop_unused_blocks()?;
+                meta.write_back()?;
+            }
+            meta.discard_freed()?;
         }
-        self.file.flush()?;
         self.file.write_extend(&new_size.to_be_bytes(), 24)?;
         self.file.flush()?;
         self.size.store(new_size, Ordering::Release);

@@ -251,11 +251,15 @@ impl Qcow2 {
         let sn = snaps[index].clone();
         let sn_l1 = read_l1(&meta, &sn)?;
         snapshot_refs::validate(&mut meta, &sn_l1, false)?;
+        // The clusters freed from here on (the old snapshot table's, and
+        // the snapshot's own) go back to the file system at the end.
+        meta.refs()?.note_freed();
         let mut new = snaps.clone();
         new.remove(index);
         write_table(&mut meta, &header, &snaps, &new)?;
         settle(&mut meta)?;
-        // Nothing points at the snapshot any more: its clusters lose a reference.
+        // Nothing points at the snapshot any more: its clusters lose a
+        // reference.
         snapshot_refs::update(&mut meta, &sn_l1, -1)?;
         let cs = meta.cx.geo.cluster_size();
         if sn.l1_size > 0 {
@@ -264,7 +268,8 @@ impl Qcow2 {
         }
         settle(&mut meta)?;
         fix_active_copied(&mut meta)?;
-        settle(&mut meta)
+        settle(&mut meta)?;
+        meta.discard_freed()
     }
 }
 
