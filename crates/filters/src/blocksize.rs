@@ -163,9 +163,9 @@ impl Blocksize {
                 2
             };
         }
-        u64::from(offset % mb != 0)
+        u64::from(!offset.is_multiple_of(mb))
             + (body_end - body_start).div_ceil(max)
-            + u64::from(end % mb != 0)
+            + u64::from(!end.is_multiple_of(mb))
     }
 
     /// Read-modify-write of the block at `block`: `edit` changes the part
@@ -367,7 +367,7 @@ impl Filter for Blocksize {
     ) -> Result<()> {
         check_range(self.size, offset, len)?;
         let mb = self.minblock;
-        if flags.fast && ((offset | len) % mb != 0 || len > self.maxlen) {
+        if flags.fast && (!(offset | len).is_multiple_of(mb) || len > self.maxlen) {
             return Err(Error::from_kind(ErrorKind::NotSupported));
         }
         let (fua, flush) = Self::fua_plan(next, flags.fua, self.pieces(offset, len, self.maxlen));
@@ -474,7 +474,7 @@ mod tests {
         }
         fn check(&self, op: &'static str, offset: u64, len: u64, max: u64) -> Result<()> {
             self.log.lock().unwrap().push((op, offset, len));
-            if offset % self.align != 0 || len % self.align != 0 || len > max {
+            if !offset.is_multiple_of(self.align) || !len.is_multiple_of(self.align) || len > max {
                 return Err(Error::invalid(format!(
                     "{op} {offset}+{len} breaks the limits"
                 )));
@@ -667,7 +667,7 @@ mod tests {
             fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
                 // 1000-byte runs, alternating hole and data, one at a time.
                 let run = 1000 - offset % 1000;
-                let e = if (offset / 1000) % 2 == 0 {
+                let e = if (offset / 1000).is_multiple_of(2) {
                     Extent::hole(run)
                 } else {
                     Extent::data(run)

@@ -157,19 +157,19 @@ impl FilterSpec {
         }
         Ok(match self {
             FilterSpec::Blocksize(c) => wrap(blocksize::Blocksize::new(&*next, c)?, next),
-            FilterSpec::Delay(d) => wrap(d.clone(), next),
+            FilterSpec::Delay(d) => wrap(*d, next),
             FilterSpec::Fua(f) => {
                 if !read_only {
                     f.check(&*next)?;
                 }
-                wrap(f.clone(), next)
+                wrap(*f, next)
             }
             FilterSpec::Noextents => wrap(noextents::Noextents, next),
             FilterSpec::Nozero(z) => {
                 if !read_only {
                     z.check(&*next)?;
                 }
-                wrap(z.clone(), next)
+                wrap(*z, next)
             }
             FilterSpec::Offset(c) => wrap(offset::Offset::new(&*next, c)?, next),
             FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),
