@@ -235,6 +235,9 @@ struct Aligner {
 
 impl Aligner {
     fn feed(&mut self, mut e: Extent) {
+        if e.length == 0 {
+            return;
+        }
         let mb = self.block;
         if let Some((acc, covered)) = self.partial.as_mut() {
             let take = e.length.min(mb - *covered);
