@@ -691,25 +691,45 @@ mod tests {
         );
     }
 
+    /// Memory whose reads take a while, so that a read-modify-write left
+    /// unprotected would be overtaken by another one on the same block.
+    struct SlowReads(MemoryDevice);
+
+    impl BlockDevice for SlowReads {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            self.0.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+            self.0.write_at(buf, offset, flags)
+        }
+    }
+
     #[test]
     fn concurrent_unaligned_writes_to_one_block_lose_nothing() {
-        let mem = Arc::new(MemoryDevice::new(1 << 16));
-        let b = Blocksize::new(&*mem, &cfg(&[("minblock", "4k")]).unwrap()).unwrap();
-        let d = Arc::new(Filtered::new(b, mem as Arc<dyn BlockDevice>));
-        // Eight threads write disjoint bytes of the same blocks, some
-        // unaligned (read-modify-write), some aligned whole blocks.
+        let slow = Arc::new(SlowReads(MemoryDevice::new(1 << 16)));
+        let b = Blocksize::new(&*slow, &cfg(&[("minblock", "4k")]).unwrap()).unwrap();
+        let d = Arc::new(Filtered::new(b, slow as Arc<dyn BlockDevice>));
+        // Eight threads write disjoint bytes of the same four blocks, each
+        // 16-byte slot once (each write a read-modify-write), while a ninth
+        // rewrites block 4 whole (aligned, no read).
+        let slot = |t: u64, round: u64| (round % 4) * 4096 + ((round / 4) * 8 + t) * 16 + 1;
         std::thread::scope(|s| {
-            for t in 0..8u8 {
+            for t in 0..9u8 {
                 let d = d.clone();
                 s.spawn(move || {
-                    for round in 0..200u64 {
-                        let block = (round % 4) * 4096;
-                        if t == 7 {
-                            // Whole block 4..5 (index 4), never touched by the others.
+                    for round in 0..20u64 {
+                        if t == 8 {
                             d.write_at(&[0xee; 4096], 4 * 4096, WriteFlags::NONE)
                                 .unwrap();
                         } else {
-                            d.write_at(&[t + 1; 16], block + u64::from(t) * 16, WriteFlags::NONE)
+                            d.write_at(&[t + 1; 16], slot(u64::from(t), round), WriteFlags::NONE)
                                 .unwrap();
                         }
                     }
@@ -718,12 +738,12 @@ mod tests {
         });
         let mut buf = vec![0u8; 5 * 4096];
         d.read_at(&mut buf, 0).unwrap();
-        for block in 0..4 {
-            for t in 0..7usize {
-                let at = block * 4096 + t * 16;
+        for round in 0..20 {
+            for t in 0..8u64 {
+                let at = slot(t, round) as usize;
                 assert!(
                     buf[at..at + 16].iter().all(|&b| b == t as u8 + 1),
-                    "block {block} thread {t}"
+                    "round {round}: the write of thread {t} was lost"
                 );
             }
         }
