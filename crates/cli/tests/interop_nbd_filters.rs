@@ -414,11 +414,14 @@ fn nozero_modes_advertise_and_zero_as_nbdkit() {
         };
         let runs = same_output(dir.path(), Some(&src), &args, &cmd);
         same_files(&runs);
-        // Whether the zeroing freed blocks (punched) is the same on both.
+        // Whether the zeroing freed blocks (punched) is the same on both:
+        // the 64 KiB zeroed at 0 hold data, so punching frees at least
+        // that much (st_blocks also counts extent tree blocks, which vary
+        // by a block or two with fragmentation).
         let before = allocated(&sparse_copy(&src, &dir.path().join("before.raw")));
         let freed = runs
             .each_ref()
-            .map(|r| allocated(r.file.as_ref().unwrap()) < before);
+            .map(|r| allocated(r.file.as_ref().unwrap()) + 32768 <= before);
         assert_eq!(
             freed[0], freed[1],
             "{params:?}: nbdkit freed {}, diskit {}",
