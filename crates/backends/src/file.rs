@@ -486,6 +486,7 @@ impl BlockDevice for FileDevice {
             can_flush: w,
             can_fua: w,
             can_trim: w,
+            can_write_zeroes: w,
             can_zero: w,
             can_fast_zero: w,
             can_extents: !self.block_device,

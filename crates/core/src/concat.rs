@@ -71,6 +71,7 @@ impl BlockDevice for Concat {
             caps.can_flush |= c.can_flush;
             caps.can_fua &= c.can_fua;
             caps.can_trim &= c.can_trim;
+            caps.can_write_zeroes &= c.can_write_zeroes;
             caps.can_zero &= c.can_zero;
             caps.can_fast_zero &= c.can_fast_zero;
             caps.can_extents &= c.can_extents;

@@ -48,6 +48,11 @@ pub struct Capabilities {
     pub can_fua: bool,
     /// Trim may deallocate.
     pub can_trim: bool,
+    /// Write-zeroes is offered at all (NBD_FLAG_SEND_WRITE_ZEROES). Every
+    /// writable device offers it, since [`BlockDevice::write_zeroes`] falls
+    /// back to writing zeros; only a layer that hides it on purpose (nbdkit's
+    /// nozero filter) turns it off, and callers then write zeros themselves.
+    pub can_write_zeroes: bool,
     /// Write-zeroes is implemented more efficiently than writing a zero buffer.
     pub can_zero: bool,
     /// Write-zeroes with the fast flag can succeed on at least some ranges.
@@ -69,6 +74,7 @@ impl Capabilities {
         can_flush: false,
         can_fua: false,
         can_trim: false,
+        can_write_zeroes: false,
         can_zero: false,
         can_fast_zero: false,
         can_extents: false,
@@ -84,6 +90,7 @@ impl Capabilities {
         can_flush: false,
         can_fua: true,
         can_trim: true,
+        can_write_zeroes: true,
         can_zero: true,
         can_fast_zero: true,
         can_extents: true,
@@ -98,6 +105,7 @@ impl Capabilities {
             can_write: false,
             can_fua: false,
             can_trim: false,
+            can_write_zeroes: false,
             can_zero: false,
             can_fast_zero: false,
             ..self

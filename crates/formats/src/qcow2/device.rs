@@ -638,6 +638,7 @@ impl BlockDevice for Qcow2 {
             can_flush: w,
             can_fua: w,
             can_trim: w,
+            can_write_zeroes: w,
             can_zero: w,
             can_fast_zero: w && self.header.version >= 3,
             can_extents: true,

@@ -8,6 +8,10 @@ use diskit_core::{BlockSizeLimits, Capabilities, DeviceRef};
 use super::stats::Stats;
 use crate::proto::consts::*;
 
+/// The longest READ or WRITE payload any export accepts, whatever its
+/// device advertises (nbdkit's limit too).
+pub const MAX_PAYLOAD: u32 = 64 << 20;
+
 /// One export: what a client reaches by name.
 pub struct Export {
     name: String,
@@ -74,8 +78,10 @@ impl Export {
 
     /// Block size constraints, made valid for the protocol: a minimum that
     /// is a power of two up to 64 KiB, a preferred size that is a power of
-    /// two at least max(minimum, 512), a maximum payload at least that and
-    /// at most 32 MiB (the size every client handles).
+    /// two at least max(minimum, 512) and at most 32 MiB, and a maximum at
+    /// least the preferred size. The maximum is advertised as the device
+    /// gives it (up to 4 GiB - 1, as nbdkit's blocksize filter does); what
+    /// the server accepts in one READ or WRITE is [`Export::max_payload`].
     pub fn block_size(&self) -> BlockSizeLimits {
         let b = self.device.block_size();
         let minimum = b.minimum.clamp(1, 64 * 1024).next_power_of_two();
@@ -83,7 +89,7 @@ impl Export {
             .preferred
             .clamp(minimum.max(512), 32 << 20)
             .next_power_of_two();
-        let maximum = b.maximum.clamp(preferred, 32 << 20);
+        let maximum = b.maximum.max(preferred);
         BlockSizeLimits {
             minimum,
             preferred,
@@ -91,12 +97,19 @@ impl Export {
         }
     }
 
+    /// The longest READ or WRITE payload the server accepts: the advertised
+    /// maximum, capped at [`MAX_PAYLOAD`].
+    pub fn max_payload(&self) -> u32 {
+        self.block_size().maximum.min(MAX_PAYLOAD)
+    }
+
     /// The transmission flags advertised to a client; DF only once
     /// structured replies are negotiated. Each flag is set only when the
     /// device really has the capability. WRITE_ZEROES is offered on every
-    /// writable export: [`diskit_core::BlockDevice::write_zeroes`] always
-    /// works (a device without a cheap path writes zeros itself), and
-    /// FAST_ZERO only when the device can sometimes zero cheaply.
+    /// writable export whose device does not hide it
+    /// ([`diskit_core::BlockDevice::write_zeroes`] always works: a device
+    /// without a cheap path writes zeros itself), and FAST_ZERO only with
+    /// WRITE_ZEROES, when the device can sometimes zero cheaply.
     pub fn transmission_flags(&self, structured: bool) -> u16 {
         let c = self.capabilities();
         let mut f = TFLAG_HAS_FLAGS;
@@ -110,11 +123,12 @@ impl Export {
         set(c.can_write && c.can_fua, TFLAG_SEND_FUA);
         set(c.is_rotational, TFLAG_ROTATIONAL);
         set(c.can_write && c.can_trim, TFLAG_SEND_TRIM);
-        set(c.can_write, TFLAG_SEND_WRITE_ZEROES);
+        let zeroes = c.can_write && c.can_write_zeroes;
+        set(zeroes, TFLAG_SEND_WRITE_ZEROES);
         set(structured, TFLAG_SEND_DF);
         set(c.can_multi_conn, TFLAG_CAN_MULTI_CONN);
         set(c.can_cache, TFLAG_SEND_CACHE);
-        set(c.can_write && c.can_fast_zero, TFLAG_SEND_FAST_ZERO);
+        set(zeroes && c.can_fast_zero, TFLAG_SEND_FAST_ZERO);
         f
     }
 }
@@ -230,6 +244,48 @@ mod tests {
         );
         let pat = Export::new("p", Arc::new(PatternDevice::new(1 << 20)));
         assert_ne!(pat.transmission_flags(false) & TFLAG_READ_ONLY, 0);
+    }
+
+    /// Hides write-zeroes and accepts requests of any size, as nbdkit's
+    /// nozero and blocksize filters do.
+    struct NoZeroAnySize;
+
+    impl diskit_core::Filter for NoZeroAnySize {
+        fn name(&self) -> &str {
+            "test"
+        }
+        fn capabilities(&self, next: &dyn diskit_core::BlockDevice) -> Capabilities {
+            Capabilities {
+                can_write_zeroes: false,
+                ..next.capabilities()
+            }
+        }
+        fn block_size(&self, _next: &dyn diskit_core::BlockDevice) -> BlockSizeLimits {
+            BlockSizeLimits {
+                minimum: 1,
+                preferred: 4096,
+                maximum: u32::MAX,
+            }
+        }
+    }
+
+    #[test]
+    fn hidden_write_zeroes_and_large_maximum_block_sizes() {
+        let mem = Arc::new(MemoryDevice::new(1 << 20));
+        let dev = Arc::new(diskit_core::Filtered::new(NoZeroAnySize, mem.clone()));
+        let e = Export::new("f", dev);
+        let f = e.transmission_flags(true);
+        assert_eq!(f & (TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO), 0);
+        assert_ne!(f & TFLAG_SEND_TRIM, 0);
+        assert_eq!(
+            e.block_size().maximum,
+            u32::MAX,
+            "advertised as the device says"
+        );
+        assert_eq!(e.max_payload(), MAX_PAYLOAD, "but payloads stay bounded");
+        let plain = Export::new("m", mem);
+        assert_eq!(plain.block_size().maximum, 32 << 20);
+        assert_eq!(plain.max_payload(), 32 << 20);
     }
 
     #[test]

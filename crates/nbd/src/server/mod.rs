@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-pub use export::{Export, ExportSet, MetaContext};
+pub use export::{Export, ExportSet, MAX_PAYLOAD, MetaContext};
 pub use handshake::HandshakeEnd;
 pub use stats::{Stats, StatsSnapshot};
 pub use tls::{TlsConfig, TlsMode};

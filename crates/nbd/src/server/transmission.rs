@@ -244,7 +244,7 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
         size: export.device().size(),
         tflags: neg.tflags,
         min_block: bs.minimum,
-        max_payload: bs.maximum,
+        max_payload: export.max_payload(),
         structured: neg.structured,
         extended: neg.extended,
         meta_contexts: !neg.contexts.is_empty(),
@@ -269,7 +269,7 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
         waiting: AtomicUsize::new(0),
         broken: AtomicBool::new(false),
         shutdown: &*shutdown,
-        budget: Budget::new(tuning.max_in_flight.max(u64::from(bs.maximum))),
+        budget: Budget::new(tuning.max_in_flight.max(u64::from(limits.max_payload))),
         conn_stats,
     };
 

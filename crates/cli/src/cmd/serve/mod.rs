@@ -2,7 +2,11 @@
 //!
 //! `diskit serve [-U SOCKET | -U - | -p PORT [-i ADDR] | -s] [-r] [-e NAME]
 //! [-f] [-v] [--print-uri] [-P PIDFILE] [--run CMD] [--timeout SECS]
-//! [--max-connections N] PLUGIN [ARGS] [key=value]...`
+//! [--max-connections N] [--filter=NAME]... PLUGIN [ARGS] [key=value]...`
+//!
+//! Filters (see [`filters`]) stack over the plugin's device, the first
+//! `--filter` closest to the client; their `key=value` parameters mix with
+//! the plugin's, as in nbdkit.
 //!
 //! Without -U, -p or -s, a socket passed by systemd-style socket
 //! activation (LISTEN_PID/LISTEN_FDS) is used when there is one.
@@ -10,6 +14,7 @@
 //! background once it listens (see [`daemon`]).
 
 mod daemon;
+mod filters;
 mod lifecycle;
 mod listen;
 mod plugin;
@@ -96,6 +101,10 @@ pub struct Args {
     /// TLS options.
     #[command(flatten)]
     tls: tls::TlsArgs,
+    /// A filter over the plugin (repeatable; the first is the outermost,
+    /// closest to the client). Its key=value parameters go with the plugin's.
+    #[arg(long = "filter", value_name = "NAME")]
+    filters: Vec<String>,
     /// Worker threads per connection.
     #[arg(short = 't', long = "threads", default_value_t = 16)]
     threads: usize,
@@ -106,7 +115,7 @@ pub struct Args {
 }
 
 fn plugin_help() -> String {
-    plugin::help()
+    plugin::help() + &filters::help()
 }
 
 /// Runs `serve`.
@@ -117,10 +126,21 @@ pub fn run(a: Args) -> CmdResult {
             "-U and -p cannot be used together",
         ));
     }
-    let opened = plugin::open_plugin(&a.plugin, &a.args, a.readonly)?;
+    let routed = filters::route(&a.plugin, &a.filters, &a.args)?;
+    let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, a.readonly)?;
+    let device = match filters::stack(&routed.filters, opened.device.clone(), a.readonly) {
+        Ok(d) => d,
+        Err(e) => {
+            if let Some(img) = opened.image {
+                // Best effort: the stacking error is the one to report.
+                let _ = img.close();
+            }
+            return Err(e);
+        }
+    };
     let mut exports = ExportSet::new();
     exports.add(
-        Export::new(a.exportname.clone(), opened.device.clone())
+        Export::new(a.exportname.clone(), device)
             .with_read_only(a.readonly)
             .with_description(a.description.clone().unwrap_or_default()),
     );

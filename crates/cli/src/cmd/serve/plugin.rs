@@ -51,21 +51,41 @@ const PLUGINS: &[(&str, &str, &[&str], &str)] = &[
 
 /// Whether `s` is a key as nbdkit defines them: a letter, then letters,
 /// digits, '.', '_' or '-'.
-fn is_key(s: &str) -> bool {
+pub fn is_key(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic())
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
-/// Sorts a plugin's arguments into keys, bare values going to its magic key.
-pub fn parse_args(plugin: &str, args: &[String]) -> Result<BTreeMap<String, String>, CliError> {
-    let Some(&(_, magic, keys, _)) = PLUGINS.iter().find(|p| p.0 == plugin) else {
+/// The plugin's entry, or an error listing the plugins.
+fn find(
+    plugin: &str,
+) -> Result<
+    &'static (
+        &'static str,
+        &'static str,
+        &'static [&'static str],
+        &'static str,
+    ),
+    CliError,
+> {
+    PLUGINS.iter().find(|p| p.0 == plugin).ok_or_else(|| {
         let names: Vec<&str> = PLUGINS.iter().map(|p| p.0).collect();
-        return Err(CliError::new(format!(
+        CliError::new(format!(
             "unknown plugin '{plugin}' (plugins: {})",
             names.join(", ")
-        )));
-    };
+        ))
+    })
+}
+
+/// Every key the plugin takes.
+pub fn keys(plugin: &str) -> Result<&'static [&'static str], CliError> {
+    Ok(find(plugin)?.2)
+}
+
+/// Sorts a plugin's arguments into keys, bare values going to its magic key.
+pub fn parse_args(plugin: &str, args: &[String]) -> Result<BTreeMap<String, String>, CliError> {
+    let &(_, magic, keys, _) = find(plugin)?;
     let mut out = BTreeMap::new();
     for a in args {
         let (k, v) = match a.split_once('=') {

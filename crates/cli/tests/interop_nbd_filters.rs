@@ -1,0 +1,850 @@
+//! `diskit serve --filter=...` against nbdkit 1.32 with the same filters
+//! over the same data: nbdinfo's view (size, flags, block sizes), the
+//! allocation map, the answers to the same requests (tests/nbd/filter_ops.py
+//! through libnbd, bounds unchecked so the servers' own checks answer), and
+//! the bytes each server leaves in its copy of the file. Every server runs
+//! under `timeout` on a private socket (`-U -`) and stops with its `--run`
+//! command.
+//!
+//! The plugins themselves differ a little between the two servers (nbdkit's
+//! memory plugin advertises flush and cache, its file plugin no fast zero;
+//! diskit's file device may report a rotational disk): a flag is compared
+//! under a filter only where the two servers agree on it without the
+//! filter, and each test checks that the flags its filter changes were
+//! among those compared.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::*;
+use serde_json::{Value, json};
+
+/// The Python with libnbd's `nbd` module (a pyenv python3 first on PATH may lack it).
+const PYTHON: &str = "/usr/bin/python3";
+
+/// The flags nbdinfo reports that filters may change.
+const FLAGS: &[&str] = &[
+    "export-size",
+    "is_read_only",
+    "is_rotational",
+    "can_flush",
+    "can_fua",
+    "can_trim",
+    "can_zero",
+    "can_fast_zero",
+    "can_cache",
+    "can_multi_conn",
+    "can_df",
+];
+
+/// nbdinfo's block size fields (nbdkit 1.32 sends them only when a layer sets them).
+const BLOCK_SIZES: &[&str] = &[
+    "block_size_minimum",
+    "block_size_preferred",
+    "block_size_maximum",
+];
+
+/// PATH with /usr/bin first, so that nbdsh and friends find their Python.
+fn path_env() -> String {
+    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Nbdkit,
+    Diskit,
+}
+
+const SERVERS: [Server; 2] = [Server::Nbdkit, Server::Diskit];
+
+impl Server {
+    fn name(self) -> &'static str {
+        match self {
+            Server::Nbdkit => "nbdkit",
+            Server::Diskit => "diskit",
+        }
+    }
+}
+
+/// Runs `SERVER -U - ARGS --run CMD`; every "FILE" in ARGS becomes `file`.
+fn run(server: Server, args: &[&str], file: Option<&Path>, cmd: &str) -> Output {
+    let mut c = Command::new("timeout");
+    c.args(["-k", "5", "120"]);
+    match server {
+        Server::Nbdkit => c.arg("nbdkit"),
+        Server::Diskit => c.arg(diskit_bin()).arg("serve"),
+    };
+    c.args(["-U", "-"]);
+    for a in args {
+        match (*a, file) {
+            ("FILE", Some(f)) => c.arg(f),
+            _ => c.arg(a),
+        };
+    }
+    c.args(["--run", cmd]).env("PATH", path_env());
+    c.output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e})", server.name()))
+}
+
+/// A copy of `src` for `server` to change (each server writes its own).
+fn copy_for(dir: &Path, src: &Path, server: Server) -> PathBuf {
+    sparse_copy(src, &dir.join(format!("{}.raw", server.name())))
+}
+
+/// A copy of `src` at `p` with the same holes: only the 4 KiB blocks that
+/// hold data are written.
+fn sparse_copy(src: &Path, p: &Path) -> PathBuf {
+    use std::os::unix::fs::FileExt;
+    let data = std::fs::read(src).unwrap();
+    let f = std::fs::File::create(p).unwrap();
+    f.set_len(data.len() as u64).unwrap();
+    for (i, block) in data.chunks(4096).enumerate() {
+        if block.iter().any(|&b| b != 0) {
+            f.write_all_at(block, i as u64 * 4096).unwrap();
+        }
+    }
+    f.sync_all().unwrap();
+    p.to_path_buf()
+}
+
+/// One server's run over its own copy of the disk.
+struct Run {
+    out: Output,
+    file: Option<PathBuf>,
+}
+
+/// Runs both servers with `args` and `cmd`, each on a fresh copy of `src`.
+fn both(dir: &Path, src: Option<&Path>, args: &[&str], cmd: &str) -> [Run; 2] {
+    SERVERS.map(|server| {
+        let file = src.map(|s| copy_for(dir, s, server));
+        let out = run(server, args, file.as_deref(), cmd);
+        Run { out, file }
+    })
+}
+
+/// Runs both servers; both must succeed and print the same thing.
+fn same_output(dir: &Path, src: Option<&Path>, args: &[&str], cmd: &str) -> [Run; 2] {
+    let runs = both(dir, src, args, cmd);
+    for (r, server) in runs.iter().zip(SERVERS) {
+        assert!(
+            r.out.status.success(),
+            "{} {args:?} failed ({}): {}{}",
+            server.name(),
+            code(&r.out),
+            stdout(&r.out),
+            stderr(&r.out)
+        );
+    }
+    assert_eq!(
+        stdout(&runs[0].out),
+        stdout(&runs[1].out),
+        "nbdkit (left) and diskit (right) differ with {args:?}"
+    );
+    runs
+}
+
+/// What nbdinfo says of the export each server makes of `args`.
+fn infos(dir: &Path, src: Option<&Path>, args: &[&str]) -> [Value; 2] {
+    both(dir, src, args, "nbdinfo --json \"$uri\"").map(|r| {
+        let o = ok(r.out);
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", stdout(&o)));
+        v["exports"][0].clone()
+    })
+}
+
+/// Compares nbdinfo's view of `filtered` between the servers, flag by flag,
+/// wherever they agree on `base` (the same plugin without the filters),
+/// and the block sizes wherever nbdkit reports them. Returns nbdkit's view
+/// of `filtered` and the fields compared.
+fn same_info(
+    dir: &Path,
+    src: Option<&Path>,
+    base: &[&str],
+    filtered: &[&str],
+) -> (Value, Vec<&'static str>) {
+    let [nb_base, dk_base] = infos(dir, src, base);
+    let [nb, dk] = infos(dir, src, filtered);
+    let mut compared = Vec::new();
+    for &k in FLAGS {
+        if nb_base[k] == dk_base[k] {
+            assert_eq!(
+                nb[k], dk[k],
+                "{k} with {filtered:?}: nbdkit {nb}, diskit {dk}"
+            );
+            compared.push(k);
+        }
+    }
+    for &k in BLOCK_SIZES {
+        if nb.get(k).is_some() {
+            assert_eq!(nb[k], dk[k], "{k} with {filtered:?}");
+            compared.push(k);
+        }
+    }
+    (nb, compared)
+}
+
+fn assert_compared(compared: &[&str], needed: &[&str], what: &[&str]) {
+    for k in needed {
+        assert!(
+            compared.contains(k),
+            "{k} not comparable for {what:?} (compared {compared:?})"
+        );
+    }
+}
+
+/// The command that runs `ops` (see filter_ops.py).
+fn ops_only(ops: &Value) -> String {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/nbd/filter_ops.py");
+    format!("{PYTHON} {} \"$uri\" '{ops}'", s(&script))
+}
+
+/// The command that runs `ops`, then prints the allocation map.
+fn ops_then_map(ops: &Value) -> String {
+    ops_only(ops) + " && nbdinfo --map \"$uri\""
+}
+
+/// `args` with the plugin's arguments after the filters'.
+fn cat<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    a.iter().chain(b).copied().collect()
+}
+
+/// A 3,000,000-byte sparse file (not a multiple of 4 KiB or 64 KiB):
+/// data at the start, a 4 KiB run at 1 MiB, 100 KB around 2 MB, and the
+/// last 10 bytes; holes between.
+fn test_disk(dir: &Path) -> PathBuf {
+    let p = dir.join("src.raw");
+    sparse_file(
+        &p,
+        REAL,
+        &[
+            (0, 70_000, 0xff),
+            (1 << 20, 4096, 0x5a),
+            (2_000_000, 100_000, 0xff),
+            (REAL - 10, 10, 0x33),
+        ],
+    );
+    p
+}
+
+const REAL: u64 = 3_000_000;
+
+const FILE: [&str; 2] = ["file", "FILE"];
+
+/// The byte ranges where `a` and `b` differ.
+fn changed_ranges(a: &Path, b: &Path) -> Vec<(usize, usize)> {
+    let (a, b) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+    assert_eq!(a.len(), b.len(), "size changed");
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for i in (0..a.len()).filter(|&i| a[i] != b[i]) {
+        match out.last_mut() {
+            Some(last) if last.1 == i => last.1 = i + 1,
+            _ => out.push((i, i + 1)),
+        }
+    }
+    out
+}
+
+/// Both servers left the same bytes in their copies.
+fn same_files(runs: &[Run; 2]) {
+    let (a, b) = (
+        runs[0].file.as_ref().unwrap(),
+        runs[1].file.as_ref().unwrap(),
+    );
+    assert!(same_bytes(a, b), "nbdkit's and diskit's copies differ");
+}
+
+#[test]
+fn offset_serves_a_window_with_shifted_extents_and_writes() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    for (params, offset) in [
+        (&["offset=1M"][..], 1 << 20),
+        (&["offset=1000000", "range=1500000"], 1_000_000),
+        (&["range=2M"], 0),
+        (&["offset=2999990"], 2_999_990),
+    ] {
+        let args = cat(&cat(&["--filter=offset"], &FILE), params);
+        let (nb, compared) = same_info(dir.path(), Some(&src), &FILE, &args);
+        assert_compared(&compared, &["export-size", "can_zero", "can_trim"], &args);
+        let size = nb["export-size"].as_u64().unwrap();
+        let ops = json!([
+            ["size"],
+            ["read", 0, 4096],
+            ["read", 100, 70000],
+            ["write", 10, 100, 7],
+            ["write", 5000, 3000, 9, "fua"],
+            ["zero", 20000, 5000],
+            ["trim", 300_000, 200_000],
+            ["status", 0, size],
+            ["status", 0, size, "req_one"],
+            ["write", size.saturating_sub(5), 10, 3],
+            ["read", size.saturating_sub(5), 10],
+            ["cache", 0, size],
+            ["flush"],
+        ]);
+        let runs = same_output(dir.path(), Some(&src), &args, &ops_then_map(&ops));
+        same_files(&runs);
+        // Nothing outside the window changed, and the first write landed
+        // `offset` bytes into the file.
+        let changes = changed_ranges(&src, runs[1].file.as_ref().unwrap());
+        for &(a, b) in &changes {
+            assert!(
+                a as u64 >= offset && b as u64 <= offset + size,
+                "{params:?}: {a}..{b} changed, outside the window"
+            );
+        }
+        if size > 110 {
+            let first = offset + 10..offset + 110;
+            assert!(
+                changes
+                    .iter()
+                    .any(|&(a, b)| first.contains(&(a as u64)) || first.contains(&(b as u64 - 1))),
+                "{params:?}: the write at 10 is not at {first:?}: {changes:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn truncate_cuts_extends_and_rounds() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    for params in [
+        &["truncate=5M"][..],
+        &["truncate=1500000"],
+        &["round-up=1M"],
+        &["round-down=64k"],
+        &["truncate=3500000", "round-down=1M"],
+    ] {
+        let args = cat(&cat(&["--filter=truncate"], &FILE), params);
+        let (nb, compared) = same_info(dir.path(), Some(&src), &FILE, &args);
+        assert_compared(&compared, &["export-size", "can_zero", "can_trim"], &args);
+        let size = nb["export-size"].as_u64().unwrap();
+        let end = REAL.min(size);
+        let ops = json!([
+            ["size"],
+            ["read", end - 100, size - end + 100],
+            ["status", 0, size],
+            ["status", end - 10, size - end + 10, "req_one"],
+            // Zeros past the end of the file are fine; data is not.
+            ["write", REAL, 4096, 0],
+            ["write", REAL, 16, 5],
+            ["write", REAL - 8, 16, 0],
+            ["write", REAL - 8, 16, 5],
+            ["write", 1000, 50, 6],
+            ["zero", REAL - 4096, 8192],
+            ["zero", REAL + 100, 1000, "fast"],
+            ["trim", REAL - 4096, 8192],
+            ["cache", 0, size],
+            ["read", 0, size],
+        ]);
+        let runs = same_output(dir.path(), Some(&src), &args, &ops_then_map(&ops));
+        same_files(&runs);
+        for r in &runs {
+            let len = std::fs::metadata(r.file.as_ref().unwrap()).unwrap().len();
+            assert_eq!(len, REAL, "{params:?}: the file keeps its size");
+        }
+    }
+
+    // nbdkit 1.32 aborts on block status past truncate= when round-up=
+    // made the disk larger still (it reports the tail up to truncate=, not
+    // to the rounded size). diskit serves it as nbdkit serves the same
+    // size given directly.
+    let rounded = cat(
+        &cat(&["--filter=truncate"], &FILE),
+        &["truncate=3500000", "round-up=1M"],
+    );
+    let direct = cat(&cat(&["--filter=truncate"], &FILE), &["truncate=4M"]);
+    let cmd = "nbdinfo --size \"$uri\" && nbdinfo --map \"$uri\"";
+    let f = copy_for(dir.path(), &src, Server::Diskit);
+    let ours = ok(run(Server::Diskit, &rounded, Some(&f), cmd));
+    let f = copy_for(dir.path(), &src, Server::Nbdkit);
+    let theirs = ok(run(Server::Nbdkit, &direct, Some(&f), cmd));
+    assert_eq!(stdout(&ours), stdout(&theirs));
+}
+
+#[test]
+fn nozero_modes_advertise_and_zero_as_nbdkit() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let mem = ["memory", "4M"];
+    let mut maps = Vec::new();
+    // (parameters, whether the fast-zero answer is the filter's own: with
+    // `plugin`/`notrim` by default it is the plugin's, and the two servers'
+    // file plugins differ there).
+    for (params, fast_by_filter) in [
+        (&[][..], true),
+        (&["zeromode=none"], true),
+        (&["zeromode=emulate"], true),
+        (&["zeromode=emulate", "fastzeromode=none"], true),
+        (&["zeromode=emulate", "fastzeromode=ignore"], true),
+        (&["zeromode=notrim"], false),
+        (&["zeromode=notrim", "fastzeromode=slow"], true),
+        (&["zeromode=plugin"], false),
+        (&["zeromode=plugin", "fastzeromode=none"], true),
+        (&["zeromode=plugin", "fastzeromode=slow"], true),
+        (&["zeromode=plugin", "fastzeromode=ignore"], true),
+    ] {
+        let args = cat(&cat(&["--filter=nozero"], &mem), params);
+        let (_, compared) = same_info(dir.path(), None, &mem, &args);
+        assert_compared(&compared, &["can_zero", "can_fast_zero"], &args);
+
+        let args = cat(&cat(&["--filter=nozero"], &FILE), params);
+        let mut ops = vec![
+            json!(["zero", 0, 65536]),
+            json!(["zero", 2_000_000, 50_000, "fua"]),
+            json!(["read", 0, 131072]),
+        ];
+        if fast_by_filter {
+            ops.push(json!(["zero", 2_050_000, 8192, "fast"]));
+            ops.push(json!(["read", 2_050_000, 8192]));
+        }
+        let ops = Value::Array(ops);
+        // Zeroing without may-trim (notrim) is up to each file plugin:
+        // nbdkit's leaves data, diskit's unwritten extents that SEEK_DATA
+        // calls holes; both keep the blocks, compared below.
+        let notrim = params.contains(&"zeromode=notrim");
+        let cmd = if notrim {
+            ops_only(&ops)
+        } else {
+            ops_then_map(&ops)
+        };
+        let runs = same_output(dir.path(), Some(&src), &args, &cmd);
+        same_files(&runs);
+        // Whether the zeroing freed blocks (punched) is the same on both:
+        // the 64 KiB zeroed at 0 hold data, so punching frees at least
+        // that much (st_blocks also counts extent tree blocks, which vary
+        // by a block or two with fragmentation).
+        let before = allocated(&sparse_copy(&src, &dir.path().join("before.raw")));
+        let freed = runs
+            .each_ref()
+            .map(|r| allocated(r.file.as_ref().unwrap()) + 32768 <= before);
+        assert_eq!(
+            freed[0], freed[1],
+            "{params:?}: nbdkit freed {}, diskit {}",
+            freed[0], freed[1]
+        );
+        if notrim {
+            assert!(!freed[1], "notrim punched a hole");
+        }
+        maps.push((params, stdout(&runs[1].out), freed[1]));
+    }
+    // The test tells the modes apart: emulate leaves written zeros (data),
+    // plugin punches holes.
+    let find = |p: &[&str]| maps.iter().find(|(q, _, _)| *q == p).unwrap().clone();
+    let (emulate, plugin) = (find(&["zeromode=emulate"]), find(&["zeromode=plugin"]));
+    assert_ne!(emulate.1, plugin.1);
+    assert!(
+        !emulate.2 && plugin.2,
+        "emulate writes zeros, plugin punches"
+    );
+}
+
+#[test]
+fn noextents_reports_everything_as_data() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    for filters in [
+        &["--filter=noextents"][..],
+        &["--filter=truncate", "--filter=noextents"],
+    ] {
+        let args = cat(&cat(filters, &FILE), &["round-up=1M"][..filters.len() - 1]);
+        let (nb, compared) = same_info(dir.path(), Some(&src), &FILE, &args);
+        assert_compared(&compared, &["export-size", "can_zero"], &args);
+        let size = nb["export-size"].as_u64().unwrap();
+        let ops = json!([
+            ["status", 0, size],
+            ["status", 1 << 20, 4096, "req_one"],
+            ["read", 0, size],
+            ["write", 1_500_000, 3000, 4],
+            ["status", 0, size],
+        ]);
+        let runs = same_output(dir.path(), Some(&src), &args, &ops_then_map(&ops));
+        same_files(&runs);
+    }
+    // Without the filter the map has holes; with it, none.
+    let [plain, _] = same_output(dir.path(), Some(&src), &FILE, "nbdinfo --map \"$uri\"");
+    assert!(stdout(&plain.out).contains("hole"));
+    let args = cat(&["--filter=noextents"], &FILE);
+    let [filtered, _] = same_output(dir.path(), Some(&src), &args, "nbdinfo --map \"$uri\"");
+    assert!(!stdout(&filtered.out).contains("hole"));
+}
+
+#[test]
+fn fua_modes_advertise_and_pass_fua_as_nbdkit() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let ops = json!([
+        ["write", 0, 4096, 3, "fua"],
+        ["write", 8192, 4096, 4],
+        ["zero", 65536, 4096, "fua"],
+        ["trim", 1 << 20, 4096, "fua"],
+        ["flush"],
+        ["read", 0, 1 << 20],
+    ]);
+    for params in [
+        &[][..],
+        &["fuamode=emulate"],
+        &["fuamode=native"],
+        &["fuamode=force"],
+        &["fuamode=pass"],
+        &["fuamode=discard"],
+    ] {
+        let args = cat(&cat(&["--filter=fua"], &FILE), params);
+        let (_, compared) = same_info(dir.path(), Some(&src), &FILE, &args);
+        assert_compared(&compared, &["can_fua", "can_flush"], &args);
+        let runs = same_output(dir.path(), Some(&src), &args, &ops_then_map(&ops));
+        same_files(&runs);
+    }
+    // nbdkit 1.32 refuses fuamode=none by mistake; diskit takes it as the
+    // default it is documented to be.
+    let none = cat(&cat(&["--filter=fua"], &FILE), &["fuamode=none"]);
+    let default = cat(&["--filter=fua"], &FILE);
+    let f = copy_for(dir.path(), &src, Server::Diskit);
+    let [nb, _] = infos(dir.path(), Some(&src), &default);
+    let o = ok(run(
+        Server::Diskit,
+        &none,
+        Some(&f),
+        "nbdinfo --json \"$uri\"",
+    ));
+    let dk: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(dk["exports"][0]["can_fua"], nb["can_fua"]);
+    assert_eq!(dk["exports"][0]["can_fua"], false);
+
+    // Modes that need what the plugin lacks fail on both servers (nbdkit
+    // when the client connects, diskit before serving), but not read-only.
+    for (mode, missing) in [("emulate", "flush"), ("native", "fua"), ("force", "fua")] {
+        let param = format!("fuamode={mode}");
+        let args = ["--filter=fua", "pattern", "1M", param.as_str()];
+        for r in both(dir.path(), None, &args, "nbdinfo --size \"$uri\"") {
+            assert!(!r.out.status.success(), "{args:?} served");
+        }
+        let o = run(Server::Diskit, &args, None, "true");
+        assert!(
+            stderr(&o).contains(&format!("requires plugin {missing} support")),
+            "{}",
+            stderr(&o)
+        );
+        let ro = cat(&["-r"], &args);
+        same_output(dir.path(), None, &ro, "nbdinfo --size \"$uri\"");
+    }
+}
+
+#[test]
+fn delay_delays_and_keeps_the_data() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    // Fast zero offered by the filter itself when it fails fast zeros at
+    // once, even over a plugin that offers none.
+    let base = [
+        "--filter=nozero",
+        "memory",
+        "1M",
+        "zeromode=plugin",
+        "fastzeromode=none",
+    ];
+    for extra in [&[][..], &["delay-zero=1ms", "delay-fast-zero=false"]] {
+        let args = cat(&cat(&["--filter=delay"], &base), extra);
+        let (_, compared) = same_info(dir.path(), None, &base, &args);
+        assert_compared(&compared, &["can_fast_zero", "can_zero"], &args);
+    }
+    let params = [
+        "rdelay=1ms",
+        "wdelay=2ms",
+        "delay-zero=1ms",
+        "delay-extents=1ms",
+        "delay-cache=1ms",
+        "delay-fast-zero=false",
+    ];
+    let args = cat(&cat(&["--filter=delay"], &FILE), &params);
+    let ops = json!([
+        ["read", 0, 70000],
+        ["write", 100, 5000, 8],
+        ["zero", 65536, 4096],
+        ["zero", 1 << 20, 4096, "fast"],
+        ["trim", 2_000_000, 65536],
+        ["cache", 0, 4096],
+        ["status", 0, REAL],
+        ["read", 0, REAL],
+    ]);
+    let runs = same_output(dir.path(), Some(&src), &args, &ops_then_map(&ops));
+    same_files(&runs);
+    assert!(stdout(&runs[1].out).contains(r#"["zero", 1048576, 4096, "fast"] -> error"#));
+
+    // The delay syntax of nbdkit 1.40 (fractions, units): diskit only.
+    let f = copy_for(dir.path(), &src, Server::Diskit);
+    let args = cat(
+        &cat(&["--filter=delay"], &FILE),
+        &["rdelay=0.5ms", "delay-write=250us", "delay-trim=1s"],
+    );
+    let o = ok(run(
+        Server::Diskit,
+        &args,
+        Some(&f),
+        "nbdinfo --size \"$uri\"",
+    ));
+    assert_eq!(stdout(&o).trim(), REAL.to_string());
+}
+
+#[test]
+fn blocksize_aligns_splits_and_advertises_as_nbdkit() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    for (filters, params) in [
+        (&["--filter=blocksize"][..], &["minblock=64k"][..]),
+        (&["--filter=blocksize"], &["minblock=4k", "maxdata=8k"]),
+        (&["--filter=blocksize"], &["maxdata=5000"]),
+        (&["--filter=blocksize"], &["minblock=512", "maxlen=1M"]),
+        (&["--filter=blocksize"], &["minblock=16k", "maxlen=32k"]),
+        // nbdkit's manual: reach the unaligned tail through truncate.
+        (
+            &["--filter=truncate", "--filter=blocksize"],
+            &["minblock=64k", "round-up=64k"],
+        ),
+    ] {
+        let args = cat(&cat(filters, &FILE), params);
+        let (nb, compared) = same_info(dir.path(), Some(&src), &FILE, &args);
+        assert_compared(
+            &compared,
+            &[
+                "export-size",
+                "block_size_minimum",
+                "block_size_preferred",
+                "block_size_maximum",
+            ],
+            &args,
+        );
+        let size = nb["export-size"].as_u64().unwrap();
+        let ops = json!([
+            ["read", 1, 100_000],
+            ["read", 65_000, 1_000_000],
+            ["write", 3, 10, 2],
+            ["write", 4095, 70_000, 3],
+            ["write", 500_001, 1_500_000, 4, "fua"],
+            ["zero", 100_001, 200_000],
+            ["trim", 1_000_003, 300_000],
+            ["cache", 7, 500_000],
+            ["write", size - 7, 7, 5],
+            ["read", size - 70_000, 70_000],
+            ["status", 0, size],
+            ["status", 5, 70_000, "req_one"],
+            ["read", 0, size],
+        ]);
+        let runs = same_output(dir.path(), Some(&src), &args, &ops_then_map(&ops));
+        same_files(&runs);
+    }
+    // Fast zero is the filter's answer only when one request below would
+    // not do: compared over memory, which both servers zero fast (its
+    // allocation map differs between them: only the answers are compared).
+    let ops = json!([
+        ["zero", 131_072, 65_536, "fast"],
+        ["zero", 131_073, 65_536, "fast"],
+        ["zero", 0, 4096 * 3, "fast"],
+        ["write", 5, 300_000, 6],
+        ["zero", 70_000, 100_000],
+        ["read", 0, 1 << 20],
+    ]);
+    let args = [
+        "--filter=blocksize",
+        "memory",
+        "4M",
+        "minblock=4k",
+        "maxlen=8k",
+    ];
+    same_output(dir.path(), None, &args, &ops_only(&ops));
+}
+
+#[test]
+fn filter_order_first_is_outermost() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let params = ["offset=1M", "truncate=5M"];
+    let mut sizes = Vec::new();
+    for filters in [
+        &["--filter=offset", "--filter=truncate"],
+        &["--filter=truncate", "--filter=offset"],
+    ] {
+        let args = cat(&cat(filters, &FILE), &params);
+        let (nb, compared) = same_info(dir.path(), Some(&src), &FILE, &args);
+        assert_compared(&compared, &["export-size"], &args);
+        let size = nb["export-size"].as_u64().unwrap();
+        let ops = json!([
+            ["status", 0, size],
+            ["read", 0, size],
+            ["write", size - 4, 4, 0]
+        ]);
+        same_files(&same_output(
+            dir.path(),
+            Some(&src),
+            &args,
+            &ops_then_map(&ops),
+        ));
+        sizes.push(size);
+    }
+    // offset over truncate: 5M - 1M; truncate over offset: 5M.
+    assert_ne!(sizes[0], sizes[1]);
+    // Keys go to the filters whatever their place among the plugin's.
+    let args = [
+        "--filter=offset",
+        "--filter=truncate",
+        "file",
+        "truncate=5M",
+        "FILE",
+        "offset=1M",
+    ];
+    let [r, _] = same_output(dir.path(), Some(&src), &args, "nbdinfo --size \"$uri\"");
+    assert_eq!(stdout(&r.out).trim(), sizes[0].to_string());
+}
+
+#[test]
+fn bad_filters_and_parameters_fail_on_both_servers() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    for (args, says) in [
+        (
+            &["--filter=nosuch", "file", "FILE"][..],
+            "unknown filter 'nosuch'",
+        ),
+        (
+            &["--filter=offset", "file", "FILE", "bogus=1"],
+            "unknown parameter 'bogus'",
+        ),
+        (&["--filter=offset", "file", "FILE", "offset=foo"], "'foo'"),
+        (&["--filter=offset", "file", "FILE", "offset=-1"], "'-1'"),
+        (
+            &["--filter=offset", "file", "FILE", "offset=2M", "range=2M"],
+            "larger than the real size",
+        ),
+        (
+            &["--filter=offset", "file", "FILE", "offset=4M"],
+            "larger than the real size",
+        ),
+        (
+            &["--filter=truncate", "file", "FILE", "round-up=3"],
+            "power of 2",
+        ),
+        (
+            &["--filter=truncate", "file", "FILE", "round-down=0"],
+            "must be > 0",
+        ),
+        (
+            &["--filter=blocksize", "file", "FILE", "minblock=3k"],
+            "power of 2",
+        ),
+        (
+            &["--filter=blocksize", "file", "FILE", "minblock=128k"],
+            "must not exceed",
+        ),
+        (
+            &[
+                "--filter=blocksize",
+                "file",
+                "FILE",
+                "minblock=4k",
+                "maxdata=6k",
+            ],
+            "multiple of 4096",
+        ),
+        (
+            &["--filter=blocksize", "file", "FILE", "maxlen=8G"],
+            "too large",
+        ),
+        (
+            &["--filter=fua", "file", "FILE", "fuamode=sometimes"],
+            "unknown fuamode 'sometimes'",
+        ),
+        (
+            &["--filter=nozero", "file", "FILE", "zeromode=fast"],
+            "unknown zeromode 'fast'",
+        ),
+        (
+            &["--filter=nozero", "file", "FILE", "fastzeromode=quick"],
+            "unknown fastzeromode",
+        ),
+        (
+            &["--filter=nozero", "pattern", "1M", "zeromode=plugin"],
+            "requires plugin zero support",
+        ),
+        (&["--filter=delay", "file", "FILE", "rdelay=-1"], "rdelay"),
+        (&["--filter=delay", "file", "FILE", "wdelay=ten"], "wdelay"),
+        (
+            &["--filter=delay", "file", "FILE", "delay-fast-zero=maybe"],
+            "maybe",
+        ),
+    ] {
+        for (r, server) in both(dir.path(), Some(&src), args, "nbdinfo --size \"$uri\"")
+            .iter()
+            .zip(SERVERS)
+        {
+            assert!(
+                !r.out.status.success(),
+                "{} accepted {args:?}",
+                server.name()
+            );
+        }
+        let f = copy_for(dir.path(), &src, Server::Diskit);
+        let o = run(Server::Diskit, args, Some(&f), "true");
+        assert_eq!(code(&o), 1, "{args:?}");
+        let err = stderr(&o);
+        assert!(
+            err.starts_with("diskit: ") && err.contains(says),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+    }
+}
+
+#[test]
+fn help_lists_every_filter() {
+    let o = ok(diskit(&["serve", "--help"]));
+    let help = stdout(&o);
+    for f in diskit_filters::FILTERS {
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{} ", f.name)))
+            .unwrap_or_else(|| panic!("{} missing from --help:\n{help}", f.name));
+        assert!(line.contains(f.help), "{line}");
+    }
+}
+
+#[test]
+fn blocksize_read_modify_write_keeps_concurrent_unaligned_writes() {
+    // qemu-io sends 32 unaligned writes at once, several into each 4 KiB
+    // block (disjoint bytes), then checks every one reads back. Reads
+    // below the blocksize filter are slowed down (delay) so that a
+    // read-modify-write left unprotected would be overtaken.
+    let mut cmd = String::from("qemu-io -f raw");
+    for i in 0..32u64 {
+        cmd += &format!(" -c 'aio_write -P {} {} 700'", i + 1, i * 700 + 3);
+    }
+    cmd += " -c aio_flush";
+    for i in 0..32u64 {
+        cmd += &format!(" -c 'read -P {} {} 700'", i + 1, i * 700 + 3);
+    }
+    cmd += " \"$uri\"";
+    let dir = workdir();
+    for minblock in ["minblock=4k", "minblock=64k"] {
+        let args = [
+            "--filter=blocksize",
+            "--filter=delay",
+            "memory",
+            "1M",
+            minblock,
+            "rdelay=2ms",
+        ];
+        for (r, server) in both(dir.path(), None, &args, &cmd).iter().zip(SERVERS) {
+            let out = stdout(&r.out);
+            assert!(
+                r.out.status.success() && !out.contains("verification failed"),
+                "{} {args:?}: {out}{}",
+                server.name(),
+                stderr(&r.out)
+            );
+            assert_eq!(out.matches("read 700/700").count(), 32, "{out}");
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! diskit-filters: nbdkit's filters as diskit layers.
+//!
+//! Each module is one filter: a [`diskit_core::Filter`] that changes only
+//! what it must and lets everything else (capabilities included) pass
+//! through to the device below. Any tool can stack them over any
+//! [`BlockDevice`]; `diskit serve --filter=NAME` is one user.
+//!
+//! | filter | parameters | what it does |
+//! |---|---|---|
+//! | [`offset`] | `offset=`, `range=` | serves a window of the device |
+//! | [`truncate`] | `truncate=`, `round-up=`, `round-down=` | changes the size |
+//! | [`nozero`] | `zeromode=`, `fastzeromode=` | hides or degrades write-zeroes |
+//! | [`noextents`] | | hides allocation: everything is data |
+//! | [`fua`] | `fuamode=` | changes FUA and flush handling |
+//! | [`delay`] | `rdelay=`, `wdelay=`, `delay-*=` | sleeps before each request |
+//! | [`blocksize`] | `minblock=`, `maxdata=`, `maxlen=` | aligns and splits requests |
+//!
+//! The registry ([`FILTERS`], [`FilterSpec`]) turns a filter's name and its
+//! `key=value` parameters, as nbdkit's command line gives them, into a
+//! checked configuration; [`stack`] puts a list of them over a device, the
+//! first of the list outermost (closest to the client), as nbdkit orders
+//! `--filter` options.
+
+pub mod blocksize;
+pub mod delay;
+pub mod fua;
+pub mod noextents;
+pub mod nozero;
+pub mod offset;
+pub mod params;
+mod range_lock;
+pub mod truncate;
+
+use std::sync::Arc;
+
+use diskit_core::{BlockDevice, DeviceRef, Error, Extent, Filtered, Result, WriteFlags};
+
+/// A filter's name, the parameter keys it takes and a one-line description.
+#[derive(Debug, Clone, Copy)]
+pub struct FilterInfo {
+    /// The name given to `--filter=`.
+    pub name: &'static str,
+    /// Every key the filter takes.
+    pub keys: &'static [&'static str],
+    /// One line for `--help`.
+    pub help: &'static str,
+}
+
+/// Every filter, by name.
+pub const FILTERS: &[FilterInfo] = &[
+    FilterInfo {
+        name: "blocksize",
+        keys: blocksize::KEYS,
+        help: "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)",
+    },
+    FilterInfo {
+        name: "delay",
+        keys: delay::KEYS,
+        help: "delays requests (rdelay= wdelay= delay-read= delay-write= delay-zero= delay-trim= delay-extents= delay-cache= delay-fast-zero=)",
+    },
+    FilterInfo {
+        name: "fua",
+        keys: fua::KEYS,
+        help: "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)",
+    },
+    FilterInfo {
+        name: "noextents",
+        keys: noextents::KEYS,
+        help: "hides allocation: the whole disk reads as data in block status",
+    },
+    FilterInfo {
+        name: "nozero",
+        keys: nozero::KEYS,
+        help: "hides or degrades write-zeroes (zeromode=none|emulate|notrim|plugin fastzeromode=default|none|slow|ignore)",
+    },
+    FilterInfo {
+        name: "offset",
+        keys: offset::KEYS,
+        help: "serves a window of the disk (offset= range=)",
+    },
+    FilterInfo {
+        name: "truncate",
+        keys: truncate::KEYS,
+        help: "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
+    },
+];
+
+/// The filter called `name`.
+pub fn info(name: &str) -> Option<&'static FilterInfo> {
+    FILTERS.iter().find(|f| f.name == name)
+}
+
+/// A filter chosen by name with its parameters checked, ready to stack.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FilterSpec {
+    /// [`blocksize`].
+    Blocksize(blocksize::BlocksizeConfig),
+    /// [`delay`].
+    Delay(delay::Delay),
+    /// [`fua`].
+    Fua(fua::Fua),
+    /// [`noextents`].
+    Noextents,
+    /// [`nozero`].
+    Nozero(nozero::Nozero),
+    /// [`offset`].
+    Offset(offset::OffsetConfig),
+    /// [`truncate`].
+    Truncate(truncate::TruncateConfig),
+}
+
+impl FilterSpec {
+    /// The filter `name` with `params` (key, value), applied in order (a
+    /// later value of a key replaces an earlier one, as in nbdkit).
+    pub fn parse(name: &str, params: &[(String, String)]) -> Result<FilterSpec> {
+        let Some(f) = info(name) else {
+            let names: Vec<&str> = FILTERS.iter().map(|f| f.name).collect();
+            return Err(Error::invalid(format!(
+                "unknown filter '{name}' (filters: {})",
+                names.join(", ")
+            )));
+        };
+        if let Some((k, _)) = params.iter().find(|(k, _)| !f.keys.contains(&k.as_str())) {
+            return Err(Error::invalid(format!("{name}: unknown parameter '{k}'")));
+        }
+        Ok(match f.name {
+            "blocksize" => FilterSpec::Blocksize(blocksize::BlocksizeConfig::from_params(params)?),
+            "delay" => FilterSpec::Delay(delay::Delay::from_params(params)?),
+            "fua" => FilterSpec::Fua(fua::Fua::from_params(params)?),
+            "noextents" => FilterSpec::Noextents,
+            "nozero" => FilterSpec::Nozero(nozero::Nozero::from_params(params)?),
+            "offset" => FilterSpec::Offset(offset::OffsetConfig::from_params(params)?),
+            "truncate" => FilterSpec::Truncate(truncate::TruncateConfig::from_params(params)?),
+            other => unreachable!("filter {other} is in FILTERS but not here"),
+        })
+    }
+
+    /// The filter's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FilterSpec::Blocksize(_) => "blocksize",
+            FilterSpec::Delay(_) => "delay",
+            FilterSpec::Fua(_) => "fua",
+            FilterSpec::Noextents => "noextents",
+            FilterSpec::Nozero(_) => "nozero",
+            FilterSpec::Offset(_) => "offset",
+            FilterSpec::Truncate(_) => "truncate",
+        }
+    }
+
+    /// Stacks the filter on `next`. `read_only`: the stack will be served
+    /// read-only, so the checks of write capabilities that some filters
+    /// make (fua, nozero) are skipped, as nbdkit skips them.
+    pub fn stack(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef> {
+        fn wrap<F: diskit_core::Filter + 'static>(f: F, next: DeviceRef) -> DeviceRef {
+            Arc::new(Filtered::new(f, next))
+        }
+        Ok(match self {
+            FilterSpec::Blocksize(c) => wrap(blocksize::Blocksize::new(&*next, c)?, next),
+            FilterSpec::Delay(d) => wrap(*d, next),
+            FilterSpec::Fua(f) => {
+                if !read_only {
+                    f.check(&*next)?;
+                }
+                wrap(*f, next)
+            }
+            FilterSpec::Noextents => wrap(noextents::Noextents, next),
+            FilterSpec::Nozero(z) => {
+                if !read_only {
+                    z.check(&*next)?;
+                }
+                wrap(*z, next)
+            }
+            FilterSpec::Offset(c) => wrap(offset::Offset::new(&*next, c)?, next),
+            FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),
+        })
+    }
+}
+
+/// Stacks `filters` over `device`: the first is the outermost (closest to
+/// the client), the last sits directly on `device`.
+pub fn stack(filters: &[FilterSpec], device: DeviceRef, read_only: bool) -> Result<DeviceRef> {
+    filters
+        .iter()
+        .rev()
+        .try_fold(device, |next, f| f.stack(next, read_only))
+}
+
+/// Cuts `extents` to `len` bytes in all, dropping empty ones: a layer below
+/// that answers for more than was asked must not leak past the window.
+pub(crate) fn clip_extents(extents: Vec<Extent>, len: u64) -> Vec<Extent> {
+    let mut left = len;
+    let mut out = Vec::with_capacity(extents.len());
+    for mut e in extents {
+        if left == 0 {
+            break;
+        }
+        e.length = e.length.min(left);
+        if e.length > 0 {
+            left -= e.length;
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// Writes `len` zero bytes at `offset` with plain writes. With `fua` the
+/// data is made durable once at the end: by a flush when the device has a
+/// volatile cache (one flush rather than one per write), else nothing more
+/// is needed.
+pub(crate) fn write_zeros(
+    next: &dyn BlockDevice,
+    mut offset: u64,
+    mut len: u64,
+    fua: bool,
+) -> Result<()> {
+    const CHUNK: usize = 1 << 20;
+    static ZEROS: [u8; CHUNK] = [0u8; CHUNK];
+    while len > 0 {
+        let n = len.min(CHUNK as u64) as usize;
+        next.write_at(&ZEROS[..n], offset, WriteFlags::NONE)?;
+        offset += n as u64;
+        len -= n as u64;
+    }
+    if fua && next.capabilities().can_flush {
+        next.flush()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diskit_backends::MemoryDevice;
+
+    fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn unknown_names_and_keys_are_refused_with_the_choices() {
+        let e = FilterSpec::parse("nosuch", &[]).unwrap_err();
+        assert!(e.to_string().contains("unknown filter 'nosuch'"), "{e}");
+        for f in FILTERS {
+            assert!(e.to_string().contains(f.name), "{e}");
+        }
+        let e = FilterSpec::parse("offset", &kv(&[("size", "1")])).unwrap_err();
+        assert!(e.to_string().contains("'size'"), "{e}");
+    }
+
+    #[test]
+    fn every_filter_parses_with_defaults_and_names_itself() {
+        for f in FILTERS {
+            let spec = FilterSpec::parse(f.name, &[]).unwrap();
+            assert_eq!(spec.name(), f.name);
+        }
+    }
+
+    #[test]
+    fn the_first_filter_is_the_outermost() {
+        let mem: DeviceRef = Arc::new(MemoryDevice::new(4 << 20));
+        let offset = FilterSpec::parse("offset", &kv(&[("offset", "1M")])).unwrap();
+        let truncate = FilterSpec::parse("truncate", &kv(&[("truncate", "5M")])).unwrap();
+        // offset over truncate: (5M) - 1M.
+        let d = stack(&[offset.clone(), truncate.clone()], mem.clone(), false).unwrap();
+        assert_eq!(d.size(), 4 << 20);
+        assert!(
+            d.describe().starts_with("offset over truncate over memory"),
+            "{}",
+            d.describe()
+        );
+        // truncate over offset: 5M whatever the window.
+        let d = stack(&[truncate, offset], mem, false).unwrap();
+        assert_eq!(d.size(), 5 << 20);
+    }
+
+    #[test]
+    fn clipping_extents() {
+        let v = clip_extents(
+            vec![Extent::data(10), Extent::hole(10), Extent::data(5)],
+            15,
+        );
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1].length, 5);
+        assert!(
+            clip_extents(vec![Extent::data(0), Extent::hole(3)], 2)[0]
+                .flags
+                .zero
+        );
+    }
+}

@@ -1,0 +1,56 @@
+//! The noextents filter (nbdkit-noextents-filter): hides allocation.
+//!
+//! The filter reports that it cannot describe extents, and describes any
+//! range as one run of data, as a device without extents does: clients see
+//! the whole disk allocated (nbdkit's server answers block status the same
+//! way for a plugin without extents). Useful over files on file systems
+//! where SEEK_DATA is slow (tmpfs), or to make a client copy every byte.
+//! It takes no parameters.
+
+use diskit_core::device::check_range;
+use diskit_core::{BlockDevice, Capabilities, Extent, Filter, Result};
+
+/// The keys the filter takes: none.
+pub const KEYS: &[&str] = &[];
+
+/// The filter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Noextents;
+
+impl Filter for Noextents {
+    fn name(&self) -> &str {
+        "noextents"
+    }
+    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
+        Capabilities {
+            can_extents: false,
+            ..next.capabilities()
+        }
+    }
+    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(next.size(), offset, len)?;
+        Ok(vec![Extent::data(len)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diskit_backends::NullDevice;
+    use diskit_core::Filtered;
+    use std::sync::Arc;
+
+    #[test]
+    fn holes_become_data() {
+        let null = Arc::new(NullDevice::new(1 << 20));
+        assert!(null.extents(0, 4096).unwrap()[0].flags.zero);
+        let d = Filtered::new(Noextents, null);
+        assert!(!d.capabilities().can_extents);
+        assert_eq!(
+            d.extents(4096, 1 << 19).unwrap(),
+            vec![Extent::data(1 << 19)]
+        );
+        assert!(d.extents(4096, 1 << 20).is_err());
+        assert!(d.capabilities().can_write, "everything else passes through");
+    }
+}

@@ -1,0 +1,280 @@
+//! The nozero filter (nbdkit-nozero-filter): hides or degrades
+//! write-zeroes, to compare sparse-aware and naive clients.
+//!
+//! `zeromode=`:
+//! - `none` (the default): write-zeroes is not offered (nor fast zero);
+//!   clients write zeros like any other data.
+//! - `emulate`: offered, but done here as plain writes of zero buffers,
+//!   whatever the device below could do better. A fast zero always fails
+//!   at once with ENOTSUP (writing zeros is never fast), whatever
+//!   `fastzeromode` says: nbdkit 1.32 behaves the same.
+//! - `notrim`: passed down without the may-trim flag, so the range stays
+//!   allocated.
+//! - `plugin`: passed down unchanged (useful with `fastzeromode`).
+//!
+//! `notrim` and `plugin` need a device below that takes write-zeroes
+//! (checked when the filter is stacked on a writable device).
+//!
+//! `fastzeromode=`:
+//! - `default`: with `emulate` fast zero is offered and always fails; with
+//!   `notrim` and `plugin` the device below decides.
+//! - `none`: fast zero is not offered.
+//! - `slow`: offered, and every fast zero fails at once with ENOTSUP.
+//! - `ignore`: offered, and the fast flag is dropped: the zeroing is done
+//!   even when slow (against the NBD spec, for comparisons only).
+
+use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
+
+use crate::{params, write_zeros};
+
+/// The keys the filter takes.
+pub const KEYS: &[&str] = &["zeromode", "fastzeromode"];
+
+/// How write-zeroes is offered and done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ZeroMode {
+    /// Not offered.
+    #[default]
+    None,
+    /// Offered, done as writes of zeros.
+    Emulate,
+    /// Passed down without may-trim.
+    Notrim,
+    /// Passed down unchanged.
+    Plugin,
+}
+
+/// How fast zero is offered and done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FastZeroMode {
+    /// As the zero mode implies.
+    #[default]
+    Default,
+    /// Not offered.
+    None,
+    /// Offered, always fails.
+    Slow,
+    /// Offered, the flag is dropped.
+    Ignore,
+}
+
+/// The filter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Nozero {
+    /// `zeromode=`.
+    pub zero: ZeroMode,
+    /// `fastzeromode=`.
+    pub fast: FastZeroMode,
+}
+
+impl Nozero {
+    /// Reads `zeromode=` and `fastzeromode=`.
+    pub fn from_params(params: &[(String, String)]) -> Result<Nozero> {
+        let mut n = Nozero::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "zeromode" => {
+                    n.zero = params::choice(
+                        "nozero",
+                        k,
+                        v,
+                        &[
+                            ("none", ZeroMode::None),
+                            ("emulate", ZeroMode::Emulate),
+                            ("notrim", ZeroMode::Notrim),
+                            ("plugin", ZeroMode::Plugin),
+                        ],
+                    )?
+                }
+                "fastzeromode" => {
+                    n.fast = params::choice(
+                        "nozero",
+                        k,
+                        v,
+                        &[
+                            ("default", FastZeroMode::Default),
+                            ("none", FastZeroMode::None),
+                            ("slow", FastZeroMode::Slow),
+                            ("ignore", FastZeroMode::Ignore),
+                        ],
+                    )?
+                }
+                _ => return Err(Error::invalid(format!("nozero: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Checks that the device below can do what the mode passes down to it
+    /// (for a device that will be written to).
+    pub fn check(&self, next: &dyn BlockDevice) -> Result<()> {
+        let name = match self.zero {
+            ZeroMode::Notrim => "notrim",
+            ZeroMode::Plugin => "plugin",
+            ZeroMode::None | ZeroMode::Emulate => return Ok(()),
+        };
+        let c = next.capabilities();
+        if c.can_write && c.can_write_zeroes {
+            Ok(())
+        } else {
+            Err(Error::unsupported(format!(
+                "nozero: zeromode '{name}' requires plugin zero support"
+            )))
+        }
+    }
+}
+
+impl Filter for Nozero {
+    fn name(&self) -> &str {
+        "nozero"
+    }
+    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
+        let mut c = next.capabilities();
+        match self.zero {
+            ZeroMode::None => {
+                c.can_write_zeroes = false;
+                c.can_zero = false;
+                c.can_fast_zero = false;
+            }
+            ZeroMode::Emulate => {
+                c.can_write_zeroes = c.can_write;
+                c.can_zero = false;
+                c.can_fast_zero = self.fast != FastZeroMode::None;
+            }
+            ZeroMode::Notrim | ZeroMode::Plugin => {
+                if self.fast != FastZeroMode::Default {
+                    c.can_fast_zero = self.fast != FastZeroMode::None;
+                }
+            }
+        }
+        c
+    }
+    fn write_zeroes(
+        &self,
+        next: &dyn BlockDevice,
+        offset: u64,
+        len: u64,
+        mut flags: ZeroFlags,
+    ) -> Result<()> {
+        if flags.fast {
+            match (self.zero, self.fast) {
+                // Zeroing by writing is never fast.
+                (ZeroMode::None | ZeroMode::Emulate, _) | (_, FastZeroMode::Slow) => {
+                    return Err(Error::from_kind(ErrorKind::NotSupported));
+                }
+                (_, FastZeroMode::Ignore) => flags.fast = false,
+                _ => {}
+            }
+        }
+        match self.zero {
+            // `None` is not offered; a caller that zeroes anyway gets zeros written.
+            ZeroMode::None | ZeroMode::Emulate => write_zeros(next, offset, len, flags.fua),
+            ZeroMode::Notrim => next.write_zeroes(
+                offset,
+                len,
+                ZeroFlags {
+                    may_trim: false,
+                    ..flags
+                },
+            ),
+            ZeroMode::Plugin => next.write_zeroes(offset, len, flags),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diskit_backends::{MemoryDevice, PatternDevice};
+    use diskit_core::{Filtered, WriteFlags};
+    use std::sync::Arc;
+
+    fn parse(v: &[(&str, &str)]) -> Result<Nozero> {
+        let p: Vec<(String, String)> = v
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Nozero::from_params(&p)
+    }
+
+    fn stacked(zm: &str, fzm: &str) -> (Arc<MemoryDevice>, Filtered<Nozero>) {
+        let mem = Arc::new(MemoryDevice::new(1 << 20));
+        let n = parse(&[("zeromode", zm), ("fastzeromode", fzm)]).unwrap();
+        n.check(&*mem).unwrap();
+        (mem.clone(), Filtered::new(n, mem))
+    }
+
+    const FAST: ZeroFlags = ZeroFlags {
+        fua: false,
+        may_trim: true,
+        fast: true,
+    };
+
+    #[test]
+    fn capabilities_per_mode() {
+        let caps = |zm, fzm| stacked(zm, fzm).1.capabilities();
+        let c = caps("none", "default");
+        assert!(!c.can_write_zeroes && !c.can_fast_zero && !c.can_zero);
+        let c = caps("emulate", "default");
+        assert!(c.can_write_zeroes && c.can_fast_zero && !c.can_zero);
+        assert!(!caps("emulate", "none").can_fast_zero);
+        assert!(
+            caps("plugin", "default").can_fast_zero,
+            "memory zeroes fast"
+        );
+        assert!(!caps("plugin", "none").can_fast_zero);
+        assert!(caps("notrim", "slow").can_fast_zero);
+        assert!(caps("notrim", "default").can_zero);
+    }
+
+    #[test]
+    fn zeroing_per_mode() {
+        // emulate: written as data, so the memory pages stay allocated.
+        let (mem, d) = stacked("emulate", "ignore");
+        mem.write_at(&[5u8; 65536], 0, WriteFlags::NONE).unwrap();
+        assert_eq!(
+            d.write_zeroes(0, 65536, FAST).unwrap_err().kind(),
+            ErrorKind::NotSupported
+        );
+        d.write_zeroes(0, 65536, ZeroFlags::default()).unwrap();
+        assert_eq!(mem.allocated_bytes(), 65536);
+        let mut b = [1u8; 4];
+        mem.read_at(&mut b, 100).unwrap();
+        assert_eq!(b, [0; 4]);
+        // plugin: memory frees the page; slow fails fast zeros, ignore does them.
+        let (mem, d) = stacked("plugin", "slow");
+        mem.write_at(&[5u8; 65536], 0, WriteFlags::NONE).unwrap();
+        assert_eq!(
+            d.write_zeroes(0, 65536, FAST).unwrap_err().kind(),
+            ErrorKind::NotSupported
+        );
+        d.write_zeroes(0, 65536, ZeroFlags::default()).unwrap();
+        assert_eq!(mem.allocated_bytes(), 0);
+        let (mem, d) = stacked("plugin", "ignore");
+        mem.write_at(&[5u8; 65536], 0, WriteFlags::NONE).unwrap();
+        d.write_zeroes(0, 65536, FAST).unwrap();
+        assert_eq!(mem.allocated_bytes(), 0);
+        let (_, d) = stacked("none", "default");
+        assert!(d.write_zeroes(0, 10, FAST).is_err());
+        d.write_zeroes(0, 10, ZeroFlags::default()).unwrap();
+    }
+
+    #[test]
+    fn plugin_modes_need_a_device_that_zeroes() {
+        let pat = PatternDevice::new(4096);
+        let n = parse(&[("zeromode", "notrim")]).unwrap();
+        let e = n.check(&pat).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("zeromode 'notrim' requires plugin zero support"),
+            "{e}"
+        );
+        parse(&[("zeromode", "emulate")])
+            .unwrap()
+            .check(&pat)
+            .unwrap();
+        assert!(parse(&[("zeromode", "fast")]).is_err());
+        assert!(parse(&[("fastzeromode", "quick")]).is_err());
+        assert_eq!(parse(&[]).unwrap(), Nozero::default());
+    }
+}
