@@ -102,20 +102,28 @@ pub struct RunEnv {
     pub port: String,
     /// The export name.
     pub exportname: String,
+    /// `$tls`: "1" (on) or "2" (require); unset when TLS is off.
+    pub tls: Option<&'static str>,
 }
 
 /// Runs `cmd` with /bin/sh and returns its exit status (128+N when killed
 /// by signal N), as nbdkit's captive mode does.
 pub fn run_captive(cmd: &str, env: &RunEnv) -> Result<u8, CliError> {
     use std::os::unix::process::ExitStatusExt;
-    let status = Command::new("/bin/sh")
-        .arg("-c")
+    let mut sh = Command::new("/bin/sh");
+    sh.arg("-c")
         .arg(cmd)
         .env("uri", &env.uri)
         .env("nbd", &env.uri)
         .env("unixsocket", &env.unixsocket)
         .env("port", &env.port)
-        .env("exportname", &env.exportname)
+        .env("exportname", &env.exportname);
+    // Unset, not inherited, when TLS is off.
+    match env.tls {
+        Some(v) => sh.env("tls", v),
+        None => sh.env_remove("tls"),
+    };
+    let status = sh
         .status()
         .map_err(|e| CliError::new(format!("--run: cannot start /bin/sh: {e}")))?;
     Ok(match (status.code(), status.signal()) {

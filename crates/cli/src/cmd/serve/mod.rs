@@ -94,8 +94,9 @@ pub struct Args {
     /// Write the process id to this file once listening.
     #[arg(short = 'P', long = "pidfile", alias = "pid-file", value_name = "FILE")]
     pidfile: Option<PathBuf>,
-    /// Run this shell command with $uri, $nbd, $unixsocket, $port and
-    /// $exportname set, serve while it runs, and exit with its status.
+    /// Run this shell command with $uri, $nbd, $unixsocket, $port,
+    /// $exportname and $tls set, serve while it runs, and exit with its
+    /// status.
     #[arg(long = "run", value_name = "CMD")]
     run: Option<String>,
     /// TLS options.
@@ -252,6 +253,7 @@ pub fn run(a: Args) -> CmdResult {
             .unwrap_or_default(),
         port: listener.port().map(|p| p.to_string()).unwrap_or_default(),
         exportname: a.exportname.clone(),
+        tls: a.tls.env_value(),
     };
     match &a.run {
         Some(cmd) => {

@@ -1,6 +1,6 @@
 //! `diskit serve`'s TLS options, as nbdkit spells them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::util::CliError;
 use diskit_nbd::server::{TlsConfig, TlsMode};
@@ -21,8 +21,9 @@ pub enum Mode {
 #[derive(clap::Args, Debug)]
 pub struct TlsArgs {
     /// TLS: off, on (offered) or require (nothing served in plain text).
-    #[arg(long = "tls", value_enum, default_value_t = Mode::Off, value_name = "MODE")]
-    tls: Mode,
+    /// Default: off, or on with --tls-psk.
+    #[arg(long = "tls", value_enum, value_name = "MODE")]
+    tls: Option<Mode>,
     /// Directory holding server-cert.pem, server-key.pem and ca-cert.pem
     /// (default: /etc/pki/nbdkit as root, else $HOME/.pki/nbdkit).
     #[arg(long = "tls-certificates", value_name = "DIR")]
@@ -30,29 +31,54 @@ pub struct TlsArgs {
     /// Require client certificates signed by the directory's ca-cert.pem.
     #[arg(long = "tls-verify-peer")]
     tls_verify_peer: bool,
-    /// TLS-PSK key file (username:hexkey lines): not supported by this build.
+    /// Authenticate clients with pre-shared keys instead of certificates:
+    /// a file of identity:hexkey lines, as psktool writes (read again at
+    /// every TLS handshake).
     #[arg(long = "tls-psk", value_name = "FILE")]
     tls_psk: Option<PathBuf>,
 }
 
 impl TlsArgs {
+    /// The TLS mode in effect: `--tls`, else on with `--tls-psk` (as in
+    /// nbdkit), else off.
+    pub fn mode(&self) -> Mode {
+        match (self.tls, &self.tls_psk) {
+            (Some(m), _) => m,
+            (None, Some(_)) => Mode::On,
+            (None, None) => Mode::Off,
+        }
+    }
+
     /// Whether clients must use TLS (the URI scheme is then nbds).
     pub fn required(&self) -> bool {
-        self.tls == Mode::Require
+        self.mode() == Mode::Require
+    }
+
+    /// `$tls` for `--run`, as nbdkit sets it: "1" for on, "2" for
+    /// require, unset for off.
+    pub fn env_value(&self) -> Option<&'static str> {
+        match self.mode() {
+            Mode::Off => None,
+            Mode::On => Some("1"),
+            Mode::Require => Some("2"),
+        }
     }
 
     /// The server's TLS settings, `None` with `--tls=off`.
     pub fn config(&self) -> Result<Option<TlsConfig>, CliError> {
-        let mode = match self.tls {
+        let mode = match self.mode() {
             Mode::Off => return Ok(None),
             Mode::On => TlsMode::Allow,
             Mode::Require => TlsMode::Require,
         };
         if let Some(psk) = &self.tls_psk {
-            return Err(CliError::new(format!(
-                "--tls-psk={}: TLS-PSK is not supported (rustls has no PSK key exchange); use X.509 certificates",
-                psk.display()
-            )));
+            // As in nbdkit, the keys override certificate authentication.
+            if self.tls_certificates.is_some() || self.tls_verify_peer {
+                eprintln!(
+                    "diskit: warning: --tls-psk overrides --tls-certificates and --tls-verify-peer"
+                );
+            }
+            return psk_config(mode, psk).map(Some);
         }
         let dir = match &self.tls_certificates {
             Some(d) => d.clone(),
@@ -62,6 +88,20 @@ impl TlsArgs {
             .map(Some)
             .map_err(|e| CliError::new(format!("TLS: {e}")))
     }
+}
+
+#[cfg(feature = "tls-psk")]
+fn psk_config(mode: TlsMode, file: &Path) -> Result<TlsConfig, CliError> {
+    TlsConfig::from_psk_file(mode, file).map_err(|e| CliError::new(format!("--tls-psk: {e}")))
+}
+
+#[cfg(not(feature = "tls-psk"))]
+fn psk_config(_mode: TlsMode, file: &Path) -> Result<TlsConfig, CliError> {
+    Err(CliError::new(format!(
+        "--tls-psk={}: TLS-PSK is not in this build: rebuild diskit with the \"tls-psk\" \
+         cargo feature (it uses OpenSSL), or use X.509 certificates",
+        file.display()
+    )))
 }
 
 /// nbdkit's default certificate directory.
