@@ -264,3 +264,74 @@ fn bad_tls_settings_are_refused_at_startup() {
     assert_ne!(code(&o), 0);
     assert!(stderr(&o).contains("server-cert.pem"), "{}", stderr(&o));
 }
+
+/// `$tls` in `--run`'s environment: unset, 1 or 2 for off, on and
+/// require, as nbdkit (the oracle) sets it; with TLS off a `tls` the
+/// server inherited is not passed on either.
+#[test]
+fn run_sets_tls_as_nbdkit_does() {
+    let dir = workdir();
+    let pki = pki(dir.path());
+    let cmd = "echo \"tls=${tls-unset} uri=$uri\"";
+    let run = |argv: &[&str], mode: &str, inherited: Option<&str>| {
+        let mut c = Command::new("timeout");
+        c.args(["-k", "5", "60"]).args(argv).args([
+            "-U",
+            "-",
+            &format!("--tls={mode}"),
+            "--tls-certificates",
+            s(&pki),
+            "null",
+            "1M",
+            "--run",
+            cmd,
+        ]);
+        c.env("PATH", path_env());
+        match inherited {
+            Some(v) => c.env("tls", v),
+            None => c.env_remove("tls"),
+        };
+        ok(c.output().expect("run a server"))
+    };
+    let tls_of = |o: &Output| {
+        let text = stdout(o);
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix("tls="))
+            .unwrap_or_else(|| panic!("no tls= in {text}"))
+            .to_string()
+    };
+    let bin = diskit_bin();
+    let diskit = [s(&bin), "serve"];
+    for (mode, want) in [("off", "unset"), ("on", "1"), ("require", "2")] {
+        let d = run(&diskit, mode, None);
+        assert_eq!(tls_of(&d), want, "--tls={mode}");
+        let n = run(&["nbdkit"], mode, None);
+        assert_eq!(tls_of(&n), tls_of(&d), "nbdkit disagrees on --tls={mode}");
+        let scheme = if mode == "require" { "nbds+unix:" } else { "nbd+unix:" };
+        assert!(stdout(&d).contains(&format!("uri={scheme}")), "{}", stdout(&d));
+    }
+    assert_eq!(tls_of(&run(&diskit, "off", Some("stale"))), "unset");
+    assert_eq!(tls_of(&run(&diskit, "on", Some("stale"))), "1");
+}
+
+/// Without the `tls-psk` feature `--tls-psk` fails, naming the feature.
+#[cfg(not(feature = "tls-psk"))]
+#[test]
+fn tls_psk_needs_the_feature() {
+    let dir = workdir();
+    let keys = dir.path().join("keys.psk");
+    std::fs::write(&keys, "alice:00112233\n").unwrap();
+    let o = serve(&[
+        "-U",
+        "-",
+        "--tls-psk",
+        s(&keys),
+        "memory",
+        "1M",
+        "--run",
+        "echo started",
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(!stdout(&o).contains("started"));
+    assert!(stderr(&o).contains("\"tls-psk\" cargo feature"), "{}", stderr(&o));
+}

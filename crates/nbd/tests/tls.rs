@@ -442,3 +442,189 @@ fn verify_peer_needs_a_client_certificate() {
         other => panic!("{other:?}"),
     }
 }
+
+/// TLS-PSK with an OpenSSL client, over TLS 1.3 and 1.2: known
+/// identities get in, unknown ones and wrong keys do not, and the key file
+/// is read again at each handshake.
+#[cfg(feature = "tls-psk")]
+mod psk {
+    use super::*;
+    use openssl::ssl::{Ssl, SslContext, SslMethod, SslStream, SslVersion};
+
+    const ALICE: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    const BOB: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+    fn key_file(dir: &Path, text: &str) -> std::path::PathBuf {
+        let p = dir.join("keys.psk");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// An OpenSSL TLS-PSK client limited to `version`, over `sock`.
+    fn psk_client(
+        sock: UnixStream,
+        version: SslVersion,
+        identity: &str,
+        key: &str,
+    ) -> Result<SslStream<UnixStream>, String> {
+        let mut b = SslContext::builder(SslMethod::tls_client()).unwrap();
+        b.set_min_proto_version(Some(version)).unwrap();
+        b.set_max_proto_version(Some(version)).unwrap();
+        b.set_cipher_list("ECDHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256")
+            .unwrap();
+        let (identity, key) = (identity.as_bytes().to_vec(), hex(key));
+        b.set_psk_client_callback(move |_, _hint, id_out, key_out| {
+            id_out[..identity.len()].copy_from_slice(&identity);
+            id_out[identity.len()] = 0;
+            key_out[..key.len()].copy_from_slice(&key);
+            Ok(key.len())
+        });
+        let ssl = Ssl::new(&b.build()).unwrap();
+        ssl.connect(sock).map_err(|e| e.to_string())
+    }
+
+    fn psk_start(keys: &Path, mode: TlsMode) -> Peer {
+        let mut p = start(TlsConfig::from_psk_file(mode, keys).unwrap());
+        greet(&mut p.sock);
+        starttls(&mut p);
+        p
+    }
+
+    /// The handshake error the server ended with.
+    fn refused(p: Peer) -> String {
+        match expect_closed(p).1 {
+            ConnectionEnd::Handshake(HandshakeEnd::Protocol(m)) => m,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn known_identities_are_served_over_tls13_and_tls12() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = key_file(dir.path(), &format!("alice:{ALICE}\nbob:{BOB}\n"));
+        for (version, name) in [
+            (SslVersion::TLS1_3, "TLSv1.3"),
+            (SslVersion::TLS1_2, "TLSv1.2"),
+        ] {
+            for (who, key) in [("alice", ALICE), ("bob", BOB)] {
+                let p = psk_start(&keys, TlsMode::Require);
+                let mut t = psk_client(p.sock.try_clone().unwrap(), version, who, key)
+                    .unwrap_or_else(|e| panic!("{name} {who}: {e}"));
+                assert_eq!(t.ssl().version_str(), name);
+                opt(&mut t, &go_request("a"));
+                assert_eq!(replies(&mut t).last().unwrap().kind, REP_ACK);
+                let mut data = vec![0x5a; 4096];
+                data[0] = 1;
+                let mut req = RequestHeader {
+                    flags: 0,
+                    command: CMD_WRITE,
+                    cookie: 1,
+                    offset: 8192,
+                    length: 4096,
+                    extended: false,
+                }
+                .encode();
+                req.extend_from_slice(&data);
+                t.write_all(&req).unwrap();
+                let (h, _) = ReplyHeader::parse(&read_n(&mut t, SIMPLE_REPLY_LEN)).unwrap();
+                assert!(matches!(h, ReplyHeader::Simple { error: 0, .. }), "{h:?}");
+                let mut back = vec![0u8; 4096];
+                p.dev.read_at(&mut back, 8192).unwrap();
+                assert_eq!(back, data);
+                drop(t);
+                let Peer { sock, server, .. } = p;
+                drop(sock);
+                let end = server.join().unwrap();
+                assert!(matches!(end, ConnectionEnd::Transmission(_)), "{end:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_identities_and_wrong_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = key_file(dir.path(), &format!("alice:{ALICE}\n"));
+        for version in [SslVersion::TLS1_3, SslVersion::TLS1_2] {
+            let p = psk_start(&keys, TlsMode::Allow);
+            let r = psk_client(p.sock.try_clone().unwrap(), version, "mallory", ALICE);
+            assert!(r.is_err(), "{version:?}: unknown identity got in");
+            let m = refused(p);
+            assert!(m.contains("unknown PSK identity \"mallory\""), "{m}");
+
+            let p = psk_start(&keys, TlsMode::Allow);
+            let r = psk_client(p.sock.try_clone().unwrap(), version, "alice", BOB);
+            // TLS 1.2 fails on the client's Finished: the client may see
+            // its handshake complete before the server's alert arrives.
+            if let Ok(mut t) = r {
+                let _ = t.write_all(&go_request("a").encode());
+                let mut b = [0u8; 1];
+                assert!(!matches!(t.read(&mut b), Ok(1)), "{version:?}: wrong key got in");
+            }
+            let m = refused(p);
+            assert!(m.contains("\"alice\" is known but the handshake failed"), "{m}");
+        }
+    }
+
+    #[test]
+    fn the_key_file_is_read_again_at_each_handshake() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = key_file(dir.path(), &format!("alice:{ALICE}\n"));
+        let config = TlsConfig::from_psk_file(TlsMode::Require, &keys).unwrap();
+        // Alice revoked, Bob added.
+        key_file(dir.path(), &format!("bob:{BOB}\n"));
+        let mut p = start(config.clone());
+        greet(&mut p.sock);
+        starttls(&mut p);
+        let r = psk_client(p.sock.try_clone().unwrap(), SslVersion::TLS1_3, "alice", ALICE);
+        assert!(r.is_err());
+        assert!(refused(p).contains("unknown PSK identity"));
+        let mut p = start(config.clone());
+        greet(&mut p.sock);
+        starttls(&mut p);
+        let mut t =
+            psk_client(p.sock.try_clone().unwrap(), SslVersion::TLS1_3, "bob", BOB).unwrap();
+        opt(&mut t, &go_request("a"));
+        assert_eq!(replies(&mut t).last().unwrap().kind, REP_ACK);
+        drop(t);
+        // A key file gone bad refuses everyone, saying why.
+        key_file(dir.path(), "bob\n");
+        let mut p = start(config);
+        greet(&mut p.sock);
+        starttls(&mut p);
+        assert!(psk_client(p.sock.try_clone().unwrap(), SslVersion::TLS1_3, "bob", BOB).is_err());
+        let m = refused(p);
+        assert!(m.contains("cannot read the PSK key file") && m.contains("line 1"), "{m}");
+    }
+
+    #[test]
+    fn a_certificate_client_gets_nothing_from_a_psk_server() {
+        let dir = certs_dir();
+        let keys = key_file(dir.path(), &format!("alice:{ALICE}\n"));
+        let p = psk_start(&keys, TlsMode::Require);
+        let mut t = client(dir.path(), p.sock.try_clone().unwrap(), false);
+        let _ = t.write_all(&go_request("a").encode());
+        let _ = t.flush();
+        let mut b = [0u8; 1];
+        assert!(!matches!(t.read(&mut b), Ok(1)));
+        drop(t);
+        let m = refused(p);
+        assert!(m.contains("TLS handshake failed"), "{m}");
+    }
+
+    #[test]
+    fn bad_key_files_are_refused_at_startup() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = TlsConfig::from_psk_file(TlsMode::Allow, &dir.path().join("nope")).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+        let keys = key_file(dir.path(), "alice:00\nbob:xyz\n");
+        let e = TlsConfig::from_psk_file(TlsMode::Allow, &keys).unwrap_err();
+        assert!(e.to_string().contains("keys.psk: line 2"), "{e}");
+    }
+}

@@ -1,0 +1,376 @@
+//! `diskit serve --tls-psk` against the GnuTLS clients that matter:
+//! nbdinfo and nbdcopy (libnbd) and qemu-img, over TLS 1.3 and, with the
+//! clients' GnuTLS told to leave 1.3 out, TLS 1.2. The server's `-v` log
+//! names the protocol version, cipher suite and identity of each
+//! connection. Every server runs under `timeout` on a private Unix socket
+//! and stops with its `--run` command.
+
+#![cfg(feature = "tls-psk")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::*;
+
+const ALICE: &str = "6b3a55e0261b4a8e1f6c0d1d6ee4c8a2f3c3a6b0b0a1d2c3e4f5061728394a5b";
+const BOB: &str = "00112233445566778899aabbccddeeff";
+const MALLORY: &str = "ffeeddccbbaa99887766554433221100";
+
+fn path_env() -> String {
+    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+/// Runs `diskit serve ARGS` under a timeout.
+fn serve(args: &[&str]) -> Output {
+    Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .arg(diskit_bin())
+        .arg("serve")
+        .args(args)
+        .env("PATH", path_env())
+        .output()
+        .expect("run timeout diskit serve")
+}
+
+/// A 4 MiB sparse file with data at 0 and at 1 MiB.
+fn test_file(dir: &Path) -> PathBuf {
+    let p = dir.join("t.raw");
+    sparse_file(&p, 4 << 20, &[(0, 65536, 0x11), (1 << 20, 300_000, 0x22)]);
+    p
+}
+
+/// DIR/NAME/keys.psk holding `text` (qemu wants the file under that name
+/// in a directory of its own). Returns the directory.
+fn keys(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("keys.psk"), text).unwrap();
+    d
+}
+
+/// The server's key file: alice and bob.
+fn server_keys(dir: &Path) -> PathBuf {
+    keys(dir, "server", &format!("alice:{ALICE}\nbob:{BOB}\n")).join("keys.psk")
+}
+
+/// libnbd's URI for the served socket as `user`, with the key file in
+/// `keys` (the user name goes in the URI's user part).
+fn psk_uri(user: &str, keys: &Path) -> String {
+    format!(
+        "nbds+unix://{user}@/?socket=$unixsocket&tls-psk-file={}",
+        s(&keys.join("keys.psk"))
+    )
+}
+
+/// qemu's client options for the served socket as `user`, with
+/// `keys`/keys.psk.
+fn qemu_psk(user: &str, keys: &Path) -> String {
+    format!(
+        "--object tls-creds-psk,id=tls0,endpoint=client,dir={},username={user} --image-opts \
+         driver=nbd,path=$unixsocket,tls-creds=tls0",
+        s(keys)
+    )
+}
+
+/// The connection lines of the server's `-v` log.
+fn connections(o: &Output) -> Vec<String> {
+    stderr(o)
+        .lines()
+        .filter(|l| l.starts_with("diskit: connection"))
+        .map(String::from)
+        .collect()
+}
+
+/// The value `tool=N` recorded in the command's output.
+fn status(o: &Output, tool: &str) -> String {
+    let text = stdout(o);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{tool}=")))
+        .unwrap_or_else(|| panic!("no {tool} result in {text}"))
+        .to_string()
+}
+
+#[test]
+fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let server = server_keys(dir.path());
+    let client = server.parent().unwrap();
+    let (copy, conv) = (dir.path().join("copy.raw"), dir.path().join("conv.raw"));
+    let cmd = format!(
+        "echo \"uri=$uri tls=$tls\" && \
+         nbdinfo --json \"{uri}\" && \
+         nbdcopy \"{uri}\" {copy} && \
+         qemu-img convert {qemu} -O raw {conv} && \
+         qemu-img compare {qemu} driver=file,filename={f} >&2",
+        uri = psk_uri("alice", client),
+        qemu = qemu_psk("bob", client),
+        copy = s(&copy),
+        conv = s(&conv),
+        f = s(&f),
+    );
+    let o = ok(serve(&[
+        "-v",
+        "-U",
+        "-",
+        "-r",
+        "--tls=require",
+        "--tls-psk",
+        s(&server),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    let text = stdout(&o);
+    assert!(text.contains("uri=nbds+unix:///?socket="), "{text}");
+    assert!(text.contains(" tls=2\n"), "{text}");
+    let json = &text[text.find('{').expect("nbdinfo JSON")..];
+    let v: serde_json::Value =
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("bad JSON ({e}): {json}"));
+    assert_eq!(v["TLS"], true, "{v}");
+    assert_eq!(v["exports"][0]["export-size"], 4 << 20);
+    assert!(same_bytes(&f, &copy), "nbdcopy read other bytes");
+    assert!(same_bytes(&f, &conv), "qemu-img read other bytes");
+    assert!(stderr(&o).contains("Images are identical"), "{}", stderr(&o));
+    let conns = connections(&o);
+    // nbdinfo, nbdcopy (one or more connections), convert, compare.
+    assert!(conns.len() >= 4, "{conns:?}");
+    for c in &conns {
+        assert!(c.contains("TLSv1.3 TLS_"), "{c}");
+    }
+    assert!(conns.iter().any(|c| c.contains("PSK identity \"alice\"")));
+    assert!(conns.iter().any(|c| c.contains("PSK identity \"bob\"")));
+}
+
+#[test]
+fn gnutls_clients_limited_to_tls12_get_ecdhe_psk() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let server = server_keys(dir.path());
+    let client = server.parent().unwrap();
+    // GnuTLS's system-wide settings, for the clients only.
+    let no13 = dir.path().join("gnutls.conf");
+    std::fs::write(&no13, "[overrides]\ndisabled-version = tls1.3\n").unwrap();
+    let conv = dir.path().join("conv.raw");
+    let cmd = format!(
+        "export GNUTLS_SYSTEM_PRIORITY_FILE={no13} && \
+         nbdinfo --size \"{uri}\" && \
+         qemu-img convert {qemu} -O raw {conv}",
+        no13 = s(&no13),
+        uri = psk_uri("alice", client),
+        qemu = qemu_psk("alice", client),
+        conv = s(&conv),
+    );
+    let o = ok(serve(&[
+        "-v",
+        "-U",
+        "-",
+        "--tls=require",
+        "--tls-psk",
+        s(&server),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    assert_eq!(stdout(&o).trim(), "4194304");
+    assert!(same_bytes(&f, &conv), "qemu-img read other bytes");
+    let conns = connections(&o);
+    assert_eq!(conns.len(), 2, "{conns:?}");
+    for c in &conns {
+        assert!(
+            c.contains("TLSv1.2 ECDHE-PSK-") && c.contains("PSK identity \"alice\""),
+            "{c}"
+        );
+    }
+}
+
+#[test]
+fn unknown_users_wrong_keys_and_plain_clients_are_refused() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let server = server_keys(dir.path());
+    let good = server.parent().unwrap();
+    // A user the server does not know, and alice with another key.
+    let stranger = keys(dir.path(), "stranger", &format!("mallory:{MALLORY}\n"));
+    let wrong = keys(dir.path(), "wrong", &format!("alice:{MALLORY}\n"));
+    let out = dir.path().join("out.raw");
+    let cmd = format!(
+        "nbdinfo --size \"{unknown}\"; echo unknown=$?; \
+         nbdinfo --size \"{wrong}\"; echo wrong=$?; \
+         qemu-img convert {qemu_unknown} -O raw {out}; echo qemu-unknown=$?; \
+         qemu-img convert {qemu_wrong} -O raw {out}; echo qemu-wrong=$?; \
+         nbdinfo --size \"nbd+unix:///?socket=$unixsocket\"; echo plain=$?; \
+         qemu-img info -f raw \"nbd+unix:///?socket=$unixsocket\"; echo qemu-plain=$?; \
+         nbdinfo --size \"{good}\"; echo good=$?",
+        unknown = psk_uri("mallory", &stranger),
+        wrong = psk_uri("alice", &wrong),
+        qemu_unknown = qemu_psk("mallory", &stranger),
+        qemu_wrong = qemu_psk("alice", &wrong),
+        good = psk_uri("bob", good),
+        out = s(&out),
+    );
+    let o = ok(serve(&[
+        "-v",
+        "-U",
+        "-",
+        "--tls=require",
+        "--tls-psk",
+        s(&server),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    for tool in [
+        "unknown",
+        "wrong",
+        "qemu-unknown",
+        "qemu-wrong",
+        "plain",
+        "qemu-plain",
+    ] {
+        assert_ne!(status(&o, tool), "0", "{tool} got in: {}", stdout(&o));
+    }
+    // The server lived on.
+    assert_eq!(status(&o, "good"), "0");
+    assert!(stdout(&o).contains("4194304\ngood=0"), "{}", stdout(&o));
+    assert!(
+        !out.exists() || std::fs::metadata(&out).unwrap().len() == 0,
+        "qemu-img got data"
+    );
+    let log = stderr(&o);
+    assert_eq!(
+        log.matches("unknown PSK identity \"mallory\"").count(),
+        2,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("PSK identity \"alice\" is known but the handshake failed")
+            .count(),
+        2,
+        "{log}"
+    );
+}
+
+#[test]
+fn tls_psk_alone_offers_tls_as_nbdkit_does() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let server = server_keys(dir.path());
+    let client = server.parent().unwrap();
+    let cmd = format!(
+        "echo \"uri=$uri tls=$tls\"; \
+         nbdinfo --size \"nbd+unix:///?socket=$unixsocket\"; echo plain=$?; \
+         nbdinfo --is tls \"{uri}\"; echo psk=$?",
+        uri = psk_uri("alice", client),
+    );
+    let run = |argv: &[&str]| {
+        Command::new("timeout")
+            .args(["-k", "5", "120"])
+            .args(argv)
+            .args(["-f", "-U", "-", "--tls-psk", s(&server), "file", s(&f)])
+            .args(["--run", &cmd])
+            .env("PATH", path_env())
+            .output()
+            .expect("run the server")
+    };
+    let bin = diskit_bin();
+    let o = ok(run(&[s(&bin), "serve"]));
+    let text = stdout(&o);
+    assert!(text.contains("uri=nbd+unix:///?socket="), "{text}");
+    assert!(text.contains(" tls=1\n"), "{text}");
+    assert_eq!(status(&o, "plain"), "0", "{text}");
+    assert_eq!(status(&o, "psk"), "0", "{text}");
+    // nbdkit, the oracle, agrees on all but the URI's spelling.
+    let n = ok(run(&["nbdkit"]));
+    for key in ["plain", "psk"] {
+        assert_eq!(status(&n, key), status(&o, key), "{key}");
+    }
+    assert!(stdout(&n).contains(" tls=1\n"), "{}", stdout(&n));
+}
+
+#[test]
+fn psk_overrides_certificates_with_a_warning() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let server = server_keys(dir.path());
+    let client = server.parent().unwrap();
+    let cmd = format!("nbdinfo --size \"{}\"", psk_uri("alice", client));
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "--tls=require",
+        "--tls-psk",
+        s(&server),
+        "--tls-certificates",
+        "/nonexistent",
+        "--tls-verify-peer",
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    assert_eq!(stdout(&o).trim(), "4194304");
+    assert!(stderr(&o).contains("--tls-psk overrides"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_key_files_stop_the_server_at_startup() {
+    let dir = workdir();
+    let bad = keys(dir.path(), "bad", &format!("alice:{ALICE}\nbob {BOB}\n")).join("keys.psk");
+    let missing = dir.path().join("missing.psk");
+    for (file, what) in [
+        (bad, "keys.psk: line 2: no ':'".to_string()),
+        (missing.clone(), format!("{}", missing.display())),
+    ] {
+        let o = serve(&[
+            "-U",
+            "-",
+            "--tls=on",
+            "--tls-psk",
+            s(&file),
+            "memory",
+            "1M",
+            "--run",
+            "echo started",
+        ]);
+        assert_ne!(code(&o), 0);
+        assert!(!stdout(&o).contains("started"));
+        assert!(stderr(&o).contains(&what), "{}", stderr(&o));
+        assert!(!stderr(&o).contains(BOB), "the key was shown");
+    }
+}
+
+/// The whole libnbd check suite (structured reads, block status, 256
+/// writes in flight, disconnect with writes in flight, multi-conn...) over
+/// TLS-PSK: reads and writes share the OpenSSL session from many threads.
+#[test]
+fn libnbd_checks_over_psk() {
+    let dir = workdir();
+    // The layout checks.py expects.
+    let f = dir.path().join("checks.raw");
+    sparse_file(&f, 4 << 20, &[(0, 65536, 0x11), (1 << 20, 65536, 0x22)]);
+    let server = server_keys(dir.path());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/nbd/checks.py");
+    let cmd = format!(
+        "/usr/bin/python3 {} rw \"{}\"",
+        s(&script),
+        psk_uri("alice", server.parent().unwrap())
+    );
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "--tls=require",
+        "--tls-psk",
+        s(&server),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+}
