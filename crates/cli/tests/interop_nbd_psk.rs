@@ -134,7 +134,11 @@ fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
     assert_eq!(v["exports"][0]["export-size"], 4 << 20);
     assert!(same_bytes(&f, &copy), "nbdcopy read other bytes");
     assert!(same_bytes(&f, &conv), "qemu-img read other bytes");
-    assert!(stderr(&o).contains("Images are identical"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("Images are identical"),
+        "{}",
+        stderr(&o)
+    );
     let conns = connections(&o);
     // nbdinfo, nbdcopy (one or more connections), convert, compare.
     assert!(conns.len() >= 4, "{conns:?}");

@@ -307,8 +307,16 @@ fn run_sets_tls_as_nbdkit_does() {
         assert_eq!(tls_of(&d), want, "--tls={mode}");
         let n = run(&["nbdkit"], mode, None);
         assert_eq!(tls_of(&n), tls_of(&d), "nbdkit disagrees on --tls={mode}");
-        let scheme = if mode == "require" { "nbds+unix:" } else { "nbd+unix:" };
-        assert!(stdout(&d).contains(&format!("uri={scheme}")), "{}", stdout(&d));
+        let scheme = if mode == "require" {
+            "nbds+unix:"
+        } else {
+            "nbd+unix:"
+        };
+        assert!(
+            stdout(&d).contains(&format!("uri={scheme}")),
+            "{}",
+            stdout(&d)
+        );
     }
     assert_eq!(tls_of(&run(&diskit, "off", Some("stale"))), "unset");
     assert_eq!(tls_of(&run(&diskit, "on", Some("stale"))), "1");
@@ -333,5 +341,9 @@ fn tls_psk_needs_the_feature() {
     ]);
     assert_ne!(code(&o), 0);
     assert!(!stdout(&o).contains("started"));
-    assert!(stderr(&o).contains("\"tls-psk\" cargo feature"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("\"tls-psk\" cargo feature"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -565,10 +565,16 @@ mod psk {
             if let Ok(mut t) = r {
                 let _ = t.write_all(&go_request("a").encode());
                 let mut b = [0u8; 1];
-                assert!(!matches!(t.read(&mut b), Ok(1)), "{version:?}: wrong key got in");
+                assert!(
+                    !matches!(t.read(&mut b), Ok(1)),
+                    "{version:?}: wrong key got in"
+                );
             }
             let m = refused(p);
-            assert!(m.contains("\"alice\" is known but the handshake failed"), "{m}");
+            assert!(
+                m.contains("\"alice\" is known but the handshake failed"),
+                "{m}"
+            );
         }
     }
 
@@ -582,7 +588,12 @@ mod psk {
         let mut p = start(config.clone());
         greet(&mut p.sock);
         starttls(&mut p);
-        let r = psk_client(p.sock.try_clone().unwrap(), SslVersion::TLS1_3, "alice", ALICE);
+        let r = psk_client(
+            p.sock.try_clone().unwrap(),
+            SslVersion::TLS1_3,
+            "alice",
+            ALICE,
+        );
         assert!(r.is_err());
         assert!(refused(p).contains("unknown PSK identity"));
         let mut p = start(config.clone());
@@ -600,7 +611,10 @@ mod psk {
         starttls(&mut p);
         assert!(psk_client(p.sock.try_clone().unwrap(), SslVersion::TLS1_3, "bob", BOB).is_err());
         let m = refused(p);
-        assert!(m.contains("cannot read the PSK key file") && m.contains("line 1"), "{m}");
+        assert!(
+            m.contains("cannot read the PSK key file") && m.contains("line 1"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -312,9 +312,15 @@ impl Read for TlsReader {
         loop {
             let mut conn = lock(&self.shared.conn);
             match conn.read_plain(out) {
-                Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
+                read => {
+                    // What reading produced (an alert, a key update
+                    // answer) goes out now.
+                    let sent = self.shared.send_pending(conn, &mut Vec::new());
+                    let n = read?;
+                    sent?;
+                    return Ok(n);
+                }
             }
             if self.inbox.is_empty() {
                 if self.inbox.eof {

@@ -34,6 +34,9 @@ const TLS12_SUITES: &str = "ECDHE-PSK-CHACHA20-POLY1305:ECDHE-PSK-AES256-CBC-SHA
                             ECDHE-PSK-AES128-CBC-SHA256:PSK-AES256-GCM-SHA384:\
                             PSK-AES128-GCM-SHA256:PSK-CHACHA20-POLY1305";
 
+/// Plaintext encrypted per call (four full records).
+const MAX_WRITE: usize = 64 * 1024;
+
 /// The longest key accepted (OpenSSL 3's limit).
 pub const MAX_KEY_LEN: usize = 512;
 
@@ -111,7 +114,7 @@ pub fn parse_key_file(text: &[u8]) -> Result<Vec<PskEntry>, String> {
 }
 
 fn decode_hex(hex: &[u8]) -> Result<Vec<u8>, &'static str> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err("odd number of hexadecimal digits");
     }
     let digit = |c: u8| match c {
@@ -385,13 +388,22 @@ impl Session for PskSession {
     }
 
     fn write_plain(&mut self, data: &[u8]) -> io::Result<usize> {
+        // A bounded piece at a time: the session is locked while it is
+        // encrypted, and the reader waits for it.
+        let data = &data[..data.len().min(MAX_WRITE)];
         self.stream
             .ssl_write(data)
             .map_err(|e| io::Error::other(format!("TLS: {}", openssl_error(&e))))
     }
 
     fn take_sealed(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
-        out.append(&mut self.stream.get_mut().outgoing);
+        let outgoing = &mut self.stream.get_mut().outgoing;
+        if out.is_empty() {
+            // The two buffers trade places: no copy.
+            std::mem::swap(out, outgoing);
+        } else {
+            out.append(outgoing);
+        }
         Ok(())
     }
 
