@@ -1,9 +1,9 @@
 //! TLS (NBD_OPT_STARTTLS) over any [`Transport`], with one of two engines:
-//! rustls for X.509 certificates ([`x509`]) and, with the `tls-psk`
-//! feature, OpenSSL for pre-shared keys ([`psk`]; rustls has no external
+//! rustls for X.509 certificates (`x509`) and, with the `tls-psk`
+//! feature, OpenSSL for pre-shared keys (`psk`; rustls has no external
 //! PSK key exchange).
 //!
-//! Both engines do no I/O of their own: they are a [`Session`] that is fed
+//! Both engines do no I/O of their own: they are a `Session` that is fed
 //! ciphertext and gives back plaintext, and the other way round. This
 //! module owns the I/O. STARTTLS splits the plain transport into its halves
 //! and runs one session over them. The session sits behind a mutex that is

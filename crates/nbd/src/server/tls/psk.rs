@@ -138,9 +138,22 @@ fn show_identity(identity: &[u8]) -> String {
     s
 }
 
+/// The largest key file read (some 200000 keys).
+const MAX_FILE_LEN: u64 = 16 << 20;
+
 /// Reads and parses the key file at `path`.
 fn read_key_file(path: &Path) -> Result<Vec<PskEntry>, String> {
-    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut text = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_LEN + 1).read_to_end(&mut text))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_FILE_LEN {
+        return Err(format!(
+            "{}: larger than {} MiB",
+            path.display(),
+            MAX_FILE_LEN >> 20
+        ));
+    }
     parse_key_file(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
