@@ -63,7 +63,7 @@ impl std::fmt::Debug for PskEntry {
 
 /// Parses a key file: one `identity:hexkey` per line, as GnuTLS's psktool
 /// writes them. An identity written `#HEX` is given in hexadecimal (as
-/// GnuTLS reads it). Blank lines are skipped; anything else that is not
+/// newer GnuTLS versions read it). Blank lines are skipped; anything else that is not
 /// an entry is an error, reported with its line number (never with the
 /// key). When an identity appears twice the first entry counts, as with
 /// GnuTLS.
