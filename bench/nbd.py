@@ -25,11 +25,6 @@ and the ratio diskit/peer (above 1: diskit is faster). Targets from the
 issue: at least 1.0x nbdkit in every row (goal 1.3x), at least 1.5x
 qemu-nbd on qcow2 random 4 KiB writes. They are reported, not enforced.
 
-Before every run SIZE_MIB of memory is written and freed on /dev/shm
-("priming"): on these VMs memory left free for a few seconds goes back
-to the host, and touching it again costs 3-4x more, which made whichever
-server ran after a pause look slow (see bench/qcow2-convert.sh).
-
 Environment: SIZE_MIB (default 1024), ROUNDS (5), RUNTIME (5), ROWS (glob
 patterns, comma separated, default '*', e.g. 'file/*,qcow2/randwrite').
 Output: the table on stdout and bench/results/nbd-<date>.json.
@@ -129,17 +124,6 @@ def server_argv(diskit, server, row, path, sock):
             "--aio=threads", str(path)]
 
 
-def prime_memory(work):
-    """Touches SIZE_MIB of fresh memory and frees it, so that the run that
-    follows at once allocates memory the host still backs."""
-    path = work / "prime"
-    chunk = bytes(1 << 20)
-    with open(path, "wb") as f:
-        for _ in range(SIZE_MIB):
-            f.write(chunk)
-    path.unlink()
-
-
 def run_fio(uri, workload):
     argv = ["fio", "--name=bench", "--ioengine=nbd", f"--uri={uri}", "--time_based",
             f"--runtime={RUNTIME}", "--ramp_time=1", "--output-format=json", *WORKLOADS[workload]]
@@ -193,7 +177,6 @@ def main():
                         src = empty_qcow2 if wl == "randwrite" else full_qcow2
                         shutil.copyfile(src, path)
                     sock = work / f"{server}.sock"
-                    prime_memory(work)
                     srv = Server(server_argv(diskit, server, row, path, sock), sock)
                     try:
                         if row == "memory" and wl != "randwrite":

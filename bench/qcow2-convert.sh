@@ -25,13 +25,7 @@
 # size of both outputs), then ROUNDS timed rounds in which every tool runs
 # once per case, the order of the tools alternating from round to round.
 # Before every run the previous DST is deleted and, on the disk, everything
-# is synced. Before every run with a file target, SIZE_MIB of memory is
-# written and freed on /dev/shm ("priming"): on these VMs memory freed for a
-# few seconds goes back to the host (free page reporting), and touching it
-# again costs 3-4x more (2 GiB written to tmpfs: 1.5 s right after a free,
-# 6-7 s after a 10 s pause). Without priming, whichever tool ran after a
-# pause paid that, and file-target times were bimodal (0.8 s or 2.5 s).
-# Times are wall-clock seconds of the command alone.
+# is synced. Times are wall-clock seconds of the command alone.
 #
 # Environment:
 #   SIZE_MIB   virtual size of each image in MiB (default 2048)
@@ -256,15 +250,6 @@ fresh_dst() {
     if [[ $loc == disk ]]; then sync; fi
 }
 
-# prime_memory: touch SIZE_MIB of fresh memory and free it, so that the run
-# that follows at once allocates memory the host still backs (see above).
-prime_memory() {
-    local f
-    f=$(mktemp /dev/shm/diskit-bench-prime.XXXXXX)
-    dd if=/dev/zero of="$f" bs=1M count="$SIZE_MIB" status=none
-    rm -f -- "$f"
-}
-
 allocated() { du -B1 -- "$1" | cut -f 1; }
 
 # --------------------------------------------------------------------------
@@ -331,7 +316,6 @@ for loc in "${LOCATIONS[@]}"; do
             dst=$dir/dst.raw
             for tool in "${order[@]}"; do
                 fresh_dst "$loc" "$dst"
-                if [[ $tgt == file ]]; then prime_memory; fi
                 secs=$(timed "$tool" "$tgt" "$src" "$dst") ||
                     die "$tool failed on $loc/$c (round $((round + 1)))"
                 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
