@@ -178,6 +178,8 @@ struct Engine<'a> {
 /// small or sparse copies stay on few threads, whose start-up would cost
 /// more than they bring; big ones reach every worker within a few steps.
 const RAMP_BYTES: u64 = 8 << 20;
+/// Worker buffers grow in steps of this many bytes.
+const BUF_STEP: usize = 64 << 10;
 
 impl Engine<'_> {
     fn worker<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>) {
@@ -230,11 +232,17 @@ impl Engine<'_> {
         if item.zero {
             writes.push((item.offset, item.len, true));
         } else {
-            if buf.as_ref().is_none_or(|b| b.len() < item.len as usize) {
-                *buf = Some(AlignedBuf::new(
-                    self.opts.request_size.max(item.len as usize),
-                    4096,
-                )?);
+            let want = item.len as usize;
+            if buf.as_ref().is_none_or(|b| b.len() < want) {
+                // Grown as items need it (doubling, up to the request
+                // size), not allocated whole at once: a zeroed buffer costs
+                // a page fault per 4 KiB, which made a worker that copies a
+                // few 64 KiB clusters pay for 2 MiB.
+                let old = buf.as_ref().map_or(0, |b| b.len());
+                let size = want
+                    .max((old * 2).min(self.opts.request_size))
+                    .next_multiple_of(BUF_STEP);
+                *buf = Some(AlignedBuf::new(size, 4096)?);
             }
             let data = &mut buf.as_mut().expect("allocated above")[..item.len as usize];
             self.src
