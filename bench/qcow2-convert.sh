@@ -36,6 +36,11 @@
 # (min_free_ms, when that knob exists and is writable) and puts the old
 # value back on exit. QUIET_VM=0 leaves it alone.
 #
+# Page cache: the machine also runs DAMON with a "page out what was idle for
+# 60 s" scheme, which dropped cached source images between rounds, so that a
+# run read its source from the disk or from memory by chance. Each source is
+# read once (into the page cache) right before every timed run.
+#
 # Environment:
 #   SIZE_MIB   virtual size of each image in MiB (default 2048)
 #   ROUNDS     timed rounds per case (default 5)
@@ -338,6 +343,7 @@ for loc in "${LOCATIONS[@]}"; do
             dst=$dir/dst.raw
             for tool in "${order[@]}"; do
                 fresh_dst "$loc" "$dst"
+                cat -- "$src" >/dev/null
                 secs=$(timed "$tool" "$tgt" "$src" "$dst") ||
                     die "$tool failed on $loc/$c (round $((round + 1)))"
                 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
