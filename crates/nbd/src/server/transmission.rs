@@ -4,7 +4,7 @@
 //! under the writer lock. Replies go out as requests complete, out of
 //! order, and no request is handed from thread to thread.
 
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -112,12 +112,19 @@ impl Shared<'_> {
         let mut w = lock(&self.writer);
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         let result = (|| {
-            for p in &reply.parts {
-                match p {
-                    Part::Bytes(b) => w.write_all(b)?,
-                    Part::Data(r) => w.write_all(&buf[r.clone()])?,
-                }
-            }
+            // One vectored write: a reply bigger than the buffer goes out
+            // in one system call, headers and data together, so that the
+            // client is woken once per reply, not once for the header and
+            // again for the data.
+            let mut slices: Vec<IoSlice<'_>> = reply
+                .parts
+                .iter()
+                .map(|p| match p {
+                    Part::Bytes(b) => IoSlice::new(b),
+                    Part::Data(r) => IoSlice::new(&buf[r.clone()]),
+                })
+                .collect();
+            write_all_vectored(&mut *w, &mut slices)?;
             // A reply waiting for the lock flushes this one with its own:
             // one syscall for a burst of small replies. The last always
             // flushes.
@@ -200,6 +207,21 @@ impl Shared<'_> {
             }
         }
     }
+}
+
+/// Writes every byte of `slices`, vectored (`Write::write_all_vectored` is
+/// not stable yet).
+fn write_all_vectored(w: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads and discards `n` bytes.
