@@ -38,8 +38,9 @@ RESULTS_DIR=$SCRIPT_DIR/results
 
 TOOLS=(diskit qemu-img cp)
 
-log() { printf '[convert.sh] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+BENCH_NAME=convert.sh
+# shellcheck source=bench/lib.sh
+source "$SCRIPT_DIR/lib.sh"
 
 [[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || die "SIZE_MIB must be a positive integer (got '$SIZE_MIB')"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer (got '$ROUNDS')"
@@ -76,8 +77,11 @@ DISK_WORK=$(mktemp -d "$BENCH_DIR/convert.XXXXXX")
 TIMES_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-times.XXXXXX")
 CHECKS_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-checks.XXXXXX")
 
+quiet_vm   # see bench/README.md
+
 cleanup() {
     rm -rf -- "$SHM_WORK" "$DISK_WORK" "$TIMES_TSV" "$CHECKS_TSV"
+    quiet_vm_restore
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM   # make sure Ctrl-C still runs the EXIT trap
@@ -140,17 +144,6 @@ run_tool() {
     esac
 }
 
-# timed TOOL SRC DST: run the tool and print its wall-clock time in seconds.
-# The clock is bash's own $EPOCHREALTIME (microseconds, no process start-up
-# inside the measured interval); the tool's own output goes to stderr.
-timed() {
-    local t0 t1 us
-    t0=$EPOCHREALTIME
-    run_tool "$@" >&2
-    t1=$EPOCHREALTIME
-    us=$(( ${t1/./} - ${t0/./} ))         # "sec.usec" -> microseconds
-    printf '%d.%06d\n' $((us / 1000000)) $((us % 1000000))
-}
 
 # same_bytes A B: true when the two files have identical contents.
 same_bytes() {
@@ -161,14 +154,7 @@ same_bytes() {
     fi
 }
 
-# fresh_dst LOC DST: remove the previous output and, on the disk, flush
-# everything so that no write-back of an earlier run overlaps the next one.
-fresh_dst() {
-    rm -f -- "$2"
-    if [[ $1 == disk ]]; then sync; fi
-}
 
-allocated() { du -B1 -- "$1" | cut -f 1; }
 
 # --------------------------------------------------------------------------
 # Test files, warm-up and verification
@@ -221,7 +207,8 @@ for ((round = 0; round < ROUNDS; round++)); do
             dst=$dir/dst-$kind.raw
             for tool in "${order[@]}"; do
                 fresh_dst "$loc" "$dst"
-                secs=$(timed "$tool" "$src" "$dst")
+                secs=$(timed "$tool" "$src" "$dst") ||
+                    die "$tool failed on $loc/$kind (round $((round + 1)))"
                 printf '%s\t%s\t%s\t%s\t%s\n' "$loc" "$kind" "$tool" "$round" "$secs" >>"$TIMES_TSV"
             done
             fresh_dst "$loc" "$dst"
@@ -241,7 +228,6 @@ export B_DATE=$stamp B_COMMIT=$commit B_SIZE_MIB=$SIZE_MIB B_ROUNDS=$ROUNDS B_TO
 export B_DISKIT_VERSION=$("$DISKIT" --version 2>/dev/null | head -n 1 || true)
 export B_QEMU_VERSION=$(qemu-img --version | head -n 1)
 export B_CP_VERSION=$(cp --version | head -n 1)
-fstype() { df --output=fstype -- "$1" | tail -n 1; }
 export B_SHM_FS=$(fstype "$SHM_WORK") B_DISK_DIR=$BENCH_DIR B_DISK_FS=$(fstype "$DISK_WORK")
 
 python3 - <<'EOF'

@@ -71,8 +71,9 @@ KINDS=(sparse full)
 PREALLOCS=(default metadata falloc)
 TARGETS=(null file)
 
-log() { printf '[qcow2-convert.sh] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+BENCH_NAME=qcow2-convert.sh
+# shellcheck source=bench/lib.sh
+source "$SCRIPT_DIR/lib.sh"
 
 [[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || die "SIZE_MIB must be a positive integer (got '$SIZE_MIB')"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer (got '$ROUNDS')"
@@ -146,21 +147,11 @@ TIMES_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-times.XXXXXX")
 CHECKS_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-checks.XXXXXX")
 IMAGES_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-images.XXXXXX")
 
-# See "Free page reporting" above.
-REPORTING_KNOB=/sys/module/page_reporting/parameters/min_free_ms
-REPORTING_OLD=
-if [[ ${QUIET_VM:-1} != 0 && -w $REPORTING_KNOB ]]; then
-    REPORTING_OLD=$(<"$REPORTING_KNOB")
-    if echo 60000 >"$REPORTING_KNOB" 2>/dev/null; then
-        log "free page reporting delayed to 60 s for the run (was ${REPORTING_OLD} ms)"
-    else
-        REPORTING_OLD=
-    fi
-fi
+quiet_vm   # see "Free page reporting" above
 
 cleanup() {
     rm -rf -- "$SHM_WORK" "$DISK_WORK" "$TIMES_TSV" "$CHECKS_TSV" "$IMAGES_TSV"
-    if [[ -n $REPORTING_OLD ]]; then echo "$REPORTING_OLD" >"$REPORTING_KNOB" || true; fi
+    quiet_vm_restore
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM   # make sure Ctrl-C still runs the EXIT trap
@@ -257,27 +248,8 @@ run_tool() {
     esac
 }
 
-# timed TOOL TARGET SRC DST: run the tool and print its wall-clock time in
-# seconds. The clock is bash's own $EPOCHREALTIME (microseconds, no process
-# start-up inside the measured interval); the tool's own output goes to stderr.
-timed() {
-    local t0 t1 us
-    t0=$EPOCHREALTIME
-    run_tool "$@" >&2 || return   # (errexit does not reach into $(...))
-    t1=$EPOCHREALTIME
-    us=$(( ${t1/./} - ${t0/./} ))         # "sec.usec" -> microseconds
-    printf '%d.%06d\n' $((us / 1000000)) $((us % 1000000))
-}
 
-# fresh_dst LOC DST...: remove previous outputs and, on the disk, flush
-# everything so that no write-back of an earlier run overlaps the next one.
-fresh_dst() {
-    local loc=$1; shift
-    rm -f -- "$@"
-    if [[ $loc == disk ]]; then sync; fi
-}
 
-allocated() { du -B1 -- "$1" | cut -f 1; }
 
 # --------------------------------------------------------------------------
 # Per location: images, warm-up and verification, timed rounds
@@ -373,7 +345,6 @@ export B_DATE=$stamp B_COMMIT=$commit B_SIZE_MIB=$SIZE_MIB B_ROUNDS=$ROUNDS B_TO
 export B_CASES=$CASES B_ELAPSED_S=$((elapsed_us / 1000000))
 export B_DISKIT_VERSION=$("$DISKIT" --version 2>/dev/null | head -n 1 || true)
 export B_QEMU_VERSION=$(qemu-img --version | head -n 1)
-fstype() { df --output=fstype -- "$1" | tail -n 1; }
 export B_SHM_FS=$(fstype "$SHM_WORK") B_DISK_DIR=$BENCH_DIR B_DISK_FS=$(fstype "$DISK_WORK")
 
 python3 - <<'EOF'

@@ -46,11 +46,6 @@ const BLOCK_SIZES: &[&str] = &[
     "block_size_maximum",
 ];
 
-/// PATH with /usr/bin first, so that nbdsh and friends find their Python.
-fn path_env() -> String {
-    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Server {
     Nbdkit,

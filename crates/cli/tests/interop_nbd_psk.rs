@@ -18,22 +18,6 @@ const ALICE: &str = "6b3a55e0261b4a8e1f6c0d1d6ee4c8a2f3c3a6b0b0a1d2c3e4f50617283
 const BOB: &str = "00112233445566778899aabbccddeeff";
 const MALLORY: &str = "ffeeddccbbaa99887766554433221100";
 
-fn path_env() -> String {
-    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
-}
-
-/// Runs `diskit serve ARGS` under a timeout.
-fn serve(args: &[&str]) -> Output {
-    Command::new("timeout")
-        .args(["-k", "5", "120"])
-        .arg(diskit_bin())
-        .arg("serve")
-        .args(args)
-        .env("PATH", path_env())
-        .output()
-        .expect("run timeout diskit serve")
-}
-
 /// A 4 MiB sparse file with data at 0 and at 1 MiB.
 fn test_file(dir: &Path) -> PathBuf {
     let p = dir.join("t.raw");

@@ -14,23 +14,6 @@ use common::*;
 /// The Python with libnbd's `nbd` module (a pyenv python3 first on PATH may lack it).
 const PYTHON: &str = "/usr/bin/python3";
 
-/// PATH with /usr/bin first, so that nbdsh and friends find their Python.
-fn path_env() -> String {
-    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
-}
-
-/// Runs `diskit serve ARGS` under a timeout and returns its output.
-fn serve(args: &[&str]) -> Output {
-    Command::new("timeout")
-        .args(["-k", "5", "120"])
-        .arg(diskit_bin())
-        .arg("serve")
-        .args(args)
-        .env("PATH", path_env())
-        .output()
-        .expect("run timeout diskit serve")
-}
-
 fn checks_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/nbd/checks.py")
 }

@@ -16,22 +16,6 @@ use common::*;
 /// The Python with libnbd's `nbd` module.
 const PYTHON: &str = "/usr/bin/python3";
 
-fn path_env() -> String {
-    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
-}
-
-/// Runs `diskit serve ARGS` under a timeout.
-fn serve(args: &[&str]) -> Output {
-    Command::new("timeout")
-        .args(["-k", "5", "120"])
-        .arg(diskit_bin())
-        .arg("serve")
-        .args(args)
-        .env("PATH", path_env())
-        .output()
-        .expect("run timeout diskit serve")
-}
-
 /// A 4 MiB sparse file: 64 KiB of 0x11 at 0, 64 KiB of 0x22 at 1 MiB.
 fn test_file(dir: &Path) -> PathBuf {
     let p = dir.join("t.raw");

@@ -167,8 +167,7 @@ fn full_backing_path(image: &Path, backing: &str) -> PathBuf {
 
 fn create_help(format: &str, with_file: bool) -> String {
     match (format, with_file) {
-        ("qcow2", true) => diskit_formats::qcow2::create::CREATE_HELP.to_string(),
-        ("qcow2", false) => diskit_formats::qcow2::create::CREATE_HELP_NO_FILE.to_string(),
+        ("qcow2", with_file) => diskit_formats::qcow2::create::create_help(with_file),
         ("raw", true) => diskit_formats::raw::CREATE_HELP.to_string(),
         ("raw", false) => {
             "Supported raw options:\n  size=<size>            - Virtual disk size\n\n\

@@ -21,6 +21,24 @@ pub fn diskit(args: &[&str]) -> Output {
         .expect("run diskit")
 }
 
+/// PATH with /usr/bin first, so that nbdsh and friends find their Python.
+pub fn path_env() -> String {
+    format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+/// Runs `diskit serve ARGS` under a timeout (a stuck server fails the test
+/// instead of hanging it) and returns its output.
+pub fn serve(args: &[&str]) -> Output {
+    Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .arg(diskit_bin())
+        .arg("serve")
+        .args(args)
+        .env("PATH", path_env())
+        .output()
+        .expect("run timeout diskit serve")
+}
+
 /// Runs a peer tool (qemu-img, ...), failing loudly if it is not installed:
 /// the test command installs the peers, so a missing one is a broken setup.
 pub fn peer(tool: &str, args: &[&str]) -> Output {

@@ -69,60 +69,114 @@ pub fn option_names() -> impl Iterator<Item = &'static str> {
     OPTIONS.iter().map(|o| o.0)
 }
 
-/// `-o help` with a file name given (qcow2 and file protocol options).
-pub const CREATE_HELP: &str = "Supported options:
-  backing_file=<str>     - File name of a base image
-  backing_fmt=<str>      - Image format of the base image
-  cluster_size=<size>    - qcow2 cluster size
-  compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])
-  compression_type=<str> - Compression method used for image cluster compression
-  data_file=<str>        - File name of an external data file
-  data_file_raw=<bool (on/off)> - The external data file must stay valid as a raw image
-  encrypt.cipher-alg=<str> - Name of encryption cipher algorithm
-  encrypt.cipher-mode=<str> - Name of encryption cipher mode
-  encrypt.format=<str>   - Encrypt the image, format choices: 'aes', 'luks'
-  encrypt.hash-alg=<str> - Name of encryption hash algorithm
-  encrypt.iter-time=<num> - Time to spend in PBKDF in milliseconds
-  encrypt.ivgen-alg=<str> - Name of IV generator algorithm
-  encrypt.ivgen-hash-alg=<str> - Name of IV generator hash algorithm
-  encrypt.key-secret=<str> - ID of secret providing qcow AES key or LUKS passphrase
-  encryption=<bool (on/off)> - Encrypt the image with format 'aes'. (Deprecated in favor of encrypt.format=aes)
-  extended_l2=<bool (on/off)> - Extended L2 tables
-  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
-  lazy_refcounts=<bool (on/off)> - Postpone refcount updates
-  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
-  preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)
-  refcount_bits=<num>    - Width of a reference count entry in bits
-  size=<size>            - Virtual disk size
-";
+/// The lines of `-o help`, in qemu-img's order, and whether each is an
+/// option of the file protocol (listed only when a file name is given).
+const HELP_LINES: &[(&str, bool)] = &[
+    ("backing_file=<str>     - File name of a base image", false),
+    (
+        "backing_fmt=<str>      - Image format of the base image",
+        false,
+    ),
+    ("cluster_size=<size>    - qcow2 cluster size", false),
+    (
+        "compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])",
+        false,
+    ),
+    (
+        "compression_type=<str> - Compression method used for image cluster compression",
+        false,
+    ),
+    (
+        "data_file=<str>        - File name of an external data file",
+        false,
+    ),
+    (
+        "data_file_raw=<bool (on/off)> - The external data file must stay valid as a raw image",
+        false,
+    ),
+    (
+        "encrypt.cipher-alg=<str> - Name of encryption cipher algorithm",
+        false,
+    ),
+    (
+        "encrypt.cipher-mode=<str> - Name of encryption cipher mode",
+        false,
+    ),
+    (
+        "encrypt.format=<str>   - Encrypt the image, format choices: 'aes', 'luks'",
+        false,
+    ),
+    (
+        "encrypt.hash-alg=<str> - Name of encryption hash algorithm",
+        false,
+    ),
+    (
+        "encrypt.iter-time=<num> - Time to spend in PBKDF in milliseconds",
+        false,
+    ),
+    (
+        "encrypt.ivgen-alg=<str> - Name of IV generator algorithm",
+        false,
+    ),
+    (
+        "encrypt.ivgen-hash-alg=<str> - Name of IV generator hash algorithm",
+        false,
+    ),
+    (
+        "encrypt.key-secret=<str> - ID of secret providing qcow AES key or LUKS passphrase",
+        false,
+    ),
+    (
+        "encryption=<bool (on/off)> - Encrypt the image with format 'aes'. (Deprecated in favor of encrypt.format=aes)",
+        false,
+    ),
+    ("extended_l2=<bool (on/off)> - Extended L2 tables", false),
+    (
+        "extent_size_hint=<size> - Extent size hint for the image file, 0 to disable",
+        true,
+    ),
+    (
+        "lazy_refcounts=<bool (on/off)> - Postpone refcount updates",
+        false,
+    ),
+    (
+        "nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)",
+        true,
+    ),
+    (
+        "preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)",
+        false,
+    ),
+    (
+        "refcount_bits=<num>    - Width of a reference count entry in bits",
+        false,
+    ),
+    ("size=<size>            - Virtual disk size", false),
+];
 
-/// `-o help` without a file name (the format's options only).
-pub const CREATE_HELP_NO_FILE: &str = "Supported qcow2 options:
-  backing_file=<str>     - File name of a base image
-  backing_fmt=<str>      - Image format of the base image
-  cluster_size=<size>    - qcow2 cluster size
-  compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])
-  compression_type=<str> - Compression method used for image cluster compression
-  data_file=<str>        - File name of an external data file
-  data_file_raw=<bool (on/off)> - The external data file must stay valid as a raw image
-  encrypt.cipher-alg=<str> - Name of encryption cipher algorithm
-  encrypt.cipher-mode=<str> - Name of encryption cipher mode
-  encrypt.format=<str>   - Encrypt the image, format choices: 'aes', 'luks'
-  encrypt.hash-alg=<str> - Name of encryption hash algorithm
-  encrypt.iter-time=<num> - Time to spend in PBKDF in milliseconds
-  encrypt.ivgen-alg=<str> - Name of IV generator algorithm
-  encrypt.ivgen-hash-alg=<str> - Name of IV generator hash algorithm
-  encrypt.key-secret=<str> - ID of secret providing qcow AES key or LUKS passphrase
-  encryption=<bool (on/off)> - Encrypt the image with format 'aes'. (Deprecated in favor of encrypt.format=aes)
-  extended_l2=<bool (on/off)> - Extended L2 tables
-  lazy_refcounts=<bool (on/off)> - Postpone refcount updates
-  preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)
-  refcount_bits=<num>    - Width of a reference count entry in bits
-  size=<size>            - Virtual disk size
-
-The protocol level may support further options.
-Specify the target filename to include those options.
-";
+/// `-o help`: with a file name given, the qcow2 and file protocol options;
+/// without, the format's options only and a hint.
+pub fn create_help(with_file: bool) -> String {
+    let mut out = String::from(if with_file {
+        "Supported options:\n"
+    } else {
+        "Supported qcow2 options:\n"
+    });
+    for &(line, file_only) in HELP_LINES {
+        if with_file || !file_only {
+            out.push_str("  ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !with_file {
+        out.push_str(
+            "\nThe protocol level may support further options.\n\
+             Specify the target filename to include those options.\n",
+        );
+    }
+    out
+}
 
 /// Format names QEMU accepts for `backing_fmt` without opening the file
 /// (its `BlockdevDriver` enumeration).

@@ -436,11 +436,9 @@ impl Refcounts {
             let own = self.geo.host_cluster(at).0;
             let order = self.order;
             let slot = self.cache.get(at).expect("just loaded");
-            let mut counts = slot.table.clone();
-            if own / epb == j {
-                set_entry(&mut counts, order, own % epb, 0);
-            }
-            if counts.iter().all(|&b| b == 0) {
+            // Its own entry, if it lies in its own range, does not count.
+            let own_entry = (own / epb == j).then_some(own % epb);
+            if (0..epb).all(|i| Some(i) == own_entry || get_entry(&slot.table, order, i) == 0) {
                 unused.push((j, at));
             }
         }
