@@ -18,7 +18,7 @@ use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::{BlockSizeLimits, check_range};
 use diskit_core::error::ResultExt;
 use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, Result, WriteFlags, ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Result, WriteFlags, ZeroFlags,
 };
 
 use crate::sys;
@@ -656,6 +656,17 @@ impl BlockDevice for FileDevice {
             Some(v) => Ok(v),
             None => all_data(),
         }
+    }
+
+    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+        // O_DIRECT reads have alignment rules and bypass the page cache.
+        if self.direct || check_range(self.size(), offset, len).is_err() {
+            return None;
+        }
+        Some(FileView {
+            fd: self.file.as_fd(),
+            offset,
+        })
     }
 
     fn describe(&self) -> String {

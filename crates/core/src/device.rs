@@ -1,6 +1,7 @@
 //! The [`BlockDevice`] trait: one set of operations and capabilities for
 //! every layer (files, image formats, NBD connections, filters).
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -8,6 +9,17 @@ use crate::extent::Extent;
 
 /// A shared, dynamically typed block device: what layers hold of the layer below.
 pub type DeviceRef = Arc<dyn BlockDevice>;
+
+/// A range of a device's bytes as it lies in a file: reading `len` bytes of
+/// `fd` at `offset` gives what the device would read (see
+/// [`BlockDevice::file_view`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FileView<'a> {
+    /// The file holding the bytes.
+    pub fd: BorrowedFd<'a>,
+    /// Where in that file the range starts.
+    pub offset: u64,
+}
 
 /// Flags of a write request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -208,6 +220,17 @@ pub trait BlockDevice: Send + Sync {
         Ok(vec![Extent::data(len)])
     }
 
+    /// The file holding `offset..offset+len` of this device byte for byte,
+    /// when there is one (a raw file read through the page cache), so that
+    /// a server can send the bytes without copying them (splice). A read
+    /// of the view must give what [`read_at`](Self::read_at) gives; a
+    /// device or filter that cannot promise that (other bytes, alignment
+    /// rules, side effects on reads) answers `None`, the default.
+    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+        let _ = (offset, len);
+        None
+    }
+
     /// A short description for messages and logs.
     fn describe(&self) -> String {
         String::from("device")
@@ -278,6 +301,9 @@ macro_rules! forward_device {
             }
             fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
                 (**self).extents(offset, len)
+            }
+            fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+                (**self).file_view(offset, len)
             }
             fn describe(&self) -> String {
                 (**self).describe()

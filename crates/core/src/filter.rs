@@ -5,7 +5,9 @@
 //! the next layer. [`Filtered`] joins a filter to the device below it and is
 //! itself a [`BlockDevice`], so filters stack over any device.
 
-use crate::device::{BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, WriteFlags, ZeroFlags};
+use crate::device::{
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, WriteFlags, ZeroFlags,
+};
 use crate::error::Result;
 use crate::extent::Extent;
 
@@ -59,6 +61,19 @@ pub trait Filter: Send + Sync {
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         next.extents(offset, len)
+    }
+    /// Unlike the other methods this one does not pass through by default:
+    /// a view of the bytes below would bypass a filter that changes reads.
+    /// A filter that leaves reads alone forwards it (see
+    /// [`BlockDevice::file_view`]).
+    fn file_view<'a>(
+        &self,
+        next: &'a dyn BlockDevice,
+        offset: u64,
+        len: u64,
+    ) -> Option<FileView<'a>> {
+        let _ = (next, offset, len);
+        None
     }
 }
 
@@ -118,6 +133,9 @@ impl<F: Filter> BlockDevice for Filtered<F> {
     }
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.filter.extents(&*self.next, offset, len)
+    }
+    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+        self.filter.file_view(&*self.next, offset, len)
     }
     fn describe(&self) -> String {
         format!("{} over {}", self.filter.name(), self.next.describe())

@@ -21,7 +21,9 @@ pub mod filter;
 pub mod size;
 pub mod zero;
 
-pub use device::{BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, WriteFlags, ZeroFlags};
+pub use device::{
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, WriteFlags, ZeroFlags,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};
 pub use filter::{Filter, Filtered};

@@ -30,7 +30,8 @@
 use diskit_core::device::check_range;
 use diskit_core::extent::push_merged;
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Error, ErrorKind, Extent, FileView, Filter, Result, WriteFlags,
+    ZeroFlags,
 };
 
 use crate::params;
@@ -287,6 +288,15 @@ fn combine(acc: &mut Extent, e: &Extent) {
 impl Filter for Blocksize {
     fn name(&self) -> &str {
         "blocksize"
+    }
+    fn file_view<'a>(
+        &self,
+        next: &'a dyn BlockDevice,
+        offset: u64,
+        len: u64,
+    ) -> Option<FileView<'a>> {
+        // The bytes are the same; only how they may be asked for differs.
+        next.file_view(offset, len)
     }
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.size

@@ -18,7 +18,9 @@
 //! nbdkit 1.32 refuses `fuamode=none` by mistake (its parser falls through
 //! to "unknown fuamode"); diskit takes it, as the manual documents it.
 
-use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{
+    BlockDevice, Capabilities, Error, FileView, Filter, Result, WriteFlags, ZeroFlags,
+};
 
 use crate::params;
 
@@ -118,6 +120,15 @@ impl Fua {
 impl Filter for Fua {
     fn name(&self) -> &str {
         "fua"
+    }
+    fn file_view<'a>(
+        &self,
+        next: &'a dyn BlockDevice,
+        offset: u64,
+        len: u64,
+    ) -> Option<FileView<'a>> {
+        // Reads are untouched.
+        next.file_view(offset, len)
     }
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         let mut c = next.capabilities();

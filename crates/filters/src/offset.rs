@@ -11,7 +11,7 @@
 //! the device below cut to the window.
 
 use diskit_core::device::check_range;
-use diskit_core::{BlockDevice, Error, Extent, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, Error, Extent, FileView, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::{clip_extents, params};
 
@@ -78,6 +78,15 @@ impl Offset {
 impl Filter for Offset {
     fn name(&self) -> &str {
         "offset"
+    }
+    fn file_view<'a>(
+        &self,
+        next: &'a dyn BlockDevice,
+        offset: u64,
+        len: u64,
+    ) -> Option<FileView<'a>> {
+        check_range(self.size, offset, len).ok()?;
+        next.file_view(offset + self.offset, len)
     }
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.size

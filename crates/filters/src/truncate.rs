@@ -16,7 +16,8 @@
 use diskit_core::device::check_range;
 use diskit_core::zero::is_zero;
 use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Result, WriteFlags,
+    ZeroFlags,
 };
 
 use crate::{clip_extents, params};
@@ -120,6 +121,16 @@ impl Truncate {
 impl Filter for Truncate {
     fn name(&self) -> &str {
         "truncate"
+    }
+    fn file_view<'a>(
+        &self,
+        next: &'a dyn BlockDevice,
+        offset: u64,
+        len: u64,
+    ) -> Option<FileView<'a>> {
+        // Only a range wholly on the device below: the rest reads as zeros.
+        check_range(self.size, offset, len).ok()?;
+        (self.inside(offset, len) == len).then(|| next.file_view(offset, len))?
     }
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.size

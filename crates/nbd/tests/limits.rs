@@ -236,8 +236,10 @@ fn a_client_that_never_reads_replies_stops_the_reader() {
             "the reader never stopped: {now} bytes read"
         );
     }
-    // Each worker holds one request whose reply cannot be written; the
-    // reader's buffer may hold one more part-read request.
+    // Each worker holds one request whose reply cannot be written (or,
+    // with cheap requests run by the reader's worker itself, the reader
+    // stops at the first such reply); the reader's buffer may hold one
+    // more part-read request.
     let read = consumed.load(Ordering::SeqCst);
     let slack = (256 << 10) + 2 * (CHUNK + 1024) + 1024;
     let held = threads * (CHUNK + 1024);
@@ -245,7 +247,7 @@ fn a_client_that_never_reads_replies_stops_the_reader() {
         read <= held.min(budget) + slack,
         "read {read} bytes with no reply taken ({threads} workers, budget {budget})"
     );
-    assert!(read >= threads * CHUNK, "only {read} bytes read");
+    assert!(read >= CHUNK, "only {read} bytes read");
     assert!(!t.is_finished());
 
     // The client starts reading: everything is served and answered.

@@ -6,6 +6,7 @@ pub mod budget;
 pub mod export;
 pub mod handshake;
 pub mod ops;
+pub mod splice;
 pub mod stats;
 pub mod tls;
 pub mod transmission;

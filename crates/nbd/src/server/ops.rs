@@ -8,6 +8,7 @@ use std::sync::Arc;
 use diskit_core::{BlockDevice, Error, ErrorKind, Extent, WriteFlags, ZeroFlags};
 
 use super::export::{Export, MetaContext};
+use super::splice::ZeroCopy;
 use crate::proto::consts::*;
 use crate::proto::reply::{
     ChunkHeader, block_status_payload, error_payload, hole_payload, put_chunk, simple_reply,
@@ -23,6 +24,10 @@ const MIN_HOLE: u64 = 512;
 const PLANNED_READ: u64 = 128 << 10;
 /// The most descriptors one block status chunk carries.
 const MAX_DESCRIPTORS: usize = 1 << 16;
+/// Reads at least this long go from a file-backed device to the socket
+/// without a copy when they can (see [`super::splice`]); shorter ones cost
+/// less copied than spliced.
+const ZERO_COPY_READ: u64 = 128 << 10;
 
 /// What a connection knows when it executes a command.
 pub struct Conn {
@@ -41,6 +46,8 @@ pub enum Part {
     Bytes(Vec<u8>),
     /// A range of the reply's data buffer.
     Data(Range<usize>),
+    /// Bytes waiting in the worker's splice pipe, sent from there.
+    Piped(u64),
 }
 
 /// A reply to one request, ready to write. Its [`Part::Data`] pieces are
@@ -67,6 +74,7 @@ impl Reply {
             .iter()
             .map(|p| match p {
                 Part::Data(r) => r.len() as u64,
+                Part::Piped(n) => *n,
                 Part::Bytes(_) => 0,
             })
             .sum()
@@ -133,7 +141,9 @@ pub fn request_buf(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
 ///
 /// `buf` is the worker's buffer: a WRITE's payload is its first
 /// `payload_len` bytes, and READ data is read into it (the reply's
-/// [`Part::Data`] pieces are ranges of it).
+/// [`Part::Data`] pieces are ranges of it). With `zero_copy`, a big READ
+/// from a file-backed device goes into the worker's pipe instead (the
+/// reply's [`Part::Piped`] pieces), to be sent from there.
 pub fn execute(
     conn: &Conn,
     cookie: u64,
@@ -141,11 +151,14 @@ pub fn execute(
     cmd: Command,
     buf: &mut Vec<u8>,
     payload_len: usize,
+    zero_copy: Option<&mut ZeroCopy>,
 ) -> Reply {
     let dev = conn.export.device();
     let style = conn.style;
     let result = match cmd {
-        Command::Read { offset, len, df } => return read(conn, cookie, offset, len, df, buf),
+        Command::Read { offset, len, df } => {
+            return read(conn, cookie, offset, len, df, buf, zero_copy);
+        }
         Command::BlockStatus {
             offset,
             len,
@@ -267,25 +280,18 @@ fn collect_extents(
     Ok(out)
 }
 
-fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool, buf: &mut Vec<u8>) -> Reply {
+fn read(
+    conn: &Conn,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    df: bool,
+    buf: &mut Vec<u8>,
+    zero_copy: Option<&mut ZeroCopy>,
+) -> Reply {
     let dev = conn.export.device().as_ref();
     let style = conn.style;
     let len64 = u64::from(len);
-    // Every byte sent is read first: parts of the buffer left from an
-    // earlier request are only ever under hole chunks, which carry no data.
-    let data = request_buf(buf, len as usize);
-    if style == ReplyStyle::Simple {
-        return match dev.read_at(data, offset) {
-            Ok(()) => Reply {
-                parts: vec![
-                    Part::Bytes(simple_reply(0, cookie).to_vec()),
-                    Part::Data(0..data.len()),
-                ],
-                ok: true,
-            },
-            Err(e) => error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string()),
-        };
-    }
     let whole = |hole| {
         vec![Run {
             start: 0,
@@ -293,14 +299,29 @@ fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool, buf: &mut Vec
             hole,
         }]
     };
-    let planned = !df && len64 >= PLANNED_READ && conn.export.capabilities().can_extents;
-    let runs = if planned {
-        plan_read(dev, offset, len64)
-    } else {
-        if let Err(e) = dev.read_at(data, offset) {
-            return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
+    let structured = style != ReplyStyle::Simple;
+    let planned =
+        structured && !df && len64 >= PLANNED_READ && conn.export.capabilities().can_extents;
+    let plan = planned.then(|| plan_read(dev, offset, len64));
+    if let Some(zc) = zero_copy
+        && len64 >= ZERO_COPY_READ
+    {
+        let runs = plan.clone().unwrap_or_else(|| whole(false));
+        if let Some(reply) = splice_read(dev, style, cookie, offset, &runs, zc) {
+            return reply;
         }
-        whole(!df && len64 >= MIN_HOLE && diskit_core::zero::is_zero(data))
+    }
+    // Every byte sent is read first: parts of the buffer left from an
+    // earlier request are only ever under hole chunks, which carry no data.
+    let data = request_buf(buf, len as usize);
+    let runs = match plan {
+        Some(runs) => runs,
+        None => {
+            if let Err(e) = dev.read_at(data, offset) {
+                return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
+            }
+            whole(structured && !df && len64 >= MIN_HOLE && diskit_core::zero::is_zero(data))
+        }
     };
     // Read everything first: an error then fails the request as a whole,
     // before any chunk is on the wire.
@@ -309,6 +330,82 @@ fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool, buf: &mut Vec
         if let Err(e) = dev.read_at(&mut data[range], offset + r.start) {
             return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
         }
+    }
+    read_reply(style, cookie, offset, &runs, |r| {
+        Part::Data(r.start as usize..(r.start + r.len) as usize)
+    })
+}
+
+/// The zero-copy READ: every data run moved into the worker's pipe, or
+/// `None` (and nothing sent, the pipe forgotten if it holds a part) when
+/// the device has no file view of a run, the pipe is too small or the
+/// file gave less; the caller then reads the ordinary way, which also
+/// gives any error its reply.
+fn splice_read(
+    dev: &dyn BlockDevice,
+    style: ReplyStyle,
+    cookie: u64,
+    offset: u64,
+    runs: &[Run],
+    zc: &mut ZeroCopy,
+) -> Option<Reply> {
+    let pipe = zc.pipe()?;
+    let mut failed = None;
+    for r in runs.iter().filter(|r| !r.hole) {
+        let Some(view) = dev.file_view(offset + r.start, r.len) else {
+            failed = Some(false);
+            break;
+        };
+        if !pipe.fits(view.offset, r.len) {
+            failed = Some(false);
+            break;
+        }
+        match pipe.fill(view, r.len) {
+            Ok(true) => {}
+            Ok(false) => {
+                failed = Some(false);
+                break;
+            }
+            Err(e) => {
+                // A file system that cannot splice will not learn to.
+                let never = matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                );
+                failed = Some(never);
+                break;
+            }
+        }
+    }
+    match failed {
+        None => Some(read_reply(style, cookie, offset, runs, |r| {
+            Part::Piped(r.len)
+        })),
+        Some(never) => {
+            if never {
+                zc.disable();
+            } else if zc.pipe().is_some_and(|p| !p.is_empty()) {
+                zc.reset();
+            }
+            None
+        }
+    }
+}
+
+/// The reply to a successful READ of `runs`, each data run's bytes given
+/// by `data`.
+fn read_reply(
+    style: ReplyStyle,
+    cookie: u64,
+    offset: u64,
+    runs: &[Run],
+    data: impl Fn(&Run) -> Part,
+) -> Reply {
+    if style == ReplyStyle::Simple {
+        // A simple reply carries the data whole (one data run).
+        let mut parts = vec![Part::Bytes(simple_reply(0, cookie).to_vec())];
+        parts.extend(runs.iter().map(&data));
+        return Reply { parts, ok: true };
     }
     let extended = style == ReplyStyle::Extended;
     let mut parts = Vec::with_capacity(runs.len() * 2);
@@ -345,7 +442,7 @@ fn read(conn: &Conn, cookie: u64, offset: u64, len: u32, df: bool, buf: &mut Vec
             h.encode_into(extended, &mut head);
             head.extend_from_slice(&(offset + r.start).to_be_bytes());
             parts.push(Part::Bytes(head));
-            parts.push(Part::Data(r.start as usize..(r.start + r.len) as usize));
+            parts.push(data(r));
         }
     }
     Reply { parts, ok: true }
@@ -450,6 +547,7 @@ mod tests {
             match p {
                 Part::Bytes(b) => v.extend_from_slice(b),
                 Part::Data(range) => v.extend_from_slice(&buf[range.clone()]),
+                Part::Piped(_) => panic!("piped data without a pipe"),
             }
         }
         v
@@ -459,7 +557,7 @@ mod tests {
     /// requests) and returns the reply and its bytes on the wire.
     fn run(c: &Conn, cookie: u64, offset: u64, cmd: Command) -> (Reply, Vec<u8>) {
         let mut buf = vec![0xa5u8; 8 * P];
-        let r = execute(c, cookie, offset, cmd, &mut buf, 0);
+        let r = execute(c, cookie, offset, cmd, &mut buf, 0, None);
         let w = wire(&r, &buf);
         (r, w)
     }
@@ -592,5 +690,161 @@ mod tests {
         let got = chunks(&wire(&r, &[]));
         assert_eq!(got[0].0.kind, REPLY_TYPE_NONE);
         assert_eq!(got[0].0.offset, 9);
+    }
+
+    /// A connection to a raw file holding 300 KiB of data, a 200 KiB hole
+    /// and 100 KiB of data.
+    fn file_conn(style: ReplyStyle) -> (Conn, tempfile::NamedTempFile, Vec<u8>) {
+        use diskit_backends::{FileDevice, FileOptions};
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let mut want = vec![0u8; 600 << 10];
+        for (i, b) in want.iter_mut().enumerate() {
+            *b = (i % 251) as u8 + 1;
+        }
+        want[300 << 10..500 << 10].fill(0);
+        std::fs::write(f.path(), &want).unwrap();
+        // Punch the zeros out where the file system can.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(f.path())
+            .unwrap();
+        // SAFETY: fallocate reads its scalar arguments; the file is open.
+        unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                300 << 10,
+                200 << 10,
+            );
+        }
+        let dev = FileDevice::open(f.path(), FileOptions::default()).unwrap();
+        let export = Arc::new(Export::new("", Arc::new(dev)));
+        let conn = Conn {
+            export,
+            style,
+            contexts: vec![MetaContext::BaseAllocation],
+        };
+        (conn, f, want)
+    }
+
+    /// Sends `r` as the server does, pipe included, through a socket pair,
+    /// and returns what the client receives.
+    fn wire_spliced(r: &Reply, buf: &[u8], zc: &mut ZeroCopy) -> Vec<u8> {
+        use std::io::{Read, Write};
+        use std::os::fd::AsFd;
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            b.read_to_end(&mut v).unwrap();
+            v
+        });
+        for p in &r.parts {
+            match p {
+                Part::Bytes(x) => a.write_all(x).unwrap(),
+                Part::Data(range) => a.write_all(&buf[range.clone()]).unwrap(),
+                Part::Piped(n) => zc.pipe().unwrap().drain(a.as_fd(), *n).unwrap(),
+            }
+        }
+        drop(a);
+        reader.join().unwrap()
+    }
+
+    #[test]
+    fn big_file_reads_are_spliced_and_arrive_intact() {
+        for style in [
+            ReplyStyle::Simple,
+            ReplyStyle::Structured,
+            ReplyStyle::Extended,
+        ] {
+            let (c, _f, want) = file_conn(style);
+            let mut zc = ZeroCopy::default();
+            for (offset, len, df) in [
+                (0u64, 256u32 << 10, false),
+                (4097, 700_000 - 4097 - (100 << 10), false),
+                (200 << 10, 400 << 10, false),
+                (200 << 10, 400 << 10, true),
+            ] {
+                let mut buf = Vec::new();
+                let cmd = Command::Read { offset, len, df };
+                let r = execute(&c, 9, offset, cmd, &mut buf, 0, Some(&mut zc));
+                let len = len.min((600 << 10) - offset as u32);
+                assert!(r.ok);
+                assert!(
+                    r.parts.iter().any(|p| matches!(p, Part::Piped(_))),
+                    "{style:?} {offset}+{len}: not spliced"
+                );
+                assert_eq!(r.data_len() > 0, true);
+                let w = wire_spliced(&r, &buf, &mut zc);
+                assert!(zc.pipe().unwrap().is_empty());
+                let got = if style == ReplyStyle::Simple {
+                    w[16..].to_vec()
+                } else {
+                    let mut got = vec![0xeeu8; len as usize];
+                    for (h, payload) in chunks(&w) {
+                        match Chunk::parse(h.kind, &payload).unwrap() {
+                            Chunk::Data { offset: o, data } => {
+                                let at = (o - offset) as usize;
+                                got[at..at + data.len()].copy_from_slice(data);
+                            }
+                            Chunk::Hole { offset: o, len: n } => {
+                                assert!(!df, "hole chunk in a DF read");
+                                let at = (o - offset) as usize;
+                                got[at..at + n as usize].fill(0);
+                            }
+                            other => panic!("unexpected chunk {other:?}"),
+                        }
+                    }
+                    got
+                };
+                assert_eq!(got.len(), len as usize);
+                assert!(
+                    got == want[offset as usize..(offset + u64::from(len)) as usize],
+                    "{style:?} {offset}+{len}: bytes differ"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_shorter_than_its_device_falls_back_to_copying() {
+        let (c, f, want) = file_conn(ReplyStyle::Structured);
+        // Shrunk behind the device's back: the splice comes up short, so
+        // the read is done the ordinary way (zeros past the end).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(f.path())
+            .unwrap()
+            .set_len(100 << 10)
+            .unwrap();
+        let mut zc = ZeroCopy::default();
+        let mut buf = Vec::new();
+        let cmd = Command::Read {
+            offset: 0,
+            len: 256 << 10,
+            df: true,
+        };
+        let r = execute(&c, 9, 0, cmd, &mut buf, 0, Some(&mut zc));
+        assert!(r.ok);
+        assert!(r.parts.iter().all(|p| !matches!(p, Part::Piped(_))));
+        let w = wire(&r, &buf);
+        let (h, payload) = &chunks(&w)[0];
+        let Chunk::Data { data, .. } = Chunk::parse(h.kind, payload).unwrap() else {
+            panic!("not data")
+        };
+        assert_eq!(&data[..100 << 10], &want[..100 << 10]);
+        assert!(data[100 << 10..].iter().all(|&b| b == 0));
+        // Grown back, the file splices again, with a fresh pipe.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(f.path())
+            .unwrap()
+            .set_len(600 << 10)
+            .unwrap();
+        let r = execute(&c, 9, 0, cmd, &mut buf, 0, Some(&mut zc));
+        assert!(r.parts.iter().any(|p| matches!(p, Part::Piped(_))));
+        let w = wire_spliced(&r, &buf, &mut zc);
+        let data = &w[w.len() - (256 << 10)..];
+        assert_eq!(&data[..100 << 10], &want[..100 << 10]);
+        assert!(data[100 << 10..].iter().all(|&b| b == 0));
     }
 }

@@ -5,13 +5,16 @@
 //! order, and no request is handed from thread to thread.
 
 use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::budget::Budget;
 use super::export::MetaContext;
 use super::handshake::Negotiated;
 use super::ops::{self, Conn, Part, Reply};
+use super::splice::ZeroCopy;
 use super::stats::Stats;
 use super::transport::Halves;
 use crate::proto::request::{Limits, RequestHeader, validate};
@@ -26,6 +29,49 @@ const REQUEST_OVERHEAD: u64 = 1024;
 /// A worker keeps its buffer between requests up to this size; a bigger
 /// one (for a rare big request) is freed once the reply is sent.
 const KEEP_BUF: usize = 2 << 20;
+
+/// Requests one worker runs in a row while holding the reader.
+const MAX_BATCH: usize = 64;
+/// Reads and writes up to this long may run in a row (see [`Shared::cheap`]).
+const CHEAP_LEN: u64 = 64 << 10;
+/// Requests taking less than this (on average, recently) are cheap: about
+/// what handing one to another thread costs, several times over.
+const CHEAP_NS: u64 = 20_000;
+
+/// A running average of how long requests take to execute.
+#[derive(Default)]
+struct Cost {
+    /// Nanoseconds, an exponentially weighted average (weight 1/8).
+    avg_ns: AtomicU64,
+}
+
+impl Cost {
+    fn note(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.avg_ns.load(Ordering::Relaxed);
+        // Races lose a sample now and then, which an average can spare.
+        let new = old - old / 8 + ns / 8;
+        self.avg_ns.store(new, Ordering::Relaxed);
+    }
+
+    fn is_cheap(&self) -> bool {
+        self.avg_ns.load(Ordering::Relaxed) < CHEAP_NS
+    }
+}
+
+/// Whether `buffered` holds a whole request (header and payload), so that
+/// reading it needs no system call. A header that does not parse counts:
+/// the reader reports it.
+fn request_buffered(buffered: &[u8], extended: bool) -> bool {
+    let hlen = RequestHeader::wire_len(extended);
+    if buffered.len() < hlen {
+        return false;
+    }
+    match RequestHeader::parse(&buffered[..hlen], extended) {
+        Ok(h) => (buffered.len() - hlen) as u64 >= h.payload_len(),
+        Err(_) => true,
+    }
+}
 
 /// How the transmission phase ended.
 #[derive(Debug)]
@@ -91,12 +137,15 @@ struct Shared<'a> {
     stopped: AtomicBool,
     end: Mutex<Option<End>>,
     writer: Mutex<BufWriter<Box<dyn Write + Send>>>,
+    /// The socket under `writer`, for zero-copy reads (plain sockets only).
+    splice_to: Option<OwnedFd>,
     /// Replies waiting for the writer lock.
     waiting: AtomicUsize,
     broken: AtomicBool,
     shutdown: &'a (dyn Fn() + Send + Sync),
     budget: Budget,
     conn_stats: &'a Stats,
+    cost: Cost,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -104,38 +153,71 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared<'_> {
-    fn send(&self, reply: &Reply, buf: &[u8]) {
+    /// Writes a reply. With `hold`, the bytes may wait in the buffer for
+    /// the reply that the caller is about to send next.
+    fn send(&self, reply: &Reply, buf: &[u8], zc: &mut ZeroCopy, hold: bool) {
         if self.broken.load(Ordering::Relaxed) {
+            zc.reset();
             return;
         }
         self.waiting.fetch_add(1, Ordering::AcqRel);
         let mut w = lock(&self.writer);
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         let result = (|| {
-            // One vectored write: a reply bigger than the buffer goes out
-            // in one system call, headers and data together, so that the
-            // client is woken once per reply, not once for the header and
-            // again for the data.
-            let mut slices: Vec<IoSlice<'_>> = reply
-                .parts
-                .iter()
-                .map(|p| match p {
-                    Part::Bytes(b) => IoSlice::new(b),
-                    Part::Data(r) => IoSlice::new(&buf[r.clone()]),
-                })
-                .collect();
-            write_all_vectored(&mut *w, &mut slices)?;
+            // One vectored write per run of parts in memory: a reply bigger
+            // than the buffer goes out in one system call, headers and data
+            // together, so that the client is woken once per reply, not
+            // once for the header and again for the data.
+            let mut parts = reply.parts.as_slice();
+            while !parts.is_empty() {
+                let n = parts
+                    .iter()
+                    .position(|p| matches!(p, Part::Piped(_)))
+                    .unwrap_or(parts.len());
+                let mut slices: Vec<IoSlice<'_>> = parts[..n]
+                    .iter()
+                    .map(|p| match p {
+                        Part::Bytes(b) => IoSlice::new(b),
+                        Part::Data(r) => IoSlice::new(&buf[r.clone()]),
+                        Part::Piped(_) => unreachable!("split off above"),
+                    })
+                    .collect();
+                write_all_vectored(&mut *w, &mut slices)?;
+                if let Some(Part::Piped(len)) = parts.get(n) {
+                    // What is buffered goes first, then the pipe's pages.
+                    w.flush()?;
+                    let (Some(sock), Some(pipe)) = (&self.splice_to, zc.pipe()) else {
+                        return Err(io::Error::other("spliced reply without a pipe"));
+                    };
+                    pipe.drain(sock.as_fd(), *len)?;
+                    parts = &parts[n + 1..];
+                } else {
+                    parts = &parts[n..];
+                }
+            }
             // A reply waiting for the lock flushes this one with its own:
             // one syscall for a burst of small replies. The last always
             // flushes.
-            if self.waiting.load(Ordering::Acquire) == 0 {
+            if !hold && self.waiting.load(Ordering::Acquire) == 0 {
                 w.flush()?;
             }
             Ok::<(), io::Error>(())
         })();
         if result.is_err() {
+            zc.reset();
             // The client is gone: stop the readers too. Requests already
             // received still run (their writes must land).
+            self.broken.store(true, Ordering::Relaxed);
+            (self.shutdown)();
+        }
+    }
+
+    /// Sends whatever replies wait in the buffer.
+    fn flush(&self) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        if lock(&self.writer).flush().is_err() {
             self.broken.store(true, Ordering::Relaxed);
             (self.shutdown)();
         }
@@ -152,7 +234,8 @@ impl Shared<'_> {
             .record(command, reply.ok, read, written);
     }
 
-    fn execute(&self, job: Job, buf: &mut Vec<u8>) {
+    fn execute(&self, job: Job, buf: &mut Vec<u8>, zc: &mut ZeroCopy, hold: bool) {
+        let start = Instant::now();
         let written = if matches!(job.cmd, Command::Write { .. }) {
             job.payload_len as u64
         } else {
@@ -169,33 +252,69 @@ impl Shared<'_> {
             job.cmd,
             buf,
             job.payload_len,
+            self.splice_to.is_some().then_some(&mut *zc),
         );
+        self.cost.note(start.elapsed());
         self.record(job.command, &reply, read, written);
-        self.send(&reply, buf);
+        self.send(&reply, buf, zc, hold);
         drop(reply);
         self.budget.release(job.taken);
+    }
+
+    /// Whether `job` may run while its worker holds the reader: a small
+    /// request of a kind that is quick on this device so far (flushes and
+    /// FUA writes wait for the disk; big transfers are worth a thread).
+    fn cheap(&self, job: &Job) -> bool {
+        let small = |len: u32| u64::from(len) <= CHEAP_LEN;
+        let kind = match job.cmd {
+            Command::Read { len, .. } => small(len),
+            Command::Write { len, fua, .. } => small(len) && !fua,
+            Command::BlockStatus { .. } | Command::Cache { .. } => true,
+            Command::Trim { fua, .. } | Command::WriteZeroes { fua, .. } => !fua,
+            Command::Flush | Command::Disconnect => false,
+        };
+        kind && self.cost.is_cheap()
     }
 
     /// One worker: takes turns at the reader until the request stream ends.
     fn work(&self) {
         let mut buf = Vec::new();
+        let mut zc = ZeroCopy::default();
         loop {
             let turn = {
                 let mut reader = lock(&self.reader);
                 if self.stopped.load(Ordering::Acquire) {
                     return;
                 }
-                let turn = next_request(&mut *reader, self, &mut buf);
+                let mut turn = next_request(&mut *reader, self, &mut buf);
+                // A cheap request runs here, the reader lock held, and its
+                // worker reads on: handing the next request to another
+                // thread would cost more (a wakeup, a context switch) than
+                // running them in turn. While more requests are buffered
+                // the replies wait, to go out together.
+                let mut batch = 0;
+                while batch < MAX_BATCH && matches!(&turn, Turn::Job(job) if self.cheap(job)) {
+                    let more = request_buffered(reader.buffer(), self.limits.extended);
+                    let Turn::Job(job) = turn else { unreachable!() };
+                    self.execute(job, &mut buf, &mut zc, more);
+                    batch += 1;
+                    turn = next_request(&mut *reader, self, &mut buf);
+                }
+                // The batch's replies wait for the next one only if that
+                // one is quick too.
+                if batch > 0 && !matches!(&turn, Turn::Job(job) if self.cheap(job)) {
+                    self.flush();
+                }
                 if matches!(turn, Turn::End(_)) {
                     self.stopped.store(true, Ordering::Release);
                 }
                 turn
             };
             match turn {
-                Turn::Job(job) => self.execute(job, &mut buf),
+                Turn::Job(job) => self.execute(job, &mut buf, &mut zc, false),
                 Turn::Refused(reply, command) => {
                     self.record(command, &reply, 0, 0);
-                    self.send(&reply, &[]);
+                    self.send(&reply, &[], &mut zc, false);
                 }
                 Turn::End(end) => {
                     *lock(&self.end) = Some(end);
@@ -276,6 +395,7 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
         reader,
         writer,
         shutdown,
+        splice_to,
     } = halves;
     let shared = Shared {
         conn: Conn {
@@ -288,11 +408,13 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
         stopped: AtomicBool::new(false),
         end: Mutex::new(None),
         writer: Mutex::new(BufWriter::with_capacity(256 * 1024, writer)),
+        splice_to,
         waiting: AtomicUsize::new(0),
         broken: AtomicBool::new(false),
         shutdown: &*shutdown,
         budget: Budget::new(tuning.max_in_flight.max(u64::from(limits.max_payload))),
         conn_stats,
+        cost: Cost::default(),
     };
 
     std::thread::scope(|s| {

@@ -154,6 +154,7 @@ pub fn upgrade(plain: Box<dyn Transport>, config: &TlsConfig) -> io::Result<Box<
         reader,
         writer,
         shutdown,
+        ..
     } = plain.split()?;
     let shared = Arc::new(Shared {
         conn: Mutex::new(session),
@@ -397,6 +398,8 @@ impl Transport for TlsStream {
                 close_notify(&shared);
                 shutdown();
             }),
+            // The bytes must be encrypted: no splicing.
+            splice_to: None,
         })
     }
 
