@@ -28,6 +28,19 @@ pub use transmission::End;
 pub use transport::{Halves, Pipe, Transport};
 pub use watchdog::Cutoff;
 
+/// Writes one line to stderr in one system call, so that lines from other
+/// threads or from the `--run` command's processes cannot split it
+/// (`eprintln!` writes a formatted line piece by piece).
+macro_rules! log_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+pub(crate) use log_line;
+
 /// Server settings.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerConfig {
@@ -191,7 +204,7 @@ impl Server {
                     _ => ConnectionEnd::HandshakeTimeout,
                 };
                 if self.config.verbose {
-                    eprintln!("diskit: connection {id} ({peer}): {end}");
+                    log_line!("diskit: connection {id} ({peer}): {end}");
                 }
                 return end;
             }
@@ -218,7 +231,7 @@ impl Server {
         };
         let end = transmission::run(neg, halves, tuning, &conn_stats);
         if self.config.verbose {
-            eprintln!(
+            log_line!(
                 "diskit: connection {id} ({peer}): export '{}', {headers}: {}; {end} after {:.3}s",
                 export.name(),
                 conn_stats.snapshot().summary(),
@@ -302,7 +315,7 @@ impl Server {
         if max > 0 && before >= max {
             self.active.fetch_sub(1, Ordering::SeqCst);
             if self.config.verbose {
-                eprintln!(
+                log_line!(
                     "diskit: connection from {}: {} ({max} already)",
                     transport.peer(),
                     ConnectionEnd::Refused
@@ -319,7 +332,7 @@ impl Server {
         if let Err(e) = spawned {
             // The closure (and its transport) was dropped without running.
             self.active.fetch_sub(1, Ordering::SeqCst);
-            eprintln!("diskit: cannot start a connection thread: {e}");
+            log_line!("diskit: cannot start a connection thread: {e}");
         }
     }
 
@@ -328,7 +341,7 @@ impl Server {
     fn accept_failed(&self, e: io::Error) -> io::Result<()> {
         match e.raw_os_error() {
             Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                eprintln!("diskit: accept: {e}");
+                log_line!("diskit: accept: {e}");
                 std::thread::sleep(Duration::from_millis(100));
                 Ok(())
             }

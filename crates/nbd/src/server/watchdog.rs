@@ -43,7 +43,7 @@ impl Watchdog {
             });
         if let Err(e) = spawned {
             // Without a timer the connection is served without a deadline.
-            eprintln!("diskit: cannot start a handshake timer: {e}");
+            super::log_line!("diskit: cannot start a handshake timer: {e}");
         }
         Watchdog { state }
     }
