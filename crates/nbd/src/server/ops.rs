@@ -773,7 +773,7 @@ mod tests {
                     r.parts.iter().any(|p| matches!(p, Part::Piped(_))),
                     "{style:?} {offset}+{len}: not spliced"
                 );
-                assert_eq!(r.data_len() > 0, true);
+                assert!(r.data_len() > 0);
                 let w = wire_spliced(&r, &buf, &mut zc);
                 assert!(zc.pipe().unwrap().is_empty());
                 let got = if style == ReplyStyle::Simple {
