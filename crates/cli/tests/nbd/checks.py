@@ -9,6 +9,7 @@ Exits non-zero (with a message) on the first failed check.
 """
 
 import errno
+import subprocess
 import sys
 
 import nbd
@@ -159,6 +160,23 @@ def disconnect_with_writes_in_flight():
               "write %d in flight at disconnect was lost" % i)
 
 
+def abandoned_reads():
+    # Clients that leave with big reads unanswered: their replies meet a
+    # closed socket, which must end those connections, not the server.
+    code = ("import nbd, os, sys\n"
+            "h = nbd.NBD()\n"
+            "h.connect_uri(sys.argv[1])\n"
+            "bufs = [nbd.Buffer(4 * 1024 * 1024) for _ in range(16)]\n"
+            "for b in bufs:\n"
+            "    h.aio_pread(b, 0)\n"
+            "h.poll(0)\n"
+            "os._exit(0)\n")
+    for _ in range(3):
+        subprocess.run([sys.executable, "-c", code, URI], check=True)
+    h = connect()
+    check(h.pread(4096, 0)[0] == 0x11, "server gone after clients left with reads in flight")
+
+
 def multi_conn():
     a, b, c = connect(), connect(), connect()
     check(a.can_multi_conn(), "multi-conn")
@@ -206,6 +224,7 @@ if MODE == "rw":
     zero_trim_flush_cache(h)
     many_writes(h)
     disconnect_with_writes_in_flight()
+    abandoned_reads()
     multi_conn()
     h2 = connect(strict=False)
     out_of_range(h2)

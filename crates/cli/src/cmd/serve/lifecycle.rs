@@ -62,7 +62,8 @@ impl Cleanup {
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it
 /// starts later, and starts a thread that waits for them, runs `cleanup`
-/// and exits. Call before starting any other thread.
+/// and exits. Call before starting any other thread. (Commands started
+/// later get an empty mask back: std resets it in the child.)
 pub fn handle_signals(cleanup: Arc<Cleanup>) {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it,
     // and pthread_sigmask only changes this thread's mask.
@@ -84,6 +85,18 @@ pub fn handle_signals(cleanup: Arc<Cleanup>) {
             std::process::exit(0);
         }
     });
+}
+
+/// Ignores SIGPIPE (which `main` sets back to the default for the other
+/// commands): a client that goes away while its reply is written must end
+/// its connection with EPIPE, not the server. Spliced replies and writes
+/// to Unix sockets cannot ask for MSG_NOSIGNAL. Commands started later get
+/// the default back (std resets it in the child).
+pub fn ignore_sigpipe() {
+    // SAFETY: setting a disposition to SIG_IGN has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
 }
 
 /// Writes this process's id to `path`.

@@ -159,6 +159,7 @@ pub fn run(a: Args) -> CmdResult {
         server = server.with_tls(tls);
     }
     let server = Arc::new(server);
+    lifecycle::ignore_sigpipe();
 
     if a.single {
         let r = serve_stdio(&server, opened.image);
