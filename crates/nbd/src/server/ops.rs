@@ -833,7 +833,19 @@ mod tests {
         };
         assert_eq!(&data[..100 << 10], &want[..100 << 10]);
         assert!(data[100 << 10..].iter().all(|&b| b == 0));
-        // Grown back, the file splices again, with a fresh pipe.
+        // Reads wholly past the new end find nothing to splice, again and
+        // again: each falls back without using up the pipe.
+        for _ in 0..10 {
+            let past = Command::Read {
+                offset: 300 << 10,
+                len: 256 << 10,
+                df: true,
+            };
+            let r = execute(&c, 9, 300 << 10, past, &mut buf, 0, Some(&mut zc));
+            assert!(r.ok);
+            assert!(r.parts.iter().all(|p| !matches!(p, Part::Piped(_))));
+        }
+        // Grown back, the file splices again.
         std::fs::OpenOptions::new()
             .write(true)
             .open(f.path())

@@ -58,7 +58,12 @@ impl SplicePipe {
     /// Whether `len` bytes at file offset `offset` fit in the room left
     /// (each page cache page it touches takes one pipe buffer).
     pub fn fits(&self, offset: u64, len: u64) -> bool {
-        Self::pages(offset, len) + self.used <= self.slots
+        Self::pages(offset, len) + self.used() <= self.slots
+    }
+
+    /// Buffers in use: none once the pipe is empty.
+    fn used(&self) -> u64 {
+        if self.held == 0 { 0 } else { self.used }
     }
 
     fn pages(offset: u64, len: u64) -> u64 {
@@ -69,7 +74,7 @@ impl SplicePipe {
     /// were there to move (end of file); on `Ok(false)` or an error the
     /// pipe holds a part and must be dropped.
     pub fn fill(&mut self, view: FileView<'_>, len: u64) -> io::Result<bool> {
-        self.used += Self::pages(view.offset, len);
+        self.used = self.used() + Self::pages(view.offset, len);
         let mut off = view.offset as libc::loff_t;
         let mut left = len;
         while left > 0 {
@@ -125,9 +130,6 @@ impl SplicePipe {
                 n if n > 0 => {
                     left -= n as u64;
                     self.held -= n as u64;
-                    if self.held == 0 {
-                        self.used = 0;
-                    }
                 }
                 _ => {
                     let e = io::Error::last_os_error();
