@@ -174,8 +174,7 @@ impl FileDevice {
         Ok(dev)
     }
 
-    /// A device over an open file; `path` names it in messages.
-    pub(crate) fn from_file(file: File, path: &Path, opts: FileOptions) -> Result<FileDevice> {
+    fn from_file(file: File, path: &Path, opts: FileOptions) -> Result<FileDevice> {
         let meta = file.metadata()?;
         let ft = meta.file_type();
         let block_device = ft.is_block_device();

@@ -1,67 +1,75 @@
-//! A sparse RAM disk: an anonymous in-memory file (memfd), read and written
-//! through the file backend. The kernel keeps its pages (4 KiB each,
-//! allocated on first write, freed again by trim and zeroing) with no lock
-//! of ours around I/O, and, being a file, it can hand its bytes to a socket
-//! without a copy (see [`BlockDevice::file_view`]).
+//! A sparse RAM disk. Storage is allocated in 64 KiB pages on first write
+//! and freed again by trim and by zeroing whole pages; pages are spread
+//! over independently locked shards so that requests run in parallel.
 
-use std::fs::File;
-use std::os::fd::FromRawFd;
-use std::path::Path;
+use std::collections::HashMap;
+use std::sync::RwLock;
 
-use diskit_core::{
-    BlockDevice, Capabilities, Error, Extent, FileView, Result, WriteFlags, ZeroFlags,
-};
+use diskit_core::device::check_range;
+use diskit_core::extent::push_merged;
+use diskit_core::{BlockDevice, Capabilities, Extent, Result, WriteFlags, ZeroFlags};
 
-use crate::file::{FileDevice, FileOptions};
+const PAGE: u64 = 64 * 1024;
+const SHARDS: usize = 64;
+
+type Page = Box<[u8]>;
 
 /// A sparse in-memory device.
 pub struct MemoryDevice {
-    file: FileDevice,
+    size: u64,
+    shards: Vec<RwLock<HashMap<u64, Page>>>,
 }
 
 impl MemoryDevice {
-    /// A device of `size` bytes that reads as zeros. Fails when the kernel
-    /// refuses an in-memory file (out of descriptors or memory) or the size
-    /// is beyond what a file can hold (2^63 - 1 bytes).
-    pub fn try_new(size: u64) -> Result<MemoryDevice> {
-        let name = c"diskit-memory";
-        // SAFETY: the name is a valid C string; memfd_create reads it only.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            let e = Error::from(std::io::Error::last_os_error());
-            return Err(e.context("cannot create an in-memory file"));
+    /// A device of `size` bytes that reads as zeros.
+    pub fn new(size: u64) -> MemoryDevice {
+        MemoryDevice {
+            size,
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
         }
-        // SAFETY: memfd_create succeeded: the descriptor is open and ours.
-        let file = unsafe { File::from_raw_fd(fd) };
-        let too_big = || Error::invalid(format!("memory: size {size} is too large"));
-        if i64::try_from(size).is_err() {
-            return Err(too_big());
-        }
-        file.set_len(size).map_err(|_| too_big())?;
-        let opts = FileOptions {
-            writable: true,
-            ..Default::default()
-        };
-        Ok(MemoryDevice {
-            file: FileDevice::from_file(file, Path::new("memory"), opts)?,
-        })
     }
 
-    /// Like [`try_new`](Self::try_new), for sizes known to be fine (tests,
-    /// fuzzing). Panics if the kernel refuses.
-    pub fn new(size: u64) -> MemoryDevice {
-        Self::try_new(size).unwrap_or_else(|e| panic!("RAM disk of {size} bytes: {e}"))
+    fn shard(&self, page: u64) -> &RwLock<HashMap<u64, Page>> {
+        &self.shards[(page % SHARDS as u64) as usize]
     }
 
     /// Bytes of memory in use for data.
     pub fn allocated_bytes(&self) -> u64 {
-        self.file.allocated_bytes().unwrap_or(0)
+        self.shards
+            .iter()
+            .map(|s| s.read().map(|m| m.len()).unwrap_or(0) as u64 * PAGE)
+            .sum()
+    }
+
+    /// Calls `f(page, offset in page, offset in request, length)` for each
+    /// page-sized piece of a request.
+    fn pieces(offset: u64, len: u64, mut f: impl FnMut(u64, usize, usize, usize)) {
+        let mut done = 0u64;
+        while done < len {
+            let pos = offset + done;
+            let page = pos / PAGE;
+            let in_page = (pos % PAGE) as usize;
+            let n = (PAGE as usize - in_page).min((len - done) as usize);
+            f(page, in_page, done as usize, n);
+            done += n as u64;
+        }
+    }
+
+    fn zero_range(&self, offset: u64, len: u64) {
+        Self::pieces(offset, len, |page, in_page, _, n| {
+            let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
+            if n as u64 == PAGE {
+                shard.remove(&page);
+            } else if let Some(p) = shard.get_mut(&page) {
+                p[in_page..in_page + n].fill(0);
+            }
+        });
     }
 }
 
 impl BlockDevice for MemoryDevice {
     fn size(&self) -> u64 {
-        self.file.size()
+        self.size
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -73,40 +81,64 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.file.read_at(buf, offset)
+        check_range(self.size, offset, buf.len() as u64)?;
+        Self::pieces(offset, buf.len() as u64, |page, in_page, at, n| {
+            let shard = self.shard(page).read().unwrap_or_else(|p| p.into_inner());
+            match shard.get(&page) {
+                Some(p) => buf[at..at + n].copy_from_slice(&p[in_page..in_page + n]),
+                None => buf[at..at + n].fill(0),
+            }
+        });
+        Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
-        // Nothing to make durable: FUA is done when the write is.
-        self.file.write_at(buf, offset, WriteFlags::NONE)
+        check_range(self.size, offset, buf.len() as u64)?;
+        Self::pieces(offset, buf.len() as u64, |page, in_page, at, n| {
+            let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
+            let p = shard
+                .entry(page)
+                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
+            p[in_page..in_page + n].copy_from_slice(&buf[at..at + n]);
+        });
+        Ok(())
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        // Zeroed pages are freed even when the client asked to keep them
-        // allocated (NO_HOLE is a "should not"): in RAM, allocated zeros
-        // only cost memory, as in nbdkit's memory plugin.
-        let flags = ZeroFlags {
-            fua: false,
-            may_trim: true,
-            ..flags
-        };
-        self.file.write_zeroes(offset, len, flags)
+    fn write_zeroes(&self, offset: u64, len: u64, _flags: ZeroFlags) -> Result<()> {
+        check_range(self.size, offset, len)?;
+        self.zero_range(offset, len);
+        Ok(())
     }
 
     fn trim(&self, offset: u64, len: u64, _flags: WriteFlags) -> Result<()> {
-        self.file.trim(offset, len, WriteFlags::NONE)
+        check_range(self.size, offset, len)?;
+        self.zero_range(offset, len);
+        Ok(())
     }
 
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.file.extents(offset, len)
-    }
-
-    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
-        self.file.file_view(offset, len)
+        check_range(self.size, offset, len)?;
+        let mut out = Vec::new();
+        // Bound the work per call: callers loop for the rest.
+        let len = len.min(PAGE * 4096);
+        Self::pieces(offset, len, |page, _, _, n| {
+            let present = self
+                .shard(page)
+                .read()
+                .map(|s| s.contains_key(&page))
+                .unwrap_or(true);
+            let e = if present {
+                Extent::data(n as u64)
+            } else {
+                Extent::hole(n as u64)
+            };
+            push_merged(&mut out, e);
+        });
+        Ok(out)
     }
 
     fn describe(&self) -> String {
-        format!("memory({})", self.size())
+        format!("memory({})", self.size)
     }
 }
 
@@ -114,50 +146,21 @@ impl BlockDevice for MemoryDevice {
 mod tests {
     use super::*;
 
-    const PAGE: u64 = 4096;
-
     #[test]
     fn sparse_writes_zeroes_and_extents() {
         let m = MemoryDevice::new(1 << 30);
         assert!(m.is_known_zero());
-        m.write_at(b"hello", 16 * PAGE - 2, WriteFlags::NONE)
-            .unwrap();
-        assert!(!m.is_known_zero());
+        m.write_at(b"hello", PAGE - 2, WriteFlags::NONE).unwrap();
         let mut b = [0u8; 7];
-        m.read_at(&mut b, 16 * PAGE - 3).unwrap();
+        m.read_at(&mut b, PAGE - 3).unwrap();
         assert_eq!(&b, b"\0hello\0");
         assert_eq!(m.allocated_bytes(), 2 * PAGE);
-        let mut kinds: Vec<(bool, u64)> = Vec::new();
-        let mut pos = 0;
-        while pos < 64 * PAGE {
-            for e in m.extents(pos, 64 * PAGE - pos).unwrap() {
-                kinds.push((e.flags.data, e.length));
-                pos += e.length;
-            }
-        }
-        assert_eq!(
-            kinds,
-            [(false, 15 * PAGE), (true, 2 * PAGE), (false, 47 * PAGE)]
-        );
-        m.write_zeroes(0, 32 * PAGE, ZeroFlags::default()).unwrap();
-        m.read_at(&mut b, 16 * PAGE - 3).unwrap();
-        assert_eq!(b, [0u8; 7]);
-        assert_eq!(m.allocated_bytes(), 0);
-        m.write_at(b"x", 0, WriteFlags::NONE).unwrap();
-        m.trim(0, PAGE, WriteFlags::NONE).unwrap();
+        let ex = m.extents(0, 4 * PAGE).unwrap();
+        assert_eq!(ex.len(), 2);
+        assert!(ex[0].flags.data && ex[0].length == 2 * PAGE);
+        assert!(ex[1].flags.zero && ex[1].length == 2 * PAGE);
+        m.write_zeroes(0, 2 * PAGE, ZeroFlags::default()).unwrap();
         assert_eq!(m.allocated_bytes(), 0);
         assert!(m.read_at(&mut b, (1 << 30) - 3).is_err());
-        assert!(m.write_at(&b, (1 << 30) - 3, WriteFlags::NONE).is_err());
-    }
-
-    #[test]
-    fn sizes_beyond_a_file_are_refused() {
-        assert!(MemoryDevice::try_new(u64::MAX).is_err());
-        assert!(MemoryDevice::try_new(1 << 63).is_err());
-        let m = MemoryDevice::try_new((1 << 63) - 1).unwrap();
-        m.write_at(b"end", (1 << 63) - 4, WriteFlags::NONE).unwrap();
-        let mut b = [0u8; 3];
-        m.read_at(&mut b, (1 << 63) - 4).unwrap();
-        assert_eq!(&b, b"end");
     }
 }

@@ -650,8 +650,7 @@ mod tests {
     #[test]
     fn extents_are_whole_blocks() {
         let mem = Arc::new(MemoryDevice::new(1 << 20));
-        // Memory pages are 4 KiB: data in the page at 69_632 only, which is
-        // inside the 16 KiB block at 65_536.
+        // Memory pages are 64 KiB: data in the page at 64 KiB only.
         mem.write_at(b"x", 70_000, WriteFlags::NONE).unwrap();
         let b = Blocksize::new(&*mem, &cfg(&[("minblock", "16k")]).unwrap()).unwrap();
         let d = Filtered::new(b, mem.clone() as Arc<dyn BlockDevice>);
@@ -662,7 +661,7 @@ mod tests {
         };
         assert_eq!(
             lens(&d.extents(1000, 200_000).unwrap())[..2],
-            [(64_536, false), (16_384, true)]
+            [(64_536, false), (65_536, true)]
         );
 
         // A device whose extents change inside a block: the block is data.

@@ -134,11 +134,7 @@ pub fn open_plugin(plugin: &str, args: &[String], readonly: bool) -> Result<Open
                 .map_err(|e| CliError::new(format!("file: {}: {e}", path.display())))?;
             plain(Arc::new(f))
         }
-        "memory" => {
-            let m = MemoryDevice::try_new(size_arg(plugin, &kv["size"])?)
-                .map_err(|e| CliError::new(format!("memory: {e}")))?;
-            plain(Arc::new(m))
-        }
+        "memory" => plain(Arc::new(MemoryDevice::new(size_arg(plugin, &kv["size"])?))),
         "null" => plain(Arc::new(NullDevice::new(size_arg(plugin, &kv["size"])?))),
         "pattern" => plain(Arc::new(PatternDevice::new(size_arg(plugin, &kv["size"])?))),
         "image" => {
