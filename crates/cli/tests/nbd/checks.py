@@ -9,6 +9,7 @@ Exits non-zero (with a message) on the first failed check.
 """
 
 import errno
+import os
 import subprocess
 import sys
 
@@ -161,20 +162,22 @@ def disconnect_with_writes_in_flight():
 
 
 def abandoned_reads():
-    # Clients that leave with big reads unanswered: their replies meet a
-    # closed socket, which must end those connections, not the server.
-    code = ("import nbd, os, sys\n"
-            "h = nbd.NBD()\n"
-            "h.connect_uri(sys.argv[1])\n"
-            "bufs = [nbd.Buffer(4 * 1024 * 1024) for _ in range(16)]\n"
-            "for b in bufs:\n"
-            "    h.aio_pread(b, 0)\n"
-            "h.poll(0)\n"
-            "os._exit(0)\n")
+    # Clients that leave with big reads unanswered (this script in mode
+    # "abandon"): their replies meet a closed socket, which must end those
+    # connections, not the server.
     for _ in range(3):
-        subprocess.run([sys.executable, "-c", code, URI], check=True)
+        subprocess.run([sys.executable, __file__, "abandon", URI], check=True)
     h = connect()
     check(h.pread(4096, 0)[0] == 0x11, "server gone after clients left with reads in flight")
+
+
+def abandon():
+    h = connect()
+    bufs = [nbd.Buffer(4 * M) for _ in range(16)]
+    for b in bufs:
+        h.aio_pread(b, 0)
+    h.poll(0)
+    os._exit(0)
 
 
 def multi_conn():
@@ -229,6 +232,8 @@ if MODE == "rw":
     h2 = connect(strict=False)
     out_of_range(h2)
     oversized(h2)
+elif MODE == "abandon":
+    abandon()
 elif MODE == "ro":
     read_only()
 elif MODE == "mem":
