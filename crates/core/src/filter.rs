@@ -62,18 +62,27 @@ pub trait Filter: Send + Sync {
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         next.extents(offset, len)
     }
+    /// Whether reads through this filter give the bytes below, at the same
+    /// offsets, with nothing a view would skip (a delay, say): then a view
+    /// of the bytes below is a view of the filter's own. False by default.
+    fn reads_unchanged(&self) -> bool {
+        false
+    }
     /// Unlike the other methods this one does not pass through by default:
     /// a view of the bytes below would bypass a filter that changes reads.
-    /// A filter that leaves reads alone forwards it (see
-    /// [`BlockDevice::file_view`]).
+    /// It does for a filter whose [`reads_unchanged`](Self::reads_unchanged)
+    /// says so; a filter that maps offsets overrides it.
     fn file_view<'a>(
         &self,
         next: &'a dyn BlockDevice,
         offset: u64,
         len: u64,
     ) -> Option<FileView<'a>> {
-        let _ = (next, offset, len);
-        None
+        if self.reads_unchanged() {
+            next.file_view(offset, len)
+        } else {
+            None
+        }
     }
 }
 

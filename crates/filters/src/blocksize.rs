@@ -30,8 +30,7 @@
 use diskit_core::device::check_range;
 use diskit_core::extent::push_merged;
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Error, ErrorKind, Extent, FileView, Filter, Result, WriteFlags,
-    ZeroFlags,
+    BlockDevice, BlockSizeLimits, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
 };
 
 use crate::params;
@@ -289,14 +288,9 @@ impl Filter for Blocksize {
     fn name(&self) -> &str {
         "blocksize"
     }
-    fn file_view<'a>(
-        &self,
-        next: &'a dyn BlockDevice,
-        offset: u64,
-        len: u64,
-    ) -> Option<FileView<'a>> {
+    fn reads_unchanged(&self) -> bool {
         // The bytes are the same; only how they may be asked for differs.
-        next.file_view(offset, len)
+        true
     }
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.size

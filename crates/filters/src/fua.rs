@@ -18,9 +18,7 @@
 //! nbdkit 1.32 refuses `fuamode=none` by mistake (its parser falls through
 //! to "unknown fuamode"); diskit takes it, as the manual documents it.
 
-use diskit_core::{
-    BlockDevice, Capabilities, Error, FileView, Filter, Result, WriteFlags, ZeroFlags,
-};
+use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
 
@@ -121,14 +119,9 @@ impl Filter for Fua {
     fn name(&self) -> &str {
         "fua"
     }
-    fn file_view<'a>(
-        &self,
-        next: &'a dyn BlockDevice,
-        offset: u64,
-        len: u64,
-    ) -> Option<FileView<'a>> {
+    fn reads_unchanged(&self) -> bool {
         // Reads are untouched.
-        next.file_view(offset, len)
+        true
     }
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         let mut c = next.capabilities();

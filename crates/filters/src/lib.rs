@@ -290,4 +290,63 @@ mod tests {
                 .zero
         );
     }
+
+    #[test]
+    fn file_views_pass_only_through_filters_that_keep_reads() {
+        use diskit_backends::{FileDevice, FileOptions};
+        use std::os::unix::fs::FileExt;
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 253) as u8).collect();
+        std::fs::write(f.path(), &data).unwrap();
+        let file: DeviceRef = Arc::new(FileDevice::open(f.path(), FileOptions::default()).unwrap());
+        let one = |name: &str, params: &[(&str, &str)]| {
+            let spec = FilterSpec::parse(name, &kv(params)).unwrap();
+            stack(&[spec], file.clone(), false).unwrap()
+        };
+        // (filter, offset and length asked, where the view must start).
+        let cases: Vec<(DeviceRef, u64, u64, Option<u64>)> = vec![
+            (one("nozero", &[]), 4096, 65536, Some(4096)),
+            (one("noextents", &[]), 1, 65536, Some(1)),
+            (one("fua", &[]), 0, 1 << 20, Some(0)),
+            (
+                one("blocksize", &[("minblock", "4k")]),
+                512,
+                8192,
+                Some(512),
+            ),
+            (
+                one("offset", &[("offset", "1M")]),
+                100,
+                4096,
+                Some((1 << 20) + 100),
+            ),
+            (one("offset", &[("offset", "1M")]), 3 << 20, 4096, None),
+            (
+                one("truncate", &[("truncate", "5M")]),
+                1 << 20,
+                4096,
+                Some(1 << 20),
+            ),
+            (
+                one("truncate", &[("truncate", "5M")]),
+                (4 << 20) - 10,
+                20,
+                None,
+            ),
+            (one("delay", &[("rdelay", "1ms")]), 0, 4096, None),
+        ];
+        for (d, offset, len, want) in cases {
+            let view = d.file_view(offset, len);
+            assert_eq!(view.map(|v| v.offset), want, "{} at {offset}", d.describe());
+            if let Some(v) = view {
+                // The view's bytes are what the filter reads.
+                let mut through = vec![0u8; len as usize];
+                d.read_at(&mut through, offset).unwrap();
+                let file = std::fs::File::from(v.fd.try_clone_to_owned().unwrap());
+                let mut viewed = vec![0u8; len as usize];
+                file.read_exact_at(&mut viewed, v.offset).unwrap();
+                assert!(through == viewed, "{}", d.describe());
+            }
+        }
+    }
 }

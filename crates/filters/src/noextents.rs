@@ -8,7 +8,7 @@
 //! It takes no parameters.
 
 use diskit_core::device::check_range;
-use diskit_core::{BlockDevice, Capabilities, Extent, FileView, Filter, Result};
+use diskit_core::{BlockDevice, Capabilities, Extent, Filter, Result};
 
 /// The keys the filter takes: none.
 pub const KEYS: &[&str] = &[];
@@ -21,14 +21,9 @@ impl Filter for Noextents {
     fn name(&self) -> &str {
         "noextents"
     }
-    fn file_view<'a>(
-        &self,
-        next: &'a dyn BlockDevice,
-        offset: u64,
-        len: u64,
-    ) -> Option<FileView<'a>> {
+    fn reads_unchanged(&self) -> bool {
         // Reads are untouched.
-        next.file_view(offset, len)
+        true
     }
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         Capabilities {

@@ -23,9 +23,7 @@
 //! - `ignore`: offered, and the fast flag is dropped: the zeroing is done
 //!   even when slow (against the NBD spec, for comparisons only).
 
-use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, FileView, Filter, Result, ZeroFlags,
-};
+use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
 
 use crate::{params, write_zeros};
 
@@ -130,14 +128,9 @@ impl Filter for Nozero {
     fn name(&self) -> &str {
         "nozero"
     }
-    fn file_view<'a>(
-        &self,
-        next: &'a dyn BlockDevice,
-        offset: u64,
-        len: u64,
-    ) -> Option<FileView<'a>> {
+    fn reads_unchanged(&self) -> bool {
         // Reads are untouched.
-        next.file_view(offset, len)
+        true
     }
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         let mut c = next.capabilities();
