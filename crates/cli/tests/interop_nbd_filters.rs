@@ -21,9 +21,6 @@ use std::process::{Command, Output};
 use common::*;
 use serde_json::{Value, json};
 
-/// The Python with libnbd's `nbd` module (a pyenv python3 first on PATH may lack it).
-const PYTHON: &str = "/usr/bin/python3";
-
 /// The flags nbdinfo reports that filters may change.
 const FLAGS: &[&str] = &[
     "export-size",
@@ -192,7 +189,7 @@ fn assert_compared(compared: &[&str], needed: &[&str], what: &[&str]) {
 
 /// The command that runs `ops` (see filter_ops.py).
 fn ops_only(ops: &Value) -> String {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/nbd/filter_ops.py");
+    let script = nbd_script("filter_ops.py");
     format!("{PYTHON} {} \"$uri\" '{ops}'", s(&script))
 }
 

@@ -343,9 +343,9 @@ fn libnbd_checks_over_psk() {
     let f = dir.path().join("checks.raw");
     sparse_file(&f, 4 << 20, &[(0, 65536, 0x11), (1 << 20, 65536, 0x22)]);
     let server = server_keys(dir.path());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/nbd/checks.py");
+    let script = nbd_script("checks.py");
     let cmd = format!(
-        "/usr/bin/python3 {} rw \"{}\"",
+        "{PYTHON} {} rw \"{}\"",
         s(&script),
         psk_uri("alice", server.parent().unwrap())
     );

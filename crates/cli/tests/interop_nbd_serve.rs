@@ -11,13 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The Python with libnbd's `nbd` module (a pyenv python3 first on PATH may lack it).
-const PYTHON: &str = "/usr/bin/python3";
-
-fn checks_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/nbd/checks.py")
-}
-
 /// A 4 MiB sparse file: 64 KiB of 0x11 at 0, 64 KiB of 0x22 at 1 MiB.
 fn test_file(dir: &Path) -> PathBuf {
     let p = dir.join("t.raw");
@@ -228,7 +221,7 @@ fn nbdcopy_round_trip_with_many_requests_in_flight() {
 }
 
 fn python_checks(mode: &str, serve_args: &[&str]) {
-    let cmd = format!("{PYTHON} {} {mode} \"$uri\"", s(&checks_script()));
+    let cmd = format!("{PYTHON} {} {mode} \"$uri\"", s(&nbd_script("checks.py")));
     let mut args = serve_args.to_vec();
     args.extend(["--run", &cmd]);
     let o = ok(serve(&args));

@@ -13,9 +13,6 @@ use std::process::{Command, Output};
 
 use common::*;
 
-/// The Python with libnbd's `nbd` module.
-const PYTHON: &str = "/usr/bin/python3";
-
 /// A 4 MiB sparse file: 64 KiB of 0x11 at 0, 64 KiB of 0x22 at 1 MiB.
 fn test_file(dir: &Path) -> PathBuf {
     let p = dir.join("t.raw");
@@ -213,7 +210,7 @@ fn libnbd_checks_over_tls() {
     let dir = workdir();
     let f = test_file(dir.path());
     let pki = pki(dir.path());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/nbd/checks.py");
+    let script = nbd_script("checks.py");
     let cmd = format!("{PYTHON} {} rw \"{}\"", s(&script), tls_uri(&pki));
     let o = ok(serve(&[
         "-U",

@@ -85,9 +85,16 @@ pub const FILTERS: &[FilterInfo] = &[
     },
 ];
 
-/// The filter called `name`.
-pub fn info(name: &str) -> Option<&'static FilterInfo> {
-    FILTERS.iter().find(|f| f.name == name)
+/// The filter called `name`; an unknown name is an error listing the
+/// filters there are.
+pub fn info(name: &str) -> Result<&'static FilterInfo> {
+    FILTERS.iter().find(|f| f.name == name).ok_or_else(|| {
+        let names: Vec<&str> = FILTERS.iter().map(|f| f.name).collect();
+        Error::invalid(format!(
+            "unknown filter '{name}' (filters: {})",
+            names.join(", ")
+        ))
+    })
 }
 
 /// A filter chosen by name with its parameters checked, ready to stack.
@@ -113,13 +120,7 @@ impl FilterSpec {
     /// The filter `name` with `params` (key, value), applied in order (a
     /// later value of a key replaces an earlier one, as in nbdkit).
     pub fn parse(name: &str, params: &[(String, String)]) -> Result<FilterSpec> {
-        let Some(f) = info(name) else {
-            let names: Vec<&str> = FILTERS.iter().map(|f| f.name).collect();
-            return Err(Error::invalid(format!(
-                "unknown filter '{name}' (filters: {})",
-                names.join(", ")
-            )));
-        };
+        let f = info(name)?;
         if let Some((k, _)) = params.iter().find(|(k, _)| !f.keys.contains(&k.as_str())) {
             return Err(Error::invalid(format!("{name}: unknown parameter '{k}'")));
         }

@@ -75,6 +75,13 @@ impl Offset {
     }
 }
 
+impl Offset {
+    /// Where `offset..offset+len` of the window lies on the device below.
+    fn map(&self, offset: u64, len: u64) -> Result<u64> {
+        check_range(self.size, offset, len).map(|()| offset + self.offset)
+    }
+}
+
 impl Filter for Offset {
     fn name(&self) -> &str {
         "offset"
@@ -85,15 +92,13 @@ impl Filter for Offset {
         offset: u64,
         len: u64,
     ) -> Option<FileView<'a>> {
-        check_range(self.size, offset, len).ok()?;
-        next.file_view(offset + self.offset, len)
+        next.file_view(self.map(offset, len).ok()?, len)
     }
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.size
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
-        next.read_at(buf, offset + self.offset)
+        next.read_at(buf, self.map(offset, buf.len() as u64)?)
     }
     fn write_at(
         &self,
@@ -102,8 +107,7 @@ impl Filter for Offset {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
-        next.write_at(buf, offset + self.offset, flags)
+        next.write_at(buf, self.map(offset, buf.len() as u64)?, flags)
     }
     fn write_zeroes(
         &self,
@@ -112,20 +116,19 @@ impl Filter for Offset {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, len)?;
-        next.write_zeroes(offset + self.offset, len, flags)
+        next.write_zeroes(self.map(offset, len)?, len, flags)
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
-        next.trim(offset + self.offset, len, flags)
+        next.trim(self.map(offset, len)?, len, flags)
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
-        next.cache(offset + self.offset, len)
+        next.cache(self.map(offset, len)?, len)
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
-        Ok(clip_extents(next.extents(offset + self.offset, len)?, len))
+        Ok(clip_extents(
+            next.extents(self.map(offset, len)?, len)?,
+            len,
+        ))
     }
 }
 

@@ -129,8 +129,10 @@ impl Filter for Truncate {
         len: u64,
     ) -> Option<FileView<'a>> {
         // Only a range wholly on the device below: the rest reads as zeros.
-        check_range(self.size, offset, len).ok()?;
-        (self.inside(offset, len) == len).then(|| next.file_view(offset, len))?
+        if offset.checked_add(len)? > self.size.min(self.real) {
+            return None;
+        }
+        next.file_view(offset, len)
     }
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.size

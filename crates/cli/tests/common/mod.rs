@@ -8,6 +8,17 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The Python with libnbd's `nbd` module (a pyenv python3 first on PATH
+/// may lack it).
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// A libnbd script of tests/nbd (checks.py, filter_ops.py).
+pub fn nbd_script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/nbd")
+        .join(name)
+}
+
 /// The diskit binary under test.
 pub fn diskit_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_diskit"))

@@ -431,6 +431,9 @@ impl Meta {
     pub fn discard_freed(&mut self) -> Result<()> {
         let cs = self.cx.geo.cluster_size();
         let freed = self.refs()?.take_freed()?;
+        if freed.is_empty() {
+            return Ok(());
+        }
         let len = self.file.file_len()?;
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for c in freed {

@@ -247,7 +247,10 @@ impl Refcounts {
 
     /// Starts noting the clusters that get freed, for [`Self::take_freed`].
     pub fn note_freed(&mut self) {
-        self.freed.get_or_insert_with(Vec::new);
+        // Afresh: a list left by an operation that failed half way is
+        // forgotten (its clusters are free all the same; only their space
+        // stays in the file).
+        self.freed = Some(Vec::new());
     }
 
     /// Stops noting freed clusters and returns those still free, sorted.

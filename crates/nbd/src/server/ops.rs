@@ -306,8 +306,15 @@ fn read(
     if let Some(zc) = zero_copy
         && len64 >= ZERO_COPY_READ
     {
-        let runs = plan.clone().unwrap_or_else(|| whole(false));
-        if let Some(reply) = splice_read(dev, style, cookie, offset, &runs, zc) {
+        let all_data;
+        let runs = match &plan {
+            Some(runs) => runs,
+            None => {
+                all_data = whole(false);
+                &all_data
+            }
+        };
+        if let Some(reply) = splice_read(dev, style, cookie, offset, runs, zc) {
             return reply;
         }
     }
@@ -349,44 +356,25 @@ fn splice_read(
     runs: &[Run],
     zc: &mut ZeroCopy,
 ) -> Option<Reply> {
-    let pipe = zc.pipe()?;
-    let mut failed = None;
-    for r in runs.iter().filter(|r| !r.hole) {
-        let Some(view) = dev.file_view(offset + r.start, r.len) else {
-            failed = Some(false);
-            break;
-        };
+    // Err(error from the pipe, if any): not spliced.
+    let filled = runs.iter().filter(|r| !r.hole).try_for_each(|r| {
+        let view = dev.file_view(offset + r.start, r.len).ok_or(None)?;
+        let pipe = zc.pipe().ok_or(None)?;
         if !pipe.fits(view.offset, r.len) {
-            failed = Some(false);
-            break;
+            return Err(None);
         }
         match pipe.fill(view, r.len) {
-            Ok(true) => {}
-            Ok(false) => {
-                failed = Some(false);
-                break;
-            }
-            Err(e) => {
-                // A file system that cannot splice will not learn to.
-                let never = matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
-                );
-                failed = Some(never);
-                break;
-            }
+            Ok(true) => Ok(()),
+            Ok(false) => Err(None),
+            Err(e) => Err(Some(e)),
         }
-    }
-    match failed {
-        None => Some(read_reply(style, cookie, offset, runs, |r| {
+    });
+    match filled {
+        Ok(()) => Some(read_reply(style, cookie, offset, runs, |r| {
             Part::Piped(r.len)
         })),
-        Some(never) => {
-            if never {
-                zc.disable();
-            } else if zc.pipe().is_some_and(|p| !p.is_empty()) {
-                zc.reset();
-            }
+        Err(e) => {
+            zc.give_up(e.as_ref());
             None
         }
     }

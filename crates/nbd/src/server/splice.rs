@@ -6,13 +6,16 @@
 //! lock, from the pipe into the socket.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use diskit_core::FileView;
 
 /// The pipe size asked for (the default limit for unprivileged processes,
 /// /proc/sys/fs/pipe-max-size); a smaller one is used if that fails.
 const WANTED: usize = 1 << 20;
+/// The least pipe worth keeping: room for a read of the smallest size that
+/// is spliced, unaligned.
+const MIN_SIZE: u64 = (128 << 10) + PAGE;
 /// Pipe capacity is counted in buffers of up to a page each.
 const PAGE: u64 = 4096;
 
@@ -46,6 +49,11 @@ impl SplicePipe {
         if size <= 0 {
             return Err(io::Error::last_os_error());
         }
+        // Out of pipe quota (fs.pipe-user-pages-soft), the kernel gives a
+        // pipe of two pages, which no read worth splicing would fit.
+        if (size as u64) < MIN_SIZE {
+            return Err(io::Error::other("pipe too small to splice reads"));
+        }
         Ok(SplicePipe {
             read,
             write,
@@ -71,40 +79,28 @@ impl SplicePipe {
     }
 
     /// Moves `len` bytes of `view` into the pipe. `Ok(false)` when fewer
-    /// were there to move (end of file); on `Ok(false)` or an error the
-    /// pipe holds a part and must be dropped.
+    /// were there to move (end of file) or the pipe filled up; on
+    /// `Ok(false)` or an error the pipe may hold a part (see
+    /// [`ZeroCopy::give_up`]).
     pub fn fill(&mut self, view: FileView<'_>, len: u64) -> io::Result<bool> {
         self.used = self.used() + Self::pages(view.offset, len);
         let mut off = view.offset as libc::loff_t;
         let mut left = len;
         while left > 0 {
-            // SAFETY: both descriptors are open; `off` is a valid in/out
-            // offset for the file, the pipe end has none.
-            let n = unsafe {
-                libc::splice(
-                    view.fd.as_raw_fd(),
-                    &mut off,
-                    self.write.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    left as usize,
-                    libc::SPLICE_F_NONBLOCK,
-                )
+            let n = match splice(
+                view.fd,
+                Some(&mut off),
+                self.write.as_fd(),
+                left,
+                libc::SPLICE_F_NONBLOCK,
+            ) {
+                Ok(0) => return Ok(false),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
             };
-            match n {
-                0 => return Ok(false),
-                n if n > 0 => {
-                    left -= n as u64;
-                    self.held += n as u64;
-                }
-                _ => {
-                    let e = io::Error::last_os_error();
-                    match e.kind() {
-                        io::ErrorKind::Interrupted => {}
-                        io::ErrorKind::WouldBlock => return Ok(false),
-                        _ => return Err(e),
-                    }
-                }
-            }
+            left -= n;
+            self.held += n;
         }
         Ok(true)
     }
@@ -114,30 +110,13 @@ impl SplicePipe {
     pub fn drain(&mut self, socket: BorrowedFd<'_>, len: u64) -> io::Result<()> {
         let mut left = len.min(self.held);
         while left > 0 {
-            // SAFETY: both descriptors are open; neither end has an offset.
-            let n = unsafe {
-                libc::splice(
-                    self.read.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    socket.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    left as usize,
-                    libc::SPLICE_F_MOVE | libc::SPLICE_F_MORE,
-                )
-            };
-            match n {
-                0 => return Err(io::ErrorKind::WriteZero.into()),
-                n if n > 0 => {
-                    left -= n as u64;
-                    self.held -= n as u64;
-                }
-                _ => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
+            let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_MORE;
+            let n = splice(self.read.as_fd(), None, socket, left, flags)?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
             }
+            left -= n;
+            self.held -= n;
         }
         Ok(())
     }
@@ -145,6 +124,39 @@ impl SplicePipe {
     /// Whether the pipe is empty (safe to keep for the next request).
     pub fn is_empty(&self) -> bool {
         self.held == 0
+    }
+}
+
+/// `splice(2)` of up to `len` bytes, retried when interrupted; `offset` is
+/// the input file's (pipes have none).
+fn splice(
+    from: BorrowedFd<'_>,
+    offset: Option<&mut libc::loff_t>,
+    to: BorrowedFd<'_>,
+    len: u64,
+    flags: libc::c_uint,
+) -> io::Result<u64> {
+    let offset = offset.map_or(std::ptr::null_mut(), |o| o as *mut libc::loff_t);
+    loop {
+        // SAFETY: both descriptors are open; `offset` is null or points to
+        // a live offset for the input file.
+        let n = unsafe {
+            libc::splice(
+                from.as_raw_fd(),
+                offset,
+                to.as_raw_fd(),
+                std::ptr::null_mut(),
+                len as usize,
+                flags,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as u64);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 
@@ -179,9 +191,22 @@ impl ZeroCopy {
         self.pipe = None;
     }
 
-    /// Turns zero copy off for this worker (the file system cannot splice).
-    pub fn disable(&mut self) {
-        self.pipe = None;
-        self.off = true;
+    /// After a read that could not be spliced whole (`error`: the one
+    /// [`SplicePipe::fill`] gave, if any): a pipe holding a part is
+    /// forgotten, and a file system that cannot splice turns zero copy off
+    /// for good.
+    pub fn give_up(&mut self, error: Option<&io::Error>) {
+        let never = error.is_some_and(|e| {
+            matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+            )
+        });
+        if never {
+            self.off = true;
+        }
+        if never || self.pipe.as_ref().is_some_and(|p| !p.is_empty()) {
+            self.pipe = None;
+        }
     }
 }

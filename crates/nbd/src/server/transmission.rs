@@ -6,13 +6,14 @@
 
 use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::budget::Budget;
 use super::export::MetaContext;
 use super::handshake::Negotiated;
+use super::lock;
 use super::ops::{self, Conn, Part, Reply};
 use super::splice::ZeroCopy;
 use super::stats::Stats;
@@ -146,10 +147,6 @@ struct Shared<'a> {
     budget: Budget,
     conn_stats: &'a Stats,
     cost: Cost,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared<'_> {
@@ -293,16 +290,18 @@ impl Shared<'_> {
                 // running them in turn. While more requests are buffered
                 // the replies wait, to go out together.
                 let mut batch = 0;
-                while batch < MAX_BATCH && matches!(&turn, Turn::Job(job) if self.cheap(job)) {
+                let mut cheap = matches!(&turn, Turn::Job(job) if self.cheap(job));
+                while batch < MAX_BATCH && cheap {
                     let more = request_buffered(reader.buffer(), self.limits.extended);
                     let Turn::Job(job) = turn else { unreachable!() };
                     self.execute(job, &mut buf, &mut zc, more);
                     batch += 1;
                     turn = next_request(&mut *reader, self, &mut buf);
+                    cheap = matches!(&turn, Turn::Job(job) if self.cheap(job));
                 }
                 // The batch's replies wait for the next one only if that
                 // one is quick too.
-                if batch > 0 && !matches!(&turn, Turn::Job(job) if self.cheap(job)) {
+                if batch > 0 && !cheap {
                     self.flush();
                 }
                 if matches!(turn, Turn::End(_)) {

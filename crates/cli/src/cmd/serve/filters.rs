@@ -29,15 +29,7 @@ pub fn route(plugin: &str, filters: &[String], args: &[String]) -> Result<Routed
     // Unknown filter names first: their parameters would look unknown too.
     let infos = filters
         .iter()
-        .map(|name| {
-            diskit_filters::info(name).ok_or_else(|| {
-                let names: Vec<&str> = FILTERS.iter().map(|f| f.name).collect();
-                CliError::new(format!(
-                    "serve: unknown filter '{name}' (filters: {})",
-                    names.join(", ")
-                ))
-            })
-        })
+        .map(|name| diskit_filters::info(name).map_err(|e| CliError::new(format!("serve: {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
     for a in args {
         let Some((k, v)) = a.split_once('=').filter(|(k, _)| plugin::is_key(k)) else {

@@ -23,10 +23,8 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::lock;
 use super::transport::{Halves, Transport};
-
-/// Whether this build can serve TLS-PSK (the `tls-psk` feature).
-pub const PSK_SUPPORTED: bool = cfg!(feature = "tls-psk");
 
 /// When clients must use TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,10 +180,6 @@ pub fn upgrade(plain: Box<dyn Transport>, config: &TlsConfig) -> io::Result<Box<
 struct Shared {
     conn: Mutex<Box<dyn Session>>,
     out: Mutex<Box<dyn Write + Send>>,
-}
-
-fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {

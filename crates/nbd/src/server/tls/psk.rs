@@ -411,6 +411,10 @@ impl Session for PskSession {
 
     fn take_sealed(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
         let outgoing = &mut self.stream.get_mut().outgoing;
+        if outgoing.is_empty() {
+            // Keep the buffer: trading it for `out` would drop its room.
+            return Ok(());
+        }
         if out.is_empty() {
             // The two buffers trade places: no copy.
             std::mem::swap(out, outgoing);
