@@ -246,12 +246,23 @@ pub fn write_zero_buffer<D: BlockDevice + ?Sized>(
 ) -> Result<()> {
     const CHUNK: usize = 1 << 20;
     static ZEROS: [u8; CHUNK] = [0u8; CHUNK];
+    // FUA covers only the write that carries it: a zeroing done in one
+    // write takes the flag, a longer one flushes once after its writes.
+    let one_write = len <= CHUNK as u64;
     while len > 0 {
         let n = len.min(CHUNK as u64) as usize;
-        let last = n as u64 == len;
-        dev.write_at(&ZEROS[..n], offset, WriteFlags { fua: fua && last })?;
+        dev.write_at(
+            &ZEROS[..n],
+            offset,
+            WriteFlags {
+                fua: fua && one_write,
+            },
+        )?;
         offset += n as u64;
         len -= n as u64;
+    }
+    if fua && !one_write && dev.capabilities().can_flush {
+        dev.flush()?;
     }
     Ok(())
 }
@@ -315,3 +326,64 @@ macro_rules! forward_device {
 forward_device!(Arc<T>);
 forward_device!(Box<T>);
 forward_device!(&T);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Records the writes (length, FUA) and flushes it is asked for.
+    #[derive(Default)]
+    struct Recorder {
+        writes: Mutex<Vec<(usize, bool)>>,
+        flushes: Mutex<usize>,
+    }
+
+    impl BlockDevice for Recorder {
+        fn size(&self) -> u64 {
+            64 << 20
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                can_flush: true,
+                ..Capabilities::IN_MEMORY
+            }
+        }
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_at(&self, buf: &[u8], _offset: u64, flags: WriteFlags) -> Result<()> {
+            self.writes.lock().unwrap().push((buf.len(), flags.fua));
+            Ok(())
+        }
+        fn flush(&self) -> Result<()> {
+            *self.flushes.lock().unwrap() += 1;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn zero_buffer_fua_covers_every_chunk() {
+        let one = Recorder::default();
+        write_zero_buffer(&one, 0, 4096, true).unwrap();
+        assert_eq!(*one.writes.lock().unwrap(), vec![(4096, true)]);
+        assert_eq!(*one.flushes.lock().unwrap(), 0);
+
+        // Three chunks: FUA on the last alone would leave the first two
+        // in a volatile cache, so the writes are flushed instead.
+        let many = Recorder::default();
+        write_zero_buffer(&many, 0, (2 << 20) + 512, true).unwrap();
+        let writes = many.writes.lock().unwrap().clone();
+        assert_eq!(
+            writes,
+            vec![(1 << 20, false), (1 << 20, false), (512, false)]
+        );
+        assert_eq!(*many.flushes.lock().unwrap(), 1);
+
+        let plain = Recorder::default();
+        write_zero_buffer(&plain, 0, 3 << 20, false).unwrap();
+        assert!(plain.writes.lock().unwrap().iter().all(|w| !w.1));
+        assert_eq!(*plain.flushes.lock().unwrap(), 0);
+    }
+}

@@ -33,7 +33,7 @@ pub mod truncate;
 
 use std::sync::Arc;
 
-use diskit_core::{BlockDevice, DeviceRef, Error, Extent, Filtered, Result, WriteFlags};
+use diskit_core::{DeviceRef, Error, Extent, Filtered, Result};
 
 /// A filter's name, the parameter keys it takes and a one-line description.
 #[derive(Debug, Clone, Copy)]
@@ -203,30 +203,6 @@ pub(crate) fn clip_extents(extents: Vec<Extent>, len: u64) -> Vec<Extent> {
         }
     }
     out
-}
-
-/// Writes `len` zero bytes at `offset` with plain writes. With `fua` the
-/// data is made durable once at the end: by a flush when the device has a
-/// volatile cache (one flush rather than one per write), else nothing more
-/// is needed.
-pub(crate) fn write_zeros(
-    next: &dyn BlockDevice,
-    mut offset: u64,
-    mut len: u64,
-    fua: bool,
-) -> Result<()> {
-    const CHUNK: usize = 1 << 20;
-    static ZEROS: [u8; CHUNK] = [0u8; CHUNK];
-    while len > 0 {
-        let n = len.min(CHUNK as u64) as usize;
-        next.write_at(&ZEROS[..n], offset, WriteFlags::NONE)?;
-        offset += n as u64;
-        len -= n as u64;
-    }
-    if fua && next.capabilities().can_flush {
-        next.flush()?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

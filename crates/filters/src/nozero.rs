@@ -25,7 +25,8 @@
 
 use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
 
-use crate::{params, write_zeros};
+use crate::params;
+use diskit_core::device::write_zero_buffer;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["zeromode", "fastzeromode"];
@@ -172,7 +173,7 @@ impl Filter for Nozero {
         }
         match self.zero {
             // `None` is not offered; a caller that zeroes anyway gets zeros written.
-            ZeroMode::None | ZeroMode::Emulate => write_zeros(next, offset, len, flags.fua),
+            ZeroMode::None | ZeroMode::Emulate => write_zero_buffer(next, offset, len, flags.fua),
             ZeroMode::Notrim => next.write_zeroes(
                 offset,
                 len,
