@@ -247,6 +247,18 @@ impl FileDevice {
         }
     }
 
+    /// A write through the page cache; big ones to a regular file take
+    /// their turn (see [`BIG_WRITE`]).
+    fn buffered_write(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if !self.block_device && buf.len() >= BIG_WRITE {
+            let _turn = self.big_writes.lock().unwrap_or_else(|p| p.into_inner());
+            self.file.write_all_at(buf, offset)?;
+        } else {
+            self.file.write_all_at(buf, offset)?;
+        }
+        Ok(())
+    }
+
     /// Writes all of `buf` at `offset`, growing the file when the write
     /// ends past its end (image formats allocate at the end of their file).
     pub fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -268,7 +280,7 @@ impl FileDevice {
             }
             self.direct_write(buf, offset)?;
         } else {
-            self.file.write_all_at(buf, offset)?;
+            self.buffered_write(buf, offset)?;
         }
         self.size.fetch_max(end, Ordering::AcqRel);
         Ok(())
@@ -541,11 +553,8 @@ impl BlockDevice for FileDevice {
         self.touched();
         if self.direct {
             self.direct_write(buf, offset)?;
-        } else if !self.block_device && buf.len() >= BIG_WRITE {
-            let _turn = self.big_writes.lock().unwrap_or_else(|p| p.into_inner());
-            self.file.write_all_at(buf, offset)?;
         } else {
-            self.file.write_all_at(buf, offset)?;
+            self.buffered_write(buf, offset)?;
         }
         if flags.fua {
             self.file.sync_data()?;
