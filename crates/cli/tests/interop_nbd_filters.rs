@@ -16,7 +16,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::*;
 use serde_json::{Value, json};
@@ -62,11 +62,13 @@ impl Server {
 
 /// Runs `SERVER -U - ARGS --run CMD`; every "FILE" in ARGS becomes `file`.
 fn run(server: Server, args: &[&str], file: Option<&Path>, cmd: &str) -> Output {
-    let mut c = Command::new("timeout");
-    c.args(["-k", "5", "120"]);
-    match server {
-        Server::Nbdkit => c.arg("nbdkit"),
-        Server::Diskit => c.arg(diskit_bin()).arg("serve"),
+    let mut c = match server {
+        Server::Nbdkit => timed("nbdkit", 120),
+        Server::Diskit => {
+            let mut c = timed(diskit_bin(), 120);
+            c.arg("serve");
+            c
+        }
     };
     c.args(["-U", "-"]);
     for a in args {
@@ -75,7 +77,7 @@ fn run(server: Server, args: &[&str], file: Option<&Path>, cmd: &str) -> Output 
             _ => c.arg(a),
         };
     }
-    c.args(["--run", cmd]).env("PATH", path_env());
+    c.args(["--run", cmd]);
     c.output()
         .unwrap_or_else(|e| panic!("cannot run {} ({e})", server.name()))
 }

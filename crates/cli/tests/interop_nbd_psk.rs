@@ -10,7 +10,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::*;
 
@@ -257,12 +257,10 @@ fn tls_psk_alone_offers_tls_as_nbdkit_does() {
         uri = psk_uri("alice", client),
     );
     let run = |argv: &[&str]| {
-        Command::new("timeout")
-            .args(["-k", "5", "120"])
-            .args(argv)
+        timed(argv[0], 120)
+            .args(&argv[1..])
             .args(["-f", "-U", "-", "--tls-psk", s(&server), "file", s(&f)])
             .args(["--run", &cmd])
-            .env("PATH", path_env())
             .output()
             .expect("run the server")
     };

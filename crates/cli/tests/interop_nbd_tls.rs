@@ -9,7 +9,7 @@ mod common;
 mod certs;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::*;
 
@@ -255,8 +255,8 @@ fn run_sets_tls_as_nbdkit_does() {
     let pki = pki(dir.path());
     let cmd = "echo \"tls=${tls-unset} uri=$uri\"";
     let run = |argv: &[&str], mode: &str, inherited: Option<&str>| {
-        let mut c = Command::new("timeout");
-        c.args(["-k", "5", "60"]).args(argv).args([
+        let mut c = timed(argv[0], 60);
+        c.args(&argv[1..]).args([
             "-U",
             "-",
             &format!("--tls={mode}"),
@@ -267,7 +267,6 @@ fn run_sets_tls_as_nbdkit_does() {
             "--run",
             cmd,
         ]);
-        c.env("PATH", path_env());
         match inherited {
             Some(v) => c.env("tls", v),
             None => c.env_remove("tls"),

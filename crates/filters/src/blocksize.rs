@@ -27,6 +27,8 @@
 //! request below). A FUA request split into several pieces is passed down
 //! without FUA and followed by one flush.
 
+use std::ops::Range;
+
 use diskit_core::device::check_range;
 use diskit_core::extent::push_merged;
 use diskit_core::{
@@ -194,6 +196,45 @@ impl Blocksize {
         }
     }
 
+    /// Runs a write or a zeroing of `range`. A partial block
+    /// at either end goes through read-modify-write, where `edit(part, at)`
+    /// changes the `part` of the block the request covers (`at`: where the
+    /// part starts in the request); the aligned body goes to `body(pos, n,
+    /// at, fua)` in pieces of at most `max`. FUA follows [`Self::fua_plan`].
+    fn write_pieces(
+        &self,
+        next: &dyn BlockDevice,
+        range: Range<u64>,
+        max: u64,
+        fua: bool,
+        mut edit: impl FnMut(&mut [u8], usize),
+        mut body: impl FnMut(u64, u64, usize, bool) -> Result<()>,
+    ) -> Result<()> {
+        let mb = self.minblock;
+        let (offset, end) = (range.start, range.end);
+        let (fua, flush) = Self::fua_plan(next, fua, self.pieces(offset, end - offset, max));
+        let mut pos = offset;
+        while pos < end {
+            let at = (pos - offset) as usize;
+            let drop = pos % mb;
+            let n = if drop != 0 || end - pos < mb {
+                let keep = (mb - drop).min(end - pos);
+                let part = drop as usize..(drop + keep) as usize;
+                self.rmw(next, pos - drop, WriteFlags { fua }, |b| {
+                    edit(&mut b[part], at)
+                })?;
+                keep
+            } else {
+                let n = round_down(end - pos, mb).min(max);
+                let _held = self.locks.lock(pos, pos + n, false);
+                body(pos, n, at, fua)?;
+                n
+            };
+            pos += n;
+        }
+        if flush { next.flush() } else { Ok(()) }
+    }
+
     /// Extents of `start..end` (block aligned) with every extent made whole
     /// blocks: a block whose bytes differ is data unless all of it is a
     /// hole, and reads as zeros only if all of it does. May stop early, at
@@ -336,34 +377,14 @@ impl Filter for Blocksize {
         flags: WriteFlags,
     ) -> Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
-        let mb = self.minblock;
-        let (fua, flush) = Self::fua_plan(
+        self.write_pieces(
             next,
+            offset..offset + buf.len() as u64,
+            self.maxdata,
             flags.fua,
-            self.pieces(offset, buf.len() as u64, self.maxdata),
-        );
-        let wflags = WriteFlags { fua };
-        let mut pos = offset;
-        let mut rest = buf;
-        while !rest.is_empty() {
-            let drop = pos % mb;
-            let n = if drop != 0 || (rest.len() as u64) < mb {
-                let keep = (mb - drop).min(rest.len() as u64) as usize;
-                let d = drop as usize;
-                self.rmw(next, pos - drop, wflags, |b| {
-                    b[d..d + keep].copy_from_slice(&rest[..keep])
-                })?;
-                keep
-            } else {
-                let n = round_down(rest.len() as u64, mb).min(self.maxdata);
-                let _held = self.locks.lock(pos, pos + n, false);
-                next.write_at(&rest[..n as usize], pos, wflags)?;
-                n as usize
-            };
-            pos += n as u64;
-            rest = &rest[n..];
-        }
-        if flush { next.flush() } else { Ok(()) }
+            |part, at| part.copy_from_slice(&buf[at..at + part.len()]),
+            |pos, n, at, fua| next.write_at(&buf[at..at + n as usize], pos, WriteFlags { fua }),
+        )
     }
     fn write_zeroes(
         &self,
@@ -373,31 +394,17 @@ impl Filter for Blocksize {
         flags: ZeroFlags,
     ) -> Result<()> {
         check_range(self.size, offset, len)?;
-        let mb = self.minblock;
-        if flags.fast && (!(offset | len).is_multiple_of(mb) || len > self.maxlen) {
+        if flags.fast && (!(offset | len).is_multiple_of(self.minblock) || len > self.maxlen) {
             return Err(Error::from_kind(ErrorKind::NotSupported));
         }
-        let (fua, flush) = Self::fua_plan(next, flags.fua, self.pieces(offset, len, self.maxlen));
-        let mut pos = offset;
-        let end = offset + len;
-        while pos < end {
-            let drop = pos % mb;
-            let n = if drop != 0 || end - pos < mb {
-                let keep = (mb - drop).min(end - pos);
-                let (d, k) = (drop as usize, keep as usize);
-                self.rmw(next, pos - drop, WriteFlags { fua }, |b| {
-                    b[d..d + k].fill(0)
-                })?;
-                keep
-            } else {
-                let n = round_down(end - pos, mb).min(self.maxlen);
-                let _held = self.locks.lock(pos, pos + n, false);
-                next.write_zeroes(pos, n, ZeroFlags { fua, ..flags })?;
-                n
-            };
-            pos += n;
-        }
-        if flush { next.flush() } else { Ok(()) }
+        self.write_pieces(
+            next,
+            offset..offset + len,
+            self.maxlen,
+            flags.fua,
+            |part, _| part.fill(0),
+            |pos, n, _, fua| next.write_zeroes(pos, n, ZeroFlags { fua, ..flags }),
+        )
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         check_range(self.size, offset, len)?;

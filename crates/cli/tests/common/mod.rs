@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -37,15 +38,22 @@ pub fn path_env() -> String {
     format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default())
 }
 
-/// Runs `diskit serve ARGS` under a timeout (a stuck server fails the test
-/// instead of hanging it) and returns its output.
+/// A command running `program` under `timeout` (killed 5 s after `secs`
+/// if it ignores the TERM), with the test PATH: a stuck server or client
+/// fails the test instead of hanging it.
+pub fn timed(program: impl AsRef<OsStr>, secs: u32) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["-k", "5", &secs.to_string()])
+        .arg(program)
+        .env("PATH", path_env());
+    c
+}
+
+/// Runs `diskit serve ARGS` under a timeout and returns its output.
 pub fn serve(args: &[&str]) -> Output {
-    Command::new("timeout")
-        .args(["-k", "5", "120"])
-        .arg(diskit_bin())
+    timed(diskit_bin(), 120)
         .arg("serve")
         .args(args)
-        .env("PATH", path_env())
         .output()
         .expect("run timeout diskit serve")
 }
