@@ -29,20 +29,30 @@ fstype() { df --output=fstype -- "$1" | tail -n 1; }
 
 # Free page reporting (see bench/README.md): memory left free goes back to
 # the host on these VMs and costs 3-7x to touch again. quiet_vm makes freed
-# memory wait 60 s before it is reported, when the knob exists and is
-# writable (QUIET_VM=0: leave it alone); quiet_vm_restore puts the old
-# value back (call it from the EXIT trap).
-REPORTING_KNOB=/sys/module/page_reporting/parameters/min_free_ms
-REPORTING_OLD=
+# memory wait 60 s before it is reported (min_free_ms), however much of it
+# is waiting (max_waiting_mib, which otherwise reports at once past 1 GiB),
+# for each knob that exists and is writable (QUIET_VM=0: leave them alone);
+# quiet_vm_restore puts the old values back (call it from the EXIT trap).
+REPORTING_DIR=/sys/module/page_reporting/parameters
+declare -A REPORTING_OLD=()
 quiet_vm() {
-    [[ ${QUIET_VM:-1} != 0 && -w $REPORTING_KNOB ]] || return 0
-    REPORTING_OLD=$(<"$REPORTING_KNOB")
-    if echo 60000 >"$REPORTING_KNOB" 2>/dev/null; then
-        log "free page reporting delayed to 60 s for the run (was ${REPORTING_OLD} ms)"
-    else
-        REPORTING_OLD=
-    fi
+    [[ ${QUIET_VM:-1} != 0 ]] || return 0
+    local mem_mib knob value
+    mem_mib=$(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)
+    for knob in min_free_ms=60000 "max_waiting_mib=$mem_mib"; do
+        value=${knob#*=} knob=$REPORTING_DIR/${knob%%=*}
+        [[ -w $knob ]] || continue
+        REPORTING_OLD[$knob]=$(<"$knob")
+        if echo "$value" >"$knob" 2>/dev/null; then
+            log "free page reporting: ${knob##*/} $value for the run (was ${REPORTING_OLD[$knob]})"
+        else
+            unset "REPORTING_OLD[$knob]"
+        fi
+    done
 }
 quiet_vm_restore() {
-    if [[ -n $REPORTING_OLD ]]; then echo "$REPORTING_OLD" >"$REPORTING_KNOB" || true; fi
+    local knob
+    for knob in "${!REPORTING_OLD[@]}"; do
+        echo "${REPORTING_OLD[$knob]}" >"$knob" || true
+    done
 }

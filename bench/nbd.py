@@ -29,8 +29,9 @@ Free page reporting: on VMs whose guest hands free memory back to the host
 (/sys/module/page_reporting), memory touched again after a pause costs
 3-7x more, which made whichever server ran after a pause look slow. For
 the length of the run freed memory waits 60 s before it is reported
-(min_free_ms, when writable); the old value is put back on exit.
-QUIET_VM=0 leaves it alone.
+(min_free_ms), however much is waiting (max_waiting_mib), for each knob
+that is writable; the old values are put back on exit. QUIET_VM=0 leaves
+them alone.
 
 Environment: SIZE_MIB (default 1024), ROUNDS (5), RUNTIME (5), ROWS (glob
 patterns, comma separated, default '*', e.g. 'file/*,qcow2/randwrite').
@@ -131,21 +132,38 @@ def server_argv(diskit, server, row, path, sock):
             "--aio=threads", str(path)]
 
 
-REPORTING_KNOB = Path("/sys/module/page_reporting/parameters/min_free_ms")
+REPORTING_DIR = Path("/sys/module/page_reporting/parameters")
 
 
 def quiet_vm():
-    """Delays free page reporting for the run; returns the old value to put
-    back, or None when nothing was changed."""
-    if os.environ.get("QUIET_VM", "1") == "0" or not os.access(REPORTING_KNOB, os.W_OK):
-        return None
-    try:
-        old = REPORTING_KNOB.read_text().strip()
-        REPORTING_KNOB.write_text("60000")
-    except OSError:
-        return None
-    log(f"free page reporting delayed to 60 s for the run (was {old} ms)")
+    """Delays free page reporting for the run: freed memory waits 60 s
+    (min_free_ms), however much of it is waiting (max_waiting_mib, which
+    otherwise reports at once past 1 GiB). Returns {knob: old value} for
+    the knobs changed, to put back with quiet_vm_restore."""
+    old = {}
+    if os.environ.get("QUIET_VM", "1") == "0":
+        return old
+    mem_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    for name, value in [("min_free_ms", 60000), ("max_waiting_mib", mem_mib)]:
+        knob = REPORTING_DIR / name
+        if not os.access(knob, os.W_OK):
+            continue
+        try:
+            was = knob.read_text().strip()
+            knob.write_text(str(value))
+        except OSError:
+            continue
+        old[knob] = was
+        log(f"free page reporting: {name} {value} for the run (was {was})")
     return old
+
+
+def quiet_vm_restore(old):
+    for knob, value in old.items():
+        try:
+            knob.write_text(value)
+        except OSError:
+            pass
 
 
 def run_fio(uri, workload):
@@ -214,8 +232,7 @@ def main():
                     log(f"round {r + 1}/{ROUNDS} {row}/{wl} {server}: {value:,.1f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        if reporting_old is not None:
-            REPORTING_KNOB.write_text(reporting_old)
+        quiet_vm_restore(reporting_old)
 
     unit = {"seqread": "MiB/s", "randread": "IOPS", "randwrite": "IOPS", "nbdcopy": "MiB/s"}
     print(f"\nNBD servers, {SIZE_MIB} MiB on /dev/shm, median of {ROUNDS} rounds "

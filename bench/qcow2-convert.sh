@@ -33,8 +33,9 @@
 # tmpfs in 1.0 s, or 3.9-7 s after a 10 s pause). Whichever tool ran after
 # a pause paid for it, and file-target times were bimodal. For the length
 # of the run the script makes freed memory wait 60 s before it is reported
-# (min_free_ms, when that knob exists and is writable) and puts the old
-# value back on exit. QUIET_VM=0 leaves it alone.
+# (min_free_ms), however much of it is waiting (max_waiting_mib), for each
+# knob that exists and is writable, and puts the old values back on exit.
+# QUIET_VM=0 leaves them alone.
 #
 # Page cache: the machine also runs DAMON with a "page out what was idle for
 # 60 s" scheme, which dropped cached source images between rounds, so that a
