@@ -18,7 +18,8 @@
 #
 # Environment:
 #   SIZE_MIB   size of each test file in MiB (default 2048)
-#   ROUNDS     timed rounds per case (default 5)
+#   ROUNDS     timed rounds per case (default 6: every tool goes first
+#              equally often)
 #   BENCH_DIR  directory on the work disk for the test files
 #              (default <repo>/bench/.work, git-ignored)
 #
@@ -32,7 +33,7 @@ SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 
 SIZE_MIB=${SIZE_MIB:-2048}
-ROUNDS=${ROUNDS:-5}
+ROUNDS=${ROUNDS:-6}
 BENCH_DIR=${BENCH_DIR:-$SCRIPT_DIR/.work}
 RESULTS_DIR=$SCRIPT_DIR/results
 

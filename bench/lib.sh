@@ -31,7 +31,8 @@ fstype() { df --output=fstype -- "$1" | tail -n 1; }
 # the host on these VMs and costs 3-7x to touch again. quiet_vm makes freed
 # memory wait 60 s before it is reported (min_free_ms), however much of it
 # is waiting (max_waiting_mib, which otherwise reports at once past 1 GiB),
-# for each knob that exists and is writable (QUIET_VM=0: leave them alone);
+# and reports only free blocks of 4 MiB (page_reporting_order 10), for each
+# knob that exists and is writable (QUIET_VM=0: leave them alone);
 # quiet_vm_restore puts the old values back (call it from the EXIT trap).
 REPORTING_DIR=/sys/module/page_reporting/parameters
 declare -A REPORTING_OLD=()
@@ -39,7 +40,7 @@ quiet_vm() {
     [[ ${QUIET_VM:-1} != 0 ]] || return 0
     local mem_mib knob value
     mem_mib=$(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)
-    for knob in min_free_ms=60000 "max_waiting_mib=$mem_mib"; do
+    for knob in min_free_ms=60000 "max_waiting_mib=$mem_mib" page_reporting_order=10; do
         value=${knob#*=} knob=$REPORTING_DIR/${knob%%=*}
         [[ -w $knob ]] || continue
         REPORTING_OLD[$knob]=$(<"$knob")

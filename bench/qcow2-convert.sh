@@ -33,8 +33,9 @@
 # tmpfs in 1.0 s, or 3.9-7 s after a 10 s pause). Whichever tool ran after
 # a pause paid for it, and file-target times were bimodal. For the length
 # of the run the script makes freed memory wait 60 s before it is reported
-# (min_free_ms), however much of it is waiting (max_waiting_mib), for each
-# knob that exists and is writable, and puts the old values back on exit.
+# (min_free_ms), however much of it is waiting (max_waiting_mib), and only
+# 4 MiB free blocks are reported (page_reporting_order), for each knob that
+# exists and is writable, and puts the old values back on exit.
 # QUIET_VM=0 leaves them alone.
 #
 # Page cache: the machine also runs DAMON with a "page out what was idle for
@@ -44,7 +45,8 @@
 #
 # Environment:
 #   SIZE_MIB   virtual size of each image in MiB (default 2048)
-#   ROUNDS     timed rounds per case (default 5)
+#   ROUNDS     timed rounds per case (default 6: every tool goes first
+#              equally often)
 #   BENCH_DIR  directory on the work disk for the test files
 #              (default <repo>/bench/.work, git-ignored)
 #   CASES      which cases to run: glob patterns matched against the case
@@ -61,7 +63,7 @@ SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 
 SIZE_MIB=${SIZE_MIB:-2048}
-ROUNDS=${ROUNDS:-5}
+ROUNDS=${ROUNDS:-6}
 BENCH_DIR=${BENCH_DIR:-$SCRIPT_DIR/.work}
 CASES=${CASES:-*}
 RESULTS_DIR=$SCRIPT_DIR/results
