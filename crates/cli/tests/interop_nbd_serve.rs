@@ -618,6 +618,50 @@ fn qemu_io_aio_reads_and_writes() {
     ));
 }
 
+/// With `l2-cache-size` far below the image's L2 tables (512-byte clusters:
+/// 128 tables for 4 MiB, 2 cached), writes all over the image still read
+/// back, and the image is clean once the server has stopped.
+#[test]
+fn image_with_a_small_l2_cache() {
+    let dir = workdir();
+    let img = dir.path().join("small-cache.qcow2");
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=512",
+        s(&img),
+        "4M",
+    ]));
+    let mut cmd = String::from("qemu-io -f raw");
+    for i in 0..16u32 {
+        cmd += &format!(" -c 'write -P {} {}k 4k'", 0x20 + i, i * 256 + 3);
+    }
+    for i in 0..16u32 {
+        cmd += &format!(" -c 'read -P {} {}k 4k'", 0x20 + i, i * 256 + 3);
+    }
+    cmd += " \"$uri\"";
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "image",
+        s(&img),
+        "l2-cache-size=1K",
+        "--run",
+        &cmd,
+    ]));
+    let out = stdout(&o);
+    assert_eq!(out.matches("read 4096/4096 bytes").count(), 16, "{out}");
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    ok(qemu_img(&["check", s(&img)]));
+    ok(peer(
+        "qemu-io",
+        &["-f", "qcow2", "-c", "read -P 0x2f 3843k 4k", s(&img)],
+    ));
+}
+
 #[test]
 fn qemu_img_map_of_allocation_depth_matches_qemu_nbd() {
     let dir = workdir();

@@ -44,8 +44,9 @@ const PLUGINS: &[(&str, &str, &[&str], &str)] = &[
     (
         "image",
         "file",
-        &["file", "format"],
-        "a disk image of any format diskit reads, with its backing chain (file=PATH [format=raw|qcow2])",
+        &["file", "format", "l2-cache-size"],
+        "a disk image of any format diskit reads, with its backing chain \
+         (file=PATH [format=raw|qcow2] [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's])",
     ),
 ];
 
@@ -140,8 +141,13 @@ pub fn open_plugin(plugin: &str, args: &[String], readonly: bool) -> Result<Open
         "image" => {
             let path = PathBuf::from(&kv["file"]);
             let format = parse_format(kv.get("format").map(String::as_str))?;
+            let l2_cache_size = match kv.get("l2-cache-size") {
+                Some(v) => Some(size_arg(plugin, v)?),
+                None => None,
+            };
             let opts = OpenOptions {
                 writable: !readonly,
+                l2_cache_size,
                 ..OpenOptions::default()
             };
             let image = open(&path, format, opts)?;
@@ -186,5 +192,8 @@ mod tests {
         assert!(parse_args("memory", &args(&["1M", "2M"])).is_err());
         assert!(parse_args("memory", &args(&["colour=red"])).is_err());
         assert!(parse_args("nope", &args(&[])).is_err());
+        let kv = parse_args("image", &args(&["d.qcow2", "l2-cache-size=1M"])).unwrap();
+        assert_eq!(kv["l2-cache-size"], "1M");
+        assert!(open_plugin("image", &args(&["d.qcow2", "l2-cache-size=lots"]), true).is_err());
     }
 }
