@@ -237,6 +237,19 @@ pub trait BlockDevice: Send + Sync {
     }
 }
 
+/// How a request with `fua` that goes to `dev` as `pieces` writes keeps
+/// its promise: `(fua for each piece, flush after all of them)`. FUA covers
+/// only the write that carries it, so a request split in several pieces
+/// passes them down without it and flushes once after them, when the
+/// device has a cache to flush.
+pub fn split_fua<D: BlockDevice + ?Sized>(dev: &D, fua: bool, pieces: u64) -> (bool, bool) {
+    if fua && pieces > 1 && dev.capabilities().can_flush {
+        (false, true)
+    } else {
+        (fua, false)
+    }
+}
+
 /// Writes zeros from a shared zero buffer: the fallback for write-zeroes.
 pub fn write_zero_buffer<D: BlockDevice + ?Sized>(
     dev: &D,
@@ -246,22 +259,14 @@ pub fn write_zero_buffer<D: BlockDevice + ?Sized>(
 ) -> Result<()> {
     const CHUNK: usize = 1 << 20;
     static ZEROS: [u8; CHUNK] = [0u8; CHUNK];
-    // FUA covers only the write that carries it: a zeroing done in one
-    // write takes the flag, a longer one flushes once after its writes.
-    let one_write = len <= CHUNK as u64;
+    let (fua, flush) = split_fua(dev, fua, len.div_ceil(CHUNK as u64));
     while len > 0 {
         let n = len.min(CHUNK as u64) as usize;
-        dev.write_at(
-            &ZEROS[..n],
-            offset,
-            WriteFlags {
-                fua: fua && one_write,
-            },
-        )?;
+        dev.write_at(&ZEROS[..n], offset, WriteFlags { fua })?;
         offset += n as u64;
         len -= n as u64;
     }
-    if fua && !one_write && dev.capabilities().can_flush {
+    if flush {
         dev.flush()?;
     }
     Ok(())

@@ -29,7 +29,7 @@
 
 use std::ops::Range;
 
-use diskit_core::device::check_range;
+use diskit_core::device::{check_range, split_fua};
 use diskit_core::extent::push_merged;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
@@ -186,21 +186,11 @@ impl Blocksize {
         next.write_at(&buf, block, flags)
     }
 
-    /// Whether FUA is passed down with each piece, or replaced by one flush
-    /// after all of them: `(fua for pieces, flush after)`.
-    fn fua_plan(next: &dyn BlockDevice, fua: bool, pieces: u64) -> (bool, bool) {
-        if fua && pieces > 1 && next.capabilities().can_flush {
-            (false, true)
-        } else {
-            (fua, false)
-        }
-    }
-
     /// Runs a write or a zeroing of `range`. A partial block
     /// at either end goes through read-modify-write, where `edit(part, at)`
     /// changes the `part` of the block the request covers (`at`: where the
     /// part starts in the request); the aligned body goes to `body(pos, n,
-    /// at, fua)` in pieces of at most `max`. FUA follows [`Self::fua_plan`].
+    /// at, fua)` in pieces of at most `max`. FUA follows [`split_fua`].
     fn write_pieces(
         &self,
         next: &dyn BlockDevice,
@@ -212,7 +202,7 @@ impl Blocksize {
     ) -> Result<()> {
         let mb = self.minblock;
         let (offset, end) = (range.start, range.end);
-        let (fua, flush) = Self::fua_plan(next, fua, self.pieces(offset, end - offset, max));
+        let (fua, flush) = split_fua(next, fua, self.pieces(offset, end - offset, max));
         let mut pos = offset;
         while pos < end {
             let at = (pos - offset) as usize;
@@ -415,7 +405,7 @@ impl Filter for Blocksize {
         if pos >= end {
             return Ok(());
         }
-        let (fua, flush) = Self::fua_plan(next, flags.fua, (end - pos).div_ceil(self.maxlen));
+        let (fua, flush) = split_fua(next, flags.fua, (end - pos).div_ceil(self.maxlen));
         while pos < end {
             let n = (end - pos).min(self.maxlen);
             let _held = self.locks.lock(pos, pos + n, false);

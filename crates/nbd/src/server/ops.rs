@@ -796,14 +796,17 @@ mod tests {
     #[test]
     fn a_file_shorter_than_its_device_falls_back_to_copying() {
         let (c, f, want) = file_conn(ReplyStyle::Structured);
+        let set_len = |len: u64| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f.path())
+                .unwrap()
+                .set_len(len)
+                .unwrap()
+        };
         // Shrunk behind the device's back: the splice comes up short, so
         // the read is done the ordinary way (zeros past the end).
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(f.path())
-            .unwrap()
-            .set_len(100 << 10)
-            .unwrap();
+        set_len(100 << 10);
         let mut zc = ZeroCopy::default();
         let mut buf = Vec::new();
         let cmd = Command::Read {
@@ -834,12 +837,7 @@ mod tests {
             assert!(r.parts.iter().all(|p| !matches!(p, Part::Piped(_))));
         }
         // Grown back, the file splices again.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(f.path())
-            .unwrap()
-            .set_len(600 << 10)
-            .unwrap();
+        set_len(600 << 10);
         let r = execute(&c, 9, 0, cmd, &mut buf, 0, Some(&mut zc));
         assert!(r.parts.iter().any(|p| matches!(p, Part::Piped(_))));
         let w = wire_spliced(&r, &buf, &mut zc);
