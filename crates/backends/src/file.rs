@@ -14,11 +14,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub use diskit_core::Preallocation;
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::{BlockSizeLimits, check_range};
 use diskit_core::error::ResultExt;
 use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Result, WriteFlags, ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Result, Storage, WriteFlags,
+    ZeroFlags,
 };
 
 use crate::sys;
@@ -34,39 +36,6 @@ pub struct FileOptions {
     /// Report the size rounded up to a whole 512-byte sector, the tail
     /// reading as zeros (what QEMU's block layer shows of a raw file).
     pub sector_size: bool,
-}
-
-/// How a new file's space is reserved (qemu-img's `preallocation` option).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Preallocation {
-    /// Sparse: nothing is allocated.
-    #[default]
-    Off,
-    /// Space is reserved with fallocate.
-    Falloc,
-    /// Zeros are written over the whole range.
-    Full,
-}
-
-impl Preallocation {
-    /// Parses qemu-img's names: off, falloc, full (metadata counts as off for raw).
-    pub fn parse(s: &str) -> Result<Preallocation> {
-        match s {
-            "off" => Ok(Preallocation::Off),
-            "falloc" => Ok(Preallocation::Falloc),
-            "full" => Ok(Preallocation::Full),
-            _ => Err(Error::invalid(format!("Invalid parameter '{s}'"))),
-        }
-    }
-
-    /// qemu-img's name for this mode.
-    pub fn name(self) -> &'static str {
-        match self {
-            Preallocation::Off => "off",
-            Preallocation::Falloc => "falloc",
-            Preallocation::Full => "full",
-        }
-    }
 }
 
 /// Seeks slower than this turn SEEK_DATA/SEEK_HOLE off for the file.
@@ -87,6 +56,8 @@ pub const BIG_WRITE: usize = 256 << 10;
 pub struct FileDevice {
     file: File,
     path: PathBuf,
+    /// `path` as text, for [`Storage::location`].
+    location: String,
     size: AtomicU64,
     writable: bool,
     direct: bool,
@@ -198,6 +169,7 @@ impl FileDevice {
             rotational: is_rotational(rdev),
             file,
             path: path.to_path_buf(),
+            location: path.to_string_lossy().into_owned(),
             size: AtomicU64::new(size),
             writable: opts.writable,
             direct: opts.direct,
@@ -680,6 +652,40 @@ impl BlockDevice for FileDevice {
 
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+}
+
+impl Storage for FileDevice {
+    fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn file_len(&self) -> Result<u64> {
+        FileDevice::file_len(self)
+    }
+
+    fn read_padded(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        FileDevice::read_padded(self, buf, offset)
+    }
+
+    fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
+        FileDevice::write_extend(self, buf, offset)
+    }
+
+    fn resize(&self, new_len: u64, prealloc: Preallocation) -> Result<()> {
+        FileDevice::resize(self, new_len, prealloc)
+    }
+
+    fn allocated_bytes(&self) -> Option<u64> {
+        FileDevice::allocated_bytes(self).ok()
+    }
+
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.file.as_fd())
+    }
+
+    fn is_fixed_size(&self) -> bool {
+        self.block_device
     }
 }
 

@@ -4,10 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use diskit_core::device::check_range;
 use diskit_core::extent::push_merged;
-use diskit_core::{BlockDevice, Capabilities, Extent, Result, WriteFlags, ZeroFlags};
+use diskit_core::{
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, Preallocation, Result, Storage,
+    WriteFlags, ZeroFlags,
+};
 
 const PAGE: u64 = 64 * 1024;
 const SHARDS: usize = 64;
@@ -16,7 +20,9 @@ type Page = Box<[u8]>;
 
 /// A sparse in-memory device.
 pub struct MemoryDevice {
-    size: u64,
+    /// The size; it changes only through [`Storage`]'s growing writes and
+    /// resize.
+    size: AtomicU64,
     shards: Vec<RwLock<HashMap<u64, Page>>>,
 }
 
@@ -24,7 +30,7 @@ impl MemoryDevice {
     /// A device of `size` bytes that reads as zeros.
     pub fn new(size: u64) -> MemoryDevice {
         MemoryDevice {
-            size,
+            size: AtomicU64::new(size),
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
         }
     }
@@ -69,7 +75,7 @@ impl MemoryDevice {
 
 impl BlockDevice for MemoryDevice {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -81,7 +87,7 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
+        check_range(self.size(), offset, buf.len() as u64)?;
         Self::pieces(offset, buf.len() as u64, |page, in_page, at, n| {
             let shard = self.shard(page).read().unwrap_or_else(|p| p.into_inner());
             match shard.get(&page) {
@@ -93,7 +99,7 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
+        check_range(self.size(), offset, buf.len() as u64)?;
         Self::pieces(offset, buf.len() as u64, |page, in_page, at, n| {
             let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
             let p = shard
@@ -105,19 +111,19 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, _flags: ZeroFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         self.zero_range(offset, len);
         Ok(())
     }
 
     fn trim(&self, offset: u64, len: u64, _flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         self.zero_range(offset, len);
         Ok(())
     }
 
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         let mut out = Vec::new();
         // Bound the work per call: callers loop for the rest.
         let len = len.min(PAGE * 4096);
@@ -138,7 +144,41 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn describe(&self) -> String {
-        format!("memory({})", self.size)
+        format!("memory({})", self.size())
+    }
+}
+
+/// Memory as storage under an image format: it grows as the format
+/// allocates, and shrinking frees the pages past the new end.
+impl Storage for MemoryDevice {
+    fn location(&self) -> &str {
+        "memory"
+    }
+
+    fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| Error::new(ErrorKind::Overflow, "write past the largest offset"))?;
+        self.size.fetch_max(end, Ordering::AcqRel);
+        self.write_at(buf, offset, WriteFlags::NONE)
+    }
+
+    fn resize(&self, new_len: u64, _prealloc: Preallocation) -> Result<()> {
+        let old = self.size();
+        if new_len < old {
+            // Zero the cut-off tail so that growing again reads zeros.
+            self.zero_range(new_len, old - new_len);
+        }
+        self.size.store(new_len, Ordering::Release);
+        Ok(())
+    }
+
+    fn allocated_bytes(&self) -> Option<u64> {
+        Some(MemoryDevice::allocated_bytes(self))
+    }
+
+    fn is_fixed_size(&self) -> bool {
+        false
     }
 }
 

@@ -2,17 +2,33 @@
 //! benchmarks and a source of an empty disk).
 
 use diskit_core::device::check_range;
-use diskit_core::{BlockDevice, Capabilities, Extent, Result, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, Capabilities, Extent, Result, Storage, WriteFlags, ZeroFlags};
 
 /// A device of a given size that stores nothing.
 pub struct NullDevice {
     size: u64,
+    /// Whether extents promise zeros (QEMU's `read-zeroes`); without it they
+    /// say nothing is known of the contents, as QEMU's null-co does.
+    zeroes_known: bool,
 }
 
 impl NullDevice {
-    /// A null device of `size` bytes.
+    /// A null device of `size` bytes whose extents say it reads as zeros.
     pub fn new(size: u64) -> NullDevice {
-        NullDevice { size }
+        NullDevice {
+            size,
+            zeroes_known: true,
+        }
+    }
+
+    /// A null device whose contents are reported unknown: not allocated
+    /// and not known to be zero (QEMU's null-co without `read-zeroes`).
+    /// It still reads zeros.
+    pub fn unknown_contents(size: u64) -> NullDevice {
+        NullDevice {
+            size,
+            zeroes_known: false,
+        }
     }
 }
 
@@ -24,7 +40,7 @@ impl BlockDevice for NullDevice {
         Capabilities::IN_MEMORY
     }
     fn is_known_zero(&self) -> bool {
-        true
+        self.zeroes_known
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
@@ -42,9 +58,23 @@ impl BlockDevice for NullDevice {
     }
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         check_range(self.size, offset, len)?;
-        Ok(vec![Extent::hole(len)])
+        if !self.zeroes_known {
+            let mut e = Extent::hole(len);
+            e.flags.zero = false;
+            e.flags.present = false;
+            return Ok(vec![e]);
+        }
+        Ok(vec![Extent::hole(len).at_host(offset)])
     }
     fn describe(&self) -> String {
         format!("null({})", self.size)
+    }
+}
+
+/// The null device as storage: QEMU's `null-co://` protocol. It has a fixed
+/// size; a format on it reads zeros.
+impl Storage for NullDevice {
+    fn location(&self) -> &str {
+        "null-co://"
     }
 }

@@ -18,6 +18,14 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Read image names as qemu-img's --image-opts descriptions
+    /// (driver=qcow2,file.driver=file,file.filename=...).
+    #[arg(long = "image-opts", global = true)]
+    image_opts: bool,
+    /// Treat images as untrusted: the files they name (backing files, data
+    /// files) must be regular files inside the image's directory.
+    #[arg(long = "untrusted", global = true)]
+    untrusted: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -86,6 +94,10 @@ fn main() -> ExitCode {
             return ExitCode::from(if compare { 2 } else { 1 });
         }
     };
+    util::set_open_policy(util::OpenPolicy {
+        image_opts: cli.image_opts,
+        untrusted: cli.untrusted,
+    });
     let result = match cli.command {
         Command::Create(a) => cmd::create::run(a),
         Command::Info(a) => cmd::info::run(a),

@@ -5,7 +5,8 @@ use std::path::Path;
 
 use diskit_core::Error;
 use diskit_core::size::{SizeError, parse_size_detailed};
-use diskit_formats::{Format, Image, OpenOptions, OptionList, open_image};
+use diskit_formats::{Format, Image, OpenOptions, OptionList};
+use diskit_open::{open_image, open_image_opts};
 
 /// An error as the command line reports it: a message and an exit code.
 #[derive(Debug)]
@@ -118,10 +119,66 @@ pub fn output_is_json(s: &str, cmd: &str) -> Result<bool, CliError> {
     }
 }
 
+/// How the command line opens the images it names, for the whole run
+/// (the global `--image-opts` and `--untrusted` flags).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenPolicy {
+    /// Names are `--image-opts` descriptions.
+    pub image_opts: bool,
+    /// Images are untrusted (see `diskit_open::gate`).
+    pub untrusted: bool,
+}
+
+static OPEN_POLICY: std::sync::OnceLock<OpenPolicy> = std::sync::OnceLock::new();
+
+/// Sets the policy, once, before any subcommand runs.
+pub fn set_open_policy(p: OpenPolicy) {
+    let _ = OPEN_POLICY.set(p);
+}
+
+/// The policy in force.
+pub fn open_policy() -> OpenPolicy {
+    OPEN_POLICY.get().copied().unwrap_or_default()
+}
+
+/// Opens the image a command-line name stands for, under the policy.
+pub fn open_name(
+    path: &Path,
+    format: Option<Format>,
+    mut opts: OpenOptions,
+) -> diskit_core::Result<Image> {
+    let policy = open_policy();
+    opts.untrusted |= policy.untrusted;
+    let name = path
+        .to_str()
+        .ok_or_else(|| Error::invalid("the name is not valid UTF-8"))?;
+    if policy.image_opts {
+        if format.is_some() {
+            return Err(Error::invalid(
+                "--image-opts and a format (-f) cannot be used together",
+            ));
+        }
+        open_image_opts(name, opts)
+    } else {
+        open_image(name, format, opts)
+    }
+}
+
 /// Opens an image, with qemu-img's "Could not open" message on failure.
 pub fn open(path: &Path, format: Option<Format>, opts: OpenOptions) -> Result<Image, CliError> {
-    open_image(path, format, opts)
-        .map_err(|e| CliError::new(format!("Could not open '{}': {}", path.display(), e)))
+    open_name(path, format, opts)
+        .map_err(|e| CliError::new(format!("Could not open '{}': {e}", path.display())))
+}
+
+/// An image name given on the command line as text (names are paths,
+/// URIs or `json:` descriptions, which the opener reads as UTF-8).
+pub fn name_of(path: &Path) -> Result<&str, CliError> {
+    path.to_str().ok_or_else(|| {
+        CliError::new(format!(
+            "Could not open '{}': the name is not valid UTF-8",
+            path.display()
+        ))
+    })
 }
 
 /// What a cache mode asks for.

@@ -19,6 +19,7 @@ pub mod error;
 pub mod extent;
 pub mod filter;
 pub mod size;
+pub mod storage;
 pub mod zero;
 
 pub use device::{
@@ -27,3 +28,4 @@ pub use device::{
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};
 pub use filter::{Filter, Filtered};
+pub use storage::{Preallocation, Storage, StorageRef};

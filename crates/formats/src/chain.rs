@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use crate::Image;
-use crate::qcow2::open::resolve_relative;
+use diskit_core::storage::resolve_relative;
 
 impl Image {
     /// The position in [`Image::chain`] (1 or more: never this image) of the
@@ -23,7 +23,10 @@ impl Image {
                 .as_ref()
                 .and_then(|q| q.header().backing_file.as_deref());
             recorded == Some(name)
-                || same_file(&resolve_relative(&above.filename, name), &chain[i].filename)
+                || same_file(
+                    Path::new(&resolve_relative(&above.filename.to_string_lossy(), name)),
+                    &chain[i].filename,
+                )
         })
     }
 }

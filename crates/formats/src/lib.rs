@@ -1,11 +1,14 @@
 //! Image formats: what sits between a file and the guest's view of a disk.
 //!
-//! [`open_image`] opens a file as an [`Image`], probing the format unless it
-//! is given; [`create_image`] makes a new one from `-o` style options. Each
-//! format lives in its own module; raw is the identity mapping, so a raw image
-//! is its file device.
+//! A format sits on [`Storage`](diskit_core::Storage), never on a file, and
+//! opens the files an image names through [`implied::ImpliedFiles`]: the
+//! opener (crate `diskit-open`) turns names into storage and chains.
+//! [`create_image`] makes a new image from `-o` style options. Each format
+//! lives in its own module; raw is the identity mapping, so a raw image is
+//! its storage.
 
 mod chain;
+pub mod implied;
 pub mod options;
 pub mod probe;
 pub mod qcow2;
@@ -15,8 +18,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use diskit_backends::{FileDevice, FileOptions};
-use diskit_core::{BlockDevice, DeviceRef, Error, Result};
+use diskit_core::{BlockDevice, DeviceRef, Error, Result, StorageRef};
 
 pub use options::OptionList;
 
@@ -32,10 +34,9 @@ pub enum Format {
 impl Format {
     /// Parses a format name as given to `-f`/`-O`.
     pub fn from_name(name: &str) -> Result<Format> {
-        match name {
-            "raw" => Ok(Format::Raw),
-            "qcow2" => Ok(Format::Qcow2),
-            _ => Err(Error::invalid(format!("Unknown file format '{name}'"))),
+        match probe::by_name(name) {
+            Some(row) => row.format.ok_or_else(|| probe::unsupported(name)),
+            None => Err(Error::invalid(format!("Unknown file format '{name}'"))),
         }
     }
 
@@ -71,6 +72,12 @@ pub struct OpenOptions {
     /// Do not open the backing file: the image reads as if it had none
     /// (what an unsafe rebase needs when the backing file is gone).
     pub no_backing: bool,
+    /// The image comes from someone else: the files it names must be
+    /// regular files inside its directory (see `diskit_open::gate`).
+    pub untrusted: bool,
+    /// Open only the image's own metadata (info): the files it names are
+    /// not opened, its backing reads as absent and a data file as empty.
+    pub metadata_only: bool,
 }
 
 /// An open image: the guest-visible device plus what `info` and `map` need.
@@ -81,8 +88,8 @@ pub struct Image {
     pub format: Format,
     /// The file name as given.
     pub filename: PathBuf,
-    /// The file (protocol layer) under the format.
-    pub file: Arc<FileDevice>,
+    /// The storage (protocol layer) under the format.
+    pub file: StorageRef,
     /// The qcow2 driver, for qcow2 images.
     pub qcow2: Option<Arc<qcow2::Qcow2>>,
     /// The image below this one in its backing chain.
@@ -104,117 +111,37 @@ impl Image {
         v
     }
 
+    /// The files this image names (backing file, data file), as stored in
+    /// it, without opening any of them.
+    pub fn implied_names(&self) -> Vec<implied::Named> {
+        use implied::{Named, Role};
+        let Some(q) = &self.qcow2 else {
+            return Vec::new();
+        };
+        let h = q.header();
+        let mut v = Vec::new();
+        if let Some(b) = &h.backing_file {
+            v.push(Named {
+                role: Role::Backing,
+                name: b.clone(),
+                format: h.backing_format(),
+            });
+        }
+        if let Some(e) = h.extension(qcow2::header::ext::DATA_FILE) {
+            v.push(Named {
+                role: Role::DataFile,
+                name: String::from_utf8_lossy(&e.data).into_owned(),
+                format: None,
+            });
+        }
+        v
+    }
+
     /// Writes cached metadata and syncs: call before exiting after writes.
     pub fn close(&self) -> Result<()> {
         match &self.qcow2 {
             Some(q) => q.close(),
             None => Ok(()),
-        }
-    }
-}
-
-/// Backing chains deeper than this are refused (a loop that escaped
-/// detection, or an absurd image).
-const MAX_CHAIN_DEPTH: usize = 256;
-
-/// Opens `path` as an image of format `format`, or of the probed format.
-pub fn open_image(path: &Path, format: Option<Format>, opts: OpenOptions) -> Result<Image> {
-    open_in_chain(path, format, opts, &mut Vec::new())
-}
-
-fn open_in_chain(
-    path: &Path,
-    format: Option<Format>,
-    opts: OpenOptions,
-    seen: &mut Vec<(u64, u64)>,
-) -> Result<Image> {
-    use std::os::unix::fs::MetadataExt;
-    if let Ok(m) = std::fs::metadata(path) {
-        let id = (m.dev(), m.ino());
-        if seen.contains(&id) {
-            return Err(Error::invalid(format!(
-                "Backing file chain of '{}' contains a loop",
-                path.display()
-            )));
-        }
-        if seen.len() >= MAX_CHAIN_DEPTH {
-            return Err(Error::invalid("Backing file chain is too deep"));
-        }
-        seen.push(id);
-    }
-    let probe_file = FileDevice::open(
-        path,
-        FileOptions {
-            writable: opts.writable,
-            direct: opts.direct,
-            sector_size: false,
-        },
-    )?;
-    let format = match format {
-        Some(f) => f,
-        None => probe::probe(&probe_file)?,
-    };
-    match format {
-        Format::Raw => {
-            drop(probe_file);
-            let file = Arc::new(FileDevice::open(
-                path,
-                FileOptions {
-                    writable: opts.writable,
-                    direct: opts.direct,
-                    sector_size: true,
-                },
-            )?);
-            Ok(Image {
-                device: file.clone(),
-                format,
-                filename: path.to_path_buf(),
-                file,
-                qcow2: None,
-                backing: None,
-            })
-        }
-        Format::Qcow2 => {
-            let file = Arc::new(probe_file);
-            let below = std::cell::RefCell::new(None);
-            let mut open_backing = |p: &Path, fmt: Option<&str>| -> Result<(DeviceRef, u64)> {
-                if opts.no_backing {
-                    // An empty device: everything reads as zeros.
-                    let none: DeviceRef = Arc::new(diskit_backends::NullDevice::new(0));
-                    return Ok((none, 0));
-                }
-                let fmt = fmt.map(Format::from_name).transpose()?;
-                let below_writable = opts.writable && opts.writable_backing_depth > 0;
-                let ro = OpenOptions {
-                    writable: below_writable,
-                    snapshot: None,
-                    writable_backing_depth: opts.writable_backing_depth.saturating_sub(1),
-                    ..opts.clone()
-                };
-                let img = open_in_chain(p, fmt, ro, seen)?;
-                let r = (img.device.clone(), img.virtual_size());
-                *below.borrow_mut() = Some(Box::new(img));
-                Ok(r)
-            };
-            let q = Arc::new(qcow2::open::open(
-                path,
-                file.clone(),
-                qcow2::Qcow2Options {
-                    writable: opts.writable,
-                    direct: opts.direct,
-                    l2_cache_size: opts.l2_cache_size,
-                    snapshot: opts.snapshot.clone(),
-                },
-                &mut open_backing,
-            )?);
-            Ok(Image {
-                device: q.clone(),
-                format,
-                filename: path.to_path_buf(),
-                file,
-                qcow2: Some(q),
-                backing: below.into_inner(),
-            })
         }
     }
 }

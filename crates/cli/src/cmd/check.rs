@@ -1,12 +1,10 @@
 //! `diskit check`: verify (and repair) an image's metadata, as qemu-img check.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{CliError, output_is_json, parse_source_format};
-use diskit_backends::{FileDevice, FileOptions};
 use diskit_formats::qcow2::check::{CheckReport, Repair, check};
 use diskit_formats::{Format, probe};
 
@@ -51,17 +49,13 @@ pub fn run(a: Args) -> CmdResult {
     let _ = (a.cache, a.force_share);
     let name = a.filename.display().to_string();
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    let file = FileDevice::open(
-        &a.filename,
-        FileOptions {
-            writable: repair != Repair::None,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
+    let file =
+        diskit_open::open_storage(crate::util::name_of(&a.filename)?, repair != Repair::None)
+            .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
     let format = match format {
         Some(f) => f,
-        None => probe::probe(&file).map_err(|e| CliError::new(e.to_string()))?,
+        None => probe::probe(&*file, &name)
+            .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?,
     };
     if format != Format::Qcow2 {
         return Err(CliError {
@@ -69,7 +63,6 @@ pub fn run(a: Args) -> CmdResult {
             code: 63,
         });
     }
-    let file = Arc::new(file);
     let r =
         check(&file, repair).map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
     for m in &r.messages {

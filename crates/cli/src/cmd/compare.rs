@@ -9,7 +9,7 @@ use crate::CmdResult;
 use crate::util::{CliError, parse_format};
 use diskit_core::zero::is_zero;
 use diskit_core::{BlockDevice, Extent};
-use diskit_formats::{OpenOptions, open_image};
+use diskit_formats::OpenOptions;
 
 /// Arguments of `compare`.
 #[derive(clap::Args, Debug)]
@@ -50,8 +50,7 @@ pub fn run(a: Args) -> CmdResult {
     let _ = (a.progress, a.force_share);
     let open = |p: &PathBuf, f: &Option<String>| -> Result<_, CliError> {
         let fmt = parse_format(f.as_deref()).map_err(|e| e.code(2))?;
-        open_image(p, fmt, OpenOptions::default())
-            .map_err(|e| CliError::new(format!("Could not open '{}': {}", p.display(), e)).code(2))
+        crate::util::open(p, fmt, OpenOptions::default()).map_err(|e| e.code(2))
     };
     let i1 = open(&a.image1, &a.format1)?;
     let i2 = open(&a.image2, &a.format2)?;

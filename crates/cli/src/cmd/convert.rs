@@ -19,7 +19,7 @@ use diskit_formats::qcow2::bitmap_bits::read_bits;
 use diskit_formats::qcow2::bitmap_store::NewBitmap;
 use diskit_formats::qcow2::compressed::CompressedWriter;
 use diskit_formats::raw::RawCreateOptions;
-use diskit_formats::{Format, OpenOptions, create_image, open_image};
+use diskit_formats::{Format, OpenOptions, create_image};
 
 /// Arguments of `convert`.
 #[derive(clap::Args, Debug)]
@@ -181,7 +181,7 @@ pub fn run(a: Args) -> CmdResult {
     let mut bitmaps = Vec::new();
     let mut devices: Vec<DeviceRef> = Vec::new();
     for s in sources {
-        let img = open_image(
+        let img = crate::util::open_name(
             s,
             src_format,
             OpenOptions {
@@ -311,7 +311,7 @@ fn copy_into(
     // source's top layer holds is written, zeros included.
     let target_is_zero = !skip_backing
         && (a.target_is_zero
-            || (created && !dst.file.is_block_device())
+            || (created && !dst.file.is_fixed_size())
             || dst.device.is_known_zero());
     let mut how = How {
         target_is_zero,

@@ -6,7 +6,8 @@ use crate::CmdResult;
 use crate::util::{CliError, parse_image_size, parse_options};
 use diskit_formats::qcow2::create::Qcow2CreateOptions;
 use diskit_formats::raw::RawCreateOptions;
-use diskit_formats::{Format, OpenOptions, OptionList, create_image, open_image};
+use diskit_formats::{Format, OpenOptions, OptionList, create_image};
+use diskit_open::open_image;
 
 /// Arguments of `create`.
 #[derive(clap::Args, Debug)]
@@ -125,7 +126,7 @@ fn create_qcow2(a: &Args, filename: &Path, size: Option<u64>, options: &OptionLi
                     ))
                 })?),
             };
-            let image = open_image(&full, format, OpenOptions::default())
+            let image = open_image(crate::util::name_of(&full)?, format, OpenOptions::default())
                 .map_err(|e| at(format!("{e}\nCould not open backing image.")))?;
             if opts.backing_fmt.is_none() {
                 return Err(at(format!(

@@ -8,21 +8,19 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use crate::CmdResult;
 use crate::cmd::snapshot;
 use crate::qjson::QJson;
 use crate::util::{CliError, open, output_is_json, parse_source_format};
-use diskit_backends::{FileDevice, FileOptions, NullDevice};
 use diskit_core::size::human_size;
-use diskit_core::{BlockDevice, DeviceRef, Error};
+use diskit_core::{BlockDevice, Error, Storage};
 use diskit_formats::qcow2::bitmap::{self, Bitmap, BitmapsState};
 use diskit_formats::qcow2::header::CompressionType;
 use diskit_formats::qcow2::header::{Header, autoclear, compat, ext, incompat};
 use diskit_formats::qcow2::snapshot::Snapshot;
-use diskit_formats::qcow2::{self, Qcow2Options};
-use diskit_formats::{Format, Image, OpenOptions, probe};
+use diskit_formats::qcow2::{self};
+use diskit_formats::{Format, Image, OpenOptions};
 
 /// Arguments of `info`.
 #[derive(clap::Args, Debug)]
@@ -58,6 +56,11 @@ pub fn run(a: Args) -> CmdResult {
             )));
         }
         let node = Node::collect(&name, format)?;
+        if a.backing_chain
+            && let Some(refused) = node.refused()
+        {
+            return Err(CliError::new(refused));
+        }
         if a.backing_chain
             && let Some(q) = &node.qcow2
         {
@@ -97,6 +100,9 @@ struct Node {
     /// Bytes allocated to the image file.
     actual: u64,
     qcow2: Option<Qcow2Node>,
+    /// With `--untrusted`: the files the image names and what the gate
+    /// says of each (none of them opened).
+    implied: Option<Vec<diskit_open::Audited>>,
 }
 
 /// What a qcow2 image adds.
@@ -111,33 +117,16 @@ struct Qcow2Node {
     specific: QJson,
 }
 
-/// Opens one image without its backing file.
+/// Opens one image without its backing file (nor any file it names).
 fn open_node(path: &Path, format: Option<Format>) -> Result<Image, CliError> {
-    let fail = |e: Error| CliError::new(format!("Could not open '{}': {e}", path.display()));
-    let format = match format {
-        Some(f) => f,
-        None => {
-            let f = FileDevice::open(path, FileOptions::default()).map_err(fail)?;
-            probe::probe(&f).map_err(fail)?
-        }
-    };
-    if format != Format::Qcow2 {
-        return open(path, Some(format), OpenOptions::default());
-    }
-    let file = Arc::new(FileDevice::open(path, FileOptions::default()).map_err(fail)?);
-    let mut no_backing =
-        |_: &Path, _: Option<&str>| Ok((Arc::new(NullDevice::new(0)) as DeviceRef, 0));
-    let q = qcow2::open::open(path, file.clone(), Qcow2Options::default(), &mut no_backing)
-        .map_err(fail)?;
-    let q = Arc::new(q);
-    Ok(Image {
-        device: q.clone(),
+    open(
+        path,
         format,
-        filename: path.to_path_buf(),
-        file,
-        qcow2: Some(q),
-        backing: None,
-    })
+        OpenOptions {
+            metadata_only: true,
+            ..Default::default()
+        },
+    )
 }
 
 /// A C string stored in an image, shown as QEMU shows it (cut at NUL).
@@ -163,17 +152,60 @@ impl Node {
     fn collect(name: &str, format: Option<Format>) -> Result<Node, CliError> {
         let path = Path::new(name);
         let image = open_node(path, format)?;
-        let actual = image.file.allocated_bytes()?;
+        let actual = image.file.allocated_bytes().unwrap_or(0);
         let qcow2 = match &image.qcow2 {
             Some(q) => Some(Qcow2Node::collect(name, &image.file, q.header())?),
             None => None,
         };
+        let implied = crate::util::open_policy()
+            .untrusted
+            .then(|| diskit_open::audit(&image));
         Ok(Node {
             image,
             filename: name.to_string(),
             actual,
             qcow2,
+            implied,
         })
+    }
+
+    /// Why the untrusted gate refuses a file this image names, if it does.
+    fn refused(&self) -> Option<String> {
+        self.implied.as_ref()?.iter().find_map(|f| {
+            let r = f.refusal?;
+            Some(format!(
+                "refusing {} '{}' of untrusted image '{}': {}",
+                f.named.role.name(),
+                f.named.name,
+                self.filename,
+                r.rule()
+            ))
+        })
+    }
+
+    /// `implied-files`: diskit's addition with `--untrusted`.
+    fn implied_json(&self, v: QJson) -> QJson {
+        let Some(list) = &self.implied else {
+            return v;
+        };
+        let items = list
+            .iter()
+            .map(|f| {
+                let mut d = QJson::dict()
+                    .with("role", QJson::Str(f.named.role.name().into()))
+                    .with("name", QJson::Str(f.named.name.clone()))
+                    .with("filename", QJson::Str(f.resolved.clone()))
+                    .with("allowed", QJson::Bool(f.refusal.is_none()));
+                if let Some(fmt) = &f.named.format {
+                    d = d.with("format", QJson::Str(fmt.clone()));
+                }
+                if let Some(r) = f.refusal {
+                    d = d.with("refusal", QJson::Str(r.rule().into()));
+                }
+                d
+            })
+            .collect();
+        v.with("implied-files", QJson::List(items))
     }
 
     /// The QAPI BlockGraphInfo object (keys inserted in schema order).
@@ -191,6 +223,7 @@ impl Node {
         if let Some(q) = &self.qcow2 {
             v = q.json_fields(v);
         }
+        v = self.implied_json(v);
         v.with(
             "children",
             QJson::List(vec![
@@ -238,6 +271,14 @@ impl Node {
         if let Some(q) = &self.qcow2 {
             out += &q.human();
         }
+        for f in self.implied.iter().flatten() {
+            out += &format!(
+                "implied {}: {} ({})\n",
+                f.named.role.name(),
+                f.resolved,
+                f.refusal.map_or("allowed", |r| r.rule())
+            );
+        }
         let file_size = self.file_length();
         out += &format!(
             "Child node '/file':\n    filename: {name}\n    protocol type: file\n    \
@@ -250,7 +291,7 @@ impl Node {
 }
 
 impl Qcow2Node {
-    fn collect(name: &str, file: &FileDevice, h: &Header) -> Result<Qcow2Node, CliError> {
+    fn collect(name: &str, file: &dyn Storage, h: &Header) -> Result<Qcow2Node, CliError> {
         let fail = |e: Error| CliError::new(format!("Could not open '{name}': {e}"));
         let snapshots = qcow2::snapshot::read(file, h).map_err(fail)?;
         let (state, bitmaps) = bitmap::read(file, h).map_err(fail)?;

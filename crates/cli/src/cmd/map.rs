@@ -95,7 +95,7 @@ pub fn run(a: Args) -> CmdResult {
         .iter()
         .map(|i| match &i.qcow2 {
             // Data offsets point into the external data file, if any.
-            Some(q) if q.data_is_external() => q.data_path().display().to_string(),
+            Some(q) if q.data_is_external() => q.data_location().to_string(),
             _ => i.filename.display().to_string(),
         })
         .collect();

@@ -10,10 +10,11 @@ use crate::progress::ProgressPrinter;
 use crate::util::{CliError, cache_mode, open, parse_source_format};
 use diskit_copy::Progress;
 use diskit_copy::rebase::{Backings, copy_differences};
+use diskit_core::storage::resolve_relative;
 use diskit_core::{DeviceRef, ErrorKind};
 use diskit_formats::qcow2::backing::change_backing_file;
-use diskit_formats::qcow2::open::resolve_relative;
-use diskit_formats::{Format, Image, OpenOptions, open_image};
+use diskit_formats::{Format, Image, OpenOptions};
+use diskit_open::open_image;
 
 /// Arguments of `rebase`.
 #[derive(clap::Args, Debug)]
@@ -152,7 +153,7 @@ fn open_new_backing(
     if let Some(i) = img.find_backing(name) {
         return Ok(img.chain()[i].device.clone());
     }
-    let path = resolve_relative(&img.filename, name);
+    let path = resolve_relative(crate::util::name_of(&img.filename)?, name);
     let below = open_image(
         &path,
         format,

@@ -4,8 +4,8 @@
 //! backing format extension, which QEMU keeps first among the extensions.
 //! Every other extension, known or not, is kept as it was.
 
-use diskit_backends::FileDevice;
-use diskit_core::{BlockDevice, Error, ErrorKind, Result};
+use diskit_core::Storage;
+use diskit_core::{Error, ErrorKind, Result};
 
 use super::header::{Header, HeaderExtension, autoclear, ext, incompat};
 use super::open::read_header;
@@ -43,7 +43,7 @@ pub fn with_backing(header: &Header, name: Option<&str>, format: Option<&str>) -
 /// Fails with [`ErrorKind::NoSpace`] when the name does not fit in the
 /// header cluster, leaving the image as it was.
 pub fn change_backing_file(
-    file: &FileDevice,
+    file: &dyn Storage,
     name: Option<&str>,
     format: Option<&str>,
 ) -> Result<()> {

@@ -6,7 +6,7 @@
 //! program that does not know bitmaps clears the bit when it writes, and
 //! the bitmaps it may have made stale are then ignored.
 
-use diskit_backends::FileDevice;
+use diskit_core::Storage;
 use diskit_core::{Error, Result};
 
 use super::header::{Header, autoclear, ext};
@@ -275,7 +275,7 @@ impl BitmapsExt {
 /// Reads and validates the bitmap directory of an image: the state of its
 /// extension (see [`BitmapsExt::of`]) and the bitmaps, none unless the
 /// extension is [`BitmapsState::Present`].
-pub fn read(file: &FileDevice, header: &Header) -> Result<(BitmapsState, Vec<Bitmap>)> {
+pub fn read(file: &dyn Storage, header: &Header) -> Result<(BitmapsState, Vec<Bitmap>)> {
     let state = BitmapsExt::of(header)?;
     let BitmapsState::Present(x) = &state else {
         return Ok((state, Vec::new()));

@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use diskit_backends::FileDevice;
 use diskit_core::Result;
+use diskit_core::Storage;
 
 use super::bitmap::Bitmap;
 use super::table::{corrupt, read_u64_table};
@@ -127,7 +127,7 @@ impl Bits {
 
 /// Reads the bits of a consistent bitmap `bm` of an image of `size` bytes
 /// with `cluster_size` clusters, validating its table as it goes.
-pub fn read_bits(file: &FileDevice, cluster_size: u64, bm: &Bitmap, size: u64) -> Result<Bits> {
+pub fn read_bits(file: &dyn Storage, cluster_size: u64, bm: &Bitmap, size: u64) -> Result<Bits> {
     let name = bm.display_name();
     let bad = |what: &str| corrupt(format!("bitmap '{name}': {what}"));
     let mut bits = Bits::new(size, bm.granularity_bits);

@@ -2,10 +2,8 @@
 //! metadata points at, compare them with the stored refcounts and the
 //! COPIED flags, and optionally repair (qemu-img check -r leaks|all).
 
-use std::sync::Arc;
-
-use diskit_backends::FileDevice;
 use diskit_core::{BlockDevice, Error, Result};
+use diskit_core::{Storage, StorageRef};
 
 use super::header::{Header, incompat};
 use super::l2::{COMPRESSED, COPIED, Compressed, L1E_OFFSET_MASK, L2E_OFFSET_MASK};
@@ -89,7 +87,7 @@ impl Counted {
 }
 
 /// Checks (and with `repair`, fixes) the image in `file`.
-pub fn check(file: &Arc<FileDevice>, repair: Repair) -> Result<CheckReport> {
+pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
     let header = super::open::read_header(file)?;
     let geo = Geometry::of(&header);
     let cs = geo.cluster_size();
@@ -291,7 +289,7 @@ struct CopiedCheck {
     l1_index: Option<usize>,
 }
 
-fn read_table(file: &FileDevice, offset: u64, entries: u64) -> Result<Vec<u64>> {
+fn read_table(file: &dyn Storage, offset: u64, entries: u64) -> Result<Vec<u64>> {
     if entries > (32 << 20) / 8 {
         return Err(Error::invalid("table too large"));
     }
@@ -300,7 +298,7 @@ fn read_table(file: &FileDevice, offset: u64, entries: u64) -> Result<Vec<u64>> 
 
 #[allow(clippy::too_many_arguments)]
 fn walk_l1(
-    file: &FileDevice,
+    file: &dyn Storage,
     header: &Header,
     l1: &[u64],
     counted: &mut Counted,

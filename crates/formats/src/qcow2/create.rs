@@ -15,8 +15,8 @@
 
 use std::path::Path;
 
-use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
+use diskit_backends::FileDevice;
+use diskit_core::{Error, ErrorKind, Preallocation, Result, Storage, WriteFlags};
 
 use super::create_layout::{Geometry, HeaderSpec, Plan, PlanError, Prealloc};
 use super::header::CompressionType;
@@ -729,7 +729,7 @@ fn prealloc_of(mode: Prealloc) -> Preallocation {
 
 /// Grows `dev` from its current length to `end`, reserving the new space
 /// the way `mode` says.
-fn grow(dev: &FileDevice, end: u64, mode: Preallocation) -> Result<()> {
+fn grow(dev: &dyn Storage, end: u64, mode: Preallocation) -> Result<()> {
     if end > dev.size() {
         dev.resize(end, mode)?;
     }
@@ -737,7 +737,7 @@ fn grow(dev: &FileDevice, end: u64, mode: Preallocation) -> Result<()> {
 }
 
 /// Writes `len` zero bytes at `offset`, growing the file if needed.
-fn write_zeros(dev: &FileDevice, offset: u64, len: u64) -> Result<()> {
+fn write_zeros(dev: &dyn Storage, offset: u64, len: u64) -> Result<()> {
     const CHUNK: u64 = 1 << 20;
     grow(dev, offset + len, Preallocation::Off)?;
     let zeros = vec![0u8; len.min(CHUNK) as usize];
@@ -752,7 +752,7 @@ fn write_zeros(dev: &FileDevice, offset: u64, len: u64) -> Result<()> {
 
 /// The external data file, in QEMU's order: copy-on-write zeros, then the
 /// final length, its new space reserved as the preallocation mode says.
-fn write_data_file(plan: &Plan, dev: &FileDevice, mode: Preallocation) -> Result<()> {
+fn write_data_file(plan: &Plan, dev: &dyn Storage, mode: Preallocation) -> Result<()> {
     for &(o, l) in plan.data_zero_writes() {
         write_zeros(dev, o, l)?;
     }
@@ -762,14 +762,14 @@ fn write_data_file(plan: &Plan, dev: &FileDevice, mode: Preallocation) -> Result
     }
     grow(dev, plan.data_len(), Preallocation::Off)?;
     if plan.data_first_block() {
-        dev.write_first_block()?;
+        write_zeros(dev, 0, dev.size().min(4096))?;
     }
     dev.flush()
 }
 
 /// The image file: reserved data space first, then the bytes of outgrown
 /// tables, copy-on-write zeros, the metadata, and the header last.
-fn write_image(p: &Prepared, dev: &FileDevice, mode: Preallocation) -> Result<()> {
+fn write_image(p: &Prepared, dev: &dyn Storage, mode: Preallocation) -> Result<()> {
     let plan = &p.plan;
     if let Some((from, to)) = plan.reserved() {
         grow(dev, from, Preallocation::Off)?;

@@ -11,13 +11,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use diskit_backends::FileDevice;
 use diskit_core::device::check_range;
 use diskit_core::zero::is_zero;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, Result,
     WriteFlags, ZeroFlags,
 };
+use diskit_core::{Storage, StorageRef};
 
 use super::compress;
 use super::header::Header;
@@ -35,8 +35,8 @@ pub struct Backing {
 
 /// An open qcow2 image.
 pub struct Qcow2 {
-    pub(super) file: Arc<FileDevice>,
-    data: Arc<FileDevice>,
+    pub(super) file: StorageRef,
+    data: StorageRef,
     backing: Option<Backing>,
     header: Header,
     geo: Geometry,
@@ -64,8 +64,8 @@ const MAX_RUN: u64 = 32 << 20;
 impl Qcow2 {
     /// Assembles an image from its opened parts (see [`super::open`]).
     pub fn new(
-        file: Arc<FileDevice>,
-        data: Arc<FileDevice>,
+        file: StorageRef,
+        data: StorageRef,
         backing: Option<Backing>,
         header: Header,
         meta: Meta,
@@ -552,8 +552,8 @@ impl Qcow2 {
 
     /// The file that holds guest data (the image itself, or its external
     /// data file).
-    pub fn data_path(&self) -> &std::path::Path {
-        self.data.path()
+    pub fn data_location(&self) -> &str {
+        self.data.location()
     }
 
     /// Before the image first changes: marks the enabled persistent bitmaps
@@ -590,7 +590,7 @@ impl Qcow2 {
     }
 
     /// The file that holds guest data.
-    pub(super) fn data_file(&self) -> &Arc<FileDevice> {
+    pub(super) fn data_file(&self) -> &StorageRef {
         &self.data
     }
 
@@ -820,7 +820,10 @@ impl Qcow2 {
         *self.prealloc_like.get_or_init(|| {
             (|| -> Result<bool> {
                 let cs = self.geo.cluster_size();
-                let real = self.file.allocated_bytes()? / cs;
+                let Some(real) = self.file.allocated_bytes() else {
+                    return Ok(false);
+                };
+                let real = real / cs;
                 let threshold = (real * 10 / 9).max(real + 2);
                 let clusters = self.file.file_len()?.div_ceil(cs);
                 if clusters > 1 << 26 {

@@ -6,8 +6,8 @@
 //! refcount block, a zeroed L1 table) and the file truncated; any other
 //! image has every cluster discarded.
 
-use diskit_backends::{FileDevice, Preallocation};
 use diskit_core::{BlockDevice, Result};
+use diskit_core::{Preallocation, Storage};
 
 use super::Qcow2;
 use super::header::{Header, ext, incompat};
@@ -38,7 +38,7 @@ pub fn can_empty_completely(header: &Header) -> bool {
 ///
 /// The image is marked dirty for the duration: a crash half way leaves at
 /// worst stale refcounts, which the next read-write open repairs.
-pub fn empty_completely(file: &FileDevice) -> Result<()> {
+pub fn empty_completely(file: &dyn Storage) -> Result<()> {
     let header = read_header(file)?;
     let cs = header.cluster_size();
     let l1c = l1_clusters(&header);

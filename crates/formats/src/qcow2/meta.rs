@@ -6,10 +6,9 @@
 //! to change them, never while guest data moves.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
-use diskit_backends::FileDevice;
 use diskit_core::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
+use diskit_core::{Storage, StorageRef};
 
 use super::cache::TableCache;
 use super::l2::{COPIED, ClusterKind, DecodeContext, L1E_OFFSET_MASK, L1E_RESERVED, L2Entry};
@@ -33,7 +32,7 @@ pub struct RangeTicket(u64);
 /// Metadata state of an image.
 pub struct Meta {
     /// The image file.
-    pub file: Arc<FileDevice>,
+    pub file: StorageRef,
     /// Decoding context (geometry, version, data file).
     pub cx: DecodeContext,
     /// Active L1 table.
@@ -59,7 +58,7 @@ pub struct Meta {
 impl Meta {
     /// Loads and validates the active L1 table.
     pub fn load(
-        file: Arc<FileDevice>,
+        file: StorageRef,
         cx: DecodeContext,
         l1_offset: u64,
         l1_size: u32,

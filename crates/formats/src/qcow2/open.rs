@@ -1,11 +1,6 @@
 //! Opening a qcow2 image: header, tables, external data file and backing chain.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use diskit_backends::{FileDevice, FileOptions};
-use diskit_core::error::ResultExt;
-use diskit_core::{BlockDevice, Error, ErrorKind, Result};
+use diskit_core::{Error, ErrorKind, Result, Storage, StorageRef};
 
 use super::device::{Backing, Qcow2};
 use super::header::{Header, autoclear, ext, incompat};
@@ -13,6 +8,7 @@ use super::l2::DecodeContext;
 use super::layout::Geometry;
 use super::meta::Meta;
 use super::refcount::Refcounts;
+use crate::implied::ImpliedFiles;
 
 /// The default L2 cache: enough for 256 GiB at 64 KiB clusters (32 MiB), or
 /// the whole image when it needs less.
@@ -33,7 +29,7 @@ pub struct Qcow2Options {
 }
 
 /// Reads and validates the header of an open file.
-pub fn read_header(file: &FileDevice) -> Result<Header> {
+pub fn read_header(file: &dyn Storage) -> Result<Header> {
     let mut head = vec![0u8; 104];
     file.read_padded(&mut head, 0)?;
     let bits = u32::from_be_bytes(head[20..24].try_into().unwrap());
@@ -49,31 +45,9 @@ pub fn read_header(file: &FileDevice) -> Result<Header> {
     Header::parse(&cluster0)
 }
 
-/// Resolves a name stored in an image (backing or data file) the way QEMU
-/// does: relative names are relative to the image's directory.
-pub fn resolve_relative(image: &Path, name: &str) -> PathBuf {
-    let p = Path::new(name);
-    if p.is_absolute() {
-        return p.to_path_buf();
-    }
-    match image.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.join(p),
-        _ => p.to_path_buf(),
-    }
-}
-
-/// What opening the backing chain needs from the caller: a way to open an
-/// image of any format (read-only) by path.
-pub type OpenBacking<'a> =
-    &'a mut dyn FnMut(&Path, Option<&str>) -> Result<(Arc<dyn BlockDevice>, u64)>;
-
-/// Opens the qcow2 image in `file` (already opened at `path`).
-pub fn open(
-    path: &Path,
-    file: Arc<FileDevice>,
-    opts: Qcow2Options,
-    open_backing: OpenBacking<'_>,
-) -> Result<Qcow2> {
+/// Opens the qcow2 image on `file`; the files it names (external data
+/// file, backing file) are opened through `implied`.
+pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles) -> Result<Qcow2> {
     let mut header = read_header(&file)?;
     let cs = header.cluster_size();
     if header.refcount_table_offset < cs || header.l1_table_offset < cs && header.l1_size > 0 {
@@ -116,28 +90,15 @@ pub fn open(
             .ok_or_else(|| {
                 Error::invalid("Could not open data file: no data file name in the image")
             })?;
-        let dpath = resolve_relative(path, &name);
-        Arc::new(
-            FileDevice::open(
-                &dpath,
-                FileOptions {
-                    writable: opts.writable,
-                    direct: opts.direct,
-                    sector_size: false,
-                },
-            )
-            .context(format!("Could not open data file '{}'", dpath.display()))?,
-        )
+        implied.data_file(&name, opts.writable)?
     } else {
         file.clone()
     };
     let backing = match &header.backing_file {
         None => None,
         Some(name) => {
-            let bpath = resolve_relative(path, name);
             let fmt = header.backing_format();
-            let (device, size) = open_backing(&bpath, fmt.as_deref())
-                .context(format!("Could not open backing file '{}'", bpath.display()))?;
+            let (device, size) = implied.backing(name, fmt.as_deref())?;
             Some(Backing { device, size })
         }
     };

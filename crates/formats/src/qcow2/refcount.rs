@@ -6,10 +6,8 @@
 //! New refcount blocks (and a grown refcount table) are written at once,
 //! before anything points at them.
 
-use std::sync::Arc;
-
-use diskit_backends::FileDevice;
 use diskit_core::{BlockDevice, Error, ErrorKind, Result};
+use diskit_core::{Storage, StorageRef};
 
 use super::cache::TableCache;
 use super::header::Header;
@@ -21,7 +19,7 @@ pub const MAX_TABLE_BYTES: u64 = 8 << 20;
 
 /// The refcount structures of an open image.
 pub struct Refcounts {
-    file: Arc<FileDevice>,
+    file: StorageRef,
     geo: Geometry,
     order: u32,
     table: Vec<u64>,
@@ -72,7 +70,7 @@ pub(super) fn set_entry(block: &mut [u8], order: u32, i: u64, v: u64) {
 
 impl Refcounts {
     /// Loads the refcount table of an image.
-    pub fn load(file: Arc<FileDevice>, header: &Header, cache_blocks: usize) -> Result<Refcounts> {
+    pub fn load(file: StorageRef, header: &Header, cache_blocks: usize) -> Result<Refcounts> {
         let geo = Geometry::of(header);
         let cs = geo.cluster_size();
         let file_len = file.file_len()?;

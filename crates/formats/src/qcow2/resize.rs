@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use diskit_backends::Preallocation;
+use diskit_core::Preallocation;
 use diskit_core::{BlockDevice, Error, ErrorKind, Result, ZeroFlags};
 
 use super::Qcow2;

@@ -10,7 +10,7 @@
 //! file before it is used, so hostile tables give errors, never panics or
 //! unbounded allocations.
 
-use diskit_backends::FileDevice;
+use diskit_core::Storage;
 use diskit_core::{Error, Result};
 
 use super::header::Header;
@@ -259,7 +259,7 @@ fn truncated(entry: u32) -> Error {
 /// Reads and validates the snapshot table of an image. Reads only as much
 /// of the file as the table needs (growing the read as entries demand),
 /// never more than QEMU's limits allow.
-pub fn read(file: &FileDevice, header: &Header) -> Result<Vec<Snapshot>> {
+pub fn read(file: &dyn Storage, header: &Header) -> Result<Vec<Snapshot>> {
     let count = header.nb_snapshots;
     if count == 0 {
         return Ok(Vec::new());

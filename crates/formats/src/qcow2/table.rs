@@ -2,7 +2,7 @@
 //! the error for metadata that breaks the format's rules, shared by the
 //! modules that read and write them.
 
-use diskit_backends::FileDevice;
+use diskit_core::Storage;
 use diskit_core::{Error, ErrorKind, Result};
 
 /// An error for metadata that breaks the format's rules.
@@ -12,7 +12,7 @@ pub fn corrupt(msg: String) -> Error {
 
 /// Reads a table of `entries` big-endian u64s at `offset` (zeros past the
 /// end of the file).
-pub fn read_u64_table(file: &FileDevice, offset: u64, entries: u64) -> Result<Vec<u64>> {
+pub fn read_u64_table(file: &dyn Storage, offset: u64, entries: u64) -> Result<Vec<u64>> {
     let mut raw = vec![0u8; entries as usize * 8];
     file.read_padded(&mut raw, offset)?;
     Ok(raw

@@ -8,7 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
-use diskit_formats::{Format, OpenOptions, open_image};
+use diskit_formats::{Format, OpenOptions};
+use diskit_open::open_image;
 
 fn run(cmd: &str, args: &[&str]) -> String {
     let o = Command::new(cmd)
@@ -139,7 +140,7 @@ fn qemu_io_cmds(ops: &[Op]) -> Vec<String> {
 
 fn diskit_apply(img: &Path, ops: &[Op]) -> diskit_formats::Image {
     let image = open_image(
-        img,
+        img.to_str().unwrap(),
         Some(Format::Qcow2),
         OpenOptions {
             writable: true,
@@ -296,7 +297,7 @@ fn unknown_autoclear_bits_go_at_a_writable_open() {
     assert_eq!(autoclear_bits(&img), 1 | 1 << 5);
     let open = |writable| {
         open_image(
-            &img,
+            img.to_str().unwrap(),
             Some(Format::Qcow2),
             OpenOptions {
                 writable,

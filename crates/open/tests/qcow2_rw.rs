@@ -8,7 +8,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
-use diskit_formats::{Format, OpenOptions, open_image};
+use diskit_formats::{Format, OpenOptions};
+use diskit_open::open_image;
 
 fn qemu_img(args: &[&str]) -> std::process::Output {
     Command::new("qemu-img")
@@ -179,7 +180,7 @@ fn run_case(dir: &Path, case: &Case, seed: u64) {
     ok(&create);
     {
         let image = open_image(
-            &img,
+            img.to_str().unwrap(),
             Some(Format::Qcow2),
             OpenOptions {
                 writable: true,
@@ -314,7 +315,7 @@ fn storm_child() {
         return; // Only does something when the parent test runs it.
     };
     let image = open_image(
-        Path::new(&path),
+        &path,
         Some(Format::Qcow2),
         OpenOptions {
             writable: true,

@@ -1,0 +1,234 @@
+//! [`Storage`]: what an image format needs from the bytes below it.
+//!
+//! A format (qcow2, and every format to come) never holds a file: it holds
+//! storage, which is a [`BlockDevice`] that can also grow, be resized, read
+//! past its end as zeros (formats do not pad their metadata), and resolve
+//! the names an image stores (backing files, data files) against its own
+//! location. A local file is storage; so are memory and null devices, and
+//! an NBD export will be.
+
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::device::BlockDevice;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Shared storage, as formats hold it.
+pub type StorageRef = Arc<dyn Storage>;
+
+/// How new space is reserved when storage grows (qemu-img's `preallocation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Preallocation {
+    /// Sparse: nothing is allocated.
+    #[default]
+    Off,
+    /// Space is reserved (fallocate).
+    Falloc,
+    /// Zeros are written over the whole range.
+    Full,
+}
+
+impl Preallocation {
+    /// Parses qemu-img's names: off, falloc, full.
+    pub fn parse(s: &str) -> Result<Preallocation> {
+        match s {
+            "off" => Ok(Preallocation::Off),
+            "falloc" => Ok(Preallocation::Falloc),
+            "full" => Ok(Preallocation::Full),
+            _ => Err(Error::invalid(format!("Invalid parameter '{s}'"))),
+        }
+    }
+
+    /// qemu-img's name for this mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preallocation::Off => "off",
+            Preallocation::Falloc => "falloc",
+            Preallocation::Full => "full",
+        }
+    }
+}
+
+/// The bytes under an image format. Every [`BlockDevice`] operation works
+/// as on any device (writes within `0..size()`); the methods here add what
+/// formats need beyond that. Defaults suit storage of a fixed size.
+pub trait Storage: BlockDevice {
+    /// The name the storage was opened by (a path or a URI), for messages
+    /// and for resolving relative names.
+    fn location(&self) -> &str;
+
+    /// Resolves a name stored in an image on this storage (a backing or
+    /// data file) the way QEMU does: an absolute name, or one with a
+    /// scheme, stands as it is; a relative one is relative to the
+    /// directory of [`location`](Self::location).
+    fn resolve(&self, name: &str) -> String {
+        resolve_relative(self.location(), name)
+    }
+
+    /// The length of the stored bytes now. It may be less than `size()`,
+    /// which can be rounded up to whole sectors.
+    fn file_len(&self) -> Result<u64> {
+        Ok(self.size())
+    }
+
+    /// Reads `buf.len()` bytes at `offset`; bytes past the end read as
+    /// zeros (formats read metadata QEMU does not pad to a cluster).
+    fn read_padded(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let size = self.size();
+        let n = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        if n > 0 {
+            self.read_at(&mut buf[..n], offset)?;
+        }
+        buf[n..].fill(0);
+        Ok(())
+    }
+
+    /// Writes all of `buf` at `offset`, growing the storage when the write
+    /// ends past its end (formats allocate at the end). Storage that cannot
+    /// grow fails with [`ErrorKind::NoSpace`].
+    fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| Error::new(ErrorKind::Overflow, "write past the largest offset"))?;
+        if end > self.size() {
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                format!(
+                    "write ends at {end}, past the end of {} ({} bytes)",
+                    self.location(),
+                    self.size()
+                ),
+            ));
+        }
+        self.write_at(buf, offset, crate::device::WriteFlags::NONE)
+    }
+
+    /// Changes the length, reserving new space as `prealloc` says. Storage
+    /// of a fixed size accepts only shrinking to no less than it is (a
+    /// no-op), as a block device does.
+    fn resize(&self, new_len: u64, prealloc: Preallocation) -> Result<()> {
+        let _ = prealloc;
+        let size = self.size();
+        if new_len > size {
+            return Err(Error::unsupported(format!(
+                "Cannot grow {} (its size is {size})",
+                self.location()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes the storage occupies (a file's blocks), when known.
+    fn allocated_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// The file descriptor holding the bytes at plain offsets, when there is
+    /// one (for splice and copy_file_range).
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    /// Whether this is a device of a fixed size (a block device, an NBD
+    /// export) rather than a file that grows.
+    fn is_fixed_size(&self) -> bool {
+        true
+    }
+}
+
+/// Resolves `name` against the directory of `location`, as QEMU resolves
+/// relative backing and data file names. Names with a protocol prefix
+/// (`nbd://…`, `json:…`) and absolute paths stand as they are.
+pub fn resolve_relative(location: &str, name: &str) -> String {
+    if name.starts_with('/') || has_protocol(name) {
+        return name.to_string();
+    }
+    match Path::new(location).parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !has_protocol(location) => {
+            dir.join(name).to_string_lossy().into_owned()
+        }
+        _ => name.to_string(),
+    }
+}
+
+/// Whether `name` starts with a protocol prefix (`scheme:` with a scheme of
+/// letters, digits, `+`, `-`, `.`), as QEMU's `path_has_protocol` decides.
+pub fn has_protocol(name: &str) -> bool {
+    let Some(colon) = name.find(':') else {
+        return false;
+    };
+    let scheme = &name[..colon];
+    !scheme.is_empty()
+        && !scheme.contains('/')
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+-._".contains(&b))
+}
+
+macro_rules! forward_storage {
+    ($ty:ty) => {
+        impl<T: Storage + ?Sized> Storage for $ty {
+            fn location(&self) -> &str {
+                (**self).location()
+            }
+            fn resolve(&self, name: &str) -> String {
+                (**self).resolve(name)
+            }
+            fn file_len(&self) -> Result<u64> {
+                (**self).file_len()
+            }
+            fn read_padded(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+                (**self).read_padded(buf, offset)
+            }
+            fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
+                (**self).write_extend(buf, offset)
+            }
+            fn resize(&self, new_len: u64, prealloc: Preallocation) -> Result<()> {
+                (**self).resize(new_len, prealloc)
+            }
+            fn allocated_bytes(&self) -> Option<u64> {
+                (**self).allocated_bytes()
+            }
+            fn fd(&self) -> Option<BorrowedFd<'_>> {
+                (**self).fd()
+            }
+            fn is_fixed_size(&self) -> bool {
+                (**self).is_fixed_size()
+            }
+        }
+    };
+}
+
+forward_storage!(Arc<T>);
+forward_storage!(Box<T>);
+forward_storage!(&T);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_names_resolve_against_the_image_directory() {
+        assert_eq!(
+            resolve_relative("/a/b/img.qcow2", "base.raw"),
+            "/a/b/base.raw"
+        );
+        assert_eq!(resolve_relative("img.qcow2", "base.raw"), "base.raw");
+        assert_eq!(resolve_relative("d/img.qcow2", "../x"), "d/../x");
+        assert_eq!(resolve_relative("/a/img", "/etc/passwd"), "/etc/passwd");
+        assert_eq!(resolve_relative("/a/img", "nbd://h/x"), "nbd://h/x");
+        assert_eq!(resolve_relative("nbd://h/x", "base"), "base");
+    }
+
+    #[test]
+    fn protocol_prefixes() {
+        assert!(has_protocol("nbd+unix:///?socket=s"));
+        assert!(has_protocol("json:{}"));
+        assert!(has_protocol("null-co://"));
+        assert!(!has_protocol("./a:b"));
+        assert!(!has_protocol("a/b:c"));
+        assert!(!has_protocol("plain"));
+        assert!(!has_protocol(":x"));
+    }
+}

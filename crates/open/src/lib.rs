@@ -1,0 +1,394 @@
+//! diskit-open: one opener that turns a name into storage → format →
+//! backing chain, for every tool.
+//!
+//! A name is a path, a protocol URI (`null-co://`, and the NBD client's
+//! `nbd://` to come), `json:{...}`, or qemu-img's `--image-opts` text. All
+//! of them become one [`spec::Spec`]; the protocol table
+//! ([`protocol::PROTOCOLS`]) opens the storage, the probe table
+//! (`diskit_formats::probe`) picks the format, and the files an image names
+//! come back here through [`diskit_formats::implied::ImpliedFiles`], where
+//! the trust [`gate`] checks them before anything is opened.
+
+pub mod gate;
+pub mod protocol;
+pub mod spec;
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use diskit_core::error::ResultExt;
+use diskit_core::{DeviceRef, Error, Result, StorageRef};
+use diskit_formats::implied::ImpliedFiles;
+use diskit_formats::options::{bool_value, size_value};
+use diskit_formats::{Format, Image, OpenOptions, probe, qcow2};
+
+use gate::{Role, Trust};
+use protocol::{Protocol, ProtocolMode};
+use spec::{Spec, Value};
+
+/// Backing chains deeper than this are refused (a loop that escaped
+/// detection, or an absurd image).
+pub const MAX_CHAIN_DEPTH: usize = 256;
+
+/// Opens the image called `name` (a path, a protocol URI or `json:{...}`)
+/// with `format`, or the probed format.
+pub fn open_image(name: &str, format: Option<Format>, opts: OpenOptions) -> Result<Image> {
+    let spec = name_spec(name, format)?;
+    Chain::new(&opts).open(&spec, name, &opts)
+}
+
+/// Opens the image described by qemu-img's `--image-opts` text
+/// (`driver=qcow2,file.filename=...`).
+pub fn open_image_opts(text: &str, opts: OpenOptions) -> Result<Image> {
+    let spec = spec::parse_image_opts(text)?;
+    let display = display_name(&spec).unwrap_or_else(|| text.to_string());
+    Chain::new(&opts).open(&spec, &display, &opts)
+}
+
+/// Opens the storage called `name` (a path or a protocol URI) with no
+/// format over it: for tools that work on an image's own bytes (check).
+pub fn open_storage(name: &str, writable: bool) -> Result<StorageRef> {
+    let proto = protocol::for_name(name)?;
+    let mut node = Spec::default();
+    node.set("filename", Value::Str(name.to_string()));
+    protocol::open(
+        proto,
+        &node,
+        ProtocolMode {
+            writable,
+            ..Default::default()
+        },
+    )
+}
+
+/// A file an image names, checked against the untrusted rules.
+#[derive(Debug, Clone)]
+pub struct Audited {
+    /// The file as the image names it.
+    pub named: diskit_formats::implied::Named,
+    /// The name resolved against the image's location.
+    pub resolved: String,
+    /// Why `--untrusted` would refuse it, if it would.
+    pub refusal: Option<gate::Refusal>,
+}
+
+/// The files `img` names, each with what the untrusted gate says of it,
+/// without opening any (what a service checks before converting).
+pub fn audit(img: &Image) -> Vec<Audited> {
+    let location = img.file.location();
+    img.implied_names()
+        .into_iter()
+        .map(|named| Audited {
+            resolved: img.file.resolve(&named.name),
+            refusal: gate::check_untrusted(location, &named.name, 1).err(),
+            named,
+        })
+        .collect()
+}
+
+/// The spec a plain name stands for: `json:` text parsed, anything else the
+/// `file` of a node of `format` (probed when `None`).
+pub fn name_spec(name: &str, format: Option<Format>) -> Result<Spec> {
+    let mut spec = match name.strip_prefix("json:") {
+        Some(text) => spec::parse_json(text)?,
+        None => {
+            let mut s = Spec::default();
+            s.set("file", Value::Str(name.to_string()));
+            s
+        }
+    };
+    if let Some(f) = format {
+        match spec.get("driver") {
+            Some(d) if d != f.name() && protocol::by_name(d).is_none() => {
+                return Err(Error::invalid(format!(
+                    "Cannot use format '{}': the description says driver '{d}'",
+                    f.name()
+                )));
+            }
+            Some(_) => {}
+            None => spec.set("driver", Value::Str(f.name().to_string())),
+        }
+    }
+    Ok(spec)
+}
+
+/// The file name QEMU shows for a spec: its file's `filename`.
+fn display_name(spec: &Spec) -> Option<String> {
+    spec.get("file")
+        .or_else(|| spec.get("file.filename"))
+        .or_else(|| spec.get("filename"))
+        .map(str::to_string)
+}
+
+/// Keys a format node takes (besides `file.*`).
+const FORMAT_KEYS: &[&str] = &[
+    "driver",
+    "file",
+    "node-name",
+    "read-only",
+    "cache.direct",
+    "cache.no-flush",
+];
+
+/// Keys a qcow2 node takes besides [`FORMAT_KEYS`].
+const QCOW2_KEYS: &[&str] = &["backing", "data-file", "l2-cache-size"];
+
+/// The chain being opened: loop detection and depth.
+struct Chain {
+    seen: Vec<(u64, u64)>,
+    trust: Trust,
+}
+
+impl Chain {
+    fn new(opts: &OpenOptions) -> Chain {
+        Chain {
+            seen: Vec::new(),
+            trust: if opts.untrusted {
+                Trust::Untrusted
+            } else {
+                Trust::Trusted
+            },
+        }
+    }
+
+    /// Opens the node `spec` (shown as `display`) and, through the
+    /// implied-file callback, everything below it.
+    fn open(&mut self, spec: &Spec, display: &str, opts: &OpenOptions) -> Result<Image> {
+        let driver = spec.get("driver");
+        // A node whose driver is a protocol is raw over that protocol.
+        let (format, file_node, file_proto) = match driver.and_then(protocol::by_name) {
+            Some(p) => (Some(Format::Raw), spec.clone(), p),
+            None => {
+                let format = driver.map(Format::from_name).transpose()?;
+                let (node, proto) = self.file_node(spec)?;
+                (format, node, proto)
+            }
+        };
+        let mut opts = opts.clone();
+        if let Some(v) = spec.get("cache.direct") {
+            opts.direct = bool_value("cache.direct", v)?;
+        }
+        if let Some(v) = spec.get("read-only")
+            && bool_value("read-only", v)?
+        {
+            opts.writable = false;
+        }
+        if let Some(v) = spec.get("l2-cache-size") {
+            opts.l2_cache_size = Some(size_value("l2-cache-size", v)?);
+        }
+        if let Some(v) = spec.get("cache.no-flush") {
+            // Flushes cost nothing to keep: honoured as "may skip".
+            bool_value("cache.no-flush", v)?;
+        }
+        let mode = ProtocolMode {
+            writable: opts.writable,
+            direct: opts.direct,
+            sector_size: format == Some(Format::Raw),
+        };
+        let storage = protocol::open(file_proto, &file_node, mode)?;
+        self.note(&storage, display)?;
+        let format = match format {
+            Some(f) => f,
+            None => probe::probe(&*storage, display)?,
+        };
+        let known: Vec<&str> = match format {
+            Format::Raw => FORMAT_KEYS.to_vec(),
+            Format::Qcow2 => FORMAT_KEYS.iter().chain(QCOW2_KEYS).copied().collect(),
+        };
+        if protocol::by_name(driver.unwrap_or("")).is_none() {
+            spec.check_keys(format.name(), &known, &["file"])?;
+        }
+        match format {
+            Format::Raw => {
+                // A probed raw file is reopened with its size rounded to
+                // sectors, as QEMU's raw shows it.
+                let storage = if mode.sector_size || !file_proto.local {
+                    storage
+                } else {
+                    drop(storage);
+                    protocol::open(
+                        file_proto,
+                        &file_node,
+                        ProtocolMode {
+                            sector_size: true,
+                            ..mode
+                        },
+                    )?
+                };
+                Ok(Image {
+                    device: upcast(storage.clone()),
+                    format,
+                    filename: PathBuf::from(display),
+                    file: storage,
+                    qcow2: None,
+                    backing: None,
+                })
+            }
+            Format::Qcow2 => {
+                let mut implied = Implied {
+                    chain: self,
+                    parent: storage.clone(),
+                    spec,
+                    opts: &opts,
+                    below: RefCell::new(None),
+                };
+                let q = Arc::new(qcow2::open::open(
+                    storage.clone(),
+                    qcow2::Qcow2Options {
+                        writable: opts.writable,
+                        direct: opts.direct,
+                        l2_cache_size: opts.l2_cache_size,
+                        snapshot: opts.snapshot.clone(),
+                    },
+                    &mut implied,
+                )?);
+                let backing = implied.below.into_inner();
+                Ok(Image {
+                    device: q.clone(),
+                    format,
+                    filename: PathBuf::from(display),
+                    file: storage,
+                    qcow2: Some(q),
+                    backing,
+                })
+            }
+        }
+    }
+
+    /// The protocol node under a format node: `file` as a name, or the
+    /// `file.*` keys.
+    fn file_node(&self, spec: &Spec) -> Result<(Spec, &'static Protocol)> {
+        if let Some(name) = spec.get("file") {
+            let proto = protocol::for_name(name)?;
+            let mut node = Spec::default();
+            node.set("filename", Value::Str(name.to_string()));
+            return Ok((node, proto));
+        }
+        let node = spec.child("file");
+        if node.is_empty() {
+            return Err(Error::invalid(
+                "A block device must be specified for \"file\"",
+            ));
+        }
+        let proto = match node.get("driver") {
+            Some(d) => protocol::by_name(d)
+                .ok_or_else(|| Error::invalid(format!("Unknown protocol driver '{d}'")))?,
+            None => protocol::for_name(node.get("filename").unwrap_or(""))?,
+        };
+        Ok((node, proto))
+    }
+
+    /// Records a local file in the chain, refusing loops and absurd depth.
+    fn note(&mut self, storage: &StorageRef, display: &str) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(fd) = storage.fd() else {
+            return Ok(());
+        };
+        let Ok(meta) = std::fs::File::from(fd.try_clone_to_owned()?).metadata() else {
+            return Ok(());
+        };
+        let id = (meta.dev(), meta.ino());
+        if self.seen.contains(&id) {
+            return Err(Error::invalid(format!(
+                "Backing file chain of '{display}' contains a loop"
+            )));
+        }
+        if self.seen.len() >= MAX_CHAIN_DEPTH {
+            return Err(Error::invalid("Backing file chain is too deep"));
+        }
+        self.seen.push(id);
+        Ok(())
+    }
+
+    fn depth(&self) -> usize {
+        self.seen.len()
+    }
+}
+
+fn upcast(s: StorageRef) -> DeviceRef {
+    s
+}
+
+/// The files one image names, opened for it through the gate.
+struct Implied<'a> {
+    chain: &'a mut Chain,
+    parent: StorageRef,
+    spec: &'a Spec,
+    opts: &'a OpenOptions,
+    below: RefCell<Option<Box<Image>>>,
+}
+
+impl Implied<'_> {
+    /// Resolves and admits `name`, as stored in the parent image.
+    fn admit(&self, role: Role, name: &str) -> Result<String> {
+        gate::admit(
+            self.chain.trust,
+            self.parent.location(),
+            role,
+            name,
+            self.chain.depth(),
+        )?;
+        Ok(self.parent.resolve(name))
+    }
+}
+
+impl ImpliedFiles for Implied<'_> {
+    fn backing(&mut self, name: &str, format: Option<&str>) -> Result<(DeviceRef, u64)> {
+        // The user's description overrides what the image says.
+        let (name, user_given) = match self.spec.get("backing") {
+            Some(b) => (b.to_string(), true),
+            None => (name.to_string(), false),
+        };
+        if self.opts.no_backing || self.opts.metadata_only || self.spec.is_null("backing") {
+            let none: DeviceRef = Arc::new(diskit_backends::NullDevice::new(0));
+            return Ok((none, 0));
+        }
+        let path = if user_given {
+            name.clone()
+        } else {
+            self.admit(Role::Backing, &name)?
+        };
+        let fmt = format.map(Format::from_name).transpose()?;
+        let writable = self.opts.writable && self.opts.writable_backing_depth > 0;
+        let below_opts = OpenOptions {
+            writable,
+            snapshot: None,
+            writable_backing_depth: self.opts.writable_backing_depth.saturating_sub(1),
+            l2_cache_size: None,
+            ..self.opts.clone()
+        };
+        let spec = name_spec(&path, fmt)?;
+        let img = self
+            .chain
+            .open(&spec, &path, &below_opts)
+            .context(format!("Could not open backing file '{path}'"))?;
+        let r = (img.device.clone(), img.virtual_size());
+        *self.below.borrow_mut() = Some(Box::new(img));
+        Ok(r)
+    }
+
+    fn data_file(&mut self, name: &str, writable: bool) -> Result<StorageRef> {
+        if self.opts.metadata_only {
+            // Reads as empty: nothing of the data is looked at.
+            return Ok(Arc::new(diskit_backends::NullDevice::new(0)));
+        }
+        let path = match self.spec.get("data-file") {
+            Some(d) => d.to_string(),
+            None => self.admit(Role::DataFile, name)?,
+        };
+        let proto = protocol::for_name(&path)?;
+        let mut node = Spec::default();
+        node.set("filename", Value::Str(path.clone()));
+        protocol::open(
+            proto,
+            &node,
+            ProtocolMode {
+                writable,
+                direct: self.opts.direct,
+                sector_size: false,
+            },
+        )
+        .context(format!("Could not open data file '{path}'"))
+    }
+}
