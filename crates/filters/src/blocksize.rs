@@ -30,7 +30,7 @@
 use std::ops::Range;
 
 use diskit_core::device::{check_range, split_fua};
-use diskit_core::extent::push_merged;
+use diskit_core::extent::{clip, push_merged};
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
 };
@@ -445,7 +445,7 @@ impl Filter for Blocksize {
             skip = 0;
             out.push(e);
         }
-        Ok(crate::clip_extents(out, len))
+        Ok(clip(out, len))
     }
 }
 
