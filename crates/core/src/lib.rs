@@ -18,6 +18,7 @@ pub mod device;
 pub mod error;
 pub mod extent;
 pub mod filter;
+pub mod range_lock;
 pub mod size;
 pub mod zero;
 

@@ -31,12 +31,12 @@ use std::ops::Range;
 
 use diskit_core::device::{check_range, split_fua};
 use diskit_core::extent::{clip, push_merged};
+use diskit_core::range_lock::RangeLock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
 };
 
 use crate::params;
-use crate::range_lock::RangeLock;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["minblock", "maxdata", "maxlen"];

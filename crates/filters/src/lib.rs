@@ -28,7 +28,6 @@ pub mod noextents;
 pub mod nozero;
 pub mod offset;
 pub mod params;
-mod range_lock;
 pub mod truncate;
 
 use std::sync::Arc;
