@@ -20,6 +20,7 @@ pub mod extent;
 pub mod filter;
 pub mod range_lock;
 pub mod size;
+pub mod sync;
 pub mod zero;
 
 pub use device::{

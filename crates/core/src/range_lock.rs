@@ -8,6 +8,8 @@
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 
+use crate::sync;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
     id: u64,
@@ -56,7 +58,7 @@ impl RangeLock {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.state)
     }
 
     /// Holds `start..end`, waiting while a conflicting range is held: any
