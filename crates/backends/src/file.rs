@@ -18,6 +18,7 @@ pub use diskit_core::Preallocation;
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::{BlockSizeLimits, check_range};
 use diskit_core::error::ResultExt;
+use diskit_core::sync;
 use diskit_core::{
     BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Result, Storage, WriteFlags,
     ZeroFlags,
@@ -223,7 +224,7 @@ impl FileDevice {
     /// their turn (see [`BIG_WRITE`]).
     fn buffered_write(&self, buf: &[u8], offset: u64) -> Result<()> {
         if !self.block_device && buf.len() >= BIG_WRITE {
-            let _turn = self.big_writes.lock().unwrap_or_else(|p| p.into_inner());
+            let _turn = sync::lock(&self.big_writes);
             self.file.write_all_at(buf, offset)?;
         } else {
             self.file.write_all_at(buf, offset)?;
@@ -361,7 +362,7 @@ impl FileDevice {
         let start = offset / DIRECT_ALIGN * DIRECT_ALIGN;
         let end = (offset + buf.len() as u64).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
         let mut bounce = AlignedBuf::new((end - start) as usize, DIRECT_ALIGN as usize)?;
-        let _guard = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = sync::lock(&self.rmw);
         self.pread_full(&mut bounce, start)?;
         let skip = (offset - start) as usize;
         bounce[skip..skip + buf.len()].copy_from_slice(buf);

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use diskit_core::{BlockDevice, Result, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, Result, WriteFlags, ZeroFlags, extent};
 
 use crate::Progress;
 
@@ -133,24 +133,19 @@ pub fn commit(
 fn run(dev: &dyn BlockDevice, offset: u64, max: u64, base_depth: u32) -> Result<(bool, u64)> {
     let mut state = None;
     let mut n = 0;
-    while n < max {
-        let before = n;
-        for e in dev.extents(offset + n, max - n)? {
-            let above = e.depth < base_depth;
-            match state {
-                None => state = Some(above),
-                Some(s) if s != above => return Ok((s, n)),
-                _ => {}
-            }
-            n += e.length.min(max - n);
-            if n >= max {
-                break;
-            }
+    let mut walk = extent::walk(dev, offset, max);
+    while let Some(e) = walk.next_answered()? {
+        let above = e.depth < base_depth;
+        match state {
+            None => state = Some(above),
+            Some(s) if s != above => return Ok((s, n)),
+            _ => {}
         }
-        if n == before {
-            // A device that answers nothing: copy the rest.
-            return Ok((true, max));
-        }
+        n += e.length;
+    }
+    if walk.stalled() {
+        // A device that answers nothing: copy the rest.
+        return Ok((true, max));
     }
     Ok((state.unwrap_or(true), n))
 }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use diskit_core::buffer::AlignedBuf;
+use diskit_core::sync;
 use diskit_core::zero::zero_runs;
 use diskit_core::{BlockDevice, Error, Result, WriteFlags, ZeroFlags};
 
@@ -139,12 +140,7 @@ pub fn copy(
         handed: AtomicU64::new(0),
     };
     std::thread::scope(|s| engine.worker(s));
-    if let Some(e) = engine
-        .error
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
+    if let Some(e) = sync::lock(&engine.error).take() {
         return Err(e);
     }
     if opts.flush {
@@ -186,7 +182,7 @@ impl Engine<'_> {
         let mut buf: Option<AlignedBuf> = None;
         while !self.failed.load(Ordering::Relaxed) {
             let item = {
-                let mut planner = self.planner.lock().unwrap_or_else(|p| p.into_inner());
+                let mut planner = sync::lock(&self.planner);
                 match planner.next(self.src) {
                     Ok(Some(item)) => item,
                     Ok(None) => return,
@@ -218,7 +214,7 @@ impl Engine<'_> {
 
     fn fail(&self, e: Error) {
         self.failed.store(true, Ordering::Relaxed);
-        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = sync::lock(&self.error);
         if slot.is_none() {
             *slot = Some(e);
         }
@@ -264,7 +260,7 @@ impl Engine<'_> {
         let result = self.write_all(item, buf, &writes, &mut stats);
         self.end_turn(item.seq);
         result?;
-        let mut total = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut total = sync::lock(&self.stats);
         total.data_bytes += stats.data_bytes;
         total.zeroed_bytes += stats.zeroed_bytes;
         total.skipped_bytes += stats.skipped_bytes;
@@ -307,7 +303,7 @@ impl Engine<'_> {
         if !self.opts.ordered_writes {
             return Ok(());
         }
-        let mut turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut turn = sync::lock(&self.turn);
         while *turn != seq {
             if self.failed.load(Ordering::Relaxed) {
                 return Err(Error::io("copy aborted"));
@@ -322,7 +318,7 @@ impl Engine<'_> {
 
     fn end_turn(&self, seq: u64) {
         if self.opts.ordered_writes {
-            let mut turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut turn = sync::lock(&self.turn);
             *turn = seq + 1;
             self.turn_changed.notify_all();
         }

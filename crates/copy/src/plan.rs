@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use diskit_core::{BlockDevice, Extent, Result};
+use diskit_core::{BlockDevice, Extent, Result, extent};
 
 /// One piece of work: a range that is either known zero or to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,20 +74,15 @@ impl Planner {
 
     /// Queues the extents from `from` on (the queue holds what precedes it).
     fn fill(&mut self, src: &dyn BlockDevice, from: u64) -> Result<()> {
-        let ex = src.extents(from, self.size - from)?;
-        let mut covered = 0u64;
-        for e in ex {
-            // Never trust a device to stay inside the range asked.
-            let len = e.length.min(self.size - from - covered);
-            if len == 0 {
-                break;
-            }
-            let start = from + covered;
-            covered += len;
-            let e = self.classify(Extent { length: len, ..e });
+        // One answer (a prefix), never trusted to stay inside the range asked.
+        let rest = self.size - from;
+        let mut start = from;
+        for e in extent::clip(src.extents(from, rest)?, rest) {
+            let e = self.classify(e);
             self.push(start, e);
+            start += e.length;
         }
-        if covered == 0 {
+        if start == from {
             // A device that answers nothing: treat the rest as data.
             self.push_merged(Extent::data(self.size - from));
         }

@@ -10,7 +10,7 @@
 //! `align` bytes; differing runs get the old content, written as zeroes past
 //! the end of the old backing file. Works on any devices.
 
-use diskit_core::{BlockDevice, Result, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, Result, WriteFlags, ZeroFlags, extent};
 
 use crate::Progress;
 
@@ -30,25 +30,17 @@ pub struct Backings<'a> {
 pub fn allocated_here(dev: &dyn BlockDevice, offset: u64, max: u64) -> Result<(bool, u64)> {
     let mut state = None;
     let mut n = 0;
-    while n < max {
-        let before = n;
-        let extents = dev.extents(offset + n, max - n)?;
-        for e in extents {
-            let here = e.depth == 0 && e.flags.present;
-            match state {
-                None => state = Some(here),
-                Some(s) if s != here => return Ok((s, n)),
-                _ => {}
-            }
-            n += e.length.min(max - n);
-            if n >= max {
-                break;
-            }
+    // A device that stops answering: stop there (nothing at all: call one
+    // byte its own).
+    let mut walk = extent::walk(dev, offset, max);
+    while let Some(e) = walk.next_answered()? {
+        let here = e.depth == 0 && e.flags.present;
+        match state {
+            None => state = Some(here),
+            Some(s) if s != here => return Ok((s, n)),
+            _ => {}
         }
-        if n == before {
-            // A device that answers nothing: call the rest its own.
-            break;
-        }
+        n += e.length;
     }
     Ok((state.unwrap_or(true), n.max(1).min(max)))
 }

@@ -142,4 +142,76 @@ impl BlockDevice for Concat {
         let names: Vec<String> = self.parts.iter().map(|(_, d)| d.describe()).collect();
         format!("concat({})", names.join(", "))
     }
+
+    /// Closes every part, even after one fails; the first failure is returned.
+    fn close(&self) -> Result<()> {
+        let mut first = Ok(());
+        for (_, d) in &self.parts {
+            let r = d.close();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A read-only device that counts its closes and may fail them.
+    struct Closing {
+        closes: AtomicUsize,
+        fail: bool,
+    }
+
+    impl BlockDevice for Closing {
+        fn size(&self) -> u64 {
+            512
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::READ_ONLY
+        }
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn close(&self) -> Result<()> {
+            self.closes.fetch_add(1, Ordering::SeqCst);
+            if self.fail {
+                Err(Error::from_kind(ErrorKind::NoSpace))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn closing_closes_every_part_even_after_a_failure() {
+        let parts: Vec<Arc<Closing>> = [false, true, false, true]
+            .into_iter()
+            .map(|fail| {
+                Arc::new(Closing {
+                    closes: AtomicUsize::new(0),
+                    fail,
+                })
+            })
+            .collect();
+        let c = Concat::new(parts.iter().map(|p| p.clone() as DeviceRef).collect()).unwrap();
+        assert_eq!(c.close().unwrap_err().kind(), ErrorKind::NoSpace);
+        assert!(parts.iter().all(|p| p.closes.load(Ordering::SeqCst) == 1));
+        let ok = Arc::new(Closing {
+            closes: AtomicUsize::new(0),
+            fail: false,
+        });
+        Concat::new(vec![ok.clone() as DeviceRef])
+            .unwrap()
+            .close()
+            .unwrap();
+        assert_eq!(ok.closes.load(Ordering::SeqCst), 1);
+    }
 }

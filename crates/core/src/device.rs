@@ -235,6 +235,16 @@ pub trait BlockDevice: Send + Sync {
     fn describe(&self) -> String {
         String::from("device")
     }
+
+    /// Writes cached metadata and makes the device durable before it is
+    /// dropped: the last call its owner makes, after every request has
+    /// completed. Layers finalize here, where a failure can be reported,
+    /// not in `Drop`; a layer over another closes the one below after
+    /// itself. Requests after a close are not expected. The default does
+    /// nothing, which is right for a device with nothing to finalize.
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// How a request with `fua` that goes to `dev` as `pieces` writes keeps
@@ -323,6 +333,9 @@ macro_rules! forward_device {
             }
             fn describe(&self) -> String {
                 (**self).describe()
+            }
+            fn close(&self) -> Result<()> {
+                (**self).close()
             }
         }
     };

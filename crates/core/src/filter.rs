@@ -62,6 +62,12 @@ pub trait Filter: Send + Sync {
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         next.extents(offset, len)
     }
+    /// Finalizes the filter, then closes the layer below (see
+    /// [`BlockDevice::close`]); a filter that overrides it must still
+    /// close `next`. The default only closes `next`.
+    fn close(&self, next: &dyn BlockDevice) -> Result<()> {
+        next.close()
+    }
     /// Whether reads through this filter give the bytes below, at the same
     /// offsets, with nothing a view would skip (a delay, say): then a view
     /// of the bytes below is a view of the filter's own. False by default.
@@ -148,5 +154,73 @@ impl<F: Filter> BlockDevice for Filtered<F> {
     }
     fn describe(&self) -> String {
         format!("{} over {}", self.filter.name(), self.next.describe())
+    }
+    fn close(&self) -> Result<()> {
+        self.filter.close(&*self.next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Counts closes.
+    #[derive(Default)]
+    struct Closing(AtomicUsize);
+
+    impl BlockDevice for Closing {
+        fn size(&self) -> u64 {
+            512
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::READ_ONLY
+        }
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn close(&self) -> Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    struct Plain;
+    impl Filter for Plain {
+        fn name(&self) -> &str {
+            "plain"
+        }
+    }
+
+    /// Finalizes itself, then closes the layer below.
+    #[derive(Default)]
+    struct Finalizing(AtomicUsize);
+    impl Filter for Finalizing {
+        fn name(&self) -> &str {
+            "finalizing"
+        }
+        fn close(&self, next: &dyn BlockDevice) -> Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            next.close()
+        }
+    }
+
+    #[test]
+    fn close_goes_down_the_stack() {
+        let dev = Arc::new(Closing::default());
+        let mid = Arc::new(Filtered::new(Finalizing::default(), dev.clone()));
+        let top: DeviceRef = Arc::new(Filtered::new(Plain, mid.clone()));
+        // Through Box and Arc (forward_device!) and both filters, then &T.
+        let boxed: Box<dyn BlockDevice> = Box::new(top.clone());
+        boxed.close().unwrap();
+        assert_eq!(mid.filter().0.load(Ordering::SeqCst), 1);
+        assert_eq!(dev.0.load(Ordering::SeqCst), 1);
+        fn close_via<D: BlockDevice>(d: D) -> Result<()> {
+            d.close()
+        }
+        close_via(&*top).unwrap();
+        assert_eq!(dev.0.load(Ordering::SeqCst), 2);
     }
 }

@@ -18,8 +18,10 @@ pub mod device;
 pub mod error;
 pub mod extent;
 pub mod filter;
+pub mod range_lock;
 pub mod size;
 pub mod storage;
+pub mod sync;
 pub mod zero;
 
 pub use device::{

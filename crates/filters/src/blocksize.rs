@@ -30,13 +30,13 @@
 use std::ops::Range;
 
 use diskit_core::device::{check_range, split_fua};
-use diskit_core::extent::push_merged;
+use diskit_core::extent::{clip, push_merged};
+use diskit_core::range_lock::RangeLock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
 };
 
 use crate::params;
-use crate::range_lock::RangeLock;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["minblock", "maxdata", "maxlen"];
@@ -445,7 +445,7 @@ impl Filter for Blocksize {
             skip = 0;
             out.push(e);
         }
-        Ok(crate::clip_extents(out, len))
+        Ok(clip(out, len))
     }
 }
 

@@ -28,12 +28,11 @@ pub mod noextents;
 pub mod nozero;
 pub mod offset;
 pub mod params;
-mod range_lock;
 pub mod truncate;
 
 use std::sync::Arc;
 
-use diskit_core::{DeviceRef, Error, Extent, Filtered, Result};
+use diskit_core::{DeviceRef, Error, Filtered, Result};
 
 /// A filter's name, the parameter keys it takes and a one-line description.
 #[derive(Debug, Clone, Copy)]
@@ -187,24 +186,6 @@ pub fn stack(filters: &[FilterSpec], device: DeviceRef, read_only: bool) -> Resu
         .try_fold(device, |next, f| f.stack(next, read_only))
 }
 
-/// Cuts `extents` to `len` bytes in all, dropping empty ones: a layer below
-/// that answers for more than was asked must not leak past the window.
-pub(crate) fn clip_extents(extents: Vec<Extent>, len: u64) -> Vec<Extent> {
-    let mut left = len;
-    let mut out = Vec::with_capacity(extents.len());
-    for mut e in extents {
-        if left == 0 {
-            break;
-        }
-        e.length = e.length.min(left);
-        if e.length > 0 {
-            left -= e.length;
-            out.push(e);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,21 +232,6 @@ mod tests {
         // truncate over offset: 5M whatever the window.
         let d = stack(&[truncate, offset], mem, false).unwrap();
         assert_eq!(d.size(), 5 << 20);
-    }
-
-    #[test]
-    fn clipping_extents() {
-        let v = clip_extents(
-            vec![Extent::data(10), Extent::hole(10), Extent::data(5)],
-            15,
-        );
-        assert_eq!(v.len(), 2);
-        assert_eq!(v[1].length, 5);
-        assert!(
-            clip_extents(vec![Extent::data(0), Extent::hole(3)], 2)[0]
-                .flags
-                .zero
-        );
     }
 
     #[test]

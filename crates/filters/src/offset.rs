@@ -11,9 +11,10 @@
 //! the device below cut to the window.
 
 use diskit_core::device::check_range;
+use diskit_core::extent::clip;
 use diskit_core::{BlockDevice, Error, Extent, FileView, Filter, Result, WriteFlags, ZeroFlags};
 
-use crate::{clip_extents, params};
+use crate::params;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["offset", "range"];
@@ -125,10 +126,7 @@ impl Filter for Offset {
         next.cache(self.map(offset, len)?, len)
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        Ok(clip_extents(
-            next.extents(self.map(offset, len)?, len)?,
-            len,
-        ))
+        Ok(clip(next.extents(self.map(offset, len)?, len)?, len))
     }
 }
 

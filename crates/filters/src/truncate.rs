@@ -14,13 +14,14 @@
 //! (the tail is known), and fast zeroing, which is free on the tail.
 
 use diskit_core::device::check_range;
+use diskit_core::extent::clip;
 use diskit_core::zero::is_zero;
 use diskit_core::{
     BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Result, WriteFlags,
     ZeroFlags,
 };
 
-use crate::{clip_extents, params};
+use crate::params;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["truncate", "round-up", "round-down"];
@@ -210,7 +211,7 @@ impl Filter for Truncate {
             // Beyond the device below: one hole to the end of the request.
             0 => Ok(vec![Extent::hole(len)]),
             // Only the part on the device: the caller asks again for the rest.
-            n => Ok(clip_extents(next.extents(offset, n)?, n)),
+            n => Ok(clip(next.extents(offset, n)?, n)),
         }
     }
 }

@@ -154,13 +154,7 @@ fn mismatch(extent_start: u64, byte: u64) -> Verdict {
 }
 
 fn first_extent(d: &dyn BlockDevice, pos: u64, len: u64) -> diskit_core::Result<Extent> {
-    let e = d
-        .extents(pos, len)?
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| Extent::data(len));
-    Ok(Extent {
-        length: e.length.clamp(1, len),
-        ..e
-    })
+    // A device that answers nothing: read the rest.
+    let e = diskit_core::extent::walk(d, pos, len).next_answered()?;
+    Ok(e.unwrap_or_else(|| Extent::data(len)))
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{CliError, open, output_is_json, parse_size_arg, parse_source_format};
-use diskit_core::extent::push_merged;
+use diskit_core::extent;
 use diskit_core::{BlockDevice, Extent};
 use diskit_formats::OpenOptions;
 
@@ -42,24 +42,7 @@ pub fn collect_extents(
     start: u64,
     end: u64,
 ) -> diskit_core::Result<Vec<(u64, Extent)>> {
-    let mut merged: Vec<Extent> = Vec::new();
-    let mut pos = start;
-    while pos < end {
-        let ex = dev.extents(pos, end - pos)?;
-        let mut progressed = false;
-        for e in ex {
-            let len = e.length.min(end - pos);
-            if len == 0 {
-                break;
-            }
-            push_merged(&mut merged, Extent { length: len, ..e });
-            pos += len;
-            progressed = true;
-        }
-        if !progressed {
-            return Err(diskit_core::Error::io("device returned no extents"));
-        }
-    }
+    let merged = extent::collect(dev, start, end - start, usize::MAX)?;
     let mut out = Vec::with_capacity(merged.len());
     let mut off = start;
     for e in merged {

@@ -4,6 +4,8 @@
 
 use std::sync::{Condvar, Mutex};
 
+use diskit_core::sync;
+
 /// Bytes in flight, capped.
 pub struct Budget {
     cap: u64,
@@ -26,7 +28,7 @@ impl Budget {
     /// Returns what was taken, to give back with [`Budget::release`].
     pub fn acquire(&self, n: u64) -> u64 {
         let n = n.min(self.cap);
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let mut used = sync::lock(&self.used);
         while *used > 0 && *used + n > self.cap {
             used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
         }
@@ -36,14 +38,14 @@ impl Budget {
 
     /// Gives back `n` bytes taken by [`Budget::acquire`].
     pub fn release(&self, n: u64) {
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let mut used = sync::lock(&self.used);
         *used -= n;
         self.freed.notify_all();
     }
 
     /// Bytes currently taken.
     pub fn used(&self) -> u64 {
-        *self.used.lock().unwrap_or_else(|p| p.into_inner())
+        *sync::lock(&self.used)
     }
 }
 

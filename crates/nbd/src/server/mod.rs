@@ -41,11 +41,9 @@ macro_rules! log_line {
 }
 pub(crate) use log_line;
 
-/// Locks `m`, going on after a panic elsewhere left it poisoned (the data
-/// behind the server's locks stays consistent at every unlock).
-pub(crate) fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// Locks a mutex, going on after a panic elsewhere left it poisoned (the
+/// data behind the server's locks stays consistent at every unlock).
+pub(crate) use diskit_core::sync::lock;
 
 /// Server settings.
 #[derive(Debug, Clone, Copy)]

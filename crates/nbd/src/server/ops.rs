@@ -256,25 +256,12 @@ fn collect_extents(
     len: u64,
     max: usize,
 ) -> diskit_core::Result<Vec<Extent>> {
-    let end = offset + len;
+    let mut walk = diskit_core::extent::walk(dev, offset, len);
     let mut out: Vec<Extent> = Vec::new();
-    let mut pos = offset;
-    while pos < end && out.len() < max {
-        let got = dev.extents(pos, end - pos)?;
-        let before = pos;
-        for mut e in got {
-            if pos >= end || out.len() >= max {
-                break;
-            }
-            e.length = e.length.min(end - pos);
-            if e.length == 0 {
-                continue;
-            }
-            pos += e.length;
-            out.push(e);
-        }
-        if pos == before {
-            break;
+    while out.len() < max {
+        match walk.next_answered()? {
+            Some(e) => out.push(e),
+            None => break,
         }
     }
     Ok(out)

@@ -6,6 +6,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use diskit_core::sync;
+
 /// Cuts a connection off from another thread (shuts its socket down).
 pub type Cutoff = Box<dyn FnOnce() + Send>;
 
@@ -31,7 +33,7 @@ impl Watchdog {
             .stack_size(64 * 1024)
             .spawn(move || {
                 let (lock, cv) = &*s;
-                let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+                let guard = sync::lock(lock);
                 let (mut st, _) = cv
                     .wait_timeout_while(guard, timeout, |st| !st.disarmed)
                     .unwrap_or_else(|p| p.into_inner());
@@ -51,7 +53,7 @@ impl Watchdog {
     /// Stops the timer; returns whether it fired (the connection was cut off).
     pub fn disarm(self) -> bool {
         let (lock, cv) = &*self.state;
-        let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = sync::lock(lock);
         st.disarmed = true;
         cv.notify_all();
         st.fired

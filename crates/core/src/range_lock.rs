@@ -1,7 +1,14 @@
 //! A lock over byte ranges, shared or exclusive: requests on ranges that
 //! do not overlap never wait for each other.
+//!
+//! Layers that must keep some requests apart without serialising the whole
+//! device use it: the blocksize filter holds a block exclusively for a
+//! read-modify-write and every other change shared, so a read-modify-write
+//! never undoes a concurrent write to the same block.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
+
+use crate::sync;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
@@ -24,26 +31,40 @@ struct State {
 }
 
 /// Byte ranges held shared (any number at once) or exclusive (alone).
+///
+/// A range is held from [`lock`](RangeLock::lock) until its [`RangeGuard`]
+/// is dropped. Shared ranges may overlap each other; an exclusive range
+/// overlaps nothing else held. Waiters are woken whenever a range is
+/// released (no fairness is promised). Empty ranges (`start >= end`)
+/// conflict with nothing.
 #[derive(Debug, Default)]
-pub(crate) struct RangeLock {
+pub struct RangeLock {
     state: Mutex<State>,
     released: Condvar,
 }
 
-/// A range held until dropped.
-pub(crate) struct RangeGuard<'a> {
+/// A range held by a [`RangeLock`], released when dropped.
+#[must_use = "the range is released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct RangeGuard<'a> {
     lock: &'a RangeLock,
     id: u64,
 }
 
 impl RangeLock {
+    /// A lock with no range held.
+    pub fn new() -> RangeLock {
+        RangeLock::default()
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.state)
     }
 
     /// Holds `start..end`, waiting while a conflicting range is held: any
     /// overlapping one if `exclusive`, else an overlapping exclusive one.
-    pub(crate) fn lock(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
+    /// The range stays held until the returned guard is dropped.
+    pub fn lock(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
         let mut st = self.state();
         while st.held.iter().any(|h| h.conflicts(start, end, exclusive)) {
             st = self.released.wait(st).unwrap_or_else(|p| p.into_inner());
