@@ -15,5 +15,5 @@ fuzz_target!(|data: &[u8]| {
             let _ = o.check_known(&["size", "preallocation"]);
         }
     }
-    let _ = diskit_formats::probe::probe_bytes(data);
+    let _ = diskit_formats::probe::probe_bytes(data, "fuzz.dmg");
 });

@@ -139,10 +139,7 @@ impl Image {
 
     /// Writes cached metadata and syncs: call before exiting after writes.
     pub fn close(&self) -> Result<()> {
-        match &self.qcow2 {
-            Some(q) => q.close(),
-            None => Ok(()),
-        }
+        self.device.close()
     }
 }
 

@@ -94,7 +94,7 @@ pub fn name_spec(name: &str, format: Option<Format>) -> Result<Spec> {
         Some(text) => spec::parse_json(text)?,
         None => {
             let mut s = Spec::default();
-            s.set("file", Value::Str(name.to_string()));
+            s.set("file.filename", Value::Str(name.to_string()));
             s
         }
     };
@@ -115,8 +115,7 @@ pub fn name_spec(name: &str, format: Option<Format>) -> Result<Spec> {
 
 /// The file name QEMU shows for a spec: its file's `filename`.
 fn display_name(spec: &Spec) -> Option<String> {
-    spec.get("file")
-        .or_else(|| spec.get("file.filename"))
+    spec.get("file.filename")
         .or_else(|| spec.get("filename"))
         .map(str::to_string)
 }
@@ -260,10 +259,11 @@ impl Chain {
     /// `file.*` keys.
     fn file_node(&self, spec: &Spec) -> Result<(Spec, &'static Protocol)> {
         if let Some(name) = spec.get("file") {
-            let proto = protocol::for_name(name)?;
-            let mut node = Spec::default();
-            node.set("filename", Value::Str(name.to_string()));
-            return Ok((node, proto));
+            // In QEMU's descriptions a string child is a reference to a
+            // node by name; diskit's nodes have none.
+            return Err(Error::invalid(format!(
+                "Cannot find device='{name}' nor node-name='{name}'"
+            )));
         }
         let node = spec.child("file");
         if node.is_empty() {

@@ -149,8 +149,10 @@ fn flatten(
     map: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<()> {
     for (k, v) in map {
-        if k.is_empty() {
-            return Err(Error::invalid("json: description has an empty key"));
+        if k.is_empty() || k.split('.').any(str::is_empty) {
+            return Err(Error::invalid(format!(
+                "json: description has an invalid key '{k}'"
+            )));
         }
         let key = if prefix.is_empty() {
             k.clone()

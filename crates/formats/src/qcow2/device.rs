@@ -809,6 +809,10 @@ impl BlockDevice for Qcow2 {
     fn describe(&self) -> String {
         self.file.describe()
     }
+
+    fn close(&self) -> Result<()> {
+        Qcow2::close(self)
+    }
 }
 
 impl Qcow2 {
