@@ -46,6 +46,36 @@ fn map_through_image_opts_and_json_equals_qemu_img() {
     let json = format!(r#"json:{{"file":"{}"}}"#, s(&p));
     assert_eq!(code(&qemu_img(&["map", &json])), 1);
     assert_eq!(code(&diskit(&["map", &json])), 1);
+    // The backing file replaced, or removed, by the description.
+    let base = dir.path().join("base.raw");
+    sparse_file(&base, 4 << 20, &[(0, 1 << 20, 0x11)]);
+    let top = dir.path().join("top.qcow2");
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        s(&p),
+        "-F",
+        "qcow2",
+        s(&top),
+    ]));
+    let opts = format!(
+        "driver=qcow2,file.filename={},backing.driver=raw,backing.file.filename={}",
+        s(&top),
+        s(&base)
+    );
+    same_as_qemu_img(
+        &["map", "--output=json", "--image-opts", &opts],
+        "backing.*",
+    );
+    let json = format!(
+        r#"json:{{"driver":"qcow2","backing":null,"file":{{"filename":"{}"}}}}"#,
+        s(&top)
+    );
+    same_as_qemu_img(&["map", "--output=json", &json], "backing null");
+    same_as_qemu_img(&["map", "--output=json", s(&top)], "chain");
     // A raw view of the same file through either spelling.
     let opts = format!("driver=raw,file.filename={}", s(&p));
     same_as_qemu_img(&["map", "--output=json", "--image-opts", &opts], "raw");

@@ -13,7 +13,6 @@ pub mod gate;
 pub mod protocol;
 pub mod spec;
 
-use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -177,7 +176,8 @@ impl Chain {
             opts.l2_cache_size = Some(size_value("l2-cache-size", v)?);
         }
         if let Some(v) = spec.get("cache.no-flush") {
-            // Flushes cost nothing to keep: honoured as "may skip".
+            // no-flush allows flushes to be skipped; keeping them is always
+            // correct, so the value is only checked.
             bool_value("cache.no-flush", v)?;
         }
         let mode = ProtocolMode {
@@ -196,7 +196,11 @@ impl Chain {
             Format::Qcow2 => FORMAT_KEYS.iter().chain(QCOW2_KEYS).copied().collect(),
         };
         if protocol::by_name(driver.unwrap_or("")).is_none() {
-            spec.check_keys(format.name(), &known, &["file"])?;
+            let children: &[&str] = match format {
+                Format::Raw => &["file"],
+                Format::Qcow2 => &["file", "backing", "data-file"],
+            };
+            spec.check_keys(format.name(), &known, children)?;
         }
         match format {
             Format::Raw => {
@@ -230,7 +234,7 @@ impl Chain {
                     parent: storage.clone(),
                     spec,
                     opts: &opts,
-                    below: RefCell::new(None),
+                    below: None,
                 };
                 let q = Arc::new(qcow2::open::open(
                     storage.clone(),
@@ -242,7 +246,7 @@ impl Chain {
                     },
                     &mut implied,
                 )?);
-                let backing = implied.below.into_inner();
+                let backing = implied.below;
                 Ok(Image {
                     device: q.clone(),
                     format,
@@ -258,24 +262,14 @@ impl Chain {
     /// The protocol node under a format node: `file` as a name, or the
     /// `file.*` keys.
     fn file_node(&self, spec: &Spec) -> Result<(Spec, &'static Protocol)> {
-        if let Some(name) = spec.get("file") {
-            // In QEMU's descriptions a string child is a reference to a
-            // node by name; diskit's nodes have none.
-            return Err(Error::invalid(format!(
-                "Cannot find device='{name}' nor node-name='{name}'"
-            )));
-        }
+        no_node_reference(spec, "file")?;
         let node = spec.child("file");
         if node.is_empty() {
             return Err(Error::invalid(
                 "A block device must be specified for \"file\"",
             ));
         }
-        let proto = match node.get("driver") {
-            Some(d) => protocol::by_name(d)
-                .ok_or_else(|| Error::invalid(format!("Unknown protocol driver '{d}'")))?,
-            None => protocol::for_name(node.get("filename").unwrap_or(""))?,
-        };
+        let proto = protocol_of(&node)?;
         Ok((node, proto))
     }
 
@@ -316,7 +310,7 @@ struct Implied<'a> {
     parent: StorageRef,
     spec: &'a Spec,
     opts: &'a OpenOptions,
-    below: RefCell<Option<Box<Image>>>,
+    below: Option<Box<Image>>,
 }
 
 impl Implied<'_> {
@@ -335,21 +329,11 @@ impl Implied<'_> {
 
 impl ImpliedFiles for Implied<'_> {
     fn backing(&mut self, name: &str, format: Option<&str>) -> Result<(DeviceRef, u64)> {
-        // The user's description overrides what the image says.
-        let (name, user_given) = match self.spec.get("backing") {
-            Some(b) => (b.to_string(), true),
-            None => (name.to_string(), false),
-        };
         if self.opts.no_backing || self.opts.metadata_only || self.spec.is_null("backing") {
             let none: DeviceRef = Arc::new(diskit_backends::NullDevice::new(0));
             return Ok((none, 0));
         }
-        let path = if user_given {
-            name.clone()
-        } else {
-            self.admit(Role::Backing, &name)?
-        };
-        let fmt = format.map(Format::from_name).transpose()?;
+        no_node_reference(self.spec, "backing")?;
         let writable = self.opts.writable && self.opts.writable_backing_depth > 0;
         let below_opts = OpenOptions {
             writable,
@@ -358,13 +342,23 @@ impl ImpliedFiles for Implied<'_> {
             l2_cache_size: None,
             ..self.opts.clone()
         };
-        let spec = name_spec(&path, fmt)?;
+        // The user's description (backing.driver=..., backing.file.filename=...)
+        // overrides what the image says, and is trusted as the user's own.
+        let given = self.spec.child("backing");
+        let (spec, shown) = if given.is_empty() {
+            let path = self.admit(Role::Backing, name)?;
+            let fmt = format.map(Format::from_name).transpose()?;
+            (name_spec(&path, fmt)?, path)
+        } else {
+            let shown = display_name(&given).unwrap_or_else(|| "backing".into());
+            (given, shown)
+        };
         let img = self
             .chain
-            .open(&spec, &path, &below_opts)
-            .context(format!("Could not open backing file '{path}'"))?;
+            .open(&spec, &shown, &below_opts)
+            .context(format!("Could not open backing file '{shown}'"))?;
         let r = (img.device.clone(), img.virtual_size());
-        *self.below.borrow_mut() = Some(Box::new(img));
+        self.below = Some(Box::new(img));
         Ok(r)
     }
 
@@ -373,13 +367,18 @@ impl ImpliedFiles for Implied<'_> {
             // Reads as empty: nothing of the data is looked at.
             return Ok(Arc::new(diskit_backends::NullDevice::new(0)));
         }
-        let path = match self.spec.get("data-file") {
-            Some(d) => d.to_string(),
-            None => self.admit(Role::DataFile, name)?,
+        no_node_reference(self.spec, "data-file")?;
+        let given = self.spec.child("data-file");
+        let (node, proto) = if given.is_empty() {
+            let path = self.admit(Role::DataFile, name)?;
+            let mut node = Spec::default();
+            node.set("filename", Value::Str(path.clone()));
+            (node, protocol::for_name(&path)?)
+        } else {
+            let proto = protocol_of(&given)?;
+            (given, proto)
         };
-        let proto = protocol::for_name(&path)?;
-        let mut node = Spec::default();
-        node.set("filename", Value::Str(path.clone()));
+        let shown = node.get("filename").unwrap_or(name).to_string();
         protocol::open(
             proto,
             &node,
@@ -389,6 +388,26 @@ impl ImpliedFiles for Implied<'_> {
                 sector_size: false,
             },
         )
-        .context(format!("Could not open data file '{path}'"))
+        .context(format!("Could not open data file '{shown}'"))
+    }
+}
+
+/// Refuses a child given as a string: in QEMU's descriptions that is a
+/// reference to another node by name, and diskit's nodes have none.
+fn no_node_reference(spec: &Spec, key: &str) -> Result<()> {
+    match spec.get(key) {
+        Some(name) => Err(Error::invalid(format!(
+            "Cannot find device='{name}' nor node-name='{name}'"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The protocol a protocol node names (`driver`), or its filename selects.
+fn protocol_of(node: &Spec) -> Result<&'static Protocol> {
+    match node.get("driver") {
+        Some(d) => protocol::by_name(d)
+            .ok_or_else(|| Error::invalid(format!("Unknown protocol driver '{d}'"))),
+        None => protocol::for_name(node.get("filename").unwrap_or("")),
     }
 }
