@@ -50,7 +50,11 @@ impl From<Error> for CliError {
 /// Parses a `-f`/`-O` format name.
 pub fn parse_format(name: Option<&str>) -> Result<Option<Format>, CliError> {
     name.map(|n| {
-        Format::from_name(n).map_err(|_| CliError::new(format!("Unknown file format '{n}'")))
+        Format::from_name(n).map_err(|e| match Format::known(n) {
+            // Recognised, not read: say so rather than "unknown".
+            Some(_) => CliError::new(e.to_string()),
+            None => CliError::new(format!("Unknown file format '{n}'")),
+        })
     })
     .transpose()
 }
@@ -97,11 +101,12 @@ pub fn parse_options(args: &[String]) -> Result<OptionList, CliError> {
 /// Parses a source `-f` format, with qemu-img's message naming the file.
 pub fn parse_source_format(name: Option<&str>, path: &Path) -> Result<Option<Format>, CliError> {
     name.map(|n| {
-        Format::from_name(n).map_err(|_| {
-            CliError::new(format!(
+        Format::from_name(n).map_err(|e| match Format::known(n) {
+            Some(_) => CliError::new(format!("Could not open '{}': {e}", path.display())),
+            None => CliError::new(format!(
                 "Could not open '{}': Unknown driver '{n}'",
                 path.display()
-            ))
+            )),
         })
     })
     .transpose()

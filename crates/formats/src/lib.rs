@@ -8,52 +8,20 @@
 //! its storage.
 
 mod chain;
+pub mod driver;
 pub mod implied;
 pub mod options;
 pub mod probe;
 pub mod qcow2;
 pub mod raw;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use diskit_core::{BlockDevice, DeviceRef, Error, Result, StorageRef};
+use diskit_core::{BlockDevice, DeviceRef, Result, StorageRef};
 
+pub use driver::{Format, FormatDriver};
 pub use options::OptionList;
-
-/// The image formats diskit knows by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// A plain disk image: guest offset = file offset.
-    Raw,
-    /// QEMU copy-on-write v2/v3.
-    Qcow2,
-}
-
-impl Format {
-    /// Parses a format name as given to `-f`/`-O`.
-    pub fn from_name(name: &str) -> Result<Format> {
-        match probe::by_name(name) {
-            Some(row) => row.format.ok_or_else(|| probe::unsupported(name)),
-            None => Err(Error::invalid(format!("Unknown file format '{name}'"))),
-        }
-    }
-
-    /// The format's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Raw => "raw",
-            Format::Qcow2 => "qcow2",
-        }
-    }
-}
-
-impl fmt::Display for Format {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// How to open an image.
 #[derive(Debug, Clone, Default)]
@@ -151,38 +119,5 @@ pub fn create_image(
     size: Option<u64>,
     options: &OptionList,
 ) -> Result<u64> {
-    match format {
-        Format::Raw => {
-            let opts = raw::RawCreateOptions::parse(options)?;
-            let size = match (size, opts.size) {
-                (Some(_), Some(_)) => {
-                    return Err(Error::invalid("The image size must be specified only once"));
-                }
-                (Some(s), None) | (None, Some(s)) => s,
-                (None, None) => {
-                    return Err(Error::invalid("Image creation needs a size parameter"));
-                }
-            };
-            raw::create(path, size, &opts)?;
-            Ok(size)
-        }
-        Format::Qcow2 => {
-            let mut opts = qcow2::create::Qcow2CreateOptions::parse(options)?;
-            let size = match (size, opts.size) {
-                (Some(_), Some(_)) => {
-                    return Err(Error::invalid("The image size must be specified only once"));
-                }
-                (Some(s), None) => {
-                    opts.set_size(s);
-                    s
-                }
-                (None, Some(s)) => s,
-                (None, None) => {
-                    return Err(Error::invalid("Image creation needs a size parameter"));
-                }
-            };
-            qcow2::create::create(path, &opts)?;
-            Ok(size)
-        }
-    }
+    format.driver().create(path, size, options)
 }

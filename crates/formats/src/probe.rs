@@ -1,111 +1,86 @@
 //! Format probing from the first bytes of an image, by table.
 //!
-//! Every format QEMU recognises has a row here with its probe, scored as
-//! QEMU scores it (the highest score wins; raw scores 1). A format diskit
-//! recognises but does not read yet is refused by name: a container is
-//! never read as raw because its driver is missing.
+//! Every format QEMU recognises has a probe here, scored as QEMU scores it
+//! (the highest score wins; raw scores 1), and a row in
+//! [`FORMATS`](crate::driver::FORMATS). A format diskit recognises but does
+//! not read yet is refused by name: a container is never read as raw
+//! because its driver is missing.
 
-use diskit_core::{BlockDevice, Error, ErrorKind, Result};
+use diskit_core::{BlockDevice, Result};
 
-use crate::Format;
+use crate::driver::{Format, unsupported};
 
 /// How many bytes of the image probing looks at (QEMU's
 /// BLOCK_PROBE_BUF_SIZE).
 pub const PROBE_BYTES: usize = 512;
 
-/// A format known to probing.
-pub struct ProbeRow {
-    /// The format's name, as qemu-img spells it.
-    pub name: &'static str,
-    /// The driver that reads it, when diskit has one.
-    pub format: Option<Format>,
-    /// Scores the first bytes (at most [`PROBE_BYTES`]) and the file name:
-    /// 0 is "not this format", 100 is certain.
-    pub probe: fn(head: &[u8], filename: &str) -> u32,
+/// qcow2: the qcow magic with version 2 or more.
+pub fn qcow2(h: &[u8], _: &str) -> u32 {
+    u32::from(qcow_version(h).is_some_and(|v| v >= 2)) * 100
 }
 
-/// Every format QEMU probes, in QEMU's order of registration where scores tie.
-pub const PROBES: &[ProbeRow] = &[
-    ProbeRow {
-        name: "qcow2",
-        format: Some(Format::Qcow2),
-        probe: |h, _| u32::from(qcow_version(h).is_some_and(|v| v >= 2)) * 100,
-    },
-    ProbeRow {
-        name: "qcow",
-        format: None,
-        probe: |h, _| u32::from(qcow_version(h) == Some(1)) * 100,
-    },
-    ProbeRow {
-        name: "qed",
-        format: None,
-        probe: |h, _| magic_at(h, 0, b"QED\0"),
-    },
-    ProbeRow {
-        name: "vmdk",
-        format: None,
-        probe: |h, _| {
-            if h.starts_with(b"KDMV") || h.starts_with(b"COWD") {
-                100
-            } else {
-                vmdk_descriptor_score(h)
-            }
-        },
-    },
-    ProbeRow {
-        name: "vhdx",
-        format: None,
-        probe: |h, _| magic_at(h, 0, b"vhdxfile"),
-    },
-    ProbeRow {
-        name: "vpc",
-        format: None,
-        probe: |h, _| magic_at(h, 0, b"conectix"),
-    },
-    ProbeRow {
-        name: "vdi",
-        format: None,
-        probe: |h, _| magic_at(h, 0x40, &0xbeda_107fu32.to_le_bytes()),
-    },
-    ProbeRow {
-        name: "luks",
-        format: None,
-        probe: |h, _| {
-            let version = h.get(6..8).map(|v| u16::from_be_bytes([v[0], v[1]]));
-            u32::from(h.starts_with(b"LUKS\xba\xbe") && matches!(version, Some(1 | 2))) * 100
-        },
-    },
-    ProbeRow {
-        name: "parallels",
-        format: None,
-        probe: |h, _| magic_at(h, 0, b"WithoutFreeSpace").max(magic_at(h, 0, b"WithouFreSpacExt")),
-    },
-    ProbeRow {
-        name: "bochs",
-        format: None,
-        probe: |h, _| magic_at(h, 0, b"Bochs Virtual HD Image\0"),
-    },
-    ProbeRow {
-        name: "cloop",
-        format: None,
-        probe: |h, _| {
-            const MAGIC: &[u8] = b"#!/bin/sh\n#V2.0 Format\n\
-                modprobe cloop file=$0 && mount -r -t iso9660 /dev/cloop $1\n";
-            u32::from(h.starts_with(MAGIC)) * 2
-        },
-    },
-    ProbeRow {
-        name: "dmg",
-        format: None,
-        // QEMU knows dmg by its name alone.
-        probe: |_, name| u32::from(name.len() > 4 && name.ends_with(".dmg")) * 2,
-    },
-    ProbeRow {
-        name: "raw",
-        format: Some(Format::Raw),
-        probe: |_, _| 1,
-    },
-];
+/// qcow (version 1).
+pub fn qcow1(h: &[u8], _: &str) -> u32 {
+    u32::from(qcow_version(h) == Some(1)) * 100
+}
+
+/// qed.
+pub fn qed(h: &[u8], _: &str) -> u32 {
+    magic_at(h, 0, b"QED\0")
+}
+
+/// vmdk: a sparse extent header (VMDK4 or VMDK3) or a text descriptor.
+pub fn vmdk(h: &[u8], _: &str) -> u32 {
+    if h.starts_with(b"KDMV") || h.starts_with(b"COWD") {
+        100
+    } else {
+        vmdk_descriptor_score(h)
+    }
+}
+
+/// vhdx.
+pub fn vhdx(h: &[u8], _: &str) -> u32 {
+    magic_at(h, 0, b"vhdxfile")
+}
+
+/// vpc (VHD): the footer copy at the start of a dynamic image. A fixed VHD
+/// has its footer only at the end, and QEMU probes it as raw.
+pub fn vpc(h: &[u8], _: &str) -> u32 {
+    magic_at(h, 0, b"conectix")
+}
+
+/// vdi: the signature after the 64-byte text.
+pub fn vdi(h: &[u8], _: &str) -> u32 {
+    magic_at(h, 0x40, &0xbeda_107fu32.to_le_bytes())
+}
+
+/// LUKS versions 1 and 2.
+pub fn luks(h: &[u8], _: &str) -> u32 {
+    let version = h.get(6..8).map(|v| u16::from_be_bytes([v[0], v[1]]));
+    u32::from(h.starts_with(b"LUKS\xba\xbe") && matches!(version, Some(1 | 2))) * 100
+}
+
+/// Parallels.
+pub fn parallels(h: &[u8], _: &str) -> u32 {
+    magic_at(h, 0, b"WithoutFreeSpace").max(magic_at(h, 0, b"WithouFreSpacExt"))
+}
+
+/// Bochs.
+pub fn bochs(h: &[u8], _: &str) -> u32 {
+    magic_at(h, 0, b"Bochs Virtual HD Image\0")
+}
+
+/// cloop: its shell-script header (QEMU scores it 2).
+pub fn cloop(h: &[u8], _: &str) -> u32 {
+    const MAGIC: &[u8] = b"#!/bin/sh\n#V2.0 Format\n\
+        modprobe cloop file=$0 && mount -r -t iso9660 /dev/cloop $1\n";
+    u32::from(h.starts_with(MAGIC)) * 2
+}
+
+/// dmg: QEMU knows it by its name alone.
+pub fn dmg(_: &[u8], name: &str) -> u32 {
+    u32::from(name.len() > 4 && name.ends_with(".dmg")) * 2
+}
 
 fn magic_at(h: &[u8], at: usize, magic: &[u8]) -> u32 {
     u32::from(h.get(at..at + magic.len()) == Some(magic)) * 100
@@ -130,45 +105,32 @@ fn vmdk_descriptor_score(h: &[u8]) -> u32 {
     u32::from(found) * 100
 }
 
-/// The row of the format the first bytes of `filename` belong to.
-pub fn probe_bytes(head: &[u8], filename: &str) -> &'static ProbeRow {
+/// The format the first bytes of `filename` belong to, supported or not.
+pub fn probe_bytes(head: &[u8], filename: &str) -> Format {
     let head = &head[..head.len().min(PROBE_BYTES)];
-    let mut best = &PROBES[PROBES.len() - 1];
+    let mut best = Format::RAW;
     let mut best_score = 0;
-    for row in PROBES {
-        let score = (row.probe)(head, filename);
+    for f in Format::all() {
+        let score = f.driver().probe(head, filename);
         if score > best_score {
-            best = row;
+            best = f;
             best_score = score;
         }
     }
     best
 }
 
-/// The row of a format given by name (`-f`, `-O`, a backing format).
-pub fn by_name(name: &str) -> Option<&'static ProbeRow> {
-    PROBES.iter().find(|r| r.name == name)
-}
-
-/// Probes the image on `dev` (named `filename`) and returns the format
-/// that reads it; a recognised format without a driver is an error that
-/// names it.
+/// Probes the image on `dev` (named `filename`) and returns its format; a
+/// recognised format without a driver is an error that names it.
 pub fn probe(dev: &dyn BlockDevice, filename: &str) -> Result<Format> {
     let mut head = vec![0u8; PROBE_BYTES.min(dev.size() as usize)];
     dev.read_at(&mut head, 0)?;
-    let row = probe_bytes(&head, filename);
-    row.format.ok_or_else(|| unsupported(row.name))
-}
-
-/// The error for a format diskit recognises but does not read.
-pub fn unsupported(name: &str) -> Error {
-    Error::new(
-        ErrorKind::NotSupported,
-        format!(
-            "image format '{name}' is recognised but not supported by diskit yet \
-             (it is not read as raw; give -f raw to read the container's bytes)"
-        ),
-    )
+    let f = probe_bytes(&head, filename);
+    if f.driver().supported() {
+        Ok(f)
+    } else {
+        Err(unsupported(f.name()))
+    }
 }
 
 #[cfg(test)]
@@ -176,7 +138,7 @@ mod tests {
     use super::*;
 
     fn name(head: &[u8]) -> &'static str {
-        probe_bytes(head, "x.img").name
+        probe_bytes(head, "x.img").name()
     }
 
     #[test]
@@ -207,7 +169,7 @@ mod tests {
         assert_eq!(name(b"LUKS\xba\xbe\0\x03"), "raw");
         assert_eq!(name(b"WithoutFreeSpace"), "parallels");
         assert_eq!(name(b"Bochs Virtual HD Image\0"), "bochs");
-        assert_eq!(probe_bytes(b"anything", "disk.dmg").name, "dmg");
+        assert_eq!(probe_bytes(b"anything", "disk.dmg").name(), "dmg");
     }
 
     #[test]
@@ -217,7 +179,9 @@ mod tests {
             .unwrap();
         let e = probe(&dev, "a.vhdx").unwrap_err();
         assert!(e.to_string().contains("'vhdx'"), "{e}");
-        assert_eq!(by_name("qcow2").unwrap().format, Some(Format::Qcow2));
-        assert!(by_name("vmdk").unwrap().format.is_none());
+        assert_eq!(Format::from_name("qcow2").unwrap(), Format::QCOW2);
+        let e = Format::from_name("vmdk").unwrap_err();
+        assert!(e.to_string().contains("'vmdk'"), "{e}");
+        assert!(Format::from_name("nosuch").is_err());
     }
 }

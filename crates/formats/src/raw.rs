@@ -107,3 +107,72 @@ pub fn create(path: &Path, size: u64, opts: &RawCreateOptions) -> Result<()> {
     }
     result
 }
+
+/// The raw driver: the image is its storage.
+pub struct RawDriver;
+
+impl crate::driver::FormatDriver for RawDriver {
+    fn name(&self) -> &'static str {
+        "raw"
+    }
+
+    fn probe(&self, _head: &[u8], _filename: &str) -> u32 {
+        1
+    }
+
+    fn sector_sized(&self) -> bool {
+        true
+    }
+
+    fn open(
+        &self,
+        storage: diskit_core::StorageRef,
+        _opts: &crate::OpenOptions,
+        _implied: &mut dyn crate::implied::ImpliedFiles,
+    ) -> Result<crate::driver::Opened> {
+        Ok(crate::driver::Opened {
+            device: storage,
+            qcow2: None,
+        })
+    }
+
+    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
+        let opts = RawCreateOptions::parse(options)?;
+        let size = crate::driver::one_size(size, opts.size)?;
+        create(path, size, &opts)?;
+        Ok(size)
+    }
+
+    fn check_create_options(&self, options: &OptionList) -> Result<()> {
+        options.check_known(CREATE_OPTIONS)
+    }
+
+    fn create_help(&self, with_file: bool) -> String {
+        if with_file {
+            CREATE_HELP.to_string()
+        } else {
+            "Supported raw options:\n  size=<size>            - Virtual disk size\n\n\
+             The protocol level may support further options.\n\
+             Specify the target filename to include those options.\n"
+                .to_string()
+        }
+    }
+
+    fn measure(
+        &self,
+        options: &OptionList,
+        size: Option<u64>,
+        source: Option<&crate::Image>,
+    ) -> Result<crate::qcow2::measure::Measurement> {
+        options.check_known(CREATE_OPTIONS)?;
+        let v = match (source, size) {
+            (Some(img), _) => img.virtual_size(),
+            (None, s) => s.unwrap_or(0).div_ceil(512) * 512,
+        };
+        Ok(crate::qcow2::measure::Measurement {
+            required: v,
+            fully_allocated: v,
+            bitmaps: None,
+        })
+    }
+}

@@ -20,7 +20,7 @@ use diskit_core::error::ResultExt;
 use diskit_core::{DeviceRef, Error, Result, StorageRef};
 use diskit_formats::implied::ImpliedFiles;
 use diskit_formats::options::{bool_value, size_value};
-use diskit_formats::{Format, Image, OpenOptions, probe, qcow2};
+use diskit_formats::{Format, Image, OpenOptions, probe};
 
 use gate::{Role, Trust};
 use protocol::{Protocol, ProtocolMode};
@@ -119,7 +119,7 @@ fn display_name(spec: &Spec) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Keys a format node takes (besides `file.*`).
+/// Keys every format node takes (besides `file.*` and its driver's own).
 const FORMAT_KEYS: &[&str] = &[
     "driver",
     "file",
@@ -128,9 +128,6 @@ const FORMAT_KEYS: &[&str] = &[
     "cache.direct",
     "cache.no-flush",
 ];
-
-/// Keys a qcow2 node takes besides [`FORMAT_KEYS`].
-const QCOW2_KEYS: &[&str] = &["backing", "data-file", "l2-cache-size"];
 
 /// The chain being opened: loop detection and depth.
 struct Chain {
@@ -156,7 +153,7 @@ impl Chain {
         let driver = spec.get("driver");
         // A node whose driver is a protocol is raw over that protocol.
         let (format, file_node, file_proto) = match driver.and_then(protocol::by_name) {
-            Some(p) => (Some(Format::Raw), spec.clone(), p),
+            Some(p) => (Some(Format::RAW), spec.clone(), p),
             None => {
                 let format = driver.map(Format::from_name).transpose()?;
                 let (node, proto) = self.file_node(spec)?;
@@ -183,7 +180,7 @@ impl Chain {
         let mode = ProtocolMode {
             writable: opts.writable,
             direct: opts.direct,
-            sector_size: format == Some(Format::Raw),
+            sector_size: format.is_some_and(|f| f.driver().sector_sized()),
         };
         let storage = protocol::open(file_proto, &file_node, mode)?;
         self.note(&storage, display)?;
@@ -191,72 +188,48 @@ impl Chain {
             Some(f) => f,
             None => probe::probe(&*storage, display)?,
         };
-        let known: Vec<&str> = match format {
-            Format::Raw => FORMAT_KEYS.to_vec(),
-            Format::Qcow2 => FORMAT_KEYS.iter().chain(QCOW2_KEYS).copied().collect(),
+        let driver = format.driver();
+        if protocol::by_name(spec.get("driver").unwrap_or("")).is_none() {
+            let known: Vec<&str> = FORMAT_KEYS
+                .iter()
+                .chain(driver.open_keys())
+                .copied()
+                .collect();
+            let children: Vec<&str> = ["file"].iter().chain(driver.children()).copied().collect();
+            spec.check_keys(format.name(), &known, &children)?;
+        }
+        // A probed file is reopened with its size rounded to sectors when
+        // the format shows it so (raw), as QEMU does.
+        let storage = if driver.sector_sized() && !mode.sector_size && file_proto.local {
+            drop(storage);
+            protocol::open(
+                file_proto,
+                &file_node,
+                ProtocolMode {
+                    sector_size: true,
+                    ..mode
+                },
+            )?
+        } else {
+            storage
         };
-        if protocol::by_name(driver.unwrap_or("")).is_none() {
-            let children: &[&str] = match format {
-                Format::Raw => &["file"],
-                Format::Qcow2 => &["file", "backing", "data-file"],
-            };
-            spec.check_keys(format.name(), &known, children)?;
-        }
-        match format {
-            Format::Raw => {
-                // A probed raw file is reopened with its size rounded to
-                // sectors, as QEMU's raw shows it.
-                let storage = if mode.sector_size || !file_proto.local {
-                    storage
-                } else {
-                    drop(storage);
-                    protocol::open(
-                        file_proto,
-                        &file_node,
-                        ProtocolMode {
-                            sector_size: true,
-                            ..mode
-                        },
-                    )?
-                };
-                Ok(Image {
-                    device: upcast(storage.clone()),
-                    format,
-                    filename: PathBuf::from(display),
-                    file: storage,
-                    qcow2: None,
-                    backing: None,
-                })
-            }
-            Format::Qcow2 => {
-                let mut implied = Implied {
-                    chain: self,
-                    parent: storage.clone(),
-                    spec,
-                    opts: &opts,
-                    below: None,
-                };
-                let q = Arc::new(qcow2::open::open(
-                    storage.clone(),
-                    qcow2::Qcow2Options {
-                        writable: opts.writable,
-                        direct: opts.direct,
-                        l2_cache_size: opts.l2_cache_size,
-                        snapshot: opts.snapshot.clone(),
-                    },
-                    &mut implied,
-                )?);
-                let backing = implied.below;
-                Ok(Image {
-                    device: q.clone(),
-                    format,
-                    filename: PathBuf::from(display),
-                    file: storage,
-                    qcow2: Some(q),
-                    backing,
-                })
-            }
-        }
+        let mut implied = Implied {
+            chain: self,
+            parent: storage.clone(),
+            spec,
+            opts: &opts,
+            below: None,
+        };
+        let opened = driver.open(storage.clone(), &opts, &mut implied)?;
+        let backing = implied.below;
+        Ok(Image {
+            device: opened.device,
+            format,
+            filename: PathBuf::from(display),
+            file: storage,
+            qcow2: opened.qcow2,
+            backing,
+        })
     }
 
     /// The protocol node under a format node: `file` as a name, or the
@@ -298,10 +271,6 @@ impl Chain {
     fn depth(&self) -> usize {
         self.seen.len()
     }
-}
-
-fn upcast(s: StorageRef) -> DeviceRef {
-    s
 }
 
 /// The files one image names, opened for it through the gate.

@@ -141,7 +141,7 @@ fn qemu_io_cmds(ops: &[Op]) -> Vec<String> {
 fn diskit_apply(img: &Path, ops: &[Op]) -> diskit_formats::Image {
     let image = open_image(
         img.to_str().unwrap(),
-        Some(Format::Qcow2),
+        Some(Format::QCOW2),
         OpenOptions {
             writable: true,
             ..Default::default()
@@ -298,7 +298,7 @@ fn unknown_autoclear_bits_go_at_a_writable_open() {
     let open = |writable| {
         open_image(
             img.to_str().unwrap(),
-            Some(Format::Qcow2),
+            Some(Format::QCOW2),
             OpenOptions {
                 writable,
                 ..Default::default()

@@ -181,7 +181,7 @@ fn run_case(dir: &Path, case: &Case, seed: u64) {
     {
         let image = open_image(
             img.to_str().unwrap(),
-            Some(Format::Qcow2),
+            Some(Format::QCOW2),
             OpenOptions {
                 writable: true,
                 ..Default::default()
@@ -316,7 +316,7 @@ fn storm_child() {
     };
     let image = open_image(
         &path,
-        Some(Format::Qcow2),
+        Some(Format::QCOW2),
         OpenOptions {
             writable: true,
             l2_cache_size: Some(1),

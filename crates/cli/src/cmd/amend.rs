@@ -41,7 +41,7 @@ pub fn run(a: Args) -> CmdResult {
     }
     let opts = parse_options(&a.options)?;
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    if opts.wants_help() && format == Some(Format::Qcow2) {
+    if opts.wants_help() && format == Some(Format::QCOW2) {
         print!("{}", amend::help());
         return Ok(0);
     }

@@ -57,7 +57,7 @@ pub fn run(a: Args) -> CmdResult {
         None => probe::probe(&*file, &name)
             .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?,
     };
-    if format != Format::Qcow2 {
+    if format != Format::QCOW2 {
         return Err(CliError {
             message: "This image format does not support checks".into(),
             code: 63,

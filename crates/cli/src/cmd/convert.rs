@@ -91,7 +91,7 @@ pub fn run(a: Args) -> CmdResult {
     let (sources, target) = a.files.split_at(a.files.len() - 1);
     let target = &target[0];
     let src_format = parse_source_format(a.format.as_deref(), &sources[0])?;
-    let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::Raw);
+    let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::RAW);
     let mut options = parse_options(&a.options)?;
     if options.wants_help() {
         print!("{}", diskit_formats::raw::CREATE_HELP);
@@ -133,12 +133,12 @@ pub fn run(a: Args) -> CmdResult {
     if a.target_is_zero && !a.no_create {
         return Err(CliError::new("--target-is-zero requires use of -n flag"));
     }
-    if a.compress && out_format == Format::Raw {
+    if a.compress && out_format == Format::RAW {
         return Err(CliError::new(
             "Compression not supported for this file format",
         ));
     }
-    if a.backing.is_some() && out_format == Format::Raw {
+    if a.backing.is_some() && out_format == Format::RAW {
         return Err(CliError::new(
             "Backing file not supported for file format 'raw'",
         ));
@@ -162,7 +162,7 @@ pub fn run(a: Args) -> CmdResult {
             ));
         }
     }
-    if !a.no_create && out_format == Format::Raw {
+    if !a.no_create && out_format == Format::RAW {
         // Check the options before anything is opened or created.
         RawCreateOptions::parse(&options).map_err(|e| CliError::new(e.to_string()))?;
     }
@@ -210,8 +210,8 @@ pub fn run(a: Args) -> CmdResult {
         }
         devices.push(img.device);
     }
-    if a.bitmaps && (out_format == Format::Raw || target.as_os_str() == NULL_TARGET) {
-        let driver = if out_format == Format::Raw {
+    if a.bitmaps && (out_format == Format::RAW || target.as_os_str() == NULL_TARGET) {
+        let driver = if out_format == Format::RAW {
             "raw"
         } else {
             "null-co"
@@ -318,7 +318,7 @@ fn copy_into(
         min_sparse,
         workers,
         // Raw has no layout that depends on write order.
-        ordered_writes: !a.out_of_order && out_format != Format::Raw,
+        ordered_writes: !a.out_of_order && out_format != Format::RAW,
         zero_alignment: 1,
         skip_backing,
     };

@@ -52,10 +52,10 @@ pub fn run(a: Args) -> CmdResult {
     let size = a.size.as_deref().map(parse_image_size).transpose()?;
     let format = Format::from_name(format_name)
         .map_err(|_| at(format!("Unknown file format '{format_name}'")))?;
-    if format == Format::Qcow2 {
+    if format == Format::QCOW2 {
         return create_qcow2(&a, filename, size, &options);
     }
-    if format == Format::Raw {
+    if format == Format::RAW {
         if a.backing.is_some() || options.get("backing_file").is_some() {
             return Err(at("Backing file not supported for file format 'raw'".into()));
         }
@@ -167,15 +167,8 @@ fn full_backing_path(image: &Path, backing: &str) -> PathBuf {
 }
 
 fn create_help(format: &str, with_file: bool) -> String {
-    match (format, with_file) {
-        ("qcow2", with_file) => diskit_formats::qcow2::create::create_help(with_file),
-        ("raw", true) => diskit_formats::raw::CREATE_HELP.to_string(),
-        ("raw", false) => {
-            "Supported raw options:\n  size=<size>            - Virtual disk size\n\n\
-             The protocol level may support further options.\n\
-             Specify the target filename to include those options.\n"
-                .to_string()
-        }
-        (other, _) => format!("Creation options for '{other}' are not available in this build\n"),
+    match Format::known(format) {
+        Some(f) => f.driver().create_help(with_file),
+        None => format!("Creation options for '{format}' are not available in this build\n"),
     }
 }

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{CliError, open, parse_format, parse_image_size, parse_options};
-use diskit_formats::qcow2::create::Qcow2CreateOptions;
-use diskit_formats::qcow2::measure::{Measurement, Source, measure};
 use diskit_formats::{Format, OpenOptions};
 
 /// Arguments of `measure`.
@@ -36,7 +34,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> CmdResult {
     let json = crate::util::output_is_json(&a.output, "measure")?;
-    let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::Raw);
+    let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::RAW);
     let options = parse_options(&a.options)?;
     let _ = a.force_share;
     let (size, image) = match (&a.size, &a.filename) {
@@ -65,35 +63,11 @@ pub fn run(a: Args) -> CmdResult {
             "{e}\ndiskit: Invalid options for file format '{fmt}'"
         ))
     };
-    let m = match out_format {
-        Format::Raw => {
-            options
-                .check_known(diskit_formats::raw::CREATE_OPTIONS)
-                .map_err(|e| invalid_options(e, Format::Raw))?;
-            let v = match (&image, size) {
-                (Some(img), _) => img.virtual_size(),
-                (None, s) => s.unwrap_or(0).div_ceil(512) * 512,
-            };
-            Measurement {
-                required: v,
-                fully_allocated: v,
-                bitmaps: None,
-            }
-        }
-        Format::Qcow2 => {
-            let mut opts = Qcow2CreateOptions::parse(&options)
-                .map_err(|e| invalid_options(e, Format::Qcow2))?;
-            if let Some(s) = size {
-                opts.set_size(s);
-            }
-            let source = image.as_ref().map(|img| Source {
-                device: &*img.device,
-                qcow2_file: (img.format == Format::Qcow2)
-                    .then_some(&*img.file as &dyn diskit_core::BlockDevice),
-            });
-            measure(&opts, source)?
-        }
-    };
+    let driver = out_format.driver();
+    driver
+        .check_create_options(&options)
+        .map_err(|e| invalid_options(e, out_format))?;
+    let m = driver.measure(&options, size, image.as_ref())?;
     if json {
         let mut v = QJson::dict();
         if let Some(b) = m.bitmaps {

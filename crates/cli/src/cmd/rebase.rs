@@ -76,7 +76,7 @@ pub fn run(a: Args) -> CmdResult {
             ..Default::default()
         },
     )?;
-    if format.is_none() && img.format == Format::Raw {
+    if format.is_none() && img.format == Format::RAW {
         warn_probed_raw(&a.filename);
     }
     let new_format = match &a.backing_format {

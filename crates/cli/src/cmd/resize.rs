@@ -41,7 +41,7 @@ pub fn run(a: Args) -> CmdResult {
     };
     let prealloc = match a.preallocation.as_deref() {
         None => None,
-        Some("metadata") if format != Some(Format::Qcow2) => {
+        Some("metadata") if format != Some(Format::QCOW2) => {
             // Only qcow2 has metadata to preallocate (checked again once
             // the format is known).
             None
@@ -67,7 +67,7 @@ pub fn run(a: Args) -> CmdResult {
             ..Default::default()
         },
     )?;
-    if format.is_none() && img.format == Format::Raw {
+    if format.is_none() && img.format == Format::RAW {
         eprintln!(
             "WARNING: Image format was not specified for '{}' and probing guessed raw.\n         \
              Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n         \
@@ -79,7 +79,7 @@ pub fn run(a: Args) -> CmdResult {
         if a.preallocation.as_deref() == Some("metadata") {
             return Err(CliError::new("Unsupported preallocation mode: metadata"));
         }
-        if img.format != Format::Raw {
+        if img.format != Format::RAW {
             return Err(CliError::new(format!(
                 "Image format '{}' cannot be resized by this build",
                 img.format

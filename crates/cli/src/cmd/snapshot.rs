@@ -95,7 +95,7 @@ fn modify(path: &Path, format: Option<Format>, change: Change<'_>) -> CmdResult 
             ..Default::default()
         },
     )?;
-    if format.is_none() && img.format == Format::Raw {
+    if format.is_none() && img.format == Format::RAW {
         // qemu-img warns again when -a reopens the image below the format.
         let times = if matches!(change, Change::Apply(_)) {
             2

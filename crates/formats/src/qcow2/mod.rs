@@ -19,6 +19,7 @@ pub mod compressed;
 pub mod create;
 pub mod create_layout;
 pub mod device;
+pub mod driver;
 pub mod empty;
 pub mod header;
 pub mod l2;

@@ -20,35 +20,110 @@ pub struct Opened {
     pub image: Option<Image>,
 }
 
-/// The plugins: name, magic key, every key accepted, one-line help.
-const PLUGINS: &[(&str, &str, &[&str], &str)] = &[
-    (
-        "file",
-        "file",
-        &["file"],
-        "a file or block device (file=PATH)",
-    ),
-    ("memory", "size", &["size"], "a sparse RAM disk (size=SIZE)"),
-    (
-        "null",
-        "size",
-        &["size"],
-        "reads zeros, discards writes (size=SIZE)",
-    ),
-    (
-        "pattern",
-        "size",
-        &["size"],
-        "read-only test data: each 8-byte word holds its offset (size=SIZE)",
-    ),
-    (
-        "image",
-        "file",
-        &["file", "format", "l2-cache-size"],
-        "a disk image of any format diskit reads, with its backing chain \
-         (file=PATH [format=raw|qcow2] [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's])",
-    ),
+/// Parsed `key=value` arguments of a plugin.
+type PluginArgs = BTreeMap<String, String>;
+
+/// A plugin: one row of [`PLUGINS`].
+pub struct Plugin {
+    /// Its name on the command line.
+    pub name: &'static str,
+    /// The key a bare value is given to.
+    pub magic: &'static str,
+    /// Every key it takes.
+    pub keys: &'static [&'static str],
+    /// One line of help.
+    pub help: &'static str,
+    /// Opens the device (read-only when the flag says so).
+    pub open: fn(&PluginArgs, bool) -> Result<Opened, CliError>,
+}
+
+/// The plugins: a new one is a row here.
+pub const PLUGINS: &[Plugin] = &[
+    Plugin {
+        name: "file",
+        magic: "file",
+        keys: &["file"],
+        help: "a file or block device (file=PATH)",
+        open: open_file,
+    },
+    Plugin {
+        name: "memory",
+        magic: "size",
+        keys: &["size"],
+        help: "a sparse RAM disk (size=SIZE)",
+        open: |kv, _| {
+            plain(Arc::new(MemoryDevice::new(size_arg(
+                "memory",
+                &kv["size"],
+            )?)))
+        },
+    },
+    Plugin {
+        name: "null",
+        magic: "size",
+        keys: &["size"],
+        help: "reads zeros, discards writes (size=SIZE)",
+        open: |kv, _| plain(Arc::new(NullDevice::new(size_arg("null", &kv["size"])?))),
+    },
+    Plugin {
+        name: "pattern",
+        magic: "size",
+        keys: &["size"],
+        help: "read-only test data: each 8-byte word holds its offset (size=SIZE)",
+        open: |kv, _| {
+            plain(Arc::new(PatternDevice::new(size_arg(
+                "pattern",
+                &kv["size"],
+            )?)))
+        },
+    },
+    Plugin {
+        name: "image",
+        magic: "file",
+        keys: &["file", "format", "l2-cache-size"],
+        help: "a disk image of any format diskit reads, with its backing chain \
+               (file=NAME: a path, a protocol URI or json:{...} [format=FORMAT] \
+               [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's])",
+        open: open_image_plugin,
+    },
 ];
+
+fn plain(device: DeviceRef) -> Result<Opened, CliError> {
+    Ok(Opened {
+        device,
+        image: None,
+    })
+}
+
+fn open_file(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
+    let path = PathBuf::from(&kv["file"]);
+    let opts = FileOptions {
+        writable: !readonly,
+        ..FileOptions::default()
+    };
+    let f = FileDevice::open(&path, opts)
+        .map_err(|e| CliError::new(format!("file: {}: {e}", path.display())))?;
+    plain(Arc::new(f))
+}
+
+fn open_image_plugin(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
+    let path = PathBuf::from(&kv["file"]);
+    let format = parse_format(kv.get("format").map(String::as_str))?;
+    let l2_cache_size = match kv.get("l2-cache-size") {
+        Some(v) => Some(size_arg("image", v)?),
+        None => None,
+    };
+    let opts = OpenOptions {
+        writable: !readonly,
+        l2_cache_size,
+        ..OpenOptions::default()
+    };
+    let image = open(&path, format, opts)?;
+    Ok(Opened {
+        device: image.device.clone(),
+        image: Some(image),
+    })
+}
 
 /// Whether `s` is a key as nbdkit defines them: a letter, then letters,
 /// digits, '.', '_' or '-'.
@@ -58,20 +133,10 @@ pub fn is_key(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
-/// The plugin's entry, or an error listing the plugins.
-fn find(
-    plugin: &str,
-) -> Result<
-    &'static (
-        &'static str,
-        &'static str,
-        &'static [&'static str],
-        &'static str,
-    ),
-    CliError,
-> {
-    PLUGINS.iter().find(|p| p.0 == plugin).ok_or_else(|| {
-        let names: Vec<&str> = PLUGINS.iter().map(|p| p.0).collect();
+/// The plugin's row, or an error listing the plugins.
+fn find(plugin: &str) -> Result<&'static Plugin, CliError> {
+    PLUGINS.iter().find(|p| p.name == plugin).ok_or_else(|| {
+        let names: Vec<&str> = PLUGINS.iter().map(|p| p.name).collect();
         CliError::new(format!(
             "unknown plugin '{plugin}' (plugins: {})",
             names.join(", ")
@@ -81,12 +146,12 @@ fn find(
 
 /// Every key the plugin takes.
 pub fn keys(plugin: &str) -> Result<&'static [&'static str], CliError> {
-    Ok(find(plugin)?.2)
+    Ok(find(plugin)?.keys)
 }
 
 /// Sorts a plugin's arguments into keys, bare values going to its magic key.
-pub fn parse_args(plugin: &str, args: &[String]) -> Result<BTreeMap<String, String>, CliError> {
-    let &(_, magic, keys, _) = find(plugin)?;
+pub fn parse_args(plugin: &str, args: &[String]) -> Result<PluginArgs, CliError> {
+    let Plugin { magic, keys, .. } = find(plugin)?;
     let mut out = BTreeMap::new();
     for a in args {
         let (k, v) = match a.split_once('=') {
@@ -105,7 +170,7 @@ pub fn parse_args(plugin: &str, args: &[String]) -> Result<BTreeMap<String, Stri
             )));
         }
     }
-    if !out.contains_key(magic) {
+    if !out.contains_key(*magic) {
         return Err(CliError::new(format!(
             "{plugin}: missing parameter '{magic}'"
         )));
@@ -120,52 +185,20 @@ fn size_arg(plugin: &str, v: &str) -> Result<u64, CliError> {
 /// Opens the device a plugin describes.
 pub fn open_plugin(plugin: &str, args: &[String], readonly: bool) -> Result<Opened, CliError> {
     let kv = parse_args(plugin, args)?;
-    let plain = |device: DeviceRef| Opened {
-        device,
-        image: None,
-    };
-    Ok(match plugin {
-        "file" => {
-            let path = PathBuf::from(&kv["file"]);
-            let opts = FileOptions {
-                writable: !readonly,
-                ..FileOptions::default()
-            };
-            let f = FileDevice::open(&path, opts)
-                .map_err(|e| CliError::new(format!("file: {}: {e}", path.display())))?;
-            plain(Arc::new(f))
-        }
-        "memory" => plain(Arc::new(MemoryDevice::new(size_arg(plugin, &kv["size"])?))),
-        "null" => plain(Arc::new(NullDevice::new(size_arg(plugin, &kv["size"])?))),
-        "pattern" => plain(Arc::new(PatternDevice::new(size_arg(plugin, &kv["size"])?))),
-        "image" => {
-            let path = PathBuf::from(&kv["file"]);
-            let format = parse_format(kv.get("format").map(String::as_str))?;
-            let l2_cache_size = match kv.get("l2-cache-size") {
-                Some(v) => Some(size_arg(plugin, v)?),
-                None => None,
-            };
-            let opts = OpenOptions {
-                writable: !readonly,
-                l2_cache_size,
-                ..OpenOptions::default()
-            };
-            let image = open(&path, format, opts)?;
-            Opened {
-                device: image.device.clone(),
-                image: Some(image),
-            }
-        }
-        _ => unreachable!("parse_args knows every plugin"),
-    })
+    (find(plugin)?.open)(&kv, readonly)
 }
 
 /// The plugin list for --help.
 pub fn help() -> String {
     let mut s = String::from("Plugins:\n");
-    for (name, _, _, text) in PLUGINS {
-        s.push_str(&format!("  {name:<8} {text}\n"));
+    for p in PLUGINS {
+        s.push_str(&format!("  {:<8} {}\n", p.name, p.help));
     }
+    let formats: Vec<&str> = diskit_formats::Format::all()
+        .filter(|f| f.driver().supported())
+        .map(|f| f.name())
+        .collect();
+    s.push_str(&format!("Image formats: {}\n", formats.join(", ")));
     s
 }
 
