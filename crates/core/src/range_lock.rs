@@ -24,10 +24,61 @@ impl Held {
     }
 }
 
+/// The bookkeeping of a range lock, without a mutex of its own: for a
+/// caller that keeps its ranges inside state it already locks (a format's
+/// metadata), so that looking a mapping up and taking its range are one
+/// critical section. [`RangeLock`] is this behind a mutex and a condvar.
 #[derive(Debug, Default)]
-struct State {
+pub struct RangeSet {
     held: Vec<Held>,
     next_id: u64,
+}
+
+/// A range taken from a [`RangeSet`]; give it back with
+/// [`RangeSet::give_back`].
+#[must_use = "a range taken must be given back"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct RangeTicket(u64);
+
+impl RangeSet {
+    /// Whether `start..end` would conflict with a range held.
+    pub fn conflicts(&self, start: u64, end: u64, exclusive: bool) -> bool {
+        self.held.iter().any(|h| h.conflicts(start, end, exclusive))
+    }
+
+    /// Takes `start..end` (shared or exclusive) unless a conflicting range
+    /// is held.
+    pub fn try_take(&mut self, start: u64, end: u64, exclusive: bool) -> Option<RangeTicket> {
+        if self.conflicts(start, end, exclusive) {
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.held.push(Held {
+            id,
+            start,
+            end,
+            exclusive,
+        });
+        Some(RangeTicket(id))
+    }
+
+    /// Gives a range back.
+    pub fn give_back(&mut self, t: RangeTicket) {
+        if let Some(i) = self.held.iter().position(|h| h.id == t.0) {
+            self.held.swap_remove(i);
+        }
+    }
+
+    /// How many ranges are held.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether no range is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
 }
 
 /// Byte ranges held shared (any number at once) or exclusive (alone).
@@ -39,7 +90,7 @@ struct State {
 /// conflict with nothing.
 #[derive(Debug, Default)]
 pub struct RangeLock {
-    state: Mutex<State>,
+    state: Mutex<RangeSet>,
     released: Condvar,
 }
 
@@ -48,7 +99,7 @@ pub struct RangeLock {
 #[derive(Debug)]
 pub struct RangeGuard<'a> {
     lock: &'a RangeLock,
-    id: u64,
+    ticket: Option<RangeTicket>,
 }
 
 impl RangeLock {
@@ -57,7 +108,7 @@ impl RangeLock {
         RangeLock::default()
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, RangeSet> {
         sync::lock(&self.state)
     }
 
@@ -66,31 +117,28 @@ impl RangeLock {
     /// The range stays held until the returned guard is dropped.
     pub fn lock(&self, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
         let mut st = self.state();
-        while st.held.iter().any(|h| h.conflicts(start, end, exclusive)) {
+        loop {
+            if let Some(t) = st.try_take(start, end, exclusive) {
+                return RangeGuard {
+                    lock: self,
+                    ticket: Some(t),
+                };
+            }
             st = self.released.wait(st).unwrap_or_else(|p| p.into_inner());
         }
-        let id = st.next_id;
-        st.next_id += 1;
-        st.held.push(Held {
-            id,
-            start,
-            end,
-            exclusive,
-        });
-        RangeGuard { lock: self, id }
     }
 
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.state().held.len()
+        self.state().len()
     }
 }
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut st = self.lock.state();
-        st.held.retain(|h| h.id != self.id);
-        drop(st);
+        if let Some(t) = self.ticket.take() {
+            self.lock.state().give_back(t);
+        }
         self.lock.released.notify_all();
     }
 }

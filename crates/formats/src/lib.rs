@@ -10,6 +10,7 @@
 mod chain;
 pub mod driver;
 pub mod implied;
+pub mod mapped;
 pub mod options;
 pub mod probe;
 pub mod qcow2;

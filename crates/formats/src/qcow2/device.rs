@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use diskit_core::device::check_range;
 use diskit_core::zero::is_zero;
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, Result,
+    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
     WriteFlags, ZeroFlags,
 };
 use diskit_core::{Storage, StorageRef};
@@ -24,14 +24,9 @@ use super::header::Header;
 use super::l2::{COPIED, ClusterKind, L2Entry, Mapping, ZERO, map_in_cluster};
 use super::layout::{Geometry, GuestOffset, HostOffset};
 use super::meta::{Meta, RangeTicket};
+use crate::mapped::{self, MappedFormat, Place};
 
-/// The image below a qcow2 image.
-pub struct Backing {
-    /// The backing device.
-    pub device: DeviceRef,
-    /// Its size (reads past it are zeros).
-    pub size: u64,
-}
+pub use crate::mapped::Backing;
 
 /// An open qcow2 image.
 pub struct Qcow2 {
@@ -116,7 +111,7 @@ impl Qcow2 {
     }
 
     /// Looks up the mapping at `g`: how many bytes (at most `max`) share it.
-    fn lookup(&self, meta: &mut Meta, g: GuestOffset, max: u64) -> Result<(u64, Mapping)> {
+    fn map_run(&self, meta: &mut Meta, g: GuestOffset, max: u64) -> Result<(u64, Mapping)> {
         let geo = self.geo;
         let table_end = (g.0 / geo.l2_coverage() + 1) * geo.l2_coverage();
         let max = max.min(table_end - g.0).min(MAX_RUN);
@@ -171,32 +166,7 @@ impl Qcow2 {
 
     /// Reads what `m` maps `buf.len()` bytes at guest `g` to.
     fn read_mapping(&self, m: Mapping, g: u64, buf: &mut [u8]) -> Result<()> {
-        match m {
-            Mapping::Data(h) => self.data.read_padded(buf, h.0),
-            Mapping::Zero { .. } => {
-                buf.fill(0);
-                Ok(())
-            }
-            Mapping::Backing { .. } => self.read_backing(g, buf),
-            Mapping::Compressed { stream, skip } => {
-                let cluster = self.decompressed(stream)?;
-                buf.copy_from_slice(&cluster[skip as usize..skip as usize + buf.len()]);
-                Ok(())
-            }
-        }
-    }
-
-    fn read_backing(&self, g: u64, buf: &mut [u8]) -> Result<()> {
-        let Some(b) = &self.backing else {
-            buf.fill(0);
-            return Ok(());
-        };
-        let n = b.size.saturating_sub(g).min(buf.len() as u64) as usize;
-        if n > 0 {
-            b.device.read_at(&mut buf[..n], g)?;
-        }
-        buf[n..].fill(0);
-        Ok(())
+        mapped::read_place(self, place(m), g, buf)
     }
 
     fn decompressed(&self, stream: super::l2::Compressed) -> Result<Arc<Vec<u8>>> {
@@ -661,34 +631,7 @@ impl BlockDevice for Qcow2 {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size(), offset, buf.len() as u64)?;
-        let mut done = 0usize;
-        while done < buf.len() {
-            let g = offset + done as u64;
-            let rest = (buf.len() - done) as u64;
-            let mut meta = self.lock();
-            let (n, m) = self.lookup(&mut meta, GuestOffset(g), rest)?;
-            let ticket = if self.writable {
-                // Writers change mappings only with the clusters taken
-                // exclusively: wait for them, then look again.
-                let (first, last) = self.clusters(g, n);
-                match meta.try_take(first, last, false) {
-                    Some(t) => Some(t),
-                    None => {
-                        drop(self.released.wait(meta).unwrap_or_else(|p| p.into_inner()));
-                        continue;
-                    }
-                }
-            } else {
-                None
-            };
-            drop(meta);
-            let r = self.read_mapping(m, g, &mut buf[done..done + n as usize]);
-            self.give_back(ticket);
-            r?;
-            done += n as usize;
-        }
-        Ok(())
+        mapped::read(self, buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
@@ -803,7 +746,11 @@ impl BlockDevice for Qcow2 {
     }
 
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.extents_with(offset, len)
+        mapped::extents(self, offset, len)
+    }
+
+    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+        mapped::file_view(self, offset, len)
     }
 
     fn describe(&self) -> String {
@@ -849,55 +796,93 @@ impl Qcow2 {
             .unwrap_or(false)
         })
     }
+}
 
-    fn extents_with(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size(), offset, len)?;
-        let probe_file = !self.data_is_external() && self.looks_preallocated();
-        let (n, m) = {
-            let mut meta = self.lock();
-            self.lookup(&mut meta, GuestOffset(offset), len)?
-        };
-        let mut e = Extent::data(n);
-        match m {
-            Mapping::Data(h) if !probe_file => e = e.at_host(h.0),
-            Mapping::Data(h) => {
-                e = e.at_host(h.0);
-                // Ask the file: preallocated clusters that were never
-                // written are holes there and read as zeros.
-                let fsize = self.data.size();
-                if h.0 >= fsize {
-                    e.flags.zero = true;
-                } else if let Some(fe) =
-                    self.data.extents(h.0, n.min(fsize - h.0))?.first().copied()
-                {
-                    e.length = fe.length.min(n);
-                    e.flags.zero = fe.flags.zero;
-                }
+/// The generic layer's view of a qcow2 mapping.
+fn place(m: Mapping) -> Place {
+    match m {
+        Mapping::Data(h) => Place::Data(h.0),
+        Mapping::Zero { alloc } => Place::Zero {
+            alloc: alloc.map(|h| h.0),
+        },
+        Mapping::Backing { alloc } => Place::Unallocated {
+            alloc: alloc.map(|h| h.0),
+        },
+        Mapping::Compressed { stream, skip } => Place::Compressed {
+            offset: stream.offset.0,
+            size: stream.size,
+            skip,
+        },
+    }
+}
+
+/// Guest clusters held shared while a read moves their bytes.
+pub struct ReadHold<'a> {
+    image: &'a Qcow2,
+    ticket: Option<RangeTicket>,
+}
+
+impl Drop for ReadHold<'_> {
+    fn drop(&mut self) {
+        self.image.give_back(self.ticket.take());
+    }
+}
+
+impl MappedFormat for Qcow2 {
+    type Hold<'a> = ReadHold<'a>;
+
+    fn guest_size(&self) -> u64 {
+        self.size()
+    }
+
+    fn data(&self) -> &StorageRef {
+        &self.data
+    }
+
+    fn backing(&self) -> Option<&Backing> {
+        self.backing.as_ref()
+    }
+
+    fn mappings_change(&self) -> bool {
+        self.writable
+    }
+
+    fn lookup(&self, g: u64, max: u64, hold: bool) -> Result<(u64, Place, Option<ReadHold<'_>>)> {
+        let mut meta = self.lock();
+        loop {
+            let (n, m) = self.map_run(&mut meta, GuestOffset(g), max)?;
+            if !hold {
+                return Ok((n, place(m), None));
             }
-            Mapping::Zero { alloc } => {
-                e = Extent::hole(n);
-                e.host_offset = alloc.map(|h| h.0);
+            // Writers change mappings only with the clusters taken
+            // exclusively: wait for them, then look again.
+            let (first, last) = self.clusters(g, n);
+            if let Some(t) = meta.try_take(first, last, false) {
+                let held = ReadHold {
+                    image: self,
+                    ticket: Some(t),
+                };
+                return Ok((n, place(m), Some(held)));
             }
-            Mapping::Compressed { .. } => {
-                e.flags.compressed = true;
-            }
-            Mapping::Backing { alloc } => match &self.backing {
-                // Nothing below: unallocated here, with the host space
-                // already reserved for it if any (extended L2).
-                Some(b) if offset < b.size => {
-                    let mut v = b.device.extents(offset, n.min(b.size - offset))?;
-                    for x in &mut v {
-                        x.depth += 1;
-                    }
-                    return Ok(v);
-                }
-                _ => {
-                    e = Extent::hole(n);
-                    e.flags.present = false;
-                    e.host_offset = alloc.map(|h| h.0);
-                }
-            },
+            meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
         }
-        Ok(vec![e])
+    }
+
+    fn read_compressed(&self, offset: u64, size: u64, skip: u64, buf: &mut [u8]) -> Result<()> {
+        let stream = super::l2::Compressed {
+            offset: HostOffset(offset),
+            size,
+        };
+        let cluster = self.decompressed(stream)?;
+        let part = usize::try_from(skip)
+            .ok()
+            .and_then(|a| cluster.get(a..a.checked_add(buf.len())?))
+            .ok_or_else(|| Error::new(ErrorKind::Io, "qcow2: read past a compressed cluster"))?;
+        buf.copy_from_slice(part);
+        Ok(())
+    }
+
+    fn data_may_be_sparse(&self) -> bool {
+        !self.data_is_external() && self.looks_preallocated()
     }
 }

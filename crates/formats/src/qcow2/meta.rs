@@ -12,22 +12,13 @@ use diskit_core::{Storage, StorageRef};
 
 use super::cache::TableCache;
 use super::l2::{COPIED, ClusterKind, DecodeContext, L1E_OFFSET_MASK, L1E_RESERVED, L2Entry};
+use diskit_core::range_lock::RangeSet;
+
 use super::layout::{Geometry, GuestOffset, HostCluster, HostOffset};
 use super::refcount::Refcounts;
 use super::table::{corrupt, read_u64_table, u64_table_bytes};
 
-/// A guest cluster range in use by a request in flight.
-#[derive(Debug, Clone, Copy)]
-struct InFlight {
-    id: u64,
-    first: u64,
-    last: u64,
-    exclusive: bool,
-}
-
-/// A ticket for a range taken with [`Meta::try_take`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RangeTicket(u64);
+pub use diskit_core::range_lock::RangeTicket;
 
 /// Metadata state of an image.
 pub struct Meta {
@@ -46,8 +37,10 @@ pub struct Meta {
     /// Refcount changes that wait until the tables that dropped the
     /// references are on disk.
     pending: Vec<(HostCluster, i64)>,
-    inflight: Vec<InFlight>,
-    next_id: u64,
+    /// Guest clusters in use by requests in flight (the core range lock's
+    /// bookkeeping, kept under this mutex so that a lookup and taking its
+    /// range are one critical section).
+    inflight: RangeSet,
     /// Where the next compressed cluster may be packed (inside a partly
     /// used host cluster), as QEMU's free_byte_offset.
     free_byte: u64,
@@ -88,8 +81,7 @@ impl Meta {
             l2: TableCache::new(l2_cache_tables),
             refs,
             pending: Vec::new(),
-            inflight: Vec::new(),
-            next_id: 1,
+            inflight: RangeSet::default(),
             free_byte: 0,
             file_len,
         })
@@ -455,35 +447,16 @@ impl Meta {
         Ok(())
     }
 
-    fn conflicts(&self, first: u64, last: u64, exclusive: bool) -> bool {
-        self.inflight
-            .iter()
-            .any(|r| r.first <= last && first <= r.last && (exclusive || r.exclusive))
-    }
-
     /// Takes guest clusters `first..=last` for a request, shared (data I/O
     /// on clusters whose mapping stays) or exclusive (mapping changes).
     /// Returns None when another request holds a conflicting range.
     pub fn try_take(&mut self, first: u64, last: u64, exclusive: bool) -> Option<RangeTicket> {
-        if self.conflicts(first, last, exclusive) {
-            return None;
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.inflight.push(InFlight {
-            id,
-            first,
-            last,
-            exclusive,
-        });
-        Some(RangeTicket(id))
+        self.inflight.try_take(first, last + 1, exclusive)
     }
 
     /// Gives back a range taken with [`Self::try_take`].
     pub fn give_back(&mut self, t: RangeTicket) {
-        if let Some(i) = self.inflight.iter().position(|r| r.id == t.0) {
-            self.inflight.swap_remove(i);
-        }
+        self.inflight.give_back(t);
     }
 }
 

@@ -1,0 +1,203 @@
+//! The generic half of every format: drivers describe, this layer moves
+//! the bytes.
+//!
+//! A format answers one question, "where does this guest range live?"
+//! ([`MappedFormat::lookup`] gives a [`Place`]: a plain offset in its data
+//! storage, zeros, unallocated here (the backing image answers), or inside
+//! a compressed unit). Reading, extents (with the depth of the layer that
+//! answered and the host offset), backing reads past the backing image's
+//! end, and zero-copy file views of data runs are written once, here, for
+//! every format; a format implements its writes and its metadata.
+
+use diskit_core::device::check_range;
+use diskit_core::{BlockDevice, DeviceRef, Extent, FileView, Result, StorageRef};
+
+/// The image below an image.
+pub struct Backing {
+    /// The backing device.
+    pub device: DeviceRef,
+    /// Its size (reads past it are zeros).
+    pub size: u64,
+}
+
+/// Where a guest range lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// At this offset of the format's data storage, byte for byte.
+    Data(u64),
+    /// Reads as zeros; `alloc` is host space kept for it, if any.
+    Zero {
+        /// Host bytes reserved for the range.
+        alloc: Option<u64>,
+    },
+    /// Not allocated in this layer: the backing image answers (zeros
+    /// without one); `alloc` is host space already reserved, if any.
+    Unallocated {
+        /// Host bytes reserved for the range.
+        alloc: Option<u64>,
+    },
+    /// Inside a compressed unit of `size` bytes at `offset` of the data
+    /// storage, `skip` bytes into its decompressed contents.
+    Compressed {
+        /// Where the compressed unit starts.
+        offset: u64,
+        /// How many bytes it may take.
+        size: u64,
+        /// Offset of the range in the decompressed unit.
+        skip: u64,
+    },
+}
+
+/// A format as the generic layer sees it.
+pub trait MappedFormat: Send + Sync {
+    /// What keeps a mapping valid while its bytes are read (a range of the
+    /// format's own range lock); released when dropped.
+    type Hold<'a>
+    where
+        Self: 'a;
+
+    /// The guest-visible size.
+    fn guest_size(&self) -> u64;
+
+    /// The storage that [`Place::Data`] offsets point into.
+    fn data(&self) -> &StorageRef;
+
+    /// The image below, if any.
+    fn backing(&self) -> Option<&Backing>;
+
+    /// Whether mappings can change while the image is open (it is
+    /// writable): reads then hold their mapping, and no file view is given
+    /// out (it would outlive the hold).
+    fn mappings_change(&self) -> bool;
+
+    /// Where guest byte `g` lives: the place of a prefix of `[g, g+max)`
+    /// (`max > 0`) and its length (> 0, at most `max`). With `hold`, the
+    /// mapping stays valid until the returned hold is dropped.
+    fn lookup(&self, g: u64, max: u64, hold: bool) -> Result<(u64, Place, Option<Self::Hold<'_>>)>;
+
+    /// Reads `buf.len()` bytes `skip` bytes into the compressed unit at
+    /// `offset` (of at most `size` bytes).
+    fn read_compressed(&self, offset: u64, size: u64, skip: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// Whether data places may be holes in the storage that read as zeros
+    /// and that extents should report (QEMU asks the file only for images
+    /// with preallocated metadata).
+    fn data_may_be_sparse(&self) -> bool {
+        false
+    }
+}
+
+/// Reads what `place` holds for `buf.len()` bytes at guest `g`.
+pub fn read_place<F: MappedFormat + ?Sized>(
+    f: &F,
+    place: Place,
+    g: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    match place {
+        Place::Data(h) => f.data().read_padded(buf, h),
+        Place::Zero { .. } => {
+            buf.fill(0);
+            Ok(())
+        }
+        Place::Unallocated { .. } => read_backing(f.backing(), g, buf),
+        Place::Compressed { offset, size, skip } => f.read_compressed(offset, size, skip, buf),
+    }
+}
+
+/// Reads `buf.len()` bytes at guest `g` from the backing image: zeros
+/// without one, and past its end.
+pub fn read_backing(backing: Option<&Backing>, g: u64, buf: &mut [u8]) -> Result<()> {
+    let Some(b) = backing else {
+        buf.fill(0);
+        return Ok(());
+    };
+    let n = b.size.saturating_sub(g).min(buf.len() as u64) as usize;
+    if n > 0 {
+        b.device.read_at(&mut buf[..n], g)?;
+    }
+    buf[n..].fill(0);
+    Ok(())
+}
+
+/// Reads `buf.len()` bytes at guest `offset`: one lookup per run of one
+/// place, the bytes moved outside any format lock.
+pub fn read<F: MappedFormat + ?Sized>(f: &F, buf: &mut [u8], offset: u64) -> Result<()> {
+    check_range(f.guest_size(), offset, buf.len() as u64)?;
+    let hold = f.mappings_change();
+    let mut done = 0usize;
+    while done < buf.len() {
+        let g = offset + done as u64;
+        let (n, place, held) = f.lookup(g, (buf.len() - done) as u64, hold)?;
+        let r = read_place(f, place, g, &mut buf[done..done + n as usize]);
+        drop(held);
+        r?;
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// The allocation of a prefix of `offset..offset+len`: one run of one
+/// place, or what the backing image says (one layer deeper) for a range
+/// unallocated here.
+pub fn extents<F: MappedFormat + ?Sized>(f: &F, offset: u64, len: u64) -> Result<Vec<Extent>> {
+    check_range(f.guest_size(), offset, len)?;
+    if len == 0 {
+        return Ok(vec![Extent::data(0)]);
+    }
+    let sparse = f.data_may_be_sparse();
+    let (n, place, _) = f.lookup(offset, len, false)?;
+    let mut e = Extent::data(n);
+    match place {
+        Place::Data(h) => {
+            e = e.at_host(h);
+            if sparse {
+                // Ask the storage: preallocated clusters never written are
+                // holes there and read as zeros.
+                let data = f.data();
+                let size = data.size();
+                if h >= size {
+                    e.flags.zero = true;
+                } else if let Some(fe) = data.extents(h, n.min(size - h))?.first().copied() {
+                    e.length = fe.length.min(n);
+                    e.flags.zero = fe.flags.zero;
+                }
+            }
+        }
+        Place::Zero { alloc } => {
+            e = Extent::hole(n);
+            e.host_offset = alloc;
+        }
+        Place::Compressed { .. } => e.flags.compressed = true,
+        Place::Unallocated { alloc } => match f.backing() {
+            Some(b) if offset < b.size => {
+                let mut v = b.device.extents(offset, n.min(b.size - offset))?;
+                for x in &mut v {
+                    x.depth += 1;
+                }
+                return Ok(v);
+            }
+            // Nothing below: unallocated here, with the host space already
+            // reserved for it if any.
+            _ => {
+                e = Extent::hole(n);
+                e.flags.present = false;
+                e.host_offset = alloc;
+            }
+        },
+    }
+    Ok(vec![e])
+}
+
+/// The data storage's file under `offset..offset+len`, when the whole
+/// range is one run of data that cannot move (a read-only image), so that
+/// a server can splice it without copying.
+pub fn file_view<F: MappedFormat + ?Sized>(f: &F, offset: u64, len: u64) -> Option<FileView<'_>> {
+    if len == 0 || f.mappings_change() || check_range(f.guest_size(), offset, len).is_err() {
+        return None;
+    }
+    match f.lookup(offset, len, false).ok()? {
+        (n, Place::Data(h), _) if n == len => f.data().file_view(h, len),
+        _ => None,
+    }
+}
