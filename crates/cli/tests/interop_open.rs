@@ -296,6 +296,19 @@ fn untrusted_images_name_only_files_beside_them() {
         assert!(f["refusal"].as_str().unwrap().contains(rule), "{f}");
         let o = diskit(&["info", "--untrusted", "--backing-chain", s(&top)]);
         assert_eq!(code(&o), 1, "{backing}");
+        // serve image goes through the same gate.
+        let o = diskit(&[
+            "serve",
+            "--untrusted",
+            "-U",
+            "-",
+            "--run",
+            "true",
+            "image",
+            s(&top),
+        ]);
+        assert_eq!(code(&o), 1, "{backing}");
+        assert!(stderr(&o).contains(rule), "{}", stderr(&o));
     }
     // A device reached through a name inside the directory.
     std::os::unix::fs::symlink("/dev/zero", d.join("dev.raw")).unwrap();
