@@ -150,14 +150,24 @@ pub fn open_policy() -> OpenPolicy {
 pub fn open_name(
     path: &Path,
     format: Option<Format>,
-    mut opts: OpenOptions,
+    opts: OpenOptions,
 ) -> diskit_core::Result<Image> {
-    let policy = open_policy();
-    opts.untrusted |= policy.untrusted;
+    open_name_as(path, format, opts, open_policy().image_opts)
+}
+
+/// Opens a command-line name, read as an `--image-opts` description or
+/// not as `image_opts` says (convert's target has its own flag).
+pub fn open_name_as(
+    path: &Path,
+    format: Option<Format>,
+    mut opts: OpenOptions,
+    image_opts: bool,
+) -> diskit_core::Result<Image> {
+    opts.untrusted |= open_policy().untrusted;
     let name = path
         .to_str()
         .ok_or_else(|| Error::invalid("the name is not valid UTF-8"))?;
-    if policy.image_opts {
+    if image_opts {
         if format.is_some() {
             return Err(Error::invalid(
                 "--image-opts and a format (-f) cannot be used together",

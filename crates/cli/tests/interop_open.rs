@@ -398,3 +398,49 @@ fn untrusted_data_files_too() {
     ]));
     assert!(same_bytes(&out, &secret));
 }
+
+#[test]
+fn convert_takes_descriptions_for_source_and_target() {
+    let dir = workdir();
+    let p = qcow2_with_data(dir.path());
+    let src = format!("driver=qcow2,file.filename={}", s(&p));
+    let ours = dir.path().join("ours.raw");
+    let theirs = dir.path().join("theirs.raw");
+    // --image-opts is for the source; the target stays a plain name.
+    ok(diskit(&[
+        "convert",
+        "--image-opts",
+        &src,
+        "-O",
+        "raw",
+        s(&ours),
+    ]));
+    ok(qemu_img(&[
+        "convert",
+        "--image-opts",
+        &src,
+        "-O",
+        "raw",
+        s(&theirs),
+    ]));
+    assert!(same_bytes(&ours, &theirs));
+    // --target-image-opts names an existing target, with -n only.
+    let o = diskit(&[
+        "convert",
+        "--target-image-opts",
+        s(&p),
+        "driver=raw,file.filename=x",
+    ]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("requires use of -n"), "{}", stderr(&o));
+    sparse_file(&ours, 4 << 20, &[(0, 4 << 20, 0x33)]);
+    let dst = format!("driver=raw,file.driver=file,file.filename={}", s(&ours));
+    ok(diskit(&[
+        "convert",
+        "-n",
+        "--target-image-opts",
+        s(&p),
+        &dst,
+    ]));
+    assert!(same_bytes(&ours, &theirs));
+}

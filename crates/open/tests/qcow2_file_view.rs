@@ -25,7 +25,9 @@ fn views_of_data_runs_read_as_the_image_does() {
     )
     .unwrap();
     let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8 + 1).collect();
-    img.device.write_at(&data, 1 << 20, WriteFlags::NONE).unwrap();
+    img.device
+        .write_at(&data, 1 << 20, WriteFlags::NONE)
+        .unwrap();
     // Writable: mappings may move, so no view is given out.
     assert!(img.device.file_view(1 << 20, 65536).is_none());
     img.close().unwrap();

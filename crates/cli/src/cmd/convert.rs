@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
 use crate::util::{
-    CacheMode, CliError, cache_mode, open, parse_format, parse_options, parse_size_arg,
+    CacheMode, CliError, cache_mode, parse_format, parse_options, parse_size_arg,
     parse_source_format,
 };
 use diskit_copy::{CopyOptions, Progress, copy};
@@ -39,6 +39,9 @@ pub struct Args {
     /// The target exists already: do not create it.
     #[arg(short = 'n')]
     no_create: bool,
+    /// The target is an --image-opts description (with -n).
+    #[arg(long = "target-image-opts")]
+    target_image_opts: bool,
     /// Show progress.
     #[arg(short = 'p')]
     progress: bool,
@@ -82,12 +85,16 @@ pub struct Args {
     /// Open sources read-only even if in use.
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
-    /// Sources, then the target.
-    #[arg(required = true, num_args = 2..)]
+    /// Sources, then the target (options may come between them, as
+    /// qemu-img's getopt allows).
+    #[arg(required = true, num_args = 1.., action = clap::ArgAction::Append)]
     files: Vec<PathBuf>,
 }
 
 pub fn run(a: Args) -> CmdResult {
+    if a.files.len() < 2 {
+        return Err(CliError::new("Must specify image file name"));
+    }
     let (sources, target) = a.files.split_at(a.files.len() - 1);
     let target = &target[0];
     let src_format = parse_source_format(a.format.as_deref(), &sources[0])?;
@@ -129,6 +136,9 @@ pub fn run(a: Args) -> CmdResult {
         return Err(CliError::new(
             "-o has no effect when skipping image creation",
         ));
+    }
+    if a.target_image_opts && !a.no_create {
+        return Err(CliError::new("--target-image-opts requires use of -n flag"));
     }
     if a.target_is_zero && !a.no_create {
         return Err(CliError::new("--target-is-zero requires use of -n flag"));
@@ -293,15 +303,19 @@ fn copy_into(
     skip_backing: bool,
     bitmaps: Vec<NewBitmap>,
 ) -> CmdResult {
-    let dst = open(
-        target,
-        Some(out_format),
-        OpenOptions {
-            writable: true,
-            direct: cache.direct,
-            ..Default::default()
-        },
-    )?;
+    let opts = OpenOptions {
+        writable: true,
+        direct: cache.direct,
+        ..Default::default()
+    };
+    // The target is a plain name (--image-opts is for sources) unless
+    // --target-image-opts says otherwise.
+    let (format, image_opts) = match a.target_image_opts {
+        true => (None, true),
+        false => (Some(out_format), false),
+    };
+    let dst = crate::util::open_name_as(target, format, opts, image_opts)
+        .map_err(|e| CliError::new(format!("Could not open '{}': {e}", target.display())))?;
     if dst.virtual_size() < src.size() {
         return Err(CliError::new("output file is smaller than input file"));
     }
