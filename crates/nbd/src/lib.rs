@@ -6,5 +6,6 @@
 //!   newstyle negotiation, structured replies and extended headers, many
 //!   requests in flight per connection answered out of order.
 
+pub mod client;
 pub mod proto;
 pub mod server;

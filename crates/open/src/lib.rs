@@ -225,7 +225,7 @@ impl Chain {
         Ok(Image {
             device: opened.device,
             format,
-            filename: PathBuf::from(display),
+            filename: PathBuf::from(storage.location()),
             file: storage,
             qcow2: opened.qcow2,
             backing,

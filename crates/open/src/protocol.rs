@@ -57,6 +57,13 @@ pub const PROTOCOLS: &[Protocol] = &[
         open: open_file,
     },
     Protocol {
+        name: "nbd",
+        prefixes: &["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"],
+        keys: &["filename"],
+        local: false,
+        open: open_nbd,
+    },
+    Protocol {
         name: "null-co",
         prefixes: &["null-co://"],
         keys: &["filename", "size", "read-zeroes"],
@@ -123,6 +130,12 @@ fn open_file(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
         },
     )?;
     Ok(Arc::new(dev))
+}
+
+/// An NBD export, by URI.
+fn open_nbd(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
+    let uri = filename(node, "nbd")?;
+    Ok(Arc::new(diskit_nbd::client::NbdClient::connect(&uri)?))
 }
 
 /// QEMU's null-co: `size` (default 1 GiB) and `read-zeroes` (default off:

@@ -1,0 +1,217 @@
+//! diskit as an NBD client: an nbd+unix:// URI wherever an image name goes,
+//! against qemu-nbd and nbdkit, with qemu-img as the oracle.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// qemu-nbd serving one file until dropped.
+struct QemuNbd {
+    child: Child,
+    uri: String,
+}
+
+impl QemuNbd {
+    fn start(dir: &Path, format: &str, file: &Path, read_only: bool) -> QemuNbd {
+        let sock = dir.join(format!("qnbd-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&sock);
+        let mut c = Command::new("qemu-nbd");
+        c.args(["-t", "-f", format, "-k", s(&sock)]);
+        if read_only {
+            c.arg("-r");
+        }
+        let child = c
+            .arg(s(file))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("qemu-nbd is installed");
+        let t = Instant::now();
+        while !sock.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "qemu-nbd did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        QemuNbd {
+            child,
+            uri: format!("nbd+unix:///?socket={}", s(&sock)),
+        }
+    }
+}
+
+impl Drop for QemuNbd {
+    fn drop(&mut self) {
+        // Stopped as a user stops it, so that it writes back its caches.
+        // SAFETY: kill(2) on our own child's pid, which wait() has not reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A qcow2 with data, zeros and holes, written by qemu-io.
+fn sample(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("sample.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&p), "8M"]));
+    ok(peer(
+        "qemu-io",
+        &[
+            "-f",
+            "qcow2",
+            "-c",
+            "write -P 5 1M 256k",
+            "-c",
+            "write -z 3M 64k",
+            "-c",
+            "write -P 9 7M 4k",
+            s(&p),
+        ],
+    ));
+    p
+}
+
+#[test]
+fn map_info_and_convert_from_an_export_equal_qemu_img() {
+    let dir = workdir();
+    let img = sample(dir.path());
+    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let uri = server.uri.as_str();
+    same_as_qemu_img(&["map", "--output=json", uri], "map");
+    same_as_qemu_img(&["map", uri], "map human");
+    let (ours, theirs) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
+    ok(diskit(&["convert", "-O", "raw", uri, s(&ours)]));
+    ok(qemu_img(&["convert", "-O", "raw", uri, s(&theirs)]));
+    assert!(same_bytes(&ours, &theirs));
+    assert_eq!(allocated(&ours), allocated(&theirs), "holes kept");
+    let o = ok(diskit(&["compare", uri, s(&img)]));
+    assert_eq!(code(&o), 0);
+    // The same export in a json: description.
+    let json = format!(r#"json:{{"driver":"raw","file":{{"driver":"nbd","filename":"{uri}"}}}}"#);
+    ok(diskit(&["map", &json]));
+}
+
+#[test]
+fn a_qcow2_on_an_export_reads_as_qemu_reads_it() {
+    let dir = workdir();
+    let img = sample(dir.path());
+    // The export is the qcow2 file's bytes; the format sits on the client.
+    let server = QemuNbd::start(dir.path(), "raw", &img, true);
+    let uri = server.uri.as_str();
+    same_as_qemu_img(&["map", "--output=json", "-f", "qcow2", uri], "qcow2 map");
+    let (ours, theirs) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
+    ok(diskit(&[
+        "convert",
+        "-f",
+        "qcow2",
+        "-O",
+        "raw",
+        uri,
+        s(&ours),
+    ]));
+    ok(qemu_img(&[
+        "convert",
+        "-f",
+        "qcow2",
+        "-O",
+        "raw",
+        uri,
+        s(&theirs),
+    ]));
+    assert!(same_bytes(&ours, &theirs));
+    // Probing finds the qcow2 inside the export.
+    same_as_qemu_img(&["map", "--output=json", uri], "qcow2 probed");
+}
+
+#[test]
+fn convert_into_an_export_writes_what_qemu_img_reads_back() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    sparse_file(
+        &src,
+        8 << 20,
+        &[
+            (0, 65536, 0x11),
+            (3 << 20, 1 << 20, 0x22),
+            ((8 << 20) - 512, 512, 0x33),
+        ],
+    );
+    for format in ["raw", "qcow2"] {
+        let target = dir.path().join(format!("target.{format}"));
+        ok(qemu_img(&["create", "-q", "-f", format, s(&target), "8M"]));
+        // Dirty the target so that zeros must really be written.
+        ok(peer(
+            "qemu-io",
+            &["-f", format, "-c", "write -P 0xee 0 8M", s(&target)],
+        ));
+        let server = QemuNbd::start(dir.path(), format, &target, false);
+        ok(diskit(&[
+            "convert",
+            "-n",
+            "-O",
+            "raw",
+            s(&src),
+            &server.uri,
+        ]));
+        drop(server);
+        let back = dir.path().join("back.raw");
+        ok(qemu_img(&[
+            "convert",
+            "-f",
+            format,
+            "-O",
+            "raw",
+            s(&target),
+            s(&back),
+        ]));
+        assert!(same_bytes(&back, &src), "{format}");
+    }
+}
+
+#[test]
+fn nbdkit_exports_work_too() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    sparse_file(&src, 4 << 20, &[(12345, 100_000, 0x5a)]);
+    let out = dir.path().join("out.raw");
+    let script = format!(
+        "set -e; {d} convert -n -O raw {src} \"$uri\"; {d} convert -O raw \"$uri\" {out}; \
+         {d} compare \"$uri\" {src}",
+        d = s(&diskit_bin()),
+        src = s(&src),
+        out = s(&out),
+    );
+    let o = timed("nbdkit", 60)
+        .args(["-U", "-", "memory", "4M", "--run", &script])
+        .output()
+        .expect("nbdkit is installed");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(same_bytes(&out, &src));
+}
+
+#[test]
+fn bad_uris_and_missing_servers_get_clear_errors() {
+    let dir = workdir();
+    let sock = dir.path().join("nobody.sock");
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let o = diskit(&["info", &uri]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("nobody.sock"), "{}", stderr(&o));
+    let o = diskit(&["info", "nbd+unix:///"]);
+    assert!(stderr(&o).contains("socket"), "{}", stderr(&o));
+    let o = diskit(&["info", "nbd://localhost/?bogus=1"]);
+    assert!(stderr(&o).contains("'bogus'"), "{}", stderr(&o));
+    // An export the server does not have.
+    let img = sample(dir.path());
+    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let wrong = server.uri.replace(":///", ":///nosuch");
+    let o = diskit(&["info", &wrong]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("nosuch"), "{}", stderr(&o));
+}

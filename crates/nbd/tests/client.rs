@@ -1,0 +1,126 @@
+//! The client against diskit's own server over a socket pair: many
+//! threads with requests in flight at once, every command, flags and
+//! extents, errors as the server sends them.
+
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use diskit_backends::MemoryDevice;
+use diskit_core::{BlockDevice, ErrorKind, WriteFlags, ZeroFlags};
+use diskit_nbd::client::NbdClient;
+use diskit_nbd::client::conn::Stream;
+use diskit_nbd::server::{ConnectionEnd, Export, ExportSet, Server, ServerConfig};
+
+const SIZE: u64 = 8 << 20;
+
+fn connect(read_only: bool) -> (NbdClient, Arc<MemoryDevice>, JoinHandle<ConnectionEnd>) {
+    let dev = Arc::new(MemoryDevice::new(SIZE));
+    let mut exports = ExportSet::new();
+    let export = Export::new("disk", dev.clone());
+    exports.add(export.with_read_only(read_only));
+    let server = Server::new(
+        exports,
+        ServerConfig {
+            threads: 4,
+            ..ServerConfig::default()
+        },
+    );
+    let (client, srv) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || server.serve(Box::new(srv)));
+    let c = NbdClient::over(Stream::Unix(client), "test", "disk").unwrap();
+    (c, dev, server)
+}
+
+#[test]
+fn many_threads_in_flight_read_back_what_they_wrote() {
+    let (c, dev, server) = connect(false);
+    let c = Arc::new(c);
+    let threads: Vec<_> = (0..8u8)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in 0..32u64 {
+                    let off = (u64::from(t) * 32 + i) * 32768;
+                    let data = vec![t.wrapping_mul(31).wrapping_add(i as u8) | 1; 32768];
+                    c.write_at(&data, off, WriteFlags::NONE).unwrap();
+                    let mut back = vec![0u8; 32768];
+                    c.read_at(&mut back, off).unwrap();
+                    assert_eq!(back, data);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // What the server's device holds is what was written.
+    let mut a = vec![0u8; SIZE as usize];
+    let mut b = vec![0u8; SIZE as usize];
+    c.read_at(&mut a, 0).unwrap();
+    dev.read_at(&mut b, 0).unwrap();
+    assert_eq!(a, b);
+    c.close().unwrap();
+    drop(c);
+    server.join().unwrap();
+}
+
+#[test]
+fn commands_flags_and_extents() {
+    let (c, dev, _server) = connect(false);
+    let caps = c.capabilities();
+    assert!(caps.can_write && caps.can_zero && caps.can_trim && caps.can_extents);
+    assert_eq!(c.size(), SIZE);
+    // A read longer than the server's maximum is split.
+    let big = vec![7u8; (SIZE - 4096) as usize];
+    c.write_at(&big, 4096, WriteFlags::FUA).unwrap();
+    c.write_zeroes(
+        1 << 20,
+        1 << 20,
+        ZeroFlags {
+            may_trim: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    c.trim(4 << 20, 1 << 20, WriteFlags::NONE).unwrap();
+    c.flush().unwrap();
+    c.cache(0, 4096).unwrap();
+    let mut buf = vec![1u8; SIZE as usize];
+    c.read_at(&mut buf, 0).unwrap();
+    let mut want = vec![0u8; SIZE as usize];
+    dev.read_at(&mut want, 0).unwrap();
+    assert_eq!(buf, want);
+    assert!(buf[(1 << 20)..(2 << 20)].iter().all(|&b| b == 0));
+    // Extents: the zeroed range is a hole, with host offsets as a file's.
+    let e = c.extents(1 << 20, 1 << 20).unwrap();
+    assert!(e[0].flags.zero && !e[0].flags.data, "{e:?}");
+    assert_eq!(e[0].host_offset, Some(1 << 20));
+    let walked: u64 = diskit_core::extent::walk(&c, 0, SIZE)
+        .map(|e| e.unwrap().length)
+        .sum();
+    assert_eq!(walked, SIZE);
+    // Out of range is refused before anything is sent.
+    assert!(c.read_at(&mut [0u8; 2], SIZE - 1).is_err());
+}
+
+#[test]
+fn a_read_only_export_refuses_writes() {
+    let (c, _dev, _server) = connect(true);
+    assert!(!c.capabilities().can_write);
+    let e = c.write_at(&[1], 0, WriteFlags::NONE).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+}
+
+#[test]
+fn unknown_exports_are_named() {
+    let mut exports = ExportSet::new();
+    exports.add(Export::new("disk", Arc::new(MemoryDevice::new(4096))));
+    let server = Server::new(exports, ServerConfig::default());
+    let (client, srv) = UnixStream::pair().unwrap();
+    std::thread::spawn(move || server.serve(Box::new(srv)));
+    let e = NbdClient::over(Stream::Unix(client), "test", "nosuch")
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("nosuch"), "{e}");
+}

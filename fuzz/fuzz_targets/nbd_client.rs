@@ -1,0 +1,61 @@
+//! The NBD client against a hostile server: whatever bytes the server
+//! sends during the handshake and in replies, the client gives data or an
+//! error, never a panic, a hang or unbounded memory.
+#![no_main]
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+
+use diskit_nbd::client::conn::{Connection, Stream};
+use diskit_nbd::client::handshake;
+use libfuzzer_sys::fuzz_target;
+
+/// A stream that reads the fuzz input and swallows writes.
+struct Scripted<'a>(&'a [u8]);
+
+impl Read for Scripted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for Scripted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    if data.is_empty() {
+        return;
+    }
+    // Byte 0 picks the part: the handshake, or replies in transmission.
+    let (pick, rest) = (data[0], &data[1..]);
+    if pick & 1 == 0 {
+        let _ = handshake::negotiate(&mut Scripted(rest), "", &["base:allocation"]);
+        return;
+    }
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    let conn = Connection::start(Stream::Unix(ours), pick & 2 != 0).unwrap();
+    // The server's bytes, then it hangs up: every request ends.
+    let writer = std::thread::spawn({
+        let bytes = rest.to_vec();
+        move || {
+            let _ = theirs.write_all(&bytes);
+            let _ = theirs.shutdown(Shutdown::Write);
+            let mut sink = Vec::new();
+            let _ = theirs.read_to_end(&mut sink);
+        }
+    });
+    use diskit_nbd::proto::consts::{CMD_BLOCK_STATUS, CMD_READ};
+    let _ = conn.request(CMD_READ, 0, 0, 4096, None);
+    let _ = conn.request(CMD_BLOCK_STATUS, 0, 0, 1 << 20, None);
+    conn.close();
+    drop(conn);
+    let _ = writer.join();
+    let _ = diskit_nbd::client::uri::NbdUri::parse(&String::from_utf8_lossy(rest));
+});
