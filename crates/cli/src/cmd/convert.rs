@@ -127,15 +127,15 @@ pub fn run(a: Args) -> CmdResult {
     if a.target_is_zero && !a.no_create {
         return Err(CliError::new("--target-is-zero requires use of -n flag"));
     }
-    if a.compress && out_format == Format::RAW {
+    if a.compress && !out_format.supports(Capability::Compression) {
         return Err(CliError::new(
             "Compression not supported for this file format",
         ));
     }
-    if a.backing.is_some() && out_format == Format::RAW {
-        return Err(CliError::new(
-            "Backing file not supported for file format 'raw'",
-        ));
+    if a.backing.is_some() && !out_format.supports(Capability::BackingFile) {
+        return Err(CliError::new(format!(
+            "Backing file not supported for file format '{out_format}'"
+        )));
     }
     if a.backing.is_some() && sources.len() > 1 {
         return Err(CliError::new(
@@ -207,11 +207,12 @@ pub fn run(a: Args) -> CmdResult {
         }
         devices.push(img.device);
     }
-    if a.bitmaps && (out_format == Format::RAW || target.as_os_str() == NULL_TARGET) {
-        let driver = if out_format == Format::RAW {
-            "raw"
-        } else {
+    let bitmap_target = out_format.supports(Capability::Bitmaps);
+    if a.bitmaps && (!bitmap_target || target.as_os_str() == NULL_TARGET) {
+        let driver = if bitmap_target {
             "null-co"
+        } else {
+            out_format.name()
         };
         return Err(CliError::new(format!(
             "Format driver '{driver}' does not support bitmaps"

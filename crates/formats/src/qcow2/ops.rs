@@ -12,7 +12,8 @@ use super::bitmap_bits::{Bits, read_bits};
 use super::bitmap_store::NewBitmap;
 use super::compressed::CompressedWriter;
 use super::empty::{can_empty_completely, empty_completely};
-use super::header::ext;
+use super::header::{Header, ext};
+use super::open::read_header;
 use crate::image_ops::{AfterClose, BitmapInfo, FormatImage};
 use crate::implied::{Named, Role};
 use crate::info::{FormatInfo, SnapshotInfo};
@@ -35,9 +36,15 @@ impl Qcow2Image {
         &self.image
     }
 
+    /// The header as it is in the file now (snapshots and bitmaps taken
+    /// since the image was opened included).
+    fn header_now(&self) -> Result<Header> {
+        read_header(&*self.file)
+    }
+
     /// The bitmaps of the image as stored.
     fn stored_bitmaps(&self) -> Result<Vec<bitmap::Bitmap>> {
-        Ok(bitmap::read(&self.file, self.image.header())?.1)
+        Ok(bitmap::read(&self.file, &self.header_now()?)?.1)
     }
 }
 
@@ -67,7 +74,7 @@ impl FormatImage for Qcow2Image {
     }
 
     fn info(&self) -> Result<Option<FormatInfo>> {
-        super::info::read(&self.file, self.image.header()).map(Some)
+        super::info::read(&self.file, &self.header_now()?).map(Some)
     }
 
     fn cluster_size(&self) -> Option<u64> {
@@ -89,7 +96,7 @@ impl FormatImage for Qcow2Image {
             // QEMU lists no snapshots for images with an external data file.
             return Ok(Vec::new());
         }
-        let list = super::snapshot::read(&self.file, self.image.header())?;
+        let list = super::snapshot::read(&self.file, &self.header_now()?)?;
         Ok(list.iter().map(super::info::snapshot_info).collect())
     }
 
