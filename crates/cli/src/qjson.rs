@@ -6,6 +6,8 @@
 
 use std::fmt::Write;
 
+use diskit_open::InfoValue;
+
 /// A JSON value with ordered object keys.
 #[derive(Debug, Clone, PartialEq)]
 pub enum QJson {
@@ -22,6 +24,22 @@ pub enum QJson {
     /// An object, keys in insertion order (insert in QAPI schema order:
     /// it decides ties in QEMU's key order).
     Dict(Vec<(String, QJson)>),
+}
+
+impl From<&InfoValue> for QJson {
+    /// A format's information as JSON, keys in the same order.
+    fn from(v: &InfoValue) -> QJson {
+        match v {
+            InfoValue::Str(s) => QJson::Str(s.clone()),
+            InfoValue::UInt(n) => QJson::UInt(*n),
+            InfoValue::Int(n) => QJson::Int(*n),
+            InfoValue::Bool(b) => QJson::Bool(*b),
+            InfoValue::List(l) => QJson::List(l.iter().map(QJson::from).collect()),
+            InfoValue::Dict(d) => {
+                QJson::Dict(d.iter().map(|(k, v)| (k.clone(), QJson::from(v))).collect())
+            }
+        }
+    }
 }
 
 impl QJson {

@@ -5,8 +5,7 @@ use std::path::Path;
 
 use diskit_core::Error;
 use diskit_core::size::{SizeError, parse_size_detailed};
-use diskit_formats::{Format, Image, OpenOptions, OptionList};
-use diskit_open::{open_image, open_image_opts};
+use diskit_open::{Format, Image, OpenOptions, OptionList, open_image, open_image_opts};
 
 /// An error as the command line reports it: a message and an exit code.
 #[derive(Debug)]

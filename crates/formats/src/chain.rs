@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use crate::Image;
+use crate::implied::Role;
 use diskit_core::storage::resolve_relative;
 
 impl Image {
@@ -19,10 +20,10 @@ impl Image {
         (1..chain.len()).find(|&i| {
             let above = chain[i - 1];
             let recorded = above
-                .qcow2
-                .as_ref()
-                .and_then(|q| q.header().backing_file.as_deref());
-            recorded == Some(name)
+                .implied_names()
+                .into_iter()
+                .find(|n| n.role == Role::Backing);
+            recorded.is_some_and(|n| n.name == name)
                 || same_file(
                     Path::new(&resolve_relative(&above.filename.to_string_lossy(), name)),
                     &chain[i].filename,

@@ -10,8 +10,11 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_core::{DeviceRef, Error, ErrorKind, Result, StorageRef};
+use diskit_core::{DeviceRef, Error, ErrorKind, Result, Storage, StorageRef};
 
+use crate::check::{CheckReport, Repair};
+use crate::creation::Creation;
+use crate::image_ops::{Capability, FormatImage, unsupported_op};
 use crate::implied::ImpliedFiles;
 use crate::qcow2::measure::Measurement;
 use crate::{Image, OpenOptions, OptionList};
@@ -20,9 +23,8 @@ use crate::{Image, OpenOptions, OptionList};
 pub struct Opened {
     /// What the guest sees.
     pub device: DeviceRef,
-    /// The qcow2 driver's image, for qcow2's own tools (snapshots, bitmaps,
-    /// amend, check) until they move behind this interface.
-    pub qcow2: Option<Arc<crate::qcow2::Qcow2>>,
+    /// What the image offers beyond the device (the format's own tools).
+    pub image: Arc<dyn FormatImage>,
 }
 
 /// An image format.
@@ -67,6 +69,50 @@ pub trait FormatDriver: Sync {
     ) -> Result<Opened> {
         let _ = (storage, opts, implied);
         Err(unsupported(self.name()))
+    }
+
+    /// Whether the format offers `what`.
+    fn supports(&self, what: Capability) -> bool {
+        let _ = what;
+        false
+    }
+
+    /// Parses creation options (`-o`) for a new image, to be completed
+    /// from the command line and made ([`Creation`]).
+    fn parse_create(&self, options: &OptionList) -> Result<Box<dyn Creation>> {
+        let _ = options;
+        Err(unsupported(self.name()))
+    }
+
+    /// Checks (and with `repair`, repairs) the metadata of the image on
+    /// `storage`, which nothing else has open.
+    fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
+        let _ = (storage, repair);
+        Err(unsupported_op(self.name(), "checks"))
+    }
+
+    /// `amend -o help`, for formats that can amend.
+    fn amend_help(&self) -> Option<String> {
+        None
+    }
+
+    /// Checks amend options (`-o`) alone: unknown keys, malformed values
+    /// and changes the format cannot make are errors.
+    fn check_amend_options(&self, options: &OptionList) -> Result<()> {
+        let _ = options;
+        Err(unsupported_op(self.name(), "option amendment"))
+    }
+
+    /// Records `name` (in format `format`) as the backing file of the
+    /// closed image on `storage`, or no backing file.
+    fn change_backing_file(
+        &self,
+        storage: &dyn Storage,
+        name: Option<&str>,
+        format: Option<&str>,
+    ) -> Result<()> {
+        let _ = (storage, name, format);
+        Err(unsupported_op(self.name(), "backing files"))
     }
 
     /// Creates a new image at `path` of `size` bytes (or the size in
@@ -223,6 +269,11 @@ impl Format {
     /// Its driver.
     pub fn driver(self) -> &'static dyn FormatDriver {
         self.0
+    }
+
+    /// Whether the format offers `what`.
+    pub fn supports(self, what: Capability) -> bool {
+        self.0.supports(what)
     }
 
     /// Every format of the table.

@@ -8,10 +8,15 @@
 //! its storage.
 
 mod chain;
+pub mod check;
+pub mod creation;
 pub mod driver;
+pub mod image_ops;
 pub mod implied;
+pub mod info;
 pub mod mapped;
 pub mod options;
+pub mod prealloc;
 pub mod probe;
 pub mod qcow2;
 pub mod raw;
@@ -21,8 +26,13 @@ use std::sync::Arc;
 
 use diskit_core::{BlockDevice, DeviceRef, Result, StorageRef};
 
+pub use check::{CheckReport, Repair};
+pub use creation::Creation;
 pub use driver::{Format, FormatDriver};
+pub use image_ops::{BitmapInfo, Capability, FormatImage, NewBitmap};
+pub use info::{FormatInfo, InfoValue, SnapshotInfo};
 pub use options::OptionList;
+pub use prealloc::Prealloc;
 
 /// How to open an image.
 #[derive(Debug, Clone, Default)]
@@ -49,7 +59,8 @@ pub struct OpenOptions {
     pub metadata_only: bool,
 }
 
-/// An open image: the guest-visible device plus what `info` and `map` need.
+/// An open image: the guest-visible device plus what the format offers
+/// beyond it.
 pub struct Image {
     /// What the guest sees.
     pub device: DeviceRef,
@@ -59,8 +70,8 @@ pub struct Image {
     pub filename: PathBuf,
     /// The storage (protocol layer) under the format.
     pub file: StorageRef,
-    /// The qcow2 driver, for qcow2 images.
-    pub qcow2: Option<Arc<qcow2::Qcow2>>,
+    /// What the format offers beyond the device (snapshots, bitmaps, info...).
+    pub ops: Arc<dyn FormatImage>,
     /// The image below this one in its backing chain.
     pub backing: Option<Box<Image>>,
 }
@@ -83,27 +94,7 @@ impl Image {
     /// The files this image names (backing file, data file), as stored in
     /// it, without opening any of them.
     pub fn implied_names(&self) -> Vec<implied::Named> {
-        use implied::{Named, Role};
-        let Some(q) = &self.qcow2 else {
-            return Vec::new();
-        };
-        let h = q.header();
-        let mut v = Vec::new();
-        if let Some(b) = &h.backing_file {
-            v.push(Named {
-                role: Role::Backing,
-                name: b.clone(),
-                format: h.backing_format(),
-            });
-        }
-        if let Some(e) = h.extension(qcow2::header::ext::DATA_FILE) {
-            v.push(Named {
-                role: Role::DataFile,
-                name: String::from_utf8_lossy(&e.data).into_owned(),
-                format: None,
-            });
-        }
-        v
+        self.ops.implied_names()
     }
 
     /// Writes cached metadata and syncs: call before exiting after writes.

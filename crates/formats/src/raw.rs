@@ -3,10 +3,11 @@
 use std::path::Path;
 
 use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::{Error, ErrorKind, Result};
+use diskit_core::{Error, ErrorKind, Result, StorageRef};
 
-use crate::OptionList;
+use crate::image_ops::FormatImage;
 use crate::options::{bool_value, size_value};
+use crate::{Format, OptionList, Prealloc};
 
 /// The `-o` options raw images accept at creation, in the order qemu-img
 /// lists them in its "Formatting" line.
@@ -48,21 +49,6 @@ impl RawCreateOptions {
             nocow,
             extent_size_hint: size_opt("extent_size_hint")?,
         })
-    }
-
-    /// The options for qemu-img's "Formatting" line, after `size=`.
-    pub fn summary(&self, options: &OptionList) -> String {
-        let mut out = String::new();
-        if let Some(v) = options.get("nocow") {
-            out.push_str(&format!(" nocow={v}"));
-        }
-        if let Some(v) = &self.preallocation {
-            out.push_str(&format!(" preallocation={v}"));
-        }
-        if let Some(v) = self.extent_size_hint {
-            out.push_str(&format!(" extent_size_hint={v}"));
-        }
-        out
     }
 
     /// The preallocation mode, with qemu-img's messages for bad values.
@@ -131,8 +117,8 @@ impl crate::driver::FormatDriver for RawDriver {
         _implied: &mut dyn crate::implied::ImpliedFiles,
     ) -> Result<crate::driver::Opened> {
         Ok(crate::driver::Opened {
-            device: storage,
-            qcow2: None,
+            device: storage.clone(),
+            image: std::sync::Arc::new(RawImage { storage }),
         })
     }
 
@@ -145,6 +131,13 @@ impl crate::driver::FormatDriver for RawDriver {
 
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
         options.check_known(CREATE_OPTIONS)
+    }
+
+    fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
+        Ok(Box::new(RawCreation {
+            opts: RawCreateOptions::parse(options)?,
+            nocow: options.get("nocow").map(str::to_string),
+        }))
     }
 
     fn create_help(&self, with_file: bool) -> String {
@@ -174,5 +167,74 @@ impl crate::driver::FormatDriver for RawDriver {
             fully_allocated: v,
             bitmaps: None,
         })
+    }
+}
+
+/// An open raw image: its storage, which resizes.
+pub struct RawImage {
+    storage: StorageRef,
+}
+
+impl FormatImage for RawImage {
+    fn format(&self) -> Format {
+        Format::RAW
+    }
+
+    fn check_resize(&self, new_size: u64, prealloc: Option<Prealloc>) -> Result<()> {
+        if prealloc == Some(Prealloc::Metadata) {
+            return Err(Error::unsupported(
+                "Unsupported preallocation mode: metadata",
+            ));
+        }
+        if new_size == 0 || new_size > i64::MAX as u64 {
+            return Err(Error::invalid("New image size must be positive"));
+        }
+        Ok(())
+    }
+
+    fn resize(&self, new_size: u64, _shrink: bool, prealloc: Prealloc) -> Result<()> {
+        let mode = prealloc
+            .for_storage()
+            .ok_or_else(|| Error::unsupported("Unsupported preallocation mode: metadata"))?;
+        self.storage.resize(new_size, mode)
+    }
+}
+
+/// A raw image being planned: its options, and `nocow` as given (the
+/// "Formatting" line shows it so).
+struct RawCreation {
+    opts: RawCreateOptions,
+    nocow: Option<String>,
+}
+
+impl crate::Creation for RawCreation {
+    fn size(&self) -> Option<u64> {
+        self.opts.size
+    }
+
+    fn set_size(&mut self, size: u64) {
+        self.opts.size = Some(size);
+    }
+
+    fn summary(&self) -> String {
+        let mut out = String::new();
+        if let Some(s) = self.opts.size {
+            out.push_str(&format!(" size={s}"));
+        }
+        if let Some(v) = &self.nocow {
+            out.push_str(&format!(" nocow={v}"));
+        }
+        if let Some(v) = &self.opts.preallocation {
+            out.push_str(&format!(" preallocation={v}"));
+        }
+        if let Some(v) = self.opts.extent_size_hint {
+            out.push_str(&format!(" extent_size_hint={v}"));
+        }
+        out
+    }
+
+    fn create(&self, path: &Path) -> Result<()> {
+        let size = crate::driver::one_size(None, self.opts.size)?;
+        create(path, size, &self.opts)
     }
 }

@@ -8,6 +8,11 @@
 //! (`diskit_formats::probe`) picks the format, and the files an image names
 //! come back here through [`diskit_formats::implied::ImpliedFiles`], where
 //! the trust [`gate`] checks them before anything is opened.
+//!
+//! The format-neutral types tools need (an [`Image`] and what its format
+//! offers through [`FormatImage`], [`Format`] and its driver's
+//! [`Capability`]s, creation and check types) are re-exported here, so
+//! that a tool reaches formats through this crate alone.
 
 pub mod gate;
 pub mod protocol;
@@ -20,7 +25,15 @@ use diskit_core::error::ResultExt;
 use diskit_core::{DeviceRef, Error, Result, StorageRef};
 use diskit_formats::implied::ImpliedFiles;
 use diskit_formats::options::{bool_value, size_value};
-use diskit_formats::{Format, Image, OpenOptions, probe};
+use diskit_formats::probe;
+
+pub use diskit_formats::image_ops::{AfterClose, Bits};
+pub use diskit_formats::implied::Named;
+pub use diskit_formats::probe::probe as probe_format;
+pub use diskit_formats::{
+    BitmapInfo, Capability, CheckReport, Creation, Format, FormatDriver, FormatImage, FormatInfo,
+    Image, InfoValue, NewBitmap, OpenOptions, OptionList, Prealloc, Repair, SnapshotInfo,
+};
 
 use gate::{Role, Trust};
 use protocol::{Protocol, ProtocolMode};
@@ -227,7 +240,7 @@ impl Chain {
             format,
             filename: PathBuf::from(storage.location()),
             file: storage,
-            qcow2: opened.qcow2,
+            ops: opened.image,
             backing,
         })
     }

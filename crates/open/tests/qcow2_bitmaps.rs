@@ -254,9 +254,11 @@ fn resize_fits_the_bitmaps_as_qemu_does() {
         args.extend([s(&theirs), delta]);
         run("qemu-img", &args);
         let image = diskit_apply(&ours, &OPS[..3]);
-        let q = image.qcow2.clone().unwrap();
         let new_size = if shrink { 5 << 20 } else { 11 << 20 };
-        q.resize(new_size, shrink).unwrap();
+        image
+            .ops
+            .resize(new_size, shrink, diskit_open::Prealloc::Off)
+            .unwrap();
         image.close().unwrap();
         run(
             "qemu-io",

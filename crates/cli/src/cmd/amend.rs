@@ -6,8 +6,7 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::util::{CliError, open, parse_options, parse_source_format};
-use diskit_formats::qcow2::amend::{self, Amend};
-use diskit_formats::{Format, OpenOptions};
+use diskit_open::{Capability, OpenOptions};
 
 /// Arguments of `amend`.
 #[derive(clap::Args, Debug)]
@@ -41,8 +40,10 @@ pub fn run(a: Args) -> CmdResult {
     }
     let opts = parse_options(&a.options)?;
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    if opts.wants_help() && format == Some(Format::QCOW2) {
-        print!("{}", amend::help());
+    if opts.wants_help()
+        && let Some(help) = format.and_then(|f| f.driver().amend_help())
+    {
+        print!("{help}");
         return Ok(0);
     }
     let img = open(
@@ -53,23 +54,26 @@ pub fn run(a: Args) -> CmdResult {
             ..Default::default()
         },
     )?;
-    let Some(q) = &img.qcow2 else {
+    let driver = img.format.driver();
+    if !driver.supports(Capability::Amend) {
         return Err(CliError::new(format!(
             "Format driver '{}' does not support option amendment",
             img.format
         )));
-    };
+    }
     if opts.wants_help() {
-        print!("{}", amend::help());
+        print!("{}", driver.amend_help().unwrap_or_default());
         return Ok(0);
     }
-    let changes = Amend::parse(&opts).map_err(|e| CliError::new(e.to_string()))?;
+    driver
+        .check_amend_options(&opts)
+        .map_err(|e| CliError::new(e.to_string()))?;
     let progress = a.progress && !a.quiet;
     if progress {
         print!("    (0.00/100%)\r");
         let _ = std::io::stdout().flush();
     }
-    let result = q.amend(&changes).and_then(|_| img.close());
+    let result = img.ops.amend(&opts).and_then(|_| img.close());
     if progress {
         println!("    (100.00/100%)\r");
     }

@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{CliError, output_is_json, parse_source_format};
-use diskit_formats::qcow2::check::{CheckReport, Repair, check};
-use diskit_formats::{Format, probe};
+use diskit_open::{Capability, CheckReport, Repair, probe_format};
 
 /// Arguments of `check`.
 #[derive(clap::Args, Debug)]
@@ -54,22 +53,24 @@ pub fn run(a: Args) -> CmdResult {
             .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
     let format = match format {
         Some(f) => f,
-        None => probe::probe(&*file, &name)
+        None => probe_format(&*file, &name)
             .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?,
     };
-    if format != Format::QCOW2 {
+    if !format.supports(Capability::Check) {
         return Err(CliError {
             message: "This image format does not support checks".into(),
             code: 63,
         });
     }
-    let r =
-        check(&file, repair).map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
+    let r = format
+        .driver()
+        .check(&file, repair)
+        .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
     for m in &r.messages {
         eprintln!("{m}");
     }
     if json {
-        println!("{}", report_json(&r, &name).pretty());
+        println!("{}", report_json(&r, &name, format.name()).pretty());
     } else if !a.quiet {
         print!("{}", report_human(&r, repair != Repair::None));
     }
@@ -84,7 +85,7 @@ pub fn run(a: Args) -> CmdResult {
     })
 }
 
-fn report_json(r: &CheckReport, name: &str) -> QJson {
+fn report_json(r: &CheckReport, name: &str, format: &str) -> QJson {
     let mut v = QJson::dict();
     let opt = |v: QJson, key: &str, n: u64| {
         if n > 0 {
@@ -104,7 +105,7 @@ fn report_json(r: &CheckReport, name: &str) -> QJson {
     v = opt(v, "allocated-clusters", r.allocated_clusters);
     v = v
         .with("filename", QJson::Str(name.to_string()))
-        .with("format", QJson::Str("qcow2".into()));
+        .with("format", QJson::Str(format.into()));
     opt(v, "fragmented-clusters", r.fragmented_clusters)
 }
 

@@ -7,11 +7,9 @@ use std::sync::Arc;
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
 use crate::util::{CliError, cache_mode, open, parse_size_arg, parse_source_format};
-use diskit_backends::Preallocation;
 use diskit_copy::Progress;
 use diskit_copy::commit::{RateLimit, commit};
-use diskit_formats::qcow2::empty::{can_empty_completely, empty_completely};
-use diskit_formats::{Image, OpenOptions};
+use diskit_open::{Capability, Image, OpenOptions, Prealloc};
 
 /// Arguments of `commit`.
 #[derive(clap::Args, Debug)]
@@ -114,17 +112,12 @@ fn commit_into(
     let base = img.chain()[depth];
     let size = img.virtual_size();
     if base.virtual_size() < size {
-        match &base.qcow2 {
-            Some(q) => q.resize(size, false),
-            None => base.file.resize(size, Preallocation::Off),
-        }
-        .map_err(failed)?;
+        base.ops
+            .resize(size, false, Prealloc::Off)
+            .map_err(failed)?;
     }
     // QEMU's default block size for the job: the base's clusters, or 64 KiB.
-    let granularity = base
-        .qcow2
-        .as_ref()
-        .map_or(65536, |q| q.geometry().cluster_size().max(4096));
+    let granularity = base.ops.cluster_size().map_or(65536, |c| c.max(4096));
     let mut limit = RateLimit::new(rate);
     commit(
         &*img.device,
@@ -144,21 +137,18 @@ fn empty(img: Image, a: &Args) -> Result<(), CliError> {
     let fail = |e: diskit_core::Error| {
         CliError::new(format!("Could not empty {}: {e}", a.filename.display()))
     };
-    let Some(q) = img.qcow2.clone() else {
+    if !img.format.supports(Capability::MakeEmpty) {
         return Err(CliError::new(format!(
             "Could not empty {}: Operation not supported",
             a.filename.display()
         )));
-    };
-    if can_empty_completely(q.header()) {
-        // Reset the file itself, with every handle on it closed.
-        let file = img.file.clone();
-        drop(q);
-        img.close().map_err(fail)?;
-        drop(img);
-        empty_completely(&file).map_err(fail)
-    } else {
-        q.discard_everything().map_err(fail)?;
-        img.close().map_err(fail)
+    }
+    let after_close = img.ops.make_empty().map_err(fail)?;
+    img.close().map_err(fail)?;
+    // Resetting the file needs every handle on it closed.
+    drop(img);
+    match after_close {
+        Some(reset) => reset().map_err(fail),
+        None => Ok(()),
     }
 }

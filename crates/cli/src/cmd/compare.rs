@@ -9,7 +9,7 @@ use crate::CmdResult;
 use crate::util::{CliError, parse_format};
 use diskit_core::zero::is_zero;
 use diskit_core::{BlockDevice, Extent};
-use diskit_formats::OpenOptions;
+use diskit_open::OpenOptions;
 
 /// Arguments of `compare`.
 #[derive(clap::Args, Debug)]

@@ -13,13 +13,7 @@ use crate::util::{
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::concat::Concat;
 use diskit_core::{BlockDevice, DeviceRef};
-use diskit_formats::Image;
-use diskit_formats::qcow2::bitmap;
-use diskit_formats::qcow2::bitmap_bits::read_bits;
-use diskit_formats::qcow2::bitmap_store::NewBitmap;
-use diskit_formats::qcow2::compressed::CompressedWriter;
-use diskit_formats::raw::RawCreateOptions;
-use diskit_formats::{Format, OpenOptions, create_image};
+use diskit_open::{Capability, Format, Image, NewBitmap, OpenOptions};
 
 /// Arguments of `convert`.
 #[derive(clap::Args, Debug)]
@@ -101,7 +95,7 @@ pub fn run(a: Args) -> CmdResult {
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::RAW);
     let mut options = parse_options(&a.options)?;
     if options.wants_help() {
-        print!("{}", diskit_formats::raw::CREATE_HELP);
+        print!("{}", Format::RAW.driver().create_help(true));
         return Ok(0);
     }
     let workers: usize = match a.coroutines.parse::<i64>() {
@@ -143,15 +137,15 @@ pub fn run(a: Args) -> CmdResult {
     if a.target_is_zero && !a.no_create {
         return Err(CliError::new("--target-is-zero requires use of -n flag"));
     }
-    if a.compress && out_format == Format::RAW {
+    if a.compress && !out_format.supports(Capability::Compression) {
         return Err(CliError::new(
             "Compression not supported for this file format",
         ));
     }
-    if a.backing.is_some() && out_format == Format::RAW {
-        return Err(CliError::new(
-            "Backing file not supported for file format 'raw'",
-        ));
+    if a.backing.is_some() && !out_format.supports(Capability::BackingFile) {
+        return Err(CliError::new(format!(
+            "Backing file not supported for file format '{out_format}'"
+        )));
     }
     if a.backing.is_some() && sources.len() > 1 {
         return Err(CliError::new(
@@ -174,7 +168,10 @@ pub fn run(a: Args) -> CmdResult {
     }
     if !a.no_create && out_format == Format::RAW {
         // Check the options before anything is opened or created.
-        RawCreateOptions::parse(&options).map_err(|e| CliError::new(e.to_string()))?;
+        out_format
+            .driver()
+            .parse_create(&options)
+            .map_err(|e| CliError::new(e.to_string()))?;
     }
     let src_cache = cache_mode(a.src_cache.as_deref(), "writeback")?;
     let dst_cache = cache_mode(a.cache.as_deref(), "unsafe")?;
@@ -208,7 +205,7 @@ pub fn run(a: Args) -> CmdResult {
                 CliError::new(format!("Could not open '{}': {e}", s.display()))
             }
         })?;
-        if a.snapshot.is_some() && img.qcow2.is_none() {
+        if a.snapshot.is_some() && !img.format.supports(Capability::Snapshots) {
             return Err(CliError::new(format!(
                 "Failed to load snapshot: Block format '{}' used by device '' does not support \
                  temporarily loading internal snapshots",
@@ -220,11 +217,12 @@ pub fn run(a: Args) -> CmdResult {
         }
         devices.push(img.device);
     }
-    if a.bitmaps && (out_format == Format::RAW || target.as_os_str() == NULL_TARGET) {
-        let driver = if out_format == Format::RAW {
-            "raw"
-        } else {
+    let bitmap_target = out_format.supports(Capability::Bitmaps);
+    if a.bitmaps && (!bitmap_target || target.as_os_str() == NULL_TARGET) {
+        let driver = if bitmap_target {
             "null-co"
+        } else {
+            out_format.name()
         };
         return Err(CliError::new(format!(
             "Format driver '{driver}' does not support bitmaps"
@@ -258,13 +256,16 @@ pub fn run(a: Args) -> CmdResult {
     let existed = target.exists();
     let mut created = false;
     if !a.no_create {
-        create_image(target, out_format, Some(total), &options).map_err(|e| {
-            CliError::new(format!(
-                "{}: error while converting {}: {e}",
-                target.display(),
-                out_format
-            ))
-        })?;
+        out_format
+            .driver()
+            .create(target, Some(total), &options)
+            .map_err(|e| {
+                CliError::new(format!(
+                    "{}: error while converting {}: {e}",
+                    target.display(),
+                    out_format
+                ))
+            })?;
         created = true;
     }
     // A target with a backing file (-B, or -o backing_file) gets only what
@@ -338,32 +339,33 @@ fn copy_into(
     };
     let mut device = dst.device.clone();
     if a.compress {
-        let q = dst
-            .qcow2
-            .clone()
-            .ok_or_else(|| CliError::new("Compression not supported for this file format"))?;
-        let cs = q.geometry().cluster_size();
+        if !dst.format.supports(Capability::Compression) {
+            return Err(CliError::new(
+                "Compression not supported for this file format",
+            ));
+        }
         // Whole clusters are compressed on the copy workers' threads, in
         // parallel: their order on the host does not matter.
-        device = Arc::new(CompressedWriter::new(q));
+        let (writer, cs) = dst
+            .ops
+            .clone()
+            .compressed_writer()
+            .map_err(|e| CliError::new(e.to_string()))?;
+        device = writer;
         how.min_sparse = cs;
         how.zero_alignment = cs;
         how.ordered_writes = false;
     }
     if !bitmaps.is_empty() {
-        let q = dst.qcow2.as_ref().ok_or_else(|| {
-            CliError::new(format!(
+        if !dst.ops.stores_bitmaps() {
+            return Err(CliError::new(format!(
                 "Format driver '{}' does not support bitmaps",
                 dst.format
-            ))
-        })?;
-        if q.header().version < 3 {
-            return Err(CliError::new(
-                "Format driver 'qcow2' does not support bitmaps",
-            ));
+            )));
         }
         run_copy(a, src, &*device, &how)?;
-        q.add_bitmaps(bitmaps)
+        dst.ops
+            .add_bitmaps(bitmaps)
             .map_err(|e| CliError::new(e.to_string()))?;
     } else {
         run_copy(a, src, &*device, &how)?;
@@ -380,17 +382,15 @@ fn copy_into(
 /// The persistent bitmaps of a source image, with their bits, for
 /// `--bitmaps` (inconsistent ones fail, or are skipped with a warning).
 fn source_bitmaps(img: &Image, skip_broken: bool) -> Result<Vec<NewBitmap>, CliError> {
-    let q = img
-        .qcow2
-        .as_ref()
-        .ok_or_else(|| CliError::new("Source lacks bitmap support"))?;
+    if !img.format.supports(Capability::Bitmaps) {
+        return Err(CliError::new("Source lacks bitmap support"));
+    }
     let fail = |e: diskit_core::Error| CliError::new(e.to_string());
-    let (_, list) = bitmap::read(&img.file, q.header()).map_err(fail)?;
-    let cs = q.geometry().cluster_size();
+    let list = img.ops.bitmaps().map_err(fail)?;
     let mut out = Vec::new();
     for b in list {
-        let name = b.display_name();
-        if b.in_use() {
+        let name = b.name.clone();
+        if b.in_use {
             if skip_broken {
                 eprintln!("diskit: warning: Skipping inconsistent bitmap '{name}'");
                 continue;
@@ -400,10 +400,10 @@ fn source_bitmaps(img: &Image, skip_broken: bool) -> Result<Vec<NewBitmap>, CliE
                  'qemu-img bitmap --remove' to delete it"
             )));
         }
-        let bits = read_bits(&img.file, cs, &b, img.virtual_size()).map_err(fail)?;
+        let bits = img.ops.bitmap_bits(&b).map_err(fail)?;
         out.push(NewBitmap {
             name,
-            enabled: b.auto(),
+            enabled: b.auto,
             bits,
         });
     }

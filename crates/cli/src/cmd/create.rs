@@ -4,10 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::CmdResult;
 use crate::util::{CliError, parse_image_size, parse_options};
-use diskit_formats::qcow2::create::Qcow2CreateOptions;
-use diskit_formats::raw::RawCreateOptions;
-use diskit_formats::{Format, OpenOptions, OptionList, create_image};
-use diskit_open::open_image;
+use diskit_open::{Capability, Creation, Format, OpenOptions, open_image};
 
 /// Arguments of `create`.
 #[derive(clap::Args, Debug)]
@@ -52,59 +49,56 @@ pub fn run(a: Args) -> CmdResult {
     let size = a.size.as_deref().map(parse_image_size).transpose()?;
     let format = Format::from_name(format_name)
         .map_err(|_| at(format!("Unknown file format '{format_name}'")))?;
-    if format == Format::QCOW2 {
-        return create_qcow2(&a, filename, size, &options);
-    }
-    if format == Format::RAW {
+    let with_backing = format.supports(Capability::BackingFile);
+    if !with_backing {
         if a.backing.is_some() || options.get("backing_file").is_some() {
-            return Err(at("Backing file not supported for file format 'raw'".into()));
+            return Err(at(format!(
+                "Backing file not supported for file format '{format}'"
+            )));
         }
         if a.backing_format.is_some() {
-            return Err(at(
-                "Backing file format not supported for file format 'raw'".into(),
-            ));
+            return Err(at(format!(
+                "Backing file format not supported for file format '{format}'"
+            )));
         }
     }
-    let raw_opts = RawCreateOptions::parse(&options).map_err(|e| at(e.to_string()))?;
-    if size.is_some() && raw_opts.size.is_some() {
-        return Err(at("The image size must be specified only once".into()));
-    }
-    if size.is_none() && raw_opts.size.is_none() {
-        return Err(at("Image creation needs a size parameter".into()));
-    }
-    if !a.quiet {
-        let mut line = format!("Formatting '{name}', fmt={}", format.name());
-        if let Some(s) = size.or(raw_opts.size) {
-            line.push_str(&format!(" size={s}"));
-        }
-        line.push_str(&raw_opts.summary(&options));
-        println!("{line}");
-    }
-    create_image(filename, format, size, &options).map_err(|e| at(e.to_string()))?;
-    Ok(0)
-}
-
-/// The qcow2 path of `qemu-img create` (QEMU's `bdrv_img_create`): the
-/// options, the size (from the argument, `-o size=` or the backing file),
-/// the backing file checks, the "Formatting" line, then the image.
-fn create_qcow2(a: &Args, filename: &Path, size: Option<u64>, options: &OptionList) -> CmdResult {
-    let name = filename.display().to_string();
-    let at = |msg: String| CliError::new(format!("{name}: {msg}"));
-    let mut opts = Qcow2CreateOptions::parse(options).map_err(|e| at(e.to_string()))?;
-    match (opts.size, size) {
+    let mut new = format
+        .driver()
+        .parse_create(&options)
+        .map_err(|e| at(e.to_string()))?;
+    match (new.size(), size) {
         (Some(_), Some(_)) => {
             return Err(at("The image size must be specified only once".into()));
         }
-        (None, Some(s)) => opts.set_size(s),
+        (None, Some(s)) => new.set_size(s),
         _ => {}
     }
+    if with_backing {
+        backing(&a, filename, &mut *new)?;
+    }
+    if new.size().is_none() {
+        return Err(at("Image creation needs a size parameter".into()));
+    }
+    if !a.quiet {
+        println!("Formatting '{name}', fmt={format}{}", new.summary());
+    }
+    new.create(filename).map_err(|e| at(e.to_string()))?;
+    Ok(0)
+}
+
+/// The backing file of a new image (QEMU's `bdrv_img_create`): `-b` and
+/// `-F` over `-o`, the name checked, and the file opened (unless `-u`) to
+/// check its format and take its size when none is given.
+fn backing(a: &Args, filename: &Path, new: &mut dyn Creation) -> Result<(), CliError> {
+    let name = filename.display().to_string();
+    let at = |msg: String| CliError::new(format!("{name}: {msg}"));
     if let Some(b) = &a.backing {
-        opts.set_backing_file(b);
+        new.set_backing_file(b);
     }
     if let Some(f) = &a.backing_format {
-        opts.set_backing_fmt(f);
+        new.set_backing_format(f);
     }
-    if let Some(b) = &opts.backing_file {
+    if let Some(b) = new.backing_file() {
         if *b == name {
             return Err(at(
                 "Error: Trying to create an image with the same filename as the backing file"
@@ -115,10 +109,10 @@ fn create_qcow2(a: &Args, filename: &Path, size: Option<u64>, options: &OptionLi
             return Err(at("Expected backing file name, got empty string".into()));
         }
     }
-    match opts.backing_file.clone() {
+    match new.backing_file().map(str::to_string) {
         Some(backing) if !a.unsafe_backing => {
             let full = full_backing_path(filename, &backing);
-            let format = match opts.backing_fmt.as_deref() {
+            let format = match new.backing_format() {
                 None => None,
                 Some(f) => Some(Format::from_name(f).map_err(|_| {
                     at(format!(
@@ -128,29 +122,22 @@ fn create_qcow2(a: &Args, filename: &Path, size: Option<u64>, options: &OptionLi
             };
             let image = open_image(crate::util::name_of(&full)?, format, OpenOptions::default())
                 .map_err(|e| at(format!("{e}\nCould not open backing image.")))?;
-            if opts.backing_fmt.is_none() {
+            if new.backing_format().is_none() {
                 return Err(at(format!(
                     "Backing file specified without backing format\nDetected format of {}.",
                     image.format
                 )));
             }
-            if opts.size.is_none() {
-                opts.set_size(image.virtual_size());
+            if new.size().is_none() {
+                new.set_size(image.virtual_size());
             }
         }
-        Some(_) if opts.backing_fmt.is_none() => {
+        Some(_) if new.backing_format().is_none() => {
             return Err(at("Backing file specified without backing format".into()));
         }
         _ => {}
     }
-    if opts.size.is_none() {
-        return Err(at("Image creation needs a size parameter".into()));
-    }
-    if !a.quiet {
-        println!("Formatting '{name}', fmt=qcow2 {}", opts.summary());
-    }
-    diskit_formats::qcow2::create::create(filename, &opts).map_err(|e| at(e.to_string()))?;
-    Ok(0)
+    Ok(())
 }
 
 /// Where QEMU looks for a backing file: relative names are relative to the

@@ -14,13 +14,8 @@ use crate::cmd::snapshot;
 use crate::qjson::QJson;
 use crate::util::{CliError, open, output_is_json, parse_source_format};
 use diskit_core::size::human_size;
-use diskit_core::{BlockDevice, Error, Storage};
-use diskit_formats::qcow2::bitmap::{self, Bitmap, BitmapsState};
-use diskit_formats::qcow2::header::CompressionType;
-use diskit_formats::qcow2::header::{Header, autoclear, compat, ext, incompat};
-use diskit_formats::qcow2::snapshot::Snapshot;
-use diskit_formats::qcow2::{self};
-use diskit_formats::{Format, Image, OpenOptions};
+use diskit_core::{BlockDevice, Storage};
+use diskit_open::{Format, FormatInfo, Image, OpenOptions, SnapshotInfo};
 
 /// Arguments of `info`.
 #[derive(clap::Args, Debug)]
@@ -62,10 +57,10 @@ pub fn run(a: Args) -> CmdResult {
             return Err(CliError::new(refused));
         }
         if a.backing_chain
-            && let Some(q) = &node.qcow2
+            && let Some(q) = &node.specific
         {
             next = q.full_backing_filename.clone();
-            format = match &q.backing_format {
+            format = match &q.info.backing_format {
                 Some(f) => Some(Format::from_name(f).map_err(|_| {
                     CliError::new(format!(
                         "Could not open '{}': Unknown driver '{f}'",
@@ -99,22 +94,17 @@ struct Node {
     filename: String,
     /// Bytes allocated to the image file.
     actual: u64,
-    qcow2: Option<Qcow2Node>,
+    specific: Option<Specific>,
     /// With `--untrusted`: the files the image names and what the gate
     /// says of each (none of them opened).
     implied: Option<Vec<diskit_open::Audited>>,
 }
 
-/// What a qcow2 image adds.
-struct Qcow2Node {
-    cluster_size: u64,
-    dirty: bool,
-    backing_filename: Option<String>,
+/// What the image's format adds.
+struct Specific {
+    info: FormatInfo,
+    /// The backing file's name resolved against the image's.
     full_backing_filename: Option<String>,
-    backing_format: Option<String>,
-    snapshots: Vec<Snapshot>,
-    /// The "data" of format-specific.
-    specific: QJson,
 }
 
 /// Opens one image without its backing file (nor any file it names).
@@ -127,11 +117,6 @@ fn open_node(path: &Path, format: Option<Format>) -> Result<Image, CliError> {
             ..Default::default()
         },
     )
-}
-
-/// A C string stored in an image, shown as QEMU shows it (cut at NUL).
-fn c_string(s: &str) -> &str {
-    s.split('\0').next().unwrap_or_default()
 }
 
 /// The name of a backing file as QEMU resolves it against the image's
@@ -153,10 +138,7 @@ impl Node {
         let path = Path::new(name);
         let image = open_node(path, format)?;
         let actual = image.file.allocated_bytes().unwrap_or(0);
-        let qcow2 = match &image.qcow2 {
-            Some(q) => Some(Qcow2Node::collect(name, &image.file, q.header())?),
-            None => None,
-        };
+        let specific = Specific::collect(name, &image)?;
         let implied = crate::util::open_policy()
             .untrusted
             .then(|| diskit_open::audit(&image));
@@ -164,7 +146,7 @@ impl Node {
             image,
             filename: name.to_string(),
             actual,
-            qcow2,
+            specific,
             implied,
         })
     }
@@ -216,11 +198,11 @@ impl Node {
             .with("format", QJson::Str(img.format.name().into()))
             .with(
                 "dirty-flag",
-                QJson::Bool(self.qcow2.as_ref().is_some_and(|q| q.dirty)),
+                QJson::Bool(self.specific.as_ref().is_some_and(|q| q.info.dirty)),
             )
             .with("actual-size", QJson::UInt(self.actual))
             .with("virtual-size", QJson::UInt(img.virtual_size()));
-        if let Some(q) = &self.qcow2 {
+        if let Some(q) = &self.specific {
             v = q.json_fields(v);
         }
         v = self.implied_json(v);
@@ -268,7 +250,7 @@ impl Node {
             human_size(size),
             human_size(self.actual),
         );
-        if let Some(q) = &self.qcow2 {
+        if let Some(q) = &self.specific {
             out += &q.human();
         }
         for f in self.implied.iter().flatten() {
@@ -290,113 +272,87 @@ impl Node {
     }
 }
 
-impl Qcow2Node {
-    fn collect(name: &str, file: &dyn Storage, h: &Header) -> Result<Qcow2Node, CliError> {
-        let fail = |e: Error| CliError::new(format!("Could not open '{name}': {e}"));
-        let snapshots = qcow2::snapshot::read(file, h).map_err(fail)?;
-        let (state, bitmaps) = bitmap::read(file, h).map_err(fail)?;
-        if state == BitmapsState::Stale {
-            warn_stale_bitmaps(h.version);
+impl Specific {
+    fn collect(name: &str, image: &Image) -> Result<Option<Specific>, CliError> {
+        let info = image
+            .ops
+            .info()
+            .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
+        let Some(info) = info else {
+            return Ok(None);
+        };
+        for w in &info.warnings {
+            eprintln!("diskit: warning: {w}");
         }
-        let backing_filename = h
-            .backing_file
-            .as_deref()
-            .map(c_string)
-            .filter(|b| !b.is_empty())
-            .map(str::to_string);
-        Ok(Qcow2Node {
-            cluster_size: h.cluster_size(),
-            dirty: h.incompatible_features & incompat::DIRTY != 0,
-            full_backing_filename: backing_filename
+        Ok(Some(Specific {
+            full_backing_filename: info
+                .backing_filename
                 .as_deref()
                 .map(|b| full_backing_filename(name, b)),
-            backing_format: backing_filename
-                .as_ref()
-                .and(h.backing_format())
-                .map(|f| c_string(&f).to_string())
-                .filter(|f| !f.is_empty()),
-            backing_filename,
-            snapshots,
-            specific: specific(h, matches!(state, BitmapsState::Present(_)), &bitmaps),
-        })
+            info,
+        }))
     }
 
-    /// Adds the qcow2 fields of BlockNodeInfo, in schema order.
+    /// Adds the format's fields of BlockNodeInfo, in schema order.
     fn json_fields(&self, mut v: QJson) -> QJson {
-        v = v.with("cluster-size", QJson::UInt(self.cluster_size));
-        if let Some(b) = &self.backing_filename {
+        let info = &self.info;
+        v = v.with("cluster-size", QJson::UInt(info.cluster_size));
+        if let Some(b) = &info.backing_filename {
             v = v.with("backing-filename", QJson::Str(b.clone()));
         }
         if let Some(b) = &self.full_backing_filename {
             v = v.with("full-backing-filename", QJson::Str(b.clone()));
         }
-        if let Some(f) = &self.backing_format {
+        if let Some(f) = &info.backing_format {
             v = v.with("backing-filename-format", QJson::Str(f.clone()));
         }
-        if !self.snapshots.is_empty() {
+        if !info.snapshots.is_empty() {
             v = v.with(
                 "snapshots",
-                QJson::List(self.snapshots.iter().map(snapshot_json).collect()),
+                QJson::List(info.snapshots.iter().map(snapshot_json).collect()),
             );
         }
         v.with(
             "format-specific",
             QJson::dict()
-                .with("type", QJson::Str("qcow2".into()))
-                .with("data", self.specific.clone()),
+                .with("type", QJson::Str(info.specific_type.into()))
+                .with("data", QJson::from(&info.specific)),
         )
     }
 
     fn human(&self) -> String {
-        let mut out = format!("cluster_size: {}\n", self.cluster_size);
-        if self.dirty {
+        let info = &self.info;
+        let mut out = format!("cluster_size: {}\n", info.cluster_size);
+        if info.dirty {
             out += "cleanly shut down: no\n";
         }
-        if let Some(b) = &self.backing_filename {
+        if let Some(b) = &info.backing_filename {
             out += &format!("backing file: {b}");
             match &self.full_backing_filename {
                 Some(full) if full != b => out += &format!(" (actual path: {full})"),
                 _ => {}
             }
             out.push('\n');
-            if let Some(f) = &self.backing_format {
+            if let Some(f) = &info.backing_format {
                 out += &format!("backing file format: {f}\n");
             }
         }
-        if !self.snapshots.is_empty() {
+        if !info.snapshots.is_empty() {
             out += "Snapshot list:\n";
-            out += &snapshot::table(&self.snapshots);
+            out += &snapshot::table(&info.snapshots);
         }
         out += "Format specific information:\n";
-        out += &self.specific.dump_human(1);
+        out += &QJson::from(&info.specific).dump_human(1);
         out
     }
 }
 
-/// The warning QEMU prints when it opens an image whose bitmaps a program
-/// without bitmap support may have made stale.
-fn warn_stale_bitmaps(version: u32) {
-    if version < 3 {
-        eprintln!(
-            "diskit: warning: This qcow2 v2 image contains bitmaps, but they may have been \
-             modified by a program without persistent bitmap support; so now they must all \
-             be considered inconsistent"
-        );
-    } else {
-        eprintln!(
-            "diskit: warning: a program lacking bitmap support modified this file, so all \
-             bitmaps are now considered inconsistent"
-        );
-    }
-    eprintln!("Some clusters may be leaked, run 'diskit check -r' on the image file to fix.");
-}
-
 /// One QAPI SnapshotInfo (keys in schema order; QAPI `int`s are signed).
-fn snapshot_json(sn: &Snapshot) -> QJson {
+fn snapshot_json(sn: &SnapshotInfo) -> QJson {
     let v = QJson::dict()
-        .with("id", QJson::Str(sn.display_id()))
-        .with("name", QJson::Str(sn.display_name()))
-        .with("vm-state-size", QJson::Int(sn.vm_state_size() as i64))
+        .with("id", QJson::Str(sn.id.clone()))
+        .with("name", QJson::Str(sn.name.clone()))
+        .with("vm-state-size", QJson::Int(sn.vm_state_size as i64))
         .with("date-sec", QJson::Int(sn.date_sec as i64))
         .with("date-nsec", QJson::Int(sn.date_nsec as i64))
         .with(
@@ -407,71 +363,10 @@ fn snapshot_json(sn: &Snapshot) -> QJson {
             "vm-clock-nsec",
             QJson::Int((sn.vm_clock_nsec % 1_000_000_000) as i64),
         );
-    match sn.icount() {
+    match sn.icount {
         Some(n) => v.with("icount", QJson::Int(n as i64)),
         None => v,
     }
-}
-
-/// QAPI ImageInfoSpecificQCow2 (keys in schema order): v2 images show only
-/// compat, refcount-bits and compression-type.
-fn specific(h: &Header, has_bitmaps: bool, bitmaps: &[Bitmap]) -> QJson {
-    let compression = QJson::Str(
-        match h.compression_type {
-            CompressionType::Zlib => "zlib",
-            CompressionType::Zstd => "zstd",
-        }
-        .into(),
-    );
-    let refcount_bits = QJson::Int(h.refcount_bits() as i64);
-    if h.version < 3 {
-        return QJson::dict()
-            .with("compat", QJson::Str("0.10".into()))
-            .with("refcount-bits", refcount_bits)
-            .with("compression-type", compression);
-    }
-    let mut v = QJson::dict().with("compat", QJson::Str("1.1".into()));
-    if let Some(e) = h.extension(ext::DATA_FILE) {
-        let name = String::from_utf8_lossy(&e.data);
-        v = v.with("data-file", QJson::Str(c_string(&name).to_string()));
-    }
-    if h.incompatible_features & incompat::EXTERNAL_DATA != 0 {
-        let raw = h.autoclear_features & autoclear::RAW_EXTERNAL != 0;
-        v = v.with("data-file-raw", QJson::Bool(raw));
-    }
-    v = v
-        .with("extended-l2", QJson::Bool(h.extended_l2()))
-        .with(
-            "lazy-refcounts",
-            QJson::Bool(h.compatible_features & compat::LAZY_REFCOUNTS != 0),
-        )
-        .with(
-            "corrupt",
-            QJson::Bool(h.incompatible_features & incompat::CORRUPT != 0),
-        )
-        .with("refcount-bits", refcount_bits);
-    if has_bitmaps {
-        v = v.with(
-            "bitmaps",
-            QJson::List(bitmaps.iter().map(bitmap_json).collect()),
-        );
-    }
-    v.with("compression-type", compression)
-}
-
-/// One QAPI Qcow2BitmapInfo.
-fn bitmap_json(b: &Bitmap) -> QJson {
-    let mut flags = Vec::new();
-    if b.in_use() {
-        flags.push(QJson::Str("in-use".into()));
-    }
-    if b.auto() {
-        flags.push(QJson::Str("auto".into()));
-    }
-    QJson::dict()
-        .with("name", QJson::Str(b.display_name()))
-        .with("granularity", QJson::Int(b.granularity() as i64))
-        .with("flags", QJson::List(flags))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::qjson::QJson;
 use crate::util::{CliError, open, output_is_json, parse_size_arg, parse_source_format};
 use diskit_core::extent;
 use diskit_core::{BlockDevice, Extent};
-use diskit_formats::OpenOptions;
+use diskit_open::OpenOptions;
 
 /// Arguments of `map`.
 #[derive(clap::Args, Debug)]
@@ -76,10 +76,11 @@ pub fn run(a: Args) -> CmdResult {
     let names: Vec<String> = img
         .chain()
         .iter()
-        .map(|i| match &i.qcow2 {
+        .map(|i| {
             // Data offsets point into the external data file, if any.
-            Some(q) if q.data_is_external() => q.data_location().to_string(),
-            _ => i.filename.display().to_string(),
+            i.ops
+                .external_data()
+                .unwrap_or_else(|| i.filename.display().to_string())
         })
         .collect();
     let stdout = std::io::stdout();

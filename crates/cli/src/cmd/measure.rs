@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::{CliError, open, parse_format, parse_image_size, parse_options};
-use diskit_formats::{Format, OpenOptions};
+use diskit_open::{Format, OpenOptions};
 
 /// Arguments of `measure`.
 #[derive(clap::Args, Debug)]

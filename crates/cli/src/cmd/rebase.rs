@@ -12,9 +12,7 @@ use diskit_copy::Progress;
 use diskit_copy::rebase::{Backings, copy_differences};
 use diskit_core::storage::resolve_relative;
 use diskit_core::{DeviceRef, ErrorKind};
-use diskit_formats::qcow2::backing::change_backing_file;
-use diskit_formats::{Format, Image, OpenOptions};
-use diskit_open::open_image;
+use diskit_open::{Format, Image, OpenOptions, open_image};
 
 /// Arguments of `rebase`.
 #[derive(clap::Args, Debug)]
@@ -94,10 +92,7 @@ pub fn run(a: Args) -> CmdResult {
         };
         let progress = Arc::new(Progress::default());
         let printer = (a.progress && !a.quiet).then(|| ProgressPrinter::start(progress.clone()));
-        let align = img
-            .qcow2
-            .as_ref()
-            .map_or(1, |q| q.geometry().subcluster_size());
+        let align = img.ops.subcluster_size().unwrap_or(1);
         let backings = Backings {
             old: img.backing.as_ref().map(|b| &*b.device),
             new: new.as_deref(),
@@ -111,7 +106,7 @@ pub fn run(a: Args) -> CmdResult {
         }
         result.map_err(|e| CliError::new(format!("Error while writing to COW image: {e}")))?;
     }
-    let is_qcow2 = img.qcow2.is_some();
+    let driver = img.format.driver();
     let file = img.file.clone();
     img.close().map_err(|e| CliError::new(e.to_string()))?;
     drop(img);
@@ -120,14 +115,12 @@ pub fn run(a: Args) -> CmdResult {
         Err(diskit_core::Error::invalid(
             "backing format must be specified",
         ))
-    } else if is_qcow2 {
-        change_backing_file(
-            &file,
+    } else {
+        driver.change_backing_file(
+            &*file,
             name,
             a.backing_format.as_deref().filter(|_| name.is_some()),
         )
-    } else {
-        Err(diskit_core::Error::from_kind(ErrorKind::NotSupported))
     };
     changed.map_err(|e| {
         let why = match e.kind() {

@@ -4,8 +4,7 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::util::{CliError, open, parse_option_size, parse_source_format};
-use diskit_backends::Preallocation;
-use diskit_formats::{Format, OpenOptions};
+use diskit_open::{Format, OpenOptions, Prealloc};
 
 /// Arguments of `resize`.
 #[derive(clap::Args, Debug)]
@@ -32,23 +31,11 @@ pub struct Args {
 
 pub fn run(a: Args) -> CmdResult {
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    let qcow2_prealloc = match a.preallocation.as_deref() {
-        None => None,
-        Some(p) => Some(
-            diskit_formats::qcow2::create::parse_prealloc(p)
-                .ok_or_else(|| CliError::new(format!("Invalid preallocation mode '{p}'")))?,
-        ),
-    };
     let prealloc = match a.preallocation.as_deref() {
         None => None,
-        Some("metadata") if format != Some(Format::QCOW2) => {
-            // Only qcow2 has metadata to preallocate (checked again once
-            // the format is known).
-            None
-        }
         Some(p) => Some(
-            Preallocation::parse(p)
-                .map_err(|_| CliError::new(format!("Invalid preallocation mode '{p}'")))?,
+            Prealloc::parse(p)
+                .ok_or_else(|| CliError::new(format!("Invalid preallocation mode '{p}'")))?,
         ),
     };
     let (rel, digits) = match a.size.as_bytes().first() {
@@ -75,17 +62,6 @@ pub fn run(a: Args) -> CmdResult {
             a.filename.display()
         );
     }
-    if img.qcow2.is_none() {
-        if a.preallocation.as_deref() == Some("metadata") {
-            return Err(CliError::new("Unsupported preallocation mode: metadata"));
-        }
-        if img.format != Format::RAW {
-            return Err(CliError::new(format!(
-                "Image format '{}' cannot be resized by this build",
-                img.format
-            )));
-        }
-    }
     // Relative sizes count from the size the guest sees (whole sectors).
     let current = img.virtual_size();
     let new_size = match rel {
@@ -93,14 +69,10 @@ pub fn run(a: Args) -> CmdResult {
         -1 => current.saturating_sub(n),
         _ => n,
     };
-    if img.qcow2.is_none() && (new_size == 0 || new_size > i64::MAX as u64) {
-        return Err(CliError::new("New image size must be positive"));
-    }
-    let preallocating = match img.qcow2 {
-        Some(_) => qcow2_prealloc.is_some(),
-        None => prealloc.is_some(),
-    };
-    if preallocating && new_size <= current {
+    img.ops
+        .check_resize(new_size, prealloc)
+        .map_err(|e| CliError::new(e.to_string()))?;
+    if prealloc.is_some() && new_size <= current {
         return Err(CliError::new(
             "Preallocation can only be used for growing images",
         ));
@@ -112,12 +84,10 @@ pub fn run(a: Args) -> CmdResult {
              Before performing such an operation, make sure there is no important data there.",
         ));
     }
-    let done = match &img.qcow2 {
-        Some(q) => q
-            .resize_with(new_size, a.shrink, qcow2_prealloc.unwrap_or_default())
-            .and_then(|_| img.close()),
-        None => img.file.resize(new_size, prealloc.unwrap_or_default()),
-    };
+    let done = img
+        .ops
+        .resize(new_size, a.shrink, prealloc.unwrap_or_default())
+        .and_then(|_| img.close());
     done.map_err(|e| CliError::new(e.to_string()))?;
     if !a.quiet {
         println!("Image resized.");

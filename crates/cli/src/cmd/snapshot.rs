@@ -8,8 +8,7 @@ use crate::CmdResult;
 use crate::util::{CliError, open, parse_source_format};
 use diskit_core::size::human_size;
 use diskit_core::{Error, ErrorKind};
-use diskit_formats::qcow2::snapshot::{self, Snapshot};
-use diskit_formats::{Format, OpenOptions};
+use diskit_open::{Capability, Format, OpenOptions, SnapshotInfo};
 
 /// Arguments of `snapshot`.
 #[derive(clap::Args, Debug)]
@@ -63,14 +62,9 @@ pub fn run(a: Args) -> CmdResult {
     // Like qemu-img, the whole chain is opened (a missing backing file is
     // an error), and formats without snapshots list nothing.
     let img = open(&a.filename, format, OpenOptions::default())?;
-    let Some(q) = &img.qcow2 else {
-        return Ok(0);
-    };
-    if q.data_is_external() {
-        // QEMU lists no snapshots for images with an external data file.
-        return Ok(0);
-    }
-    let snaps = snapshot::read(&img.file, q.header())
+    let snaps = img
+        .ops
+        .snapshots()
         .map_err(|e| CliError::new(format!("Could not list snapshots: {e}")))?;
     if !snaps.is_empty() {
         print!("Snapshot list:\n{}", table(&snaps));
@@ -111,28 +105,34 @@ fn modify(path: &Path, format: Option<Format>, change: Change<'_>) -> CmdResult 
             );
         }
     }
-    let q = img.qcow2.as_deref();
+    let ops = &img.ops;
+    let has_snapshots = img.format.supports(Capability::Snapshots);
     let result = match change {
         Change::Create(name) => {
-            let q = q.ok_or_else(|| Error::from_kind(ErrorKind::NotSupported));
             let (sec, nsec) = now();
-            q.and_then(|q| q.create_snapshot(name, sec, nsec))
-                .map(|_| ())
-                .map_err(|e| format!("Could not create snapshot '{name}': {e}"))
+            let r = if has_snapshots {
+                ops.create_snapshot(name, sec, nsec)
+            } else {
+                Err(Error::from_kind(ErrorKind::NotSupported))
+            };
+            r.map_err(|e| format!("Could not create snapshot '{name}': {e}"))
         }
         Change::Apply(name) => {
-            let r = match q {
-                None => Err("Block driver does not support snapshots".to_string()),
-                Some(q) => q
-                    .apply_snapshot(name)
-                    .map_err(|e| format!("Failed to load snapshot: {e}")),
+            let r = if has_snapshots {
+                ops.apply_snapshot(name)
+                    .map_err(|e| format!("Failed to load snapshot: {e}"))
+            } else {
+                Err("Block driver does not support snapshots".to_string())
             };
             r.map_err(|e| format!("Could not apply snapshot '{name}': {e}"))
         }
         Change::Delete(name) => {
-            let q = q.ok_or_else(|| Error::new(ErrorKind::NotFound, "snapshot not found"));
-            q.and_then(|q| q.delete_snapshot(name))
-                .map_err(|e| format!("Could not delete snapshot '{name}': {e}"))
+            let r = if has_snapshots {
+                ops.delete_snapshot(name)
+            } else {
+                Err(Error::new(ErrorKind::NotFound, "snapshot not found"))
+            };
+            r.map_err(|e| format!("Could not delete snapshot '{name}': {e}"))
         }
     };
     let closed = img.close();
@@ -153,16 +153,16 @@ fn now() -> (u32, u32) {
 /// The snapshot table as qemu-img prints it (`bdrv_snapshot_dump`): a
 /// header line and one line per snapshot, without the "Snapshot list:"
 /// title. ICOUNT is "--" when the snapshot has none.
-pub fn table(snaps: &[Snapshot]) -> String {
+pub fn table(snaps: &[SnapshotInfo]) -> String {
     let mut out = row(["ID", "TAG", "VM_SIZE", "DATE", "VM_CLOCK", "ICOUNT"].map(String::from));
     for sn in snaps {
         out += &row([
-            sn.display_id(),
-            sn.display_name(),
-            human_size(sn.vm_state_size()),
+            sn.id.clone(),
+            sn.name.clone(),
+            human_size(sn.vm_state_size),
             local_date(sn.date_sec),
             vm_clock(sn.vm_clock_nsec),
-            sn.icount()
+            sn.icount
                 .map_or_else(|| "--".to_string(), |n| (n as i64).to_string()),
         ]);
     }

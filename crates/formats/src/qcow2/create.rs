@@ -271,13 +271,7 @@ fn parse_number_opt(name: &str, v: &str) -> Result<u64> {
 
 /// A preallocation mode name (off, metadata, falloc, full).
 pub fn parse_prealloc(s: &str) -> Option<Prealloc> {
-    match s {
-        "off" => Some(Prealloc::Off),
-        "metadata" => Some(Prealloc::Metadata),
-        "falloc" => Some(Prealloc::Falloc),
-        "full" => Some(Prealloc::Full),
-        _ => None,
-    }
+    Prealloc::parse(s)
 }
 
 /// The `-o` options of a qcow2 creation, as QEMU's option parser leaves

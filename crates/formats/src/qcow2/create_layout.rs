@@ -57,31 +57,7 @@ fn internal(msg: impl Into<String>) -> PlanError {
     PlanError::Internal(msg.into())
 }
 
-/// How the image's space is reserved (qcow2's `preallocation`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Prealloc {
-    /// Nothing beyond the L1 table.
-    #[default]
-    Off,
-    /// L2 tables for the whole disk, data clusters allocated but not written.
-    Metadata,
-    /// Like metadata, with the data space reserved by fallocate.
-    Falloc,
-    /// Like metadata, with the data space written with zeros.
-    Full,
-}
-
-impl Prealloc {
-    /// qemu-img's name for the mode.
-    pub fn name(self) -> &'static str {
-        match self {
-            Prealloc::Off => "off",
-            Prealloc::Metadata => "metadata",
-            Prealloc::Falloc => "falloc",
-            Prealloc::Full => "full",
-        }
-    }
-}
+pub use crate::prealloc::Prealloc;
 
 /// The on-disk format parameters that shape the layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

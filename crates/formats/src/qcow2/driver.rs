@@ -3,13 +3,18 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_core::{BlockDevice, Result, StorageRef};
+use diskit_core::{BlockDevice, Result, Storage, StorageRef};
 
+use super::amend::{self, Amend};
 use super::create::Qcow2CreateOptions;
 use super::measure::{Measurement, Source};
+use super::ops::Qcow2Image;
+use crate::check::{CheckReport, Repair};
+use crate::creation::Creation;
 use crate::driver::{FormatDriver, Opened, one_size};
+use crate::image_ops::Capability;
 use crate::implied::ImpliedFiles;
-use crate::{Image, OpenOptions, OptionList};
+use crate::{Format, Image, OpenOptions, OptionList};
 
 /// The qcow2 driver.
 pub struct Qcow2Driver;
@@ -38,7 +43,7 @@ impl FormatDriver for Qcow2Driver {
         implied: &mut dyn ImpliedFiles,
     ) -> Result<Opened> {
         let q = Arc::new(super::open::open(
-            storage,
+            storage.clone(),
             super::Qcow2Options {
                 writable: opts.writable,
                 direct: opts.direct,
@@ -49,8 +54,46 @@ impl FormatDriver for Qcow2Driver {
         )?);
         Ok(Opened {
             device: q.clone(),
-            qcow2: Some(q),
+            image: Arc::new(Qcow2Image::new(q, storage)),
         })
+    }
+
+    fn supports(&self, what: Capability) -> bool {
+        match what {
+            Capability::Snapshots
+            | Capability::Bitmaps
+            | Capability::Compression
+            | Capability::Check
+            | Capability::Amend
+            | Capability::BackingFile
+            | Capability::MakeEmpty
+            | Capability::MetadataPreallocation => true,
+        }
+    }
+
+    fn parse_create(&self, options: &OptionList) -> Result<Box<dyn Creation>> {
+        Ok(Box::new(Qcow2CreateOptions::parse(options)?))
+    }
+
+    fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
+        super::check::check(storage, repair)
+    }
+
+    fn amend_help(&self) -> Option<String> {
+        Some(amend::help())
+    }
+
+    fn check_amend_options(&self, options: &OptionList) -> Result<()> {
+        Amend::parse(options).map(drop)
+    }
+
+    fn change_backing_file(
+        &self,
+        storage: &dyn Storage,
+        name: Option<&str>,
+        format: Option<&str>,
+    ) -> Result<()> {
+        super::backing::change_backing_file(storage, name, format)
     }
 
     fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
@@ -84,11 +127,42 @@ impl FormatDriver for Qcow2Driver {
         }
         let source = source.map(|img| Source {
             device: &*img.device,
-            qcow2_file: img
-                .qcow2
-                .is_some()
-                .then_some(&*img.file as &dyn BlockDevice),
+            qcow2_file: (img.format == Format::QCOW2).then_some(&*img.file as &dyn BlockDevice),
         });
         super::measure::measure(&opts, source)
+    }
+}
+
+impl Creation for Qcow2CreateOptions {
+    fn size(&self) -> Option<u64> {
+        self.size
+    }
+
+    fn set_size(&mut self, size: u64) {
+        Qcow2CreateOptions::set_size(self, size);
+    }
+
+    fn backing_file(&self) -> Option<&str> {
+        self.backing_file.as_deref()
+    }
+
+    fn backing_format(&self) -> Option<&str> {
+        self.backing_fmt.as_deref()
+    }
+
+    fn set_backing_file(&mut self, name: &str) {
+        Qcow2CreateOptions::set_backing_file(self, name);
+    }
+
+    fn set_backing_format(&mut self, name: &str) {
+        self.set_backing_fmt(name);
+    }
+
+    fn summary(&self) -> String {
+        format!(" {}", Qcow2CreateOptions::summary(self))
+    }
+
+    fn create(&self, path: &Path) -> Result<()> {
+        super::create::create(path, self)
     }
 }

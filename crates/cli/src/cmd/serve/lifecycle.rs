@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use crate::util::CliError;
-use diskit_formats::Image;
+use diskit_open::Image;
 
 /// What to undo when the server stops.
 #[derive(Default)]

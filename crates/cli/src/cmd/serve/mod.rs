@@ -305,7 +305,7 @@ fn accept_loop(server: &Arc<Server>, listener: Listener) -> CliError {
 }
 
 /// Serves one client on stdin/stdout, then closes the image.
-fn serve_stdio(server: &Server, image: Option<diskit_formats::Image>) -> CmdResult {
+fn serve_stdio(server: &Server, image: Option<diskit_open::Image>) -> CmdResult {
     let dup = |fd: std::os::fd::BorrowedFd<'_>| {
         fd.try_clone_to_owned()
             .map(File::from)

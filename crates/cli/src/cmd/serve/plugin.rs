@@ -9,7 +9,7 @@ use crate::util::{CliError, open, parse_format};
 use diskit_backends::{FileDevice, FileOptions, MemoryDevice, NullDevice, PatternDevice};
 use diskit_core::DeviceRef;
 use diskit_core::size::parse_size;
-use diskit_formats::{Image, OpenOptions};
+use diskit_open::{Image, OpenOptions};
 
 /// What a plugin opened: the device to export, and the image to close
 /// (write back its metadata) when the server stops.
@@ -194,7 +194,7 @@ pub fn help() -> String {
     for p in PLUGINS {
         s.push_str(&format!("  {:<8} {}\n", p.name, p.help));
     }
-    let formats: Vec<&str> = diskit_formats::Format::all()
+    let formats: Vec<&str> = diskit_open::Format::all()
         .filter(|f| f.driver().supported())
         .map(|f| f.name())
         .collect();

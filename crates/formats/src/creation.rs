@@ -1,0 +1,46 @@
+//! A new image being planned (`create`): a format's creation options,
+//! parsed from `-o` by its driver
+//! ([`FormatDriver::parse_create`](crate::FormatDriver::parse_create)),
+//! completed from the command line, shown, then made.
+
+use std::path::Path;
+
+use diskit_core::Result;
+
+/// The creation options of one format, parsed and open to the values the
+/// command line adds (size, backing file).
+pub trait Creation {
+    /// The virtual size, if given.
+    fn size(&self) -> Option<u64>;
+
+    /// Sets the virtual size (from the size argument or the backing file).
+    fn set_size(&mut self, size: u64);
+
+    /// The backing file, if given.
+    fn backing_file(&self) -> Option<&str> {
+        None
+    }
+
+    /// The backing file's format, if given.
+    fn backing_format(&self) -> Option<&str> {
+        None
+    }
+
+    /// Sets the backing file (formats without one ignore it: check
+    /// [`Capability::BackingFile`](crate::image_ops::Capability::BackingFile)).
+    fn set_backing_file(&mut self, name: &str) {
+        let _ = name;
+    }
+
+    /// Sets the backing file's format.
+    fn set_backing_format(&mut self, name: &str) {
+        let _ = name;
+    }
+
+    /// The options of qemu-img's "Formatting" line, after `fmt=NAME`
+    /// (each with its leading space).
+    fn summary(&self) -> String;
+
+    /// Makes the image at `path`.
+    fn create(&self, path: &Path) -> Result<()>;
+}
