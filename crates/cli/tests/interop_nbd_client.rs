@@ -215,3 +215,42 @@ fn bad_uris_and_missing_servers_get_clear_errors() {
     assert_eq!(code(&o), 1);
     assert!(stderr(&o).contains("nosuch"), "{}", stderr(&o));
 }
+
+#[test]
+fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
+    let dir = workdir();
+    let img = sample(dir.path());
+    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let sock = server.uri.split("socket=").nth(1).unwrap().to_string();
+    let direct = ok(qemu_img(&["map", "--output=json", &server.uri]));
+    // The same export through diskit's proxy, by socket and by URI, and
+    // with a filter over it.
+    for plugin_args in [vec![format!("socket={sock}")], vec![server.uri.clone()]] {
+        let mut args = vec![
+            "-U",
+            "-",
+            "--run",
+            "qemu-img map --output=json \"$uri\"",
+            "nbd",
+        ];
+        args.extend(plugin_args.iter().map(String::as_str));
+        let o = serve(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stdout(&o), stdout(&direct));
+    }
+    let o = serve(&[
+        "-U",
+        "-",
+        "--filter=offset",
+        "--run",
+        "nbdinfo --size \"$uri\"",
+        "nbd",
+        &format!("socket={sock}"),
+        "offset=1M",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), (7u64 << 20).to_string());
+    let o = serve(&["-U", "-", "--run", "true", "nbd", "export=x"]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("socket=PATH"), "{}", stderr(&o));
+}

@@ -90,6 +90,8 @@ struct SlotState {
     answer: Answer,
     /// Offset and length of a READ (its data chunks must lie inside).
     read: Option<(u64, u64)>,
+    /// Bytes of a structured READ that data and hole chunks covered.
+    covered: u64,
 }
 
 #[derive(Default)]
@@ -116,22 +118,34 @@ impl Slot {
     }
 }
 
+/// Requests waiting for replies, and why the connection ended once it
+/// has: one lock, so that no request is registered after the end was
+/// declared (it would wait forever).
+#[derive(Default)]
+struct Pending {
+    slots: HashMap<u64, Arc<Slot>>,
+    dead: Option<String>,
+}
+
 struct Shared {
-    pending: Mutex<HashMap<u64, Arc<Slot>>>,
-    /// Why the connection ended, once it has.
-    dead: Mutex<Option<String>>,
+    pending: Mutex<Pending>,
 }
 
 impl Shared {
     fn kill(&self, why: String) {
-        let mut d = lock(&self.dead);
-        if d.is_none() {
-            *d = Some(why.clone());
+        let mut p = lock(&self.pending);
+        if p.dead.is_none() {
+            p.dead = Some(why.clone());
         }
-        drop(d);
-        for (_, slot) in lock(&self.pending).drain() {
+        let slots: Vec<_> = p.slots.drain().map(|(_, s)| s).collect();
+        drop(p);
+        for slot in slots {
             slot.finish(Some(Error::new(ErrorKind::Io, why.clone())));
         }
+    }
+
+    fn is_dead(&self) -> bool {
+        lock(&self.pending).dead.is_some()
     }
 }
 
@@ -150,8 +164,7 @@ impl Connection {
         let reader_stream = stream.try_clone()?;
         let control = stream.try_clone()?;
         let shared = Arc::new(Shared {
-            pending: Mutex::new(HashMap::new()),
-            dead: Mutex::new(None),
+            pending: Mutex::new(Pending::default()),
         });
         let s2 = shared.clone();
         let reader = std::thread::Builder::new()
@@ -183,9 +196,6 @@ impl Connection {
         length: u64,
         payload: Option<&[u8]>,
     ) -> Result<Answer> {
-        if let Some(why) = lock(&self.shared.dead).clone() {
-            return Err(Error::new(ErrorKind::Io, why));
-        }
         let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
         let slot = Arc::new(Slot::default());
         if command == CMD_READ {
@@ -193,7 +203,13 @@ impl Connection {
             st.read = Some((offset, length));
             st.answer.data = vec![0u8; length as usize];
         }
-        lock(&self.shared.pending).insert(cookie, slot.clone());
+        {
+            let mut p = lock(&self.shared.pending);
+            if let Some(why) = &p.dead {
+                return Err(Error::new(ErrorKind::Io, why.clone()));
+            }
+            p.slots.insert(cookie, slot.clone());
+        }
         let header = RequestHeader {
             flags,
             command,
@@ -212,13 +228,13 @@ impl Connection {
             r
         };
         if let Err(e) = sent {
-            lock(&self.shared.pending).remove(&cookie);
+            lock(&self.shared.pending).slots.remove(&cookie);
             let err = Error::from(e).context("NBD request");
             self.shared.kill(err.to_string());
             return Err(err);
         }
         if command == CMD_DISC {
-            lock(&self.shared.pending).remove(&cookie);
+            lock(&self.shared.pending).slots.remove(&cookie);
             return Ok(Answer::default());
         }
         let mut st = lock(&slot.state);
@@ -234,7 +250,7 @@ impl Connection {
     /// Ends the connection: NBD_CMD_DISC, then the socket is shut down and
     /// the reader joined.
     pub fn close(&self) {
-        if lock(&self.shared.dead).is_none() {
+        if !self.shared.is_dead() {
             let _ = self.request(CMD_DISC, 0, 0, 0, None);
         }
         self.control.shutdown();
@@ -291,13 +307,20 @@ fn read_replies<R: Read>(r: &mut R, shared: &Shared, structured: bool) -> Result
             }
             ReplyHeader::Chunk(c) => {
                 let slot = lock(&shared.pending)
+                    .slots
                     .get(&c.cookie)
                     .cloned()
                     .ok_or_else(|| proto_err(format!("reply to unknown cookie {}", c.cookie)))?;
                 read_chunk(r, &slot, c.kind, c.length)?;
                 if c.flags & REPLY_FLAG_DONE != 0 {
-                    lock(&shared.pending).remove(&c.cookie);
-                    slot.finish(None);
+                    lock(&shared.pending).slots.remove(&c.cookie);
+                    let short = {
+                        let st = lock(&slot.state);
+                        st.error.is_none() && st.read.is_some_and(|(_, len)| st.covered != len)
+                    };
+                    slot.finish(
+                        short.then(|| proto_err("a read reply that does not cover the request")),
+                    );
                 }
             }
         }
@@ -306,6 +329,7 @@ fn read_replies<R: Read>(r: &mut R, shared: &Shared, structured: bool) -> Result
 
 fn take_slot(shared: &Shared, cookie: u64) -> Result<Arc<Slot>> {
     lock(&shared.pending)
+        .slots
         .remove(&cookie)
         .ok_or_else(|| proto_err(format!("reply to unknown cookie {cookie}")))
 }
@@ -328,6 +352,7 @@ fn read_chunk<R: Read>(r: &mut R, slot: &Slot, kind: u16, length: u64) -> Result
             return Err(proto_err("data chunk outside the request"));
         }
         let from = (at - start) as usize;
+        st.covered += n;
         return Ok(r.read_exact(&mut st.answer.data[from..from + n as usize])?);
     }
     let cap = if kind == REPLY_TYPE_BLOCK_STATUS {
@@ -354,6 +379,7 @@ fn read_chunk<R: Read>(r: &mut R, slot: &Slot, kind: u16, length: u64) -> Result
                 return Err(proto_err("hole chunk outside the request"));
             }
             let from = (offset - start) as usize;
+            st.covered += len;
             st.answer.data[from..from + len as usize].fill(0);
         }
         Chunk::BlockStatus { context, extents } => {

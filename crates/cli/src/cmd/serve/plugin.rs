@@ -29,6 +29,8 @@ pub struct Plugin {
     pub name: &'static str,
     /// The key a bare value is given to.
     pub magic: &'static str,
+    /// Whether the magic key must be given.
+    pub magic_required: bool,
     /// Every key it takes.
     pub keys: &'static [&'static str],
     /// One line of help.
@@ -42,6 +44,7 @@ pub const PLUGINS: &[Plugin] = &[
     Plugin {
         name: "file",
         magic: "file",
+        magic_required: true,
         keys: &["file"],
         help: "a file or block device (file=PATH)",
         open: open_file,
@@ -49,6 +52,7 @@ pub const PLUGINS: &[Plugin] = &[
     Plugin {
         name: "memory",
         magic: "size",
+        magic_required: true,
         keys: &["size"],
         help: "a sparse RAM disk (size=SIZE)",
         open: |kv, _| {
@@ -61,6 +65,7 @@ pub const PLUGINS: &[Plugin] = &[
     Plugin {
         name: "null",
         magic: "size",
+        magic_required: true,
         keys: &["size"],
         help: "reads zeros, discards writes (size=SIZE)",
         open: |kv, _| plain(Arc::new(NullDevice::new(size_arg("null", &kv["size"])?))),
@@ -68,6 +73,7 @@ pub const PLUGINS: &[Plugin] = &[
     Plugin {
         name: "pattern",
         magic: "size",
+        magic_required: true,
         keys: &["size"],
         help: "read-only test data: each 8-byte word holds its offset (size=SIZE)",
         open: |kv, _| {
@@ -78,8 +84,18 @@ pub const PLUGINS: &[Plugin] = &[
         },
     },
     Plugin {
+        name: "nbd",
+        magic: "uri",
+        magic_required: false,
+        keys: &["uri", "socket", "export"],
+        help: "proxies another NBD server, as nbdkit's nbd plugin \
+               (uri=NBD_URI, or socket=PATH [export=NAME])",
+        open: open_nbd,
+    },
+    Plugin {
         name: "image",
         magic: "file",
+        magic_required: true,
         keys: &["file", "format", "l2-cache-size"],
         help: "a disk image of any format diskit reads, with its backing chain \
                (file=NAME: a path, a protocol URI or json:{...} [format=FORMAT] \
@@ -104,6 +120,41 @@ fn open_file(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
     let f = FileDevice::open(&path, opts)
         .map_err(|e| CliError::new(format!("file: {}: {e}", path.display())))?;
     plain(Arc::new(f))
+}
+
+fn open_nbd(kv: &PluginArgs, _readonly: bool) -> Result<Opened, CliError> {
+    let uri = match (kv.get("uri"), kv.get("socket")) {
+        (Some(u), None) if kv.get("export").is_none() => u.clone(),
+        (None, Some(sock)) => {
+            let export = kv.get("export").map_or("", String::as_str);
+            format!(
+                "nbd+unix:///{}?socket={}",
+                uri_escape(export),
+                uri_escape(sock)
+            )
+        }
+        _ => {
+            return Err(CliError::new(
+                "nbd: give uri=NBD_URI, or socket=PATH with an optional export=NAME",
+            ));
+        }
+    };
+    let client = diskit_nbd::client::NbdClient::connect(&uri)
+        .map_err(|e| CliError::new(format!("nbd: {e}")))?;
+    plain(Arc::new(client))
+}
+
+/// `s` with everything but unreserved characters and `/` percent-escaped.
+fn uri_escape(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 fn open_image_plugin(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
@@ -151,7 +202,12 @@ pub fn keys(plugin: &str) -> Result<&'static [&'static str], CliError> {
 
 /// Sorts a plugin's arguments into keys, bare values going to its magic key.
 pub fn parse_args(plugin: &str, args: &[String]) -> Result<PluginArgs, CliError> {
-    let Plugin { magic, keys, .. } = find(plugin)?;
+    let Plugin {
+        magic,
+        magic_required,
+        keys,
+        ..
+    } = find(plugin)?;
     let mut out = BTreeMap::new();
     for a in args {
         let (k, v) = match a.split_once('=') {
@@ -170,7 +226,7 @@ pub fn parse_args(plugin: &str, args: &[String]) -> Result<PluginArgs, CliError>
             )));
         }
     }
-    if !out.contains_key(*magic) {
+    if *magic_required && !out.contains_key(*magic) {
         return Err(CliError::new(format!(
             "{plugin}: missing parameter '{magic}'"
         )));
