@@ -254,3 +254,61 @@ fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
     assert_eq!(code(&o), 1);
     assert!(stderr(&o).contains("socket=PATH"), "{}", stderr(&o));
 }
+
+#[test]
+fn server_takes_what_peers_ask_of_it() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    sparse_file(&src, 4 << 20, &[(0, 1 << 20, 0x42)]);
+    // nbdcopy --flush against memory (it used to refuse: no flush).
+    let o = serve(&[
+        "-U",
+        "-",
+        "--run",
+        &format!("nbdcopy --flush {} \"$uri\"", s(&src)),
+        "memory",
+        "4M",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // null without a size is empty, as nbdkit's.
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "--run",
+        "nbdinfo --size \"$uri\"",
+        "null",
+    ]));
+    assert_eq!(stdout(&o).trim(), "0");
+    // -s with a socket passed by socket activation is refused.
+    let o = timed("sh", 30)
+        .args([
+            "-c",
+            &format!(
+                "LISTEN_PID=$$ LISTEN_FDS=1 exec {} serve -s null 1M </dev/null",
+                s(&diskit_bin())
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("socket activation"), "{}", stderr(&o));
+    // --exit-with-parent: the server goes when the shell that started it does.
+    let sock = dir.path().join("orphan.sock");
+    let o = timed("sh", 30)
+        .args([
+            "-c",
+            &format!(
+                "{} serve --exit-with-parent -U {s} null 1M & sleep 1; test -S {s}",
+                s(&diskit_bin()),
+                s = s(&sock)
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "the server did not listen");
+    let t = Instant::now();
+    while sock.exists() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!sock.exists(), "the server outlived its parent");
+}

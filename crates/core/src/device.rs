@@ -96,7 +96,8 @@ impl Capabilities {
     };
 
     /// Capabilities of a device held in memory: every operation is cheap and
-    /// coherent, nothing is volatile and there is no cache to fill.
+    /// coherent, nothing is volatile, and caching is free (it is all in
+    /// memory already), so it is offered, as nbdkit's memory plugin does.
     pub const IN_MEMORY: Capabilities = Capabilities {
         can_write: true,
         can_flush: false,
@@ -107,7 +108,7 @@ impl Capabilities {
         can_fast_zero: true,
         can_extents: true,
         can_multi_conn: true,
-        can_cache: false,
+        can_cache: true,
         is_rotational: false,
     };
 

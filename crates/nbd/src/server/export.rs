@@ -119,7 +119,10 @@ impl Export {
             }
         };
         set(!c.can_write, TFLAG_READ_ONLY);
-        set(c.can_flush, TFLAG_SEND_FLUSH);
+        // Every writable export takes FLUSH, a no-op where nothing is
+        // volatile (nbdkit's memory plugin advertises it too; clients that
+        // flush at the end must not fail).
+        set(c.can_flush || c.can_write, TFLAG_SEND_FLUSH);
         set(c.can_write && c.can_fua, TFLAG_SEND_FUA);
         set(c.is_rotational, TFLAG_ROTATIONAL);
         set(c.can_write && c.can_trim, TFLAG_SEND_TRIM);
@@ -232,7 +235,7 @@ mod tests {
         assert_eq!(f & TFLAG_READ_ONLY, 0);
         assert_ne!(f & TFLAG_SEND_TRIM, 0);
         assert_ne!(f & TFLAG_SEND_FAST_ZERO, 0);
-        assert_eq!(f & TFLAG_SEND_FLUSH, 0, "memory has nothing to flush");
+        assert_ne!(f & TFLAG_SEND_FLUSH, 0, "a no-op, but taken");
         assert_eq!(f & TFLAG_SEND_DF, 0);
         assert_ne!(mem.transmission_flags(true) & TFLAG_SEND_DF, 0);
         let ro = Export::new("m", Arc::new(MemoryDevice::new(1 << 20))).with_read_only(true);

@@ -145,3 +145,24 @@ pub fn run_captive(cmd: &str, env: &RunEnv) -> Result<u8, CliError> {
         _ => 1,
     })
 }
+
+/// Asks the kernel to send SIGTERM (which stops the server cleanly) when
+/// the parent process exits; fails at once if it already has.
+pub fn exit_with_parent() -> Result<(), CliError> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number; no pointers.
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
+    if r != 0 {
+        return Err(CliError::new(format!(
+            "--exit-with-parent: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // The parent may have gone before the request was made.
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } == 1 {
+        return Err(CliError::new(
+            "--exit-with-parent: the parent has already exited",
+        ));
+    }
+    Ok(())
+}

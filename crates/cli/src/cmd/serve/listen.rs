@@ -33,15 +33,20 @@ impl Listener {
         Ok(Listener::Tcp(l))
     }
 
+    /// Whether a socket was passed to this process by socket activation
+    /// (LISTEN_PID is this process and LISTEN_FDS at least 1).
+    pub fn activation_pending() -> bool {
+        let pid = std::env::var("LISTEN_PID").ok();
+        let fds = std::env::var("LISTEN_FDS").ok();
+        let ours = pid.and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
+        ours && fds.and_then(|n| n.parse::<u32>().ok()).unwrap_or(0) > 0
+    }
+
     /// The socket passed by systemd-style socket activation (LISTEN_PID is
     /// this process, LISTEN_FDS ≥ 1: the socket is descriptor 3), if any.
     /// The variables are removed so that children do not see them.
     pub fn from_socket_activation() -> Result<Option<Listener>, CliError> {
-        let pid = std::env::var("LISTEN_PID").ok();
-        let fds = std::env::var("LISTEN_FDS").ok();
-        let ours = pid.and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
-        let count = fds.and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
-        if !ours || count == 0 {
+        if !Self::activation_pending() {
             return Ok(None);
         }
         // SAFETY: called before any other thread exists (serve sets up

@@ -99,6 +99,10 @@ pub struct Args {
     /// status.
     #[arg(long = "run", value_name = "CMD")]
     run: Option<String>,
+    /// Exit when the parent process exits (implies staying in the
+    /// foreground), as nbdkit's option.
+    #[arg(long = "exit-with-parent")]
+    exit_with_parent: bool,
     /// TLS options.
     #[command(flatten)]
     tls: tls::TlsArgs,
@@ -126,6 +130,14 @@ pub fn run(a: Args) -> CmdResult {
             "serve",
             "-U and -p cannot be used together",
         ));
+    }
+    if a.single && Listener::activation_pending() {
+        return Err(CliError::new(
+            "-s cannot be used with socket activation (a socket was passed in LISTEN_FDS)",
+        ));
+    }
+    if a.exit_with_parent {
+        lifecycle::exit_with_parent()?;
     }
     let routed = filters::route(&a.plugin, &a.filters, &a.args)?;
     let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, a.readonly)?;
@@ -198,7 +210,7 @@ pub fn run(a: Args) -> CmdResult {
             port.unwrap_or(NBD_PORT),
         )?,
     };
-    let foreground = a.foreground || a.run.is_some() || activated_socket;
+    let foreground = a.foreground || a.run.is_some() || activated_socket || a.exit_with_parent;
     // The daemon runs in /: the files it removes need absolute paths.
     let pidfile = a.pidfile.as_deref().map(absolute).transpose()?;
     let cleanup = Arc::new(Cleanup::new(Parts {

@@ -65,10 +65,13 @@ pub const PLUGINS: &[Plugin] = &[
     Plugin {
         name: "null",
         magic: "size",
-        magic_required: true,
+        magic_required: false,
         keys: &["size"],
-        help: "reads zeros, discards writes (size=SIZE)",
-        open: |kv, _| plain(Arc::new(NullDevice::new(size_arg("null", &kv["size"])?))),
+        help: "reads zeros, discards writes (size=SIZE, default 0 as in nbdkit)",
+        open: |kv, _| {
+            let size = kv.get("size").map_or(Ok(0), |s| size_arg("null", s))?;
+            plain(Arc::new(NullDevice::new(size)))
+        },
     },
     Plugin {
         name: "pattern",
