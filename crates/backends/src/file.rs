@@ -661,6 +661,14 @@ impl Storage for FileDevice {
         &self.location
     }
 
+    fn protocol(&self) -> &'static str {
+        if self.block_device {
+            "host_device"
+        } else {
+            "file"
+        }
+    }
+
     fn file_len(&self) -> Result<u64> {
         FileDevice::file_len(self)
     }

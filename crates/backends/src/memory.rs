@@ -155,6 +155,10 @@ impl Storage for MemoryDevice {
         "memory"
     }
 
+    fn protocol(&self) -> &'static str {
+        "memory"
+    }
+
     fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
         let end = offset
             .checked_add(buf.len() as u64)

@@ -77,4 +77,12 @@ impl Storage for NullDevice {
     fn location(&self) -> &str {
         "null-co://"
     }
+
+    fn protocol(&self) -> &'static str {
+        "null-co"
+    }
+
+    fn allocated_bytes(&self) -> Option<u64> {
+        Some(0)
+    }
 }

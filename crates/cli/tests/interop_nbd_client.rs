@@ -85,6 +85,8 @@ fn map_info_and_convert_from_an_export_equal_qemu_img() {
     let uri = server.uri.as_str();
     same_as_qemu_img(&["map", "--output=json", uri], "map");
     same_as_qemu_img(&["map", uri], "map human");
+    same_as_qemu_img(&["info", uri], "info");
+    same_as_qemu_img(&["info", "--output=json", uri], "info json");
     let (ours, theirs) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
     ok(diskit(&["convert", "-O", "raw", uri, s(&ours)]));
     ok(qemu_img(&["convert", "-O", "raw", uri, s(&theirs)]));

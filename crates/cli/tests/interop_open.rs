@@ -100,6 +100,8 @@ fn null_co_maps_as_qemu_img() {
     ] {
         same_as_qemu_img(&args, "null-co");
     }
+    same_as_qemu_img(&["info", "null-co://"], "null-co info");
+    same_as_qemu_img(&["info", "--output=json", "null-co://"], "null-co info");
 }
 
 #[test]

@@ -119,6 +119,10 @@ pub trait Storage: BlockDevice {
         Ok(())
     }
 
+    /// The protocol, as qemu-img names it in `info` ("file", "host_device",
+    /// "nbd", "null-co").
+    fn protocol(&self) -> &'static str;
+
     /// Bytes the storage occupies (a file's blocks), when known.
     fn allocated_bytes(&self) -> Option<u64> {
         None
@@ -171,6 +175,9 @@ macro_rules! forward_storage {
         impl<T: Storage + ?Sized> Storage for $ty {
             fn location(&self) -> &str {
                 (**self).location()
+            }
+            fn protocol(&self) -> &'static str {
+                (**self).protocol()
             }
             fn resolve(&self, name: &str) -> String {
                 (**self).resolve(name)

@@ -92,8 +92,8 @@ struct Node {
     image: Image,
     /// The name shown (as given, or as the image above names it).
     filename: String,
-    /// Bytes allocated to the image file.
-    actual: u64,
+    /// Bytes allocated to the image file (None: unknown, as for a network export).
+    actual: Option<u64>,
     specific: Option<Specific>,
     /// With `--untrusted`: the files the image names and what the gate
     /// says of each (none of them opened).
@@ -137,18 +137,36 @@ impl Node {
     fn collect(name: &str, format: Option<Format>) -> Result<Node, CliError> {
         let path = Path::new(name);
         let image = open_node(path, format)?;
-        let actual = image.file.allocated_bytes().unwrap_or(0);
+        let actual = image.file.allocated_bytes();
         let specific = Specific::collect(name, &image)?;
+        // QEMU names a network node by its canonical URI, a file as given.
+        let filename = if Self::local(&image) {
+            name.to_string()
+        } else {
+            image.file.location().to_string()
+        };
         let implied = crate::util::open_policy()
             .untrusted
             .then(|| diskit_open::audit(&image));
         Ok(Node {
             image,
-            filename: name.to_string(),
+            filename,
             actual,
             specific,
             implied,
         })
+    }
+
+    /// Whether the image sits on a local file (QEMU's file-posix node, with
+    /// its extra info: dirty flag, format-specific block).
+    fn local(image: &Image) -> bool {
+        matches!(image.file.protocol(), "file" | "host_device")
+    }
+
+    /// Bytes allocated, as `info` shows them.
+    fn actual_human(&self) -> String {
+        self.actual
+            .map_or_else(|| "unavailable".to_string(), human_size)
     }
 
     /// Why the untrusted gate refuses a file this image names, if it does.
@@ -195,13 +213,19 @@ impl Node {
         let img = &self.image;
         let mut v = QJson::dict()
             .with("filename", QJson::Str(self.filename.clone()))
-            .with("format", QJson::Str(img.format.name().into()))
-            .with(
+            .with("format", QJson::Str(img.format.name().into()));
+        // QEMU knows the dirty flag only of formats that report one and of
+        // local files.
+        if self.specific.is_some() || Self::local(img) {
+            v = v.with(
                 "dirty-flag",
                 QJson::Bool(self.specific.as_ref().is_some_and(|q| q.info.dirty)),
-            )
-            .with("actual-size", QJson::UInt(self.actual))
-            .with("virtual-size", QJson::UInt(img.virtual_size()));
+            );
+        }
+        if let Some(a) = self.actual {
+            v = v.with("actual-size", QJson::UInt(a));
+        }
+        v = v.with("virtual-size", QJson::UInt(img.virtual_size()));
         if let Some(q) = &self.specific {
             v = q.json_fields(v);
         }
@@ -224,19 +248,27 @@ impl Node {
 
     /// The protocol node under the image.
     fn file_json(&self) -> QJson {
-        QJson::dict()
+        let protocol = self.image.file.protocol();
+        let local = Self::local(&self.image);
+        let mut v = QJson::dict()
             .with("filename", QJson::Str(self.filename.clone()))
-            .with("format", QJson::Str("file".into()))
-            .with("dirty-flag", QJson::Bool(false))
-            .with("actual-size", QJson::UInt(self.actual))
-            .with("virtual-size", QJson::UInt(self.file_length()))
-            .with(
+            .with("format", QJson::Str(protocol.into()));
+        if local {
+            v = v.with("dirty-flag", QJson::Bool(false));
+        }
+        if let Some(a) = self.actual {
+            v = v.with("actual-size", QJson::UInt(a));
+        }
+        v = v.with("virtual-size", QJson::UInt(self.file_length()));
+        if local {
+            v = v.with(
                 "format-specific",
                 QJson::dict()
-                    .with("type", QJson::Str("file".into()))
+                    .with("type", QJson::Str(protocol.into()))
                     .with("data", QJson::dict()),
-            )
-            .with("children", QJson::List(vec![]))
+            );
+        }
+        v.with("children", QJson::List(vec![]))
     }
 
     /// qemu-img's human block (`bdrv_node_info_dump` and the child node).
@@ -248,7 +280,7 @@ impl Node {
             "image: {name}\nfile format: {}\nvirtual size: {} ({size} bytes)\ndisk size: {}\n",
             img.format.name(),
             human_size(size),
-            human_size(self.actual),
+            self.actual_human(),
         );
         if let Some(q) = &self.specific {
             out += &q.human();
@@ -263,10 +295,11 @@ impl Node {
         }
         let file_size = self.file_length();
         out += &format!(
-            "Child node '/file':\n    filename: {name}\n    protocol type: file\n    \
+            "Child node '/file':\n    filename: {name}\n    protocol type: {}\n    \
              file length: {} ({file_size} bytes)\n    disk size: {}\n",
+            self.image.file.protocol(),
             human_size(file_size),
-            human_size(self.actual),
+            self.actual_human(),
         );
         out
     }

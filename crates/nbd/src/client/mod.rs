@@ -317,4 +317,8 @@ impl Storage for NbdClient {
     fn location(&self) -> &str {
         &self.uri
     }
+
+    fn protocol(&self) -> &'static str {
+        "nbd"
+    }
 }
