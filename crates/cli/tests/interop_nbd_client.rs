@@ -314,3 +314,75 @@ fn server_takes_what_peers_ask_of_it() {
     }
     assert!(!sock.exists(), "the server outlived its parent");
 }
+
+/// A 10 MiB qcow2 with every other MiB written (seed 001's layout, small).
+fn every_other_mib(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("alt.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&p), "10M"]));
+    let cmds: Vec<String> = (0..5)
+        .map(|i| format!("write -P {} {}M 1M", i + 1, 2 * i))
+        .collect();
+    let mut args = vec!["-f", "qcow2"];
+    for c in &cmds {
+        args.extend(["-c", c.as_str()]);
+    }
+    args.push(s(&p));
+    ok(peer("qemu-io", &args));
+    p
+}
+
+#[test]
+fn convert_prezeroes_only_when_zeroing_is_fast() {
+    let dir = workdir();
+    let src = every_other_mib(dir.path());
+    let want = dir.path().join("want.raw");
+    ok(qemu_img(&["convert", "-O", "raw", s(&src), s(&want)]));
+    let back = dir.path().join("back.raw");
+    let log = dir.path().join("log.txt");
+    // (nozero parameters, fast zero requests, zero requests, writes at most)
+    for (params, fast, zeros, writes) in [
+        // Fast zero works: the whole target in one request, then data only.
+        ("zeromode=plugin", 1, 1, 5),
+        ("zeromode=plugin fastzeromode=ignore", 1, 1, 5),
+        // Not offered: the holes are zeroed, one request each.
+        ("zeromode=plugin fastzeromode=none", 0, 5, 5),
+        // No zeroing at all: zeros are written.
+        ("zeromode=none", 0, 0, 10),
+    ] {
+        let _ = std::fs::remove_file(&log);
+        let script = format!(
+            "set -e; {d} convert -n -f qcow2 -O raw {src} \"$uri\"; {d} convert -O raw \"$uri\" {back}",
+            d = s(&diskit_bin()),
+            src = s(&src),
+            back = s(&back),
+        );
+        let mut args = vec![
+            "-U".to_string(),
+            "-".into(),
+            "--filter=log".into(),
+            "--filter=nozero".into(),
+            "memory".into(),
+            "10M".into(),
+            format!("logfile={}", s(&log)),
+        ];
+        args.extend(params.split_whitespace().map(String::from));
+        args.extend(["--run".into(), script]);
+        let o = timed("nbdkit", 60).args(&args).output().unwrap();
+        assert!(o.status.success(), "{params}: {}", stderr(&o));
+        assert!(same_bytes(&back, &want), "{params}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        // The first connection is the convert into the export.
+        let first: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("connection=1 "))
+            .collect();
+        let count = |what: &str| first.iter().filter(|l| l.contains(what)).count();
+        let fast_seen = first
+            .iter()
+            .filter(|l| l.contains(" Zero id=") && l.contains("fast=1"))
+            .count();
+        assert_eq!(fast_seen, fast, "{params}: fast zeros\n{text}");
+        assert_eq!(count(" Zero id="), zeros, "{params}: zeros\n{text}");
+        assert!(count(" Write id=") <= writes, "{params}: writes\n{text}");
+    }
+}

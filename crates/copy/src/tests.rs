@@ -67,7 +67,57 @@ fn a_dirty_destination_gets_zeroed() {
         .unwrap();
     let stats = copy(&src, &dst, &CopyOptions::default(), &Progress::default()).unwrap();
     assert_same(&src, &dst);
+    // Memory zeroes fast: the whole destination is zeroed first, and the
+    // holes are then skipped.
+    assert_eq!(stats.prezeroed_bytes, 4 << 20);
+    assert_eq!(stats.zeroed_bytes, 0);
+    assert_eq!(stats.data_bytes, 4096);
+
+    // Where fast zero is refused (ENOTSUP), the holes are zeroed instead.
+    let slow = SlowZero(MemoryDevice::new(4 << 20));
+    slow.0
+        .write_at(&vec![9u8; 4 << 20], 0, WriteFlags::NONE)
+        .unwrap();
+    let stats = copy(&src, &slow, &CopyOptions::default(), &Progress::default()).unwrap();
+    assert_same(&src, &slow.0);
+    assert_eq!(stats.prezeroed_bytes, 0);
     assert!(stats.zeroed_bytes >= (4 << 20) - 8192);
+
+    // A source without holes is not worth pre-zeroing for.
+    let full = MemoryDevice::new(1 << 20);
+    full.write_at(&vec![3u8; 1 << 20], 0, WriteFlags::NONE)
+        .unwrap();
+    let dst = MemoryDevice::new(1 << 20);
+    let stats = copy(&full, &dst, &CopyOptions::default(), &Progress::default()).unwrap();
+    assert_eq!(stats.prezeroed_bytes, 0);
+    assert_same(&full, &dst);
+}
+
+/// A device that claims fast zero but refuses it, as an NBD server whose
+/// zeroing turns out slow answers ENOTSUP.
+struct SlowZero(MemoryDevice);
+
+impl BlockDevice for SlowZero {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        self.0.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> diskit_core::Result<()> {
+        self.0.write_at(buf, offset, flags)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> diskit_core::Result<()> {
+        if flags.fast {
+            return Err(diskit_core::Error::from_kind(
+                diskit_core::ErrorKind::NotSupported,
+            ));
+        }
+        self.0.write_zeroes(offset, len, flags)
+    }
 }
 
 #[test]
