@@ -56,6 +56,7 @@ enum Command {
     Snapshot(cmd::snapshot::Args),
     /// Serve a device or image over NBD (nbdkit-style command line).
     Serve(cmd::serve::Args),
+    Nbdinfo(cmd::nbdinfo::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -112,6 +113,7 @@ fn main() -> ExitCode {
         Command::Commit(a) => cmd::commit::run(a),
         Command::Rebase(a) => cmd::rebase::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Nbdinfo(a) => cmd::nbdinfo::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

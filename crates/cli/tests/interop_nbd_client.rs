@@ -386,3 +386,92 @@ fn convert_prezeroes_only_when_zeroing_is_fast() {
         assert!(count(" Write id=") <= writes, "{params}: writes\n{text}");
     }
 }
+
+#[test]
+fn nbdinfo_agrees_with_libnbd() {
+    let dir = workdir();
+    let img = every_other_mib(dir.path());
+    let modes: [&[&str]; 10] = [
+        &[],
+        &["--json"],
+        &["--size"],
+        &["--map"],
+        &["--map=qemu:allocation-depth"],
+        &["--map", "--totals"],
+        &["--map", "--json"],
+        &["--map", "--totals", "--json"],
+        &["--list"],
+        &["--list", "--json"],
+    ];
+    // qemu-nbd with allocation depth, queried directly.
+    let dir2 = workdir();
+    let sock = dir2.path().join("a.sock");
+    let mut child = Command::new("qemu-nbd")
+        .args(["-t", "-r", "-A", "-f", "qcow2", "-k", s(&sock), s(&img)])
+        .spawn()
+        .expect("qemu-nbd is installed");
+    let t = Instant::now();
+    while !sock.exists() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    for m in modes {
+        let mut args = m.to_vec();
+        args.push(&uri);
+        let theirs = timed("nbdinfo", 30).args(&args).output().unwrap();
+        let mut ours_args = vec!["nbdinfo"];
+        ours_args.extend(&args);
+        let ours = diskit(&ours_args);
+        assert_eq!(code(&ours), code(&theirs), "{m:?}: {}", stderr(&ours));
+        assert_eq!(stdout(&ours), stdout(&theirs), "{m:?}");
+    }
+    for (q, want) in [
+        (["--can", "flush"], 0),
+        (["--is", "read-only"], 0),
+        (["--can", "trim"], 2),
+    ] {
+        let theirs = timed("nbdinfo", 30)
+            .args([q[0], q[1], &uri])
+            .output()
+            .unwrap();
+        let ours = diskit(&["nbdinfo", q[0], q[1], &uri]);
+        assert_eq!(code(&theirs), want, "{q:?}");
+        assert_eq!(code(&ours), want, "{q:?}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // nbdkit and diskit's own server, both tools in one --run.
+    let both = |m: &str| {
+        format!(
+            "a=$({} nbdinfo {m} \"$uri\"); b=$(nbdinfo {m} \"$uri\"); \
+             test \"$a\" = \"$b\" || {{ echo \"$a\"; echo \"$b\"; exit 1; }}",
+            s(&diskit_bin())
+        )
+    };
+    for server in [
+        vec!["nbdkit", "-U", "-", "memory", "1M"],
+        vec!["nbdkit", "-U", "-", "null", "0"],
+    ] {
+        for m in ["", "--json", "--map", "--list --json"] {
+            let o = timed(server[0], 30)
+                .args(&server[1..])
+                .args(["--run", &both(m)])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{server:?} {m}: {}", stdout(&o));
+        }
+    }
+    let o = serve(&[
+        "-U",
+        "-",
+        "-e",
+        "disk",
+        "--description",
+        "a test disk",
+        "--run",
+        &both("--json"),
+        "memory",
+        "8M",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -9,6 +9,7 @@ pub mod create;
 pub mod info;
 pub mod map;
 pub mod measure;
+pub mod nbdinfo;
 pub mod rebase;
 pub mod resize;
 pub mod serve;

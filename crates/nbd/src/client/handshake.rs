@@ -106,13 +106,22 @@ fn exchange<S: Read + Write>(
     }
 }
 
-/// Negotiates `export` on a fresh connection: structured replies and the
-/// metadata contexts in `contexts` when the server has them, then GO.
-pub fn negotiate<S: Read + Write>(
-    s: &mut S,
-    export: &str,
-    contexts: &[&str],
-) -> Result<Negotiated> {
+/// What NBD_OPT_GO (or EXPORT_NAME) told of an export.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Size in bytes.
+    pub size: u64,
+    /// Transmission flags.
+    pub flags: u16,
+    /// Block sizes (minimum, preferred, maximum), if sent.
+    pub block_size: Option<(u32, u32, u32)>,
+    /// The description, if sent.
+    pub description: Option<String>,
+}
+
+/// Reads the server's greeting and answers it; returns whether the server
+/// omits the zeros after EXPORT_NAME.
+pub fn greet<S: Read + Write>(s: &mut S) -> Result<bool> {
     let magic = read_u64(s)?;
     if magic != NBDMAGIC {
         return Err(protocol("not an NBD server (bad magic)"));
@@ -133,70 +142,137 @@ pub fn negotiate<S: Read + Write>(
         client_flags |= FLAG_C_NO_ZEROES;
     }
     s.write_all(&client_flags.to_be_bytes()).map_err(io)?;
+    Ok(no_zeroes)
+}
 
-    let r = exchange(s, &ClientOption::StructuredReply, |_| Ok(()))?;
-    let structured = r.kind == REP_ACK;
+/// Asks for structured replies; whether the server agreed.
+pub fn structured_replies<S: Read + Write>(s: &mut S) -> Result<bool> {
+    Ok(exchange(s, &ClientOption::StructuredReply, |_| Ok(()))?.kind == REP_ACK)
+}
 
-    let mut ids = HashMap::new();
-    if structured && !contexts.is_empty() {
-        let req = MetaRequest {
-            export: export.to_string(),
-            queries: contexts.iter().map(|c| c.to_string()).collect(),
-        };
-        let r = exchange(s, &ClientOption::SetMetaContext(req), |r| {
-            if r.kind == REP_META_CONTEXT {
-                let (id, name) = r
-                    .parse_meta_context()
-                    .map_err(|e| protocol(format!("bad meta context reply: {e}")))?;
-                ids.insert(name, id);
-            }
-            Ok(())
-        })?;
-        if r.is_error() {
-            // Contexts are an optimisation: without them, all is data.
-            ids.clear();
+/// Sends a meta context option and collects the (id, name) replies; None
+/// when the server refused the option.
+fn meta_contexts<S: Read + Write>(
+    s: &mut S,
+    opt: ClientOption,
+) -> Result<Option<Vec<(u32, String)>>> {
+    let mut out = Vec::new();
+    let r = exchange(s, &opt, |r| {
+        if r.kind == REP_META_CONTEXT {
+            out.push(
+                r.parse_meta_context()
+                    .map_err(|e| protocol(format!("bad meta context reply: {e}")))?,
+            );
         }
-    }
+        Ok(())
+    })?;
+    Ok((!r.is_error()).then_some(out))
+}
 
+/// Selects metadata contexts for `export`: the ids the server gave, by
+/// name (none if it refused).
+pub fn set_meta_contexts<S: Read + Write>(
+    s: &mut S,
+    export: &str,
+    queries: &[&str],
+) -> Result<HashMap<String, u32>> {
+    let req = MetaRequest {
+        export: export.to_string(),
+        queries: queries.iter().map(|c| c.to_string()).collect(),
+    };
+    Ok(meta_contexts(s, ClientOption::SetMetaContext(req))?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(id, name)| (name, id))
+        .collect())
+}
+
+/// Every metadata context the server has for `export` (an empty query
+/// list asks for all of them), in the server's order.
+pub fn list_meta_contexts<S: Read + Write>(s: &mut S, export: &str) -> Result<Vec<String>> {
+    let req = MetaRequest {
+        export: export.to_string(),
+        queries: Vec::new(),
+    };
+    Ok(meta_contexts(s, ClientOption::ListMetaContext(req))?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, name)| name)
+        .collect())
+}
+
+/// The exports the server lists (name, description), NBD_OPT_LIST.
+pub fn list_exports<S: Read + Write>(s: &mut S) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let r = exchange(s, &ClientOption::List, |r| {
+        if r.kind == REP_SERVER {
+            out.push(
+                r.parse_server()
+                    .map_err(|e| protocol(format!("bad export list reply: {e}")))?,
+            );
+        }
+        Ok(())
+    })?;
+    if r.is_error() {
+        return Err(option_error("listing exports", &r));
+    }
+    Ok(out)
+}
+
+/// Ends the negotiation without entering transmission (NBD_OPT_ABORT).
+pub fn abort<S: Read + Write>(s: &mut S) {
+    // The server may close at once: its reply is not needed.
+    let _ = s.write_all(&ClientOption::Abort.encode());
+    let _ = s.flush();
+}
+
+/// Enters transmission on `export`: NBD_OPT_GO asking for block sizes and
+/// the description, or EXPORT_NAME for a server that lacks GO.
+pub fn go<S: Read + Write>(s: &mut S, export: &str, no_zeroes: bool) -> Result<ExportInfo> {
     let go = ClientOption::Go(InfoRequest {
         name: export.to_string(),
-        requests: vec![INFO_BLOCK_SIZE],
+        requests: vec![INFO_BLOCK_SIZE, INFO_DESCRIPTION],
     });
-    let mut export_info = None;
-    let mut block_size = None;
+    let mut info = ExportInfo::default();
+    let mut export_seen = false;
     let r = exchange(s, &go, |r| {
         if r.kind == REP_INFO {
             match Info::parse(&r.data).map_err(|e| protocol(format!("bad info reply: {e}")))? {
-                Info::Export { size, flags } => export_info = Some((size, flags)),
+                Info::Export { size, flags } => {
+                    (info.size, info.flags) = (size, flags);
+                    export_seen = true;
+                }
                 Info::BlockSize {
                     minimum,
                     preferred,
                     maximum,
-                } => block_size = Some((minimum, preferred, maximum)),
+                } => info.block_size = Some((minimum, preferred, maximum)),
+                Info::Description(d) => info.description = Some(d),
                 _ => {}
             }
         }
         Ok(())
     })?;
-    let (size, flags) = if r.kind == REP_ACK {
-        export_info.ok_or_else(|| protocol("the server sent no export information"))?
+    if r.kind == REP_ACK {
+        if !export_seen {
+            return Err(protocol("the server sent no export information"));
+        }
     } else if r.kind == REP_ERR_UNSUP {
         // An old server: EXPORT_NAME has no reply on failure (the server
         // closes the connection) and gives size and flags on success.
         s.write_all(&ClientOption::ExportName(export.to_string()).encode())
             .map_err(io)?;
         s.flush().map_err(io)?;
-        let size = read_u64(s)?;
-        let flags = read_u16(s)?;
+        info.size = read_u64(s)?;
+        info.flags = read_u16(s)?;
         if !no_zeroes {
             let mut zeros = [0u8; 124];
             s.read_exact(&mut zeros).map_err(io)?;
         }
-        (size, flags)
     } else {
         return Err(option_error(&format!("export '{export}'"), &r));
-    };
-    if let Some((min, pref, max)) = block_size {
+    }
+    if let Some((min, pref, max)) = info.block_size {
         let pow2 = |v: u32| v.is_power_of_two();
         if !pow2(min) || min > 65536 || !pow2(pref) || pref < min || max < pref.min(max) {
             return Err(protocol(format!(
@@ -204,11 +280,29 @@ pub fn negotiate<S: Read + Write>(
             )));
         }
     }
+    Ok(info)
+}
+
+/// Negotiates `export` on a fresh connection: structured replies and the
+/// metadata contexts in `contexts` when the server has them, then GO.
+pub fn negotiate<S: Read + Write>(
+    s: &mut S,
+    export: &str,
+    contexts: &[&str],
+) -> Result<Negotiated> {
+    let no_zeroes = greet(s)?;
+    let structured = structured_replies(s)?;
+    let ids = if structured && !contexts.is_empty() {
+        set_meta_contexts(s, export, contexts)?
+    } else {
+        HashMap::new()
+    };
+    let info = go(s, export, no_zeroes)?;
     Ok(Negotiated {
-        size,
-        flags,
+        size: info.size,
+        flags: info.flags,
         structured,
-        block_size,
+        block_size: info.block_size,
         contexts: ids,
     })
 }

@@ -40,33 +40,53 @@ pub struct NbdClient {
     allocation: Option<u32>,
 }
 
+/// Connects a socket to where `uri` points (no handshake).
+pub fn connect_stream(uri: &NbdUri) -> Result<Stream> {
+    match &uri.address {
+        Address::Unix(path) => UnixStream::connect(path)
+            .map(Stream::Unix)
+            .map_err(|e| Error::from(e).context(format!("connecting to '{path}'"))),
+        Address::Tcp { host, port } => std::net::TcpStream::connect((host.as_str(), *port))
+            .map(|s| {
+                let _ = s.set_nodelay(true);
+                Stream::Tcp(s)
+            })
+            .map_err(|e| Error::from(e).context(format!("connecting to {host}:{port}"))),
+    }
+}
+
 impl NbdClient {
     /// Connects to the export an NBD URI names.
     pub fn connect(uri: &str) -> Result<NbdClient> {
+        Self::connect_with(uri, &[BASE_ALLOCATION])
+    }
+
+    /// Connects asking for the metadata contexts `contexts` (extents come
+    /// from `base:allocation` when it is among them).
+    pub fn connect_with(uri: &str, contexts: &[&str]) -> Result<NbdClient> {
         let parsed = NbdUri::parse(uri)?;
         if parsed.tls {
             return Err(Error::unsupported(format!(
                 "'{uri}': TLS (nbds) is not supported by diskit's NBD client yet"
             )));
         }
-        let stream = match &parsed.address {
-            Address::Unix(path) => UnixStream::connect(path)
-                .map(Stream::Unix)
-                .map_err(|e| Error::from(e).context(format!("connecting to '{path}'")))?,
-            Address::Tcp { host, port } => std::net::TcpStream::connect((host.as_str(), *port))
-                .map(|s| {
-                    let _ = s.set_nodelay(true);
-                    Stream::Tcp(s)
-                })
-                .map_err(|e| Error::from(e).context(format!("connecting to {host}:{port}")))?,
-        };
-        Self::over(stream, &parsed.canonical(), &parsed.export)
+        let stream = connect_stream(&parsed)?;
+        Self::over_with(stream, &parsed.canonical(), &parsed.export, contexts)
     }
 
     /// Negotiates `export` over a connected stream and starts transmission;
     /// `uri` names the export in messages and as its storage location.
-    pub fn over(mut stream: Stream, uri: &str, export: &str) -> Result<NbdClient> {
-        let negotiated = handshake::negotiate(&mut stream, export, &[BASE_ALLOCATION])
+    pub fn over(stream: Stream, uri: &str, export: &str) -> Result<NbdClient> {
+        Self::over_with(stream, uri, export, &[BASE_ALLOCATION])
+    }
+
+    fn over_with(
+        mut stream: Stream,
+        uri: &str,
+        export: &str,
+        contexts: &[&str],
+    ) -> Result<NbdClient> {
+        let negotiated = handshake::negotiate(&mut stream, export, contexts)
             .map_err(|e| e.context(format!("'{uri}'")))?;
         let allocation = negotiated.contexts.get(BASE_ALLOCATION).copied();
         let conn = Connection::start(stream, negotiated.structured)?;
@@ -76,6 +96,41 @@ impl NbdClient {
             export: negotiated,
             allocation,
         })
+    }
+
+    /// The raw block status descriptors (length, flags) of `context` for a
+    /// prefix of `offset..offset+len`, as the server sends them.
+    pub fn block_status(&self, context: &str, offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
+        check_range(self.size(), offset, len)?;
+        let id = *self.export.contexts.get(context).ok_or_else(|| {
+            Error::unsupported(format!(
+                "'{}' does not offer the context '{context}'",
+                self.uri
+            ))
+        })?;
+        let n = len.min(u64::from(u32::MAX));
+        let answer = self.conn.request(CMD_BLOCK_STATUS, 0, offset, n, None)?;
+        let mut out: Vec<(u64, u32)> = answer
+            .status
+            .into_iter()
+            .filter(|(c, _)| *c == id)
+            .flat_map(|(_, d)| d)
+            .map(|(l, f)| (l, f as u32))
+            .collect();
+        // Never past what was asked.
+        let mut left = n;
+        out.retain_mut(|(l, _)| {
+            *l = (*l).min(left);
+            left -= *l;
+            *l > 0
+        });
+        if out.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("'{}' answered block status with no extents", self.uri),
+            ));
+        }
+        Ok(out)
     }
 
     /// The export's transmission flags.

@@ -1,0 +1,456 @@
+//! `diskit nbdinfo`: what an NBD server exports, as libnbd's nbdinfo shows
+//! it (human and `--json`), with `--size`, `--map`, `--totals`, `--list`,
+//! `--can` and `--is` (exit 0 true, 2 false).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::CmdResult;
+use crate::util::CliError;
+use diskit_core::BlockDevice;
+use diskit_nbd::client::conn::Stream;
+use diskit_nbd::client::handshake::{self, ExportInfo};
+use diskit_nbd::client::uri::{Address, NbdUri};
+use diskit_nbd::client::{NbdClient, connect_stream};
+use diskit_nbd::proto::consts::*;
+
+/// Arguments of `nbdinfo`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// JSON output.
+    #[arg(long = "json")]
+    json: bool,
+    /// Print only the export's size.
+    #[arg(long = "size")]
+    size: bool,
+    /// Print the map of a metadata context (default base:allocation).
+    #[arg(long = "map", num_args = 0..=1, default_missing_value = "base:allocation", require_equals = true)]
+    map: Option<String>,
+    /// With --map: totals per type instead of the map.
+    #[arg(long = "totals")]
+    totals: bool,
+    /// List every export.
+    #[arg(short = 'L', long = "list")]
+    list: bool,
+    /// Exit 0 if the export can do this (flush, fua, trim, zero, ...), 2 if not.
+    #[arg(long = "can")]
+    can: Option<String>,
+    /// Exit 0 if the export is this (read-only, rotational), 2 if not.
+    #[arg(long = "is")]
+    is: Option<String>,
+    /// Do not guess the content with file(1).
+    #[arg(long = "no-content")]
+    no_content: bool,
+    /// The NBD URI.
+    uri: String,
+}
+
+fn err(e: diskit_core::Error) -> CliError {
+    CliError::new(format!("nbdinfo: {e}"))
+}
+
+/// Everything shown about one export.
+struct Export {
+    name: String,
+    info: ExportInfo,
+    structured: bool,
+    contexts: Vec<String>,
+    content: Option<String>,
+    uri: String,
+}
+
+/// libnbd's URI for an export (nbdinfo prints it).
+fn export_uri(u: &NbdUri, export: &str) -> String {
+    let s = if u.tls { "s" } else { "" };
+    match &u.address {
+        Address::Unix(path) => format!("nbd{s}+unix:///{export}?socket={path}"),
+        Address::Tcp { host, port } => format!("nbd{s}://{host}:{port}/{export}"),
+    }
+}
+
+/// Connects and negotiates up to GO on `export`, listing its contexts.
+fn inspect(u: &NbdUri, export: &str) -> Result<Export, CliError> {
+    let mut s: Stream = connect_stream(u).map_err(err)?;
+    let no_zeroes = handshake::greet(&mut s).map_err(err)?;
+    let structured = handshake::structured_replies(&mut s).map_err(err)?;
+    let contexts = if structured {
+        handshake::list_meta_contexts(&mut s, export).map_err(err)?
+    } else {
+        Vec::new()
+    };
+    let info = handshake::go(&mut s, export, no_zeroes).map_err(err)?;
+    // Leave politely: NBD_CMD_DISC.
+    let disc = diskit_nbd::proto::request::RequestHeader {
+        flags: 0,
+        command: CMD_DISC,
+        cookie: 0,
+        offset: 0,
+        length: 0,
+        extended: false,
+    };
+    let _ = s.write_all(&disc.encode());
+    Ok(Export {
+        name: export.to_string(),
+        info,
+        structured,
+        contexts,
+        content: None,
+        uri: export_uri(u, export),
+    })
+}
+
+/// What file(1) says of the first bytes, as nbdinfo's content line.
+fn content(uri: &str) -> Option<String> {
+    let c = NbdClient::connect(uri).ok()?;
+    let n = c.size().min(1 << 20) as usize;
+    let mut buf = vec![0u8; n];
+    c.read_at(&mut buf, 0).ok()?;
+    let mut child = Command::new("file")
+        .args(["-b", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut stdin = child.stdin.take()?;
+    // file may stop reading early: a broken pipe is fine.
+    let _ = stdin.write_all(&buf);
+    drop(stdin);
+    let out = child.wait_with_output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Some(text.lines().next()?.trim().to_string())
+}
+
+/// libnbd's human size: exact multiples of 1024 get a suffix.
+fn human(n: u64) -> String {
+    let mut v = n;
+    let mut i = 0;
+    const UNITS: [&str; 7] = ["", "K", "M", "G", "T", "P", "E"];
+    while v != 0 && v.is_multiple_of(1024) && i < 6 {
+        v /= 1024;
+        i += 1;
+    }
+    format!("{v}{}", UNITS[i])
+}
+
+/// The boolean facts nbdinfo lists, in its order.
+fn facts(flags: u16, structured: bool) -> Vec<(&'static str, bool)> {
+    let f = |b: u16| flags & b != 0;
+    vec![
+        ("is_rotational", f(TFLAG_ROTATIONAL)),
+        ("is_read_only", f(TFLAG_READ_ONLY)),
+        ("can_cache", f(TFLAG_SEND_CACHE)),
+        ("can_df", structured && f(TFLAG_SEND_DF)),
+        ("can_fast_zero", f(TFLAG_SEND_FAST_ZERO)),
+        ("can_flush", f(TFLAG_SEND_FLUSH)),
+        ("can_fua", f(TFLAG_SEND_FUA)),
+        ("can_multi_conn", f(TFLAG_CAN_MULTI_CONN)),
+        ("can_trim", f(TFLAG_SEND_TRIM)),
+        ("can_zero", f(TFLAG_SEND_WRITE_ZEROES)),
+    ]
+}
+
+fn protocol_line(e: &Export) -> String {
+    format!(
+        "protocol: newstyle-fixed without TLS, using {} packets\n",
+        if e.structured { "structured" } else { "simple" }
+    )
+}
+
+fn print_human(e: &Export) -> String {
+    let mut o = format!("export=\"{}\":\n", e.name);
+    if let Some(d) = &e.info.description {
+        o += &format!("\tdescription: {d}\n");
+    }
+    let size = e.info.size;
+    let h = human(size);
+    if h == size.to_string() {
+        o += &format!("\texport-size: {size}\n");
+    } else {
+        o += &format!("\texport-size: {size} ({h})\n");
+    }
+    if let Some(c) = &e.content {
+        o += &format!("\tcontent: {c}\n");
+    }
+    o += &format!("\turi: {}\n", e.uri);
+    if !e.contexts.is_empty() {
+        o += "\tcontexts:\n";
+        for c in &e.contexts {
+            o += &format!("\t\t{c}\n");
+        }
+    }
+    for (k, v) in facts(e.info.flags, e.structured) {
+        o += &format!("\t{k}: {v}\n");
+    }
+    if let Some((min, pref, max)) = e.info.block_size {
+        o += &format!(
+            "\tblock_size_minimum: {min}\n\tblock_size_preferred: {pref}\n\tblock_size_maximum: {max}\n"
+        );
+    }
+    o
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o += "\\\"",
+            '\\' => o += "\\\\",
+            c if (c as u32) < 0x20 => o += &format!("\\u{:04x}", c as u32),
+            c => o.push(c),
+        }
+    }
+    o + "\""
+}
+
+fn print_json_export(e: &Export) -> String {
+    let mut lines = vec![format!("\t\"export-name\": {}", json_str(&e.name))];
+    if let Some(d) = &e.info.description {
+        lines.push(format!("\t\"description\": {}", json_str(d)));
+    }
+    if let Some(c) = &e.content {
+        lines.push(format!("\t\"content\": {}", json_str(c)));
+    }
+    lines.push(format!("\t\"uri\": {}", json_str(&e.uri)));
+    if !e.contexts.is_empty() {
+        let items: Vec<String> = e
+            .contexts
+            .iter()
+            .map(|c| format!("\t\t{}", json_str(c)))
+            .collect();
+        lines.push(format!("\t\"contexts\": [\n{}\n\t]", items.join(",\n")));
+    }
+    for (k, v) in facts(e.info.flags, e.structured) {
+        lines.push(format!("\t\"{k}\": {v}"));
+    }
+    if let Some((min, pref, max)) = e.info.block_size {
+        lines.push(format!("\t\"block_size_minimum\": {min}"));
+        lines.push(format!("\t\"block_size_preferred\": {pref}"));
+        lines.push(format!("\t\"block_size_maximum\": {max}"));
+    }
+    lines.push(format!("\t\"export-size\": {}", e.info.size));
+    lines.push(format!(
+        "\t\"export-size-str\": {}",
+        json_str(&human(e.info.size))
+    ));
+    format!("\t{{\n{}\n\t}}", lines.join(",\n"))
+}
+
+fn print_json(exports: &[Export]) -> String {
+    let structured = exports.first().is_some_and(|e| e.structured);
+    let body: Vec<String> = exports.iter().map(print_json_export).collect();
+    format!(
+        "{{\n\"protocol\": \"newstyle-fixed\",\n\"TLS\": false,\n\"structured\": {structured},\n\"exports\": [\n{} ]\n}}\n",
+        body.join(",\n")
+    )
+}
+
+/// How nbdinfo describes a state of `context`.
+fn describe(context: &str, flags: u32) -> String {
+    match context {
+        "base:allocation" => match flags {
+            0 => "data".into(),
+            1 => "hole".into(),
+            2 => "zero".into(),
+            3 => "hole,zero".into(),
+            _ => format!("{flags}"),
+        },
+        "qemu:allocation-depth" => match flags {
+            0 => "absent".into(),
+            1 => "local".into(),
+            n => format!("backing depth {n}"),
+        },
+        c if c.starts_with("qemu:dirty-bitmap:") => match flags {
+            0 => "clean".into(),
+            1 => "dirty".into(),
+            _ => format!("{flags}"),
+        },
+        _ => String::new(),
+    }
+}
+
+fn map(a: &Args, context: &str) -> CmdResult {
+    let c = NbdClient::connect_with(&a.uri, &[context]).map_err(err)?;
+    let size = c.size();
+    let mut runs: Vec<(u64, u64, u32)> = Vec::new();
+    let mut pos = 0;
+    while pos < size {
+        let got = c.block_status(context, pos, size - pos).map_err(err)?;
+        for (len, flags) in got {
+            match runs.last_mut() {
+                Some(last) if last.2 == flags && last.0 + last.1 == pos => last.1 += len,
+                _ => runs.push((pos, len, flags)),
+            }
+            pos += len;
+        }
+    }
+    let mut out = String::new();
+    if a.totals {
+        let mut types: Vec<u32> = runs.iter().map(|r| r.2).collect();
+        types.sort_unstable();
+        types.dedup();
+        let totals: Vec<(u32, u64)> = types
+            .iter()
+            .map(|&t| (t, runs.iter().filter(|r| r.2 == t).map(|r| r.1).sum()))
+            .collect();
+        let pct = |n: u64| {
+            if size == 0 {
+                0.0
+            } else {
+                n as f64 * 100.0 / size as f64
+            }
+        };
+        if a.json {
+            let items: Vec<String> = totals
+                .iter()
+                .map(|&(t, n)| {
+                    format!(
+                        "{{ \"size\": {n}, \"percent\": {}, \"type\": {t}, \"description\": {} }}",
+                        json_number(pct(n)),
+                        json_str(&describe(context, t))
+                    )
+                })
+                .collect();
+            out = format!("[\n{}\n]\n", items.join(",\n"));
+        } else {
+            for (t, n) in totals {
+                out += &format!("{n:>10} {:>5.1}% {t:>3} {}\n", pct(n), describe(context, t));
+            }
+        }
+    } else if a.json {
+        let items: Vec<String> = runs
+            .iter()
+            .map(|&(o, l, t)| {
+                format!(
+                    "{{ \"offset\": {o}, \"length\": {l}, \"type\": {t}, \"description\": {}}}",
+                    json_str(&describe(context, t))
+                )
+            })
+            .collect();
+        out = format!("[\n{}\n]\n", items.join(",\n"));
+    } else {
+        for (o, l, t) in runs {
+            out += &format!("{o:>10}  {l:>10}  {t:>3}  {}\n", describe(context, t));
+        }
+    }
+    print!("{out}");
+    let _ = c.close();
+    Ok(0)
+}
+
+/// A percentage as nbdinfo's JSON prints it (an integer when whole).
+fn json_number(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{}", v as u64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// `--can X` / `--is X`: the flag it asks about.
+fn fact_flag(kind: &str, what: &str) -> Result<u16, CliError> {
+    let flag = match (kind, what) {
+        ("can", "cache") => TFLAG_SEND_CACHE,
+        ("can", "df") => TFLAG_SEND_DF,
+        ("can", "fast-zero" | "fast_zero") => TFLAG_SEND_FAST_ZERO,
+        ("can", "flush") => TFLAG_SEND_FLUSH,
+        ("can", "fua") => TFLAG_SEND_FUA,
+        ("can", "multi-conn" | "multi_conn") => TFLAG_CAN_MULTI_CONN,
+        ("can", "trim") => TFLAG_SEND_TRIM,
+        ("can", "zero") => TFLAG_SEND_WRITE_ZEROES,
+        ("is", "read-only" | "read_only") => TFLAG_READ_ONLY,
+        ("is", "rotational") => TFLAG_ROTATIONAL,
+        _ => {
+            return Err(CliError::new(format!(
+                "nbdinfo: unknown --{kind} parameter '{what}'"
+            )));
+        }
+    };
+    Ok(flag)
+}
+
+/// Runs `nbdinfo`.
+pub fn run(a: Args) -> CmdResult {
+    let u = NbdUri::parse(&a.uri).map_err(err)?;
+    if u.tls {
+        return Err(CliError::new(
+            "nbdinfo: TLS (nbds) is not supported by diskit's NBD client yet",
+        ));
+    }
+    let modes = [
+        a.size,
+        a.map.is_some(),
+        a.list,
+        a.can.is_some(),
+        a.is.is_some(),
+    ];
+    if modes.iter().filter(|&&m| m).count() > 1 {
+        return Err(CliError::new(
+            "nbdinfo: --size, --map, --list, --can and --is cannot be combined",
+        ));
+    }
+    if let Some(ctx) = &a.map {
+        return map(&a, ctx);
+    }
+    if a.size {
+        let c = NbdClient::connect(&a.uri).map_err(err)?;
+        println!("{}", c.size());
+        let _ = c.close();
+        return Ok(0);
+    }
+    if let Some((kind, what)) = a
+        .can
+        .as_deref()
+        .map(|w| ("can", w))
+        .or(a.is.as_deref().map(|w| ("is", w)))
+    {
+        let flag = fact_flag(kind, what)?;
+        let c = NbdClient::connect(&a.uri).map_err(err)?;
+        let yes = c.flags() & flag != 0;
+        let _ = c.close();
+        return Ok(if yes { 0 } else { 2 });
+    }
+    let names = if a.list {
+        let mut s = connect_stream(&u).map_err(err)?;
+        handshake::greet(&mut s).map_err(err)?;
+        let list = handshake::list_exports(&mut s).map_err(err)?;
+        handshake::abort(&mut s);
+        list.into_iter().map(|(n, _)| n).collect()
+    } else {
+        vec![u.export.clone()]
+    };
+    let mut exports = Vec::new();
+    for name in names {
+        let mut e = inspect(&u, &name)?;
+        if !a.list && !a.no_content {
+            e.content = content(&a.uri);
+        }
+        exports.push(e);
+    }
+    let out = if a.json {
+        print_json(&exports)
+    } else {
+        let mut o = exports.first().map(protocol_line).unwrap_or_default();
+        for e in &exports {
+            o += &print_human(e);
+        }
+        o
+    };
+    print!("{out}");
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_sizes_as_libnbd() {
+        assert_eq!(human(0), "0");
+        assert_eq!(human(1000), "1000");
+        assert_eq!(human(1536), "1536");
+        assert_eq!(human(1 << 20), "1M");
+        assert_eq!(human(3 << 30), "3G");
+        assert_eq!(human((1 << 30) + 1), "1073741825");
+    }
+}
