@@ -498,7 +498,7 @@ impl BlockDevice for FileDevice {
         BlockSizeLimits {
             minimum: 1,
             preferred: 4096,
-            maximum: 32 << 20,
+            maximum: 64 << 20,
         }
     }
 

@@ -58,7 +58,7 @@ fn nbdinfo_reports_the_export_and_its_flags() {
     ] {
         assert_eq!(e[flag], want, "{flag}");
     }
-    assert_eq!(e["block_size_maximum"], 32 << 20);
+    assert_eq!(e["block_size_maximum"], 64 << 20);
     let contexts = e["contexts"].as_array().unwrap();
     assert!(contexts.iter().any(|c| c == "base:allocation"));
     assert!(contexts.iter().any(|c| c == "qemu:allocation-depth"));

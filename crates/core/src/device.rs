@@ -142,7 +142,7 @@ impl Default for BlockSizeLimits {
         BlockSizeLimits {
             minimum: 1,
             preferred: 4096,
-            maximum: 32 * 1024 * 1024,
+            maximum: 64 << 20,
         }
     }
 }

@@ -202,7 +202,7 @@ fn a_client_that_never_reads_replies_stops_the_reader() {
         threads: threads as usize,
         ..ServerConfig::default()
     });
-    let budget = ServerConfig::default().max_in_flight.max(32 << 20);
+    let budget = ServerConfig::default().max_in_flight.max(64 << 20);
     let consumed = Arc::new(AtomicU64::new(0));
     let total = 2 * budget / CHUNK + 200;
     let flood = Flood {

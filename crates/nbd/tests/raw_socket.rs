@@ -18,7 +18,7 @@ use diskit_nbd::server::{
 };
 
 const SIZE: u64 = 1 << 20;
-const MAX: u64 = 32 << 20;
+const MAX: u64 = 64 << 20;
 
 struct Peer {
     sock: UnixStream,

@@ -201,10 +201,16 @@ def out_of_range(h):
 
 
 def oversized(h):
-    expect_error("EINVAL", h.pread, 33 * M, 0)
-    expect_error("EOVERFLOW", h.pread, 33 * M, 0, nbd.CMD_FLAG_DF)
+    mx = h.get_block_size(nbd.SIZE_MAXIMUM)
+    if mx >= 64 * M:
+        # libnbd never sends more than 64 MiB in one request: the server
+        # beyond its maximum is checked byte by byte in raw_socket.rs.
+        return
+    big = mx + M
+    expect_error("EINVAL", h.pread, big, 0)
+    expect_error("EOVERFLOW", h.pread, big, 0, nbd.CMD_FLAG_DF)
     # A write payload beyond the maximum is read and discarded.
-    expect_error("EINVAL", h.pwrite, b"\x99" * (33 * M), 0)
+    expect_error("EINVAL", h.pwrite, b"\x99" * big, 0)
     check(h.pread(4096, 0)[0] == 0x11, "connection unusable after an oversized write")
 
 

@@ -622,7 +622,7 @@ impl BlockDevice for Qcow2 {
         BlockSizeLimits {
             minimum: 1,
             preferred: self.geo.cluster_size().min(1 << 20) as u32,
-            maximum: 32 << 20,
+            maximum: 64 << 20,
         }
     }
 

@@ -287,8 +287,8 @@ mod tests {
         );
         assert_eq!(e.max_payload(), MAX_PAYLOAD, "but payloads stay bounded");
         let plain = Export::new("m", mem);
-        assert_eq!(plain.block_size().maximum, 32 << 20);
-        assert_eq!(plain.max_payload(), 32 << 20);
+        assert_eq!(plain.block_size().maximum, 64 << 20);
+        assert_eq!(plain.max_payload(), 64 << 20);
     }
 
     #[test]

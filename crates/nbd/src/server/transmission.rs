@@ -24,7 +24,7 @@ use crate::proto::{Command, ReplyStyle};
 /// A payload larger than the maximum payload but at most this long is read
 /// and thrown away (the request fails with EINVAL and the connection
 /// lives on); a longer one ends the connection.
-pub const MAX_DISCARD: u64 = 64 << 20;
+pub const MAX_DISCARD: u64 = 128 << 20;
 /// What every request in flight counts against the budget besides its data.
 const REQUEST_OVERHEAD: u64 = 1024;
 /// A worker keeps its buffer between requests up to this size; a bigger
