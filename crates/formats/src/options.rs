@@ -32,6 +32,28 @@ pub fn size_value(name: &str, v: &str) -> Result<u64> {
     })
 }
 
+/// Splits QEMU option text at single commas; a doubled comma stands for a
+/// comma inside an item. Empty items are kept (callers skip them).
+pub fn split_items(text: &str) -> Vec<String> {
+    let mut chars = text.chars().peekable();
+    let mut item = String::new();
+    let mut items = Vec::new();
+    while let Some(c) = chars.next() {
+        if c == ',' {
+            if chars.peek() == Some(&',') {
+                chars.next();
+                item.push(',');
+            } else {
+                items.push(std::mem::take(&mut item));
+            }
+        } else {
+            item.push(c);
+        }
+    }
+    items.push(item);
+    items
+}
+
 /// Parsed `-o` options, in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OptionList {
@@ -46,23 +68,7 @@ impl OptionList {
 
     /// Parses one `-o` argument and merges it into the list.
     pub fn parse_into(&mut self, arg: &str) -> Result<()> {
-        let mut chars = arg.chars().peekable();
-        let mut item = String::new();
-        let mut items = Vec::new();
-        while let Some(c) = chars.next() {
-            if c == ',' {
-                if chars.peek() == Some(&',') {
-                    chars.next();
-                    item.push(',');
-                } else {
-                    items.push(std::mem::take(&mut item));
-                }
-            } else {
-                item.push(c);
-            }
-        }
-        items.push(item);
-        for it in items {
+        for it in split_items(arg) {
             if it.is_empty() {
                 continue;
             }

@@ -192,23 +192,7 @@ pub fn parse_image_opts(text: &str) -> Result<Spec> {
         return Err(Error::invalid("--image-opts description is too long"));
     }
     let mut spec = Spec::default();
-    let mut chars = text.chars().peekable();
-    let mut item = String::new();
-    let mut items = Vec::new();
-    while let Some(c) = chars.next() {
-        if c == ',' {
-            if chars.peek() == Some(&',') {
-                chars.next();
-                item.push(',');
-            } else {
-                items.push(std::mem::take(&mut item));
-            }
-        } else {
-            item.push(c);
-        }
-    }
-    items.push(item);
-    for item in items {
+    for item in diskit_formats::options::split_items(text) {
         if item.is_empty() {
             continue;
         }
