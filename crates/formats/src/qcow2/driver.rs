@@ -46,7 +46,6 @@ impl FormatDriver for Qcow2Driver {
             storage.clone(),
             super::Qcow2Options {
                 writable: opts.writable,
-                direct: opts.direct,
                 l2_cache_size: opts.l2_cache_size,
                 snapshot: opts.snapshot.clone(),
             },

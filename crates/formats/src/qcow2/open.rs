@@ -19,8 +19,6 @@ pub const DEFAULT_L2_CACHE_BYTES: u64 = 32 << 20;
 pub struct Qcow2Options {
     /// Open for writing.
     pub writable: bool,
-    /// Bypass the host page cache.
-    pub direct: bool,
     /// Bytes of L2 tables to cache (QEMU's l2-cache-size).
     pub l2_cache_size: Option<u64>,
     /// Read this internal snapshot (by id, then by name) instead of the

@@ -108,22 +108,26 @@ impl NbdClient {
                 self.uri
             ))
         })?;
+        self.status_of(id, offset, len)
+    }
+
+    /// Block status of context `id` for a prefix of the range (in range),
+    /// clipped to what was asked; an empty answer is an error.
+    fn status_of(&self, id: u32, offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
         let n = len.min(u64::from(u32::MAX));
         let answer = self.conn.request(CMD_BLOCK_STATUS, 0, offset, n, None)?;
-        let mut out: Vec<(u64, u32)> = answer
+        let mut left = n;
+        let out: Vec<(u64, u32)> = answer
             .status
             .into_iter()
             .filter(|(c, _)| *c == id)
             .flat_map(|(_, d)| d)
-            .map(|(l, f)| (l, f as u32))
+            .map_while(|(l, f)| {
+                let l = l.min(left);
+                left -= l;
+                (l > 0).then_some((l, f as u32))
+            })
             .collect();
-        // Never past what was asked.
-        let mut left = n;
-        out.retain_mut(|(l, _)| {
-            *l = (*l).min(left);
-            left -= *l;
-            *l > 0
-        });
         if out.is_empty() {
             return Err(Error::new(
                 ErrorKind::Io,
@@ -325,34 +329,19 @@ impl BlockDevice for NbdClient {
         let Some(id) = self.allocation else {
             return Ok(vec![Extent::data(len)]);
         };
-        let n = len.min(u64::from(u32::MAX));
-        let answer = self.conn.request(CMD_BLOCK_STATUS, 0, offset, n, None)?;
+        // Like a file, an export holds its bytes at their own offsets
+        // (QEMU's nbd driver reports them so).
         let mut out = Vec::new();
-        for (context, descriptors) in answer.status {
-            if context != id {
-                continue;
-            }
-            // Like a file, an export holds its bytes at their own offsets
-            // (QEMU's nbd driver reports them so).
-            let mut pos = offset;
-            for (length, flags) in descriptors {
-                let flags = flags as u32;
-                let mut e = if flags & STATE_HOLE != 0 {
-                    Extent::hole(length)
-                } else {
-                    Extent::data(length)
-                };
-                e.flags.zero = flags & STATE_ZERO != 0;
-                diskit_core::extent::push_merged(&mut out, e.at_host(pos));
-                pos = pos.saturating_add(length);
-            }
-        }
-        let out = diskit_core::extent::clip(out, n);
-        if out.is_empty() {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!("'{}' answered block status with no extents", self.uri),
-            ));
+        let mut pos = offset;
+        for (length, flags) in self.status_of(id, offset, len)? {
+            let mut e = if flags & STATE_HOLE != 0 {
+                Extent::hole(length)
+            } else {
+                Extent::data(length)
+            };
+            e.flags.zero = flags & STATE_ZERO != 0;
+            diskit_core::extent::push_merged(&mut out, e.at_host(pos));
+            pos += length;
         }
         Ok(out)
     }
