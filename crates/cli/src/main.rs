@@ -56,7 +56,10 @@ enum Command {
     Snapshot(cmd::snapshot::Args),
     /// Serve a device or image over NBD (nbdkit-style command line).
     Serve(cmd::serve::Args),
+    /// Show what an NBD server exports (libnbd's nbdinfo).
     Nbdinfo(cmd::nbdinfo::Args),
+    /// Copy between files, devices, pipes and NBD servers (libnbd's nbdcopy).
+    Copy(cmd::copy::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
         Command::Rebase(a) => cmd::rebase::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Nbdinfo(a) => cmd::nbdinfo::run(a),
+        Command::Copy(a) => cmd::copy::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

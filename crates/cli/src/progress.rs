@@ -95,6 +95,92 @@ impl Drop for ProgressPrinter {
     }
 }
 
+/// Where `diskit copy` shows its progress (nbdcopy's `-p` and
+/// `--progress=FD`).
+#[derive(Debug, Clone, Copy)]
+pub enum CopyProgressTo {
+    /// A bar on standard error, with rate and time left on a terminal.
+    Stderr,
+    /// `N/100` lines on this descriptor, one each time the percentage
+    /// changes, for programs to read.
+    Fd(i32),
+}
+
+impl ProgressPrinter {
+    /// Starts printing a copy's progress as nbdcopy does.
+    pub fn start_copy(progress: Arc<Progress>, to: CopyProgressTo) -> ProgressPrinter {
+        let stop = Arc::new(AtomicBool::new(false));
+        let completed = Arc::new(AtomicBool::new(false));
+        let (s, c) = (stop.clone(), completed.clone());
+        let tty = std::io::stderr().is_terminal();
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut last: Option<u64> = None;
+            // Always 0% first, as nbdcopy starts.
+            if let CopyProgressTo::Fd(fd) = to {
+                let line = b"0/100\n";
+                // SAFETY: writing a buffer we own to a descriptor the user named.
+                unsafe {
+                    libc::write(fd, line.as_ptr().cast(), line.len());
+                }
+                last = Some(0);
+            }
+            loop {
+                let stopping = s.load(Ordering::Relaxed);
+                let (done, total) = progress.get();
+                let mut pct = if total == 0 {
+                    100.0
+                } else {
+                    done as f64 * 100.0 / total as f64
+                };
+                if stopping && c.load(Ordering::Relaxed) {
+                    pct = 100.0;
+                }
+                let whole = pct as u64;
+                match to {
+                    CopyProgressTo::Fd(fd) => {
+                        if last != Some(whole) {
+                            let line = format!("{whole}/100\n");
+                            // SAFETY: writing a buffer we own to a descriptor
+                            // the user named; errors are ignored as nbdcopy does.
+                            unsafe {
+                                libc::write(fd, line.as_ptr().cast(), line.len());
+                            }
+                        }
+                    }
+                    CopyProgressTo::Stderr => {
+                        let mut err = std::io::stderr();
+                        let line = if tty {
+                            bar(pct, done, total, started.elapsed())
+                        } else {
+                            format!("{whole:3}%")
+                        };
+                        if tty || last != Some(whole) {
+                            let _ = write!(err, "\r{line}");
+                            if stopping {
+                                let _ = writeln!(err);
+                            }
+                            let _ = err.flush();
+                        } else if stopping {
+                            let _ = writeln!(err);
+                        }
+                    }
+                }
+                last = Some(whole);
+                if stopping {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        ProgressPrinter {
+            stop,
+            completed,
+            thread: Some(thread),
+        }
+    }
+}
+
 fn bar(pct: f64, done: u64, total: u64, elapsed: Duration) -> String {
     const WIDTH: usize = 30;
     let filled = (((pct / 100.0) * WIDTH as f64) as usize).min(WIDTH);

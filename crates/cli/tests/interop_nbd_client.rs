@@ -341,13 +341,14 @@ fn convert_prezeroes_only_when_zeroing_is_fast() {
     let log = dir.path().join("log.txt");
     // (nozero parameters, fast zero requests, zero requests, writes at most)
     for (params, fast, zeros, writes) in [
-        // Fast zero works: the whole target in one request, then data only.
-        ("zeromode=plugin", 1, 1, 5),
-        ("zeromode=plugin fastzeromode=ignore", 1, 1, 5),
+        // Fast zero works: the whole target in one request, then data
+        // only (5 MiB in requests of 256 KiB).
+        ("zeromode=plugin", 1, 1, 20),
+        ("zeromode=plugin fastzeromode=ignore", 1, 1, 20),
         // Not offered: the holes are zeroed, one request each.
-        ("zeromode=plugin fastzeromode=none", 0, 5, 5),
+        ("zeromode=plugin fastzeromode=none", 0, 5, 20),
         // No zeroing at all: zeros are written.
-        ("zeromode=none", 0, 0, 10),
+        ("zeromode=none", 0, 0, 40),
     ] {
         let _ = std::fs::remove_file(&log);
         let script = format!(
@@ -371,11 +372,9 @@ fn convert_prezeroes_only_when_zeroing_is_fast() {
         assert!(o.status.success(), "{params}: {}", stderr(&o));
         assert!(same_bytes(&back, &want), "{params}");
         let text = std::fs::read_to_string(&log).unwrap();
-        // The first connection is the convert into the export.
-        let first: Vec<&str> = text
-            .lines()
-            .filter(|l| l.contains("connection=1 "))
-            .collect();
+        // The convert into the export (over several connections: nbdkit's
+        // memory allows multi-conn) is what writes; the one back only reads.
+        let first: Vec<&str> = text.lines().collect();
         let count = |what: &str| first.iter().filter(|l| l.contains(what)).count();
         let fast_seen = first
             .iter()

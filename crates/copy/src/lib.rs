@@ -13,13 +13,16 @@ pub mod commit;
 mod plan;
 pub mod rebase;
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync;
 use diskit_core::zero::zero_runs;
-use diskit_core::{BlockDevice, Error, Result, WriteFlags, ZeroFlags};
+use diskit_core::{
+    BlockDevice, Completion, CompletionQueue, Error, Request, Result, WriteFlags, ZeroFlags,
+};
 
 use plan::{Item, Planner};
 
@@ -39,6 +42,17 @@ pub struct CopyOptions {
     pub ordered_writes: bool,
     /// Flush the destination at the end.
     pub flush: bool,
+    /// Every byte of the destination must end up allocated: zeros are
+    /// written with zero requests that may not make holes, and never
+    /// skipped.
+    pub allocated: bool,
+    /// Bytes of data requests in flight per worker at most, where a device
+    /// takes requests without waiting.
+    pub queue_size: u64,
+    /// Requests in flight per worker at most, where a device takes
+    /// requests without waiting (NBD); the bytes in flight are bounded
+    /// besides.
+    pub requests: usize,
     /// Source zero extents count only in whole aligned blocks of this many
     /// bytes (1: any); compressed targets need whole clusters.
     pub zero_alignment: u64,
@@ -57,6 +71,9 @@ impl Default for CopyOptions {
             target_is_zero: false,
             ordered_writes: false,
             flush: false,
+            allocated: false,
+            queue_size: 8 << 20,
+            requests: 64,
             zero_alignment: 1,
             skip_backing: false,
         }
@@ -166,7 +183,7 @@ pub fn copy(
     let mut prezeroed = 0;
     if !opts.target_is_zero
         && !opts.skip_backing
-        && opts.min_sparse != 0
+        && !opts.allocated
         && dst.capabilities().can_fast_zero
         && has_holes(src, size)
         && prezero(dst, size)?
@@ -174,22 +191,47 @@ pub fn copy(
         opts.target_is_zero = true;
         prezeroed = size;
     }
+    let max_workers = opts.workers.clamp(1, 64);
+    let request = opts.request_size.max(512) as u64;
+    let work = if opts.ordered_writes {
+        Work::Ordered(Mutex::new(
+            Planner::new(size, request)
+                .with_zero_alignment(opts.zero_alignment)
+                .skipping_backing(opts.skip_backing),
+        ))
+    } else {
+        Work::Chunks {
+            next: AtomicU64::new(0),
+            chunk: chunk_size(size, request, max_workers),
+        }
+    };
+    // Requests in flight per worker: one where both sides run requests
+    // synchronously (more threads are the parallelism there); up to the
+    // devices' queue depth otherwise, with the bytes in flight bounded.
+    let depth = if opts.ordered_writes {
+        1
+    } else {
+        let by_memory = (opts.queue_size / request).max(1) as usize;
+        src.queue_depth()
+            .max(dst.queue_depth())
+            .min(opts.requests.max(1))
+            .min(by_memory)
+    };
     let engine = Engine {
         src,
         dst,
         opts: opts.clone(),
-        planner: Mutex::new(
-            Planner::new(size, opts.request_size as u64)
-                .with_zero_alignment(opts.zero_alignment)
-                .skipping_backing(opts.skip_backing),
-        ),
+        size,
+        request,
+        work,
+        depth,
         failed: AtomicBool::new(false),
         error: Mutex::new(None),
         turn: Mutex::new(0),
         turn_changed: Condvar::new(),
         progress,
         stats: Mutex::new(CopyStats::default()),
-        max_workers: opts.workers.clamp(1, 64),
+        max_workers,
         spawned: AtomicUsize::new(1),
         handed: AtomicU64::new(0),
     };
@@ -205,11 +247,42 @@ pub fn copy(
     Ok(stats)
 }
 
+/// The largest range a worker owns at a time (as nbdcopy's threads do).
+const MAX_CHUNK: u64 = 128 << 20;
+
+/// The smallest range a worker owns: a hole across two ranges costs two
+/// zero requests instead of one.
+const MIN_CHUNK: u64 = 8 << 20;
+
+/// How much of the source a worker takes at a time: large enough that a
+/// worker's extents queries each serve many requests (and few holes are
+/// cut in two), small enough that every worker gets several.
+fn chunk_size(size: u64, request: u64, workers: usize) -> u64 {
+    let per = size.div_ceil(workers as u64 * 4);
+    per.clamp(MIN_CHUNK.max(request), MAX_CHUNK.max(request))
+        .next_multiple_of(request)
+}
+
+/// Where workers take their items from.
+enum Work {
+    /// One planner in source order, shared under a lock: writes must be
+    /// made in source order anyway.
+    Ordered(Mutex<Planner>),
+    /// Ranges of `chunk` bytes, taken in turn; each worker plans its own
+    /// range, asking the source for its extents itself.
+    Chunks { next: AtomicU64, chunk: u64 },
+}
+
 struct Engine<'a> {
     src: &'a dyn BlockDevice,
     dst: &'a dyn BlockDevice,
     opts: CopyOptions,
-    planner: Mutex<Planner>,
+    size: u64,
+    /// Bytes per data request.
+    request: u64,
+    work: Work,
+    /// Requests in flight per worker at most.
+    depth: usize,
     failed: AtomicBool,
     error: Mutex<Option<Error>>,
     /// Sequence number of the next item allowed to write (ordered mode).
@@ -233,38 +306,145 @@ const RAMP_BYTES: u64 = 8 << 20;
 /// Worker buffers grow in steps of this many bytes.
 const BUF_STEP: usize = 64 << 10;
 
+/// An item a worker has requests in flight for.
+struct InFlight {
+    item: Item,
+    /// Requests of the item in flight.
+    requests: usize,
+    /// Its data is being read (the one request in flight is the read).
+    reading: bool,
+    /// Data runs (offset, length) still to be written from the buffer,
+    /// one at a time as the buffer comes back.
+    data: VecDeque<(u64, u64)>,
+    /// The item's buffer while no request holds it.
+    buf: Option<AlignedBuf>,
+}
+
+/// One worker's state: its own range, completion queue, items in flight
+/// and buffers.
+struct Worker {
+    cq: CompletionQueue,
+    planner: Option<Planner>,
+    items: HashMap<u64, InFlight>,
+    /// Requests in flight.
+    requests: usize,
+    next_tag: u64,
+    /// Buffers not in use.
+    pool: Vec<AlignedBuf>,
+    /// The largest buffer made so far.
+    buf_size: usize,
+    stats: CopyStats,
+}
+
+impl Worker {
+    /// A buffer of at least `len` bytes: a free one, or a new one. New
+    /// buffers grow (doubling up to the request size) as items need them,
+    /// not allocated whole at once: a zeroed buffer costs a page fault per
+    /// 4 KiB, which made a worker that copies a few 64 KiB clusters pay
+    /// for 2 MiB.
+    fn buffer(&mut self, len: usize, request: usize) -> Result<AlignedBuf> {
+        if let Some(i) = self.pool.iter().position(|b| b.len() >= len) {
+            return Ok(self.pool.swap_remove(i));
+        }
+        let size = len
+            .max((self.buf_size * 2).min(request))
+            .next_multiple_of(BUF_STEP);
+        self.buf_size = self.buf_size.max(size);
+        // Smaller free buffers would only be passed over from now on.
+        self.pool.retain(|b| b.len() >= size);
+        AlignedBuf::new(size, 4096)
+    }
+}
+
 impl Engine<'_> {
     fn worker<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>) {
-        let mut buf: Option<AlignedBuf> = None;
-        while !self.failed.load(Ordering::Relaxed) {
-            let item = {
-                let mut planner = sync::lock(&self.planner);
-                match planner.next(self.src) {
-                    Ok(Some(item)) => item,
-                    Ok(None) => return,
-                    Err(e) => return self.fail(e),
+        let mut w = Worker {
+            cq: CompletionQueue::new(),
+            planner: None,
+            items: HashMap::new(),
+            requests: 0,
+            next_tag: 0,
+            pool: Vec::new(),
+            buf_size: 0,
+            stats: CopyStats::default(),
+        };
+        if let Err(e) = self.run(scope, &mut w) {
+            self.fail(e);
+        }
+        // Requests still in flight after a failure own their buffers and
+        // finish on their own; wait for them all the same, so that the
+        // devices are quiet when the copy returns.
+        while w.requests > 0 {
+            w.cq.wait();
+            w.requests -= 1;
+        }
+        let mut total = sync::lock(&self.stats);
+        total.data_bytes += w.stats.data_bytes;
+        total.zeroed_bytes += w.stats.zeroed_bytes;
+        total.skipped_bytes += w.stats.skipped_bytes;
+    }
+
+    fn run<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>, w: &mut Worker) -> Result<()> {
+        let mut exhausted = false;
+        loop {
+            while !exhausted && w.requests < self.depth && !self.failed.load(Ordering::Relaxed) {
+                let Some(item) = self.next_item(w)? else {
+                    exhausted = true;
+                    break;
+                };
+                if item.skip {
+                    self.progress.advance(item.len);
+                    continue;
                 }
-            };
-            if item.skip {
-                self.progress.done.fetch_add(item.len, Ordering::Relaxed);
-                continue;
+                self.ramp(scope, item.len);
+                self.start(w, item)?;
             }
-            let spawned = self.spawned.load(Ordering::Acquire);
-            let handed = self.handed.fetch_add(item.len, Ordering::AcqRel) + item.len;
-            if handed >= spawned as u64 * RAMP_BYTES
-                && spawned < self.max_workers
-                && self
-                    .spawned
-                    .compare_exchange(spawned, spawned + 1, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
-                scope.spawn(move || self.worker(scope));
+            if w.requests == 0 || self.failed.load(Ordering::Relaxed) {
+                return Ok(());
             }
-            let result = self.process(&item, &mut buf);
-            if let Err(e) = result {
-                return self.fail(e);
-            }
-            self.progress.done.fetch_add(item.len, Ordering::Relaxed);
+            let c = w.cq.wait();
+            w.requests -= 1;
+            self.complete(w, c)?;
+        }
+    }
+
+    /// Starts another worker when enough I/O has been handed out.
+    fn ramp<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>, len: u64) {
+        let spawned = self.spawned.load(Ordering::Acquire);
+        let handed = self.handed.fetch_add(len, Ordering::AcqRel) + len;
+        if handed >= spawned as u64 * RAMP_BYTES
+            && spawned < self.max_workers
+            && self
+                .spawned
+                .compare_exchange(spawned, spawned + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            scope.spawn(move || self.worker(scope));
+        }
+    }
+
+    /// The worker's next item: from the shared planner, or from its own
+    /// range, taking a new range when that one is done.
+    fn next_item(&self, w: &mut Worker) -> Result<Option<Item>> {
+        match &self.work {
+            Work::Ordered(planner) => sync::lock(planner).next(self.src),
+            Work::Chunks { next, chunk } => loop {
+                if let Some(p) = w.planner.as_mut() {
+                    if let Some(item) = p.next(self.src)? {
+                        return Ok(Some(item));
+                    }
+                    w.planner = None;
+                }
+                let start = next.fetch_add(*chunk, Ordering::Relaxed);
+                if start >= self.size {
+                    return Ok(None);
+                }
+                w.planner = Some(
+                    Planner::range(self.size, start, start + chunk, self.request)
+                        .with_zero_alignment(self.opts.zero_alignment)
+                        .skipping_backing(self.opts.skip_backing),
+                );
+            },
         }
     }
 
@@ -278,78 +458,157 @@ impl Engine<'_> {
         self.turn_changed.notify_all();
     }
 
-    fn process(&self, item: &Item, buf: &mut Option<AlignedBuf>) -> Result<()> {
-        let mut stats = CopyStats::default();
-        let mut writes: Vec<(u64, u64, bool)> = Vec::new(); // (offset, len, zero)
+    /// Whether zeros are left alone: the destination reads as zeros
+    /// already, and need not be allocated.
+    fn skip_zeros(&self) -> bool {
+        self.opts.target_is_zero && !self.opts.allocated
+    }
+
+    /// Starts an item: a read of its data, or the zeroing of its range.
+    fn start(&self, w: &mut Worker, item: Item) -> Result<()> {
+        let tag = w.next_tag;
+        w.next_tag += 1;
+        let mut f = InFlight {
+            item,
+            requests: 0,
+            reading: !item.zero,
+            data: VecDeque::new(),
+            buf: None,
+        };
         if item.zero {
-            writes.push((item.offset, item.len, true));
-        } else {
-            let want = item.len as usize;
-            if buf.as_ref().is_none_or(|b| b.len() < want) {
-                // Grown as items need it (doubling, up to the request
-                // size), not allocated whole at once: a zeroed buffer costs
-                // a page fault per 4 KiB, which made a worker that copies a
-                // few 64 KiB clusters pay for 2 MiB.
-                let old = buf.as_ref().map_or(0, |b| b.len());
-                let size = want
-                    .max((old * 2).min(self.opts.request_size))
-                    .next_multiple_of(BUF_STEP);
-                *buf = Some(AlignedBuf::new(size, 4096)?);
-            }
-            let data = &mut buf.as_mut().expect("allocated above")[..item.len as usize];
-            self.src
-                .read_at(data, item.offset)
-                .map_err(|e| e.context(format!("error while reading at byte {}", item.offset)))?;
-            if self.opts.min_sparse == 0 {
-                writes.push((item.offset, item.len, false));
+            self.wait_turn(item.seq)?;
+            if self.skip_zeros() {
+                w.stats.skipped_bytes += item.len;
             } else {
-                // Holes are whole blocks of pow2floor(min_sparse) bytes,
-                // aligned on the device, as qemu-img makes them.
-                let min = self.opts.min_sparse as usize;
-                let granularity = 1usize << (usize::BITS - 1 - min.leading_zeros());
-                for r in zero_runs(data, item.offset, granularity, min) {
-                    writes.push((item.offset + r.start as u64, r.len as u64, r.zero));
-                }
+                self.zero(w, tag, &mut f, item.offset, item.len);
             }
+        } else {
+            let buf = w.buffer(item.len as usize, self.opts.request_size)?;
+            f.requests += 1;
+            w.requests += 1;
+            self.src.submit(
+                tag,
+                Request::Read {
+                    offset: item.offset,
+                    buf,
+                    len: item.len as usize,
+                },
+                &w.cq,
+            );
         }
-        self.wait_turn(item.seq)?;
-        let result = self.write_all(item, buf, &writes, &mut stats);
-        self.end_turn(item.seq);
-        result?;
-        let mut total = sync::lock(&self.stats);
-        total.data_bytes += stats.data_bytes;
-        total.zeroed_bytes += stats.zeroed_bytes;
-        total.skipped_bytes += stats.skipped_bytes;
+        self.settle(w, tag, f);
         Ok(())
     }
 
-    fn write_all(
-        &self,
-        item: &Item,
-        buf: &Option<AlignedBuf>,
-        writes: &[(u64, u64, bool)],
-        stats: &mut CopyStats,
-    ) -> Result<()> {
-        for &(offset, len, zero) in writes {
-            let at = |e: Error| e.context(format!("error while writing at byte {offset}"));
-            // With min_sparse 0 every byte must end up allocated, zeros included.
-            if zero && self.opts.target_is_zero && self.opts.min_sparse != 0 {
-                stats.skipped_bytes += len;
-            } else if zero {
-                // With -S 0 zeros must end up allocated, so no trimming.
-                let flags = ZeroFlags {
-                    may_trim: self.opts.min_sparse != 0,
-                    ..Default::default()
-                };
-                self.dst.write_zeroes(offset, len, flags).map_err(at)?;
-                stats.zeroed_bytes += len;
+    fn zero(&self, w: &mut Worker, tag: u64, f: &mut InFlight, offset: u64, len: u64) {
+        let flags = ZeroFlags {
+            may_trim: !self.opts.allocated,
+            ..Default::default()
+        };
+        f.requests += 1;
+        w.requests += 1;
+        w.stats.zeroed_bytes += len;
+        self.dst
+            .submit(tag, Request::Zero { offset, len, flags }, &w.cq);
+    }
+
+    /// Sends the item's next data run from its buffer, if it has one and
+    /// the buffer is free.
+    fn write_next(&self, w: &mut Worker, tag: u64, f: &mut InFlight) {
+        if let (Some(_), Some(&(offset, len))) = (f.buf.as_ref(), f.data.front()) {
+            f.data.pop_front();
+            let buf = f.buf.take().expect("checked above");
+            let start = (offset - f.item.offset) as usize;
+            f.requests += 1;
+            w.requests += 1;
+            w.stats.data_bytes += len;
+            self.dst.submit(
+                tag,
+                Request::Write {
+                    offset,
+                    buf,
+                    range: start..start + len as usize,
+                    flags: WriteFlags::NONE,
+                },
+                &w.cq,
+            );
+        }
+    }
+
+    /// Keeps an item while it has requests in flight (their completions
+    /// may be queued already), or finishes it.
+    fn settle(&self, w: &mut Worker, tag: u64, f: InFlight) {
+        if f.requests > 0 {
+            w.items.insert(tag, f);
+        } else {
+            self.finish(w, f);
+        }
+    }
+
+    fn finish(&self, w: &mut Worker, mut f: InFlight) {
+        if let Some(b) = f.buf.take() {
+            w.pool.push(b);
+        }
+        self.end_turn(f.item.seq);
+        self.progress.advance(f.item.len);
+    }
+
+    /// Handles one completion of the worker's requests.
+    fn complete(&self, w: &mut Worker, c: Completion) -> Result<()> {
+        let mut f = w
+            .items
+            .remove(&c.tag)
+            .expect("completions answer items in flight");
+        f.requests -= 1;
+        let at = f.item.offset;
+        let was_read = std::mem::replace(&mut f.reading, false);
+        if let Some(b) = c.buf {
+            f.buf = Some(b);
+        }
+        if let Err(e) = c.result {
+            if let Some(b) = f.buf.take() {
+                w.pool.push(b);
+            }
+            let what = if was_read { "reading" } else { "writing" };
+            return Err(e.context(format!("error while {what} at byte {at}")));
+        }
+        if was_read {
+            self.plan_writes(w, c.tag, &mut f)?;
+        }
+        self.write_next(w, c.tag, &mut f);
+        if f.requests == 0 && f.data.is_empty() {
+            self.finish(w, f);
+        } else {
+            w.items.insert(c.tag, f);
+        }
+        Ok(())
+    }
+
+    /// After an item's read: finds its zero runs, zeroes (or skips) them
+    /// and queues its data runs.
+    fn plan_writes(&self, w: &mut Worker, tag: u64, f: &mut InFlight) -> Result<()> {
+        let item = f.item;
+        let data = &f.buf.as_ref().expect("a read gives its buffer back")[..item.len as usize];
+        let mut runs: Vec<(u64, u64, bool)> = Vec::new();
+        if self.opts.min_sparse == 0 {
+            runs.push((item.offset, item.len, false));
+        } else {
+            // Holes are whole blocks of pow2floor(min_sparse) bytes,
+            // aligned on the device, as qemu-img makes them.
+            let min = self.opts.min_sparse as usize;
+            let granularity = 1usize << (usize::BITS - 1 - min.leading_zeros());
+            for r in zero_runs(data, item.offset, granularity, min) {
+                runs.push((item.offset + r.start as u64, r.len as u64, r.zero));
+            }
+        }
+        self.wait_turn(item.seq)?;
+        for (offset, len, zero) in runs {
+            if !zero {
+                f.data.push_back((offset, len));
+            } else if self.skip_zeros() {
+                w.stats.skipped_bytes += len;
             } else {
-                let b = buf.as_ref().expect("data items have a buffer");
-                let start = (offset - item.offset) as usize;
-                self.dst
-                    .write_at(&b[start..start + len as usize], offset, WriteFlags::NONE)
-                    .map_err(at)?;
-                stats.data_bytes += len;
+                self.zero(w, tag, f, offset, len);
             }
         }
         Ok(())

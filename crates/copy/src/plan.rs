@@ -24,10 +24,13 @@ pub struct Item {
 /// destination that must really write zeros spreads the work over workers.
 const MAX_ZERO_ITEM: u64 = 1 << 30;
 
-/// Hands out items in source order. Extents are fetched as needed and
-/// queued, so each extents query serves many items.
+/// Hands out the items of a range of the source in order. Extents are
+/// fetched as needed and queued, so each extents query serves many items.
 pub struct Planner {
+    /// The source's size.
     size: u64,
+    /// Where the range ends.
+    end: u64,
     request: u64,
     pos: u64,
     seq: u64,
@@ -41,10 +44,16 @@ pub struct Planner {
 impl Planner {
     /// A planner over a source of `size` bytes with data requests of `request` bytes.
     pub fn new(size: u64, request: u64) -> Planner {
+        Planner::range(size, 0, size, request)
+    }
+
+    /// A planner over `start..end` of a source of `size` bytes.
+    pub fn range(size: u64, start: u64, end: u64, request: u64) -> Planner {
         Planner {
             size,
+            end: end.min(size),
             request: request.max(512),
-            pos: 0,
+            pos: start,
             seq: 0,
             queue: VecDeque::new(),
             zero_align: 1,
@@ -75,7 +84,7 @@ impl Planner {
     /// Queues the extents from `from` on (the queue holds what precedes it).
     fn fill(&mut self, src: &dyn BlockDevice, from: u64) -> Result<()> {
         // One answer (a prefix), never trusted to stay inside the range asked.
-        let rest = self.size - from;
+        let rest = self.end - from;
         let mut start = from;
         for e in extent::clip(src.extents(from, rest)?, rest) {
             let e = self.classify(e);
@@ -84,7 +93,7 @@ impl Planner {
         }
         if start == from {
             // A device that answers nothing: treat the rest as data.
-            self.push_merged(Extent::data(self.size - from));
+            self.push_merged(Extent::data(self.end - from));
         }
         Ok(())
     }
@@ -132,7 +141,7 @@ impl Planner {
 
     /// The next item, or None at the end.
     pub fn next(&mut self, src: &dyn BlockDevice) -> Result<Option<Item>> {
-        if self.pos >= self.size {
+        if self.pos >= self.end {
             return Ok(None);
         }
         if self.queue.is_empty() {
@@ -148,7 +157,7 @@ impl Planner {
             if front.flags.zero
                 || self.queue.len() > 1
                 || front.length >= boundary
-                || end >= self.size
+                || end >= self.end
             {
                 break;
             }

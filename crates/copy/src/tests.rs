@@ -1,7 +1,7 @@
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_backends::{MemoryDevice, NullDevice, PatternDevice};
-use diskit_core::{BlockDevice, WriteFlags};
+use diskit_core::{BlockDevice, CompletionQueue, Request, WriteFlags, ZeroFlags};
 
 use super::*;
 
@@ -157,6 +157,71 @@ impl Rng {
     }
 }
 
+/// Requests waiting in a [`Deferred`], and its signal.
+type Queued = Arc<(Mutex<Vec<(u64, Request, CompletionQueue)>>, Condvar)>;
+
+/// A device that completes submitted requests later, on another thread,
+/// in a shuffled order: what an NBD connection does.
+struct Deferred<D: BlockDevice + 'static> {
+    inner: Arc<D>,
+    queue: Queued,
+}
+
+impl<D: BlockDevice + 'static> Deferred<D> {
+    fn new(inner: Arc<D>, seed: u64) -> Deferred<D> {
+        let queue: Queued = Arc::default();
+        let (q, dev) = (queue.clone(), inner.clone());
+        std::thread::spawn(move || {
+            let mut rng = Rng(seed | 1);
+            loop {
+                let mut pending = q.0.lock().unwrap();
+                while pending.is_empty() {
+                    if Arc::strong_count(&q) == 1 {
+                        return;
+                    }
+                    pending =
+                        q.1.wait_timeout(pending, std::time::Duration::from_millis(5))
+                            .unwrap()
+                            .0;
+                }
+                let i = rng.below(pending.len() as u64) as usize;
+                let (tag, req, cq) = pending.swap_remove(i);
+                drop(pending);
+                cq.push(diskit_core::aio::run(&*dev, tag, req));
+            }
+        });
+        Deferred { inner, queue }
+    }
+}
+
+impl<D: BlockDevice + 'static> BlockDevice for Deferred<D> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        self.inner.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> diskit_core::Result<()> {
+        self.inner.write_at(buf, offset, flags)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> diskit_core::Result<()> {
+        self.inner.write_zeroes(offset, len, flags)
+    }
+    fn extents(&self, offset: u64, len: u64) -> diskit_core::Result<Vec<diskit_core::Extent>> {
+        self.inner.extents(offset, len)
+    }
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        self.queue.0.lock().unwrap().push((tag, req, cq.clone()));
+        self.queue.1.notify_one();
+    }
+    fn queue_depth(&self) -> usize {
+        16
+    }
+}
+
 #[test]
 fn random_layouts_copy_exactly_with_minimal_allocation() {
     for seed in 1..=40u64 {
@@ -190,9 +255,23 @@ fn random_layouts_copy_exactly_with_minimal_allocation() {
             flush: rng.below(2) == 0,
             zero_alignment: [1, 4096, 65536][rng.below(3) as usize],
             skip_backing: false,
+            requests: 1 + rng.below(16) as usize,
+            ..Default::default()
         };
-        let stats = copy(&src, &dst, &opts, &Progress::default())
-            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let opts = CopyOptions {
+            allocated: opts.min_sparse == 0,
+            ..opts
+        };
+        // Either side may complete requests out of order, later.
+        let (src, dst) = (Arc::new(src), Arc::new(dst));
+        let (dsrc, ddst) = (
+            Deferred::new(src.clone(), seed),
+            Deferred::new(dst.clone(), !seed),
+        );
+        let s: &dyn BlockDevice = if seed % 3 == 1 { &dsrc } else { &*src };
+        let d: &dyn BlockDevice = if seed % 4 >= 2 { &ddst } else { &*dst };
+        let stats =
+            copy(s, d, &opts, &Progress::default()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         let mut a = vec![0u8; size as usize];
         let mut b = vec![0u8; size as usize];
         src.read_at(&mut a, 0).unwrap();

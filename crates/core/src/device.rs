@@ -4,6 +4,7 @@
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
+use crate::aio::{CompletionQueue, Request};
 use crate::error::{Error, ErrorKind, Result};
 use crate::extent::Extent;
 
@@ -246,6 +247,21 @@ pub trait BlockDevice: Send + Sync {
     fn close(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Starts `req` and delivers its [`Completion`](crate::aio::Completion)
+    /// with `tag` to `cq`. The default runs it before returning; a device
+    /// that can keep requests in flight without a thread each (an NBD
+    /// connection) sends it and returns at once.
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        cq.push(crate::aio::run(self, tag, req));
+    }
+
+    /// How many submitted requests are worth keeping in flight at once
+    /// from one submitter: 1 for a device whose `submit` runs requests
+    /// before it returns.
+    fn queue_depth(&self) -> usize {
+        1
+    }
 }
 
 /// How a request with `fua` that goes to `dev` as `pieces` writes keeps
@@ -337,6 +353,12 @@ macro_rules! forward_device {
             }
             fn close(&self) -> Result<()> {
                 (**self).close()
+            }
+            fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+                (**self).submit(tag, req, cq)
+            }
+            fn queue_depth(&self) -> usize {
+                (**self).queue_depth()
             }
         }
     };

@@ -12,6 +12,7 @@
 //! duration; a request cannot outlive its buffer because the call returns only
 //! when the I/O has completed.
 
+pub mod aio;
 pub mod buffer;
 pub mod concat;
 pub mod device;
@@ -24,6 +25,7 @@ pub mod storage;
 pub mod sync;
 pub mod zero;
 
+pub use aio::{Completion, CompletionQueue, Request};
 pub use device::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, WriteFlags, ZeroFlags,
 };

@@ -423,6 +423,18 @@ struct How {
     skip_backing: bool,
 }
 
+/// Bytes per data request: 2 MiB between local devices; over NBD, where
+/// many requests are in flight at once, 256 KiB (nbdcopy's size), so that
+/// a server that handles each request on one thread spreads the work.
+fn request_size(src: &dyn BlockDevice, dst: &dyn BlockDevice) -> usize {
+    if src.queue_depth() > 1 || dst.queue_depth() > 1 {
+        let preferred = src.block_size().preferred.max(dst.block_size().preferred) as usize;
+        (256usize << 10).max(preferred.next_power_of_two())
+    } else {
+        2 << 20
+    }
+}
+
 /// Copies `src` into `dst` with the progress display.
 fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &dyn BlockDevice, how: &How) -> CmdResult {
     let min_sparse = how.min_sparse;
@@ -436,7 +448,10 @@ fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &dyn BlockDevice, how: &How) -
         skip_backing: how.skip_backing,
         // Holes are made of whole aligned blocks of pow2floor(-S) bytes, as
         // qemu-img does; requests must hold at least one such block.
-        request_size: (2usize << 20).max(pow2_floor(min_sparse) as usize),
+        request_size: request_size(src, dst).max(pow2_floor(min_sparse) as usize),
+        // -S 0: every byte allocated.
+        allocated: min_sparse == 0,
+        ..CopyOptions::default()
     };
     let progress = Arc::new(Progress::default());
     let printer = (a.progress && !a.quiet).then(|| ProgressPrinter::start(progress.clone()));

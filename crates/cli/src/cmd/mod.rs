@@ -5,6 +5,7 @@ pub mod check;
 pub mod commit;
 pub mod compare;
 pub mod convert;
+pub mod copy;
 pub mod create;
 pub mod info;
 pub mod map;

@@ -5,19 +5,23 @@
 //! buffer.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
+use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync::lock;
-use diskit_core::{Error, ErrorKind, Result};
+use diskit_core::{Completion, CompletionQueue, Error, ErrorKind, Result};
 
 use crate::proto::consts::*;
 use crate::proto::reply::{Chunk, ReplyHeader};
 use crate::proto::request::RequestHeader;
 
+/// The reader's buffer, for headers and small payloads; read data goes
+/// past it, straight into the request's buffer.
+const READ_BUFFER: usize = 16 << 10;
 /// Error chunks and other non-data payloads longer than this are refused.
 const MAX_SMALL_PAYLOAD: u64 = 1 << 20;
 /// Block status payloads longer than this are refused.
@@ -74,48 +78,134 @@ impl Write for Stream {
     }
 }
 
-/// What a finished request gives back.
+/// What a finished request gives back besides its buffer.
 #[derive(Debug, Default)]
 pub struct Answer {
-    /// Data read (READ).
-    pub data: Vec<u8>,
     /// Block status descriptors (length, flags) per context id.
     pub status: Vec<(u32, Vec<(u64, u64)>)>,
 }
 
-#[derive(Default)]
-struct SlotState {
-    done: bool,
-    error: Option<Error>,
-    answer: Answer,
-    /// Offset and length of a READ (its data chunks must lie inside).
-    read: Option<(u64, u64)>,
-    /// Bytes of a structured READ that data and hole chunks covered.
-    covered: u64,
-}
-
-#[derive(Default)]
-struct Slot {
-    state: Mutex<SlotState>,
+/// One request as its caller sees it, sent as one or more pieces (a
+/// request longer than the server takes is split). It owns the request's
+/// buffer while the request is in flight; reads land in it straight from
+/// the socket. It is done when every piece has its reply and the sender
+/// has let go of it; then it wakes its waiter or posts its completion.
+pub struct Group {
+    state: Mutex<GroupState>,
     cond: Condvar,
 }
 
-impl Slot {
-    fn finish(&self, error: Option<Error>) {
-        let mut st = lock(&self.state);
-        if st.error.is_none() {
-            st.error = error;
-        }
-        st.done = true;
-        self.cond.notify_all();
+struct GroupState {
+    /// Pieces without a reply, plus one for the sender until it is done.
+    left: usize,
+    error: Option<Error>,
+    buf: Option<AlignedBuf>,
+    answer: Answer,
+    /// Where the completion goes, for submitted requests.
+    notify: Option<(CompletionQueue, u64)>,
+    done: bool,
+}
+
+impl Group {
+    /// A request of `pieces` pieces, reading into `buf` if it reads, whose
+    /// completion goes to `notify` (or to [`Group::wait`]).
+    pub fn new(
+        pieces: usize,
+        buf: Option<AlignedBuf>,
+        notify: Option<(CompletionQueue, u64)>,
+    ) -> Arc<Group> {
+        Arc::new(Group {
+            state: Mutex::new(GroupState {
+                left: pieces + 1,
+                error: None,
+                buf,
+                answer: Answer::default(),
+                notify,
+                done: false,
+            }),
+            cond: Condvar::new(),
+        })
     }
 
+    /// Records an error; the first one is what the request reports.
     fn fail(&self, error: Error) {
         let mut st = lock(&self.state);
         if st.error.is_none() {
             st.error = Some(error);
         }
     }
+
+    /// Counts `n` pieces as finished, with an error or not.
+    fn finish(&self, n: usize, error: Option<Error>) {
+        let mut st = lock(&self.state);
+        if st.error.is_none() {
+            st.error = error;
+        }
+        st.left = st.left.saturating_sub(n);
+        if st.left > 0 {
+            return;
+        }
+        st.done = true;
+        if let Some((cq, tag)) = st.notify.take() {
+            let c = Completion {
+                tag,
+                result: st.error.take().map_or(Ok(()), Err),
+                buf: st.buf.take(),
+            };
+            drop(st);
+            cq.push(c);
+        } else {
+            self.cond.notify_all();
+        }
+    }
+
+    /// The sender is done with the request: gives back the buffer a write
+    /// was sent from, which the completion returns.
+    pub fn release(&self, buf: Option<AlignedBuf>) {
+        if buf.is_some() {
+            lock(&self.state).buf = buf;
+        }
+        self.finish(1, None);
+    }
+
+    /// Waits for a request without a completion queue; returns its buffer
+    /// and answer.
+    pub fn wait(&self) -> Result<(Option<AlignedBuf>, Answer)> {
+        let mut st = lock(&self.state);
+        while !st.done {
+            st = self.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        match st.error.take() {
+            Some(e) => Err(e),
+            None => Ok((st.buf.take(), std::mem::take(&mut st.answer))),
+        }
+    }
+}
+
+/// One piece of a request on the wire.
+#[derive(Debug, Clone, Copy)]
+pub struct Piece {
+    /// `CMD_*`.
+    pub command: u16,
+    /// `CMD_FLAG_*`.
+    pub flags: u16,
+    /// Export offset.
+    pub offset: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// Where the piece's bytes are in the request's buffer (reads) or
+    /// payload (writes).
+    pub at: usize,
+}
+
+/// A piece waiting for its reply.
+struct Slot {
+    group: Arc<Group>,
+    /// A READ's range (offset, length, position in the buffer): its data
+    /// chunks must lie inside and cover it.
+    read: Option<(u64, u64, usize)>,
+    /// Bytes of a structured READ that data and hole chunks covered.
+    covered: AtomicU64,
 }
 
 /// Requests waiting for replies, and why the connection ended once it
@@ -140,7 +230,8 @@ impl Shared {
         let slots: Vec<_> = p.slots.drain().map(|(_, s)| s).collect();
         drop(p);
         for slot in slots {
-            slot.finish(Some(Error::new(ErrorKind::Io, why.clone())));
+            slot.group
+                .finish(1, Some(Error::new(ErrorKind::Io, why.clone())));
         }
     }
 
@@ -170,7 +261,7 @@ impl Connection {
         let reader = std::thread::Builder::new()
             .name("nbd-client-reader".into())
             .spawn(move || {
-                let mut r = std::io::BufReader::with_capacity(256 << 10, reader_stream);
+                let mut r = std::io::BufReader::with_capacity(READ_BUFFER, reader_stream);
                 let why = match read_replies(&mut r, &s2, structured) {
                     Ok(()) => "the server closed the connection".to_string(),
                     Err(e) => e.to_string(),
@@ -186,8 +277,68 @@ impl Connection {
         })
     }
 
-    /// Sends a request (with `payload` for WRITE) and waits for its answer.
-    /// `read` is the range a READ asks for.
+    /// Sends the pieces of `group` (WRITE pieces with their bytes from
+    /// `payload`). Each piece finishes in `group` when its reply comes;
+    /// pieces that could not be sent finish at once with the error. The
+    /// caller then calls [`Group::release`].
+    pub fn send(&self, group: &Arc<Group>, pieces: &[Piece], payload: Option<&[u8]>) {
+        for (i, p) in pieces.iter().enumerate() {
+            if let Err(e) = self.send_piece(group, p, payload) {
+                group.finish(pieces.len() - i, Some(e));
+                return;
+            }
+        }
+    }
+
+    fn send_piece(&self, group: &Arc<Group>, p: &Piece, payload: Option<&[u8]>) -> Result<()> {
+        let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
+        let data = if p.command == CMD_WRITE {
+            let data = payload
+                .and_then(|d| d.get(p.at..p.at + p.length as usize))
+                .ok_or_else(|| Error::invalid("write piece outside its payload"))?;
+            Some(data)
+        } else {
+            None
+        };
+        let slot = Arc::new(Slot {
+            group: group.clone(),
+            read: (p.command == CMD_READ).then_some((p.offset, p.length, p.at)),
+            covered: AtomicU64::new(0),
+        });
+        {
+            let mut pending = lock(&self.shared.pending);
+            if let Some(why) = &pending.dead {
+                return Err(Error::new(ErrorKind::Io, why.clone()));
+            }
+            pending.slots.insert(cookie, slot);
+        }
+        let header = RequestHeader {
+            flags: p.flags,
+            command: p.command,
+            cookie,
+            offset: p.offset,
+            length: p.length,
+            extended: false,
+        }
+        .encode();
+        let sent = {
+            let mut w = lock(&self.writer);
+            let mut r = w.write_all(&header);
+            if let (Ok(()), Some(d)) = (&r, data) {
+                r = w.write_all(d);
+            }
+            r
+        };
+        if let Err(e) = sent {
+            let err = Error::from(e).context("NBD request");
+            // The piece's slot goes with the others, finished by kill.
+            self.shared.kill(err.to_string());
+            return Ok(());
+        }
+        Ok(())
+    }
+
+    /// Sends one request and waits for it; `payload` is a WRITE's data.
     pub fn request(
         &self,
         command: u16,
@@ -196,62 +347,33 @@ impl Connection {
         length: u64,
         payload: Option<&[u8]>,
     ) -> Result<Answer> {
-        let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
-        let slot = Arc::new(Slot::default());
-        if command == CMD_READ {
-            let mut st = lock(&slot.state);
-            st.read = Some((offset, length));
-            st.answer.data = vec![0u8; length as usize];
-        }
-        {
-            let mut p = lock(&self.shared.pending);
-            if let Some(why) = &p.dead {
-                return Err(Error::new(ErrorKind::Io, why.clone()));
-            }
-            p.slots.insert(cookie, slot.clone());
-        }
-        let header = RequestHeader {
-            flags,
+        let group = Group::new(1, None, None);
+        let piece = Piece {
             command,
-            cookie,
+            flags,
             offset,
             length,
-            extended: false,
-        }
-        .encode();
-        let sent = {
-            let mut w = lock(&self.writer);
-            let mut r = w.write_all(&header);
-            if let (Ok(()), Some(p)) = (&r, payload) {
-                r = w.write_all(p);
-            }
-            r
+            at: 0,
         };
-        if let Err(e) = sent {
-            lock(&self.shared.pending).slots.remove(&cookie);
-            let err = Error::from(e).context("NBD request");
-            self.shared.kill(err.to_string());
-            return Err(err);
-        }
-        if command == CMD_DISC {
-            lock(&self.shared.pending).slots.remove(&cookie);
-            return Ok(Answer::default());
-        }
-        let mut st = lock(&slot.state);
-        while !st.done {
-            st = slot.cond.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        match st.error.take() {
-            Some(e) => Err(e),
-            None => Ok(std::mem::take(&mut st.answer)),
-        }
+        self.send(&group, &[piece], payload);
+        group.release(None);
+        group.wait().map(|(_, answer)| answer)
     }
 
     /// Ends the connection: NBD_CMD_DISC, then the socket is shut down and
     /// the reader joined.
     pub fn close(&self) {
         if !self.shared.is_dead() {
-            let _ = self.request(CMD_DISC, 0, 0, 0, None);
+            let header = RequestHeader {
+                flags: 0,
+                command: CMD_DISC,
+                cookie: self.next_cookie.fetch_add(1, Ordering::Relaxed),
+                offset: 0,
+                length: 0,
+                extended: false,
+            }
+            .encode();
+            let _ = lock(&self.writer).write_all(&header);
         }
         self.control.shutdown();
         if let Some(h) = lock(&self.reader).take() {
@@ -274,7 +396,7 @@ fn proto_err(msg: impl Into<String>) -> Error {
 }
 
 /// The reader thread's loop: one reply (or chunk) at a time.
-fn read_replies<R: Read>(r: &mut R, shared: &Shared, structured: bool) -> Result<()> {
+fn read_replies<R: Read>(r: &mut BufReader<R>, shared: &Shared, structured: bool) -> Result<()> {
     let mut head = [0u8; 32];
     loop {
         match r.read(&mut head[..4]) {
@@ -294,16 +416,20 @@ fn read_replies<R: Read>(r: &mut R, shared: &Shared, structured: bool) -> Result
             .map_err(|e| proto_err(format!("bad reply header: {e}")))?;
         match header {
             ReplyHeader::Simple { error, cookie } => {
-                let slot = take_slot(shared, cookie)?;
-                let mut st = lock(&slot.state);
+                let slot = lock(&shared.pending)
+                    .slots
+                    .remove(&cookie)
+                    .ok_or_else(|| proto_err(format!("reply to unknown cookie {cookie}")))?;
                 if error != 0 {
                     let kind = ErrorKind::from_nbd_code(error);
-                    st.error = Some(Error::new(kind, format!("server error {error}")));
-                } else if st.read.is_some() {
-                    r.read_exact(&mut st.answer.data)?;
+                    let e = Error::new(kind, format!("server error {error}"));
+                    slot.group.finish(1, Some(e));
+                    continue;
                 }
-                st.done = true;
-                slot.cond.notify_all();
+                if let Some((_, len, at)) = slot.read {
+                    read_into(r, &slot.group, at, len)?;
+                }
+                slot.group.finish(1, None);
             }
             ReplyHeader::Chunk(c) => {
                 let slot = lock(&shared.pending)
@@ -314,28 +440,37 @@ fn read_replies<R: Read>(r: &mut R, shared: &Shared, structured: bool) -> Result
                 read_chunk(r, &slot, c.kind, c.length)?;
                 if c.flags & REPLY_FLAG_DONE != 0 {
                     lock(&shared.pending).slots.remove(&c.cookie);
-                    let short = {
-                        let st = lock(&slot.state);
-                        st.error.is_none() && st.read.is_some_and(|(_, len)| st.covered != len)
-                    };
-                    slot.finish(
-                        short.then(|| proto_err("a read reply that does not cover the request")),
-                    );
+                    let short = slot
+                        .read
+                        .is_some_and(|(_, len, _)| slot.covered.load(Ordering::Relaxed) != len);
+                    let err =
+                        short.then(|| proto_err("a read reply that does not cover the request"));
+                    // An error chunk explains a short read better.
+                    slot.group.finish(1, err);
                 }
             }
         }
     }
 }
 
-fn take_slot(shared: &Shared, cookie: u64) -> Result<Arc<Slot>> {
-    lock(&shared.pending)
-        .slots
-        .remove(&cookie)
-        .ok_or_else(|| proto_err(format!("reply to unknown cookie {cookie}")))
+/// Reads `len` bytes of reply data into the request's buffer at `at`.
+fn read_into<R: Read>(r: &mut BufReader<R>, group: &Group, at: usize, len: u64) -> Result<()> {
+    let mut st = lock(&group.state);
+    let dest = st
+        .buf
+        .as_mut()
+        .and_then(|b| b.get_mut(at..at + len as usize))
+        .ok_or_else(|| Error::invalid("a read without a buffer"))?;
+    // What the reader's buffer holds already, then the rest from the
+    // socket itself: through the buffer, every byte would be copied twice.
+    let have = r.buffer().len().min(dest.len());
+    dest[..have].copy_from_slice(&r.buffer()[..have]);
+    r.consume(have);
+    Ok(r.get_mut().read_exact(&mut dest[have..])?)
 }
 
 /// Reads one chunk's payload into its request.
-fn read_chunk<R: Read>(r: &mut R, slot: &Slot, kind: u16, length: u64) -> Result<()> {
+fn read_chunk<R: Read>(r: &mut BufReader<R>, slot: &Slot, kind: u16, length: u64) -> Result<()> {
     if kind == REPLY_TYPE_OFFSET_DATA {
         if length < 9 {
             return Err(proto_err("short data chunk"));
@@ -344,16 +479,14 @@ fn read_chunk<R: Read>(r: &mut R, slot: &Slot, kind: u16, length: u64) -> Result
         r.read_exact(&mut off)?;
         let at = u64::from_be_bytes(off);
         let n = length - 8;
-        let mut st = lock(&slot.state);
-        let Some((start, len)) = st.read else {
+        let Some((start, len, pos)) = slot.read else {
             return Err(proto_err("data chunk for a request that reads nothing"));
         };
         if at < start || at.checked_add(n).is_none_or(|end| end > start + len) {
             return Err(proto_err("data chunk outside the request"));
         }
-        let from = (at - start) as usize;
-        st.covered += n;
-        return Ok(r.read_exact(&mut st.answer.data[from..from + n as usize])?);
+        slot.covered.fetch_add(n, Ordering::Relaxed);
+        return read_into(r, &slot.group, pos + (at - start) as usize, n);
     }
     let cap = if kind == REPLY_TYPE_BLOCK_STATUS {
         MAX_STATUS_PAYLOAD
@@ -370,20 +503,29 @@ fn read_chunk<R: Read>(r: &mut R, slot: &Slot, kind: u16, length: u64) -> Result
         Chunk::None | Chunk::Unknown(_) => {}
         Chunk::Data { .. } => unreachable!("data chunks are read above"),
         Chunk::Hole { offset, len } => {
-            let mut st = lock(&slot.state);
-            let Some((start, rlen)) = st.read else {
+            let Some((start, rlen, pos)) = slot.read else {
                 return Err(proto_err("hole chunk for a request that reads nothing"));
             };
             let len = u64::from(len);
             if offset < start || offset.checked_add(len).is_none_or(|e| e > start + rlen) {
                 return Err(proto_err("hole chunk outside the request"));
             }
-            let from = (offset - start) as usize;
-            st.covered += len;
-            st.answer.data[from..from + len as usize].fill(0);
+            slot.covered.fetch_add(len, Ordering::Relaxed);
+            let from = pos + (offset - start) as usize;
+            let mut st = lock(&slot.group.state);
+            if let Some(b) = st
+                .buf
+                .as_mut()
+                .and_then(|b| b.get_mut(from..from + len as usize))
+            {
+                b.fill(0);
+            }
         }
         Chunk::BlockStatus { context, extents } => {
-            lock(&slot.state).answer.status.push((context, extents));
+            lock(&slot.group.state)
+                .answer
+                .status
+                .push((context, extents));
         }
         Chunk::Error { error, message, .. } => {
             let kind = ErrorKind::from_nbd_code(error);
@@ -392,7 +534,7 @@ fn read_chunk<R: Read>(r: &mut R, slot: &Slot, kind: u16, length: u64) -> Result
             } else {
                 message
             };
-            slot.fail(Error::new(kind, msg));
+            slot.group.fail(Error::new(kind, msg));
         }
     }
     Ok(())

@@ -8,20 +8,24 @@
 //! the server's maximum are split. Capabilities come from the export's
 //! transmission flags, extents from block status.
 
+pub mod command;
 pub mod conn;
 pub mod handshake;
 pub mod uri;
 
 use std::os::unix::net::UnixStream;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::{check_range, split_fua, write_zero_buffer};
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, Result, Storage,
-    WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, CompletionQueue, Error, ErrorKind, Extent, Request,
+    Result, Storage, WriteFlags, ZeroFlags,
 };
 
 use crate::proto::consts::*;
-use conn::{Connection, Stream};
+use conn::{Connection, Group, Piece, Stream};
 use handshake::Negotiated;
 use uri::{Address, NbdUri};
 
@@ -30,14 +34,32 @@ use uri::{Address, NbdUri};
 const DEFAULT_MAX: u32 = 32 << 20;
 /// The metadata context extents come from.
 const BASE_ALLOCATION: &str = "base:allocation";
+/// Requests worth keeping in flight on one connection.
+const REQUESTS_PER_CONNECTION: usize = 64;
+/// Connections a client opened by URI uses once requests are submitted
+/// to a multi-conn export (nbdcopy's default).
+const LAZY_CONNECTIONS: usize = 4;
+/// Zeros written as data (a server without write-zeroes) go out in
+/// writes of at most this many bytes, from one shared buffer.
+const ZERO_WRITE: usize = 1 << 20;
+static ZEROS: [u8; ZERO_WRITE] = [0u8; ZERO_WRITE];
 
-/// An NBD export, connected.
+/// An NBD export, connected (over several connections when asked for
+/// and the server allows it: multi-conn).
 pub struct NbdClient {
-    conn: Connection,
+    conns: Vec<Connection>,
+    /// Connections opened at the first submitted request (multi-conn).
+    extra: OnceLock<Vec<Connection>>,
+    /// Where the export is, for more connections.
+    reconnect: Option<NbdUri>,
+    /// Round-robin position over the connections.
+    next: AtomicUsize,
     uri: String,
     export: Negotiated,
     /// The id of `base:allocation`, when the server offers it.
     allocation: Option<u32>,
+    /// The server, when the client started it (`[ CMD ]`).
+    subprocess: Option<command::Subprocess>,
 }
 
 /// Connects a socket to where `uri` points (no handshake).
@@ -71,7 +93,83 @@ impl NbdClient {
             )));
         }
         let stream = connect_stream(&parsed)?;
-        Self::over_with(stream, &parsed.canonical(), &parsed.export, contexts)
+        let mut client = Self::over_with(stream, &parsed.canonical(), &parsed.export, contexts)?;
+        client.reconnect = Some(parsed);
+        Ok(client)
+    }
+
+    /// Connects up to `connections` times to the export `uri` names: more
+    /// than one only when the server advertises multi-conn (each
+    /// connection then sees the others' writes, and a flush on one covers
+    /// all). Requests are spread over the connections.
+    pub fn connect_multi(uri: &str, connections: usize) -> Result<NbdClient> {
+        let mut client = Self::connect(uri)?;
+        let more = client.open_more(connections.saturating_sub(1))?;
+        client.conns.extend(more);
+        // Asked for explicitly: no more connections later.
+        let _ = client.extra.set(Vec::new());
+        Ok(client)
+    }
+
+    /// Opens `n` more connections to the same export, when the server
+    /// advertises multi-conn and the client knows its URI.
+    fn open_more(&self, n: usize) -> Result<Vec<Connection>> {
+        let Some(parsed) = self.reconnect.as_ref() else {
+            return Ok(Vec::new());
+        };
+        if n == 0 || !self.has(TFLAG_CAN_MULTI_CONN) {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut stream = connect_stream(parsed)?;
+            let neg = handshake::negotiate(&mut stream, &parsed.export, &[BASE_ALLOCATION])
+                .map_err(|e| e.context(format!("'{}'", self.uri)))?;
+            if neg.size != self.export.size || neg.flags != self.export.flags {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "'{}': another connection to the export sees another size or flags",
+                        self.uri
+                    ),
+                ));
+            }
+            out.push(Connection::start(stream, neg.structured)?);
+        }
+        Ok(out)
+    }
+
+    /// Runs `argv` as a server with socket activation (nbdcopy's
+    /// `[ CMD ARGS ... ]`) and connects to its default export; the server
+    /// is stopped when the client closes.
+    pub fn connect_command(argv: &[String]) -> Result<NbdClient> {
+        let (sub, stream) = command::spawn(argv)?;
+        let name = format!("[ {} ]", sub.name);
+        let mut client = Self::over(Stream::Unix(stream), &name, "")?;
+        client.subprocess = Some(sub);
+        Ok(client)
+    }
+
+    /// How many connections requests go over.
+    pub fn connections(&self) -> usize {
+        self.conns.len() + self.extra.get().map_or(0, Vec::len)
+    }
+
+    /// The next connection, round robin.
+    fn conn(&self) -> &Connection {
+        let extra = self.extra.get().map_or(&[][..], Vec::as_slice);
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % (self.conns.len() + extra.len());
+        self.conns
+            .get(i)
+            .unwrap_or_else(|| &extra[i - self.conns.len()])
+    }
+
+    /// Opens the extra connections of a multi-conn export the first time
+    /// requests are submitted (a copy keeps many in flight); a failure
+    /// leaves the client on the connections it has.
+    fn spread(&self) {
+        self.extra
+            .get_or_init(|| self.open_more(LAZY_CONNECTIONS - 1).unwrap_or_default());
     }
 
     /// Negotiates `export` over a connected stream and starts transmission;
@@ -91,10 +189,14 @@ impl NbdClient {
         let allocation = negotiated.contexts.get(BASE_ALLOCATION).copied();
         let conn = Connection::start(stream, negotiated.structured)?;
         Ok(NbdClient {
-            conn,
+            conns: vec![conn],
+            extra: OnceLock::new(),
+            reconnect: None,
+            next: AtomicUsize::new(0),
             uri: uri.to_string(),
             export: negotiated,
             allocation,
+            subprocess: None,
         })
     }
 
@@ -115,7 +217,8 @@ impl NbdClient {
     /// clipped to what was asked; an empty answer is an error.
     fn status_of(&self, id: u32, offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
         let n = len.min(u64::from(u32::MAX));
-        let answer = self.conn.request(CMD_BLOCK_STATUS, 0, offset, n, None)?;
+        // Context ids belong to the connection that negotiated them.
+        let answer = self.conns[0].request(CMD_BLOCK_STATUS, 0, offset, n, None)?;
         let mut left = n;
         let out: Vec<(u64, u32)> = answer
             .status
@@ -165,27 +268,66 @@ impl NbdClient {
         }
     }
 
-    /// Sends `command` over `offset..offset+len` in pieces the server takes.
-    fn in_pieces(
-        &self,
-        command: u16,
-        offset: u64,
-        len: u64,
-        mut each: impl FnMut(u64, u64) -> Result<()>,
-    ) -> Result<()> {
+    /// The pieces of `command` over `offset..offset+len` that the server
+    /// takes, each with its position from `offset`.
+    fn pieces(&self, command: u16, flags: u16, offset: u64, len: u64) -> Vec<Piece> {
         // Commands without a payload may be longer (up to 4 GiB - 1).
+        let max = self.max_request();
         let step = if command == CMD_READ || command == CMD_WRITE {
-            self.max_request()
+            max
         } else {
-            u64::from(u32::MAX) / self.max_request() * self.max_request()
+            u64::from(u32::MAX) / max * max
         };
+        let mut out = Vec::with_capacity(len.div_ceil(step).max(1) as usize);
         let mut done = 0;
         while done < len {
             let n = (len - done).min(step);
-            each(offset + done, n)?;
+            out.push(Piece {
+                command,
+                flags,
+                offset: offset + done,
+                length: n,
+                at: done as usize,
+            });
             done += n;
         }
-        Ok(())
+        out
+    }
+
+    /// Sends all pieces of a request on one connection, then waits for them.
+    fn run(
+        &self,
+        pieces: &[Piece],
+        buf: Option<AlignedBuf>,
+        payload: Option<&[u8]>,
+    ) -> Result<Option<AlignedBuf>> {
+        let group = Group::new(pieces.len(), buf, None);
+        self.conn().send(&group, pieces, payload);
+        group.release(None);
+        group.wait().map(|(buf, _)| buf)
+    }
+
+    /// Sends a request without waiting; its completion goes to `cq`.
+    fn start(
+        &self,
+        tag: u64,
+        pieces: &[Piece],
+        buf: Option<AlignedBuf>,
+        payload_buf: Option<(AlignedBuf, std::ops::Range<usize>)>,
+        cq: &CompletionQueue,
+    ) {
+        let group = Group::new(pieces.len(), buf, Some((cq.clone(), tag)));
+        let conn = self.conn();
+        match payload_buf {
+            Some((b, range)) => {
+                conn.send(&group, pieces, b.get(range));
+                group.release(Some(b));
+            }
+            None => {
+                conn.send(&group, pieces, None);
+                group.release(None);
+            }
+        }
     }
 
     /// FUA for a request of `pieces` pieces: native when the server has it
@@ -236,26 +378,27 @@ impl BlockDevice for NbdClient {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size(), offset, buf.len() as u64)?;
-        self.in_pieces(CMD_READ, offset, buf.len() as u64, |at, n| {
-            let answer = self.conn.request(CMD_READ, 0, at, n, None)?;
-            let from = (at - offset) as usize;
-            buf[from..from + n as usize].copy_from_slice(&answer.data);
-            Ok(())
-        })
+        let len = buf.len() as u64;
+        check_range(self.size(), offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let pieces = self.pieces(CMD_READ, 0, offset, len);
+        let data = self.run(&pieces, Some(AlignedBuf::new(buf.len(), 8)?), None)?;
+        buf.copy_from_slice(&data.expect("a read gives its buffer back")[..buf.len()]);
+        Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.writable()?;
-        check_range(self.size(), offset, buf.len() as u64)?;
-        let (fua, flush) = self.fua_plan(flags.fua, buf.len() as u64, self.max_request());
-        self.in_pieces(CMD_WRITE, offset, buf.len() as u64, |at, n| {
-            let from = (at - offset) as usize;
-            let data = &buf[from..from + n as usize];
-            self.conn
-                .request(CMD_WRITE, fua, at, n, Some(data))
-                .map(drop)
-        })?;
+        let len = buf.len() as u64;
+        check_range(self.size(), offset, len)?;
+        if len == 0 {
+            return if flags.fua { self.flush() } else { Ok(()) };
+        }
+        let (fua, flush) = self.fua_plan(flags.fua, len, self.max_request());
+        let pieces = self.pieces(CMD_WRITE, fua, offset, len);
+        self.run(&pieces, None, Some(buf))?;
         if flush {
             self.flush()?;
         }
@@ -272,18 +415,10 @@ impl BlockDevice for NbdClient {
             return write_zero_buffer(self, offset, len, flags.fua);
         }
         let (fua, flush) = self.fua_plan(flags.fua, len, u64::from(u32::MAX));
-        let mut cmd_flags = fua;
-        if !flags.may_trim {
-            cmd_flags |= CMD_FLAG_NO_HOLE;
+        let pieces = self.pieces(CMD_WRITE_ZEROES, zero_flags(fua, flags), offset, len);
+        if !pieces.is_empty() {
+            self.run(&pieces, None, None)?;
         }
-        if flags.fast {
-            cmd_flags |= CMD_FLAG_FAST_ZERO;
-        }
-        self.in_pieces(CMD_WRITE_ZEROES, offset, len, |at, n| {
-            self.conn
-                .request(CMD_WRITE_ZEROES, cmd_flags, at, n, None)
-                .map(drop)
-        })?;
         if flush {
             self.flush()?;
         }
@@ -295,9 +430,7 @@ impl BlockDevice for NbdClient {
         check_range(self.size(), offset, len)?;
         if self.has(TFLAG_SEND_TRIM) && len > 0 {
             let (fua, flush) = self.fua_plan(flags.fua, len, u64::from(u32::MAX));
-            self.in_pieces(CMD_TRIM, offset, len, |at, n| {
-                self.conn.request(CMD_TRIM, fua, at, n, None).map(drop)
-            })?;
+            self.run(&self.pieces(CMD_TRIM, fua, offset, len), None, None)?;
             if flush {
                 self.flush()?;
             }
@@ -309,7 +442,7 @@ impl BlockDevice for NbdClient {
 
     fn flush(&self) -> Result<()> {
         if self.has(TFLAG_SEND_FLUSH) {
-            self.conn.request(CMD_FLUSH, 0, 0, 0, None)?;
+            self.conn().request(CMD_FLUSH, 0, 0, 0, None)?;
         }
         Ok(())
     }
@@ -317,9 +450,7 @@ impl BlockDevice for NbdClient {
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         check_range(self.size(), offset, len)?;
         if self.has(TFLAG_SEND_CACHE) && len > 0 {
-            self.in_pieces(CMD_CACHE, offset, len, |at, n| {
-                self.conn.request(CMD_CACHE, 0, at, n, None).map(drop)
-            })?;
+            self.run(&self.pieces(CMD_CACHE, 0, offset, len), None, None)?;
         }
         Ok(())
     }
@@ -351,9 +482,115 @@ impl BlockDevice for NbdClient {
     }
 
     fn close(&self) -> Result<()> {
-        self.conn.close();
+        for c in self
+            .conns
+            .iter()
+            .chain(self.extra.get().into_iter().flatten())
+        {
+            c.close();
+        }
+        if let Some(s) = &self.subprocess {
+            s.stop();
+        }
         Ok(())
     }
+
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        self.spread();
+        // What cannot go out as it is (out of range, read-only, zeroing the
+        // server lacks, FUA that needs a flush after) runs synchronously,
+        // which reports the error or does the fallback.
+        match req {
+            Request::Read { offset, buf, len }
+                if len > 0
+                    && len <= buf.len()
+                    && check_range(self.size(), offset, len as u64).is_ok() =>
+            {
+                let pieces = self.pieces(CMD_READ, 0, offset, len as u64);
+                self.start(tag, &pieces, Some(buf), None, cq);
+            }
+            Request::Write {
+                offset,
+                buf,
+                range,
+                flags,
+            } if !range.is_empty()
+                && range.end <= buf.len()
+                && self.writable().is_ok()
+                && check_range(self.size(), offset, range.len() as u64).is_ok()
+                && !self
+                    .fua_plan(flags.fua, range.len() as u64, self.max_request())
+                    .1 =>
+            {
+                let len = range.len() as u64;
+                let (fua, _) = self.fua_plan(flags.fua, len, self.max_request());
+                let pieces = self.pieces(CMD_WRITE, fua, offset, len);
+                self.start(tag, &pieces, None, Some((buf, range)), cq);
+            }
+            Request::Zero { offset, len, flags }
+                if len > 0
+                    && self.writable().is_ok()
+                    && check_range(self.size(), offset, len).is_ok()
+                    && self.has(TFLAG_SEND_WRITE_ZEROES)
+                    && (!flags.fast || self.has(TFLAG_SEND_FAST_ZERO))
+                    && !self.fua_plan(flags.fua, len, u64::from(u32::MAX)).1 =>
+            {
+                let (fua, _) = self.fua_plan(flags.fua, len, u64::from(u32::MAX));
+                let pieces = self.pieces(CMD_WRITE_ZEROES, zero_flags(fua, flags), offset, len);
+                self.start(tag, &pieces, None, None, cq);
+            }
+            // A server without write-zeroes gets the zeros as writes, all
+            // in flight at once.
+            Request::Zero { offset, len, flags }
+                if len > 0
+                    && !flags.fast
+                    && !self.has(TFLAG_SEND_WRITE_ZEROES)
+                    && self.writable().is_ok()
+                    && check_range(self.size(), offset, len).is_ok()
+                    && !self.fua_plan(flags.fua, len, ZERO_WRITE as u64).1 =>
+            {
+                let step = self.max_request().min(ZERO_WRITE as u64);
+                let (fua, _) = self.fua_plan(flags.fua, len, step);
+                let pieces: Vec<Piece> = (0..len.div_ceil(step))
+                    .map(|i| Piece {
+                        command: CMD_WRITE,
+                        flags: fua,
+                        offset: offset + i * step,
+                        length: step.min(len - i * step),
+                        at: 0,
+                    })
+                    .collect();
+                let group = Group::new(pieces.len(), None, Some((cq.clone(), tag)));
+                self.conn().send(&group, &pieces, Some(&ZEROS[..]));
+                group.release(None);
+            }
+            req => cq.push(diskit_core::aio::run(self, tag, req)),
+        }
+    }
+
+    fn queue_depth(&self) -> usize {
+        let conns = if self.extra.get().is_none()
+            && self.reconnect.is_some()
+            && self.has(TFLAG_CAN_MULTI_CONN)
+        {
+            LAZY_CONNECTIONS
+        } else {
+            self.connections()
+        };
+        REQUESTS_PER_CONNECTION * conns
+    }
+}
+
+/// The NBD flags of a write-zeroes request.
+fn zero_flags(fua: u16, flags: ZeroFlags) -> u16 {
+    let mut f = fua;
+    if !flags.may_trim {
+        f |= CMD_FLAG_NO_HOLE;
+    }
+    if flags.fast {
+        f |= CMD_FLAG_FAST_ZERO;
+    }
+    f
 }
 
 /// An export as storage under an image format: of a fixed size.

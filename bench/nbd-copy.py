@@ -1,0 +1,359 @@
+#!/usr/bin/env python3
+"""Benchmark: diskit's NBD client (`diskit copy`, `diskit convert`) against
+nbdcopy and qemu-img, in the same run, alternating, medians.
+
+Three parts (PARTS=fastzero,from,into; default all):
+
+fastzero  The fast-zero pipeline of seed 001. A 100 MiB qcow2 with every
+          other MiB written is copied with -n into
+            nbdkit -U - --filter=log --filter=nozero --filter=blocksize
+                   --filter=delay --filter=stats --filter=noextents
+                   memory 100M delay-write=20ms delay-zero=5ms maxdata=256k
+          for each nozero setting below, by `diskit convert`, `diskit copy`,
+          `qemu-img convert` (with and without -W) and nbdcopy (the last two
+          copiers read the qcow2 through `[ qemu-nbd -f qcow2 SRC ]`). Time
+          (wall clock of the whole nbdkit --run), the client's write and
+          zero requests (log filter; fast=1 counted apart) and the writes the
+          memory plugin saw (stats filter, after blocksize splits them to
+          256 KiB). Target: diskit faster than the best peer in every row;
+          with 'zeromode=plugin' at most 4 zero requests and 200 writes.
+
+from      Copy from an NBD source: 1 GiB of random data (random) and a 2 GiB
+          export with 1 MiB of random data every 16 MiB (sparse), served by
+          nbdkit memory and by qemu-nbd -r (a raw file on /dev/shm), copied
+          to null: and to a file on /dev/shm by `diskit copy`,
+          `diskit convert`, nbdcopy and qemu-img convert. Target: 1.2x
+          nbdcopy's throughput in every row.
+
+into      Copy into an NBD target: a 1 GiB raw file of random data on
+          /dev/shm to `diskit serve memory 1G` and to `nbdkit memory 1G`
+          (started afresh for every run), by `diskit copy` and nbdcopy.
+          Target: at least as fast as nbdcopy.
+
+The tools run in a rotating order from round to round; tables give
+medians over ROUNDS rounds (default 5) and ratios of times (peer time /
+diskit time: above 1, diskit is faster). Free page reporting is held
+still for the run as in bench/nbd.py. Output: the tables on stdout and
+bench/results/nbd-copy-<date>.json. Targets are reported, not enforced.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROUNDS = int(os.environ.get("ROUNDS", "5"))
+PARTS = [p for p in os.environ.get("PARTS", "fastzero,from,into").split(",") if p]
+
+# bench/nbd.py's helpers (build, servers, free page reporting), loaded by
+# path: "nbd" is also the name of libnbd's Python module.
+_spec = importlib.util.spec_from_file_location("nbd_bench", HERE / "nbd.py")
+nb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nb)
+
+NOZERO = [
+    "",
+    "zeromode=plugin fastzeromode=ignore",
+    "zeromode=emulate fastzeromode=ignore",
+    "zeromode=emulate fastzeromode=none",
+    "zeromode=plugin fastzeromode=none",
+    "zeromode=emulate",
+    "zeromode=plugin",
+]
+
+
+def log(msg):
+    print(f"[nbd-copy.py] {msg}", file=sys.stderr, flush=True)
+
+
+def rotate(tools, r):
+    k = r % len(tools)
+    return tools[k:] + tools[:k]
+
+
+def timed(argv, **kw):
+    t0 = time.monotonic()
+    p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    t = time.monotonic() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv} failed: {p.stderr.decode(errors='replace')[-2000:]}")
+    return t, p.stderr.decode(errors="replace")
+
+
+def ratio(peer, ours):
+    return peer / ours if ours > 0 else float("inf")
+
+
+# --------------------------------------------------------------------------
+# fastzero
+# --------------------------------------------------------------------------
+
+def part_fastzero(diskit, work):
+    src = work / "half.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(src), "100M"], check=True)
+    cmds = []
+    for i in range(0, 100, 2):
+        cmds += ["-c", f"write -P {i % 255 + 1} {i}M 1M"]
+    subprocess.run(["qemu-io", "-f", "qcow2", *cmds, str(src)], check=True,
+                   stdout=subprocess.DEVNULL)
+    qnbd = f"[ qemu-nbd -f qcow2 {src} ]"
+    tools = {
+        "diskit-convert": f"{diskit} convert -n -f qcow2 -O raw {src} $nbd",
+        "diskit-copy": f"{diskit} copy -- {qnbd} $nbd",
+        "qemu-img": f"qemu-img convert -n -f qcow2 -O raw {src} $nbd",
+        "qemu-img-W": f"qemu-img convert -W -n -f qcow2 -O raw {src} $nbd",
+        "nbdcopy": f"nbdcopy -- {qnbd} $nbd",
+    }
+    names = list(tools)
+    logf, statsf = work / "log.txt", work / "stats.txt"
+    rows = []
+    for params in NOZERO:
+        times = {t: [] for t in names}
+        counts = {}
+        for r in range(ROUNDS):
+            for t in rotate(names, r):
+                for f in (logf, statsf):
+                    f.unlink(missing_ok=True)
+                argv = ["nbdkit", "-U", "-", "--filter=log", "--filter=nozero",
+                        "--filter=blocksize", "--filter=delay", "--filter=stats",
+                        "--filter=noextents", "memory", "100M",
+                        f"logfile={logf}", f"statsfile={statsf}", "delay-write=20ms",
+                        "delay-zero=5ms", "maxdata=256k", *params.split(), "--run", tools[t]]
+                secs, _ = timed(argv)
+                times[t].append(secs)
+                if r == 0:
+                    counts[t] = count_requests(logf.read_text(), statsf.read_text())
+        row = {"nozero": params or "(none)",
+               "median_s": {t: statistics.median(v) for t, v in times.items()},
+               "counts": counts}
+        rows.append(row)
+        log(f"fastzero '{params}': " + ", ".join(f"{t} {row['median_s'][t]:.3f}s" for t in names))
+    return rows
+
+
+def count_requests(log_text, stats_text):
+    """Client requests (log filter) and the plugin's writes (stats filter)."""
+    c = {"writes": 0, "zeros": 0, "fast_zeros": 0}
+    for line in log_text.splitlines():
+        if " Write id=" in line:
+            c["writes"] += 1
+        elif " Zero id=" in line:
+            c["zeros"] += 1
+            if "fast=1" in line:
+                c["fast_zeros"] += 1
+    m = re.search(r"write: (\d+) ops", stats_text)
+    c["plugin_writes"] = int(m.group(1)) if m else 0
+    m = re.search(r"zero: (\d+) ops", stats_text)
+    c["plugin_zeros"] = int(m.group(1)) if m else 0
+    return c
+
+
+def print_fastzero(rows):
+    print("\nfast-zero pipeline (seed 001): median seconds; client writes/zeros(fast) | plugin writes")
+    names = list(rows[0]["median_s"])
+    print(f"{'nozero':38} " + " ".join(f"{t:>16}" for t in names) + "   best peer  ratio")
+    ok_all = True
+    for row in rows:
+        ms = row["median_s"]
+        best_peer = min(ms[t] for t in names if not t.startswith("diskit"))
+        worst_ours = max(ms[t] for t in names if t.startswith("diskit"))
+        ok = worst_ours < best_peer
+        ok_all &= ok
+        print(f"{row['nozero']:38} " + " ".join(f"{ms[t]:16.3f}" for t in names)
+              + f"   {best_peer:8.3f}  {ratio(best_peer, worst_ours):5.2f}x {'ok' if ok else 'MISSED'}")
+        print(f"{'':38} " + " ".join(
+            f"{row['counts'][t]['writes']:>5}/{row['counts'][t]['zeros']:>3}({row['counts'][t]['fast_zeros']})|{row['counts'][t]['plugin_writes']:<4}"
+            for t in names))
+    plug = next(r for r in rows if r["nozero"] == "zeromode=plugin")
+    for t in names:
+        if t.startswith("diskit"):
+            c = plug["counts"][t]
+            fine = c["zeros"] <= 4 and c["plugin_writes"] <= 200
+            ok_all &= fine
+            print(f"zeromode=plugin {t}: {c['zeros']} zero requests, {c['plugin_writes']} writes "
+                  f"(target <= 4 and <= 200): {'ok' if fine else 'MISSED'}")
+    return ok_all
+
+
+# --------------------------------------------------------------------------
+# from: copy from an NBD source
+# --------------------------------------------------------------------------
+
+def make_sources(work):
+    rnd = Path("/dev/shm") / f"diskit-bench-random-{os.getpid()}.raw"
+    sparse = Path("/dev/shm") / f"diskit-bench-sparse-{os.getpid()}.raw"
+    subprocess.run(["head", "-c", "1G", "/dev/urandom"], stdout=open(rnd, "wb"), check=True)
+    with open(sparse, "wb") as f:
+        f.truncate(2 << 30)
+        with open("/dev/urandom", "rb") as u:
+            for off in range(0, 2 << 30, 16 << 20):
+                f.seek(off)
+                f.write(u.read(1 << 20))
+    return {"random": rnd, "sparse": sparse}
+
+
+def part_from(diskit, work, sources):
+    sock = work / "src.sock"
+    out = Path("/dev/shm") / f"diskit-bench-out-{os.getpid()}.raw"
+    tools = ["diskit-copy", "diskit-convert", "nbdcopy", "qemu-img"]
+    rows = []
+    for server in ["nbdkit", "qemu-nbd"]:
+        for data, path in sources.items():
+            size = path.stat().st_size
+            if server == "nbdkit":
+                srv = nb.Server(["nbdkit", "-f", "-U", str(sock), "memory", str(size)], sock)
+                subprocess.run(["nbdcopy", str(path), srv.uri], check=True)
+            else:
+                srv = nb.Server(["qemu-nbd", "-r", "-t", "-f", "raw", "-k", str(sock), "-e", "8",
+                                 "--cache=writeback", "--aio=threads", str(path)], sock)
+            uri = srv.uri
+            null_opts = f"driver=null-co,size={size}"
+            try:
+                for dest in ["null", "file"]:
+                    target = "null:" if dest == "null" else str(out)
+                    argvs = {
+                        "diskit-copy": [str(diskit), "copy", uri, target],
+                        "nbdcopy": ["nbdcopy", uri, target],
+                    }
+                    if dest == "null":
+                        argvs["diskit-convert"] = [str(diskit), "convert", "-n", "-f", "raw", uri,
+                                                   "--target-image-opts", null_opts]
+                        argvs["qemu-img"] = ["qemu-img", "convert", "-n", "-f", "raw", uri,
+                                             "--target-image-opts", null_opts]
+                    else:
+                        argvs["diskit-convert"] = [str(diskit), "convert", "-f", "raw", "-O", "raw",
+                                                   uri, str(out)]
+                        argvs["qemu-img"] = ["qemu-img", "convert", "-f", "raw", "-O", "raw", uri,
+                                             str(out)]
+                    times = {t: [] for t in tools}
+                    for r in range(-1, ROUNDS):  # round -1: warm-up, checked
+                        for t in rotate(tools, max(r, 0)):
+                            out.unlink(missing_ok=True)
+                            secs, _ = timed(argvs[t])
+                            if r < 0:
+                                if dest == "file":
+                                    subprocess.run(["cmp", str(path), str(out)], check=True)
+                            else:
+                                times[t].append(secs)
+                    med = {t: statistics.median(v) for t, v in times.items()}
+                    row = {"server": server, "data": data, "dest": dest, "size": size,
+                           "median_s": med}
+                    rows.append(row)
+                    log(f"from {server}/{data}/{dest}: " + ", ".join(f"{t} {med[t]:.3f}s" for t in tools))
+            finally:
+                srv.stop()
+                out.unlink(missing_ok=True)
+    return rows
+
+
+def print_from(rows):
+    print("\ncopy from an NBD source: median seconds (MiB/s of export size); ratio = nbdcopy time / diskit time")
+    print(f"{'server':9} {'data':7} {'dest':5} {'diskit copy':>20} {'diskit convert':>20} {'nbdcopy':>20} {'qemu-img':>20}  copy  convert")
+    ok_all = True
+    for row in rows:
+        ms, mib = row["median_s"], row["size"] / (1 << 20)
+        cells = " ".join(f"{ms[t]:8.3f} ({mib / ms[t]:7.0f})" for t in
+                         ["diskit-copy", "diskit-convert", "nbdcopy", "qemu-img"])
+        rc, rv = ratio(ms["nbdcopy"], ms["diskit-copy"]), ratio(ms["nbdcopy"], ms["diskit-convert"])
+        ok = rc >= 1.2 and rv >= 1.2
+        ok_all &= ok
+        print(f"{row['server']:9} {row['data']:7} {row['dest']:5} {cells}  {rc:4.2f}x {rv:4.2f}x {'ok' if ok else 'MISSED'}")
+    return ok_all
+
+
+# --------------------------------------------------------------------------
+# into: copy into an NBD target
+# --------------------------------------------------------------------------
+
+def part_into(diskit, work, sources):
+    src = sources["random"]
+    size = src.stat().st_size
+    sock = work / "dst.sock"
+    servers = {
+        "diskit-serve": [str(diskit), "serve", "-f", "-U", str(sock), "memory", str(size)],
+        "nbdkit": ["nbdkit", "-f", "-U", str(sock), "memory", str(size)],
+    }
+    tools = ["diskit-copy", "nbdcopy"]
+    rows = []
+    for name, argv in servers.items():
+        times = {t: [] for t in tools}
+        for r in range(-1, ROUNDS):
+            for t in rotate(tools, max(r, 0)):
+                srv = nb.Server(argv, sock)
+                try:
+                    cmd = ([str(diskit), "copy"] if t == "diskit-copy" else ["nbdcopy"]) + [str(src), srv.uri]
+                    secs, _ = timed(cmd)
+                    if r < 0:
+                        subprocess.run(["nbdcopy", srv.uri, str(work / "check.raw")], check=True)
+                        subprocess.run(["cmp", str(src), str(work / "check.raw")], check=True)
+                        (work / "check.raw").unlink()
+                    else:
+                        times[t].append(secs)
+                finally:
+                    srv.stop()
+        med = {t: statistics.median(v) for t, v in times.items()}
+        rows.append({"server": name, "size": size, "median_s": med})
+        log(f"into {name}: " + ", ".join(f"{t} {med[t]:.3f}s" for t in tools))
+    return rows
+
+
+def print_into(rows):
+    print("\ncopy into an NBD target (1 GiB random): median seconds; ratio = nbdcopy time / diskit copy time")
+    ok_all = True
+    for row in rows:
+        ms = row["median_s"]
+        rc = ratio(ms["nbdcopy"], ms["diskit-copy"])
+        ok = rc >= 1.0
+        ok_all &= ok
+        print(f"{row['server']:14} diskit copy {ms['diskit-copy']:.3f}  nbdcopy {ms['nbdcopy']:.3f}  {rc:4.2f}x {'ok' if ok else 'MISSED'}")
+    return ok_all
+
+
+def main():
+    for tool in ["nbdkit", "nbdcopy", "qemu-img", "qemu-io", "qemu-nbd"]:
+        if not any((Path(d) / tool).exists() for d in os.environ["PATH"].split(":")):
+            sys.exit(f"{tool} not found (apt-get install nbdkit libnbd-bin qemu-utils)")
+    diskit = nb.build()
+    old = nb.quiet_vm()
+    results = {"rounds": ROUNDS, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    sources = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="diskit-nbd-copy-") as w:
+            work = Path(w)
+            if "fastzero" in PARTS:
+                results["fastzero"] = part_fastzero(diskit, work)
+            if "from" in PARTS or "into" in PARTS:
+                sources = make_sources(work)
+            if "from" in PARTS:
+                results["from"] = part_from(diskit, work, sources)
+            if "into" in PARTS:
+                results["into"] = part_into(diskit, work, sources)
+    finally:
+        for p in sources.values():
+            p.unlink(missing_ok=True)
+        nb.quiet_vm_restore(old)
+    verdicts = []
+    if "fastzero" in results:
+        verdicts.append(("fastzero", print_fastzero(results["fastzero"])))
+    if "from" in results:
+        verdicts.append(("from", print_from(results["from"])))
+    if "into" in results:
+        verdicts.append(("into", print_into(results["into"])))
+    print()
+    for part, ok in verdicts:
+        print(f"target {part}: {'met' if ok else 'MISSED'}")
+    results["targets"] = dict(verdicts)
+    out = HERE / "results" / f"nbd-copy-{time.strftime('%Y-%m-%d-%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"results written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,611 @@
+//! `diskit copy`: nbdcopy's command line over diskit's copy engine.
+//!
+//! Each side is a file or block device (raw bytes, never probed), an NBD
+//! URI, `-` (a pipe), or `[ CMD ARGS ... ]` (a server run with socket
+//! activation); the destination may be `null:`. Holes in the source (block
+//! status, SEEK_DATA) are skipped or sent as zero requests, zero blocks in
+//! the data are found, and requests stay in flight over several
+//! connections where the server allows multi-conn.
+
+use std::fs::OpenOptions;
+use std::io::{IsTerminal, Read, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::sync::Arc;
+
+use crate::CmdResult;
+use crate::progress::{CopyProgressTo, ProgressPrinter};
+use crate::util::CliError;
+use diskit_backends::{FileDevice, FileOptions, NullDevice};
+use diskit_copy::{CopyOptions, Progress, copy};
+use diskit_core::{
+    BlockDevice, BlockSizeLimits, Capabilities, CompletionQueue, Extent, Request, WriteFlags,
+    ZeroFlags,
+};
+use diskit_nbd::client::NbdClient;
+
+/// Arguments of `copy`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Allocate every byte of the destination (zeros are written as zero
+    /// requests that may not punch holes).
+    #[arg(long = "allocated")]
+    allocated: bool,
+    /// Connections to each NBD server (when it allows multi-conn).
+    #[arg(short = 'C', long = "connections", default_value_t = 4)]
+    connections: usize,
+    /// The destination reads as zeros already: zero ranges are skipped.
+    #[arg(long = "destination-is-zero", visible_alias = "target-is-zero")]
+    destination_is_zero: bool,
+    /// Flush the destination at the end.
+    #[arg(long = "flush")]
+    flush: bool,
+    /// Ignore the source's allocation (read every byte).
+    #[arg(long = "no-extents")]
+    no_extents: bool,
+    /// Show progress (on standard error, or as N/100 lines on descriptor FD).
+    #[arg(short = 'p', long = "progress", num_args = 0..=1, require_equals = true, default_missing_value = "")]
+    progress: Option<String>,
+    /// Bytes in flight per connection at most.
+    #[arg(long = "queue-size", default_value = "16M")]
+    queue_size: String,
+    /// Bytes per request (a power of 2, 4 KiB to 32 MiB).
+    #[arg(long = "request-size", default_value = "256K")]
+    request_size: String,
+    /// Requests in flight per connection.
+    #[arg(short = 'R', long = "requests", default_value_t = 64)]
+    requests: usize,
+    /// Zero blocks of this size in the data become holes (0: none).
+    #[arg(short = 'S', long = "sparse", default_value = "4096")]
+    sparse: String,
+    /// One request at a time.
+    #[arg(long = "synchronous")]
+    synchronous: bool,
+    /// Worker threads (default: the number of processors, at most the
+    /// connections).
+    #[arg(short = 'T', long = "threads")]
+    threads: Option<usize>,
+    /// Say what is copied how, on standard error.
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+    /// SOURCE DESTINATION: - | FILE | DEVICE | NBD-URI | [ CMD ARGS ... ]
+    /// (and null: as the destination).
+    #[arg(trailing_var_arg = true, num_args = 2.., required = true)]
+    sides: Vec<String>,
+}
+
+/// The largest request (the NBD protocol's portable maximum).
+const MAX_REQUEST: u64 = 32 << 20;
+/// The smallest request.
+const MIN_REQUEST: u64 = 4096;
+
+fn usage(msg: impl Into<String>) -> CliError {
+    CliError::usage("copy", msg)
+}
+
+/// One side as named on the command line.
+#[derive(Debug)]
+enum Side {
+    Pipe,
+    Null,
+    Local(String),
+    Uri(String),
+    Command(Vec<String>),
+}
+
+/// Whether `s` is an NBD URI (the schemes libnbd accepts).
+fn is_nbd_uri(s: &str) -> bool {
+    [
+        "nbd:",
+        "nbds:",
+        "nbd+unix:",
+        "nbds+unix:",
+        "nbd+vsock:",
+        "nbds+vsock:",
+    ]
+    .iter()
+    .any(|p| s.starts_with(p))
+}
+
+/// Splits SOURCE and DESTINATION out of the words after the options.
+fn parse_sides(words: &[String]) -> Result<(Side, Side), CliError> {
+    let mut i = 0;
+    let mut take = |dest: bool| -> Result<Side, CliError> {
+        let Some(w) = words.get(i) else {
+            return Err(usage("SOURCE and DESTINATION are needed"));
+        };
+        i += 1;
+        if w == "[" {
+            let end = words[i..]
+                .iter()
+                .position(|x| x == "]")
+                .ok_or_else(|| usage("'[' without a matching ']'"))?;
+            let argv = words[i..i + end].to_vec();
+            i += end + 1;
+            if argv.is_empty() {
+                return Err(usage("an empty server command '[ ]'"));
+            }
+            return Ok(Side::Command(argv));
+        }
+        Ok(match w.as_str() {
+            "-" => Side::Pipe,
+            "null:" if dest => Side::Null,
+            _ if is_nbd_uri(w) => Side::Uri(w.clone()),
+            _ => Side::Local(w.clone()),
+        })
+    };
+    let src = take(false)?;
+    let dst = take(true)?;
+    if i != words.len() {
+        return Err(usage(format!("unexpected argument '{}'", words[i])));
+    }
+    Ok((src, dst))
+}
+
+/// An opened side.
+enum Opened {
+    /// A device with a size.
+    Device(Box<dyn BlockDevice>),
+    /// A pipe, socket or character device: bytes in order, size unknown.
+    Stream(std::fs::File),
+    /// A regular file the destination truncated (it grows as written
+    /// when the source's size is unknown).
+    File(FileDevice),
+}
+
+fn nbd_err(e: diskit_core::Error) -> CliError {
+    CliError::new(e.to_string())
+}
+
+fn open_nbd(side: &Side, connections: usize) -> Result<Option<Box<dyn BlockDevice>>, CliError> {
+    Ok(match side {
+        Side::Uri(uri) => Some(Box::new(
+            NbdClient::connect_multi(uri, connections).map_err(nbd_err)?,
+        )),
+        Side::Command(argv) => Some(Box::new(NbdClient::connect_command(argv).map_err(nbd_err)?)),
+        _ => None,
+    })
+}
+
+fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
+    if let Some(d) = open_nbd(side, connections)? {
+        return Ok(Opened::Device(d));
+    }
+    match side {
+        Side::Pipe => Ok(Opened::Stream(stdin_file()?)),
+        Side::Local(path) => {
+            let meta =
+                std::fs::metadata(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
+            let ft = meta.file_type();
+            if ft.is_file() || ft.is_block_device() {
+                let f = FileDevice::open(
+                    path,
+                    FileOptions {
+                        writable: false,
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| CliError::new(format!("{path}: {e}")))?;
+                Ok(Opened::Device(Box::new(f)))
+            } else {
+                let f =
+                    std::fs::File::open(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
+                Ok(Opened::Stream(f))
+            }
+        }
+        _ => unreachable!("sources are pipes, files or NBD"),
+    }
+}
+
+fn stdin_file() -> Result<std::fs::File, CliError> {
+    let fd = std::io::stdin()
+        .lock()
+        .as_fd_dup()
+        .map_err(|e| CliError::new(format!("stdin: {e}")))?;
+    Ok(fd)
+}
+
+trait DupFd {
+    fn as_fd_dup(&self) -> std::io::Result<std::fs::File>;
+}
+
+impl<T: std::os::fd::AsFd> DupFd for T {
+    fn as_fd_dup(&self) -> std::io::Result<std::fs::File> {
+        Ok(std::fs::File::from(self.as_fd().try_clone_to_owned()?))
+    }
+}
+
+/// Opens the destination: an existing file or device as it is, a new
+/// file created; a regular file is truncated to the source's size and
+/// so reads as zeros.
+fn open_destination(
+    side: &Side,
+    connections: usize,
+    src_size: Option<u64>,
+) -> Result<(Opened, bool), CliError> {
+    if let Some(d) = open_nbd(side, connections)? {
+        return Ok((Opened::Device(d), false));
+    }
+    match side {
+        Side::Null => Ok((
+            Opened::Device(Box::new(NullDevice::new(src_size.unwrap_or(u64::MAX >> 1)))),
+            true,
+        )),
+        Side::Pipe => {
+            let out = std::io::stdout();
+            if out.is_terminal() {
+                return Err(CliError::new("refusing to write to tty"));
+            }
+            Ok((
+                Opened::Stream(out.as_fd_dup().map_err(|e| CliError::new(e.to_string()))?),
+                false,
+            ))
+        }
+        Side::Local(path) => {
+            let opened = OpenOptions::new().write(true).open(path);
+            let file = match opened {
+                Ok(f) => f,
+                Err(_) => OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .map_err(|e| CliError::new(format!("{path}: {e}")))?,
+            };
+            let ft = file
+                .metadata()
+                .map_err(|e| CliError::new(format!("{path}: {e}")))?
+                .file_type();
+            if ft.is_file() {
+                file.set_len(0)
+                    .and_then(|_| file.set_len(src_size.unwrap_or(0)))
+                    .map_err(|e| CliError::new(format!("{path}: truncate: {e}")))?;
+            }
+            if !(ft.is_file() || ft.is_block_device()) {
+                return Ok((Opened::Stream(file), false));
+            }
+            drop(file);
+            let dev = FileDevice::open(
+                path,
+                FileOptions {
+                    writable: true,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| CliError::new(format!("{path}: {e}")))?;
+            if ft.is_file() {
+                Ok((Opened::File(dev), true))
+            } else {
+                Ok((Opened::Device(Box::new(dev)), false))
+            }
+        }
+        Side::Uri(_) | Side::Command(_) => unreachable!("opened above"),
+    }
+}
+
+/// A power-of-two size option within bounds.
+fn parse_pow2(s: &str, what: &str, min: u64, max: u64) -> Result<u64, CliError> {
+    let n = crate::util::parse_size_arg(s, what)
+        .map_err(|_| CliError::new(format!("--{what}: could not parse: {s}")))?;
+    if n < min || n > max || !n.is_power_of_two() {
+        return Err(CliError::new(format!(
+            "--{what}: must be a power of 2 within {min}-{max}"
+        )));
+    }
+    Ok(n)
+}
+
+/// The source with its allocation hidden (`--no-extents`): every range
+/// reads as data; everything else passes through, submission included.
+struct AllData(Box<dyn BlockDevice>);
+
+impl BlockDevice for AllData {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            can_extents: false,
+            ..self.0.capabilities()
+        }
+    }
+    fn block_size(&self) -> BlockSizeLimits {
+        self.0.block_size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn extents(&self, _offset: u64, len: u64) -> diskit_core::Result<Vec<Extent>> {
+        Ok(vec![Extent::data(len)])
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn close(&self) -> diskit_core::Result<()> {
+        self.0.close()
+    }
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        self.0.submit(tag, req, cq)
+    }
+    fn queue_depth(&self) -> usize {
+        self.0.queue_depth()
+    }
+}
+
+/// Runs `diskit copy`.
+pub fn run(a: Args) -> CmdResult {
+    let (src_side, dst_side) = parse_sides(&a.sides)?;
+    if a.connections == 0 {
+        return Err(CliError::new(format!(
+            "--connections: could not parse: {}",
+            a.connections
+        )));
+    }
+    let mut request_size = parse_pow2(&a.request_size, "request-size", MIN_REQUEST, MAX_REQUEST)?;
+    let queue_size = crate::util::parse_size_arg(&a.queue_size, "queue-size")
+        .map_err(|_| CliError::new(format!("--queue-size: could not parse: {}", a.queue_size)))?;
+    let mut sparse = crate::util::parse_size_arg(&a.sparse, "sparse")
+        .map_err(|_| CliError::new(format!("--sparse: could not parse: {}", a.sparse)))?;
+    if sparse != 0 && (sparse < 512 || !sparse.is_power_of_two()) {
+        return Err(CliError::new("--sparse: must be a power of 2 and >= 512"));
+    }
+    let progress_to = match a.progress.as_deref() {
+        None => None,
+        Some("") => Some(CopyProgressTo::Stderr),
+        Some(fd) => Some(CopyProgressTo::Fd(
+            fd.parse::<i32>()
+                .ok()
+                .filter(|&f| f >= 0)
+                .ok_or_else(|| CliError::new(format!("--progress: could not parse: {fd}")))?,
+        )),
+    };
+    // A server started for the copy takes one connection; an NBD URI on
+    // the other side still gets several when its server allows it.
+    let connections = if a.synchronous { 1 } else { a.connections };
+    let src = open_source(&src_side, connections)?;
+    let src_size = match &src {
+        Opened::Device(d) => Some(d.size()),
+        _ => None,
+    };
+    let (dst, truncated) = open_destination(&dst_side, connections, src_size)?;
+    let destination_is_zero = a.destination_is_zero || truncated;
+
+    let opts_base = CopyOptions {
+        min_sparse: sparse,
+        allocated: a.allocated,
+        target_is_zero: destination_is_zero,
+        flush: a.flush,
+        ..CopyOptions::default()
+    };
+    let progress = Arc::new(Progress::default());
+    let printer = progress_to.map(|to| ProgressPrinter::start_copy(progress.clone(), to));
+    let result = match (src, dst) {
+        (Opened::Device(src), Opened::Device(dst)) => copy_devices(
+            &a,
+            src,
+            &*dst,
+            connections,
+            &mut request_size,
+            &mut sparse,
+            queue_size,
+            opts_base,
+            &progress,
+        )
+        .and_then(|()| dst.close().map_err(nbd_err)),
+        (Opened::Device(src), Opened::File(dst)) => copy_devices(
+            &a,
+            src,
+            &dst,
+            connections,
+            &mut request_size,
+            &mut sparse,
+            queue_size,
+            opts_base,
+            &progress,
+        )
+        .and_then(|()| dst.close().map_err(nbd_err)),
+        (Opened::Device(src), Opened::Stream(out)) => {
+            let r = to_stream(&*src, out, request_size, &progress);
+            let _ = src.close();
+            r
+        }
+        (Opened::Stream(input), dst) => {
+            from_stream(input, dst, request_size, sparse, a.flush, &progress)
+        }
+        (Opened::File(_), _) => unreachable!("a source is a device or a stream"),
+    };
+    if let Some(p) = printer {
+        if result.is_ok() {
+            p.completed();
+        }
+        p.finish();
+    }
+    result.map(|()| 0)
+}
+
+/// Copies between two devices with the copy engine.
+#[allow(clippy::too_many_arguments)]
+fn copy_devices(
+    a: &Args,
+    src: Box<dyn BlockDevice>,
+    dst: &dyn BlockDevice,
+    connections: usize,
+    request_size: &mut u64,
+    sparse: &mut u64,
+    queue_size: u64,
+    base: CopyOptions,
+    progress: &Progress,
+) -> Result<(), CliError> {
+    if !dst.capabilities().can_write {
+        return Err(CliError::new(format!(
+            "{}: the destination is read-only, cannot write to it",
+            dst.describe()
+        )));
+    }
+    if src.size() > dst.size() {
+        return Err(CliError::new(
+            "error: destination size is smaller than source size",
+        ));
+    }
+    let src: Box<dyn BlockDevice> = if a.no_extents {
+        Box::new(AllData(src))
+    } else {
+        src
+    };
+    // Requests at least the preferred size of both sides; zero blocks no
+    // smaller than what the destination prefers.
+    let preferred = |d: &dyn BlockDevice| {
+        u64::from(d.block_size().preferred)
+            .max(1)
+            .next_power_of_two()
+    };
+    *request_size = (*request_size)
+        .max(preferred(&*src))
+        .max(preferred(dst))
+        .min(MAX_REQUEST);
+    if *sparse > 0 {
+        *sparse = (*sparse).max(preferred(dst));
+    }
+    let asynchronous = src.queue_depth() > 1 || dst.queue_depth() > 1;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = match a.threads {
+        Some(t) => t.max(1),
+        // Synchronous devices (files) run one request per thread: more
+        // threads are their parallelism.
+        None if !asynchronous => 8,
+        None => cores.min(connections),
+    };
+    let requests = if a.synchronous { 1 } else { a.requests.max(1) };
+    if a.verbose {
+        eprintln!("diskit copy: src: {} size={}", src.describe(), src.size());
+        eprintln!("diskit copy: dst: {} size={}", dst.describe(), dst.size());
+        eprintln!(
+            "diskit copy: connections={connections} requests={requests} threads={threads} synchronous={}",
+            a.synchronous
+        );
+    }
+    let opts = CopyOptions {
+        min_sparse: *sparse,
+        workers: threads,
+        request_size: *request_size as usize,
+        requests,
+        queue_size: queue_size.max(*request_size),
+        ..base
+    };
+    let result = copy(&*src, dst, &opts, progress);
+    let closed = src.close();
+    let stats = result.map_err(|e| {
+        let (done, total) = progress.get();
+        CliError::new(format!("{e} (copied {done} of {total} bytes)"))
+    })?;
+    closed.map_err(nbd_err)?;
+    if a.verbose {
+        eprintln!(
+            "diskit copy: {} bytes of data, {} zeroed, {} skipped, {} zeroed first",
+            stats.data_bytes, stats.zeroed_bytes, stats.skipped_bytes, stats.prezeroed_bytes
+        );
+    }
+    Ok(())
+}
+
+/// Copies a device to a pipe, every byte in order.
+fn to_stream(
+    src: &dyn BlockDevice,
+    mut out: std::fs::File,
+    request: u64,
+    progress: &Progress,
+) -> Result<(), CliError> {
+    let size = src.size();
+    progress.start(size);
+    let mut buf = vec![0u8; request as usize];
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(request) as usize;
+        src.read_at(&mut buf[..n], off)
+            .map_err(|e| CliError::new(format!("{}: read at {off}: {e}", src.describe())))?;
+        out.write_all(&buf[..n])
+            .map_err(|e| CliError::new(format!("write: {e}")))?;
+        off += n as u64;
+        progress.advance(n as u64);
+    }
+    Ok(())
+}
+
+/// Reads `buf` full from a stream; returns how much it got (less only at
+/// the end).
+fn read_full(input: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match input.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Copies a pipe to its end into a device, a growing file or another pipe.
+fn from_stream(
+    mut input: std::fs::File,
+    dst: Opened,
+    request: u64,
+    sparse: u64,
+    flush: bool,
+    progress: &Progress,
+) -> Result<(), CliError> {
+    let mut buf = vec![0u8; request as usize];
+    let mut off = 0u64;
+    let werr = |off: u64, e: diskit_core::Error| CliError::new(format!("write at {off}: {e}"));
+    loop {
+        let n = read_full(&mut input, &mut buf).map_err(|e| CliError::new(format!("read: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        let data = &buf[..n];
+        let zero = sparse > 0 && data.iter().all(|&b| b == 0);
+        match &dst {
+            Opened::Stream(out) => {
+                let mut out: &std::fs::File = out;
+                out.write_all(data)
+                    .map_err(|e| CliError::new(format!("write: {e}")))?;
+            }
+            // A truncated file reads as zeros: zero blocks are left as holes.
+            Opened::File(f) => {
+                if !zero {
+                    f.write_extend(data, off).map_err(|e| werr(off, e))?;
+                }
+            }
+            Opened::Device(d) => {
+                if off + n as u64 > d.size() {
+                    return Err(CliError::new(
+                        "error: destination size is smaller than source size",
+                    ));
+                }
+                if zero {
+                    d.write_zeroes(off, n as u64, ZeroFlags::default())
+                } else {
+                    d.write_at(data, off, WriteFlags::NONE)
+                }
+                .map_err(|e| werr(off, e))?;
+            }
+        }
+        off += n as u64;
+        progress.advance(n as u64);
+    }
+    match dst {
+        Opened::File(f) => {
+            // The file ends where the data did, holes at the end included.
+            f.resize(off, diskit_core::Preallocation::Off)
+                .and_then(|()| if flush { f.flush() } else { Ok(()) })
+                .and_then(|()| f.close())
+                .map_err(nbd_err)
+        }
+        Opened::Device(d) => {
+            if flush {
+                d.flush().map_err(nbd_err)?;
+            }
+            d.close().map_err(nbd_err)
+        }
+        Opened::Stream(_) => Ok(()),
+    }
+}

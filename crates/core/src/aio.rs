@@ -1,0 +1,218 @@
+//! Requests submitted without waiting: the asynchronous side of a device.
+//!
+//! A caller hands a [`Request`] that owns its buffer to
+//! [`BlockDevice::submit`](crate::BlockDevice::submit) with a tag and a
+//! [`CompletionQueue`], and later takes [`Completion`]s (tag, result, the
+//! buffer back) from the queue in the order they finish. One thread can so
+//! keep many requests in flight. A device that can (an NBD connection)
+//! sends the request and returns at once; every other device runs it
+//! before `submit` returns (the default), which is always correct.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::buffer::AlignedBuf;
+use crate::device::{BlockDevice, WriteFlags, ZeroFlags};
+use crate::error::Result;
+use crate::sync::lock;
+
+/// One operation, owning what it needs while in flight.
+pub enum Request {
+    /// Reads `len` bytes at `offset` into the start of `buf`.
+    Read {
+        /// Device offset.
+        offset: u64,
+        /// Where the bytes go (at least `len` long).
+        buf: AlignedBuf,
+        /// Bytes to read.
+        len: usize,
+    },
+    /// Writes `buf[range]` at `offset`.
+    Write {
+        /// Device offset.
+        offset: u64,
+        /// The bytes, of which `range` is written.
+        buf: AlignedBuf,
+        /// The part of `buf` to write.
+        range: Range<usize>,
+        /// Write flags.
+        flags: WriteFlags,
+    },
+    /// Makes `len` bytes at `offset` read as zeros.
+    Zero {
+        /// Device offset.
+        offset: u64,
+        /// Bytes to zero.
+        len: u64,
+        /// Zero flags.
+        flags: ZeroFlags,
+    },
+}
+
+/// A finished request: its tag, its result and its buffer, if it had one.
+pub struct Completion {
+    /// The tag given at submission.
+    pub tag: u64,
+    /// Whether the request succeeded.
+    pub result: Result<()>,
+    /// The request's buffer, given back (reads: filled).
+    pub buf: Option<AlignedBuf>,
+}
+
+#[derive(Default)]
+struct Inner {
+    done: Mutex<VecDeque<Completion>>,
+    ready: Condvar,
+}
+
+/// Where completions arrive; cloning gives another handle to the same queue.
+#[derive(Clone, Default)]
+pub struct CompletionQueue {
+    inner: Arc<Inner>,
+}
+
+impl CompletionQueue {
+    /// An empty queue.
+    pub fn new() -> CompletionQueue {
+        CompletionQueue::default()
+    }
+
+    /// Delivers a completion (called by devices).
+    pub fn push(&self, c: Completion) {
+        lock(&self.inner.done).push_back(c);
+        self.inner.ready.notify_one();
+    }
+
+    /// Waits for the next completion. The caller must have a request in
+    /// flight, or this waits forever.
+    pub fn wait(&self) -> Completion {
+        let mut q = lock(&self.inner.done);
+        loop {
+            if let Some(c) = q.pop_front() {
+                return c;
+            }
+            q = self.inner.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// The next completion if one is there.
+    pub fn try_pop(&self) -> Option<Completion> {
+        lock(&self.inner.done).pop_front()
+    }
+}
+
+/// Runs `req` on `dev` synchronously: the default `submit`.
+pub fn run<D: BlockDevice + ?Sized>(dev: &D, tag: u64, req: Request) -> Completion {
+    match req {
+        Request::Read {
+            offset,
+            mut buf,
+            len,
+        } => {
+            let result = match buf.get_mut(..len) {
+                Some(b) => dev.read_at(b, offset),
+                None => Err(crate::Error::invalid("read longer than its buffer")),
+            };
+            Completion {
+                tag,
+                result,
+                buf: Some(buf),
+            }
+        }
+        Request::Write {
+            offset,
+            buf,
+            range,
+            flags,
+        } => {
+            let result = match buf.get(range) {
+                Some(b) => dev.write_at(b, offset, flags),
+                None => Err(crate::Error::invalid("write outside its buffer")),
+            };
+            Completion {
+                tag,
+                result,
+                buf: Some(buf),
+            }
+        }
+        Request::Zero { offset, len, flags } => Completion {
+            tag,
+            result: dev.write_zeroes(offset, len, flags),
+            buf: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{BlockDevice, Capabilities};
+
+    struct Ones;
+    impl BlockDevice for Ones {
+        fn size(&self) -> u64 {
+            1 << 20
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::IN_MEMORY.read_only()
+        }
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
+            buf.fill(1);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn default_submit_completes_at_once_with_the_buffer() {
+        let cq = CompletionQueue::new();
+        let buf = AlignedBuf::new(8192, 4096).unwrap();
+        Ones.submit(
+            7,
+            Request::Read {
+                offset: 0,
+                buf,
+                len: 4096,
+            },
+            &cq,
+        );
+        let c = cq.try_pop().expect("completed inline");
+        assert_eq!(c.tag, 7);
+        c.result.unwrap();
+        let b = c.buf.unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 1));
+        assert!(b[4096..].iter().all(|&x| x == 0));
+        // Writes to a read-only device fail through the completion.
+        let buf = AlignedBuf::new(512, 512).unwrap();
+        Ones.submit(
+            8,
+            Request::Write {
+                offset: 0,
+                buf,
+                range: 0..512,
+                flags: WriteFlags::NONE,
+            },
+            &cq,
+        );
+        let c = cq.wait();
+        assert_eq!(c.tag, 8);
+        assert!(c.result.is_err());
+        assert!(c.buf.is_some());
+    }
+
+    #[test]
+    fn a_read_longer_than_its_buffer_fails() {
+        let cq = CompletionQueue::new();
+        let buf = AlignedBuf::new(512, 512).unwrap();
+        Ones.submit(
+            1,
+            Request::Read {
+                offset: 0,
+                buf,
+                len: 1024,
+            },
+            &cq,
+        );
+        assert!(cq.wait().result.is_err());
+    }
+}
