@@ -244,3 +244,25 @@ fn read_errors_stop_the_copy_with_how_far_it_got() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("Input/output error") || stderr(&o).contains("server error"));
 }
+
+#[test]
+fn oldstyle_and_simple_reply_servers_are_read_as_libnbd_reads_them() {
+    let dir = workdir();
+    for args in [&["-o"][..], &["--no-sr"][..]] {
+        let script = format!(
+            "set -e; nbdinfo --no-content \"$uri\" > a.txt; {d} nbdinfo --no-content \"$uri\" > b.txt; \
+             cmp a.txt b.txt; nbdinfo --json --no-content \"$uri\" > a.txt; \
+             {d} nbdinfo --json --no-content \"$uri\" > b.txt; cmp a.txt b.txt; \
+             {d} copy \"$uri\" mine.raw; nbdcopy \"$uri\" theirs.raw; cmp mine.raw theirs.raw",
+            d = s(&diskit_bin()),
+        );
+        let o = timed("nbdkit", 60)
+            .current_dir(dir.path())
+            .args(["-U", "-"])
+            .args(args)
+            .args(["pattern", "1M", "--run", &script])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}{}", stdout(&o), stderr(&o));
+    }
+}

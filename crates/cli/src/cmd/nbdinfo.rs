@@ -9,7 +9,7 @@ use crate::CmdResult;
 use crate::util::CliError;
 use diskit_core::BlockDevice;
 use diskit_nbd::client::conn::Stream;
-use diskit_nbd::client::handshake::{self, ExportInfo};
+use diskit_nbd::client::handshake::{self, ExportInfo, Greeting};
 use diskit_nbd::client::uri::{Address, NbdUri};
 use diskit_nbd::client::{NbdClient, connect_stream};
 use diskit_nbd::proto::consts::*;
@@ -52,6 +52,8 @@ fn err(e: diskit_core::Error) -> CliError {
 /// Everything shown about one export.
 struct Export {
     name: String,
+    /// "oldstyle", "newstyle" or "newstyle-fixed".
+    protocol: &'static str,
     info: ExportInfo,
     structured: bool,
     contexts: Vec<String>,
@@ -71,14 +73,28 @@ fn export_uri(u: &NbdUri, export: &str) -> String {
 /// Connects and negotiates up to GO on `export`, listing its contexts.
 fn inspect(u: &NbdUri, export: &str) -> Result<Export, CliError> {
     let mut s: Stream = connect_stream(u).map_err(err)?;
-    let no_zeroes = handshake::greet(&mut s).map_err(err)?;
-    let structured = handshake::structured_replies(&mut s).map_err(err)?;
-    let contexts = if structured {
-        handshake::list_meta_contexts(&mut s, export).map_err(err)?
-    } else {
-        Vec::new()
+    let greeting = handshake::hello(&mut s).map_err(err)?;
+    let (info, structured, contexts) = match &greeting {
+        Greeting::Oldstyle(info) => (info.clone(), false, Vec::new()),
+        Greeting::Newstyle {
+            fixed: false,
+            no_zeroes,
+        } => (
+            handshake::export_name(&mut s, export, *no_zeroes).map_err(err)?,
+            false,
+            Vec::new(),
+        ),
+        Greeting::Newstyle { no_zeroes, .. } => {
+            let structured = handshake::structured_replies(&mut s).map_err(err)?;
+            let contexts = if structured {
+                handshake::list_meta_contexts(&mut s, export).map_err(err)?
+            } else {
+                Vec::new()
+            };
+            let info = handshake::go(&mut s, export, *no_zeroes).map_err(err)?;
+            (info, structured, contexts)
+        }
     };
-    let info = handshake::go(&mut s, export, no_zeroes).map_err(err)?;
     // Leave politely: NBD_CMD_DISC.
     let disc = diskit_nbd::proto::request::RequestHeader {
         flags: 0,
@@ -91,6 +107,7 @@ fn inspect(u: &NbdUri, export: &str) -> Result<Export, CliError> {
     let _ = s.write_all(&disc.encode());
     Ok(Export {
         name: export.to_string(),
+        protocol: greeting.protocol(),
         info,
         structured,
         contexts,
@@ -152,7 +169,8 @@ fn facts(flags: u16, structured: bool) -> Vec<(&'static str, bool)> {
 
 fn protocol_line(e: &Export) -> String {
     format!(
-        "protocol: newstyle-fixed without TLS, using {} packets\n",
+        "protocol: {} without TLS, using {} packets\n",
+        e.protocol,
         if e.structured { "structured" } else { "simple" }
     )
 }
@@ -238,9 +256,10 @@ fn print_json_export(e: &Export) -> String {
 
 fn print_json(exports: &[Export]) -> String {
     let structured = exports.first().is_some_and(|e| e.structured);
+    let protocol = exports.first().map_or("newstyle-fixed", |e| e.protocol);
     let body: Vec<String> = exports.iter().map(print_json_export).collect();
     format!(
-        "{{\n\"protocol\": \"newstyle-fixed\",\n\"TLS\": false,\n\"structured\": {structured},\n\"exports\": [\n{} ]\n}}\n",
+        "{{\n\"protocol\": \"{protocol}\",\n\"TLS\": false,\n\"structured\": {structured},\n\"exports\": [\n{} ]\n}}\n",
         body.join(",\n")
     )
 }

@@ -30,6 +30,19 @@ pub struct Negotiated {
     pub contexts: HashMap<String, u32>,
 }
 
+impl Negotiated {
+    /// An export entered without options: simple replies, no contexts.
+    fn plain(info: ExportInfo) -> Negotiated {
+        Negotiated {
+            size: info.size,
+            flags: info.flags,
+            structured: false,
+            block_size: None,
+            contexts: HashMap::new(),
+        }
+    }
+}
+
 fn io(e: std::io::Error) -> Error {
     Error::from(e).context("NBD handshake")
 }
@@ -119,30 +132,115 @@ pub struct ExportInfo {
     pub description: Option<String>,
 }
 
-/// Reads the server's greeting and answers it; returns whether the server
-/// omits the zeros after EXPORT_NAME.
-pub fn greet<S: Read + Write>(s: &mut S) -> Result<bool> {
+/// What a server's greeting says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Greeting {
+    /// Newstyle: options follow. `fixed`: the server speaks fixed
+    /// newstyle (option errors are replies, not a dropped connection);
+    /// `no_zeroes`: it omits the zeros after EXPORT_NAME.
+    Newstyle {
+        /// Fixed newstyle.
+        fixed: bool,
+        /// The server omits the 124 zeros after EXPORT_NAME.
+        no_zeroes: bool,
+    },
+    /// Oldstyle: the one export's size and flags came with the greeting,
+    /// and transmission has begun (simple replies only).
+    Oldstyle(ExportInfo),
+}
+
+impl Greeting {
+    /// The protocol's name as libnbd gives it.
+    pub fn protocol(&self) -> &'static str {
+        match self {
+            Greeting::Newstyle { fixed: true, .. } => "newstyle-fixed",
+            Greeting::Newstyle { fixed: false, .. } => "newstyle",
+            Greeting::Oldstyle(_) => "oldstyle",
+        }
+    }
+}
+
+/// Reads the server's greeting and answers it.
+pub fn hello<S: Read + Write>(s: &mut S) -> Result<Greeting> {
     let magic = read_u64(s)?;
     if magic != NBDMAGIC {
         return Err(protocol("not an NBD server (bad magic)"));
     }
     let style = read_u64(s)?;
+    if style == CLISERV_MAGIC {
+        let size = read_u64(s)?;
+        let mut flags = [0u8; 4];
+        s.read_exact(&mut flags).map_err(io)?;
+        let mut zeros = [0u8; 124];
+        s.read_exact(&mut zeros).map_err(io)?;
+        // The low 16 bits are the transmission flags.
+        let flags = (u32::from_be_bytes(flags) & 0xffff) as u16;
+        if flags & TFLAG_HAS_FLAGS == 0 {
+            return Err(protocol("oldstyle greeting without NBD_FLAG_HAS_FLAGS"));
+        }
+        return Ok(Greeting::Oldstyle(ExportInfo {
+            size,
+            flags,
+            ..ExportInfo::default()
+        }));
+    }
     if style != IHAVEOPT {
-        return Err(protocol(
-            "the server speaks the oldstyle protocol, which diskit does not",
-        ));
+        return Err(protocol(format!("unknown greeting {style:#x}")));
     }
     let server_flags = read_u16(s)?;
-    if server_flags & FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(protocol("the server does not speak fixed newstyle"));
-    }
+    let fixed = server_flags & FLAG_FIXED_NEWSTYLE != 0;
     let no_zeroes = server_flags & FLAG_NO_ZEROES != 0;
-    let mut client_flags = FLAG_C_FIXED_NEWSTYLE;
+    let mut client_flags: u32 = 0;
+    if fixed {
+        client_flags |= FLAG_C_FIXED_NEWSTYLE;
+    }
     if no_zeroes {
         client_flags |= FLAG_C_NO_ZEROES;
     }
     s.write_all(&client_flags.to_be_bytes()).map_err(io)?;
-    Ok(no_zeroes)
+    Ok(Greeting::Newstyle { fixed, no_zeroes })
+}
+
+/// Reads a fixed-newstyle greeting and answers it; returns whether the
+/// server omits the zeros after EXPORT_NAME. Other greetings are errors.
+pub fn greet<S: Read + Write>(s: &mut S) -> Result<bool> {
+    match hello(s)? {
+        Greeting::Newstyle {
+            fixed: true,
+            no_zeroes,
+        } => Ok(no_zeroes),
+        Greeting::Newstyle { fixed: false, .. } => {
+            Err(protocol("the server does not speak fixed newstyle"))
+        }
+        Greeting::Oldstyle(_) => Err(protocol("the server speaks the oldstyle protocol")),
+    }
+}
+
+/// Enters transmission with NBD_OPT_EXPORT_NAME: the server closes the
+/// connection when it has no such export, or gives its size and flags.
+pub fn export_name<S: Read + Write>(
+    s: &mut S,
+    export: &str,
+    no_zeroes: bool,
+) -> Result<ExportInfo> {
+    s.write_all(&ClientOption::ExportName(export.to_string()).encode())
+        .map_err(io)?;
+    s.flush().map_err(io)?;
+    let size = read_u64(s).map_err(|e| {
+        e.context(format!(
+            "the server closed the connection on export '{export}' (no such export?)"
+        ))
+    })?;
+    let flags = read_u16(s)?;
+    if !no_zeroes {
+        let mut zeros = [0u8; 124];
+        s.read_exact(&mut zeros).map_err(io)?;
+    }
+    Ok(ExportInfo {
+        size,
+        flags,
+        ..ExportInfo::default()
+    })
 }
 
 /// Asks for structured replies; whether the server agreed.
@@ -258,17 +356,8 @@ pub fn go<S: Read + Write>(s: &mut S, export: &str, no_zeroes: bool) -> Result<E
             return Err(protocol("the server sent no export information"));
         }
     } else if r.kind == REP_ERR_UNSUP {
-        // An old server: EXPORT_NAME has no reply on failure (the server
-        // closes the connection) and gives size and flags on success.
-        s.write_all(&ClientOption::ExportName(export.to_string()).encode())
-            .map_err(io)?;
-        s.flush().map_err(io)?;
-        info.size = read_u64(s)?;
-        info.flags = read_u16(s)?;
-        if !no_zeroes {
-            let mut zeros = [0u8; 124];
-            s.read_exact(&mut zeros).map_err(io)?;
-        }
+        // An old server, without GO.
+        info = export_name(s, export, no_zeroes)?;
     } else {
         return Err(option_error(&format!("export '{export}'"), &r));
     }
@@ -290,7 +379,22 @@ pub fn negotiate<S: Read + Write>(
     export: &str,
     contexts: &[&str],
 ) -> Result<Negotiated> {
-    let no_zeroes = greet(s)?;
+    let no_zeroes = match hello(s)? {
+        Greeting::Oldstyle(info) => {
+            if !export.is_empty() {
+                return Err(protocol(format!(
+                    "an oldstyle server has one export, not '{export}'"
+                )));
+            }
+            return Ok(Negotiated::plain(info));
+        }
+        // Without fixed newstyle any other option may end the connection.
+        Greeting::Newstyle {
+            fixed: false,
+            no_zeroes,
+        } => return Ok(Negotiated::plain(export_name(s, export, no_zeroes)?)),
+        Greeting::Newstyle { no_zeroes, .. } => no_zeroes,
+    };
     let structured = structured_replies(s)?;
     let ids = if structured && !contexts.is_empty() {
         set_meta_contexts(s, export, contexts)?
