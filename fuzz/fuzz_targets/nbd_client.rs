@@ -51,8 +51,31 @@ fuzz_target!(|data: &[u8]| {
             let _ = theirs.read_to_end(&mut sink);
         }
     });
+    use diskit_core::buffer::AlignedBuf;
+    use diskit_core::CompletionQueue;
+    use diskit_nbd::client::conn::{Group, Piece};
     use diskit_nbd::proto::consts::{CMD_BLOCK_STATUS, CMD_READ};
-    let _ = conn.request(CMD_READ, 0, 0, 4096, None);
+    // A read in two pieces into an owned buffer, waited for...
+    let read = |at: u64| Piece {
+        command: CMD_READ,
+        flags: 0,
+        offset: at,
+        length: 2048,
+        at: at as usize,
+    };
+    let group = Group::new(2, Some(AlignedBuf::new(4096, 512).unwrap()), None);
+    conn.send(&group, &[read(0), read(2048)], None);
+    group.release(None);
+    let _ = group.wait();
+    // ...one whose completion goes to a queue...
+    let cq = CompletionQueue::new();
+    let group = Group::new(1, Some(AlignedBuf::new(4096, 512).unwrap()), Some((cq.clone(), 7)));
+    conn.send(&group, &[read(0)], None);
+    group.release(None);
+    let c = cq.wait();
+    assert_eq!(c.tag, 7);
+    assert!(c.buf.is_some(), "a completed read gives its buffer back");
+    // ...and a block status.
     let _ = conn.request(CMD_BLOCK_STATUS, 0, 0, 1 << 20, None);
     conn.close();
     drop(conn);

@@ -124,3 +124,46 @@ fn unknown_exports_are_named() {
         .unwrap();
     assert!(e.to_string().contains("nosuch"), "{e}");
 }
+
+/// A server that replies to the first request with a simple reply whose
+/// data stops short, then hangs up: the request fails, nothing hangs.
+#[test]
+fn a_reply_cut_short_fails_the_request() {
+    use diskit_nbd::client::conn::{Connection, Stream};
+    use diskit_nbd::proto::consts::{CMD_READ, SIMPLE_REPLY_MAGIC};
+    use std::io::{Read, Write};
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    let conn = Connection::start(Stream::Unix(ours), false).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut req = [0u8; 28];
+        theirs.read_exact(&mut req).unwrap();
+        let cookie = &req[8..16];
+        let mut reply = Vec::new();
+        reply.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+        reply.extend_from_slice(&0u32.to_be_bytes());
+        reply.extend_from_slice(cookie);
+        reply.extend_from_slice(&[7u8; 100]);
+        theirs.write_all(&reply).unwrap();
+    });
+    let cq = diskit_core::CompletionQueue::new();
+    let group = diskit_nbd::client::conn::Group::new(
+        1,
+        Some(diskit_core::buffer::AlignedBuf::new(4096, 512).unwrap()),
+        Some((cq.clone(), 1)),
+    );
+    let piece = diskit_nbd::client::conn::Piece {
+        command: CMD_READ,
+        flags: 0,
+        offset: 0,
+        length: 4096,
+        at: 0,
+    };
+    conn.send(&group, &[piece], None);
+    group.release(None);
+    server.join().unwrap();
+    let c = cq.wait();
+    assert!(c.result.is_err());
+    assert!(c.buf.is_some());
+    // Later requests fail at once: the connection is dead.
+    assert!(conn.request(CMD_READ, 0, 0, 512, None).is_err());
+}

@@ -427,7 +427,13 @@ fn read_replies<R: Read>(r: &mut BufReader<R>, shared: &Shared, structured: bool
                     continue;
                 }
                 if let Some((_, len, at)) = slot.read {
-                    read_into(r, &slot.group, at, len)?;
+                    // The slot is out of the table: end it here, or its
+                    // waiter would wait forever.
+                    if let Err(e) = read_into(r, &slot.group, at, len) {
+                        slot.group
+                            .finish(1, Some(Error::new(ErrorKind::Io, e.to_string())));
+                        return Err(e);
+                    }
                 }
                 slot.group.finish(1, None);
             }

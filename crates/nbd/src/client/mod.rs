@@ -66,7 +66,10 @@ pub struct NbdClient {
 pub fn connect_stream(uri: &NbdUri) -> Result<Stream> {
     match &uri.address {
         Address::Unix(path) => UnixStream::connect(path)
-            .map(Stream::Unix)
+            .map(|s| {
+                widen_buffers(&s);
+                Stream::Unix(s)
+            })
             .map_err(|e| Error::from(e).context(format!("connecting to '{path}'"))),
         Address::Tcp { host, port } => std::net::TcpStream::connect((host.as_str(), *port))
             .map(|s| {
@@ -74,6 +77,30 @@ pub fn connect_stream(uri: &NbdUri) -> Result<Stream> {
                 Stream::Tcp(s)
             })
             .map_err(|e| Error::from(e).context(format!("connecting to {host}:{port}"))),
+    }
+}
+
+/// Bytes a Unix socket may hold each way: with the default (about 200
+/// KiB) a 256 KiB write blocks the writer until the server has read most
+/// of it, a sleep and a wake-up per request.
+const UNIX_SOCKET_BUFFER: libc::c_int = 4 << 20;
+
+/// Asks for larger socket buffers (the kernel caps them at its maximum);
+/// a failure leaves the defaults, which work, only slower.
+fn widen_buffers(s: &UnixStream) {
+    use std::os::fd::AsRawFd;
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt on a socket we own, with a c_int value of the
+        // size given.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&UNIX_SOCKET_BUFFER as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
     }
 }
 
