@@ -4,7 +4,7 @@
 /// First 8 bytes of every server greeting ("NBDMAGIC").
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 /// Oldstyle greeting's second word (the export follows at once).
-pub const CLISERV_MAGIC: u64 = 0x0042_0281_8612_53;
+pub const CLISERV_MAGIC: u64 = 0x0000_4202_8186_1253;
 /// Newstyle greeting's second word and prefix of every client option ("IHAVEOPT").
 pub const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
 /// Prefix of every fixed-newstyle option reply.
