@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::{check_range, split_fua, write_zero_buffer};
+use diskit_core::range_lock::RangeLock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, CompletionQueue, Error, ErrorKind, Extent, Request,
     Result, Storage, WriteFlags, ZeroFlags,
@@ -60,6 +61,9 @@ pub struct NbdClient {
     allocation: Option<u32>,
     /// The server, when the client started it (`[ CMD ]`).
     subprocess: Option<command::Subprocess>,
+    /// Writes that read-modify-write whole blocks of the server's minimum
+    /// size hold their blocks alone; other writes share theirs.
+    rmw: RangeLock,
 }
 
 /// Connects a socket to where `uri` points (no handshake).
@@ -224,6 +228,7 @@ impl NbdClient {
             export: negotiated,
             allocation,
             subprocess: None,
+            rmw: RangeLock::new(),
         })
     }
 
@@ -243,15 +248,24 @@ impl NbdClient {
     /// Block status of context `id` for a prefix of the range (in range),
     /// clipped to what was asked; an empty answer is an error.
     fn status_of(&self, id: u32, offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
-        let n = len.min(u64::from(u32::MAX));
+        // Asked in whole blocks of the server's minimum; what precedes
+        // `offset` is dropped from the answer.
+        let (a, e) = self.outer(offset, len.min(u64::from(u32::MAX) / 2));
+        let n = (e - a).min(u64::from(u32::MAX) / self.min_block() * self.min_block());
         // Context ids belong to the connection that negotiated them.
-        let answer = self.conns[0].request(CMD_BLOCK_STATUS, 0, offset, n, None)?;
-        let mut left = n;
+        let answer = self.conns[0].request(CMD_BLOCK_STATUS, 0, a, n, None)?;
+        let mut skip = offset - a;
+        let mut left = len.min(n - skip);
         let out: Vec<(u64, u32)> = answer
             .status
             .into_iter()
             .filter(|(c, _)| *c == id)
             .flat_map(|(_, d)| d)
+            .filter_map(|(l, f)| {
+                let cut = l.min(skip);
+                skip -= cut;
+                (l > cut).then_some((l - cut, f))
+            })
             .map_while(|(l, f)| {
                 let l = l.min(left);
                 left -= l;
@@ -265,6 +279,49 @@ impl NbdClient {
             ));
         }
         Ok(out)
+    }
+
+    /// The server's minimum block size (1 when it gave none).
+    fn min_block(&self) -> u64 {
+        self.export.block_size.map_or(1, |b| u64::from(b.0).max(1))
+    }
+
+    /// The whole blocks of the minimum size around a range, the last one
+    /// cut at the end of the export.
+    fn outer(&self, offset: u64, len: u64) -> (u64, u64) {
+        let m = self.min_block();
+        let a = offset / m * m;
+        let e = (offset + len)
+            .next_multiple_of(m)
+            .min(self.size().max(offset + len));
+        (a, e)
+    }
+
+    /// Reads `len` bytes at `offset` as they are (aligned by the caller).
+    fn read_raw(&self, offset: u64, len: u64) -> Result<AlignedBuf> {
+        let pieces = self.pieces(CMD_READ, 0, offset, len);
+        let buf = self.run(&pieces, Some(AlignedBuf::new(len as usize, 8)?), None)?;
+        Ok(buf.expect("a read gives its buffer back"))
+    }
+
+    /// Writes `buf` at `offset` as it is (aligned by the caller), keeping
+    /// the promise of `fua`.
+    fn write_raw(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        let len = buf.len() as u64;
+        let (fua, flush) = self.fua_plan(fua, len, self.max_request());
+        let pieces = self.pieces(CMD_WRITE, fua, offset, len);
+        self.run(&pieces, None, Some(buf))?;
+        if flush {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Whether a request can go out as it is: the server gave no minimum
+    /// block size above 1 (then reads must be aligned and writes take
+    /// the range lock, which the synchronous path does).
+    fn plain_blocks(&self) -> bool {
+        self.min_block() == 1
     }
 
     /// The export's transmission flags.
@@ -410,9 +467,12 @@ impl BlockDevice for NbdClient {
         if len == 0 {
             return Ok(());
         }
-        let pieces = self.pieces(CMD_READ, 0, offset, len);
-        let data = self.run(&pieces, Some(AlignedBuf::new(buf.len(), 8)?), None)?;
-        buf.copy_from_slice(&data.expect("a read gives its buffer back")[..buf.len()]);
+        // The server's minimum block size is obeyed: an unaligned read
+        // reads the whole blocks around it.
+        let (a, e) = self.outer(offset, len);
+        let data = self.read_raw(a, e - a)?;
+        let from = (offset - a) as usize;
+        buf.copy_from_slice(&data[from..from + buf.len()]);
         Ok(())
     }
 
@@ -423,13 +483,29 @@ impl BlockDevice for NbdClient {
         if len == 0 {
             return if flags.fua { self.flush() } else { Ok(()) };
         }
-        let (fua, flush) = self.fua_plan(flags.fua, len, self.max_request());
-        let pieces = self.pieces(CMD_WRITE, fua, offset, len);
-        self.run(&pieces, None, Some(buf))?;
-        if flush {
-            self.flush()?;
+        let (a, e) = self.outer(offset, len);
+        if (a, e) == (offset, offset + len) {
+            let _shared = (self.min_block() > 1).then(|| self.rmw.lock(a, e, false));
+            return self.write_raw(buf, offset, flags.fua);
         }
-        Ok(())
+        // Read-modify-write of the whole blocks around it, which no other
+        // write touches meanwhile.
+        let _whole = self.rmw.lock(a, e, true);
+        let m = self.min_block();
+        let mut block = if e - a <= 2 * m {
+            self.read_raw(a, e - a)?
+        } else {
+            let mut b = AlignedBuf::new((e - a) as usize, 8)?;
+            let head = self.read_raw(a, m)?;
+            b[..m as usize].copy_from_slice(&head[..m as usize]);
+            let tail_at = (e - a - m) as usize;
+            let tail = self.read_raw(e - m, m)?;
+            b[tail_at..].copy_from_slice(&tail[..m as usize]);
+            b
+        };
+        let from = (offset - a) as usize;
+        block[from..from + buf.len()].copy_from_slice(buf);
+        self.write_raw(&block[..(e - a) as usize], a, flags.fua)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
@@ -441,6 +517,31 @@ impl BlockDevice for NbdClient {
             }
             return write_zero_buffer(self, offset, len, flags.fua);
         }
+        let m = self.min_block();
+        let end = offset + len;
+        let (inner_a, inner_e) = (offset.next_multiple_of(m), end / m * m);
+        if m > 1 && (inner_a != offset || inner_e != end) {
+            // Partial blocks at the edges are written as zeros; zeroing
+            // that needs a read-modify-write is not fast.
+            if flags.fast {
+                return Err(Error::from_kind(ErrorKind::NotSupported));
+            }
+            if inner_a >= inner_e {
+                return write_zero_buffer(self, offset, len, flags.fua);
+            }
+            write_zero_buffer(self, offset, inner_a - offset, false)?;
+            self.write_zeroes(
+                inner_a,
+                inner_e - inner_a,
+                ZeroFlags {
+                    fua: false,
+                    ..flags
+                },
+            )?;
+            write_zero_buffer(self, inner_e, end - inner_e, false)?;
+            return if flags.fua { self.flush() } else { Ok(()) };
+        }
+        let _shared = (m > 1).then(|| self.rmw.lock(offset, end, false));
         let (fua, flush) = self.fua_plan(flags.fua, len, u64::from(u32::MAX));
         let pieces = self.pieces(CMD_WRITE_ZEROES, zero_flags(fua, flags), offset, len);
         if !pieces.is_empty() {
@@ -455,7 +556,14 @@ impl BlockDevice for NbdClient {
     fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.writable()?;
         check_range(self.size(), offset, len)?;
+        // A trim may do less than asked: only the whole blocks inside.
+        let m = self.min_block();
+        let (offset, len) = {
+            let (a, e) = (offset.next_multiple_of(m), (offset + len) / m * m);
+            (a, e.saturating_sub(a))
+        };
         if self.has(TFLAG_SEND_TRIM) && len > 0 {
+            let _shared = (m > 1).then(|| self.rmw.lock(offset, offset + len, false));
             let (fua, flush) = self.fua_plan(flags.fua, len, u64::from(u32::MAX));
             self.run(&self.pieces(CMD_TRIM, fua, offset, len), None, None)?;
             if flush {
@@ -477,7 +585,8 @@ impl BlockDevice for NbdClient {
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         check_range(self.size(), offset, len)?;
         if self.has(TFLAG_SEND_CACHE) && len > 0 {
-            self.run(&self.pieces(CMD_CACHE, 0, offset, len), None, None)?;
+            let (a, e) = self.outer(offset, len);
+            self.run(&self.pieces(CMD_CACHE, 0, a, e - a), None, None)?;
         }
         Ok(())
     }
@@ -530,6 +639,8 @@ impl BlockDevice for NbdClient {
         match req {
             Request::Read { offset, buf, len }
                 if len > 0
+                    && (self.plain_blocks()
+                        || self.outer(offset, len as u64) == (offset, offset + len as u64))
                     && len <= buf.len()
                     && check_range(self.size(), offset, len as u64).is_ok() =>
             {
@@ -542,6 +653,7 @@ impl BlockDevice for NbdClient {
                 range,
                 flags,
             } if !range.is_empty()
+                && self.plain_blocks()
                 && range.end <= buf.len()
                 && self.writable().is_ok()
                 && check_range(self.size(), offset, range.len() as u64).is_ok()
@@ -556,6 +668,7 @@ impl BlockDevice for NbdClient {
             }
             Request::Zero { offset, len, flags }
                 if len > 0
+                    && self.plain_blocks()
                     && self.writable().is_ok()
                     && check_range(self.size(), offset, len).is_ok()
                     && self.has(TFLAG_SEND_WRITE_ZEROES)
@@ -571,6 +684,7 @@ impl BlockDevice for NbdClient {
             Request::Zero { offset, len, flags }
                 if len > 0
                     && !flags.fast
+                    && self.plain_blocks()
                     && !self.has(TFLAG_SEND_WRITE_ZEROES)
                     && self.writable().is_ok()
                     && check_range(self.size(), offset, len).is_ok()
