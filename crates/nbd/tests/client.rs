@@ -102,6 +102,16 @@ fn commands_flags_and_extents() {
     assert_eq!(walked, SIZE);
     // Out of range is refused before anything is sent.
     assert!(c.read_at(&mut [0u8; 2], SIZE - 1).is_err());
+    // REQ_ONE: one extent, the first; DF: the same bytes as a plain read.
+    let (len, flags) = c
+        .block_status_one("base:allocation", 1 << 20, 4 << 20)
+        .unwrap();
+    assert_eq!((len, flags & 1), (1 << 20, 1), "the zeroed MiB is a hole");
+    let all = c.block_status("base:allocation", 0, SIZE).unwrap();
+    assert!(all.len() > 1);
+    let mut df = vec![0u8; 3 << 20];
+    c.read_df(&mut df, 512 << 10).unwrap();
+    assert_eq!(df, want[(512 << 10)..(512 << 10) + (3 << 20)]);
 }
 
 #[test]

@@ -242,18 +242,51 @@ impl NbdClient {
                 self.uri
             ))
         })?;
-        self.status_of(id, offset, len)
+        self.status_of(id, offset, len, 0)
+    }
+
+    /// Like [`block_status`](Self::block_status) with NBD_CMD_FLAG_REQ_ONE:
+    /// the server answers with one extent only (the first).
+    pub fn block_status_one(&self, context: &str, offset: u64, len: u64) -> Result<(u64, u32)> {
+        check_range(self.size(), offset, len)?;
+        let id = *self.export.contexts.get(context).ok_or_else(|| {
+            Error::unsupported(format!(
+                "'{}' does not offer the context '{context}'",
+                self.uri
+            ))
+        })?;
+        Ok(self.status_of(id, offset, len, CMD_FLAG_REQ_ONE)?[0])
+    }
+
+    /// Reads with NBD_CMD_FLAG_DF (don't fragment: the server answers each
+    /// piece in one chunk), when the server offers it; a plain read
+    /// otherwise.
+    pub fn read_df(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        check_range(self.size(), offset, len)?;
+        let (a, e) = self.outer(offset, len);
+        if len == 0
+            || !self.has(TFLAG_SEND_DF)
+            || !self.export.structured
+            || (a, e) != (offset, offset + len)
+        {
+            return self.read_at(buf, offset);
+        }
+        let pieces = self.pieces(CMD_READ, CMD_FLAG_DF, offset, len);
+        let data = self.run(&pieces, Some(AlignedBuf::new(buf.len(), 8)?), None)?;
+        buf.copy_from_slice(&data.expect("a read gives its buffer back")[..buf.len()]);
+        Ok(())
     }
 
     /// Block status of context `id` for a prefix of the range (in range),
     /// clipped to what was asked; an empty answer is an error.
-    fn status_of(&self, id: u32, offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
+    fn status_of(&self, id: u32, offset: u64, len: u64, flags: u16) -> Result<Vec<(u64, u32)>> {
         // Asked in whole blocks of the server's minimum; what precedes
         // `offset` is dropped from the answer.
         let (a, e) = self.outer(offset, len.min(u64::from(u32::MAX) / 2));
         let n = (e - a).min(u64::from(u32::MAX) / self.min_block() * self.min_block());
         // Context ids belong to the connection that negotiated them.
-        let answer = self.conns[0].request(CMD_BLOCK_STATUS, 0, a, n, None)?;
+        let answer = self.conns[0].request(CMD_BLOCK_STATUS, flags, a, n, None)?;
         let mut skip = offset - a;
         let mut left = len.min(n - skip);
         let out: Vec<(u64, u32)> = answer
@@ -600,7 +633,7 @@ impl BlockDevice for NbdClient {
         // (QEMU's nbd driver reports them so).
         let mut out = Vec::new();
         let mut pos = offset;
-        for (length, flags) in self.status_of(id, offset, len)? {
+        for (length, flags) in self.status_of(id, offset, len, 0)? {
             let mut e = if flags & STATE_HOLE != 0 {
                 Extent::hole(length)
             } else {
