@@ -148,7 +148,7 @@ fn pipes_commands_and_null_work_as_in_nbdcopy() {
 #[test]
 fn multi_conn_and_options_are_reported_with_verbose() {
     let script = format!(
-        "set -e; {d} copy -v \"$uri\" null: 2>&1 | grep -q 'connections=4 requests=64'; \
+        "set -e; {d} copy -v -T 4 \"$uri\" null: 2>&1 | grep -q 'connections=4 requests=64'; \
          {d} copy -v --synchronous \"$uri\" null: 2>&1 | grep -q 'connections=1 requests=1'",
         d = s(&diskit_bin()),
     );

@@ -359,7 +359,13 @@ pub fn run(a: Args) -> CmdResult {
     };
     // A server started for the copy takes one connection; an NBD URI on
     // the other side still gets several when its server allows it.
-    let connections = if a.synchronous { 1 } else { a.connections };
+    // As nbdcopy: one connection per worker thread at most.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let connections = if a.synchronous {
+        1
+    } else {
+        a.connections.min(a.threads.unwrap_or(cores).max(1))
+    };
     let src = open_source(&src_side, connections)?;
     let src_size = match &src {
         Opened::Device(d) => Some(d.size()),

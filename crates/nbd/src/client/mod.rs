@@ -37,9 +37,16 @@ const DEFAULT_MAX: u32 = 32 << 20;
 const BASE_ALLOCATION: &str = "base:allocation";
 /// Requests worth keeping in flight on one connection.
 const REQUESTS_PER_CONNECTION: usize = 64;
-/// Connections a client opened by URI uses once requests are submitted
-/// to a multi-conn export (nbdcopy's default).
+/// Connections a client opened by URI uses at most once requests are
+/// submitted to a multi-conn export (nbdcopy's default), and no more than
+/// there are processors (as nbdcopy: one per thread).
 const LAZY_CONNECTIONS: usize = 4;
+
+fn lazy_connections() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, LAZY_CONNECTIONS)
+}
 /// Zeros written as data (a server without write-zeroes) go out in
 /// writes of at most this many bytes, from one shared buffer.
 const ZERO_WRITE: usize = 1 << 20;
@@ -200,7 +207,7 @@ impl NbdClient {
     /// leaves the client on the connections it has.
     fn spread(&self) {
         self.extra
-            .get_or_init(|| self.open_more(LAZY_CONNECTIONS - 1).unwrap_or_default());
+            .get_or_init(|| self.open_more(lazy_connections() - 1).unwrap_or_default());
     }
 
     /// Negotiates `export` over a connected stream and starts transmission;
@@ -747,7 +754,7 @@ impl BlockDevice for NbdClient {
             && self.reconnect.is_some()
             && self.has(TFLAG_CAN_MULTI_CONN)
         {
-            LAZY_CONNECTIONS
+            lazy_connections()
         } else {
             self.connections()
         };
