@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let (ours, mut theirs) = UnixStream::pair().unwrap();
-    let conn = Connection::start(Stream::Unix(ours), pick & 2 != 0).unwrap();
+    let conn = Connection::start_with(Stream::Unix(ours), pick & 2 != 0, pick & 4 != 0).unwrap();
     // The server's bytes, then it hangs up: every request ends.
     let writer = std::thread::spawn({
         let bytes = rest.to_vec();

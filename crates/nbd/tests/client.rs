@@ -71,6 +71,10 @@ fn commands_flags_and_extents() {
     let caps = c.capabilities();
     assert!(caps.can_write && caps.can_zero && caps.can_trim && caps.can_extents);
     assert_eq!(c.size(), SIZE);
+    assert!(
+        c.extended_headers(),
+        "diskit's server offers extended headers"
+    );
     // A read longer than the server's maximum is split.
     let big = vec![7u8; (SIZE - 4096) as usize];
     c.write_at(&big, 4096, WriteFlags::FUA).unwrap();

@@ -247,11 +247,21 @@ pub struct Connection {
     shared: Arc<Shared>,
     next_cookie: AtomicU64,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Requests go out with extended headers.
+    extended: bool,
 }
 
 impl Connection {
-    /// Starts transmission on `stream`, whose handshake is done.
+    /// Starts transmission on `stream`, whose handshake is done, with
+    /// compact headers (and structured replies if negotiated).
     pub fn start(stream: Stream, structured: bool) -> Result<Connection> {
+        Self::start_with(stream, structured, false)
+    }
+
+    /// Starts transmission with `extended` headers (64-bit lengths, which
+    /// imply structured replies) or compact ones.
+    pub fn start_with(stream: Stream, structured: bool, extended: bool) -> Result<Connection> {
+        let structured = structured || extended;
         let reader_stream = stream.try_clone()?;
         let control = stream.try_clone()?;
         let shared = Arc::new(Shared {
@@ -262,7 +272,7 @@ impl Connection {
             .name("nbd-client-reader".into())
             .spawn(move || {
                 let mut r = std::io::BufReader::with_capacity(READ_BUFFER, reader_stream);
-                let why = match read_replies(&mut r, &s2, structured) {
+                let why = match read_replies(&mut r, &s2, structured, extended) {
                     Ok(()) => "the server closed the connection".to_string(),
                     Err(e) => e.to_string(),
                 };
@@ -274,6 +284,7 @@ impl Connection {
             shared,
             next_cookie: AtomicU64::new(1),
             reader: Mutex::new(Some(reader)),
+            extended,
         })
     }
 
@@ -318,7 +329,7 @@ impl Connection {
             cookie,
             offset: p.offset,
             length: p.length,
-            extended: false,
+            extended: self.extended,
         }
         .encode();
         let sent = {
@@ -370,7 +381,7 @@ impl Connection {
                 cookie: self.next_cookie.fetch_add(1, Ordering::Relaxed),
                 offset: 0,
                 length: 0,
-                extended: false,
+                extended: self.extended,
             }
             .encode();
             let _ = lock(&self.writer).write_all(&header);
@@ -396,7 +407,12 @@ fn proto_err(msg: impl Into<String>) -> Error {
 }
 
 /// The reader thread's loop: one reply (or chunk) at a time.
-fn read_replies<R: Read>(r: &mut BufReader<R>, shared: &Shared, structured: bool) -> Result<()> {
+fn read_replies<R: Read>(
+    r: &mut BufReader<R>,
+    shared: &Shared,
+    structured: bool,
+    extended: bool,
+) -> Result<()> {
     let mut head = [0u8; 32];
     loop {
         match r.read(&mut head[..4]) {
@@ -406,9 +422,11 @@ fn read_replies<R: Read>(r: &mut BufReader<R>, shared: &Shared, structured: bool
             Err(e) => return Err(e.into()),
         }
         let magic = u32::from_be_bytes(head[..4].try_into().expect("4 bytes"));
+        // With extended headers every reply is an extended chunk.
         let len = match magic {
-            SIMPLE_REPLY_MAGIC => 16,
-            STRUCTURED_REPLY_MAGIC if structured => 20,
+            SIMPLE_REPLY_MAGIC if !extended => 16,
+            STRUCTURED_REPLY_MAGIC if structured && !extended => 20,
+            EXTENDED_REPLY_MAGIC if extended => 32,
             _ => return Err(proto_err(format!("bad reply magic {magic:#x}"))),
         };
         r.read_exact(&mut head[4..len])?;

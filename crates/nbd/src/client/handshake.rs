@@ -24,6 +24,8 @@ pub struct Negotiated {
     pub flags: u16,
     /// Whether replies are structured.
     pub structured: bool,
+    /// Whether requests and replies have extended headers.
+    pub extended: bool,
     /// Block size constraints (minimum, preferred, maximum), if given.
     pub block_size: Option<(u32, u32, u32)>,
     /// The ids of the metadata contexts the server agreed to, by name.
@@ -37,6 +39,7 @@ impl Negotiated {
             size: info.size,
             flags: info.flags,
             structured: false,
+            extended: false,
             block_size: None,
             contexts: HashMap::new(),
         }
@@ -243,6 +246,12 @@ pub fn export_name<S: Read + Write>(
     })
 }
 
+/// Asks for extended headers (64-bit lengths; structured replies come
+/// with them); whether the server agreed.
+pub fn extended_headers<S: Read + Write>(s: &mut S) -> Result<bool> {
+    Ok(exchange(s, &ClientOption::ExtendedHeaders, |_| Ok(()))?.kind == REP_ACK)
+}
+
 /// Asks for structured replies; whether the server agreed.
 pub fn structured_replies<S: Read + Write>(s: &mut S) -> Result<bool> {
     Ok(exchange(s, &ClientOption::StructuredReply, |_| Ok(()))?.kind == REP_ACK)
@@ -395,7 +404,8 @@ pub fn negotiate<S: Read + Write>(
         } => return Ok(Negotiated::plain(export_name(s, export, no_zeroes)?)),
         Greeting::Newstyle { no_zeroes, .. } => no_zeroes,
     };
-    let structured = structured_replies(s)?;
+    let extended = extended_headers(s)?;
+    let structured = extended || structured_replies(s)?;
     let ids = if structured && !contexts.is_empty() {
         set_meta_contexts(s, export, contexts)?
     } else {
@@ -406,6 +416,7 @@ pub fn negotiate<S: Read + Write>(
         size: info.size,
         flags: info.flags,
         structured,
+        extended,
         block_size: info.block_size,
         contexts: ids,
     })

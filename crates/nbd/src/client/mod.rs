@@ -172,7 +172,11 @@ impl NbdClient {
                     ),
                 ));
             }
-            out.push(Connection::start(stream, neg.structured)?);
+            out.push(Connection::start_with(
+                stream,
+                neg.structured,
+                neg.extended,
+            )?);
         }
         Ok(out)
     }
@@ -225,7 +229,7 @@ impl NbdClient {
         let negotiated = handshake::negotiate(&mut stream, export, contexts)
             .map_err(|e| e.context(format!("'{uri}'")))?;
         let allocation = negotiated.contexts.get(BASE_ALLOCATION).copied();
-        let conn = Connection::start(stream, negotiated.structured)?;
+        let conn = Connection::start_with(stream, negotiated.structured, negotiated.extended)?;
         Ok(NbdClient {
             conns: vec![conn],
             extra: OnceLock::new(),
@@ -362,6 +366,11 @@ impl NbdClient {
     /// the range lock, which the synchronous path does).
     fn plain_blocks(&self) -> bool {
         self.min_block() == 1
+    }
+
+    /// Whether the connection uses extended headers (64-bit lengths).
+    pub fn extended_headers(&self) -> bool {
+        self.export.extended
     }
 
     /// The export's transmission flags.
