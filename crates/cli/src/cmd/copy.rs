@@ -177,15 +177,7 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
                 std::fs::metadata(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
             let ft = meta.file_type();
             if ft.is_file() || ft.is_block_device() {
-                let f = FileDevice::open(
-                    path,
-                    FileOptions {
-                        writable: false,
-                        ..Default::default()
-                    },
-                )
-                .map_err(|e| CliError::new(format!("{path}: {e}")))?;
-                Ok(Opened::Device(Box::new(f)))
+                Ok(Opened::Device(Box::new(open_file(path, false)?)))
             } else {
                 let f =
                     std::fs::File::open(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
@@ -194,6 +186,18 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
         }
         _ => unreachable!("sources are pipes, files or NBD"),
     }
+}
+
+/// A regular file or block device, as raw bytes.
+fn open_file(path: &str, writable: bool) -> Result<FileDevice, CliError> {
+    FileDevice::open(
+        path,
+        FileOptions {
+            writable,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| CliError::new(format!("{path}: {e}")))
 }
 
 fn stdin_file() -> Result<std::fs::File, CliError> {
@@ -263,14 +267,7 @@ fn open_destination(
                 return Ok((Opened::Stream(file), false));
             }
             drop(file);
-            let dev = FileDevice::open(
-                path,
-                FileOptions {
-                    writable: true,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| CliError::new(format!("{path}: {e}")))?;
+            let dev = open_file(path, true)?;
             if ft.is_file() {
                 Ok((Opened::File(dev), true))
             } else {

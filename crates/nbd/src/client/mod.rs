@@ -247,26 +247,24 @@ impl NbdClient {
     /// prefix of `offset..offset+len`, as the server sends them.
     pub fn block_status(&self, context: &str, offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
         check_range(self.size(), offset, len)?;
-        let id = *self.export.contexts.get(context).ok_or_else(|| {
+        self.status_of(self.context_id(context)?, offset, len, 0)
+    }
+
+    /// The id the server gave `context`.
+    fn context_id(&self, context: &str) -> Result<u32> {
+        self.export.contexts.get(context).copied().ok_or_else(|| {
             Error::unsupported(format!(
                 "'{}' does not offer the context '{context}'",
                 self.uri
             ))
-        })?;
-        self.status_of(id, offset, len, 0)
+        })
     }
 
     /// Like [`block_status`](Self::block_status) with NBD_CMD_FLAG_REQ_ONE:
     /// the server answers with one extent only (the first).
     pub fn block_status_one(&self, context: &str, offset: u64, len: u64) -> Result<(u64, u32)> {
         check_range(self.size(), offset, len)?;
-        let id = *self.export.contexts.get(context).ok_or_else(|| {
-            Error::unsupported(format!(
-                "'{}' does not offer the context '{context}'",
-                self.uri
-            ))
-        })?;
-        Ok(self.status_of(id, offset, len, CMD_FLAG_REQ_ONE)?[0])
+        Ok(self.status_of(self.context_id(context)?, offset, len, CMD_FLAG_REQ_ONE)?[0])
     }
 
     /// Reads with NBD_CMD_FLAG_DF (don't fragment: the server answers each
