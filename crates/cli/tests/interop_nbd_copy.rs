@@ -266,3 +266,75 @@ fn oldstyle_and_simple_reply_servers_are_read_as_libnbd_reads_them() {
         assert!(o.status.success(), "{args:?}: {}{}", stdout(&o), stderr(&o));
     }
 }
+
+#[test]
+fn nbdinfo_runs_servers_and_answers_can_and_is_as_libnbd() {
+    let d = diskit_bin();
+    for word in [
+        "write",
+        "WRITE",
+        "read",
+        "connect",
+        "sr",
+        "tls",
+        "readonly",
+        "read-only",
+        "fastzero",
+        "multiconn",
+        "rotational",
+        "zero",
+        "trim",
+        "flush",
+    ] {
+        for ro in [true, false] {
+            let mut server = vec!["[", "nbdkit"];
+            if ro {
+                server.push("-r");
+            }
+            server.extend(["memory", "1M", "]"]);
+            let mut ours = Command::new(&d);
+            ours.args(["nbdinfo", "--can", word, "--"]).args(&server);
+            let mut theirs = Command::new("nbdinfo");
+            theirs.args(["--can", word, "--"]).args(&server);
+            let (a, b) = (ours.output().unwrap(), theirs.output().unwrap());
+            assert_eq!(
+                code(&a),
+                code(&b),
+                "--can {word} (read-only {ro}): {}",
+                stderr(&a)
+            );
+        }
+    }
+    let o = Command::new(&d)
+        .args([
+            "nbdinfo",
+            "--can",
+            "bogus",
+            "nbd+unix:///?socket=/nonexistent",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("bogus"));
+    // Everything but the URI (each names its own socket) as nbdinfo shows it.
+    let server = ["--", "[", "nbdkit", "pattern", "2M", "]"];
+    let strip = |o: std::process::Output| -> String {
+        stdout(&o)
+            .lines()
+            .filter(|l| !l.contains("uri"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let a = Command::new(&d)
+        .args(["nbdinfo", "--no-content"])
+        .args(server)
+        .output()
+        .unwrap();
+    let b = Command::new("nbdinfo")
+        .args(["--no-content"])
+        .args(server)
+        .output()
+        .unwrap();
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(strip(a), strip(b));
+}

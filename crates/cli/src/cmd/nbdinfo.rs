@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use crate::CmdResult;
 use crate::util::CliError;
 use diskit_core::BlockDevice;
+use diskit_nbd::client::command::{self, Subprocess};
 use diskit_nbd::client::conn::Stream;
 use diskit_nbd::client::handshake::{self, ExportInfo, Greeting};
 use diskit_nbd::client::uri::{Address, NbdUri};
@@ -41,8 +42,29 @@ pub struct Args {
     /// Do not guess the content with file(1).
     #[arg(long = "no-content")]
     no_content: bool,
-    /// The NBD URI.
+    /// The NBD URI, or `[ CMD ARGS ... ]`: a server run for the query
+    /// with socket activation.
+    #[arg(trailing_var_arg = true, num_args = 1.., required = true, value_name = "URI")]
+    target: Vec<String>,
+    /// The URI queried (of the server started, for `[ CMD ]`).
+    #[arg(skip)]
     uri: String,
+}
+
+/// Resolves the target: a URI as it is, or a server started for the
+/// query (kept running until the returned handle is dropped).
+fn resolve(target: &[String]) -> Result<(String, Option<Subprocess>), CliError> {
+    match target {
+        [uri] if uri != "[" => Ok((uri.clone(), None)),
+        [open, argv @ .., close] if open == "[" && close == "]" && !argv.is_empty() => {
+            let sub = command::start(argv).map_err(err)?;
+            let uri = format!("nbd+unix:///?socket={}", sub.socket().display());
+            Ok((uri, Some(sub)))
+        }
+        _ => Err(CliError::new(
+            "nbdinfo: expected one NBD URI or [ CMD ARGS ... ]",
+        )),
+    }
 }
 
 fn err(e: diskit_core::Error) -> CliError {
@@ -367,29 +389,49 @@ fn json_number(v: f64) -> String {
 }
 
 /// `--can X` / `--is X`: the flag it asks about.
-fn fact_flag(kind: &str, what: &str) -> Result<u16, CliError> {
-    let flag = match (kind, what) {
-        ("can", "cache") => TFLAG_SEND_CACHE,
-        ("can", "df") => TFLAG_SEND_DF,
-        ("can", "fast-zero" | "fast_zero") => TFLAG_SEND_FAST_ZERO,
-        ("can", "flush") => TFLAG_SEND_FLUSH,
-        ("can", "fua") => TFLAG_SEND_FUA,
-        ("can", "multi-conn" | "multi_conn") => TFLAG_CAN_MULTI_CONN,
-        ("can", "trim") => TFLAG_SEND_TRIM,
-        ("can", "zero") => TFLAG_SEND_WRITE_ZEROES,
-        ("is", "read-only" | "read_only") => TFLAG_READ_ONLY,
-        ("is", "rotational") => TFLAG_ROTATIONAL,
+/// What `--can` or `--is` asks (libnbd takes the same words for both,
+/// in any case).
+enum Fact {
+    /// connect, read: true once connected.
+    Connected,
+    /// Structured replies negotiated.
+    Structured,
+    /// TLS negotiated.
+    Tls,
+    /// A transmission flag, or its negation (write: not read-only).
+    Flag(u16, bool),
+}
+
+fn fact(what: &str) -> Result<Fact, CliError> {
+    let w = what.to_ascii_lowercase();
+    Ok(match w.as_str() {
+        "connect" | "read" => Fact::Connected,
+        "tls" => Fact::Tls,
+        "sr" | "structured" | "structured reply" | "structured-reply" | "structured_reply"
+        | "structured replies" | "structured-replies" | "structured_replies" => Fact::Structured,
+        "readonly" | "read-only" | "read_only" => Fact::Flag(TFLAG_READ_ONLY, true),
+        "write" => Fact::Flag(TFLAG_READ_ONLY, false),
+        "rotational" => Fact::Flag(TFLAG_ROTATIONAL, true),
+        "cache" => Fact::Flag(TFLAG_SEND_CACHE, true),
+        "df" => Fact::Flag(TFLAG_SEND_DF, true),
+        "fastzero" | "fast-zero" | "fast_zero" => Fact::Flag(TFLAG_SEND_FAST_ZERO, true),
+        "flush" => Fact::Flag(TFLAG_SEND_FLUSH, true),
+        "fua" => Fact::Flag(TFLAG_SEND_FUA, true),
+        "multiconn" | "multi-conn" | "multi_conn" => Fact::Flag(TFLAG_CAN_MULTI_CONN, true),
+        "trim" => Fact::Flag(TFLAG_SEND_TRIM, true),
+        "zero" => Fact::Flag(TFLAG_SEND_WRITE_ZEROES, true),
         _ => {
             return Err(CliError::new(format!(
-                "nbdinfo: unknown --{kind} parameter '{what}'"
+                "nbdinfo: unknown --can or --is option: {what}"
             )));
         }
-    };
-    Ok(flag)
+    })
 }
 
 /// Runs `nbdinfo`.
-pub fn run(a: Args) -> CmdResult {
+pub fn run(mut a: Args) -> CmdResult {
+    let (uri, _server) = resolve(&a.target)?;
+    a.uri = uri;
     let u = NbdUri::parse(&a.uri).map_err(err)?;
     if u.tls {
         return Err(CliError::new(
@@ -417,15 +459,15 @@ pub fn run(a: Args) -> CmdResult {
         let _ = c.close();
         return Ok(0);
     }
-    if let Some((kind, what)) = a
-        .can
-        .as_deref()
-        .map(|w| ("can", w))
-        .or(a.is.as_deref().map(|w| ("is", w)))
-    {
-        let flag = fact_flag(kind, what)?;
+    if let Some(what) = a.can.as_deref().or(a.is.as_deref()) {
+        let fact = fact(what)?;
         let c = NbdClient::connect(&a.uri).map_err(err)?;
-        let yes = c.flags() & flag != 0;
+        let yes = match fact {
+            Fact::Connected => true,
+            Fact::Structured => c.structured_replies(),
+            Fact::Tls => u.tls,
+            Fact::Flag(flag, set) => (c.flags() & flag != 0) == set,
+        };
         let _ = c.close();
         return Ok(if yes { 0 } else { 2 });
     }

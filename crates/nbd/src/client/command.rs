@@ -24,12 +24,22 @@ const FIRST_FD: i32 = 3;
 pub struct Subprocess {
     child: Mutex<Option<Child>>,
     dir: PathBuf,
+    socket: PathBuf,
     /// The command, for messages.
     pub name: String,
 }
 
 /// Starts `argv` as a socket-activated server and connects to it.
 pub fn spawn(argv: &[String]) -> Result<(Subprocess, UnixStream)> {
+    let sub = start(argv)?;
+    let stream = UnixStream::connect(&sub.socket)
+        .map_err(|e| Error::from(e).context(format!("connecting to '{}'", sub.name)))?;
+    Ok((sub, stream))
+}
+
+/// Starts `argv` as a socket-activated server; clients connect to
+/// [`Subprocess::socket`].
+pub fn start(argv: &[String]) -> Result<Subprocess> {
     let Some(program) = argv.first() else {
         return Err(Error::invalid("an empty server command"));
     };
@@ -77,17 +87,21 @@ pub fn spawn(argv: &[String]) -> Result<(Subprocess, UnixStream)> {
         .spawn()
         .map_err(|e| cleanup(Error::from(e).context(format!("running '{program}'"))))?;
     drop(listener);
-    let sub = Subprocess {
+    Ok(Subprocess {
         child: Mutex::new(Some(child)),
+        socket: path,
         dir,
         name: argv.join(" "),
-    };
-    let stream = UnixStream::connect(&path)
-        .map_err(|e| Error::from(e).context(format!("connecting to '{}'", sub.name)))?;
-    Ok((sub, stream))
+    })
 }
 
 impl Subprocess {
+    /// The socket the server listens on: more clients may connect while it
+    /// runs.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
     /// Stops the server (SIGTERM) and waits for it.
     pub fn stop(&self) {
         if let Some(mut child) = lock(&self.child).take() {

@@ -366,6 +366,11 @@ impl NbdClient {
         self.min_block() == 1
     }
 
+    /// Whether replies are structured (negotiated, or with extended headers).
+    pub fn structured_replies(&self) -> bool {
+        self.export.structured
+    }
+
     /// Whether the connection uses extended headers (64-bit lengths).
     pub fn extended_headers(&self) -> bool {
         self.export.extended
