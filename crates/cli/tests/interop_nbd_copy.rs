@@ -338,3 +338,39 @@ fn nbdinfo_runs_servers_and_answers_can_and_is_as_libnbd() {
     assert!(a.status.success(), "{}", stderr(&a));
     assert_eq!(strip(a), strip(b));
 }
+
+#[test]
+fn a_server_that_dies_mid_copy_fails_the_copy_with_how_far_it_got() {
+    let dir = workdir();
+    let sock = dir.path().join("s.sock");
+    let mut server = Command::new("nbdkit")
+        .args([
+            "-f",
+            "-U",
+            s(&sock),
+            "--filter=delay",
+            "pattern",
+            "64M",
+            "delay-read=20ms",
+        ])
+        .spawn()
+        .expect("nbdkit is installed");
+    let t = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed().as_secs() < 10, "nbdkit did not start");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let out = dir.path().join("out.raw");
+    let copy = Command::new(diskit_bin())
+        .args(["copy", "-C", "1", &uri, s(&out)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _ = server.kill();
+    let _ = server.wait();
+    let o = copy.wait_with_output().unwrap();
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("copied"), "{}", stderr(&o));
+}
