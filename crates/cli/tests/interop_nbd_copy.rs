@@ -350,8 +350,8 @@ fn a_server_that_dies_mid_copy_fails_the_copy_with_how_far_it_got() {
             s(&sock),
             "--filter=delay",
             "pattern",
-            "64M",
-            "delay-read=20ms",
+            "256M",
+            "delay-read=50ms",
         ])
         .spawn()
         .expect("nbdkit is installed");
