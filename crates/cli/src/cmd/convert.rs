@@ -438,9 +438,18 @@ fn request_size(src: &dyn BlockDevice, dst: &dyn BlockDevice) -> usize {
 /// Copies `src` into `dst` with the progress display.
 fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &dyn BlockDevice, how: &How) -> CmdResult {
     let min_sparse = how.min_sparse;
+    // A source that takes requests without waiting (NBD) keeps many in
+    // flight from one worker, and reads on its connections' threads: more
+    // workers only compete with them for the processors. Compression
+    // needs the workers' threads.
+    let workers = if src.queue_depth() > 1 && !a.compress {
+        1
+    } else {
+        how.workers
+    };
     let opts = CopyOptions {
         min_sparse,
-        workers: how.workers,
+        workers,
         target_is_zero: how.target_is_zero,
         ordered_writes: how.ordered_writes,
         flush: false,
