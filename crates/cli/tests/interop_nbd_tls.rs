@@ -327,3 +327,121 @@ fn tls_psk_needs_the_feature() {
         stderr(&o)
     );
 }
+
+/// A certificate directory made by certtool (GnuTLS), as nbdkit's and
+/// qemu's documentation make them: a CA, and a server key of `key_args`
+/// with its certificate for localhost.
+fn certtool_pki(dir: &Path, key_args: &[&str]) -> PathBuf {
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new("certtool")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("certtool is installed (gnutls-bin)");
+        assert!(o.status.success(), "certtool {args:?}: {}", stderr(&o));
+    };
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    std::fs::write(
+        dir.join("ca.info"),
+        "cn = test CA\nca\ncert_signing_key\nexpiration_days = 3650\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("server.info"),
+        "organization = test\ncn = localhost\ndns_name = localhost\ntls_www_server\n\
+         encryption_key\nsigning_key\nexpiration_days = 3650\n",
+    )
+    .unwrap();
+    run(&["--generate-privkey", "--outfile", "ca-key.pem"]);
+    run(&[
+        "--generate-self-signed",
+        "--load-privkey",
+        "ca-key.pem",
+        "--template",
+        "ca.info",
+        "--outfile",
+        "pki/ca-cert.pem",
+    ]);
+    let mut key = vec!["--generate-privkey"];
+    key.extend_from_slice(key_args);
+    key.extend(["--outfile", "pki/server-key.pem"]);
+    run(&key);
+    run(&[
+        "--generate-certificate",
+        "--load-privkey",
+        "pki/server-key.pem",
+        "--load-ca-certificate",
+        "pki/ca-cert.pem",
+        "--load-ca-privkey",
+        "ca-key.pem",
+        "--template",
+        "server.info",
+        "--outfile",
+        "pki/server-cert.pem",
+    ]);
+    pki
+}
+
+/// Keys of the sizes and kinds certtool and openssl make, which GnuTLS
+/// servers load: RSA of any size (PKCS#1 and PKCS#8), ECDSA, Ed25519.
+#[test]
+fn server_keys_of_any_size_and_kind_load() {
+    let kinds: &[&[&str]] = &[
+        &["--key-type", "rsa", "--bits", "2432"],
+        &[
+            "--key-type",
+            "rsa",
+            "--bits",
+            "2056",
+            "--pkcs8",
+            "--password",
+            "",
+        ],
+        &["--key-type", "rsa", "--bits", "3584"],
+        &["--key-type", "ecdsa", "--curve", "secp384r1"],
+        &["--key-type", "ed25519"],
+    ];
+    for kind in kinds {
+        let dir = workdir();
+        let pki = certtool_pki(dir.path(), kind);
+        let o = serve(&[
+            "-U",
+            "-",
+            "--tls=require",
+            "--tls-certificates",
+            s(&pki),
+            "memory",
+            "1M",
+            "--run",
+            &format!("nbdinfo --size \"{}\"", tls_uri(&pki)),
+        ]);
+        assert!(o.status.success(), "{kind:?}: {}", stderr(&o));
+        assert_eq!(stdout(&o).trim(), "1048576", "{kind:?}");
+    }
+}
+
+/// A key the server cannot use is named in the error, not the certificate.
+#[test]
+fn an_unusable_key_is_named() {
+    let dir = workdir();
+    let pki = pki(dir.path());
+    std::fs::write(
+        pki.join("server-key.pem"),
+        "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let o = serve(&[
+        "-U",
+        "-",
+        "--tls=require",
+        "--tls-certificates",
+        s(&pki),
+        "memory",
+        "1M",
+        "--run",
+        "true",
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("server-key.pem"), "{}", stderr(&o));
+}

@@ -17,11 +17,17 @@ use super::Session;
 /// `server-cert.pem` (chain after it), `server-key.pem`, and with
 /// `verify_peer` `ca-cert.pem` to check client certificates against.
 pub(super) fn config(dir: &Path, verify_peer: bool) -> io::Result<ServerConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let certs = read_certs(&dir.join("server-cert.pem"))?;
     let key_path = dir.join("server-key.pem");
     let key = PrivateKeyDer::from_pem_file(&key_path)
         .map_err(|e| invalid(&key_path, format!("no usable private key: {e}")))?;
+    // Loaded here first so that a key the provider cannot use is reported
+    // against its own file.
+    provider
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|e| invalid(&key_path, format!("unusable private key: {e}")))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| io::Error::other(format!("TLS setup: {e}")))?;
