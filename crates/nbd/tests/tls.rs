@@ -131,7 +131,7 @@ fn client(
     sock: UnixStream,
     client_cert: bool,
 ) -> StreamOwned<ClientConnection, UnixStream> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut roots = RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_file(dir.join("ca-cert.pem")).unwrap())
