@@ -5,7 +5,13 @@
 //! - [`server`]: a server exporting any [`diskit_core::BlockDevice`]: fixed
 //!   newstyle negotiation, structured replies and extended headers, many
 //!   requests in flight per connection answered out of order.
+//! - [`client`]: a client, an export of any NBD server as a block device.
+//! - [`tls`] and [`transport`]: TLS sessions and the byte streams under
+//!   them, shared by the server (STARTTLS answered) and the client
+//!   (`nbds://`).
 
 pub mod client;
 pub mod proto;
 pub mod server;
+pub mod tls;
+pub mod transport;

@@ -11,6 +11,7 @@ use diskit_core::BlockDevice;
 use diskit_nbd::client::command::{self, Subprocess};
 use diskit_nbd::client::conn::Stream;
 use diskit_nbd::client::handshake::{self, ExportInfo, Greeting};
+use diskit_nbd::client::tls::ClientTls;
 use diskit_nbd::client::uri::{Address, NbdUri};
 use diskit_nbd::client::{NbdClient, connect_stream};
 use diskit_nbd::proto::consts::*;
@@ -76,6 +77,8 @@ struct Export {
     name: String,
     /// "oldstyle", "newstyle" or "newstyle-fixed".
     protocol: &'static str,
+    /// Whether the connection was encrypted.
+    tls: bool,
     info: ExportInfo,
     structured: bool,
     contexts: Vec<String>,
@@ -92,10 +95,27 @@ fn export_uri(u: &NbdUri, export: &str) -> String {
     }
 }
 
-/// Connects and negotiates up to GO on `export`, listing its contexts.
-fn inspect(u: &NbdUri, export: &str) -> Result<Export, CliError> {
+/// Connects, with STARTTLS first when `tls` (a server that cannot do it
+/// is an error); returns the stream, encrypted with `tls`, and the
+/// greeting.
+fn open(u: &NbdUri, tls: Option<&ClientTls>) -> Result<(Stream, Greeting), CliError> {
     let mut s: Stream = connect_stream(u).map_err(err)?;
     let greeting = handshake::hello(&mut s).map_err(err)?;
+    let Some(tls) = tls else {
+        return Ok((s, greeting));
+    };
+    if !matches!(greeting, Greeting::Newstyle { fixed: true, .. }) {
+        return Err(CliError::new(format!(
+            "nbdinfo: TLS needs a server that speaks fixed newstyle; this one speaks {}",
+            greeting.protocol()
+        )));
+    }
+    Ok((tls.start(s).map_err(err)?, greeting))
+}
+
+/// Connects and negotiates up to GO on `export`, listing its contexts.
+fn inspect(u: &NbdUri, tls: Option<&ClientTls>, export: &str) -> Result<Export, CliError> {
+    let (mut s, greeting) = open(u, tls)?;
     let (info, structured, contexts) = match &greeting {
         Greeting::Oldstyle(info) => (info.clone(), false, Vec::new()),
         Greeting::Newstyle {
@@ -127,9 +147,13 @@ fn inspect(u: &NbdUri, export: &str) -> Result<Export, CliError> {
         extended: false,
     };
     let _ = s.write_all(&disc.encode());
+    let _ = s.flush();
+    let tls = s.is_tls();
+    s.close();
     Ok(Export {
         name: export.to_string(),
         protocol: greeting.protocol(),
+        tls,
         info,
         structured,
         contexts,
@@ -191,8 +215,9 @@ fn facts(flags: u16, structured: bool) -> Vec<(&'static str, bool)> {
 
 fn protocol_line(e: &Export) -> String {
     format!(
-        "protocol: {} without TLS, using {} packets\n",
+        "protocol: {} {} TLS, using {} packets\n",
         e.protocol,
+        if e.tls { "with" } else { "without" },
         if e.structured { "structured" } else { "simple" }
     )
 }
@@ -279,9 +304,10 @@ fn print_json_export(e: &Export) -> String {
 fn print_json(exports: &[Export]) -> String {
     let structured = exports.first().is_some_and(|e| e.structured);
     let protocol = exports.first().map_or("newstyle-fixed", |e| e.protocol);
+    let tls = exports.first().is_some_and(|e| e.tls);
     let body: Vec<String> = exports.iter().map(print_json_export).collect();
     format!(
-        "{{\n\"protocol\": \"{protocol}\",\n\"TLS\": false,\n\"structured\": {structured},\n\"exports\": [\n{} ]\n}}\n",
+        "{{\n\"protocol\": \"{protocol}\",\n\"TLS\": {tls},\n\"structured\": {structured},\n\"exports\": [\n{} ]\n}}\n",
         body.join(",\n")
     )
 }
@@ -433,11 +459,7 @@ pub fn run(mut a: Args) -> CmdResult {
     let (uri, _server) = resolve(&a.target)?;
     a.uri = uri;
     let u = NbdUri::parse(&a.uri).map_err(err)?;
-    if u.tls {
-        return Err(CliError::new(
-            "nbdinfo: TLS (nbds) is not supported by diskit's NBD client yet",
-        ));
-    }
+    let tls = ClientTls::for_uri(&u).map_err(err)?;
     let modes = [
         a.size,
         a.map.is_some(),
@@ -472,17 +494,23 @@ pub fn run(mut a: Args) -> CmdResult {
         return Ok(if yes { 0 } else { 2 });
     }
     let names = if a.list {
-        let mut s = connect_stream(&u).map_err(err)?;
-        handshake::greet(&mut s).map_err(err)?;
+        let (mut s, greeting) = open(&u, tls.as_ref())?;
+        if !matches!(greeting, Greeting::Newstyle { fixed: true, .. }) {
+            return Err(CliError::new(format!(
+                "nbdinfo: a server that speaks {} cannot list its exports",
+                greeting.protocol()
+            )));
+        }
         let list = handshake::list_exports(&mut s).map_err(err)?;
         handshake::abort(&mut s);
+        s.close();
         list.into_iter().map(|(n, _)| n).collect()
     } else {
         vec![u.export.clone()]
     };
     let mut exports = Vec::new();
     for name in names {
-        let mut e = inspect(&u, &name)?;
+        let mut e = inspect(&u, tls.as_ref(), &name)?;
         if !a.list && !a.no_content {
             e.content = content(&a.uri);
         }

@@ -5,7 +5,7 @@
 //! buffer.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +18,8 @@ use diskit_core::{Completion, CompletionQueue, Error, ErrorKind, Result};
 use crate::proto::consts::*;
 use crate::proto::reply::{Chunk, ReplyHeader};
 use crate::proto::request::RequestHeader;
+use crate::tls::TlsStream;
+use crate::transport::Transport;
 
 /// The reader's buffer, for headers and small payloads; read data goes
 /// past it, straight into the request's buffer.
@@ -27,27 +29,71 @@ const MAX_SMALL_PAYLOAD: u64 = 1 << 20;
 /// Block status payloads longer than this are refused.
 const MAX_STATUS_PAYLOAD: u64 = 16 << 20;
 
-/// A connected socket.
+/// A connected socket, or a TLS session over one.
 pub enum Stream {
     /// A Unix domain socket.
     Unix(UnixStream),
     /// A TCP connection.
     Tcp(TcpStream),
+    /// TLS over either, after NBD_OPT_STARTTLS ([`super::tls`]).
+    Tls(Box<TlsStream>),
 }
 
+/// A stream's read half, write half, and what shuts it down both ways.
+type Split = (
+    Box<dyn Read + Send>,
+    Box<dyn Write + Send>,
+    Box<dyn Fn() + Send + Sync>,
+);
+
 impl Stream {
-    fn try_clone(&self) -> std::io::Result<Stream> {
-        Ok(match self {
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-        })
+    /// Splits the stream for transmission: the reader thread reads one
+    /// half while writers write the other.
+    fn split(self) -> std::io::Result<Split> {
+        fn halves<S: Read + Write + Send + Sync + 'static>(
+            s: S,
+            clone: impl Fn(&S) -> std::io::Result<S>,
+            shutdown: fn(&S),
+        ) -> std::io::Result<Split> {
+            let reader = clone(&s)?;
+            let closer = clone(&s)?;
+            Ok((
+                Box::new(reader),
+                Box::new(s),
+                Box::new(move || shutdown(&closer)),
+            ))
+        }
+        match self {
+            Stream::Unix(s) => halves(s, UnixStream::try_clone, |s| {
+                let _ = s.shutdown(Shutdown::Both);
+            }),
+            Stream::Tcp(s) => halves(s, TcpStream::try_clone, |s| {
+                let _ = s.shutdown(Shutdown::Both);
+            }),
+            Stream::Tls(t) => {
+                let h = Transport::split(t)?;
+                Ok((h.reader, h.writer, h.shutdown))
+            }
+        }
     }
 
-    fn shutdown(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-        };
+    /// Ends the connection (politely over TLS: close_notify first). Used
+    /// after a negotiation that does not go on to transmission.
+    pub fn close(self) {
+        match self {
+            Stream::Unix(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            Stream::Tcp(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            Stream::Tls(t) => t.close(),
+        }
+    }
+
+    /// Whether the stream is encrypted.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
     }
 }
 
@@ -56,6 +102,7 @@ impl Read for Stream {
         match self {
             Stream::Unix(s) => s.read(buf),
             Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -65,16 +112,21 @@ impl Write for Stream {
         match self {
             Stream::Unix(s) => s.write(buf),
             Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
         match self {
             Stream::Unix(s) => s.write_vectored(bufs),
             Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Tls(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        match self {
+            Stream::Tls(s) => s.flush(),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -242,8 +294,9 @@ impl Shared {
 
 /// One NBD connection in transmission.
 pub struct Connection {
-    writer: Mutex<Stream>,
-    control: Stream,
+    writer: Mutex<Box<dyn Write + Send>>,
+    /// Shuts the stream down both ways (ends the reader's wait).
+    shutdown: Box<dyn Fn() + Send + Sync>,
     shared: Arc<Shared>,
     next_cookie: AtomicU64,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -262,8 +315,7 @@ impl Connection {
     /// imply structured replies) or compact ones.
     pub fn start_with(stream: Stream, structured: bool, extended: bool) -> Result<Connection> {
         let structured = structured || extended;
-        let reader_stream = stream.try_clone()?;
-        let control = stream.try_clone()?;
+        let (reader_stream, writer, shutdown) = stream.split()?;
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
         });
@@ -279,8 +331,8 @@ impl Connection {
                 s2.kill(why);
             })?;
         Ok(Connection {
-            writer: Mutex::new(stream),
-            control,
+            writer: Mutex::new(writer),
+            shutdown,
             shared,
             next_cookie: AtomicU64::new(1),
             reader: Mutex::new(Some(reader)),
@@ -334,11 +386,10 @@ impl Connection {
         .encode();
         let sent = {
             let mut w = lock(&self.writer);
-            let mut r = w.write_all(&header);
-            if let (Ok(()), Some(d)) = (&r, data) {
-                r = w.write_all(d);
-            }
-            r
+            // Header and data in one go: one system call, and over TLS
+            // the same records.
+            let mut slices = [IoSlice::new(&header), IoSlice::new(data.unwrap_or(&[]))];
+            write_all_vectored(&mut **w, &mut slices).and_then(|()| w.flush())
         };
         if let Err(e) = sent {
             let err = Error::from(e).context("NBD request");
@@ -384,9 +435,10 @@ impl Connection {
                 extended: self.extended,
             }
             .encode();
-            let _ = lock(&self.writer).write_all(&header);
+            let mut w = lock(&self.writer);
+            let _ = w.write_all(&header).and_then(|()| w.flush());
         }
-        self.control.shutdown();
+        (self.shutdown)();
         if let Some(h) = lock(&self.reader).take() {
             let _ = h.join();
         }
@@ -397,6 +449,21 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// Writes every byte of `slices`, vectored (`Write::write_all_vectored` is
+/// not stable yet).
+fn write_all_vectored(w: &mut dyn Write, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn proto_err(msg: impl Into<String>) -> Error {

@@ -246,6 +246,19 @@ pub fn export_name<S: Read + Write>(
     })
 }
 
+/// Asks the server to start TLS (NBD_OPT_STARTTLS) right after the
+/// greeting. `Ok` on its acknowledgement: the TLS handshake comes next. A
+/// refusal is an error naming it (a client that wants TLS must not go on
+/// without it).
+pub fn starttls<S: Read + Write>(s: &mut S) -> Result<()> {
+    let r = exchange(s, &ClientOption::StartTls, |_| Ok(()))?;
+    if r.kind == REP_ACK {
+        Ok(())
+    } else {
+        Err(option_error("NBD_OPT_STARTTLS", &r))
+    }
+}
+
 /// Asks for extended headers (64-bit lengths; structured replies come
 /// with them); whether the server agreed.
 pub fn extended_headers<S: Read + Write>(s: &mut S) -> Result<bool> {
@@ -404,6 +417,19 @@ pub fn negotiate<S: Read + Write>(
         } => return Ok(Negotiated::plain(export_name(s, export, no_zeroes)?)),
         Greeting::Newstyle { no_zeroes, .. } => no_zeroes,
     };
+    negotiate_options(s, export, contexts, no_zeroes)
+}
+
+/// The options of [`negotiate`] after a fixed-newstyle greeting (and
+/// after STARTTLS, over TLS): extended headers or structured replies, the
+/// metadata contexts in `contexts`, then GO. `no_zeroes` is what the
+/// greeting said, for a server that only knows EXPORT_NAME.
+pub fn negotiate_options<S: Read + Write>(
+    s: &mut S,
+    export: &str,
+    contexts: &[&str],
+    no_zeroes: bool,
+) -> Result<Negotiated> {
     let extended = extended_headers(s)?;
     let structured = extended || structured_replies(s)?;
     let ids = if structured && !contexts.is_empty() {

@@ -6,11 +6,13 @@
 //! context, then NBD_OPT_GO. Requests from any number of threads are in
 //! flight at once on the one connection ([`conn`]); requests longer than
 //! the server's maximum are split. Capabilities come from the export's
-//! transmission flags, extents from block status.
+//! transmission flags, extents from block status. The `nbds` schemes run
+//! all of it over TLS ([`tls`]).
 
 pub mod command;
 pub mod conn;
 pub mod handshake;
+pub mod tls;
 pub mod uri;
 
 use std::os::unix::net::UnixStream;
@@ -28,6 +30,7 @@ use diskit_core::{
 use crate::proto::consts::*;
 use conn::{Connection, Group, Piece, Stream};
 use handshake::Negotiated;
+use tls::ClientTls;
 use uri::{Address, NbdUri};
 
 /// The largest request sent when the server gives no block sizes (the
@@ -60,6 +63,8 @@ pub struct NbdClient {
     extra: OnceLock<Vec<Connection>>,
     /// Where the export is, for more connections.
     reconnect: Option<NbdUri>,
+    /// The TLS settings of `reconnect`, for more connections.
+    tls: Option<ClientTls>,
     /// Round-robin position over the connections.
     next: AtomicUsize,
     uri: String,
@@ -115,8 +120,29 @@ fn widen_buffers(s: &UnixStream) {
     }
 }
 
+/// Negotiates `export` on a fresh connection; with `tls`, STARTTLS comes
+/// first (a server without fixed newstyle cannot do it) and the rest goes
+/// on over TLS. Returns the stream transmission runs over.
+fn negotiate(
+    mut stream: Stream,
+    export: &str,
+    contexts: &[&str],
+    tls: Option<&ClientTls>,
+) -> Result<(Stream, Negotiated)> {
+    let Some(tls) = tls else {
+        let negotiated = handshake::negotiate(&mut stream, export, contexts)?;
+        return Ok((stream, negotiated));
+    };
+    let no_zeroes = handshake::greet(&mut stream)
+        .map_err(|e| e.context("TLS needs a server that speaks fixed newstyle"))?;
+    let mut stream = tls.start(stream)?;
+    let negotiated = handshake::negotiate_options(&mut stream, export, contexts, no_zeroes)?;
+    Ok((stream, negotiated))
+}
+
 impl NbdClient {
-    /// Connects to the export an NBD URI names.
+    /// Connects to the export an NBD URI names (over TLS for the `nbds`
+    /// schemes).
     pub fn connect(uri: &str) -> Result<NbdClient> {
         Self::connect_with(uri, &[BASE_ALLOCATION])
     }
@@ -125,14 +151,12 @@ impl NbdClient {
     /// from `base:allocation` when it is among them).
     pub fn connect_with(uri: &str, contexts: &[&str]) -> Result<NbdClient> {
         let parsed = NbdUri::parse(uri)?;
-        if parsed.tls {
-            return Err(Error::unsupported(format!(
-                "'{uri}': TLS (nbds) is not supported by diskit's NBD client yet"
-            )));
-        }
+        let name = parsed.canonical();
+        let tls = ClientTls::for_uri(&parsed).map_err(|e| e.context(format!("'{name}'")))?;
         let stream = connect_stream(&parsed)?;
-        let mut client = Self::over_with(stream, &parsed.canonical(), &parsed.export, contexts)?;
+        let mut client = Self::over_with(stream, &name, &parsed.export, contexts, tls.as_ref())?;
         client.reconnect = Some(parsed);
+        client.tls = tls;
         Ok(client)
     }
 
@@ -160,9 +184,14 @@ impl NbdClient {
         }
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
-            let mut stream = connect_stream(parsed)?;
-            let neg = handshake::negotiate(&mut stream, &parsed.export, &[BASE_ALLOCATION])
-                .map_err(|e| e.context(format!("'{}'", self.uri)))?;
+            let stream = connect_stream(parsed)?;
+            let (stream, neg) = negotiate(
+                stream,
+                &parsed.export,
+                &[BASE_ALLOCATION],
+                self.tls.as_ref(),
+            )
+            .map_err(|e| e.context(format!("'{}'", self.uri)))?;
             if neg.size != self.export.size || neg.flags != self.export.flags {
                 return Err(Error::new(
                     ErrorKind::Io,
@@ -217,23 +246,31 @@ impl NbdClient {
     /// Negotiates `export` over a connected stream and starts transmission;
     /// `uri` names the export in messages and as its storage location.
     pub fn over(stream: Stream, uri: &str, export: &str) -> Result<NbdClient> {
-        Self::over_with(stream, uri, export, &[BASE_ALLOCATION])
+        Self::over_with(stream, uri, export, &[BASE_ALLOCATION], None)
+    }
+
+    /// Like [`over`](Self::over), over TLS with `tls`: STARTTLS after the
+    /// greeting, the rest of the negotiation and transmission encrypted.
+    pub fn over_tls(stream: Stream, uri: &str, export: &str, tls: &ClientTls) -> Result<NbdClient> {
+        Self::over_with(stream, uri, export, &[BASE_ALLOCATION], Some(tls))
     }
 
     fn over_with(
-        mut stream: Stream,
+        stream: Stream,
         uri: &str,
         export: &str,
         contexts: &[&str],
+        tls: Option<&ClientTls>,
     ) -> Result<NbdClient> {
-        let negotiated = handshake::negotiate(&mut stream, export, contexts)
-            .map_err(|e| e.context(format!("'{uri}'")))?;
+        let (stream, negotiated) =
+            negotiate(stream, export, contexts, tls).map_err(|e| e.context(format!("'{uri}'")))?;
         let allocation = negotiated.contexts.get(BASE_ALLOCATION).copied();
         let conn = Connection::start_with(stream, negotiated.structured, negotiated.extended)?;
         Ok(NbdClient {
             conns: vec![conn],
             extra: OnceLock::new(),
             reconnect: None,
+            tls: None,
             next: AtomicUsize::new(0),
             uri: uri.to_string(),
             export: negotiated,

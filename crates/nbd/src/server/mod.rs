@@ -10,7 +10,8 @@ pub mod splice;
 pub mod stats;
 pub mod tls;
 pub mod transmission;
-pub mod transport;
+/// Byte streams (shared with the client): see [`crate::transport`].
+pub use crate::transport;
 pub mod watchdog;
 
 use std::io;

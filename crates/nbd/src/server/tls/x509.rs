@@ -1,17 +1,17 @@
-//! The X.509 engine: rustls with certificates in nbdkit's and qemu's
-//! directory layout.
+//! The server's X.509 settings: rustls with certificates in nbdkit's and
+//! qemu's directory layout.
 
-use std::fs;
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection};
 
-use super::Session;
+use crate::tls::Session;
+use crate::tls::x509::{invalid, read_certs};
 
 /// The rustls configuration for the certificates in `dir`:
 /// `server-cert.pem` (chain after it), `server-key.pem`, and with
@@ -51,77 +51,9 @@ pub(super) fn config(dir: &Path, verify_peer: bool) -> io::Result<ServerConfig> 
         .map_err(|e| invalid(&dir.join("server-cert.pem"), e.to_string()))
 }
 
-fn invalid(path: &Path, message: String) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("{}: {message}", path.display()),
-    )
-}
-
-fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
-    let pem =
-        fs::read(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(path, format!("bad PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(invalid(path, "no certificate".into()));
-    }
-    Ok(certs)
-}
-
 /// A session for one client.
 pub(super) fn session(config: &Arc<ServerConfig>) -> io::Result<Box<dyn Session>> {
     let conn = ServerConnection::new(config.clone())
         .map_err(|e| io::Error::other(format!("TLS setup: {e}")))?;
     Ok(Box::new(conn))
-}
-
-fn tls_error(e: rustls::Error) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
-}
-
-impl Session for ServerConnection {
-    fn is_handshaking(&self) -> bool {
-        let common: &rustls::CommonState = self;
-        common.is_handshaking()
-    }
-
-    fn feed(&mut self, mut input: &[u8]) -> io::Result<usize> {
-        let taken = self.read_tls(&mut input)?;
-        self.process_new_packets().map_err(tls_error)?;
-        Ok(taken)
-    }
-
-    fn read_plain(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        self.reader().read(out)
-    }
-
-    fn write_plain(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.writer().write(data)
-    }
-
-    fn take_sealed(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
-        while self.wants_write() {
-            self.write_tls(out)?;
-        }
-        Ok(())
-    }
-
-    fn close_notify(&mut self) {
-        self.send_close_notify();
-    }
-
-    fn describe(&self) -> String {
-        let version = match self.protocol_version() {
-            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3".to_string(),
-            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2".to_string(),
-            Some(v) => format!("{v:?}"),
-            None => "TLS".to_string(),
-        };
-        match self.negotiated_cipher_suite() {
-            Some(suite) => format!("{version} {:?}, X.509", suite.suite()),
-            None => format!("{version}, X.509"),
-        }
-    }
 }

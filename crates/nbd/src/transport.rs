@@ -2,7 +2,8 @@
 //! whole; transmission splits it into a read half (the request reader) and
 //! a write half (shared by the workers). A TLS layer is one more
 //! [`Transport`]: STARTTLS wraps the plain stream and the rest of the
-//! server does not change.
+//! server does not change. The client's TLS sessions run over the same
+//! trait ([`crate::tls`]).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
