@@ -93,7 +93,8 @@ fn nbdinfo_copy_and_convert_from_diskit_serve_over_tls() {
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
     assert!(same_bytes(&f, &conv), "diskit convert read other bytes");
     // Every connection the server logged was encrypted.
-    let conns: Vec<&str> = stderr(&o)
+    let log = stderr(&o);
+    let conns: Vec<&str> = log
         .lines()
         .filter(|l| l.starts_with("diskit: connection"))
         .collect();
@@ -373,6 +374,10 @@ fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
             s(keys)
         )
     };
+    let logname = format!(
+        "nbds+unix:///?socket=$unixsocket&tls-psk-file={}",
+        s(&server)
+    );
     let bin = diskit_bin();
     let cmd = format!(
         "{d} copy {f} \"{alice}\"; echo in=$?; \
@@ -386,10 +391,6 @@ fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
         f = s(&f),
         back = s(&back),
         alice = psk("alice", &server),
-        logname = format!(
-            "nbds+unix:///?socket=$unixsocket&tls-psk-file={}",
-            s(&server)
-        ),
         wrong_key = psk("alice", &wrong),
         mallory = psk("mallory", &wrong),
         carol = psk("carol", &server),
