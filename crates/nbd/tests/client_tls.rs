@@ -275,3 +275,92 @@ mod psk {
         assert!(e.to_string().contains("\"carol\""), "{e}");
     }
 }
+
+/// A fake server: a fixed-newstyle greeting, then `after` once the
+/// client's first option (STARTTLS) has come.
+fn fake_server(
+    flags: u16,
+    after: impl FnOnce(&mut UnixStream) + Send + 'static,
+) -> (UnixStream, JoinHandle<u32>) {
+    use diskit_nbd::proto::consts::*;
+    use std::io::{Read, Write};
+    let (client, mut srv) = UnixStream::pair().unwrap();
+    for s in [&client, &srv] {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+    }
+    let t = std::thread::spawn(move || {
+        let mut hello = NBDMAGIC.to_be_bytes().to_vec();
+        hello.extend(IHAVEOPT.to_be_bytes());
+        hello.extend(flags.to_be_bytes());
+        srv.write_all(&hello).unwrap();
+        let mut client_flags = [0u8; 4];
+        let mut option = [0u8; 16];
+        if srv.read_exact(&mut client_flags).is_err() || srv.read_exact(&mut option).is_err() {
+            return 0;
+        }
+        let code = u32::from_be_bytes(option[8..12].try_into().unwrap());
+        after(&mut srv);
+        code
+    });
+    (client, t)
+}
+
+/// The STARTTLS acknowledgement, then the client's hello, read whole.
+fn ack(s: &mut UnixStream) {
+    ack_only(s);
+    let mut head = [0u8; 5];
+    std::io::Read::read_exact(s, &mut head).unwrap();
+    assert_eq!(head[0], 22, "a TLS handshake record");
+    // All of it: unread bytes would make the hang-up a reset.
+    let mut body = vec![0u8; usize::from(u16::from_be_bytes([head[3], head[4]]))];
+    std::io::Read::read_exact(s, &mut body).unwrap();
+}
+
+/// The STARTTLS acknowledgement.
+fn ack_only(s: &mut UnixStream) {
+    use diskit_nbd::proto::consts::*;
+    use std::io::Write;
+    let mut r = OPTION_REPLY_MAGIC.to_be_bytes().to_vec();
+    r.extend(OPT_STARTTLS.to_be_bytes());
+    r.extend(REP_ACK.to_be_bytes());
+    r.extend(0u32.to_be_bytes());
+    s.write_all(&r).unwrap();
+}
+
+#[test]
+fn a_server_that_breaks_off_the_tls_handshake_is_an_error() {
+    use diskit_nbd::proto::consts::*;
+    use std::io::Write;
+    let dir = certs_dir();
+    let tls = client_tls(&format!("tls-certificates={}", dir.path().display())).unwrap();
+    let fixed = FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES;
+    // Garbage where the server's hello should be.
+    let (sock, t) = fake_server(fixed, |s| {
+        ack(s);
+        let _ = s.write_all(&[0x42; 4096]);
+    });
+    let e = NbdClient::over_tls(Stream::Unix(sock), "test", "disk", &tls)
+        .err()
+        .expect("no TLS from garbage");
+    assert!(e.to_string().contains("TLS handshake"), "{e}");
+    assert_eq!(t.join().unwrap(), OPT_STARTTLS, "STARTTLS came first");
+    // A hang-up instead of the server's hello.
+    let (sock, t) = fake_server(fixed, ack);
+    let e = NbdClient::over_tls(Stream::Unix(sock), "test", "disk", &tls)
+        .err()
+        .expect("no TLS from nothing");
+    assert!(
+        e.to_string()
+            .contains("server closed the connection during the TLS handshake"),
+        "{e}"
+    );
+    t.join().unwrap();
+    // A server without fixed newstyle cannot do STARTTLS.
+    let (sock, t) = fake_server(0, |_| {});
+    let e = NbdClient::over_tls(Stream::Unix(sock), "test", "disk", &tls)
+        .err()
+        .expect("no TLS without fixed newstyle");
+    assert!(e.to_string().contains("fixed newstyle"), "{e}");
+    t.join().unwrap();
+}
