@@ -321,6 +321,45 @@ fn certificates_that_do_not_check_out_are_refused() {
     assert_eq!(stdout(&o).matches("1048576").count(), 2, "{}", stdout(&o));
 }
 
+/// Over TCP the certificate must name the host of the URI (localhost and
+/// 127.0.0.1 are in the test certificate), or `tls-hostname`.
+#[test]
+fn over_tcp_the_certificate_names_the_host() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let pki = pki(dir.path(), "pki");
+    let copy = dir.path().join("copy.raw");
+    let q = format!("tls-certificates={}", s(&pki));
+    let cmd = format!(
+        "{d} copy \"${{uri}}?{q}\" {copy}; echo by-name=$?; \
+         {d} nbdinfo --size \"nbds://127.0.0.1:$port/?{q}\"; echo by-address=$?; \
+         {d} nbdinfo --size \"nbds://127.0.0.1:$port/?{q}&tls-hostname=wrong.example\"; \
+         echo wrong-name=$?",
+        d = s(&diskit_bin()),
+        copy = s(&copy),
+    );
+    let o = ok(serve(&[
+        "-p",
+        "0",
+        "-i",
+        "127.0.0.1",
+        "-r",
+        "--tls=require",
+        "--tls-certificates",
+        s(&pki),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    let err = stderr(&o);
+    assert_eq!(status(&o, "by-name"), "0", "{err}");
+    assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
+    assert_eq!(status(&o, "by-address"), "0", "{err}");
+    assert_ne!(status(&o, "wrong-name"), "0");
+    assert!(err.contains("wrong.example"), "{err}");
+}
+
 /// DIR/other holding only the certificate of a CA of its own.
 fn pki_dir_with_ca_only(dir: &Path) -> PathBuf {
     let p = dir.join("other");

@@ -15,7 +15,7 @@
 //!   falls back to the system's CAs when `DIR` has no `ca-cert.pem`;
 //!   diskit names the missing file instead.)
 //! - `tls-verify-peer=false` accepts any server certificate (the default
-//!   is to verify it). The name checked is `tls-hostname=` if given, else
+//!   is to verify it); `DIR` then needs no `ca-cert.pem`. The name checked is `tls-hostname=` if given, else
 //!   the URI's host; over a Unix socket without `tls-hostname` there is no
 //!   name to check, and only the chain is (libnbd checks nothing there).
 //! - `tls-psk-file=FILE` (with the `tls-psk` cargo feature): pre-shared
@@ -224,11 +224,15 @@ impl ClientTls {
             {
                 msg += &format!(" (does it know username {} with this key?)", p.username());
             }
-            let kind = match e.kind() {
-                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::InvalidData => {
-                    ErrorKind::PermissionDenied
-                }
-                _ => ErrorKind::Io,
+            // Refused credentials on either side; anything else (garbage,
+            // a hang-up) is an I/O error.
+            let refused = e.kind() == std::io::ErrorKind::PermissionDenied
+                || msg.contains("peer certificate")
+                || msg.contains("alert");
+            let kind = if refused {
+                ErrorKind::PermissionDenied
+            } else {
+                ErrorKind::Io
             };
             Error::new(kind, format!("TLS handshake with {}: {msg}", self.server))
         })?;
@@ -287,9 +291,9 @@ fn default_dirs() -> Vec<PathBuf> {
 }
 
 /// The certificate directory to use: the URI's (which must hold
-/// `ca-cert.pem`), else the first of libnbd's that holds one; `None`
-/// when there is none.
-fn certificate_dir(uri: &NbdUri) -> Result<Option<PathBuf>> {
+/// `ca-cert.pem` when the server is verified), else the first of
+/// libnbd's that holds one; `None` when there is none.
+fn certificate_dir(uri: &NbdUri, verify: bool) -> Result<Option<PathBuf>> {
     if let Some(dir) = &uri.tls_certificates {
         let dir = PathBuf::from(dir);
         if !dir.is_dir() {
@@ -298,7 +302,7 @@ fn certificate_dir(uri: &NbdUri) -> Result<Option<PathBuf>> {
                 format!("tls-certificates={}: no such directory", dir.display()),
             ));
         }
-        if !dir.join("ca-cert.pem").is_file() {
+        if verify && !dir.join("ca-cert.pem").is_file() {
             return Err(tls_err(
                 ErrorKind::NotFound,
                 format!(
@@ -337,7 +341,7 @@ fn system_roots() -> Result<(PathBuf, Vec<CertificateDer<'static>>)> {
 /// certificates came from (when the server is verified).
 fn x509_config(uri: &NbdUri, verify: bool) -> Result<(ClientConfig, Option<PathBuf>)> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let dir = certificate_dir(uri)?;
+    let dir = certificate_dir(uri, verify)?;
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| tls_err(ErrorKind::Io, format!("setup: {e}")))?;

@@ -8,7 +8,7 @@
 //!
 //! Both engines do no I/O of their own: they are a `Session` that is fed
 //! ciphertext and gives back plaintext, and the other way round. This
-//! module owns the I/O. [`upgrade`] splits the plain transport into its
+//! module owns the I/O. `upgrade` splits the plain transport into its
 //! halves and runs one session over them. The session sits behind a mutex
 //! that is only ever held for CPU work (feeding ciphertext in, taking
 //! plaintext out, encrypting): the reader thread blocks on the socket
