@@ -190,6 +190,21 @@ fn a_server_certificate_from_another_ca_is_refused() {
 }
 
 #[test]
+fn a_revoked_server_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = certs::generate(dir.path());
+    // A list that revokes only the client's certificate changes nothing.
+    ca.revoke(dir.path(), &["client"]);
+    let query = format!("tls-certificates={}", dir.path().display());
+    let (c, _, _) = connect(Some(x509(dir.path(), false)), &query);
+    assert_eq!(c.unwrap().size(), SIZE);
+    ca.revoke(dir.path(), &["server"]);
+    let (c, _, _) = connect(Some(x509(dir.path(), false)), &query);
+    let e = c.err().expect("a revoked certificate is refused");
+    assert!(e.to_string().contains("Revoked"), "{e}");
+}
+
+#[test]
 fn a_server_without_tls_is_an_error_not_a_downgrade() {
     let dir = certs_dir();
     let query = format!("tls-certificates={}", dir.path().display());

@@ -11,7 +11,8 @@
 //!   `client-key.pem`, sent when the server asks for a client
 //!   certificate. Without it the first of `$HOME/.pki/libnbd` and
 //!   `$HOME/.config/pki/libnbd` (`/etc/pki/libnbd` for root) that holds a
-//!   `ca-cert.pem` is used, else the system's CA bundle. (libnbd also
+//!   `ca-cert.pem` is used, else the system's CA bundle. Certificates in
+//!   `ca-crl.pem`, when there is one, are refused. (libnbd also
 //!   falls back to the system's CAs when `DIR` has no `ca-cert.pem`;
 //!   diskit names the missing file instead.)
 //! - `tls-verify-peer=false` accepts any server certificate (the default
@@ -33,7 +34,9 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
+};
 use rustls::{
     CertificateError, ClientConfig, ClientConnection, DigitallySignedStruct, RootCertStore,
     SignatureScheme,
@@ -364,14 +367,30 @@ fn x509_config(uri: &NbdUri, verify: bool) -> Result<(ClientConfig, Option<PathB
                 )
             })?;
         }
-        let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .map_err(|e| {
-                tls_err(
-                    ErrorKind::InvalidInput,
-                    format!("{}: {e}", ca_path.display()),
-                )
-            })?;
+        let mut builder =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+        // As libnbd: certificates revoked by DIR/ca-crl.pem are refused;
+        // a CA without a list revokes nothing.
+        if let Some(d) = &dir {
+            let crl = d.join("ca-crl.pem");
+            if crl.is_file() {
+                let crls = CertificateRevocationListDer::pem_file_iter(&crl)
+                    .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+                    .map_err(|e| {
+                        tls_err(
+                            ErrorKind::InvalidInput,
+                            format!("{}: bad PEM: {e}", crl.display()),
+                        )
+                    })?;
+                builder = builder.with_crls(crls).allow_unknown_revocation_status();
+            }
+        }
+        let webpki = builder.build().map_err(|e| {
+            tls_err(
+                ErrorKind::InvalidInput,
+                format!("{}: {e}", ca_path.display()),
+            )
+        })?;
         trust = Some(ca_path);
         Some(webpki)
     } else {

@@ -8,8 +8,9 @@
 use std::path::Path;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, date_time_ymd,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
+    RevokedCertParams, SerialNumber, date_time_ymd,
 };
 
 fn params(cn: &str, sans: Vec<String>) -> CertificateParams {
@@ -18,6 +19,11 @@ fn params(cn: &str, sans: Vec<String>) -> CertificateParams {
     p.not_before = date_time_ymd(2020, 1, 1);
     p.not_after = date_time_ymd(2099, 12, 31);
     p
+}
+
+/// The serial number of the "server" or "client" certificates.
+fn serial(prefix: &str) -> u64 {
+    if prefix == "server" { 0x5e4e } else { 0xc11e }
 }
 
 fn write(dir: &Path, name: &str, pem: String) {
@@ -66,6 +72,7 @@ impl Ca {
             },
         );
         p.use_authority_key_identifier_extension = true;
+        p.serial_number = Some(SerialNumber::from(serial(prefix)));
         // qemu insists on both usages for non-CA certificates.
         p.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
@@ -80,6 +87,31 @@ impl Ca {
         let cert = p.signed_by(&key, &self.issuer).expect("sign");
         write(dir, &format!("{prefix}-cert.pem"), cert.pem());
         write(dir, &format!("{prefix}-key.pem"), key.serialize_pem());
+    }
+}
+
+impl Ca {
+    /// Writes `ca-crl.pem` into `dir`: this CA's list revoking the
+    /// certificates of `prefixes` ("server", "client").
+    pub fn revoke(&self, dir: &Path, prefixes: &[&str]) {
+        let crl = CertificateRevocationListParams {
+            this_update: date_time_ymd(2021, 1, 1),
+            next_update: date_time_ymd(2099, 1, 1),
+            crl_number: SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: prefixes
+                .iter()
+                .map(|p| RevokedCertParams {
+                    serial_number: SerialNumber::from(serial(p)),
+                    revocation_time: date_time_ymd(2021, 1, 1),
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        let pem = crl.signed_by(&self.issuer).expect("sign a CRL").pem();
+        write(dir, "ca-crl.pem", pem.expect("a CRL in PEM"));
     }
 }
 
