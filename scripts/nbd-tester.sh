@@ -82,7 +82,8 @@ report() {
   else
     echo "nbd-tester $name: FAILED (tester exit status $status)"
     echo "--- tester output (last lines)"
-    tail -c 3000 "$tmp/$name.tester" | tr '\r' '\n' | tail -20
+    # Without the progress counters, which hide the message.
+    tr '\r' '\n' <"$tmp/$name.tester" | grep -Ev 'Requests: [0-9]+|Seq [0-9a-f]+ Queued' | tail -20 || true
     if [ -f "$tmp/$name.server" ]; then
       echo "--- server output"
       tail -20 "$tmp/$name.server"
