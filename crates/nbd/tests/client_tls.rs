@@ -143,9 +143,13 @@ fn a_client_certificate_goes_to_a_server_that_wants_one() {
     let query = format!("tls-certificates={}", anonymous.path().display());
     let (c, _, _) = connect(Some(x509(dir.path(), true)), &query);
     let e = c.err().expect("a client without a certificate is refused");
+    // The server may hang up before its alert is read: then the client
+    // sees the socket close during the handshake instead.
+    let msg = e.to_string();
     assert!(
-        e.to_string()
-            .contains("the server wants a client certificate"),
+        msg.contains("the server wants a client certificate")
+            || msg.contains("Broken pipe")
+            || msg.contains("Connection reset"),
         "{e}"
     );
 }
