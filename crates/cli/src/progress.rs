@@ -37,15 +37,7 @@ impl ProgressPrinter {
             }
             loop {
                 let stopping = s.load(Ordering::Relaxed);
-                let (done, total) = progress.get();
-                let mut pct = if total == 0 {
-                    100.0
-                } else {
-                    done as f64 * 100.0 / total as f64
-                };
-                if stopping && c.load(Ordering::Relaxed) {
-                    pct = 100.0;
-                }
+                let (pct, done, total) = percent(&progress, stopping && c.load(Ordering::Relaxed));
                 if tty {
                     let _ = write!(out, "\r{}", bar(pct, done, total, started.elapsed()));
                 } else if pct - last_pct > 1.0 {
@@ -118,34 +110,17 @@ impl ProgressPrinter {
             let mut last: Option<u64> = None;
             // Always 0% first, as nbdcopy starts.
             if let CopyProgressTo::Fd(fd) = to {
-                let line = b"0/100\n";
-                // SAFETY: writing a buffer we own to a descriptor the user named.
-                unsafe {
-                    libc::write(fd, line.as_ptr().cast(), line.len());
-                }
+                write_fd(fd, b"0/100\n");
                 last = Some(0);
             }
             loop {
                 let stopping = s.load(Ordering::Relaxed);
-                let (done, total) = progress.get();
-                let mut pct = if total == 0 {
-                    100.0
-                } else {
-                    done as f64 * 100.0 / total as f64
-                };
-                if stopping && c.load(Ordering::Relaxed) {
-                    pct = 100.0;
-                }
+                let (pct, done, total) = percent(&progress, stopping && c.load(Ordering::Relaxed));
                 let whole = pct as u64;
                 match to {
                     CopyProgressTo::Fd(fd) => {
                         if last != Some(whole) {
-                            let line = format!("{whole}/100\n");
-                            // SAFETY: writing a buffer we own to a descriptor
-                            // the user named; errors are ignored as nbdcopy does.
-                            unsafe {
-                                libc::write(fd, line.as_ptr().cast(), line.len());
-                            }
+                            write_fd(fd, format!("{whole}/100\n").as_bytes());
                         }
                     }
                     CopyProgressTo::Stderr => {
@@ -178,6 +153,26 @@ impl ProgressPrinter {
             completed,
             thread: Some(thread),
         }
+    }
+}
+
+/// How far along: (percent, bytes done, total); 100 once `completed`.
+fn percent(progress: &Progress, completed: bool) -> (f64, u64, u64) {
+    let (done, total) = progress.get();
+    let pct = if completed || total == 0 {
+        100.0
+    } else {
+        done as f64 * 100.0 / total as f64
+    };
+    (pct, done, total)
+}
+
+/// Writes a progress line to a descriptor the user named; errors are
+/// ignored, as nbdcopy ignores them.
+fn write_fd(fd: i32, line: &[u8]) {
+    // SAFETY: writes a buffer we own; the descriptor is only written to.
+    unsafe {
+        libc::write(fd, line.as_ptr().cast(), line.len());
     }
 }
 

@@ -58,19 +58,32 @@ pub trait Transport: Read + Write + Send {
     fn peer(&self) -> String;
 }
 
+/// The halves of a socket: itself to read, a clone to write, another to
+/// shut both directions down, and its descriptor for splicing.
+fn socket_halves<S>(
+    sock: Box<S>,
+    clone: fn(&S) -> io::Result<S>,
+    close: fn(&S),
+) -> io::Result<Halves>
+where
+    S: Read + Write + AsFd + Send + Sync + 'static,
+{
+    let writer = clone(&sock)?;
+    let closer = clone(&sock)?;
+    let splice_to = Some(sock.as_fd().try_clone_to_owned()?);
+    Ok(Halves {
+        reader: sock,
+        writer: Box::new(writer),
+        shutdown: Box::new(move || close(&closer)),
+        splice_to,
+    })
+}
+
 impl Transport for UnixStream {
     fn split(self: Box<Self>) -> io::Result<Halves> {
         grow_send_buffer(&self);
-        let writer = self.try_clone()?;
-        let closer = self.try_clone()?;
-        let splice_to = Some(self.as_fd().try_clone_to_owned()?);
-        Ok(Halves {
-            reader: self,
-            writer: Box::new(writer),
-            shutdown: Box::new(move || {
-                let _ = closer.shutdown(Shutdown::Both);
-            }),
-            splice_to,
+        socket_halves(self, UnixStream::try_clone, |s| {
+            let _ = s.shutdown(Shutdown::Both);
         })
     }
 
@@ -81,16 +94,8 @@ impl Transport for UnixStream {
 
 impl Transport for TcpStream {
     fn split(self: Box<Self>) -> io::Result<Halves> {
-        let writer = self.try_clone()?;
-        let closer = self.try_clone()?;
-        let splice_to = Some(self.as_fd().try_clone_to_owned()?);
-        Ok(Halves {
-            reader: self,
-            writer: Box::new(writer),
-            shutdown: Box::new(move || {
-                let _ = closer.shutdown(Shutdown::Both);
-            }),
-            splice_to,
+        socket_halves(self, TcpStream::try_clone, |s| {
+            let _ = s.shutdown(Shutdown::Both);
         })
     }
 
