@@ -254,7 +254,164 @@ fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
     assert_eq!(stdout(&o).trim(), (7u64 << 20).to_string());
     let o = serve(&["-U", "-", "--run", "true", "nbd", "export=x"]);
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("socket=PATH"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("uri, socket, hostname"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// In a child about to exec: makes `fd` its descriptor 3, kept across exec.
+fn to_fd_3(fd: i32) -> std::io::Result<()> {
+    // SAFETY: fcntl/dup2 on descriptors the child owns.
+    let r = unsafe {
+        if fd == 3 {
+            libc::fcntl(3, libc::F_SETFD, 0)
+        } else {
+            libc::dup2(fd, 3)
+        }
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `serve nbd` with each of nbdkit's ways to name the server below gives
+/// clients what nbdkit's nbd plugin gives them from the same command line.
+#[test]
+fn nbd_plugin_forms_match_nbdkit() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let dir = workdir();
+    let img = sample(dir.path());
+    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let sock = server.uri.split("socket=").nth(1).unwrap().to_string();
+    let direct = ok(qemu_img(&["map", "--output=json", &server.uri]));
+    let map = "qemu-img map --output=json \"$uri\"";
+    let forms: Vec<Vec<String>> = vec![
+        vec![format!("socket={sock}")],
+        vec![format!("uri={}", server.uri)],
+        ["command=qemu-nbd", "arg=-r", "arg=-f", "arg=qcow2"]
+            .iter()
+            .map(|a| a.to_string())
+            .chain([format!("arg={}", s(&img))])
+            .collect(),
+    ];
+    for form in &forms {
+        let mut args: Vec<&str> = vec!["-U", "-", "--run", map, "nbd"];
+        args.extend(form.iter().map(String::as_str));
+        let ours = serve(&args);
+        assert!(ours.status.success(), "{form:?}: {}", stderr(&ours));
+        assert_eq!(stdout(&ours), stdout(&direct), "{form:?}");
+        let theirs = Command::new("nbdkit")
+            .args(["-U", "-", "--run", map, "nbd"])
+            .args(form)
+            .output()
+            .expect("nbdkit is installed");
+        assert!(
+            theirs.status.success(),
+            "nbdkit {form:?}: {}",
+            stderr(&theirs)
+        );
+        assert_eq!(stdout(&ours), stdout(&theirs), "{form:?}");
+    }
+    // hostname= and port=: qemu-nbd on loopback TCP.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut tcp = Command::new("qemu-nbd")
+        .args([
+            "-t",
+            "-r",
+            "-f",
+            "qcow2",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            s(&img),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("qemu-nbd is installed");
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "qemu-nbd did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = serve(&[
+        "-U",
+        "-",
+        "--run",
+        map,
+        "nbd",
+        "hostname=127.0.0.1",
+        &format!("port={port}"),
+    ]);
+    let _ = tcp.kill();
+    let _ = tcp.wait();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), stdout(&direct));
+    // socket-fd=3: a connection the parent opened.
+    let conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let fd = conn.as_raw_fd();
+    let mut c = Command::new(diskit_bin());
+    c.args(["serve", "-U", "-", "--run", map, "nbd", "socket-fd=3"]);
+    // SAFETY: to_fd_3 only calls async-signal-safe functions.
+    unsafe {
+        c.pre_exec(move || to_fd_3(fd));
+    }
+    let o = c.output().unwrap();
+    drop(conn);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), stdout(&direct));
+    // Bad parameters name the plugin and what is wrong.
+    let plain = std::fs::File::open(&img).unwrap();
+    let bad: &[(&[&str], &str)] = &[
+        (&["socket=/x", "uri=nbd://h"], "exactly one"),
+        (&["port=1"], "port= goes with hostname="),
+        (
+            &["command=qemu-nbd", "tls=require"],
+            "tls=require goes with",
+        ),
+        (&["socket=/x", "tls=on"], "tls=on"),
+        (&["socket=/x", "tls=maybe"], "tls: expected"),
+        (&["socket=/x", "tls-certificates=/d"], "need tls=require"),
+        (&["hostname=h", "port=0"], "not a port number"),
+        (&["socket-fd=x"], "not a file descriptor"),
+        (&["uri=nbd://h", "export=x"], "uri= carries its own"),
+        (&["arg=-r", "socket=/x"], "arg= goes with command="),
+        (&["socket=/x", "retry=many"], "retry: not a number"),
+    ];
+    for (args, want) in bad {
+        let mut all = vec!["-U", "-", "--run", "true", "nbd"];
+        all.extend_from_slice(args);
+        let o = serve(&all);
+        assert_eq!(code(&o), 1, "{args:?}");
+        assert!(stderr(&o).contains("nbd: "), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+    // A descriptor that is not a socket.
+    let fd = plain.as_raw_fd();
+    let mut c = Command::new(diskit_bin());
+    c.args(["serve", "-U", "-", "--run", "true", "nbd", "socket-fd=3"]);
+    // SAFETY: to_fd_3 only calls async-signal-safe functions.
+    unsafe {
+        c.pre_exec(move || to_fd_3(fd));
+    }
+    let o = c.output().unwrap();
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains("not a connected stream socket"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

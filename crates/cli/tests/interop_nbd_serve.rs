@@ -448,6 +448,52 @@ fn daemon_mode_forks_once_listening_and_stops_by_pid_file() {
         .output()
         .unwrap());
     assert_eq!(stdout(&o).trim(), "1048576");
+
+    // A daemon whose plugin starts threads (the nbd plugin's connections)
+    // opens it after the fork, still in the caller's directory (relative
+    // names work), and serves through them.
+    let proxy_sock = dir.path().join("proxy.sock");
+    let proxy_pid = dir.path().join("proxy.pid");
+    let o = ok(Command::new(diskit_bin())
+        .current_dir(dir.path())
+        .args([
+            "serve",
+            "-U",
+            "proxy.sock",
+            "-P",
+            "proxy.pid",
+            "nbd",
+            "socket=nbd.sock",
+        ])
+        .output()
+        .unwrap());
+    let mut proxy = Daemon(
+        std::fs::read_to_string(&proxy_pid)
+            .expect("proxy pid file")
+            .trim()
+            .parse()
+            .unwrap(),
+    );
+    drop(o);
+    let proxy_uri = format!("nbd+unix:///?socket={}", s(&proxy_sock));
+    let o = ok(Command::new("timeout")
+        .args(["30", "nbdinfo", "--size", &proxy_uri])
+        .output()
+        .unwrap());
+    assert_eq!(stdout(&o).trim(), "1048576");
+    proxy.stop();
+    assert!(!proxy_sock.exists() && !proxy_pid.exists());
+    // Its failure to connect below fails the command, with the reason on
+    // the caller's stderr, and leaves no socket.
+    let o = serve(&["-U", s(&proxy_sock), "nbd", "socket=/nonexistent/nbd.sock"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("/nonexistent/nbd.sock"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!proxy_sock.exists(), "socket left behind");
+
     daemon.stop();
     assert!(
         !sock.exists() && !pidfile.exists(),

@@ -36,8 +36,8 @@ use uri::{Address, NbdUri};
 /// The largest request sent when the server gives no block sizes (the
 /// protocol's advice: 32 MiB).
 const DEFAULT_MAX: u32 = 32 << 20;
-/// The metadata context extents come from.
-const BASE_ALLOCATION: &str = "base:allocation";
+/// The metadata context extents come from: allocation (holes and zeros).
+pub const BASE_ALLOCATION: &str = "base:allocation";
 /// Requests worth keeping in flight on one connection.
 const REQUESTS_PER_CONNECTION: usize = 64;
 /// Connections a client opened by URI uses at most once requests are
@@ -150,7 +150,11 @@ impl NbdClient {
     /// Connects asking for the metadata contexts `contexts` (extents come
     /// from `base:allocation` when it is among them).
     pub fn connect_with(uri: &str, contexts: &[&str]) -> Result<NbdClient> {
-        let parsed = NbdUri::parse(uri)?;
+        Self::connect_to(NbdUri::parse(uri)?, contexts)
+    }
+
+    /// Connects to the export a parsed URI names, asking for `contexts`.
+    pub fn connect_to(parsed: NbdUri, contexts: &[&str]) -> Result<NbdClient> {
         let name = parsed.canonical();
         let tls = ClientTls::for_uri(&parsed).map_err(|e| e.context(format!("'{name}'")))?;
         let stream = connect_stream(&parsed)?;
@@ -214,9 +218,15 @@ impl NbdClient {
     /// `[ CMD ARGS ... ]`) and connects to its default export; the server
     /// is stopped when the client closes.
     pub fn connect_command(argv: &[String]) -> Result<NbdClient> {
+        Self::connect_command_export(argv, "")
+    }
+
+    /// Runs `argv` as a server as [`connect_command`](Self::connect_command)
+    /// does, and connects to its export `export`.
+    pub fn connect_command_export(argv: &[String], export: &str) -> Result<NbdClient> {
         let (sub, stream) = command::spawn(argv)?;
         let name = format!("[ {} ]", sub.name);
-        let mut client = Self::over(Stream::Unix(stream), &name, "")?;
+        let mut client = Self::over(Stream::Unix(stream), &name, export)?;
         client.subprocess = Some(sub);
         Ok(client)
     }

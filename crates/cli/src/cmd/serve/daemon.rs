@@ -5,7 +5,8 @@
 //! the child starts a new session (no controlling terminal).
 //!
 //! The fork happens before any thread exists: only the forking thread
-//! survives a fork, so threads must be started in the child.
+//! survives a fork, so threads must be started in the child, which opens
+//! the plugin and moves to / only once it is ready.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -21,9 +22,15 @@ pub struct Ready {
 
 impl Ready {
     /// Tells the parent that the daemon is serving (the parent then
-    /// exits 0), and sends stderr to /dev/null unless `verbose`: up to
-    /// here, start-up errors still reach the caller's terminal.
+    /// exits 0), moves to / (paths used from here on must be absolute),
+    /// and sends stderr to /dev/null unless `verbose`: up to here,
+    /// start-up errors still reach the caller's terminal.
     pub fn signal(mut self) {
+        // SAFETY: chdir has no memory-safety preconditions; the path is a
+        // NUL-terminated literal.
+        unsafe {
+            libc::chdir(c"/".as_ptr());
+        }
         if !self.verbose {
             redirect(libc::STDERR_FILENO, libc::O_WRONLY);
         }
@@ -51,9 +58,11 @@ fn redirect(fd: libc::c_int, flags: libc::c_int) {
 
 /// Forks into the background. In the parent this never returns: it waits
 /// for the child's [`Ready::signal`], runs `on_ready` (printing the URI)
-/// and exits 0, or exits 1 if the child died first. In the child it
-/// returns after `setsid`, `chdir /` and pointing stdin and stdout at
-/// /dev/null. Paths used later must be absolute.
+/// and exits 0, or exits 1 if the child died first (its error on the
+/// caller's stderr). In the child it returns after `setsid` and pointing
+/// stdin and stdout at /dev/null, still in the caller's directory, so that
+/// the child opens the plugin (which may start threads, as the nbd
+/// plugin's connections do) with the caller's relative paths.
 pub fn daemonize(verbose: bool, on_ready: impl FnOnce()) -> Result<Ready, CliError> {
     if threaded() {
         return Err(CliError::new(
@@ -94,11 +103,9 @@ pub fn daemonize(verbose: bool, on_ready: impl FnOnce()) -> Result<Ready, CliErr
         unsafe { libc::_exit(if ready { 0 } else { 1 }) };
     }
     drop(rd);
-    // SAFETY: setsid and chdir have no memory-safety preconditions; the
-    // path is a NUL-terminated literal.
+    // SAFETY: setsid has no memory-safety preconditions.
     unsafe {
         libc::setsid();
-        libc::chdir(c"/".as_ptr());
     }
     redirect(libc::STDIN_FILENO, libc::O_RDONLY);
     redirect(libc::STDOUT_FILENO, libc::O_WRONLY);

@@ -60,22 +60,39 @@ impl Cleanup {
     }
 }
 
-/// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it
-/// starts later, and starts a thread that waits for them, runs `cleanup`
-/// and exits. Call before starting any other thread. (Commands started
-/// later get an empty mask back: std resets it in the child.)
-pub fn handle_signals(cleanup: Arc<Cleanup>) {
-    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it,
-    // and pthread_sigmask only changes this thread's mask.
-    let set = unsafe {
+/// The signals that stop the server (and run its cleanup).
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
-    };
+    }
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it
+/// starts later, so that they wait for [`handle_signals`] rather than kill
+/// the process without its cleanup. Call before starting any thread (the
+/// plugin's included). (Commands started later get an empty mask back:
+/// std resets it in the child.)
+pub fn block_signals() {
+    let set = stop_signals();
+    // SAFETY: pthread_sigmask only changes this thread's mask; `set` is
+    // initialised.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Starts a thread that waits for SIGINT, SIGTERM or SIGHUP, runs
+/// `cleanup` and exits. The signals must have been blocked, by
+/// [`block_signals`], in every thread started before.
+pub fn handle_signals(cleanup: Arc<Cleanup>) {
+    block_signals();
+    let set = stop_signals();
     std::thread::spawn(move || {
         let mut sig: libc::c_int = 0;
         // SAFETY: `set` is an initialised signal set and `sig` a valid out pointer.

@@ -17,6 +17,7 @@ mod daemon;
 mod filters;
 mod lifecycle;
 mod listen;
+mod nbd_plugin;
 mod plugin;
 mod tls;
 
@@ -140,41 +141,11 @@ pub fn run(a: Args) -> CmdResult {
         lifecycle::exit_with_parent()?;
     }
     let routed = filters::route(&a.plugin, &a.filters, &a.args)?;
-    let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, a.readonly)?;
-    let device = match filters::stack(&routed.filters, opened.device.clone(), a.readonly) {
-        Ok(d) => d,
-        Err(e) => {
-            if let Some(img) = opened.image {
-                // Best effort: the stacking error is the one to report.
-                let _ = img.close();
-            }
-            return Err(e);
-        }
-    };
-    let mut exports = ExportSet::new();
-    exports.add(
-        Export::new(a.exportname.clone(), device)
-            .with_read_only(a.readonly)
-            .with_description(a.description.clone().unwrap_or_default()),
-    );
-    let mut server = Server::new(
-        exports,
-        ServerConfig {
-            threads: a.threads,
-            verbose: a.verbose,
-            handshake_timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
-            max_connections: a.max_connections,
-            ..ServerConfig::default()
-        },
-    );
-    if let Some(tls) = a.tls.config()? {
-        server = server.with_tls(tls);
-    }
-    let server = Arc::new(server);
     lifecycle::ignore_sigpipe();
 
     if a.single {
-        let r = serve_stdio(&server, opened.image);
+        let (server, image) = build(&a, &routed)?;
+        let r = serve_stdio(&server, image);
         if a.verbose {
             report_exports(&server);
         }
@@ -211,20 +182,19 @@ pub fn run(a: Args) -> CmdResult {
         )?,
     };
     let foreground = a.foreground || a.run.is_some() || activated_socket || a.exit_with_parent;
-    // The daemon runs in /: the files it removes need absolute paths.
+    // The daemon runs in / once ready: the files it removes need absolute
+    // paths.
     let pidfile = a.pidfile.as_deref().map(absolute).transpose()?;
-    let cleanup = Arc::new(Cleanup::new(Parts {
-        image: opened.image,
-        socket: created_socket.as_deref().map(absolute).transpose()?,
-        tempdir,
-        pidfile: pidfile.clone(),
-        on_stop: a.verbose.then(|| {
-            let s = server.clone();
-            Box::new(move || report_exports(&s)) as Box<dyn FnOnce() + Send>
-        }),
-    }));
+    let socket = created_socket.as_deref().map(absolute).transpose()?;
+    let remove_socket = || {
+        if let Some(p) = &socket {
+            let _ = std::fs::remove_file(p);
+        }
+    };
 
     let uri = tls::uri(listener.uri(&a.exportname), a.tls.required());
+    // The daemon forks before the plugin opens: a plugin may start threads
+    // (the nbd plugin's connections), which a fork would leave behind.
     let ready = if foreground {
         None
     } else {
@@ -236,11 +206,24 @@ pub fn run(a: Args) -> CmdResult {
         match daemon {
             Ok(r) => Some(r),
             Err(e) => {
-                cleanup.run();
+                remove_socket();
                 return Err(e);
             }
         }
     };
+    // Stop signals wait for the cleanup in every thread, the plugin's too.
+    lifecycle::block_signals();
+    let (server, image) = build(&a, &routed).inspect_err(|_| remove_socket())?;
+    let cleanup = Arc::new(Cleanup::new(Parts {
+        image,
+        socket,
+        tempdir,
+        pidfile: pidfile.clone(),
+        on_stop: a.verbose.then(|| {
+            let s = server.clone();
+            Box::new(move || report_exports(&s)) as Box<dyn FnOnce() + Send>
+        }),
+    }));
     lifecycle::handle_signals(cleanup.clone());
     if let Some(p) = &pidfile
         && let Err(e) = lifecycle::write_pidfile(p)
@@ -284,6 +267,47 @@ pub fn run(a: Args) -> CmdResult {
             Err(e)
         }
     }
+}
+
+/// Opens the plugin, stacks the filters over it and makes the server;
+/// returns the image to close when the server stops, if the plugin opened
+/// one.
+fn build(
+    a: &Args,
+    routed: &filters::Routed,
+) -> Result<(Arc<Server>, Option<diskit_open::Image>), CliError> {
+    let tls = a.tls.config()?;
+    let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, a.readonly)?;
+    let device = match filters::stack(&routed.filters, opened.device.clone(), a.readonly) {
+        Ok(d) => d,
+        Err(e) => {
+            if let Some(img) = opened.image {
+                // Best effort: the stacking error is the one to report.
+                let _ = img.close();
+            }
+            return Err(e);
+        }
+    };
+    let mut exports = ExportSet::new();
+    exports.add(
+        Export::new(a.exportname.clone(), device)
+            .with_read_only(a.readonly)
+            .with_description(a.description.clone().unwrap_or_default()),
+    );
+    let mut server = Server::new(
+        exports,
+        ServerConfig {
+            threads: a.threads,
+            verbose: a.verbose,
+            handshake_timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
+            max_connections: a.max_connections,
+            ..ServerConfig::default()
+        },
+    );
+    if let Some(tls) = tls {
+        server = server.with_tls(tls);
+    }
+    Ok((Arc::new(server), opened.image))
 }
 
 /// Logs each export's request counters (at -v, when the server stops).

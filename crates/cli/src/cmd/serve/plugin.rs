@@ -21,7 +21,11 @@ pub struct Opened {
 }
 
 /// Parsed `key=value` arguments of a plugin.
-type PluginArgs = BTreeMap<String, String>;
+pub type PluginArgs = BTreeMap<String, String>;
+
+/// Joins the values of a key given more than once (a NUL: no command-line
+/// argument holds one).
+pub const LIST_SEPARATOR: char = '\0';
 
 /// A plugin: one row of [`PLUGINS`].
 pub struct Plugin {
@@ -33,6 +37,9 @@ pub struct Plugin {
     pub magic_required: bool,
     /// Every key it takes.
     pub keys: &'static [&'static str],
+    /// The keys that may be given more than once: their values are kept in
+    /// order, joined by [`LIST_SEPARATOR`].
+    pub lists: &'static [&'static str],
     /// One line of help.
     pub help: &'static str,
     /// Opens the device (read-only when the flag says so).
@@ -46,6 +53,7 @@ pub const PLUGINS: &[Plugin] = &[
         magic: "file",
         magic_required: true,
         keys: &["file"],
+        lists: &[],
         help: "a file or block device (file=PATH)",
         open: open_file,
     },
@@ -54,6 +62,7 @@ pub const PLUGINS: &[Plugin] = &[
         magic: "size",
         magic_required: true,
         keys: &["size"],
+        lists: &[],
         help: "a sparse RAM disk (size=SIZE)",
         open: |kv, _| {
             plain(Arc::new(MemoryDevice::new(size_arg(
@@ -67,6 +76,7 @@ pub const PLUGINS: &[Plugin] = &[
         magic: "size",
         magic_required: false,
         keys: &["size"],
+        lists: &[],
         help: "reads zeros, discards writes (size=SIZE, default 0 as in nbdkit)",
         open: |kv, _| {
             let size = kv.get("size").map_or(Ok(0), |s| size_arg("null", s))?;
@@ -78,6 +88,7 @@ pub const PLUGINS: &[Plugin] = &[
         magic: "size",
         magic_required: true,
         keys: &["size"],
+        lists: &[],
         help: "read-only test data: each 8-byte word holds its offset (size=SIZE)",
         open: |kv, _| {
             plain(Arc::new(PatternDevice::new(size_arg(
@@ -90,16 +101,21 @@ pub const PLUGINS: &[Plugin] = &[
         name: "nbd",
         magic: "uri",
         magic_required: false,
-        keys: &["uri", "socket", "export"],
+        keys: super::nbd_plugin::KEYS,
+        lists: &["arg"],
         help: "proxies another NBD server, as nbdkit's nbd plugin \
-               (uri=NBD_URI, or socket=PATH [export=NAME])",
-        open: open_nbd,
+               ([uri=]NBD_URI | socket=PATH | hostname=HOST [port=PORT] | \
+               command=PROGRAM [arg=ARG]... | socket-fd=FD; [export=NAME] \
+               [retry=N] [shared=BOOL] [tls=off|require] [tls-certificates=DIR] \
+               [tls-verify=BOOL] [tls-username=NAME] [tls-psk=FILE])",
+        open: super::nbd_plugin::open,
     },
     Plugin {
         name: "image",
         magic: "file",
         magic_required: true,
         keys: &["file", "format", "l2-cache-size"],
+        lists: &[],
         help: "a disk image of any format diskit reads, with its backing chain \
                (file=NAME: a path, a protocol URI or json:{...} [format=FORMAT] \
                [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's])",
@@ -123,41 +139,6 @@ fn open_file(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
     let f = FileDevice::open(&path, opts)
         .map_err(|e| CliError::new(format!("file: {}: {e}", path.display())))?;
     plain(Arc::new(f))
-}
-
-fn open_nbd(kv: &PluginArgs, _readonly: bool) -> Result<Opened, CliError> {
-    let uri = match (kv.get("uri"), kv.get("socket")) {
-        (Some(u), None) if kv.get("export").is_none() => u.clone(),
-        (None, Some(sock)) => {
-            let export = kv.get("export").map_or("", String::as_str);
-            format!(
-                "nbd+unix:///{}?socket={}",
-                uri_escape(export),
-                uri_escape(sock)
-            )
-        }
-        _ => {
-            return Err(CliError::new(
-                "nbd: give uri=NBD_URI, or socket=PATH with an optional export=NAME",
-            ));
-        }
-    };
-    let client = diskit_nbd::client::NbdClient::connect(&uri)
-        .map_err(|e| CliError::new(format!("nbd: {e}")))?;
-    plain(Arc::new(client))
-}
-
-/// `s` with everything but unreserved characters and `/` percent-escaped.
-fn uri_escape(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn open_image_plugin(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
@@ -209,6 +190,7 @@ pub fn parse_args(plugin: &str, args: &[String]) -> Result<PluginArgs, CliError>
         magic,
         magic_required,
         keys,
+        lists,
         ..
     } = find(plugin)?;
     let mut out = BTreeMap::new();
@@ -222,6 +204,14 @@ pub fn parse_args(plugin: &str, args: &[String]) -> Result<PluginArgs, CliError>
                 "{plugin}: unknown parameter '{k}' (parameters: {})",
                 keys.join(", ")
             )));
+        }
+        if lists.contains(&k.as_str()) {
+            let all = out.entry(k).or_insert_with(String::new);
+            if !all.is_empty() {
+                all.push(LIST_SEPARATOR);
+            }
+            all.push_str(&v);
+            continue;
         }
         if out.insert(k.clone(), v).is_some() {
             return Err(CliError::new(format!(
