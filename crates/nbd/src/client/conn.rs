@@ -15,6 +15,7 @@ use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync::lock;
 use diskit_core::{Completion, CompletionQueue, Error, ErrorKind, Result};
 
+use super::watchdog::{self, Heard, Watched};
 use crate::proto::consts::*;
 use crate::proto::reply::{Chunk, ReplyHeader};
 use crate::proto::request::RequestHeader;
@@ -271,14 +272,47 @@ struct Pending {
 
 struct Shared {
     pending: Mutex<Pending>,
+    /// The last sign of life from the server, for the watchdog.
+    heard: Heard,
+    /// Shuts the stream down both ways (ends the reader's wait).
+    shutdown: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Watched for Shared {
+    fn busy(&self) -> bool {
+        let p = lock(&self.pending);
+        p.dead.is_none() && !p.slots.is_empty()
+    }
+
+    fn last_heard(&self) -> u64 {
+        self.heard.get()
+    }
+
+    fn time_out(&self, why: String) {
+        {
+            let mut p = lock(&self.pending);
+            if p.dead.is_none() {
+                p.dead = Some(why);
+            }
+        }
+        // The reader, woken by the shutdown, fails the requests with the
+        // reason above (it cannot be done here: the reader may hold a
+        // request's buffer while it waits for its data).
+        (self.shutdown)();
+    }
 }
 
 impl Shared {
+    /// Why the connection ended, if it has, else `fallback`.
+    fn reason_or(&self, fallback: String) -> String {
+        lock(&self.pending).dead.clone().unwrap_or(fallback)
+    }
+
+    /// Ends the connection: every request waiting fails with the first
+    /// reason given (a timeout's, say, rather than the error it caused).
     fn kill(&self, why: String) {
         let mut p = lock(&self.pending);
-        if p.dead.is_none() {
-            p.dead = Some(why.clone());
-        }
+        let why = p.dead.get_or_insert(why).clone();
         let slots: Vec<_> = p.slots.drain().map(|(_, s)| s).collect();
         drop(p);
         for slot in slots {
@@ -295,8 +329,6 @@ impl Shared {
 /// One NBD connection in transmission.
 pub struct Connection {
     writer: Mutex<Box<dyn Write + Send>>,
-    /// Shuts the stream down both ways (ends the reader's wait).
-    shutdown: Box<dyn Fn() + Send + Sync>,
     shared: Arc<Shared>,
     next_cookie: AtomicU64,
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -318,7 +350,11 @@ impl Connection {
         let (reader_stream, writer, shutdown) = stream.split()?;
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
+            heard: Heard::new(),
+            shutdown,
         });
+        let watched: Arc<dyn Watched> = shared.clone();
+        watchdog::watch(Arc::downgrade(&watched));
         let s2 = shared.clone();
         let reader = std::thread::Builder::new()
             .name("nbd-client-reader".into())
@@ -332,7 +368,6 @@ impl Connection {
             })?;
         Ok(Connection {
             writer: Mutex::new(writer),
-            shutdown,
             shared,
             next_cookie: AtomicU64::new(1),
             reader: Mutex::new(Some(reader)),
@@ -372,6 +407,10 @@ impl Connection {
             let mut pending = lock(&self.shared.pending);
             if let Some(why) = &pending.dead {
                 return Err(Error::new(ErrorKind::Io, why.clone()));
+            }
+            if pending.slots.is_empty() {
+                // The server's silence counts from the first request.
+                self.shared.heard.touch();
             }
             pending.slots.insert(cookie, slot);
         }
@@ -438,7 +477,7 @@ impl Connection {
             let mut w = lock(&self.writer);
             let _ = w.write_all(&header).and_then(|()| w.flush());
         }
-        (self.shutdown)();
+        (self.shared.shutdown)();
         if let Some(h) = lock(&self.reader).take() {
             let _ = h.join();
         }
@@ -488,6 +527,7 @@ fn read_replies<R: Read>(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
         }
+        shared.heard.touch();
         let magic = u32::from_be_bytes(head[..4].try_into().expect("4 bytes"));
         // With extended headers every reply is an extended chunk.
         let len = match magic {
@@ -515,8 +555,8 @@ fn read_replies<R: Read>(
                     // The slot is out of the table: end it here, or its
                     // waiter would wait forever.
                     if let Err(e) = read_into(r, &slot.group, at, len) {
-                        slot.group
-                            .finish(1, Some(Error::new(ErrorKind::Io, e.to_string())));
+                        let why = shared.reason_or(e.to_string());
+                        slot.group.finish(1, Some(Error::new(ErrorKind::Io, why)));
                         return Err(e);
                     }
                 }

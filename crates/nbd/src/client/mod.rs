@@ -14,6 +14,7 @@ pub mod conn;
 pub mod handshake;
 pub mod tls;
 pub mod uri;
+pub mod watchdog;
 
 use std::os::unix::net::UnixStream;
 use std::sync::OnceLock;
