@@ -585,6 +585,80 @@ fn delay_delays_and_keeps_the_data() {
 }
 
 #[test]
+fn error_injects_the_errno_asked_for_each_kind_of_request() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let ops = json!([
+        ["read", 0, 70000],
+        ["write", 100, 5000, 8],
+        ["zero", 65536, 4096],
+        ["trim", 2_000_000, 65536],
+        ["cache", 0, 4096],
+        ["status", 0, REAL],
+        ["flush"],
+        ["read", 0, REAL],
+    ]);
+    // Writes and zeroes fail with ENOSPC, the rest goes through; then
+    // every kind fails with EPERM but reads (a later specific key wins),
+    // then nothing fails while the error file is missing.
+    let flag = dir.path().join("inject");
+    let flag_param = format!("error-file={}", s(&flag));
+    for params in [
+        vec![
+            "error=ENOSPC",
+            "error-pwrite-rate=100%",
+            "error-zero-rate=1",
+        ],
+        vec!["error=EPERM", "error-rate=1", "error-pread-rate=0"],
+        vec!["error=ESHUTDOWN", "error-rate=100%", &flag_param],
+    ] {
+        let args = cat(&cat(&["--filter=error"], &FILE), &params);
+        let runs = same_output(dir.path(), Some(&src), &args, &ops_only(&ops));
+        same_files(&runs);
+        let out = stdout(&runs[1].out);
+        match params[0] {
+            "error=ENOSPC" => {
+                assert!(
+                    out.contains(r#"["write", 100, 5000, 8] -> error ENOSPC"#),
+                    "{out}"
+                );
+                assert!(
+                    out.contains(r#"["zero", 65536, 4096] -> error ENOSPC"#),
+                    "{out}"
+                );
+                assert!(out.contains(r#"["read", 0, 70000] -> ok"#), "{out}");
+            }
+            "error=EPERM" => {
+                assert!(
+                    out.contains(r#"["trim", 2000000, 65536] -> error EPERM"#),
+                    "{out}"
+                );
+                assert!(out.contains(r#"["read", 0, 70000] -> ok"#), "{out}");
+            }
+            _ => assert!(!out.contains("error"), "{out}"),
+        }
+    }
+    // With the error file there, everything but flush fails (the script's
+    // last read of the whole disk too, so it exits 1 on both servers).
+    std::fs::write(&flag, b"").unwrap();
+    let args = cat(
+        &cat(&["--filter=error"], &FILE),
+        &["error=ESHUTDOWN", "error-rate=100%", &flag_param],
+    );
+    let runs = both(dir.path(), Some(&src), &args, &ops_only(&ops));
+    assert_eq!(code(&runs[0].out), 1, "{}", stderr(&runs[0].out));
+    assert_eq!(code(&runs[1].out), 1, "{}", stderr(&runs[1].out));
+    assert_eq!(stdout(&runs[0].out), stdout(&runs[1].out));
+    same_files(&runs);
+    let out = stdout(&runs[1].out);
+    assert!(
+        out.contains(r#"["read", 0, 70000] -> error ESHUTDOWN"#),
+        "{out}"
+    );
+    assert!(out.contains(r#"["flush"] -> ok"#), "{out}");
+}
+
+#[test]
 fn blocksize_aligns_splits_and_advertises_as_nbdkit() {
     let dir = workdir();
     let src = test_disk(dir.path());

@@ -13,6 +13,7 @@
 //! | [`noextents`] | | hides allocation: everything is data |
 //! | [`fua`] | `fuamode=` | changes FUA and flush handling |
 //! | [`delay`] | `rdelay=`, `wdelay=`, `delay-*=` | sleeps before each request |
+//! | [`error`] | `error=`, `error-rate=`, `error-file=`, `error-OP-*=` | fails requests at random |
 //! | [`blocksize`] | `minblock=`, `maxdata=`, `maxlen=` | aligns and splits requests |
 //!
 //! The registry ([`FILTERS`], [`FilterSpec`]) turns a filter's name and its
@@ -23,6 +24,7 @@
 
 pub mod blocksize;
 pub mod delay;
+pub mod error;
 pub mod fua;
 pub mod noextents;
 pub mod nozero;
@@ -56,6 +58,11 @@ pub const FILTERS: &[FilterInfo] = &[
         name: "delay",
         keys: delay::KEYS,
         help: "delays requests (rdelay= wdelay= delay-read= delay-write= delay-zero= delay-trim= delay-extents= delay-cache= delay-fast-zero=)",
+    },
+    FilterInfo {
+        name: "error",
+        keys: error::KEYS,
+        help: "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)",
     },
     FilterInfo {
         name: "fua",
@@ -103,6 +110,8 @@ pub enum FilterSpec {
     Blocksize(blocksize::BlocksizeConfig),
     /// [`delay`].
     Delay(delay::Delay),
+    /// [`error`].
+    Error(error::ErrorConfig),
     /// [`fua`].
     Fua(fua::Fua),
     /// [`noextents`].
@@ -126,6 +135,7 @@ impl FilterSpec {
         Ok(match f.name {
             "blocksize" => FilterSpec::Blocksize(blocksize::BlocksizeConfig::from_params(params)?),
             "delay" => FilterSpec::Delay(delay::Delay::from_params(params)?),
+            "error" => FilterSpec::Error(error::ErrorConfig::from_params(params)?),
             "fua" => FilterSpec::Fua(fua::Fua::from_params(params)?),
             "noextents" => FilterSpec::Noextents,
             "nozero" => FilterSpec::Nozero(nozero::Nozero::from_params(params)?),
@@ -140,6 +150,7 @@ impl FilterSpec {
         match self {
             FilterSpec::Blocksize(_) => "blocksize",
             FilterSpec::Delay(_) => "delay",
+            FilterSpec::Error(_) => "error",
             FilterSpec::Fua(_) => "fua",
             FilterSpec::Noextents => "noextents",
             FilterSpec::Nozero(_) => "nozero",
@@ -158,6 +169,7 @@ impl FilterSpec {
         Ok(match self {
             FilterSpec::Blocksize(c) => wrap(blocksize::Blocksize::new(&*next, c)?, next),
             FilterSpec::Delay(d) => wrap(*d, next),
+            FilterSpec::Error(c) => wrap(error::ErrorFilter::new(c.clone()), next),
             FilterSpec::Fua(f) => {
                 if !read_only {
                     f.check(&*next)?;
