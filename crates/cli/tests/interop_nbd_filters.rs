@@ -658,6 +658,97 @@ fn error_injects_the_errno_asked_for_each_kind_of_request() {
     assert!(out.contains(r#"["flush"] -> ok"#), "{out}");
 }
 
+/// A 64 MiB disk partitioned by sfdisk with `script`, each partition
+/// holding its own bytes.
+fn partitioned_disk(dir: &Path, name: &str, script: &str) -> PathBuf {
+    let p = dir.join(name);
+    // Data at the start of every 1 MiB, different in each.
+    let ranges: Vec<(u64, usize, u8)> = (1..64u64).map(|i| (i << 20, 4096, i as u8)).collect();
+    sparse_file(&p, 64 << 20, &ranges);
+    // In /usr/sbin, which a user's PATH may leave out.
+    let sfdisk = ["/usr/sbin/sfdisk", "/sbin/sfdisk"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("sfdisk");
+    let mut c = std::process::Command::new(sfdisk);
+    c.args(["-q", s(&p)]).stdin(std::process::Stdio::piped());
+    let mut child = c
+        .spawn()
+        .expect("sfdisk is installed (Debian package fdisk)");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "sfdisk failed on {script}");
+    p
+}
+
+#[test]
+fn partition_serves_mbr_and_gpt_partitions_as_nbdkit() {
+    let dir = workdir();
+    let mbr = partitioned_disk(
+        dir.path(),
+        "mbr.raw",
+        "label: dos\nunit: sectors\n\
+         p1 : start=2048, size=20480, type=83\n\
+         p2 : start=22528, size=61440, type=5\n\
+         p5 : start=24576, size=10240, type=83\n\
+         p6 : start=36864, size=10240, type=7\n\
+         p3 : start=86016, size=4096, type=c\n",
+    );
+    let gpt = partitioned_disk(dir.path(), "gpt.raw", "label: gpt\n,10M,L\n,7M,L\n,3M,S\n");
+    let ops = json!([["size"], ["read", 0, 8192], ["status", 0, 4096]]);
+    for (disk, good, bad) in [
+        (&mbr, &[1, 3, 5, 6][..], &[2, 4, 7][..]),
+        (&gpt, &[1, 2, 3], &[4, 200]),
+    ] {
+        for n in good {
+            let param = format!("partition={n}");
+            let args = cat(&cat(&["--filter=partition"], &FILE), &[&param]);
+            let runs = same_output(dir.path(), Some(disk), &args, &ops_only(&ops));
+            same_files(&runs);
+            if n == &good[0] {
+                let (_, compared) = same_info(dir.path(), Some(disk), &FILE, &args);
+                assert_compared(&compared, &["export-size"], &args);
+            }
+        }
+        for n in bad {
+            let param = format!("partition={n}");
+            let args = cat(&cat(&["--filter=partition"], &FILE), &[&param]);
+            for r in both(dir.path(), Some(disk), &args, "nbdinfo --size \"$uri\"") {
+                assert_ne!(code(&r.out), 0, "{args:?}: {}", stdout(&r.out));
+            }
+        }
+    }
+    // diskit names what is wrong before serving.
+    let f = copy_for(dir.path(), &mbr, Server::Diskit);
+    let o = run(
+        Server::Diskit,
+        &cat(&["--filter=partition"], &FILE),
+        Some(&f),
+        "true",
+    );
+    assert!(
+        stderr(&o).contains("must supply the partition parameter"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(
+        Server::Diskit,
+        &cat(&cat(&["--filter=partition"], &FILE), &["partition=2"]),
+        Some(&f),
+        "true",
+    );
+    assert!(
+        stderr(&o).contains("is an extended partition"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn blocksize_aligns_splits_and_advertises_as_nbdkit() {
     let dir = workdir();

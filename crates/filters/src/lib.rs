@@ -8,6 +8,7 @@
 //! | filter | parameters | what it does |
 //! |---|---|---|
 //! | [`offset`] | `offset=`, `range=` | serves a window of the device |
+//! | [`partition`] | `partition=` | serves one partition (MBR or GPT) |
 //! | [`truncate`] | `truncate=`, `round-up=`, `round-down=` | changes the size |
 //! | [`nozero`] | `zeromode=`, `fastzeromode=` | hides or degrades write-zeroes |
 //! | [`noextents`] | | hides allocation: everything is data |
@@ -30,6 +31,7 @@ pub mod noextents;
 pub mod nozero;
 pub mod offset;
 pub mod params;
+pub mod partition;
 pub mod truncate;
 
 use std::sync::Arc;
@@ -85,6 +87,11 @@ pub const FILTERS: &[FilterInfo] = &[
         help: "serves a window of the disk (offset= range=)",
     },
     FilterInfo {
+        name: "partition",
+        keys: partition::KEYS,
+        help: "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)",
+    },
+    FilterInfo {
         name: "truncate",
         keys: truncate::KEYS,
         help: "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
@@ -120,6 +127,8 @@ pub enum FilterSpec {
     Nozero(nozero::Nozero),
     /// [`offset`].
     Offset(offset::OffsetConfig),
+    /// [`partition`].
+    Partition(partition::PartitionConfig),
     /// [`truncate`].
     Truncate(truncate::TruncateConfig),
 }
@@ -140,6 +149,7 @@ impl FilterSpec {
             "noextents" => FilterSpec::Noextents,
             "nozero" => FilterSpec::Nozero(nozero::Nozero::from_params(params)?),
             "offset" => FilterSpec::Offset(offset::OffsetConfig::from_params(params)?),
+            "partition" => FilterSpec::Partition(partition::PartitionConfig::from_params(params)?),
             "truncate" => FilterSpec::Truncate(truncate::TruncateConfig::from_params(params)?),
             other => unreachable!("filter {other} is in FILTERS but not here"),
         })
@@ -155,6 +165,7 @@ impl FilterSpec {
             FilterSpec::Noextents => "noextents",
             FilterSpec::Nozero(_) => "nozero",
             FilterSpec::Offset(_) => "offset",
+            FilterSpec::Partition(_) => "partition",
             FilterSpec::Truncate(_) => "truncate",
         }
     }
@@ -184,6 +195,7 @@ impl FilterSpec {
                 wrap(*z, next)
             }
             FilterSpec::Offset(c) => wrap(offset::Offset::new(&*next, c)?, next),
+            FilterSpec::Partition(c) => wrap(partition::Partition::new(&*next, c)?, next),
             FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),
         })
     }
