@@ -658,6 +658,84 @@ fn error_injects_the_errno_asked_for_each_kind_of_request() {
     assert!(out.contains(r#"["flush"] -> ok"#), "{out}");
 }
 
+#[test]
+fn cow_keeps_writes_in_the_overlay_as_nbdkit() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let ops = json!([
+        ["write", 100, 5000, 8],
+        ["write", 131072, 131072, 9],
+        ["trim", 65536, 65536],
+        ["trim", 2_000_100, 70000],
+        ["cache", 0, 4096],
+        ["read", 0, 300_000],
+        ["status", 0, REAL],
+        ["flush"],
+        ["read", 0, REAL],
+    ]);
+    for params in [
+        &[][..],
+        &["cow-block-size=4096"],
+        &["cow-on-read=true", "cow-on-cache=true"],
+    ] {
+        let args = cat(&cat(&["--filter=cow"], &FILE), params);
+        // The file below is read-only: both servers open it so.
+        let runs = SERVERS.map(|server| {
+            let file = copy_for(dir.path(), &src, server);
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
+            let out = run(server, &args, Some(&file), &ops_then_map(&ops));
+            Run {
+                out,
+                file: Some(file),
+            }
+        });
+        for r in &runs {
+            assert!(r.out.status.success(), "{args:?}: {}", stderr(&r.out));
+            assert!(
+                same_bytes(r.file.as_ref().unwrap(), &src),
+                "the file below changed"
+            );
+        }
+        let [nb, dk] = [stdout(&runs[0].out), stdout(&runs[1].out)];
+        if params.is_empty() || params[0].starts_with("cow-block-size") {
+            assert_eq!(nb, dk, "{args:?}");
+        } else {
+            // cow-on-read: nbdkit copies the holes it reads into its
+            // overlay (they turn into data); diskit marks them zero and
+            // keeps them holes. The same bytes either way.
+            let lines = |o: &str| -> Vec<String> {
+                o.lines()
+                    .filter(|l| l.starts_with('[') && !l.starts_with("[\"status\""))
+                    .map(str::to_string)
+                    .collect()
+            };
+            assert_eq!(lines(&nb), lines(&dk), "{args:?}");
+            assert!(dk.contains("hole,zero"), "{dk}");
+        }
+    }
+    // What clients are offered: writable over a read-only plugin, trim,
+    // flush, FUA, cache, multi-conn and nbdkit's block sizes. (nbdkit
+    // 1.32 offers no write-zeroes over a read-only plugin; diskit does,
+    // fast on whole blocks: not compared.)
+    let [nb, dk] = infos(dir.path(), Some(&src), &cat(&["--filter=cow"], &FILE));
+    for k in [
+        "is_read_only",
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_cache",
+        "can_multi_conn",
+        "block_size_minimum",
+        "block_size_preferred",
+        "block_size_maximum",
+    ] {
+        assert_eq!(nb[k], dk[k], "{k}: nbdkit {nb}, diskit {dk}");
+    }
+    assert_eq!(dk["is_read_only"], json!(false));
+    assert_eq!(dk["can_zero"], json!(true));
+}
+
 /// A 64 MiB disk partitioned by sfdisk with `script`, each partition
 /// holding its own bytes.
 fn partitioned_disk(dir: &Path, name: &str, script: &str) -> PathBuf {

@@ -13,6 +13,7 @@
 //! | [`nozero`] | `zeromode=`, `fastzeromode=` | hides or degrades write-zeroes |
 //! | [`noextents`] | | hides allocation: everything is data |
 //! | [`fua`] | `fuamode=` | changes FUA and flush handling |
+//! | [`cow`] | `cow-block-size=`, `cow-on-read=`, `cow-on-cache=` | a writable overlay; the device below is never written |
 //! | [`delay`] | `rdelay=`, `wdelay=`, `delay-*=` | sleeps before each request |
 //! | [`error`] | `error=`, `error-rate=`, `error-file=`, `error-OP-*=` | fails requests at random |
 //! | [`blocksize`] | `minblock=`, `maxdata=`, `maxlen=` | aligns and splits requests |
@@ -24,6 +25,7 @@
 //! `--filter` options.
 
 pub mod blocksize;
+pub mod cow;
 pub mod delay;
 pub mod error;
 pub mod fua;
@@ -55,6 +57,11 @@ pub const FILTERS: &[FilterInfo] = &[
         name: "blocksize",
         keys: blocksize::KEYS,
         help: "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)",
+    },
+    FilterInfo {
+        name: "cow",
+        keys: cow::KEYS,
+        help: "a writable overlay in a temporary file; the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache=)",
     },
     FilterInfo {
         name: "delay",
@@ -115,6 +122,8 @@ pub fn info(name: &str) -> Result<&'static FilterInfo> {
 pub enum FilterSpec {
     /// [`blocksize`].
     Blocksize(blocksize::BlocksizeConfig),
+    /// [`cow`].
+    Cow(cow::CowConfig),
     /// [`delay`].
     Delay(delay::Delay),
     /// [`error`].
@@ -143,6 +152,7 @@ impl FilterSpec {
         }
         Ok(match f.name {
             "blocksize" => FilterSpec::Blocksize(blocksize::BlocksizeConfig::from_params(params)?),
+            "cow" => FilterSpec::Cow(cow::CowConfig::from_params(params)?),
             "delay" => FilterSpec::Delay(delay::Delay::from_params(params)?),
             "error" => FilterSpec::Error(error::ErrorConfig::from_params(params)?),
             "fua" => FilterSpec::Fua(fua::Fua::from_params(params)?),
@@ -159,6 +169,7 @@ impl FilterSpec {
     pub fn name(&self) -> &'static str {
         match self {
             FilterSpec::Blocksize(_) => "blocksize",
+            FilterSpec::Cow(_) => "cow",
             FilterSpec::Delay(_) => "delay",
             FilterSpec::Error(_) => "error",
             FilterSpec::Fua(_) => "fua",
@@ -170,6 +181,12 @@ impl FilterSpec {
         }
     }
 
+    /// Whether the filter never writes to the device below (cow), so that
+    /// the device below may be opened read-only, as nbdkit opens it.
+    pub fn reads_only_below(&self) -> bool {
+        matches!(self, FilterSpec::Cow(_))
+    }
+
     /// Stacks the filter on `next`. `read_only`: the stack will be served
     /// read-only, so the checks of write capabilities that some filters
     /// make (fua, nozero) are skipped, as nbdkit skips them.
@@ -179,6 +196,7 @@ impl FilterSpec {
         }
         Ok(match self {
             FilterSpec::Blocksize(c) => wrap(blocksize::Blocksize::new(&*next, c)?, next),
+            FilterSpec::Cow(c) => wrap(cow::Cow::new(&*next, c)?, next),
             FilterSpec::Delay(d) => wrap(*d, next),
             FilterSpec::Error(c) => wrap(error::ErrorFilter::new(c.clone()), next),
             FilterSpec::Fua(f) => {

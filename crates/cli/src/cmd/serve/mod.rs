@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use crate::CmdResult;
 use crate::util::CliError;
+use diskit_filters::FilterSpec;
 use diskit_nbd::server::{Export, ExportSet, Pipe, Server, ServerConfig};
 use lifecycle::{Cleanup, Parts, RunEnv};
 use listen::{Listener, NBD_PORT};
@@ -277,7 +278,10 @@ fn build(
     routed: &filters::Routed,
 ) -> Result<(Arc<Server>, Option<diskit_open::Image>), CliError> {
     let tls = a.tls.config()?;
-    let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, a.readonly)?;
+    // Under a filter that never writes below (cow) the plugin opens
+    // read-only, as nbdkit opens it: a read-only file serves.
+    let plugin_readonly = a.readonly || routed.filters.iter().any(FilterSpec::reads_only_below);
+    let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, plugin_readonly)?;
     let device = match filters::stack(&routed.filters, opened.device.clone(), a.readonly) {
         Ok(d) => d,
         Err(e) => {

@@ -1,0 +1,821 @@
+//! The cow filter (nbdkit-cow-filter): a writable overlay over a device
+//! that is never written. Writes, zeroes and trims go to a temporary file;
+//! reads come from it where the client changed the disk and from the
+//! device below elsewhere.
+//!
+//! - `cow-block-size=SIZE`: the overlay's block (a power of 2, 4 KiB to
+//!   64 MiB, default 64 KiB). Writes smaller than a block read the rest of
+//!   the block from below first.
+//! - `cow-on-read=true|false|/PATH`: also keep in the overlay what is read
+//!   from below, so that the device below is read at most once per block
+//!   (with a path: only while PATH exists).
+//! - `cow-on-cache=true|false`: cache requests copy blocks into the
+//!   overlay (otherwise they go to the device below).
+//!
+//! Requests run in parallel. Only the blocks being filled or changed are
+//! held, never a lock around all I/O: a block that several requests need
+//! from below is read once, by the first, while the others wait for it; a
+//! run of missing blocks is one read below, not one per block. Zeroes and
+//! trims of whole blocks only mark them (and free their space in the
+//! overlay), so they are fast and fast zero is honoured for them; a zero
+//! that needs a partial block read from below is refused when fast. Reads
+//! of zeroed blocks are zeros without I/O, and extents report them so.
+//! With cow-on-read, blocks the device below reports as zeros are marked
+//! zero rather than read and stored (nbdkit copies them): they stay holes.
+//!
+//! The overlay is an unlinked file in `$TMPDIR` (or /var/tmp), gone when
+//! the server stops: flush has nothing to make durable and is a no-op, as
+//! in nbdkit. The export is writable, trims, zeroes (fast), caches and
+//! allows multi-conn whatever the device below does.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use diskit_core::device::check_range;
+use diskit_core::range_lock::RangeLock;
+use diskit_core::{
+    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, Filter, Result,
+    WriteFlags, ZeroFlags,
+};
+
+use crate::params;
+
+/// The keys the filter takes.
+pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache"];
+
+/// The default overlay block: nbdkit's.
+const DEFAULT_BLOCK: u64 = 64 << 10;
+/// Bytes read below in one go when filling a run of blocks.
+const FILL_CHUNK: u64 = 8 << 20;
+
+/// When reads from below are kept in the overlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnRead {
+    /// Never (the default).
+    Never,
+    /// Always.
+    Always,
+    /// While this file exists.
+    WhileExists(PathBuf),
+}
+
+/// The parameters, as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CowConfig {
+    /// The overlay's block size.
+    pub block_size: u64,
+    /// Whether reads fill the overlay.
+    pub on_read: OnRead,
+    /// Whether cache requests fill the overlay.
+    pub on_cache: bool,
+}
+
+impl Default for CowConfig {
+    fn default() -> CowConfig {
+        CowConfig {
+            block_size: DEFAULT_BLOCK,
+            on_read: OnRead::Never,
+            on_cache: false,
+        }
+    }
+}
+
+impl CowConfig {
+    /// Reads the parameters.
+    pub fn from_params(list: &[(String, String)]) -> Result<CowConfig> {
+        let mut c = CowConfig::default();
+        for (k, v) in list {
+            match k.as_str() {
+                "cow-block-size" => {
+                    let n = params::size("cow", k, v)?;
+                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
+                        return Err(Error::invalid(format!(
+                            "cow: cow-block-size must be a power of 2 from 4096 to 64M: '{v}'"
+                        )));
+                    }
+                    c.block_size = n;
+                }
+                "cow-on-read" => {
+                    c.on_read = if v.starts_with('/') {
+                        OnRead::WhileExists(PathBuf::from(v))
+                    } else if params::boolean("cow", k, v)? {
+                        OnRead::Always
+                    } else {
+                        OnRead::Never
+                    }
+                }
+                "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
+                _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// A block's state in the overlay, two bits each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Not in the overlay: read from below.
+    Below = 0,
+    /// In the overlay file.
+    Data = 1,
+    /// Zeroed or trimmed: reads as zeros, nothing stored.
+    Zero = 3,
+}
+
+/// Two bits per block, updated without locks.
+struct States(Vec<AtomicU64>);
+
+impl States {
+    fn new(blocks: u64) -> Result<States> {
+        let words = usize::try_from(blocks.div_ceil(32))
+            .map_err(|_| Error::new(ErrorKind::OutOfMemory, "cow: too many blocks"))?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(words).map_err(|_| {
+            Error::new(ErrorKind::OutOfMemory, "cow: cannot allocate the block map")
+        })?;
+        v.resize_with(words, || AtomicU64::new(0));
+        Ok(States(v))
+    }
+
+    fn get(&self, b: u64) -> State {
+        let bits = (self.0[(b / 32) as usize].load(Ordering::Acquire) >> ((b % 32) * 2)) & 3;
+        match bits {
+            1 => State::Data,
+            3 => State::Zero,
+            _ => State::Below,
+        }
+    }
+
+    fn set(&self, b: u64, s: State) {
+        let shift = (b % 32) * 2;
+        let _ = self.0[(b / 32) as usize].fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            Some((w & !(3 << shift)) | ((s as u64) << shift))
+        });
+    }
+}
+
+/// The filter: the overlay and its block map.
+pub struct Cow {
+    block: u64,
+    size: u64,
+    overlay: File,
+    states: States,
+    /// Blocks being filled or changed.
+    busy: RangeLock,
+    on_read: OnRead,
+    on_cache: bool,
+}
+
+impl std::fmt::Debug for Cow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cow")
+            .field("block", &self.block)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Cow {
+    /// An empty overlay over `next`, in a new temporary file.
+    pub fn new(next: &dyn BlockDevice, config: &CowConfig) -> Result<Cow> {
+        let size = next.size();
+        let block = config.block_size;
+        let overlay = tempfile::tempfile().map_err(|e| {
+            Error::from(e).context("cow: cannot create the overlay file in $TMPDIR")
+        })?;
+        overlay
+            .set_len(size.div_ceil(block) * block)
+            .map_err(|e| Error::from(e).context("cow: cannot size the overlay file"))?;
+        Ok(Cow {
+            block,
+            size,
+            overlay,
+            states: States::new(size.div_ceil(block))?,
+            busy: RangeLock::new(),
+            on_read: config.on_read.clone(),
+            on_cache: config.on_cache,
+        })
+    }
+
+    fn cow_on_read(&self) -> bool {
+        match &self.on_read {
+            OnRead::Never => false,
+            OnRead::Always => true,
+            OnRead::WhileExists(p) => p.exists(),
+        }
+    }
+
+    /// The end of the run of blocks in state `s` from block `b`, in bytes,
+    /// at most `end`.
+    fn run_end(&self, b: u64, s: State, end: u64) -> u64 {
+        let mut next = b + 1;
+        while next * self.block < end && self.states.get(next) == s {
+            next += 1;
+        }
+        (next * self.block).min(end)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of the device below, zeros
+    /// past its end (the last block may run past it).
+    fn read_below(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        let inside = self.size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        next.read_at(&mut buf[..inside], offset)?;
+        buf[inside..].fill(0);
+        Ok(())
+    }
+
+    /// Copies blocks `first..last` into the overlay, those still below:
+    /// one read below per run of them, the blocks held meanwhile so that
+    /// other requests for them wait and then find them filled.
+    fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
+        let _held = self.busy.lock(first * self.block, last * self.block, true);
+        let mut b = first;
+        let mut buf = Vec::new();
+        while b < last {
+            if self.states.get(b) != State::Below {
+                b += 1;
+                continue;
+            }
+            let mut end = b + 1;
+            while end < last
+                && (end - b) * self.block < FILL_CHUNK
+                && self.states.get(end) == State::Below
+            {
+                end += 1;
+            }
+            // Blocks the device below reports as zeros are marked, not
+            // read: the device below never changes under the overlay.
+            let zeros = self.zero_blocks_below(next, b, end);
+            let mut i = b;
+            while i < end {
+                let zero = zeros[(i - b) as usize];
+                let mut j = i + 1;
+                while j < end && zeros[(j - b) as usize] == zero {
+                    j += 1;
+                }
+                if zero {
+                    for k in i..j {
+                        self.states.set(k, State::Zero);
+                    }
+                } else {
+                    let (start, len) = (i * self.block, (j - i) * self.block);
+                    buf.resize(len as usize, 0);
+                    self.read_below(next, &mut buf, start)?;
+                    self.overlay.write_all_at(&buf, start)?;
+                    for k in i..j {
+                        self.states.set(k, State::Data);
+                    }
+                }
+                i = j;
+            }
+            b = end;
+        }
+        Ok(())
+    }
+
+    /// For each block of `first..last`, whether the device below reports
+    /// all of it (up to the device's end) as reading zeros. Unknown (no
+    /// extents, or an error asking) counts as not.
+    fn zero_blocks_below(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Vec<bool> {
+        let mut out = vec![false; (last - first) as usize];
+        if !next.capabilities().can_extents {
+            return out;
+        }
+        let start = first * self.block;
+        let end = (last * self.block).min(self.size);
+        let mut pos = start;
+        while pos < end {
+            let Ok(extents) = next.extents(pos, end - pos) else {
+                return out;
+            };
+            if extents.iter().all(|e| e.length == 0) {
+                return out;
+            }
+            for e in extents {
+                let e_end = (pos + e.length).min(end);
+                if e.flags.zero {
+                    // Blocks wholly inside [pos, e_end), the last one
+                    // counting as whole up to the device's end.
+                    let mut k = pos.div_ceil(self.block);
+                    while k < last && ((k + 1) * self.block).min(self.size) <= e_end {
+                        out[(k - first) as usize] = true;
+                        k += 1;
+                    }
+                }
+                pos = e_end;
+                if pos >= end {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Puts `data` at `offset`, inside block `b` but not all of it: the rest
+    /// of the block comes from what it holds now. The block is held.
+    fn write_partial(
+        &self,
+        next: &dyn BlockDevice,
+        b: u64,
+        data: &[u8],
+        offset: u64,
+    ) -> Result<()> {
+        let start = b * self.block;
+        let _held = self.busy.lock(start, start + self.block, true);
+        match self.states.get(b) {
+            State::Data => self.overlay.write_all_at(data, offset)?,
+            s => {
+                let mut block = vec![0u8; self.block as usize];
+                if s == State::Below {
+                    self.read_below(next, &mut block, start)?;
+                }
+                let at = (offset - start) as usize;
+                block[at..at + data.len()].copy_from_slice(data);
+                self.overlay.write_all_at(&block, start)?;
+                self.states.set(b, State::Data);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `offset..offset+len` read as zeros: whole blocks are marked,
+    /// partial ones rewritten.
+    fn zero_range(&self, next: &dyn BlockDevice, offset: u64, len: u64, fast: bool) -> Result<()> {
+        check_range(self.size, offset, len)?;
+        let end = offset + len;
+        let first_whole = offset.div_ceil(self.block);
+        let last_whole = end / self.block;
+        let partial_head = !offset.is_multiple_of(self.block);
+        let partial_tail = !end.is_multiple_of(self.block) && end != self.size;
+        if fast && (partial_head || partial_tail || first_whole >= last_whole) {
+            // A partial block may need a read below: not fast.
+            let cheap = |b: u64| self.states.get(b) != State::Below;
+            let head_ok = !partial_head || cheap(offset / self.block);
+            let tail_ok = !partial_tail || cheap(end / self.block);
+            if !(head_ok && tail_ok) {
+                return Err(Error::from_kind(ErrorKind::NotSupported));
+            }
+        }
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.block;
+            let block_start = b * self.block;
+            let block_end = (block_start + self.block).min(self.size);
+            if pos == block_start && block_end <= end {
+                // Whole blocks (the last one whole up to the device's
+                // end): marked, their overlay space freed.
+                let mut last = b + 1;
+                while last * self.block < end
+                    && (last * self.block + self.block).min(self.size) <= end
+                {
+                    last += 1;
+                }
+                {
+                    let _held = self.busy.lock(block_start, last * self.block, true);
+                    for i in b..last {
+                        self.states.set(i, State::Zero);
+                    }
+                }
+                punch(&self.overlay, block_start, (last - b) * self.block);
+                pos = (last * self.block).min(self.size);
+            } else {
+                let n = block_end.min(end) - pos;
+                let zeros = vec![0u8; n as usize];
+                self.write_partial(next, b, &zeros, pos)?;
+                pos += n;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Frees `len` bytes of the overlay at `offset` (best effort: the blocks
+/// are marked zero whatever happens here).
+fn punch(f: &File, offset: u64, len: u64) {
+    // SAFETY: fallocate on a file this filter owns.
+    unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        );
+    }
+}
+
+impl Filter for Cow {
+    fn name(&self) -> &str {
+        "cow"
+    }
+
+    fn size(&self, _next: &dyn BlockDevice) -> u64 {
+        self.size
+    }
+
+    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
+        Capabilities {
+            can_write: true,
+            can_flush: true,
+            can_fua: true,
+            can_trim: true,
+            can_write_zeroes: true,
+            can_zero: true,
+            can_fast_zero: true,
+            can_extents: true,
+            can_multi_conn: true,
+            can_cache: true,
+            ..next.capabilities()
+        }
+    }
+
+    fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
+        let below = next.block_size();
+        let block = u32::try_from(self.block).unwrap_or(u32::MAX);
+        if below.minimum <= 1 {
+            BlockSizeLimits {
+                minimum: 1,
+                preferred: block,
+                maximum: u32::MAX,
+            }
+        } else if below.maximum >= block {
+            BlockSizeLimits {
+                preferred: below.preferred.max(block),
+                ..below
+            }
+        } else {
+            below
+        }
+    }
+
+    fn is_known_zero(&self, next: &dyn BlockDevice) -> bool {
+        next.is_known_zero()
+    }
+
+    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(self.size, offset, buf.len() as u64)?;
+        let end = offset + buf.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.block;
+            let state = self.states.get(b);
+            let run_end = self.run_end(b, state, end);
+            let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
+            match state {
+                State::Data => self.overlay.read_exact_at(out, pos)?,
+                State::Zero => out.fill(0),
+                State::Below if self.cow_on_read() => {
+                    // Filled, then read from the overlay on the next turn.
+                    self.fill(next, b, run_end.div_ceil(self.block))?;
+                    continue;
+                }
+                State::Below => next.read_at(out, pos)?,
+            }
+            pos = run_end;
+        }
+        Ok(())
+    }
+
+    fn write_at(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &[u8],
+        offset: u64,
+        _flags: WriteFlags,
+    ) -> Result<()> {
+        check_range(self.size, offset, buf.len() as u64)?;
+        let end = offset + buf.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.block;
+            let block_start = b * self.block;
+            let data = &buf[(pos - offset) as usize..];
+            if pos == block_start && end >= block_start + self.block {
+                // Whole blocks: written as they are.
+                let whole = (end - pos) / self.block * self.block;
+                let _held = self.busy.lock(pos, pos + whole, true);
+                self.overlay.write_all_at(&data[..whole as usize], pos)?;
+                for i in b..b + whole / self.block {
+                    self.states.set(i, State::Data);
+                }
+                pos += whole;
+            } else {
+                let n = ((block_start + self.block).min(end) - pos) as usize;
+                self.write_partial(next, b, &data[..n], pos)?;
+                pos += n as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(
+        &self,
+        next: &dyn BlockDevice,
+        offset: u64,
+        len: u64,
+        flags: ZeroFlags,
+    ) -> Result<()> {
+        self.zero_range(next, offset, len, flags.fast)
+    }
+
+    fn trim(
+        &self,
+        next: &dyn BlockDevice,
+        offset: u64,
+        len: u64,
+        _flags: WriteFlags,
+    ) -> Result<()> {
+        self.zero_range(next, offset, len, false)
+    }
+
+    fn flush(&self, _next: &dyn BlockDevice) -> Result<()> {
+        // The overlay dies with the server: nothing to make durable.
+        Ok(())
+    }
+
+    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
+        check_range(self.size, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.on_cache {
+            return self.fill(
+                next,
+                offset / self.block,
+                (offset + len).div_ceil(self.block),
+            );
+        }
+        if next.capabilities().can_cache {
+            return next.cache(offset, len);
+        }
+        Ok(())
+    }
+
+    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(self.size, offset, len)?;
+        let end = offset + len;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.block;
+            let state = self.states.get(b);
+            let run_end = self.run_end(b, state, end);
+            match state {
+                State::Data => out.push(Extent::data(run_end - pos)),
+                State::Zero => out.push(Extent::hole(run_end - pos)),
+                State::Below => {
+                    // The device below, for the whole run at once.
+                    let mut at = pos;
+                    while at < run_end {
+                        let below = next.extents(at, run_end - at)?;
+                        if below.iter().all(|e| e.length == 0) {
+                            return Err(Error::io("cow: the device below reported no extents"));
+                        }
+                        for e in below {
+                            let n = e.length.min(run_end - at);
+                            if n == 0 {
+                                break;
+                            }
+                            out.push(Extent { length: n, ..e });
+                            at += n;
+                        }
+                    }
+                }
+            }
+            pos = run_end;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diskit_backends::MemoryDevice;
+    use diskit_core::{DeviceRef, Filtered};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A read-only device that counts the bytes read from it.
+    struct Counted {
+        inner: MemoryDevice,
+        reads: AtomicUsize,
+        bytes: AtomicU64,
+    }
+
+    impl BlockDevice for Counted {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities().read_only()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            self.inner.read_at(buf, offset)
+        }
+        fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+            self.inner.extents(offset, len)
+        }
+    }
+
+    fn setup(size: u64, params: &[(&str, &str)]) -> (Arc<Counted>, Filtered<Cow>) {
+        let inner = MemoryDevice::new(size);
+        let pattern: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
+        inner
+            .write_at(&pattern[..size as usize / 2], 0, WriteFlags::NONE)
+            .unwrap();
+        let below = Arc::new(Counted {
+            inner,
+            reads: AtomicUsize::new(0),
+            bytes: AtomicU64::new(0),
+        });
+        let kv: Vec<(String, String)> = params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let cfg = CowConfig::from_params(&kv).unwrap();
+        let next: DeviceRef = below.clone();
+        let cow = Cow::new(&*next, &cfg).unwrap();
+        (below, Filtered::new(cow, next))
+    }
+
+    /// What the device below holds, then what was written over it.
+    fn expect(size: u64, writes: &[(u64, Vec<u8>)]) -> Vec<u8> {
+        let mut v: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
+        v[size as usize / 2..].fill(0);
+        for (off, data) in writes {
+            v[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+        }
+        v
+    }
+
+    fn read_all(d: &dyn BlockDevice) -> Vec<u8> {
+        let mut v = vec![0u8; d.size() as usize];
+        d.read_at(&mut v, 0).unwrap();
+        v
+    }
+
+    #[test]
+    fn writes_land_in_the_overlay_never_below() {
+        let size = 1_000_000u64; // not a multiple of the block
+        let (below, d) = setup(size, &[("cow-block-size", "4096")]);
+        assert!(d.capabilities().can_write);
+        let writes = vec![
+            (100u64, vec![7u8; 10]),
+            (8192, vec![8u8; 8192]),
+            (20_000, vec![9u8; 30_000]),
+            (size - 5, vec![1u8; 5]),
+        ];
+        for (off, data) in &writes {
+            d.write_at(data, *off, WriteFlags::NONE).unwrap();
+        }
+        assert_eq!(read_all(&d), expect(size, &writes));
+        // The device below is unchanged.
+        assert_eq!(read_all(&below.inner), expect(size, &[]));
+        // Zero and trim, partial and whole, and a fast zero.
+        d.write_zeroes(100, 5, ZeroFlags::default()).unwrap();
+        d.trim(8192, 4096, WriteFlags::NONE).unwrap();
+        d.write_zeroes(
+            40_960,
+            8192,
+            ZeroFlags {
+                fast: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut want = expect(size, &writes);
+        want[100..105].fill(0);
+        want[8192..12288].fill(0);
+        want[40_960..49_152].fill(0);
+        assert_eq!(read_all(&d), want);
+        let ext = d.extents(8192, 4096).unwrap();
+        assert!(ext[0].flags.zero, "{ext:?}");
+        // A fast zero that needs a block from below is refused.
+        let e = d
+            .write_zeroes(
+                200_001,
+                10,
+                ZeroFlags {
+                    fast: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotSupported);
+        assert_eq!(read_all(&d), want);
+    }
+
+    #[test]
+    fn cow_on_read_reads_each_block_below_once() {
+        let size = 4 << 20;
+        let (below, d) = setup(size, &[("cow-on-read", "true")]);
+        let first = read_all(&d);
+        let after_first = below.bytes.load(Ordering::Relaxed);
+        assert_eq!(first, expect(size, &[]));
+        // The data half once; the zero half (a hole below) not at all.
+        assert_eq!(after_first, size / 2, "one pass reads the data once");
+        // A run of missing blocks is one read below.
+        assert_eq!(below.reads.load(Ordering::Relaxed), 1);
+        let mut b = vec![0u8; 100_000];
+        d.read_at(&mut b, 12_345).unwrap();
+        assert_eq!(read_all(&d), first);
+        assert_eq!(
+            below.bytes.load(Ordering::Relaxed),
+            after_first,
+            "second pass: nothing below"
+        );
+    }
+
+    #[test]
+    fn parallel_readers_of_a_block_fetch_it_once() {
+        let size = 8 << 20;
+        let (below, d) = setup(size, &[("cow-on-read", "true"), ("cow-block-size", "1M")]);
+        let d = Arc::new(d);
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let d = d.clone();
+                s.spawn(move || {
+                    let mut b = vec![0u8; 4096];
+                    for i in 0..64u64 {
+                        d.read_at(&mut b, ((i * 7 + t) % 8) << 20).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(below.bytes.load(Ordering::Relaxed), size / 2);
+    }
+
+    #[test]
+    fn concurrent_partial_writes_to_one_block_all_land() {
+        let size = 1 << 20;
+        let (_, d) = setup(size, &[]);
+        let d = Arc::new(d);
+        std::thread::scope(|s| {
+            for t in 0..16u64 {
+                let d = d.clone();
+                s.spawn(move || {
+                    d.write_at(&[t as u8 + 100; 512], t * 512, WriteFlags::NONE)
+                        .unwrap();
+                });
+            }
+        });
+        let all = read_all(&*d);
+        for t in 0..16usize {
+            assert!(
+                all[t * 512..(t + 1) * 512]
+                    .iter()
+                    .all(|&x| x == t as u8 + 100),
+                "{t}"
+            );
+        }
+        assert_eq!(all[8192..], expect(size, &[])[8192..]);
+    }
+
+    #[test]
+    fn cow_on_read_path_and_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("keep");
+        let size = 1 << 20;
+        let (below, d) = setup(size, &[("cow-on-read", flag.to_str().unwrap())]);
+        read_all(&d);
+        read_all(&d);
+        assert_eq!(
+            below.bytes.load(Ordering::Relaxed),
+            2 * size,
+            "not kept without the file"
+        );
+        std::fs::write(&flag, b"").unwrap();
+        read_all(&d);
+        read_all(&d);
+        assert_eq!(below.bytes.load(Ordering::Relaxed), 2 * size + size / 2);
+        let (below, d) = setup(size, &[("cow-on-cache", "true")]);
+        d.cache(0, size).unwrap();
+        read_all(&d);
+        assert_eq!(below.bytes.load(Ordering::Relaxed), size / 2);
+        // Blocks below that read as zeros stay holes in the overlay.
+        let e = d.extents(size / 2, size / 2).unwrap();
+        assert!(e.iter().all(|e| e.flags.zero), "{e:?}");
+    }
+
+    #[test]
+    fn bad_parameters_name_the_key() {
+        for (k, v) in [
+            ("cow-block-size", "1000"),
+            ("cow-block-size", "512"),
+            ("cow-on-read", "maybe"),
+        ] {
+            let e = CowConfig::from_params(&[(k.to_string(), v.to_string())]).unwrap_err();
+            assert!(e.to_string().starts_with("cow: "), "{e}");
+            assert!(
+                e.to_string().contains(k) || e.to_string().contains("boolean"),
+                "{e}"
+            );
+        }
+    }
+}
