@@ -21,6 +21,9 @@ Contenders (CONTENDERS, comma separated, default all):
   diskit-cow-on-read   diskit serve, the same command line as nbdkit's
   diskit-cow-on-read-1M  ... cow-block-size=1M
   nbdkit-cow-on-read-1M  nbdkit with the same
+  diskit-readahead-cow   --filter=readahead --filter=cow --filter=delay ...
+                         cow-on-read=true cow-on-cache=true
+  nbdkit-readahead-cow   nbdkit with the same
 
 Each contender runs once per round (ROUNDS, default 1: the nbdkit rows take
 minutes), in a rotating order; the table gives the median time of the
@@ -66,6 +69,8 @@ ALL = [
     "diskit-cow-on-read",
     "diskit-cow-on-read-1M",
     "nbdkit-cow-on-read-1M",
+    "diskit-readahead-cow",
+    "nbdkit-readahead-cow",
 ]
 CONTENDERS = [c for c in os.environ.get("CONTENDERS", ",".join(ALL)).split(",") if c]
 
@@ -164,6 +169,9 @@ def servers_for(name, diskit, img, work, sock):
         args = ["--filter=cow", "--filter=delay", "file", str(img), "cow-on-read=true", delay]
         if rest.endswith("-1M"):
             args.append("cow-block-size=1M")
+    elif rest == "readahead-cow":
+        args = ["--filter=readahead", "--filter=cow", "--filter=delay", "file", str(img),
+                "cow-on-read=true", "cow-on-cache=true", delay]
     elif rest == "cow-cache":
         args = ["--filter=cow", "--filter=cache", "--filter=delay", "file", str(img),
                 "cache-on-read=true", delay]

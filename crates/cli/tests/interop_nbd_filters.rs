@@ -736,6 +736,36 @@ fn cow_keeps_writes_in_the_overlay_as_nbdkit() {
     assert_eq!(dk["can_zero"], json!(true));
 }
 
+#[test]
+fn readahead_passes_everything_through_as_nbdkit() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let (_, compared) = same_info(
+        dir.path(),
+        Some(&src),
+        &FILE,
+        &cat(&["--filter=readahead"], &FILE),
+    );
+    assert_compared(&compared, &["can_cache", "can_trim", "export-size"], &["readahead"]);
+    // Over cow with cow-on-cache, reads sequential and scattered, writes
+    // between them: the same answers and the same bytes below.
+    let args = cat(
+        &cat(&["--filter=readahead", "--filter=cow"], &FILE),
+        &["cow-on-cache=true"],
+    );
+    let mut ops = vec![json!(["write", 5000, 3000, 4])];
+    for i in 0..20u64 {
+        ops.push(json!(["read", i * 65536, 65536]));
+    }
+    for off in [2_500_000u64, 1_000_000, 2_990_000, 7] {
+        ops.push(json!(["read", off, 4096]));
+        ops.push(json!(["write", off + 1, 100, 6]));
+    }
+    ops.push(json!(["read", 0, REAL]));
+    let runs = same_output(dir.path(), Some(&src), &args, &ops_only(&json!(ops)));
+    same_files(&runs);
+}
+
 /// A 64 MiB disk partitioned by sfdisk with `script`, each partition
 /// holding its own bytes.
 fn partitioned_disk(dir: &Path, name: &str, script: &str) -> PathBuf {

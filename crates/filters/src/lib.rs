@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | [`offset`] | `offset=`, `range=` | serves a window of the device |
 //! | [`partition`] | `partition=` | serves one partition (MBR or GPT) |
+//! | [`readahead`] | | asks the layer below to cache what is likely read next |
 //! | [`truncate`] | `truncate=`, `round-up=`, `round-down=` | changes the size |
 //! | [`nozero`] | `zeromode=`, `fastzeromode=` | hides or degrades write-zeroes |
 //! | [`noextents`] | | hides allocation: everything is data |
@@ -34,6 +35,7 @@ pub mod nozero;
 pub mod offset;
 pub mod params;
 pub mod partition;
+pub mod readahead;
 pub mod truncate;
 
 use std::sync::Arc;
@@ -99,6 +101,11 @@ pub const FILTERS: &[FilterInfo] = &[
         help: "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)",
     },
     FilterInfo {
+        name: "readahead",
+        keys: readahead::KEYS,
+        help: "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)",
+    },
+    FilterInfo {
         name: "truncate",
         keys: truncate::KEYS,
         help: "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
@@ -138,6 +145,8 @@ pub enum FilterSpec {
     Offset(offset::OffsetConfig),
     /// [`partition`].
     Partition(partition::PartitionConfig),
+    /// [`readahead`].
+    Readahead,
     /// [`truncate`].
     Truncate(truncate::TruncateConfig),
 }
@@ -160,6 +169,7 @@ impl FilterSpec {
             "nozero" => FilterSpec::Nozero(nozero::Nozero::from_params(params)?),
             "offset" => FilterSpec::Offset(offset::OffsetConfig::from_params(params)?),
             "partition" => FilterSpec::Partition(partition::PartitionConfig::from_params(params)?),
+            "readahead" => FilterSpec::Readahead,
             "truncate" => FilterSpec::Truncate(truncate::TruncateConfig::from_params(params)?),
             other => unreachable!("filter {other} is in FILTERS but not here"),
         })
@@ -177,6 +187,7 @@ impl FilterSpec {
             FilterSpec::Nozero(_) => "nozero",
             FilterSpec::Offset(_) => "offset",
             FilterSpec::Partition(_) => "partition",
+            FilterSpec::Readahead => "readahead",
             FilterSpec::Truncate(_) => "truncate",
         }
     }
@@ -214,6 +225,7 @@ impl FilterSpec {
             }
             FilterSpec::Offset(c) => wrap(offset::Offset::new(&*next, c)?, next),
             FilterSpec::Partition(c) => wrap(partition::Partition::new(&*next, c)?, next),
+            FilterSpec::Readahead => wrap(readahead::Readahead::new(&next)?, next),
             FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),
         })
     }
