@@ -746,7 +746,11 @@ fn readahead_passes_everything_through_as_nbdkit() {
         &FILE,
         &cat(&["--filter=readahead"], &FILE),
     );
-    assert_compared(&compared, &["can_cache", "can_trim", "export-size"], &["readahead"]);
+    assert_compared(
+        &compared,
+        &["can_cache", "can_trim", "export-size"],
+        &["readahead"],
+    );
     // Over cow with cow-on-cache, reads sequential and scattered, writes
     // between them: the same answers and the same bytes below.
     let args = cat(
@@ -764,6 +768,100 @@ fn readahead_passes_everything_through_as_nbdkit() {
     ops.push(json!(["read", 0, REAL]));
     let runs = same_output(dir.path(), Some(&src), &args, &ops_only(&json!(ops)));
     same_files(&runs);
+}
+
+/// Runs requests (filter_ops.py's list) and nothing else.
+const STATS_CLIENT: &str = r#"
+import json, sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+for op in json.loads(sys.argv[2]):
+    if op[0] == "read":
+        h.pread(op[2], op[1])
+    elif op[0] == "write":
+        h.pwrite(bytes([op[3]]) * op[2], op[1])
+    elif op[0] == "trim":
+        h.trim(op[2], op[1])
+    elif op[0] == "zero":
+        h.zero(op[2], op[1])
+    elif op[0] == "flush":
+        h.flush()
+h.shutdown()
+"#;
+
+#[test]
+fn stats_counts_as_nbdkit_and_writes_its_format() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let mut ops = vec![json!(["flush"])];
+    for i in 0..30u64 {
+        ops.push(json!(["read", i * 65536, 65536]));
+        ops.push(json!(["write", i * 4096 + 512, 4096, 3]));
+    }
+    ops.push(json!(["trim", 1_048_576, 65536]));
+    ops.push(json!(["zero", 2_097_152, 8192]));
+    ops.push(json!(["read", 7, 1000]));
+    ops.push(json!(["flush"]));
+    // The time fields differ; counts, bytes and breakdowns must not, but
+    // for the bytes of "other sizes", where nbdkit 1.32 prints every byte
+    // of the operation (it never counts what it printed before).
+    let masked = |text: &str| -> String {
+        text.lines()
+            .map(|l| match l.split_once(" reqs, ") {
+                Some((head, _)) if l.trim_start().starts_with("other sizes") => {
+                    format!("{head} reqs, B total)")
+                }
+                _ => l.to_string(),
+            })
+            .map(|l| {
+                let mut words: Vec<String> = Vec::new();
+                let toks: Vec<&str> = l.split(' ').collect();
+                let mut i = 0;
+                while i < toks.len() {
+                    let t = toks[i];
+                    let next = toks.get(i + 1).copied().unwrap_or("");
+                    if next.starts_with("s,") && t.contains('.') {
+                        words.push("T".into());
+                    } else if next.ends_with("/s") || t.ends_with("/s") {
+                        // A rate: "1.23 MiB/s", "(n/a)/s", "0 bytes/s".
+                        if next.ends_with("/s") {
+                            i += 1;
+                        }
+                        words.push("R/s".into());
+                    } else {
+                        words.push(t.to_string());
+                    }
+                    i += 1;
+                }
+                words.join(" ")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let outs = SERVERS.map(|server| {
+        let file = copy_for(dir.path(), &src, server);
+        let stats = dir.path().join(format!("stats-{}.txt", server.name()));
+        let param = format!("statsfile={}", s(&stats));
+        let args = cat(&cat(&["--filter=stats"], &FILE), &[&param]);
+        // Only these requests: filter_ops.py would read the whole disk too.
+        let cmd = format!("{PYTHON} -c '{STATS_CLIENT}' \"$uri\" '{}'", json!(ops));
+        let o = run(server, &args, Some(&file), &cmd);
+        assert!(o.status.success(), "{}: {}", server.name(), stderr(&o));
+        std::fs::read_to_string(&stats).unwrap()
+    });
+    assert_eq!(
+        masked(&outs[0]),
+        masked(&outs[1]),
+        "nbdkit:\n{}\ndiskit:\n{}",
+        outs[0],
+        outs[1]
+    );
+    assert!(outs[1].starts_with("total: "), "{}", outs[1]);
+    assert!(
+        outs[1].contains("Request size and alignment breakdown"),
+        "{}",
+        outs[1]
+    );
 }
 
 /// A 64 MiB disk partitioned by sfdisk with `script`, each partition

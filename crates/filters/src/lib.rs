@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | [`offset`] | `offset=`, `range=` | serves a window of the device |
 //! | [`partition`] | `partition=` | serves one partition (MBR or GPT) |
+//! | [`stats`] | `statsfile=`, `statsappend=`, `statsthreshold=` | counts requests, writes nbdkit's summary at close |
 //! | [`readahead`] | | asks the layer below to cache what is likely read next |
 //! | [`truncate`] | `truncate=`, `round-up=`, `round-down=` | changes the size |
 //! | [`nozero`] | `zeromode=`, `fastzeromode=` | hides or degrades write-zeroes |
@@ -36,6 +37,7 @@ pub mod offset;
 pub mod params;
 pub mod partition;
 pub mod readahead;
+pub mod stats;
 pub mod truncate;
 
 use std::sync::Arc;
@@ -106,6 +108,11 @@ pub const FILTERS: &[FilterInfo] = &[
         help: "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)",
     },
     FilterInfo {
+        name: "stats",
+        keys: stats::KEYS,
+        help: "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)",
+    },
+    FilterInfo {
         name: "truncate",
         keys: truncate::KEYS,
         help: "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
@@ -147,6 +154,8 @@ pub enum FilterSpec {
     Partition(partition::PartitionConfig),
     /// [`readahead`].
     Readahead,
+    /// [`stats`].
+    Stats(stats::StatsConfig),
     /// [`truncate`].
     Truncate(truncate::TruncateConfig),
 }
@@ -170,6 +179,7 @@ impl FilterSpec {
             "offset" => FilterSpec::Offset(offset::OffsetConfig::from_params(params)?),
             "partition" => FilterSpec::Partition(partition::PartitionConfig::from_params(params)?),
             "readahead" => FilterSpec::Readahead,
+            "stats" => FilterSpec::Stats(stats::StatsConfig::from_params(params)?),
             "truncate" => FilterSpec::Truncate(truncate::TruncateConfig::from_params(params)?),
             other => unreachable!("filter {other} is in FILTERS but not here"),
         })
@@ -188,6 +198,7 @@ impl FilterSpec {
             FilterSpec::Offset(_) => "offset",
             FilterSpec::Partition(_) => "partition",
             FilterSpec::Readahead => "readahead",
+            FilterSpec::Stats(_) => "stats",
             FilterSpec::Truncate(_) => "truncate",
         }
     }
@@ -226,6 +237,7 @@ impl FilterSpec {
             FilterSpec::Offset(c) => wrap(offset::Offset::new(&*next, c)?, next),
             FilterSpec::Partition(c) => wrap(partition::Partition::new(&*next, c)?, next),
             FilterSpec::Readahead => wrap(readahead::Readahead::new(&next)?, next),
+            FilterSpec::Stats(c) => wrap(stats::Stats::new(c)?, next),
             FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),
         })
     }

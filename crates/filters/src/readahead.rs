@@ -214,10 +214,7 @@ impl Filter for Readahead {
         "readahead"
     }
 
-    fn reads_unchanged(&self) -> bool {
-        true
-    }
-
+    // No file view: reads spliced past the filter would go unpredicted.
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
         if self.enabled && !buf.is_empty() {
             let mut st = lock(&self.shared.state);

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use crate::util::CliError;
-use diskit_open::Image;
+use diskit_core::DeviceRef;
 
 /// What to undo when the server stops.
 #[derive(Default)]
@@ -18,8 +18,10 @@ pub struct Cleanup {
 /// The pieces of [`Cleanup`].
 #[derive(Default)]
 pub struct Parts {
-    /// An image whose metadata must be written back.
-    pub image: Option<Image>,
+    /// The served device stack, closed when the server stops: its filters
+    /// finalize, then the plugin's device (an image writes back its
+    /// metadata).
+    pub device: Option<DeviceRef>,
     /// A socket file to remove.
     pub socket: Option<PathBuf>,
     /// A private directory (for `-U -`) to remove.
@@ -38,17 +40,18 @@ impl Cleanup {
         }
     }
 
-    /// Closes the image and removes the files; later calls do nothing.
+    /// Closes the device stack and removes the files; later calls do
+    /// nothing.
     pub fn run(&self) {
         let parts = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(mut p) = parts else { return };
         if let Some(f) = p.on_stop.take() {
             f();
         }
-        if let Some(img) = &p.image
-            && let Err(e) = img.close()
+        if let Some(d) = &p.device
+            && let Err(e) = d.close()
         {
-            eprintln!("diskit: closing {}: {e}", img.filename.display());
+            eprintln!("diskit: closing {}: {e}", d.describe());
         }
         if let Some(s) = &p.socket {
             let _ = std::fs::remove_file(s);

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use crate::CmdResult;
 use crate::util::CliError;
+use diskit_core::DeviceRef;
 use diskit_filters::FilterSpec;
 use diskit_nbd::server::{Export, ExportSet, Pipe, Server, ServerConfig};
 use lifecycle::{Cleanup, Parts, RunEnv};
@@ -145,8 +146,8 @@ pub fn run(a: Args) -> CmdResult {
     lifecycle::ignore_sigpipe();
 
     if a.single {
-        let (server, image) = build(&a, &routed)?;
-        let r = serve_stdio(&server, image);
+        let (server, stack) = build(&a, &routed)?;
+        let r = serve_stdio(&server, &stack);
         if a.verbose {
             report_exports(&server);
         }
@@ -214,9 +215,9 @@ pub fn run(a: Args) -> CmdResult {
     };
     // Stop signals wait for the cleanup in every thread, the plugin's too.
     lifecycle::block_signals();
-    let (server, image) = build(&a, &routed).inspect_err(|_| remove_socket())?;
+    let (server, stack) = build(&a, &routed).inspect_err(|_| remove_socket())?;
     let cleanup = Arc::new(Cleanup::new(Parts {
-        image,
+        device: Some(stack),
         socket,
         tempdir,
         pidfile: pidfile.clone(),
@@ -271,12 +272,9 @@ pub fn run(a: Args) -> CmdResult {
 }
 
 /// Opens the plugin, stacks the filters over it and makes the server;
-/// returns the image to close when the server stops, if the plugin opened
-/// one.
-fn build(
-    a: &Args,
-    routed: &filters::Routed,
-) -> Result<(Arc<Server>, Option<diskit_open::Image>), CliError> {
+/// returns the stack's top, to close when the server stops (filters
+/// finalize, then the plugin's device: an image writes back its metadata).
+fn build(a: &Args, routed: &filters::Routed) -> Result<(Arc<Server>, DeviceRef), CliError> {
     let tls = a.tls.config()?;
     // Under a filter that never writes below (cow) the plugin opens
     // read-only, as nbdkit opens it: a read-only file serves.
@@ -292,6 +290,7 @@ fn build(
             return Err(e);
         }
     };
+    let stack = device.clone();
     let mut exports = ExportSet::new();
     exports.add(
         Export::new(a.exportname.clone(), device)
@@ -311,7 +310,7 @@ fn build(
     if let Some(tls) = tls {
         server = server.with_tls(tls);
     }
-    Ok((Arc::new(server), opened.image))
+    Ok((Arc::new(server), stack))
 }
 
 /// Logs each export's request counters (at -v, when the server stops).
@@ -344,8 +343,8 @@ fn accept_loop(server: &Arc<Server>, listener: Listener) -> CliError {
     }
 }
 
-/// Serves one client on stdin/stdout, then closes the image.
-fn serve_stdio(server: &Server, image: Option<diskit_open::Image>) -> CmdResult {
+/// Serves one client on stdin/stdout, then closes the device stack.
+fn serve_stdio(server: &Server, stack: &DeviceRef) -> CmdResult {
     let dup = |fd: std::os::fd::BorrowedFd<'_>| {
         fd.try_clone_to_owned()
             .map(File::from)
@@ -354,9 +353,9 @@ fn serve_stdio(server: &Server, image: Option<diskit_open::Image>) -> CmdResult 
     let input = dup(std::io::stdin().as_fd())?;
     let output = dup(std::io::stdout().as_fd())?;
     let end = server.serve(Box::new(Pipe::new(input, output, "stdin/stdout")));
-    if let Some(img) = image {
-        img.close()?;
-    }
+    stack
+        .close()
+        .map_err(|e| CliError::new(format!("closing {}: {e}", stack.describe())))?;
     drop(end);
     Ok(0)
 }
