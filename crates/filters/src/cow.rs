@@ -168,6 +168,8 @@ pub struct Cow {
     busy: RangeLock,
     on_read: OnRead,
     on_cache: bool,
+    /// A client has written data (the overlay may hold non-zeros).
+    written: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Cow {
@@ -198,6 +200,7 @@ impl Cow {
             busy: RangeLock::new(),
             on_read: config.on_read.clone(),
             on_cache: config.on_cache,
+            written: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -324,6 +327,9 @@ impl Cow {
         data: &[u8],
         offset: u64,
     ) -> Result<()> {
+        if data.iter().any(|&x| x != 0) {
+            self.written.store(true, Ordering::Relaxed);
+        }
         let start = b * self.block;
         let _held = self.busy.lock(start, start + self.block, true);
         match self.states.get(b) {
@@ -452,7 +458,7 @@ impl Filter for Cow {
     }
 
     fn is_known_zero(&self, next: &dyn BlockDevice) -> bool {
-        next.is_known_zero()
+        next.is_known_zero() && !self.written.load(Ordering::Relaxed)
     }
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
@@ -487,6 +493,7 @@ impl Filter for Cow {
         _flags: WriteFlags,
     ) -> Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
+        self.written.store(true, Ordering::Relaxed);
         let end = offset + buf.len() as u64;
         let mut pos = offset;
         while pos < end {
@@ -801,6 +808,17 @@ mod tests {
         // Blocks below that read as zeros stay holes in the overlay.
         let e = d.extents(size / 2, size / 2).unwrap();
         assert!(e.iter().all(|e| e.flags.zero), "{e:?}");
+    }
+
+    #[test]
+    fn known_zero_only_until_written() {
+        let mem: DeviceRef = Arc::new(MemoryDevice::new(1 << 20));
+        let d = Filtered::new(Cow::new(&*mem, &CowConfig::default()).unwrap(), mem.clone());
+        assert_eq!(d.is_known_zero(), mem.is_known_zero());
+        d.write_zeroes(0, 4096, ZeroFlags::default()).unwrap();
+        assert_eq!(d.is_known_zero(), mem.is_known_zero());
+        d.write_at(&[1], 100, WriteFlags::NONE).unwrap();
+        assert!(!d.is_known_zero());
     }
 
     #[test]
