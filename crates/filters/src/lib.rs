@@ -235,7 +235,7 @@ impl FilterSpec {
                 wrap(*z, next)
             }
             FilterSpec::Offset(c) => wrap(offset::Offset::new(&*next, c)?, next),
-            FilterSpec::Partition(c) => wrap(partition::Partition::new(&*next, c)?, next),
+            FilterSpec::Partition(c) => wrap(partition::window(&*next, c)?, next),
             FilterSpec::Readahead => wrap(readahead::Readahead::new(&next)?, next),
             FilterSpec::Stats(c) => wrap(stats::Stats::new(c)?, next),
             FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),

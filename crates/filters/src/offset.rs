@@ -48,6 +48,9 @@ impl OffsetConfig {
 pub struct Offset {
     offset: u64,
     size: u64,
+    /// The filter's name in descriptions ("partition" for the window the
+    /// partition filter finds).
+    name: &'static str,
 }
 
 impl Offset {
@@ -72,7 +75,16 @@ impl Offset {
                 ))
             })?,
         };
-        Ok(Offset { offset, size })
+        Ok(Offset {
+            offset,
+            size,
+            name: "offset",
+        })
+    }
+
+    /// The same window, described as `name`.
+    pub fn named(self, name: &'static str) -> Offset {
+        Offset { name, ..self }
     }
 }
 
@@ -85,7 +97,7 @@ impl Offset {
 
 impl Filter for Offset {
     fn name(&self) -> &str {
-        "offset"
+        self.name
     }
     fn file_view<'a>(
         &self,

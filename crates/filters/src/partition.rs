@@ -14,7 +14,7 @@
 //! that loops or leaves its partition is an error that says which. The
 //! partition is then served as the offset filter serves a window.
 
-use diskit_core::{BlockDevice, Error, Extent, FileView, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, Error, Result};
 
 use crate::offset::{Offset, OffsetConfig};
 
@@ -255,75 +255,20 @@ fn gpt(read: &dyn Fn(u64, &mut [u8]) -> Result<()>, size: u64, n: u32) -> Result
     Ok((start, len))
 }
 
-/// The filter: the partition's window of the device below.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Partition {
-    window: Offset,
-}
-
-impl Partition {
-    /// Finds partition `config.partition` on `next`.
-    pub fn new(next: &dyn BlockDevice, config: &PartitionConfig) -> Result<Partition> {
-        config.check()?;
-        let read = |offset: u64, buf: &mut [u8]| next.read_at(buf, offset);
-        let (offset, range) = locate(&read, next.size(), config.partition)?;
-        Ok(Partition {
-            window: Offset::new(
-                next,
-                &OffsetConfig {
-                    offset,
-                    range: Some(range),
-                },
-            )?,
-        })
-    }
-}
-
-impl Filter for Partition {
-    fn name(&self) -> &str {
-        "partition"
-    }
-    fn file_view<'a>(
-        &self,
-        next: &'a dyn BlockDevice,
-        offset: u64,
-        len: u64,
-    ) -> Option<FileView<'a>> {
-        self.window.file_view(next, offset, len)
-    }
-    fn size(&self, next: &dyn BlockDevice) -> u64 {
-        self.window.size(next)
-    }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.window.read_at(next, buf, offset)
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.window.write_at(next, buf, offset, flags)
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        self.window.write_zeroes(next, offset, len, flags)
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.window.trim(next, offset, len, flags)
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.window.cache(next, offset, len)
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.window.extents(next, offset, len)
-    }
+/// The filter: partition `config.partition` of `next`, found in its table,
+/// served as the offset filter serves a window.
+pub fn window(next: &dyn BlockDevice, config: &PartitionConfig) -> Result<Offset> {
+    config.check()?;
+    let read = |offset: u64, buf: &mut [u8]| next.read_at(buf, offset);
+    let (offset, range) = locate(&read, next.size(), config.partition)?;
+    Ok(Offset::new(
+        next,
+        &OffsetConfig {
+            offset,
+            range: Some(range),
+        },
+    )?
+    .named("partition"))
 }
 
 #[cfg(test)]
