@@ -186,8 +186,15 @@ impl Cow {
     pub fn new(next: &dyn BlockDevice, config: &CowConfig) -> Result<Cow> {
         let size = next.size();
         let block = config.block_size;
-        let overlay = tempfile::tempfile().map_err(|e| {
-            Error::from(e).context("cow: cannot create the overlay file in $TMPDIR")
+        // $TMPDIR, else /var/tmp (as nbdkit: /tmp is often memory).
+        let dir = std::env::var_os("TMPDIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+        let overlay = tempfile::tempfile_in(&dir).map_err(|e| {
+            Error::from(e).context(format!(
+                "cow: cannot create the overlay file in {} (set TMPDIR)",
+                dir.display()
+            ))
         })?;
         overlay
             .set_len(size.div_ceil(block) * block)
