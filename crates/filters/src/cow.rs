@@ -29,10 +29,9 @@
 //! allows multi-conn whatever the device below does.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use diskit_core::device::check_range;
 use diskit_core::range_lock::RangeLock;
@@ -41,7 +40,8 @@ use diskit_core::{
     WriteFlags, ZeroFlags,
 };
 
-use crate::params;
+use crate::blockmap::{self, BlockMap};
+use crate::{overlay, params};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache"];
@@ -126,24 +126,16 @@ enum State {
     Zero = 3,
 }
 
-/// Two bits per block, updated without locks.
-struct States(Vec<AtomicU64>);
+/// The block map: [`State`] per block.
+struct States(BlockMap);
 
 impl States {
     fn new(blocks: u64) -> Result<States> {
-        let words = usize::try_from(blocks.div_ceil(32))
-            .map_err(|_| Error::new(ErrorKind::OutOfMemory, "cow: too many blocks"))?;
-        let mut v = Vec::new();
-        v.try_reserve_exact(words).map_err(|_| {
-            Error::new(ErrorKind::OutOfMemory, "cow: cannot allocate the block map")
-        })?;
-        v.resize_with(words, || AtomicU64::new(0));
-        Ok(States(v))
+        Ok(States(BlockMap::new("cow", blocks)?))
     }
 
     fn get(&self, b: u64) -> State {
-        let bits = (self.0[(b / 32) as usize].load(Ordering::Acquire) >> ((b % 32) * 2)) & 3;
-        match bits {
+        match self.0.get(b) {
             1 => State::Data,
             3 => State::Zero,
             _ => State::Below,
@@ -151,10 +143,7 @@ impl States {
     }
 
     fn set(&self, b: u64, s: State) {
-        let shift = (b % 32) * 2;
-        let _ = self.0[(b / 32) as usize].fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-            Some((w & !(3 << shift)) | ((s as u64) << shift))
-        });
+        self.0.set(b, s as u8);
     }
 }
 
@@ -186,19 +175,7 @@ impl Cow {
     pub fn new(next: &dyn BlockDevice, config: &CowConfig) -> Result<Cow> {
         let size = next.size();
         let block = config.block_size;
-        // $TMPDIR, else /var/tmp (as nbdkit: /tmp is often memory).
-        let dir = std::env::var_os("TMPDIR")
-            .filter(|d| !d.is_empty())
-            .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
-        let overlay = tempfile::tempfile_in(&dir).map_err(|e| {
-            Error::from(e).context(format!(
-                "cow: cannot create the overlay file in {} (set TMPDIR)",
-                dir.display()
-            ))
-        })?;
-        overlay
-            .set_len(size.div_ceil(block) * block)
-            .map_err(|e| Error::from(e).context("cow: cannot size the overlay file"))?;
+        let overlay = overlay::temp_file("cow", size.div_ceil(block) * block)?;
         Ok(Cow {
             block,
             size,
@@ -393,7 +370,7 @@ impl Cow {
                         self.states.set(i, State::Zero);
                     }
                 }
-                punch(&self.overlay, block_start, (last - b) * self.block);
+                overlay::punch(&self.overlay, block_start, (last - b) * self.block);
                 pos = (last * self.block).min(self.size);
             } else {
                 let n = block_end.min(end) - pos;
@@ -403,20 +380,6 @@ impl Cow {
             }
         }
         Ok(())
-    }
-}
-
-/// Frees `len` bytes of the overlay at `offset` (best effort: the blocks
-/// are marked zero whatever happens here).
-fn punch(f: &File, offset: u64, len: u64) {
-    // SAFETY: fallocate on a file this filter owns.
-    unsafe {
-        libc::fallocate(
-            f.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as libc::off_t,
-            len as libc::off_t,
-        );
     }
 }
 
@@ -446,22 +409,7 @@ impl Filter for Cow {
     }
 
     fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
-        let below = next.block_size();
-        let block = u32::try_from(self.block).unwrap_or(u32::MAX);
-        if below.minimum <= 1 {
-            BlockSizeLimits {
-                minimum: 1,
-                preferred: block,
-                maximum: u32::MAX,
-            }
-        } else if below.maximum >= block {
-            BlockSizeLimits {
-                preferred: below.preferred.max(block),
-                ..below
-            }
-        } else {
-            below
-        }
+        blockmap::block_limits(next.block_size(), self.block)
     }
 
     fn is_known_zero(&self, next: &dyn BlockDevice) -> bool {
@@ -611,7 +559,7 @@ mod tests {
     use diskit_backends::MemoryDevice;
     use diskit_core::{DeviceRef, Filtered};
     use std::sync::Arc;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
 
     /// A read-only device that counts the bytes read from it.
     struct Counted {

@@ -15,6 +15,7 @@
 //! | [`nozero`] | `zeromode=`, `fastzeromode=` | hides or degrades write-zeroes |
 //! | [`noextents`] | | hides allocation: everything is data |
 //! | [`fua`] | `fuamode=` | changes FUA and flush handling |
+//! | [`cache`] | `cache=`, `cache-min-block-size=`, `cache-on-read=`, `cache-max-size=`, `cache-*-threshold=` | keeps blocks in a temporary file; writes back at flush |
 //! | [`cow`] | `cow-block-size=`, `cow-on-read=`, `cow-on-cache=` | a writable overlay; the device below is never written |
 //! | [`delay`] | `rdelay=`, `wdelay=`, `delay-*=` | sleeps before each request |
 //! | [`error`] | `error=`, `error-rate=`, `error-file=`, `error-OP-*=` | fails requests at random |
@@ -26,7 +27,9 @@
 //! first of the list outermost (closest to the client), as nbdkit orders
 //! `--filter` options.
 
+mod blockmap;
 pub mod blocksize;
+pub mod cache;
 pub mod cow;
 pub mod delay;
 pub mod error;
@@ -34,6 +37,7 @@ pub mod fua;
 pub mod noextents;
 pub mod nozero;
 pub mod offset;
+mod overlay;
 pub mod params;
 pub mod partition;
 pub mod readahead;
@@ -61,6 +65,11 @@ pub const FILTERS: &[FilterInfo] = &[
         name: "blocksize",
         keys: blocksize::KEYS,
         help: "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)",
+    },
+    FilterInfo {
+        name: "cache",
+        keys: cache::KEYS,
+        help: "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)",
     },
     FilterInfo {
         name: "cow",
@@ -136,6 +145,8 @@ pub fn info(name: &str) -> Result<&'static FilterInfo> {
 pub enum FilterSpec {
     /// [`blocksize`].
     Blocksize(blocksize::BlocksizeConfig),
+    /// [`cache`].
+    Cache(cache::CacheConfig),
     /// [`cow`].
     Cow(cow::CowConfig),
     /// [`delay`].
@@ -170,6 +181,7 @@ impl FilterSpec {
         }
         Ok(match f.name {
             "blocksize" => FilterSpec::Blocksize(blocksize::BlocksizeConfig::from_params(params)?),
+            "cache" => FilterSpec::Cache(cache::CacheConfig::from_params(params)?),
             "cow" => FilterSpec::Cow(cow::CowConfig::from_params(params)?),
             "delay" => FilterSpec::Delay(delay::Delay::from_params(params)?),
             "error" => FilterSpec::Error(error::ErrorConfig::from_params(params)?),
@@ -189,6 +201,7 @@ impl FilterSpec {
     pub fn name(&self) -> &'static str {
         match self {
             FilterSpec::Blocksize(_) => "blocksize",
+            FilterSpec::Cache(_) => "cache",
             FilterSpec::Cow(_) => "cow",
             FilterSpec::Delay(_) => "delay",
             FilterSpec::Error(_) => "error",
@@ -218,6 +231,7 @@ impl FilterSpec {
         }
         Ok(match self {
             FilterSpec::Blocksize(c) => wrap(blocksize::Blocksize::new(&*next, c)?, next),
+            FilterSpec::Cache(c) => wrap(cache::Cache::new(&*next, c)?, next),
             FilterSpec::Cow(c) => wrap(cow::Cow::new(&*next, c)?, next),
             FilterSpec::Delay(d) => wrap(*d, next),
             FilterSpec::Error(c) => wrap(error::ErrorFilter::new(c.clone()), next),

@@ -1,0 +1,63 @@
+//! A map of small states (two bits) per block, read and updated without
+//! locks: the block maps of the cow and cache filters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use diskit_core::{BlockSizeLimits, Error, ErrorKind, Result};
+
+/// Two bits per block.
+pub(crate) struct BlockMap(Vec<AtomicU64>);
+
+impl BlockMap {
+    /// `blocks` blocks, all in state 0; `filter` names the error.
+    pub(crate) fn new(filter: &str, blocks: u64) -> Result<BlockMap> {
+        let words = usize::try_from(blocks.div_ceil(32)).map_err(|_| {
+            Error::new(ErrorKind::OutOfMemory, format!("{filter}: too many blocks"))
+        })?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(words).map_err(|_| {
+            Error::new(
+                ErrorKind::OutOfMemory,
+                format!("{filter}: cannot allocate the block map"),
+            )
+        })?;
+        v.resize_with(words, || AtomicU64::new(0));
+        Ok(BlockMap(v))
+    }
+
+    /// Block `b`'s state (0 to 3).
+    pub(crate) fn get(&self, b: u64) -> u8 {
+        ((self.0[(b / 32) as usize].load(Ordering::Acquire) >> ((b % 32) * 2)) & 3) as u8
+    }
+
+    /// Sets block `b`'s state (0 to 3).
+    pub(crate) fn set(&self, b: u64, state: u8) {
+        let shift = (b % 32) * 2;
+        let v = u64::from(state & 3) << shift;
+        let _ = self.0[(b / 32) as usize].fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            Some((w & !(3 << shift)) | v)
+        });
+    }
+}
+
+/// The block sizes a filter keeping blocks of `block` bytes advertises
+/// over `below`'s, as nbdkit's cow and cache filters do: without limits
+/// below, any size with `block` preferred; else `block` preferred where
+/// the maximum allows.
+pub(crate) fn block_limits(below: BlockSizeLimits, block: u64) -> BlockSizeLimits {
+    let block = u32::try_from(block).unwrap_or(u32::MAX);
+    if below.minimum <= 1 {
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: block,
+            maximum: u32::MAX,
+        }
+    } else if below.maximum >= block {
+        BlockSizeLimits {
+            preferred: below.preferred.max(block),
+            ..below
+        }
+    } else {
+        below
+    }
+}

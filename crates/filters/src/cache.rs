@@ -1,0 +1,768 @@
+//! The cache filter (nbdkit-cache-filter): keeps blocks of the device below
+//! in a temporary file, for reads, and for writes until a flush.
+//!
+//! - `cache=writeback` (default): writes stay in the cache, marked dirty,
+//!   until a flush (or a FUA write, or the device's close) writes them
+//!   below; `writethrough`: writes go below at once and update the cache;
+//!   `unsafe`: as writeback, but flushes and FUA are ignored (dirty blocks
+//!   still go below when the device closes, where nbdkit drops them).
+//! - `cache-min-block-size=SIZE`: the cache's block (a power of 2, 4 KiB
+//!   to 64 MiB, default 64 KiB).
+//! - `cache-on-read=true|false|/PATH`: keep what is read from below too
+//!   (with a path: while PATH exists).
+//! - `cache-max-size=SIZE`, `cache-high-threshold=PERCENT` (default 95),
+//!   `cache-low-threshold=PERCENT` (default 80): when the cache holds more
+//!   than the high threshold of the maximum, clean blocks not used lately
+//!   are dropped (a clock sweep) until it holds less than the low one.
+//!   Dirty blocks are never dropped.
+//!
+//! As in the cow filter, only the blocks being filled or changed are held,
+//! a run of missing blocks is one read below, and blocks the device below
+//! reports as zeros are not read. Extents report dirty blocks as data and
+//! ask the device below for the rest.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use diskit_core::device::check_range;
+use diskit_core::range_lock::RangeLock;
+use diskit_core::sync::lock;
+use diskit_core::{
+    BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, Filter, Result, WriteFlags,
+    ZeroFlags,
+};
+
+use crate::blockmap::{self, BlockMap};
+use crate::{overlay, params};
+
+/// The keys the filter takes.
+pub const KEYS: &[&str] = &[
+    "cache",
+    "cache-min-block-size",
+    "cache-on-read",
+    "cache-max-size",
+    "cache-high-threshold",
+    "cache-low-threshold",
+];
+
+/// Bytes read below in one go when filling a run of blocks.
+const FILL_CHUNK: u64 = 8 << 20;
+
+/// When writes reach the device below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// At flush.
+    Writeback,
+    /// At once.
+    Writethrough,
+    /// At close only.
+    Unsafe,
+}
+
+/// The parameters, as given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheConfig {
+    /// When writes go below.
+    pub mode: Mode,
+    /// The cache's block size.
+    pub block_size: u64,
+    /// Whether reads fill the cache (a path: while it exists).
+    pub on_read: Option<Option<PathBuf>>,
+    /// The largest the cache may grow.
+    pub max_size: Option<u64>,
+    /// Reclaim starts above this share of `max_size`...
+    pub high: f64,
+    /// ...and stops below this one.
+    pub low: f64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> CacheConfig {
+        CacheConfig {
+            mode: Mode::Writeback,
+            block_size: 64 << 10,
+            on_read: None,
+            max_size: None,
+            high: 0.95,
+            low: 0.80,
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Reads the parameters.
+    pub fn from_params(list: &[(String, String)]) -> Result<CacheConfig> {
+        let mut c = CacheConfig::default();
+        let percent = |k: &str, v: &str| -> Result<f64> {
+            let n: u32 = v
+                .trim()
+                .trim_end_matches('%')
+                .parse()
+                .map_err(|_| Error::invalid(format!("cache: {k}: could not parse '{v}'")))?;
+            if !(1..=100).contains(&n) {
+                return Err(Error::invalid(format!(
+                    "cache: {k} must be between 1 and 100"
+                )));
+            }
+            Ok(f64::from(n) / 100.0)
+        };
+        for (k, v) in list {
+            match k.as_str() {
+                "cache" => {
+                    c.mode = params::choice(
+                        "cache",
+                        k,
+                        v,
+                        &[
+                            ("writeback", Mode::Writeback),
+                            ("writethrough", Mode::Writethrough),
+                            ("unsafe", Mode::Unsafe),
+                        ],
+                    )?
+                }
+                "cache-min-block-size" => {
+                    let n = params::size("cache", k, v)?;
+                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
+                        return Err(Error::invalid(format!(
+                            "cache: cache-min-block-size must be a power of 2 from 4096 to 64M: '{v}'"
+                        )));
+                    }
+                    c.block_size = n;
+                }
+                "cache-on-read" => {
+                    c.on_read = if v.starts_with('/') {
+                        Some(Some(PathBuf::from(v)))
+                    } else if params::boolean("cache", k, v)? {
+                        Some(None)
+                    } else {
+                        None
+                    }
+                }
+                "cache-max-size" => {
+                    let n = params::size("cache", k, v)?;
+                    // As nbdkit: smaller would thrash.
+                    if n < 1 << 20 {
+                        return Err(Error::invalid(format!(
+                            "cache: cache-max-size is too small (at least 1M): '{v}'"
+                        )));
+                    }
+                    c.max_size = Some(n);
+                }
+                "cache-high-threshold" => c.high = percent(k, v)?,
+                "cache-low-threshold" => c.low = percent(k, v)?,
+                _ => return Err(Error::invalid(format!("cache: unknown parameter '{k}'"))),
+            }
+        }
+        if c.low > c.high {
+            return Err(Error::invalid(
+                "cache: cache-low-threshold must not be above cache-high-threshold",
+            ));
+        }
+        Ok(c)
+    }
+}
+
+const MISSING: u8 = 0;
+const CLEAN: u8 = 1;
+const DIRTY: u8 = 2;
+
+/// The filter.
+pub struct Cache {
+    config: CacheConfig,
+    block: u64,
+    size: u64,
+    file: File,
+    states: BlockMap,
+    /// Blocks used since the clock hand last passed (a bit each).
+    used: Vec<AtomicU64>,
+    /// Blocks held in the cache.
+    held: AtomicU64,
+    /// Blocks being filled or changed.
+    busy: RangeLock,
+    /// The held blocks in the order the clock hand meets them.
+    clock: Mutex<VecDeque<u64>>,
+    /// A reclaim is running.
+    reclaiming: AtomicBool,
+    /// Some block may be dirty.
+    dirty: AtomicBool,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Cache {
+    /// An empty cache over `next`.
+    pub fn new(next: &dyn BlockDevice, config: &CacheConfig) -> Result<Cache> {
+        let size = next.size();
+        let block = config.block_size;
+        let blocks = size.div_ceil(block);
+        Ok(Cache {
+            config: config.clone(),
+            block,
+            size,
+            file: overlay::temp_file("cache", blocks * block)?,
+            states: BlockMap::new("cache", blocks)?,
+            used: (0..blocks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            held: AtomicU64::new(0),
+            busy: RangeLock::new(),
+            clock: Mutex::new(VecDeque::new()),
+            reclaiming: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+        })
+    }
+
+    fn on_read(&self) -> bool {
+        match &self.config.on_read {
+            None => false,
+            Some(None) => true,
+            Some(Some(p)) => p.exists(),
+        }
+    }
+
+    fn touch(&self, b: u64) {
+        self.used[(b / 64) as usize].fetch_or(1 << (b % 64), Ordering::Relaxed);
+    }
+
+    /// Sets block `b` to `state`, keeping the count of held blocks.
+    fn put(&self, b: u64, state: u8) {
+        let was = self.states.get(b);
+        self.states.set(b, state);
+        match (was == MISSING, state == MISSING) {
+            (true, false) => {
+                self.held.fetch_add(1, Ordering::Relaxed);
+                if self.config.max_size.is_some() {
+                    lock(&self.clock).push_back(b);
+                }
+            }
+            (false, true) => {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        if state == DIRTY {
+            self.dirty.store(true, Ordering::Relaxed);
+        }
+        self.touch(b);
+    }
+
+    fn run_end(&self, b: u64, state: u8, end: u64) -> u64 {
+        let mut next = b + 1;
+        while next * self.block < end && self.states.get(next) == state {
+            next += 1;
+        }
+        (next * self.block).min(end)
+    }
+
+    fn read_below(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        let inside = self.size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        next.read_at(&mut buf[..inside], offset)?;
+        buf[inside..].fill(0);
+        Ok(())
+    }
+
+    /// Reads blocks `first..last` still missing into the cache, clean,
+    /// one read below per run; the blocks are held meanwhile.
+    fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
+        {
+            let _held = self.busy.lock(first * self.block, last * self.block, true);
+            let mut b = first;
+            let mut buf = Vec::new();
+            while b < last {
+                if self.states.get(b) != MISSING {
+                    b += 1;
+                    continue;
+                }
+                let mut end = b + 1;
+                while end < last
+                    && (end - b) * self.block < FILL_CHUNK
+                    && self.states.get(end) == MISSING
+                {
+                    end += 1;
+                }
+                let (start, len) = (b * self.block, (end - b) * self.block);
+                buf.resize(len as usize, 0);
+                self.read_below(next, &mut buf, start)?;
+                self.file.write_all_at(&buf, start)?;
+                for i in b..end {
+                    self.put(i, CLEAN);
+                }
+                b = end;
+            }
+        }
+        self.reclaim();
+        Ok(())
+    }
+
+    /// Drops clean blocks not used since the clock hand last passed, while
+    /// the cache holds more than the high threshold, down to the low one.
+    /// The hand goes round the held blocks only (never the whole device),
+    /// at most twice; dirty blocks are passed over.
+    fn reclaim(&self) {
+        let Some(max) = self.config.max_size else {
+            return;
+        };
+        let max_blocks = (max / self.block).max(1);
+        let high = (max_blocks as f64 * self.config.high) as u64;
+        if self.held.load(Ordering::Relaxed) <= high
+            || self.reclaiming.swap(true, Ordering::Acquire)
+        {
+            return;
+        }
+        let low = (max_blocks as f64 * self.config.low) as u64;
+        let mut steps = 2 * lock(&self.clock).len();
+        while self.held.load(Ordering::Relaxed) > low && steps > 0 {
+            steps -= 1;
+            // The queue's lock is never held while waiting for a block:
+            // fills hold blocks and then queue them.
+            let Some(b) = lock(&self.clock).pop_front() else {
+                break;
+            };
+            let word = &self.used[(b / 64) as usize];
+            let bit = 1u64 << (b % 64);
+            let state = self.states.get(b);
+            if state == MISSING {
+                continue; // trimmed meanwhile
+            }
+            if word.fetch_and(!bit, Ordering::Relaxed) & bit != 0 || state == DIRTY {
+                lock(&self.clock).push_back(b);
+                continue;
+            }
+            let start = b * self.block;
+            let _held = self.busy.lock(start, start + self.block, true);
+            if self.states.get(b) == CLEAN {
+                self.put(b, MISSING);
+                overlay::punch(&self.file, start, self.block);
+            } else if self.states.get(b) != MISSING {
+                lock(&self.clock).push_back(b);
+            }
+        }
+        self.reclaiming.store(false, Ordering::Release);
+    }
+
+    /// Writes the dirty blocks below (one write per run), then marks them
+    /// clean.
+    fn write_back(&self, next: &dyn BlockDevice) -> Result<()> {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let blocks = self.size.div_ceil(self.block);
+        let mut b = 0;
+        let mut buf = Vec::new();
+        let result = (|| {
+            while b < blocks {
+                if self.states.get(b) != DIRTY {
+                    b += 1;
+                    continue;
+                }
+                let mut end = b + 1;
+                while end < blocks
+                    && (end - b) * self.block < FILL_CHUNK
+                    && self.states.get(end) == DIRTY
+                {
+                    end += 1;
+                }
+                let _held = self.busy.lock(b * self.block, end * self.block, true);
+                let start = b * self.block;
+                let len = ((end * self.block).min(self.size) - start) as usize;
+                buf.resize(len, 0);
+                self.file.read_exact_at(&mut buf, start)?;
+                next.write_at(&buf, start, WriteFlags::NONE)?;
+                for i in b..end {
+                    if self.states.get(i) == DIRTY {
+                        self.put(i, CLEAN);
+                    }
+                }
+                b = end;
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            // Some blocks are still dirty.
+            self.dirty.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Puts `data` at `offset` within block `b` into the cache (all of the
+    /// block or part of it, read from below first if missing), as `state`.
+    fn store(
+        &self,
+        next: &dyn BlockDevice,
+        b: u64,
+        data: &[u8],
+        offset: u64,
+        state: u8,
+    ) -> Result<()> {
+        let start = b * self.block;
+        let _held = self.busy.lock(start, start + self.block, true);
+        let whole = offset == start
+            && (data.len() as u64 == self.block || offset + data.len() as u64 == self.size);
+        if self.states.get(b) == MISSING && !whole {
+            let mut block = vec![0u8; self.block as usize];
+            self.read_below(next, &mut block, start)?;
+            let at = (offset - start) as usize;
+            block[at..at + data.len()].copy_from_slice(data);
+            self.file.write_all_at(&block, start)?;
+        } else {
+            self.file.write_all_at(data, offset)?;
+        }
+        let state = if self.states.get(b) == DIRTY {
+            DIRTY
+        } else {
+            state
+        };
+        self.put(b, state);
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` as the mode says.
+    fn write(&self, next: &dyn BlockDevice, data: &[u8], offset: u64, fua: bool) -> Result<()> {
+        check_range(self.size, offset, data.len() as u64)?;
+        // unsafe ignores FUA as it ignores flushes.
+        let fua = fua && self.config.mode != Mode::Unsafe;
+        let through = self.config.mode == Mode::Writethrough || fua;
+        if through {
+            next.write_at(data, offset, WriteFlags { fua })?;
+        }
+        let end = offset + data.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.block;
+            let n = (((b + 1) * self.block).min(end) - pos) as usize;
+            let part = &data[(pos - offset) as usize..][..n];
+            if through {
+                // Keep cached blocks right; do not cache new ones.
+                let start = b * self.block;
+                let _held = self.busy.lock(start, start + self.block, true);
+                if self.states.get(b) != MISSING {
+                    self.file.write_all_at(part, pos)?;
+                    self.touch(b);
+                }
+            } else {
+                self.store(next, b, part, pos, DIRTY)?;
+            }
+            pos += n as u64;
+        }
+        if !through {
+            self.reclaim();
+        }
+        Ok(())
+    }
+}
+
+impl Filter for Cache {
+    fn name(&self) -> &str {
+        "cache"
+    }
+
+    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
+        let below = next.capabilities();
+        Capabilities {
+            can_cache: true,
+            can_flush: below.can_write,
+            can_fua: below.can_write,
+            // Offered, and refused: zeroes are written into the cache as
+            // data (as nbdkit does).
+            can_fast_zero: below.can_write,
+            ..below
+        }
+    }
+
+    fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
+        blockmap::block_limits(next.block_size(), self.block)
+    }
+
+    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(self.size, offset, buf.len() as u64)?;
+        let end = offset + buf.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.block;
+            let state = self.states.get(b);
+            let run_end = self.run_end(b, state, end);
+            let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
+            if state == MISSING {
+                if self.on_read() {
+                    self.fill(next, b, run_end.div_ceil(self.block))?;
+                    continue;
+                }
+                next.read_at(out, pos)?;
+            } else {
+                self.file.read_exact_at(out, pos)?;
+                for i in b..run_end.div_ceil(self.block) {
+                    self.touch(i);
+                }
+            }
+            pos = run_end;
+        }
+        Ok(())
+    }
+
+    fn write_at(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        self.write(next, buf, offset, flags.fua)
+    }
+
+    fn write_zeroes(
+        &self,
+        next: &dyn BlockDevice,
+        offset: u64,
+        len: u64,
+        flags: ZeroFlags,
+    ) -> Result<()> {
+        check_range(self.size, offset, len)?;
+        if flags.fast {
+            return Err(Error::from_kind(diskit_core::ErrorKind::NotSupported));
+        }
+        if self.config.mode == Mode::Writethrough || (flags.fua && self.config.mode != Mode::Unsafe)
+        {
+            next.write_zeroes(offset, len, flags)?;
+            // Cached blocks in the range are zeroed too.
+            let zeros = vec![0u8; self.block as usize];
+            let end = offset + len;
+            let mut pos = offset;
+            while pos < end {
+                let b = pos / self.block;
+                let n = ((b + 1) * self.block).min(end) - pos;
+                let start = b * self.block;
+                let _held = self.busy.lock(start, start + self.block, true);
+                if self.states.get(b) != MISSING {
+                    self.file.write_all_at(&zeros[..n as usize], pos)?;
+                }
+                pos += n;
+            }
+            return Ok(());
+        }
+        let zeros = vec![0u8; (self.block as usize).min(len as usize)];
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.block;
+            let n = ((b + 1) * self.block).min(end) - pos;
+            self.store(next, b, &zeros[..n as usize], pos, DIRTY)?;
+            pos += n;
+        }
+        self.reclaim();
+        Ok(())
+    }
+
+    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        check_range(self.size, offset, len)?;
+        // Trimmed bytes may read as anything: the cache lets go of whole
+        // blocks (dirty ones too) and the trim goes below.
+        let first = offset.div_ceil(self.block);
+        let end = offset + len;
+        let mut b = first;
+        while (b + 1) * self.block <= end || ((b * self.block) < end && end == self.size) {
+            let start = b * self.block;
+            let _held = self.busy.lock(start, start + self.block, true);
+            if self.states.get(b) != MISSING {
+                self.put(b, MISSING);
+                overlay::punch(&self.file, start, self.block);
+            }
+            b += 1;
+            if b * self.block >= self.size {
+                break;
+            }
+        }
+        if next.capabilities().can_trim {
+            next.trim(offset, len, flags)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
+        if self.config.mode == Mode::Unsafe {
+            return Ok(());
+        }
+        self.write_back(next)?;
+        next.flush()
+    }
+
+    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
+        check_range(self.size, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.fill(
+            next,
+            offset / self.block,
+            (offset + len).div_ceil(self.block),
+        )
+    }
+
+    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(self.size, offset, len)?;
+        let end = offset + len;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.block;
+            let state = self.states.get(b);
+            let run_end = self.run_end(b, if state == DIRTY { DIRTY } else { state }, end);
+            if state == DIRTY {
+                out.push(Extent::data(run_end - pos));
+            } else {
+                let mut at = pos;
+                while at < run_end {
+                    let below = next.extents(at, run_end - at)?;
+                    if below.iter().all(|e| e.length == 0) {
+                        return Err(Error::io("cache: the device below reported no extents"));
+                    }
+                    for e in below {
+                        let n = e.length.min(run_end - at);
+                        if n == 0 {
+                            break;
+                        }
+                        out.push(Extent { length: n, ..e });
+                        at += n;
+                    }
+                }
+            }
+            pos = run_end;
+        }
+        Ok(out)
+    }
+
+    fn close(&self, next: &dyn BlockDevice) -> Result<()> {
+        // Dirty blocks are not lost when the server stops.
+        let written = self.write_back(next).and_then(|()| {
+            if next.capabilities().can_flush {
+                next.flush()
+            } else {
+                Ok(())
+            }
+        });
+        let closed = next.close();
+        written.and(closed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diskit_backends::MemoryDevice;
+    use diskit_core::{DeviceRef, Filtered};
+    use std::sync::Arc;
+
+    fn setup(params: &[(&str, &str)]) -> (Arc<MemoryDevice>, Filtered<Cache>) {
+        let mem = Arc::new(MemoryDevice::new(4 << 20));
+        let pattern: Vec<u8> = (0..2 << 20).map(|i| (i % 251) as u8 + 1).collect();
+        mem.write_at(&pattern, 0, WriteFlags::NONE).unwrap();
+        let kv: Vec<(String, String)> = params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let cfg = CacheConfig::from_params(&kv).unwrap();
+        let next: DeviceRef = mem.clone();
+        let c = Cache::new(&*next, &cfg).unwrap();
+        (mem, Filtered::new(c, next))
+    }
+
+    fn read(d: &dyn BlockDevice, off: u64, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        d.read_at(&mut v, off).unwrap();
+        v
+    }
+
+    #[test]
+    fn writeback_holds_writes_until_flush() {
+        let (mem, d) = setup(&[]);
+        d.write_at(&[7u8; 5000], 1000, WriteFlags::NONE).unwrap();
+        assert_eq!(read(&d, 1000, 5000), vec![7u8; 5000]);
+        assert_eq!(
+            read(&d, 0, 1000),
+            read(&*mem, 0, 1000),
+            "rest of the block from below"
+        );
+        assert_ne!(read(&*mem, 1000, 5000), vec![7u8; 5000], "not below yet");
+        d.flush().unwrap();
+        assert_eq!(read(&*mem, 1000, 5000), vec![7u8; 5000]);
+        // FUA goes through at once.
+        d.write_at(&[8u8; 100], 3 << 20, WriteFlags { fua: true })
+            .unwrap();
+        assert_eq!(read(&*mem, 3 << 20, 100), vec![8u8; 100]);
+        // Close writes back what is dirty.
+        d.write_zeroes(0, 512, ZeroFlags::default()).unwrap();
+        assert_ne!(read(&*mem, 0, 512), vec![0u8; 512]);
+        d.close().unwrap();
+        assert_eq!(read(&*mem, 0, 512), vec![0u8; 512]);
+    }
+
+    #[test]
+    fn writethrough_and_unsafe() {
+        let (mem, d) = setup(&[("cache", "writethrough"), ("cache-on-read", "true")]);
+        let before = read(&d, 0, 8192);
+        d.write_at(&[9u8; 100], 50, WriteFlags::NONE).unwrap();
+        assert_eq!(read(&*mem, 50, 100), vec![9u8; 100]);
+        let mut want = before;
+        want[50..150].fill(9);
+        assert_eq!(read(&d, 0, 8192), want, "the cached block was updated");
+        let (mem, d) = setup(&[("cache", "unsafe")]);
+        d.write_at(&[5u8; 100], 50, WriteFlags::NONE).unwrap();
+        d.flush().unwrap();
+        assert_ne!(read(&*mem, 50, 100), vec![5u8; 100], "unsafe ignores flush");
+        d.close().unwrap();
+        assert_eq!(read(&*mem, 50, 100), vec![5u8; 100]);
+    }
+
+    #[test]
+    fn reclaim_keeps_the_cache_under_its_limit() {
+        let (mem, d) = setup(&[
+            ("cache-on-read", "true"),
+            ("cache-max-size", "1M"),
+            ("cache-min-block-size", "4K"),
+        ]);
+        for i in 0..500u64 {
+            assert_eq!(read(&d, i * 8192, 4096), read(&*mem, i * 8192, 4096));
+            let held = d.filter().held.load(Ordering::Relaxed) * 4096;
+            assert!(held <= 1 << 20, "{held} bytes cached after read {i}");
+        }
+        // Dirty blocks stay whatever the limit.
+        for i in 0..100u64 {
+            d.write_at(&[3u8; 4096], i * 4096, WriteFlags::NONE)
+                .unwrap();
+        }
+        d.flush().unwrap();
+        assert_eq!(read(&*mem, 0, 4096), vec![3u8; 4096]);
+        assert_eq!(read(&*mem, 99 * 4096, 4096), vec![3u8; 4096]);
+    }
+
+    #[test]
+    fn bad_parameters_name_the_key() {
+        for (k, v, want) in [
+            ("cache", "sometimes", "unknown cache"),
+            ("cache-min-block-size", "1000", "power of 2"),
+            ("cache-high-threshold", "0", "between 1 and 100"),
+            ("cache-on-read", "perhaps", "boolean"),
+            ("cache-max-size", "512K", "too small"),
+        ] {
+            let e = CacheConfig::from_params(&[(k.into(), v.into())])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want) && e.starts_with("cache: "), "{k}={v}: {e}");
+        }
+        let e = CacheConfig::from_params(&[
+            ("cache-high-threshold".into(), "50".into()),
+            ("cache-low-threshold".into(), "60".into()),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("must not be above"), "{e}");
+    }
+}
