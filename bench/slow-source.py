@@ -24,6 +24,7 @@ Contenders (CONTENDERS, comma separated, default all):
   diskit-readahead-cow   --filter=readahead --filter=cow --filter=delay ...
                          cow-on-read=true cow-on-cache=true
   nbdkit-readahead-cow   nbdkit with the same
+  diskit-cow-cache       diskit with nbdkit-cow-cache's command line
 
 Each contender runs once per round (ROUNDS, default 1: the nbdkit rows take
 minutes), in a rotating order; the table gives the median time of the
@@ -71,6 +72,7 @@ ALL = [
     "nbdkit-cow-on-read-1M",
     "diskit-readahead-cow",
     "nbdkit-readahead-cow",
+    "diskit-cow-cache",
 ]
 CONTENDERS = [c for c in os.environ.get("CONTENDERS", ",".join(ALL)).split(",") if c]
 
