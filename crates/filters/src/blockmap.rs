@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use diskit_core::{BlockSizeLimits, Error, ErrorKind, Result};
+use diskit_core::{BlockDevice, BlockSizeLimits, Error, ErrorKind, Result};
 
 /// Two bits per block.
 pub(crate) struct BlockMap(Vec<AtomicU64>);
@@ -60,4 +60,48 @@ pub(crate) fn block_limits(below: BlockSizeLimits, block: u64) -> BlockSizeLimit
     } else {
         below
     }
+}
+
+/// For each block of `first..last` (of `block` bytes, on a device of
+/// `size` bytes), whether `next` reports all of it (up to the device's
+/// end) as reading zeros. Unknown (no extents, or an error asking)
+/// counts as not: the cow and cache filters then read the block.
+pub(crate) fn zero_blocks_below(
+    next: &dyn BlockDevice,
+    block: u64,
+    size: u64,
+    first: u64,
+    last: u64,
+) -> Vec<bool> {
+    let mut out = vec![false; (last - first) as usize];
+    if !next.capabilities().can_extents {
+        return out;
+    }
+    let end = (last * block).min(size);
+    let mut pos = first * block;
+    while pos < end {
+        let Ok(extents) = next.extents(pos, end - pos) else {
+            return out;
+        };
+        if extents.iter().all(|e| e.length == 0) {
+            return out;
+        }
+        for e in extents {
+            let e_end = (pos + e.length).min(end);
+            if e.flags.zero {
+                // Blocks wholly inside [pos, e_end), the last one counting
+                // as whole up to the device's end.
+                let mut k = pos.div_ceil(block);
+                while k < last && ((k + 1) * block).min(size) <= e_end {
+                    out[(k - first) as usize] = true;
+                    k += 1;
+                }
+            }
+            pos = e_end;
+            if pos >= end {
+                break;
+            }
+        }
+    }
+    out
 }

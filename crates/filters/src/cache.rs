@@ -18,7 +18,7 @@
 //!
 //! As in the cow filter, only the blocks being filled or changed are held,
 //! a run of missing blocks is one read below, and blocks the device below
-//! reports as zeros are not read. Extents report dirty blocks as data and
+//! reports as zeros are marked so (taking no room) rather than read. Extents report dirty blocks as data and
 //! ask the device below for the rest.
 
 use std::collections::VecDeque;
@@ -169,6 +169,13 @@ impl CacheConfig {
 const MISSING: u8 = 0;
 const CLEAN: u8 = 1;
 const DIRTY: u8 = 2;
+/// Not held: the device below reports the block as zeros.
+const ZERO: u8 = 3;
+
+/// Whether a block in `state` takes room in the cache.
+fn held(state: u8) -> bool {
+    state == CLEAN || state == DIRTY
+}
 
 /// The filter.
 pub struct Cache {
@@ -238,7 +245,7 @@ impl Cache {
     fn put(&self, b: u64, state: u8) {
         let was = self.states.get(b);
         self.states.set(b, state);
-        match (was == MISSING, state == MISSING) {
+        match (!held(was), !held(state)) {
             (true, false) => {
                 self.held.fetch_add(1, Ordering::Relaxed);
                 if self.config.max_size.is_some() {
@@ -290,12 +297,29 @@ impl Cache {
                 {
                     end += 1;
                 }
-                let (start, len) = (b * self.block, (end - b) * self.block);
-                buf.resize(len as usize, 0);
-                self.read_below(next, &mut buf, start)?;
-                self.file.write_all_at(&buf, start)?;
-                for i in b..end {
-                    self.put(i, CLEAN);
+                // Blocks below that read as zeros are marked, not read.
+                let zeros = blockmap::zero_blocks_below(next, self.block, self.size, b, end);
+                let mut i = b;
+                while i < end {
+                    let zero = zeros[(i - b) as usize];
+                    let mut j = i + 1;
+                    while j < end && zeros[(j - b) as usize] == zero {
+                        j += 1;
+                    }
+                    if zero {
+                        for k in i..j {
+                            self.put(k, ZERO);
+                        }
+                    } else {
+                        let (start, len) = (i * self.block, (j - i) * self.block);
+                        buf.resize(len as usize, 0);
+                        self.read_below(next, &mut buf, start)?;
+                        self.file.write_all_at(&buf, start)?;
+                        for k in i..j {
+                            self.put(k, CLEAN);
+                        }
+                    }
+                    i = j;
                 }
                 b = end;
             }
@@ -408,9 +432,12 @@ impl Cache {
         let _held = self.busy.lock(start, start + self.block, true);
         let whole = offset == start
             && (data.len() as u64 == self.block || offset + data.len() as u64 == self.size);
-        if self.states.get(b) == MISSING && !whole {
+        let now = self.states.get(b);
+        if !held(now) && !whole {
             let mut block = vec![0u8; self.block as usize];
-            self.read_below(next, &mut block, start)?;
+            if now == MISSING {
+                self.read_below(next, &mut block, start)?;
+            }
             let at = (offset - start) as usize;
             block[at..at + data.len()].copy_from_slice(data);
             self.file.write_all_at(&block, start)?;
@@ -445,9 +472,14 @@ impl Cache {
                 // Keep cached blocks right; do not cache new ones.
                 let start = b * self.block;
                 let _held = self.busy.lock(start, start + self.block, true);
-                if self.states.get(b) != MISSING {
-                    self.file.write_all_at(part, pos)?;
-                    self.touch(b);
+                match self.states.get(b) {
+                    CLEAN | DIRTY => {
+                        self.file.write_all_at(part, pos)?;
+                        self.touch(b);
+                    }
+                    // No longer zeros below.
+                    ZERO => self.put(b, MISSING),
+                    _ => {}
                 }
             } else {
                 self.store(next, b, part, pos, DIRTY)?;
@@ -492,7 +524,9 @@ impl Filter for Cache {
             let state = self.states.get(b);
             let run_end = self.run_end(b, state, end);
             let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
-            if state == MISSING {
+            if state == ZERO {
+                out.fill(0);
+            } else if state == MISSING {
                 if self.on_read() {
                     self.fill(next, b, run_end.div_ceil(self.block))?;
                     continue;
@@ -542,7 +576,7 @@ impl Filter for Cache {
                 let n = ((b + 1) * self.block).min(end) - pos;
                 let start = b * self.block;
                 let _held = self.busy.lock(start, start + self.block, true);
-                if self.states.get(b) != MISSING {
+                if held(self.states.get(b)) {
                     self.file.write_all_at(&zeros[..n as usize], pos)?;
                 }
                 pos += n;
@@ -742,6 +776,56 @@ mod tests {
         d.flush().unwrap();
         assert_eq!(read(&*mem, 0, 4096), vec![3u8; 4096]);
         assert_eq!(read(&*mem, 99 * 4096, 4096), vec![3u8; 4096]);
+    }
+
+    /// Counts the bytes read from it.
+    struct Counted(MemoryDevice, AtomicU64);
+
+    impl BlockDevice for Counted {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.1.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            self.0.read_at(buf, offset)
+        }
+        fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+            self.0.extents(offset, len)
+        }
+    }
+
+    #[test]
+    fn reads_fill_once_and_holes_below_are_not_read() {
+        let mem = MemoryDevice::new(4 << 20);
+        mem.write_at(&[1u8; 1 << 20], 0, WriteFlags::NONE).unwrap();
+        let below = Arc::new(Counted(mem, AtomicU64::new(0)));
+        let next: DeviceRef = below.clone();
+        let cfg = CacheConfig::from_params(&[("cache-on-read".into(), "true".into())]).unwrap();
+        let d = Filtered::new(Cache::new(&*next, &cfg).unwrap(), next);
+        for _ in 0..2 {
+            let all = read(&d, 0, 4 << 20);
+            assert!(all[..1 << 20].iter().all(|&b| b == 1));
+            assert!(all[1 << 20..].iter().all(|&b| b == 0));
+        }
+        assert_eq!(
+            below.1.load(Ordering::Relaxed),
+            1 << 20,
+            "the data once, the holes never"
+        );
+        // A write into a block that was zero below reads back right.
+        d.write_at(&[4u8; 10], (2 << 20) + 5, WriteFlags::NONE)
+            .unwrap();
+        let b = read(&d, 2 << 20, 20);
+        assert_eq!(&b[..5], &[0; 5]);
+        assert_eq!(&b[5..15], &[4; 10]);
+        assert_eq!(
+            d.filter().held.load(Ordering::Relaxed),
+            17,
+            "16 data blocks, 1 written"
+        );
     }
 
     #[test]

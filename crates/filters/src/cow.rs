@@ -236,7 +236,7 @@ impl Cow {
             }
             // Blocks the device below reports as zeros are marked, not
             // read: the device below never changes under the overlay.
-            let zeros = self.zero_blocks_below(next, b, end);
+            let zeros = blockmap::zero_blocks_below(next, self.block, self.size, b, end);
             let mut i = b;
             while i < end {
                 let zero = zeros[(i - b) as usize];
@@ -262,44 +262,6 @@ impl Cow {
             b = end;
         }
         Ok(())
-    }
-
-    /// For each block of `first..last`, whether the device below reports
-    /// all of it (up to the device's end) as reading zeros. Unknown (no
-    /// extents, or an error asking) counts as not.
-    fn zero_blocks_below(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Vec<bool> {
-        let mut out = vec![false; (last - first) as usize];
-        if !next.capabilities().can_extents {
-            return out;
-        }
-        let start = first * self.block;
-        let end = (last * self.block).min(self.size);
-        let mut pos = start;
-        while pos < end {
-            let Ok(extents) = next.extents(pos, end - pos) else {
-                return out;
-            };
-            if extents.iter().all(|e| e.length == 0) {
-                return out;
-            }
-            for e in extents {
-                let e_end = (pos + e.length).min(end);
-                if e.flags.zero {
-                    // Blocks wholly inside [pos, e_end), the last one
-                    // counting as whole up to the device's end.
-                    let mut k = pos.div_ceil(self.block);
-                    while k < last && ((k + 1) * self.block).min(self.size) <= e_end {
-                        out[(k - first) as usize] = true;
-                        k += 1;
-                    }
-                }
-                pos = e_end;
-                if pos >= end {
-                    break;
-                }
-            }
-        }
-        out
     }
 
     /// Puts `data` at `offset`, inside block `b` but not all of it: the rest
