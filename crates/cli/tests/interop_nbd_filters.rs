@@ -1268,3 +1268,123 @@ fn blocksize_read_modify_write_keeps_concurrent_unaligned_writes() {
         }
     }
 }
+
+/// A client whose requests carry flags: (op, offset, length, flag names).
+const FLAGGED_CLIENT: &str = r#"
+import json, sys, nbd
+h = nbd.NBD()
+h.add_meta_context("base:allocation")
+h.connect_uri(sys.argv[1])
+names = {"fua": nbd.CMD_FLAG_FUA, "fast": nbd.CMD_FLAG_FAST_ZERO,
+         "nohole": nbd.CMD_FLAG_NO_HOLE, "reqone": nbd.CMD_FLAG_REQ_ONE}
+for op in json.loads(sys.argv[2]):
+    flags = 0
+    for f in op[3:]:
+        flags |= names[f]
+    try:
+        if op[0] == "read":
+            h.pread(op[2], op[1])
+        elif op[0] == "write":
+            h.pwrite(b"\x07" * op[2], op[1], flags)
+        elif op[0] == "trim":
+            h.trim(op[2], op[1], flags)
+        elif op[0] == "zero":
+            h.zero(op[2], op[1], flags)
+        elif op[0] == "cache":
+            h.cache(op[2], op[1])
+        elif op[0] == "extents":
+            h.block_status(op[2], op[1], lambda *a: 0, flags)
+        elif op[0] == "flush":
+            h.flush()
+    except nbd.Error as e:
+        print(op, e, file=sys.stderr)
+h.shutdown()
+"#;
+
+#[test]
+fn log_writes_what_nbdkit_writes() {
+    let dir = workdir();
+    let ops = json!([
+        ["read", 0, 4096],
+        ["read", 65536, 1_048_576],
+        ["write", 512, 4096],
+        ["write", 8192, 65536, "fua"],
+        ["zero", 1_048_576, 65536],
+        ["zero", 2_097_152, 131_072, "fast", "fua"],
+        ["zero", 3_145_728, 4096, "nohole"],
+        ["trim", 0, 4096, "fua"],
+        ["cache", 0, 65536],
+        ["extents", 0, 4_194_304],
+        ["flush"],
+    ]);
+    // Timestamps, and what the plugins themselves answer differently
+    // (block sizes, flush, the extents' lengths) are masked; nbdkit logs
+    // "Fork" as its server forks away from the --run command, which
+    // diskit's does not.
+    let masked = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.ends_with(" Fork"))
+            .map(|l| {
+                let l = &l[27..];
+                let l = match l.find("extents=(") {
+                    Some(i) => format!("{}extents=(...) return=0", &l[..i]),
+                    None => l.to_string(),
+                };
+                l.split(' ')
+                    .filter(|w| {
+                        !["minsize=", "prefsize=", "maxsize=", "flush="]
+                            .iter()
+                            .any(|k| w.starts_with(k))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    };
+    let logs = SERVERS.map(|server| {
+        let log = dir.path().join(format!("log-{}.txt", server.name()));
+        let param = format!("logfile={}", s(&log));
+        // Zeroes fail below the log in the second connection.
+        let args = [
+            "--filter=log",
+            "--filter=error",
+            "memory",
+            "4M",
+            &param,
+            "error-zero=ENOSPC",
+            "error-zero-rate=100%",
+            "error-zero-file=ERRORS",
+        ];
+        let errors = dir.path().join(format!("errors-{}", server.name()));
+        let args = args.map(|a| {
+            if a == "error-zero-file=ERRORS" {
+                format!("error-zero-file={}", s(&errors))
+            } else {
+                a.to_string()
+            }
+        });
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cmd = format!(
+            "{PYTHON} -c '{FLAGGED_CLIENT}' \"$uri\" '{ops}' && touch {} && \
+             {PYTHON} -c '{FLAGGED_CLIENT}' \"$uri\" '[[\"zero\", 4096, 4096]]'",
+            s(&errors)
+        );
+        let o = run(server, &args, None, &cmd);
+        assert!(o.status.success(), "{}: {}", server.name(), stderr(&o));
+        std::fs::read_to_string(&log).unwrap()
+    });
+    let (nbdkit, diskit) = (masked(&logs[0]), masked(&logs[1]));
+    assert_eq!(nbdkit, diskit, "nbdkit:\n{}\ndiskit:\n{}", logs[0], logs[1]);
+    // The lines the masks keep say what matters.
+    let text = diskit.join("\n");
+    for want in [
+        "connection=1 Connect export=\"\" tls=0 size=0x400000 write=1",
+        "connection=1 Read id=2 offset=0x10000 count=0x100000 ...",
+        "connection=1 Zero id=6 offset=0x200000 count=0x20000 trim=1 fua=1 fast=1 ...",
+        "connection=1 Zero id=7 offset=0x300000 count=0x1000 trim=0 fua=0 fast=0 ...",
+        "connection=1 Disconnect transactions=11",
+        "connection=2 ...Zero id=1 return=-1 error=ENOSPC",
+    ] {
+        assert!(text.contains(want), "{want} not in\n{text}");
+    }
+}

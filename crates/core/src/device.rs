@@ -22,6 +22,20 @@ pub struct FileView<'a> {
     pub offset: u64,
 }
 
+/// A client connection, as the layers of a device see it when it starts
+/// (see [`BlockDevice::connect`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Session {
+    /// The server's number for the connection.
+    pub id: u64,
+    /// The export name the client asked for.
+    pub export: String,
+    /// Whether the connection runs over TLS.
+    pub tls: bool,
+    /// Whether the export is served read-only.
+    pub read_only: bool,
+}
+
 /// Flags of a write request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteFlags {
@@ -238,6 +252,34 @@ pub trait BlockDevice: Send + Sync {
         String::from("device")
     }
 
+    /// This device as one client connection sees it: `None`, the default,
+    /// when every connection shares it unchanged; otherwise a view that
+    /// keeps per-connection state (a log's connection number, a
+    /// connection's own rate limit) and passes the rest to this device.
+    /// The view lives as long as the connection and is dropped at its end;
+    /// the shared device is still the one that is closed.
+    fn connect(&self, session: &Session) -> Result<Option<DeviceRef>> {
+        let _ = session;
+        Ok(None)
+    }
+
+    /// Whether a server may ask for extents before a large read, to send
+    /// the holes in it as hole chunks: true where extents are real. A layer
+    /// that counts or logs requests answers false, so that what it sees is
+    /// what the client asked for.
+    fn extents_before_reads(&self) -> bool {
+        self.capabilities().can_extents
+    }
+
+    /// Drops whatever connection the device keeps to its storage and makes
+    /// a new one, after an error that a new connection may cure (a server
+    /// that went away). The default does nothing: a device with no
+    /// connection has nothing to renew, and a retried request simply runs
+    /// again.
+    fn reopen(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Writes cached metadata and makes the device durable before it is
     /// dropped: the last call its owner makes, after every request has
     /// completed. Layers finalize here, where a failure can be reported,
@@ -350,6 +392,15 @@ macro_rules! forward_device {
             }
             fn describe(&self) -> String {
                 (**self).describe()
+            }
+            fn connect(&self, session: &Session) -> Result<Option<DeviceRef>> {
+                (**self).connect(session)
+            }
+            fn extents_before_reads(&self) -> bool {
+                (**self).extents_before_reads()
+            }
+            fn reopen(&self) -> Result<()> {
+                (**self).reopen()
             }
             fn close(&self) -> Result<()> {
                 (**self).close()

@@ -5,8 +5,10 @@
 //! the next layer. [`Filtered`] joins a filter to the device below it and is
 //! itself a [`BlockDevice`], so filters stack over any device.
 
+use std::sync::Arc;
+
 use crate::device::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags, ZeroFlags,
 };
 use crate::error::Result;
 use crate::extent::Extent;
@@ -68,6 +70,25 @@ pub trait Filter: Send + Sync {
     fn close(&self, next: &dyn BlockDevice) -> Result<()> {
         next.close()
     }
+    /// The filter as one connection sees it (see [`BlockDevice::connect`]):
+    /// `None`, the default, when it keeps no per-connection state. `next`
+    /// is the connection's view of the layer below.
+    fn connect(&self, next: &dyn BlockDevice, session: &Session) -> Result<Option<Self>>
+    where
+        Self: Sized,
+    {
+        let _ = (next, session);
+        Ok(None)
+    }
+    /// See [`BlockDevice::extents_before_reads`]: passes through, unless
+    /// the filter hides extents.
+    fn extents_before_reads(&self, next: &dyn BlockDevice) -> bool {
+        next.extents_before_reads() && self.capabilities(next).can_extents
+    }
+    /// See [`BlockDevice::reopen`]: passes through.
+    fn reopen(&self, next: &dyn BlockDevice) -> Result<()> {
+        next.reopen()
+    }
     /// Whether reads through this filter give the bytes below, at the same
     /// offsets, with nothing a view would skip (a delay, say): then a view
     /// of the bytes below is a view of the filter's own. False by default.
@@ -92,16 +113,20 @@ pub trait Filter: Send + Sync {
     }
 }
 
-/// A filter stacked on a device.
+/// A filter stacked on a device. The filter is shared with the
+/// per-connection views of the stack that do not change it.
 pub struct Filtered<F> {
-    filter: F,
+    filter: Arc<F>,
     next: DeviceRef,
 }
 
 impl<F: Filter> Filtered<F> {
     /// Stacks `filter` on `next`.
     pub fn new(filter: F, next: DeviceRef) -> Filtered<F> {
-        Filtered { filter, next }
+        Filtered {
+            filter: Arc::new(filter),
+            next,
+        }
     }
 
     /// The filter.
@@ -115,7 +140,7 @@ impl<F: Filter> Filtered<F> {
     }
 }
 
-impl<F: Filter> BlockDevice for Filtered<F> {
+impl<F: Filter + 'static> BlockDevice for Filtered<F> {
     fn size(&self) -> u64 {
         self.filter.size(&*self.next)
     }
@@ -157,6 +182,22 @@ impl<F: Filter> BlockDevice for Filtered<F> {
     }
     fn close(&self) -> Result<()> {
         self.filter.close(&*self.next)
+    }
+    fn connect(&self, session: &Session) -> Result<Option<DeviceRef>> {
+        let below = self.next.connect(session)?;
+        let next = below.clone().unwrap_or_else(|| self.next.clone());
+        let mine = self.filter.connect(&*next, session)?;
+        if below.is_none() && mine.is_none() {
+            return Ok(None);
+        }
+        let filter = mine.map_or_else(|| self.filter.clone(), Arc::new);
+        Ok(Some(Arc::new(Filtered { filter, next })))
+    }
+    fn extents_before_reads(&self) -> bool {
+        self.filter.extents_before_reads(&*self.next)
+    }
+    fn reopen(&self) -> Result<()> {
+        self.filter.reopen(&*self.next)
     }
 }
 

@@ -27,7 +27,7 @@ pub mod zero;
 
 pub use aio::{Completion, CompletionQueue, Request};
 pub use device::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags, ZeroFlags,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};

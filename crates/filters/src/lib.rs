@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | [`offset`] | `offset=`, `range=` | serves a window of the device |
 //! | [`partition`] | `partition=` | serves one partition (MBR or GPT) |
+//! | [`log`] | `logfile=`, `logappend=`, `logscript=` | logs every request and connection, in nbdkit's format |
 //! | [`stats`] | `statsfile=`, `statsappend=`, `statsthreshold=` | counts requests, writes nbdkit's summary at close |
 //! | [`readahead`] | | asks the layer below to cache what is likely read next |
 //! | [`truncate`] | `truncate=`, `round-up=`, `round-down=` | changes the size |
@@ -34,6 +35,7 @@ pub mod cow;
 pub mod delay;
 pub mod error;
 pub mod fua;
+pub mod log;
 pub mod noextents;
 pub mod nozero;
 pub mod offset;
@@ -90,6 +92,11 @@ pub const FILTERS: &[FilterInfo] = &[
         name: "fua",
         keys: fua::KEYS,
         help: "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)",
+    },
+    FilterInfo {
+        name: "log",
+        keys: log::KEYS,
+        help: "logs every request, its flags and result, and every connection, in nbdkit's format (logfile=FILE logappend=BOOL logscript=SCRIPT)",
     },
     FilterInfo {
         name: "noextents",
@@ -155,6 +162,8 @@ pub enum FilterSpec {
     Error(error::ErrorConfig),
     /// [`fua`].
     Fua(fua::Fua),
+    /// [`log`].
+    Log(log::LogConfig),
     /// [`noextents`].
     Noextents,
     /// [`nozero`].
@@ -186,6 +195,7 @@ impl FilterSpec {
             "delay" => FilterSpec::Delay(delay::Delay::from_params(params)?),
             "error" => FilterSpec::Error(error::ErrorConfig::from_params(params)?),
             "fua" => FilterSpec::Fua(fua::Fua::from_params(params)?),
+            "log" => FilterSpec::Log(log::LogConfig::from_params(params)?),
             "noextents" => FilterSpec::Noextents,
             "nozero" => FilterSpec::Nozero(nozero::Nozero::from_params(params)?),
             "offset" => FilterSpec::Offset(offset::OffsetConfig::from_params(params)?),
@@ -206,6 +216,7 @@ impl FilterSpec {
             FilterSpec::Delay(_) => "delay",
             FilterSpec::Error(_) => "error",
             FilterSpec::Fua(_) => "fua",
+            FilterSpec::Log(_) => "log",
             FilterSpec::Noextents => "noextents",
             FilterSpec::Nozero(_) => "nozero",
             FilterSpec::Offset(_) => "offset",
@@ -241,6 +252,7 @@ impl FilterSpec {
                 }
                 wrap(*f, next)
             }
+            FilterSpec::Log(c) => wrap(log::Log::new(c)?, next),
             FilterSpec::Noextents => wrap(noextents::Noextents, next),
             FilterSpec::Nozero(z) => {
                 if !read_only {

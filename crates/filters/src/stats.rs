@@ -17,9 +17,9 @@
 //! started. Where nbdkit 1.32's breakdown loses a size whose request count
 //! equals another's, or reports every byte as "other sizes", this one
 //! counts them right. The bookkeeping takes a lock per request; requests
-//! below run in parallel. `diskit serve` asks for extents before a large
-//! read (to send holes without reading them), which nbdkit's server does
-//! not: those show as extents requests.
+//! below run in parallel. The server does not ask for extents through the
+//! filter before large reads (as it does elsewhere, to send holes without
+//! reading them), so the counts are the client's requests, as nbdkit's.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -320,6 +320,9 @@ impl Filter for Stats {
         "stats"
     }
     // No file view: reads spliced past the filter would go uncounted.
+    fn extents_before_reads(&self, _next: &dyn BlockDevice) -> bool {
+        false
+    }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         self.timed(READ, len, offset, || next.read_at(buf, offset))

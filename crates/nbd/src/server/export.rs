@@ -55,6 +55,11 @@ impl Export {
         &self.description
     }
 
+    /// Whether the export is served read-only whatever its device can do.
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
     /// The device behind the export.
     pub fn device(&self) -> &DeviceRef {
         &self.device

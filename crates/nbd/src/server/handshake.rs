@@ -4,6 +4,8 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
+use diskit_core::{DeviceRef, Session};
+
 use super::export::{Export, ExportSet, MetaContext};
 use crate::proto::consts::*;
 use crate::proto::option::{OPTION_HEADER_LEN, OptionError};
@@ -20,6 +22,9 @@ pub const MAX_OPTION_SKIP: u32 = 16 << 20;
 pub struct Negotiated {
     /// The export chosen.
     pub export: Arc<Export>,
+    /// The export's device as this connection sees it (see
+    /// [`diskit_core::BlockDevice::connect`]); dropped when it ends.
+    pub device: DeviceRef,
     /// Structured replies (implied by extended headers).
     pub structured: bool,
     /// Extended headers.
@@ -56,6 +61,8 @@ struct State {
     extended: bool,
     /// The last SET_META_CONTEXT: the export it named and what it selected.
     meta: Option<(Arc<Export>, Vec<MetaContext>)>,
+    /// The server's number for the connection.
+    id: u64,
 }
 
 /// What the client said in its flags.
@@ -98,7 +105,7 @@ pub fn negotiate<S: Read + Write + ?Sized>(
     exports: &ExportSet,
 ) -> Result<Negotiated, HandshakeEnd> {
     let flags = greet(stream)?;
-    match haggle(stream, exports, flags, TlsState::Unavailable)? {
+    match haggle(stream, exports, flags, TlsState::Unavailable, 0)? {
         Step::Go(n) => Ok(n),
         Step::StartTls => Err(HandshakeEnd::Protocol("STARTTLS without TLS".into())),
     }
@@ -129,17 +136,21 @@ pub fn greet<S: Read + Write + ?Sized>(stream: &mut S) -> Result<ClientFlags, Ha
 
 /// Handles options until the client picks an export, asks for TLS, or
 /// leaves. Everything negotiated before starts afresh with each call (as
-/// STARTTLS demands).
+/// STARTTLS demands). `id` is the server's number for the connection,
+/// which the export's device sees when the client picks it (see
+/// [`diskit_core::BlockDevice::connect`]).
 pub fn haggle<S: Read + Write + ?Sized>(
     stream: &mut S,
     exports: &ExportSet,
     flags: ClientFlags,
     tls: TlsState,
+    id: u64,
 ) -> Result<Step, HandshakeEnd> {
     let mut st = State {
         fixed: flags.fixed,
         no_zeroes: flags.no_zeroes,
         tls,
+        id,
         ..State::default()
     };
 
@@ -245,6 +256,18 @@ fn error(reply: u32, message: impl Into<String>) -> OptionError {
     }
 }
 
+/// The export's device as this connection will see it.
+fn connect(st: &State, export: &Export, name: &str) -> diskit_core::Result<DeviceRef> {
+    let session = Session {
+        id: st.id,
+        export: name.to_string(),
+        tls: st.tls == TlsState::Active,
+        read_only: export.read_only(),
+    };
+    let shared = export.device();
+    Ok(shared.connect(&session)?.unwrap_or_else(|| shared.clone()))
+}
+
 /// Handles one option; `Some` when transmission starts.
 fn handle<S: Read + Write + ?Sized>(
     stream: &mut S,
@@ -263,6 +286,8 @@ fn handle<S: Read + Write + ?Sized>(
             let export = exports
                 .find(&name)
                 .ok_or_else(|| HandshakeEnd::Protocol(format!("unknown export '{name}'")))?;
+            let device = connect(st, &export, &name)
+                .map_err(|e| HandshakeEnd::Protocol(format!("export '{name}': {e}")))?;
             let tflags = export.transmission_flags(st.structured);
             let mut out = Vec::with_capacity(134);
             out.extend_from_slice(&export.device().size().to_be_bytes());
@@ -275,6 +300,7 @@ fn handle<S: Read + Write + ?Sized>(
             let contexts = selected_contexts(st, &export);
             return Ok(Some(Negotiated {
                 export,
+                device,
                 structured: st.structured,
                 extended: false,
                 contexts,
@@ -308,13 +334,27 @@ fn handle<S: Read + Write + ?Sized>(
                 )?;
                 return Ok(None);
             };
+            // The connection's view of the device is made when the
+            // client picks the export, so that a failure is this option's.
+            let device = if code == OPT_GO {
+                match connect(st, &export, &req.name) {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        refuse(stream, code, error(REP_ERR_UNKNOWN, e.to_string()))?;
+                        return Ok(None);
+                    }
+                }
+            } else {
+                None
+            };
             let tflags = export.transmission_flags(st.structured);
             send_info(stream, code, &export, &req, tflags)?;
             send(stream, &OptionReply::ack(code))?;
-            if code == OPT_GO {
+            if let Some(device) = device {
                 let contexts = selected_contexts(st, &export);
                 return Ok(Some(Negotiated {
                     export,
+                    device,
                     structured: st.structured,
                     extended: st.extended,
                     contexts,

@@ -199,7 +199,7 @@ impl Server {
             (Some(t), Some(c)) => Some(watchdog::Watchdog::start(t, c)),
             _ => None,
         };
-        let negotiated = self.handshake(&mut transport);
+        let negotiated = self.handshake(&mut transport, id);
         let timed_out = dog.is_some_and(watchdog::Watchdog::disarm);
         let neg = match negotiated {
             Ok(n) if !timed_out => n,
@@ -251,6 +251,7 @@ impl Server {
     fn handshake(
         &self,
         transport: &mut Box<dyn Transport>,
+        id: u64,
     ) -> Result<handshake::Negotiated, HandshakeEnd> {
         let flags = handshake::greet(&mut **transport)?;
         let mut state = match self.tls.as_ref().map(TlsConfig::mode) {
@@ -259,7 +260,7 @@ impl Server {
             Some(TlsMode::Require) => handshake::TlsState::Required,
         };
         loop {
-            match handshake::haggle(&mut **transport, &self.exports, flags, state)? {
+            match handshake::haggle(&mut **transport, &self.exports, flags, state, id)? {
                 handshake::Step::Go(n) => return Ok(n),
                 handshake::Step::StartTls => {
                     let Some(config) = &self.tls else {

@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use diskit_core::{BlockDevice, Error, ErrorKind, Extent, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, DeviceRef, Error, ErrorKind, Extent, WriteFlags, ZeroFlags};
 
 use super::export::{Export, MetaContext};
 use super::splice::ZeroCopy;
@@ -33,6 +33,8 @@ const ZERO_COPY_READ: u64 = 128 << 10;
 pub struct Conn {
     /// The export.
     pub export: Arc<Export>,
+    /// The export's device as this connection sees it.
+    pub device: DeviceRef,
     /// The reply headers in use.
     pub style: ReplyStyle,
     /// The contexts selected for block status.
@@ -153,7 +155,7 @@ pub fn execute(
     payload_len: usize,
     zero_copy: Option<&mut ZeroCopy>,
 ) -> Reply {
-    let dev = conn.export.device();
+    let dev = &conn.device;
     let style = conn.style;
     let result = match cmd {
         Command::Read { offset, len, df } => {
@@ -276,7 +278,7 @@ fn read(
     buf: &mut Vec<u8>,
     zero_copy: Option<&mut ZeroCopy>,
 ) -> Reply {
-    let dev = conn.export.device().as_ref();
+    let dev = conn.device.as_ref();
     let style = conn.style;
     let len64 = u64::from(len);
     let whole = |hole| {
@@ -287,8 +289,11 @@ fn read(
         }]
     };
     let structured = style != ReplyStyle::Simple;
-    let planned =
-        structured && !df && len64 >= PLANNED_READ && conn.export.capabilities().can_extents;
+    let planned = structured
+        && !df
+        && len64 >= PLANNED_READ
+        && conn.export.capabilities().can_extents
+        && dev.extents_before_reads();
     let plan = planned.then(|| plan_read(dev, offset, len64));
     if let Some(zc) = zero_copy
         && len64 >= ZERO_COPY_READ
@@ -448,7 +453,7 @@ fn status(ctx: MetaContext, e: &Extent) -> u32 {
 
 fn block_status(conn: &Conn, cookie: u64, offset: u64, len: u64, req_one: bool) -> Reply {
     let style = conn.style;
-    let dev = conn.export.device().as_ref();
+    let dev = conn.device.as_ref();
     let max = if req_one { 1 } else { MAX_DESCRIPTORS };
     let extents = match collect_extents(dev, offset, len, max) {
         Ok(e) if !e.is_empty() => e,
@@ -508,6 +513,7 @@ mod tests {
         let export = Arc::new(Export::new("", mem.clone()));
         (
             Conn {
+                device: export.device().clone(),
                 export,
                 style,
                 contexts: vec![MetaContext::BaseAllocation, MetaContext::AllocationDepth],
@@ -695,6 +701,7 @@ mod tests {
         let dev = FileDevice::open(f.path(), FileOptions::default()).unwrap();
         let export = Arc::new(Export::new("", Arc::new(dev)));
         let conn = Conn {
+            device: export.device().clone(),
             export,
             style,
             contexts: vec![MetaContext::BaseAllocation],

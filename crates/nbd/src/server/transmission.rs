@@ -399,6 +399,7 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
     let shared = Shared {
         conn: Conn {
             export,
+            device: neg.device,
             style,
             contexts,
         },
