@@ -1195,6 +1195,23 @@ fn bad_filters_and_parameters_fail_on_both_servers() {
             &["--filter=delay", "file", "FILE", "delay-fast-zero=maybe"],
             "maybe",
         ),
+        (
+            &["--filter=rate", "file", "FILE", "rate=0"],
+            "rate cannot be set to 0",
+        ),
+        (
+            &["--filter=rate", "file", "FILE", "connection-rate=fast"],
+            "connection-rate",
+        ),
+        (
+            &[
+                "--filter=log",
+                "file",
+                "FILE",
+                "logfile=/nonexistent/dir/log",
+            ],
+            "/nonexistent/dir/log",
+        ),
     ] {
         for (r, server) in both(dir.path(), Some(&src), args, "nbdinfo --size \"$uri\"")
             .iter()
@@ -1387,4 +1404,39 @@ fn log_writes_what_nbdkit_writes() {
     ] {
         assert!(text.contains(want), "{want} not in\n{text}");
     }
+}
+
+#[test]
+fn rate_passes_requests_and_capabilities_as_nbdkit() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let rate_file = dir.path().join("rate");
+    std::fs::write(&rate_file, "10G\n").unwrap();
+    let rate_param = format!("rate-file={}", s(&rate_file));
+    let missing = format!("connection-rate-file={}", s(&dir.path().join("none")));
+    let params = [
+        "rate=1G",
+        "connection-rate=512M",
+        "burstiness=0.5",
+        &rate_param,
+        &missing,
+    ];
+    let args = cat(&cat(&["--filter=rate"], &FILE), &params);
+    let (_, compared) = same_info(dir.path(), Some(&src), &FILE, &args);
+    assert_compared(
+        &compared,
+        &["can_trim", "can_cache", "export-size", "is_read_only"],
+        &args,
+    );
+    let ops = json!([
+        ["read", 0, 70000],
+        ["write", 100, 5000, 8],
+        ["zero", 65536, 4096],
+        ["trim", 1_000_000, 65536],
+        ["write", 2_000_000, 300_000, 3],
+        ["flush"],
+        ["read", 0, REAL],
+    ]);
+    let runs = same_output(dir.path(), Some(&src), &args, &ops_then_map(&ops));
+    same_files(&runs);
 }

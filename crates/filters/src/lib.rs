@@ -11,6 +11,7 @@
 //! | [`partition`] | `partition=` | serves one partition (MBR or GPT) |
 //! | [`log`] | `logfile=`, `logappend=`, `logscript=` | logs every request and connection, in nbdkit's format |
 //! | [`stats`] | `statsfile=`, `statsappend=`, `statsthreshold=` | counts requests, writes nbdkit's summary at close |
+//! | [`rate`] | `rate=`, `connection-rate=`, `rate-file=`, `connection-rate-file=`, `burstiness=` | limits read and write bandwidth |
 //! | [`readahead`] | | asks the layer below to cache what is likely read next |
 //! | [`truncate`] | `truncate=`, `round-up=`, `round-down=` | changes the size |
 //! | [`nozero`] | `zeromode=`, `fastzeromode=` | hides or degrades write-zeroes |
@@ -42,6 +43,7 @@ pub mod offset;
 mod overlay;
 pub mod params;
 pub mod partition;
+pub mod rate;
 pub mod readahead;
 pub mod stats;
 pub mod truncate;
@@ -119,6 +121,11 @@ pub const FILTERS: &[FilterInfo] = &[
         help: "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)",
     },
     FilterInfo {
+        name: "rate",
+        keys: rate::KEYS,
+        help: "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)",
+    },
+    FilterInfo {
         name: "readahead",
         keys: readahead::KEYS,
         help: "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)",
@@ -172,6 +179,8 @@ pub enum FilterSpec {
     Offset(offset::OffsetConfig),
     /// [`partition`].
     Partition(partition::PartitionConfig),
+    /// [`rate`].
+    Rate(rate::RateConfig),
     /// [`readahead`].
     Readahead,
     /// [`stats`].
@@ -200,6 +209,7 @@ impl FilterSpec {
             "nozero" => FilterSpec::Nozero(nozero::Nozero::from_params(params)?),
             "offset" => FilterSpec::Offset(offset::OffsetConfig::from_params(params)?),
             "partition" => FilterSpec::Partition(partition::PartitionConfig::from_params(params)?),
+            "rate" => FilterSpec::Rate(rate::RateConfig::from_params(params)?),
             "readahead" => FilterSpec::Readahead,
             "stats" => FilterSpec::Stats(stats::StatsConfig::from_params(params)?),
             "truncate" => FilterSpec::Truncate(truncate::TruncateConfig::from_params(params)?),
@@ -221,6 +231,7 @@ impl FilterSpec {
             FilterSpec::Nozero(_) => "nozero",
             FilterSpec::Offset(_) => "offset",
             FilterSpec::Partition(_) => "partition",
+            FilterSpec::Rate(_) => "rate",
             FilterSpec::Readahead => "readahead",
             FilterSpec::Stats(_) => "stats",
             FilterSpec::Truncate(_) => "truncate",
@@ -262,6 +273,7 @@ impl FilterSpec {
             }
             FilterSpec::Offset(c) => wrap(offset::Offset::new(&*next, c)?, next),
             FilterSpec::Partition(c) => wrap(partition::window(&*next, c)?, next),
+            FilterSpec::Rate(c) => wrap(rate::Rate::new(c), next),
             FilterSpec::Readahead => wrap(readahead::Readahead::new(&next)?, next),
             FilterSpec::Stats(c) => wrap(stats::Stats::new(c)?, next),
             FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),
