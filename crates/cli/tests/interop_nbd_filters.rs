@@ -1440,3 +1440,74 @@ fn rate_passes_requests_and_capabilities_as_nbdkit() {
     let runs = same_output(dir.path(), Some(&src), &args, &ops_then_map(&ops));
     same_files(&runs);
 }
+
+/// Two connections at once, taking turns (so that the log's order is
+/// the requests' order).
+const TWO_CONNECTIONS: &str = r#"
+import sys, nbd
+a = nbd.NBD(); a.connect_uri(sys.argv[1])
+b = nbd.NBD(); b.connect_uri(sys.argv[1])
+print(a.can_multi_conn(), a.can_fua(), a.can_flush())
+a.pwrite(b"x" * 4096, 0)
+b.pread(4096, 8192)
+b.flush()
+a.flush()
+b.flush()
+b.pwrite(b"y" * 512, 4096, nbd.CMD_FLAG_FUA)
+a.zero(4096, 65536)
+b.pread(512, 0)
+a.flush()
+a.trim(4096, 131072, nbd.CMD_FLAG_FUA)
+print(a.pread(8, 0), b.pread(8, 4096))
+a.shutdown(); b.shutdown()
+"#;
+
+#[test]
+fn multi_conn_flushes_what_nbdkit_flushes() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    for params in [
+        &["multi-conn-mode=emulate"][..],
+        &["multi-conn-mode=emulate", "multi-conn-track-dirty=fast"],
+        &["multi-conn-mode=emulate", "multi-conn-track-dirty=off"],
+        &["multi-conn-mode=plugin"],
+        &["multi-conn-mode=plugin", "multi-conn-track-dirty=fast"],
+        &["multi-conn-mode=disable", "multi-conn-track-dirty=off"],
+        &["multi-conn-mode=unsafe"],
+        &[],
+    ] {
+        let (logs, outs): (Vec<String>, Vec<String>) = SERVERS
+            .map(|server| {
+                let file = copy_for(dir.path(), &src, server);
+                let log = dir.path().join(format!("mc-{}.txt", server.name()));
+                let param = format!("logfile={}", s(&log));
+                let args = cat(
+                    &cat(&["--filter=multi-conn", "--filter=log"], &FILE),
+                    &cat(params, &[&param]),
+                );
+                let cmd = format!("{PYTHON} -c '{TWO_CONNECTIONS}' \"$uri\"");
+                let o = run(server, &args, Some(&file), &cmd);
+                assert!(o.status.success(), "{} {args:?}: {}", server.name(), stderr(&o));
+                // The requests that reached the device below, in order.
+                let text = std::fs::read_to_string(&log).unwrap();
+                let requests: Vec<&str> = text
+                    .lines()
+                    .map(|l| &l[27..])
+                    .filter(|l| {
+                        l.starts_with("connection=")
+                            && !l.contains(" Connect ")
+                            && !l.contains(" Disconnect ")
+                    })
+                    .collect();
+                (requests.join("\n"), stdout(&o).to_string())
+            })
+            .into_iter()
+            .unzip();
+        assert_eq!(outs[0], outs[1], "{params:?}");
+        assert_eq!(
+            logs[0], logs[1],
+            "{params:?}: nbdkit (left) and diskit (right) pass different requests"
+        );
+        assert!(logs[1].contains("Flush"), "{params:?}: {}", logs[1]);
+    }
+}

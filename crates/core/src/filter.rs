@@ -73,7 +73,7 @@ pub trait Filter: Send + Sync {
     /// The filter as one connection sees it (see [`BlockDevice::connect`]):
     /// `None`, the default, when it keeps no per-connection state. `next`
     /// is the connection's view of the layer below.
-    fn connect(&self, next: &dyn BlockDevice, session: &Session) -> Result<Option<Self>>
+    fn connect(&self, next: &DeviceRef, session: &Session) -> Result<Option<Self>>
     where
         Self: Sized,
     {
@@ -186,7 +186,7 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
     fn connect(&self, session: &Session) -> Result<Option<DeviceRef>> {
         let below = self.next.connect(session)?;
         let next = below.clone().unwrap_or_else(|| self.next.clone());
-        let mine = self.filter.connect(&*next, session)?;
+        let mine = self.filter.connect(&next, session)?;
         if below.is_none() && mine.is_none() {
             return Ok(None);
         }

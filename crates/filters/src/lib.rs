@@ -7,6 +7,7 @@
 //!
 //! | filter | parameters | what it does |
 //! |---|---|---|
+//! | [`multi_conn`] | `multi-conn-mode=`, `multi-conn-track-dirty=`, `multi-conn-exportname=` | advertises, emulates or hides multi-conn; saves needless flushes |
 //! | [`offset`] | `offset=`, `range=` | serves a window of the device |
 //! | [`partition`] | `partition=` | serves one partition (MBR or GPT) |
 //! | [`log`] | `logfile=`, `logappend=`, `logscript=` | logs every request and connection, in nbdkit's format |
@@ -37,6 +38,7 @@ pub mod delay;
 pub mod error;
 pub mod fua;
 pub mod log;
+pub mod multi_conn;
 pub mod noextents;
 pub mod nozero;
 pub mod offset;
@@ -99,6 +101,11 @@ pub const FILTERS: &[FilterInfo] = &[
         name: "log",
         keys: log::KEYS,
         help: "logs every request, its flags and result, and every connection, in nbdkit's format (logfile=FILE logappend=BOOL logscript=SCRIPT)",
+    },
+    FilterInfo {
+        name: "multi-conn",
+        keys: multi_conn::KEYS,
+        help: "advertises, emulates (a flush reaches every connection) or hides multi-conn, and skips flushes nothing made necessary (multi-conn-mode=auto|emulate|plugin|unsafe|disable multi-conn-track-dirty=connection|fast|off multi-conn-exportname=BOOL)",
     },
     FilterInfo {
         name: "noextents",
@@ -171,6 +178,8 @@ pub enum FilterSpec {
     Fua(fua::Fua),
     /// [`log`].
     Log(log::LogConfig),
+    /// [`multi_conn`].
+    MultiConn(multi_conn::MultiConnConfig),
     /// [`noextents`].
     Noextents,
     /// [`nozero`].
@@ -205,6 +214,9 @@ impl FilterSpec {
             "error" => FilterSpec::Error(error::ErrorConfig::from_params(params)?),
             "fua" => FilterSpec::Fua(fua::Fua::from_params(params)?),
             "log" => FilterSpec::Log(log::LogConfig::from_params(params)?),
+            "multi-conn" => {
+                FilterSpec::MultiConn(multi_conn::MultiConnConfig::from_params(params)?)
+            }
             "noextents" => FilterSpec::Noextents,
             "nozero" => FilterSpec::Nozero(nozero::Nozero::from_params(params)?),
             "offset" => FilterSpec::Offset(offset::OffsetConfig::from_params(params)?),
@@ -227,6 +239,7 @@ impl FilterSpec {
             FilterSpec::Error(_) => "error",
             FilterSpec::Fua(_) => "fua",
             FilterSpec::Log(_) => "log",
+            FilterSpec::MultiConn(_) => "multi-conn",
             FilterSpec::Noextents => "noextents",
             FilterSpec::Nozero(_) => "nozero",
             FilterSpec::Offset(_) => "offset",
@@ -264,6 +277,7 @@ impl FilterSpec {
                 wrap(*f, next)
             }
             FilterSpec::Log(c) => wrap(log::Log::new(c)?, next),
+            FilterSpec::MultiConn(c) => wrap(multi_conn::MultiConn::new(*c), next),
             FilterSpec::Noextents => wrap(noextents::Noextents, next),
             FilterSpec::Nozero(z) => {
                 if !read_only {

@@ -29,7 +29,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use diskit_core::sync::lock;
 use diskit_core::{
-    BlockDevice, Error, ErrorKind, Extent, Filter, Result, Session, WriteFlags, ZeroFlags,
+    BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Result, Session, WriteFlags,
+    ZeroFlags,
 };
 
 use crate::params;
@@ -238,7 +239,7 @@ impl Filter for Log {
     fn name(&self) -> &str {
         "log"
     }
-    fn connect(&self, next: &dyn BlockDevice, session: &Session) -> Result<Option<Log>> {
+    fn connect(&self, next: &DeviceRef, session: &Session) -> Result<Option<Log>> {
         // nbdkit logs its preconnect check, which diskit's server makes
         // in its accept loop, then the connection.
         let pre = self.out.preconnects.fetch_add(1, Ordering::Relaxed) + 1;

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, Error, Filter, Result, Session, WriteFlags};
+use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Result, Session, WriteFlags};
 
 use crate::params;
 
@@ -288,7 +288,7 @@ impl Filter for Rate {
     fn name(&self) -> &str {
         "rate"
     }
-    fn connect(&self, _next: &dyn BlockDevice, _session: &Session) -> Result<Option<Rate>> {
+    fn connect(&self, _next: &DeviceRef, _session: &Session) -> Result<Option<Rate>> {
         let c = &self.config;
         Ok(Some(Rate {
             config: c.clone(),
