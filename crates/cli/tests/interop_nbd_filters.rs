@@ -1487,7 +1487,12 @@ fn multi_conn_flushes_what_nbdkit_flushes() {
                 );
                 let cmd = format!("{PYTHON} -c '{TWO_CONNECTIONS}' \"$uri\"");
                 let o = run(server, &args, Some(&file), &cmd);
-                assert!(o.status.success(), "{} {args:?}: {}", server.name(), stderr(&o));
+                assert!(
+                    o.status.success(),
+                    "{} {args:?}: {}",
+                    server.name(),
+                    stderr(&o)
+                );
                 // The requests that reached the device below, in order.
                 let text = std::fs::read_to_string(&log).unwrap();
                 let requests: Vec<&str> = text
@@ -1510,4 +1515,143 @@ fn multi_conn_flushes_what_nbdkit_flushes() {
         );
         assert!(logs[1].contains("Flush"), "{params:?}: {}", logs[1]);
     }
+}
+
+#[test]
+fn retry_recovers_from_injected_errors_as_nbdkit() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    // Every request fails while the flag file exists; it goes away half a
+    // second after the client starts, and retries (1 s apart) recover.
+    for server in SERVERS {
+        let flag = dir.path().join(format!("fail-{}", server.name()));
+        std::fs::write(&flag, "").unwrap();
+        let file = copy_for(dir.path(), &src, server);
+        let flag_param = format!("error-file={}", s(&flag));
+        let args = [
+            "--filter=retry",
+            "--filter=error",
+            "file",
+            "FILE",
+            "retry-delay=1",
+            "error-rate=100%",
+            &flag_param,
+        ];
+        let cmd = format!(
+            "(sleep 0.5; rm {}) & nbdsh -u \"$uri\" -c 'print(list(h.pread(8, 1000)))'",
+            s(&flag)
+        );
+        let o = run(server, &args, Some(&file), &cmd);
+        assert!(o.status.success(), "{}: {}", server.name(), stderr(&o));
+        let want = format!("{:?}\n", &std::fs::read(&src).unwrap()[1000..1008]);
+        assert_eq!(stdout(&o), want, "{}", server.name());
+    }
+    // With retry-readonly, a connection that saw a failure writes no more
+    // (EPERM), on both servers; one that saw none writes.
+    let client = r#"
+import sys, nbd, os
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+h.pread(8, 0)
+try:
+    h.pwrite(b"x" * 512, 0)
+    print("written")
+except nbd.Error as e:
+    print("refused", e.errno)
+"#;
+    let outs = SERVERS.map(|server| {
+        let flag = dir.path().join(format!("ro-{}", server.name()));
+        std::fs::write(&flag, "").unwrap();
+        let file = copy_for(dir.path(), &src, server);
+        let flag_param = format!("error-file={}", s(&flag));
+        let args = [
+            "--filter=retry",
+            "--filter=error",
+            "file",
+            "FILE",
+            "retry-delay=1",
+            "retry-readonly=true",
+            "error-rate=100%",
+            &flag_param,
+        ];
+        let cmd = format!(
+            "(sleep 0.5; rm {}) & {PYTHON} -c '{client}' \"$uri\" && {PYTHON} -c '{client}' \"$uri\"",
+            s(&flag)
+        );
+        let o = run(server, &args, Some(&file), &cmd);
+        assert!(o.status.success(), "{}: {}", server.name(), stderr(&o));
+        stdout(&o).to_string()
+    });
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[1], "refused EPERM\nwritten\n");
+}
+
+/// A script that stops the server whose pid is in `pidfile`, waits until
+/// it is gone, and starts `diskit serve` again on `socket` over `file`.
+fn restart_backend(pidfile: &Path, socket: &Path, file: &Path) -> PathBuf {
+    let script = pidfile.with_extension("restart.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "pid=$(cat {p}); kill $pid; while kill -0 $pid 2>/dev/null; do sleep 0.05; done\n\
+             exec {b} serve -U {sock} -P {p} file {f}\n",
+            p = s(pidfile),
+            b = diskit_bin().display(),
+            sock = s(socket),
+            f = s(file)
+        ),
+    )
+    .unwrap();
+    script
+}
+
+#[test]
+fn retry_reconnects_the_nbd_plugin_to_a_restarted_server_as_nbdkit() {
+    let dir = workdir();
+    let src = test_disk(dir.path());
+    let client = r#"
+import sys, subprocess, nbd
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+before = h.pread(4096, 8192)
+subprocess.run(sys.argv[2], shell=True, check=True)
+after = h.pread(4096, 8192)
+h.pwrite(b"z" * 512, 0)
+h.flush()
+print(before == after, h.pread(4, 0))
+"#;
+    let outs = SERVERS.map(|server| {
+        let file = copy_for(dir.path(), &src, server);
+        let socket = dir.path().join(format!("backend-{}.sock", server.name()));
+        let pidfile = dir.path().join(format!("backend-{}.pid", server.name()));
+        ok(timed(diskit_bin(), 60)
+            .args([
+                "serve",
+                "-U",
+                s(&socket),
+                "-P",
+                s(&pidfile),
+                "file",
+                s(&file),
+            ])
+            .output()
+            .unwrap());
+        let restart = restart_backend(&pidfile, &socket, &file);
+        let sock_param = format!("socket={}", s(&socket));
+        let cmd = format!("{PYTHON} -c '{client}' \"$uri\" 'sh {}'", s(&restart));
+        let o = run(
+            server,
+            &["--filter=retry", "nbd", &sock_param, "retry-delay=1"],
+            None,
+            &cmd,
+        );
+        // The backend goes, whatever happened.
+        if let Ok(pid) = std::fs::read_to_string(&pidfile) {
+            let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+        }
+        assert!(o.status.success(), "{}: {}", server.name(), stderr(&o));
+        let written = std::fs::read(&file).unwrap();
+        assert_eq!(&written[..512], &[b'z'; 512][..], "{}", server.name());
+        stdout(&o).to_string()
+    });
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[1], "True bytearray(b'zzzz')\n");
 }

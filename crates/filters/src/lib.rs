@@ -11,6 +11,7 @@
 //! | [`offset`] | `offset=`, `range=` | serves a window of the device |
 //! | [`partition`] | `partition=` | serves one partition (MBR or GPT) |
 //! | [`log`] | `logfile=`, `logappend=`, `logscript=` | logs every request and connection, in nbdkit's format |
+//! | [`retry`] | `retries=`, `retry-delay=`, `retry-exponential=`, `retry-readonly=` | retries failed requests, reopening the device below |
 //! | [`stats`] | `statsfile=`, `statsappend=`, `statsthreshold=` | counts requests, writes nbdkit's summary at close |
 //! | [`rate`] | `rate=`, `connection-rate=`, `rate-file=`, `connection-rate-file=`, `burstiness=` | limits read and write bandwidth |
 //! | [`readahead`] | | asks the layer below to cache what is likely read next |
@@ -47,6 +48,7 @@ pub mod params;
 pub mod partition;
 pub mod rate;
 pub mod readahead;
+pub mod retry;
 pub mod stats;
 pub mod truncate;
 
@@ -138,6 +140,11 @@ pub const FILTERS: &[FilterInfo] = &[
         help: "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)",
     },
     FilterInfo {
+        name: "retry",
+        keys: retry::KEYS,
+        help: "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)",
+    },
+    FilterInfo {
         name: "stats",
         keys: stats::KEYS,
         help: "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)",
@@ -192,6 +199,8 @@ pub enum FilterSpec {
     Rate(rate::RateConfig),
     /// [`readahead`].
     Readahead,
+    /// [`retry`].
+    Retry(retry::RetryConfig),
     /// [`stats`].
     Stats(stats::StatsConfig),
     /// [`truncate`].
@@ -223,6 +232,7 @@ impl FilterSpec {
             "partition" => FilterSpec::Partition(partition::PartitionConfig::from_params(params)?),
             "rate" => FilterSpec::Rate(rate::RateConfig::from_params(params)?),
             "readahead" => FilterSpec::Readahead,
+            "retry" => FilterSpec::Retry(retry::RetryConfig::from_params(params)?),
             "stats" => FilterSpec::Stats(stats::StatsConfig::from_params(params)?),
             "truncate" => FilterSpec::Truncate(truncate::TruncateConfig::from_params(params)?),
             other => unreachable!("filter {other} is in FILTERS but not here"),
@@ -246,6 +256,7 @@ impl FilterSpec {
             FilterSpec::Partition(_) => "partition",
             FilterSpec::Rate(_) => "rate",
             FilterSpec::Readahead => "readahead",
+            FilterSpec::Retry(_) => "retry",
             FilterSpec::Stats(_) => "stats",
             FilterSpec::Truncate(_) => "truncate",
         }
@@ -289,6 +300,7 @@ impl FilterSpec {
             FilterSpec::Partition(c) => wrap(partition::window(&*next, c)?, next),
             FilterSpec::Rate(c) => wrap(rate::Rate::new(c), next),
             FilterSpec::Readahead => wrap(readahead::Readahead::new(&next)?, next),
+            FilterSpec::Retry(c) => wrap(retry::Retry::new(*c), next),
             FilterSpec::Stats(c) => wrap(stats::Stats::new(c)?, next),
             FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),
         })

@@ -17,8 +17,8 @@ pub mod uri;
 pub mod watchdog;
 
 use std::os::unix::net::UnixStream;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::{check_range, split_fua, write_zero_buffer};
@@ -59,13 +59,15 @@ static ZEROS: [u8; ZERO_WRITE] = [0u8; ZERO_WRITE];
 /// An NBD export, connected (over several connections when asked for
 /// and the server allows it: multi-conn).
 pub struct NbdClient {
-    conns: Vec<Connection>,
-    /// Connections opened at the first submitted request (multi-conn).
-    extra: OnceLock<Vec<Connection>>,
+    /// The connections, replaced whole by [`BlockDevice::reopen`];
+    /// requests in flight keep the ones they went out on.
+    links: RwLock<Arc<Links>>,
     /// Where the export is, for more connections.
     reconnect: Option<NbdUri>,
     /// The TLS settings of `reconnect`, for more connections.
     tls: Option<ClientTls>,
+    /// The metadata contexts asked for, to ask again on a reopen.
+    asked: Vec<String>,
     /// Round-robin position over the connections.
     next: AtomicUsize,
     uri: String,
@@ -77,6 +79,52 @@ pub struct NbdClient {
     /// Writes that read-modify-write whole blocks of the server's minimum
     /// size hold their blocks alone; other writes share theirs.
     rmw: RangeLock,
+}
+
+/// The connections requests go over.
+struct Links {
+    conns: Vec<Connection>,
+    /// Connections opened at the first submitted request (multi-conn).
+    extra: OnceLock<Vec<Connection>>,
+}
+
+impl Links {
+    fn new(conns: Vec<Connection>) -> Arc<Links> {
+        Arc::new(Links {
+            conns,
+            extra: OnceLock::new(),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.conns.len() + self.extra.get().map_or(0, Vec::len)
+    }
+
+    fn get(&self, i: usize) -> &Connection {
+        let extra = self.extra.get().map_or(&[][..], Vec::as_slice);
+        self.conns
+            .get(i)
+            .unwrap_or_else(|| &extra[i - self.conns.len()])
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Connection> {
+        self.conns
+            .iter()
+            .chain(self.extra.get().into_iter().flatten())
+    }
+}
+
+/// One connection of a [`Links`], kept alive while a request uses it.
+struct Link {
+    links: Arc<Links>,
+    index: usize,
+}
+
+impl std::ops::Deref for Link {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.links.get(self.index)
+    }
 }
 
 /// Connects a socket to where `uri` points (no handshake).
@@ -162,6 +210,7 @@ impl NbdClient {
         let mut client = Self::over_with(stream, &name, &parsed.export, contexts, tls.as_ref())?;
         client.reconnect = Some(parsed);
         client.tls = tls;
+        client.asked = contexts.iter().map(|c| c.to_string()).collect();
         Ok(client)
     }
 
@@ -170,11 +219,15 @@ impl NbdClient {
     /// connection then sees the others' writes, and a flush on one covers
     /// all). Requests are spread over the connections.
     pub fn connect_multi(uri: &str, connections: usize) -> Result<NbdClient> {
-        let mut client = Self::connect(uri)?;
+        let client = Self::connect(uri)?;
         let more = client.open_more(connections.saturating_sub(1))?;
-        client.conns.extend(more);
-        // Asked for explicitly: no more connections later.
-        let _ = client.extra.set(Vec::new());
+        {
+            let mut guard = client.links.write().unwrap_or_else(|p| p.into_inner());
+            let links = Arc::get_mut(&mut guard).expect("a new client's links are its own");
+            links.conns.extend(more);
+            // Asked for explicitly: no more connections later.
+            let _ = links.extra.set(Vec::new());
+        }
         Ok(client)
     }
 
@@ -234,23 +287,35 @@ impl NbdClient {
 
     /// How many connections requests go over.
     pub fn connections(&self) -> usize {
-        self.conns.len() + self.extra.get().map_or(0, Vec::len)
+        self.links().len()
+    }
+
+    /// The connections there are now.
+    fn links(&self) -> Arc<Links> {
+        self.links.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The next connection, round robin.
-    fn conn(&self) -> &Connection {
-        let extra = self.extra.get().map_or(&[][..], Vec::as_slice);
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % (self.conns.len() + extra.len());
-        self.conns
-            .get(i)
-            .unwrap_or_else(|| &extra[i - self.conns.len()])
+    fn conn(&self) -> Link {
+        let links = self.links();
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % links.len();
+        Link { links, index }
+    }
+
+    /// The first connection (the one whose context ids are known).
+    fn first(&self) -> Link {
+        Link {
+            links: self.links(),
+            index: 0,
+        }
     }
 
     /// Opens the extra connections of a multi-conn export the first time
     /// requests are submitted (a copy keeps many in flight); a failure
     /// leaves the client on the connections it has.
     fn spread(&self) {
-        self.extra
+        self.links()
+            .extra
             .get_or_init(|| self.open_more(lazy_connections() - 1).unwrap_or_default());
     }
 
@@ -278,10 +343,10 @@ impl NbdClient {
         let allocation = negotiated.contexts.get(BASE_ALLOCATION).copied();
         let conn = Connection::start_with(stream, negotiated.structured, negotiated.extended)?;
         Ok(NbdClient {
-            conns: vec![conn],
-            extra: OnceLock::new(),
+            links: RwLock::new(Links::new(vec![conn])),
             reconnect: None,
             tls: None,
+            asked: Vec::new(),
             next: AtomicUsize::new(0),
             uri: uri.to_string(),
             export: negotiated,
@@ -343,7 +408,7 @@ impl NbdClient {
         let (a, e) = self.outer(offset, len.min(u64::from(u32::MAX) / 2));
         let n = (e - a).min(u64::from(u32::MAX) / self.min_block() * self.min_block());
         // Context ids belong to the connection that negotiated them.
-        let answer = self.conns[0].request(CMD_BLOCK_STATUS, flags, a, n, None)?;
+        let answer = self.first().request(CMD_BLOCK_STATUS, flags, a, n, None)?;
         let mut skip = offset - a;
         let mut left = len.min(n - skip);
         let out: Vec<(u64, u32)> = answer
@@ -717,12 +782,43 @@ impl BlockDevice for NbdClient {
         self.uri.clone()
     }
 
-    fn close(&self) -> Result<()> {
-        for c in self
-            .conns
-            .iter()
-            .chain(self.extra.get().into_iter().flatten())
+    /// Connects again (one connection; multi-conn ones are added again at
+    /// the next submitted request) and sends new requests over it. The
+    /// export must look as it did: same size, flags and context ids.
+    /// Requests in flight finish (or fail) on the old connections.
+    fn reopen(&self) -> Result<()> {
+        let Some(parsed) = &self.reconnect else {
+            return Err(Error::new(
+                ErrorKind::NotSupported,
+                format!("'{}': no address to connect to again", self.uri),
+            ));
+        };
+        let asked: Vec<&str> = self.asked.iter().map(String::as_str).collect();
+        let stream = connect_stream(parsed)?;
+        let (stream, neg) = negotiate(stream, &parsed.export, &asked, self.tls.as_ref())
+            .map_err(|e| e.context(format!("'{}'", self.uri)))?;
+        if neg.size != self.export.size
+            || neg.flags != self.export.flags
+            || neg.contexts != self.export.contexts
+            || neg.block_size != self.export.block_size
+            || neg.structured != self.export.structured
+            || neg.extended != self.export.extended
         {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "'{}': the export is not what it was (size, flags, block sizes, reply style or metadata contexts changed)",
+                    self.uri
+                ),
+            ));
+        }
+        let conn = Connection::start_with(stream, neg.structured, neg.extended)?;
+        *self.links.write().unwrap_or_else(|p| p.into_inner()) = Links::new(vec![conn]);
+        Ok(())
+    }
+
+    fn close(&self) -> Result<()> {
+        for c in self.links().all() {
             c.close();
         }
         if let Some(s) = &self.subprocess {
@@ -810,7 +906,7 @@ impl BlockDevice for NbdClient {
     }
 
     fn queue_depth(&self) -> usize {
-        let conns = if self.extra.get().is_none()
+        let conns = if self.links().extra.get().is_none()
             && self.reconnect.is_some()
             && self.has(TFLAG_CAN_MULTI_CONN)
         {
