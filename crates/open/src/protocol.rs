@@ -64,6 +64,20 @@ pub const PROTOCOLS: &[Protocol] = &[
         open: open_nbd,
     },
     Protocol {
+        name: "http",
+        prefixes: &["http://"],
+        keys: HTTP_KEYS,
+        local: false,
+        open: open_http,
+    },
+    Protocol {
+        name: "https",
+        prefixes: &["https://"],
+        keys: HTTP_KEYS,
+        local: false,
+        open: open_http,
+    },
+    Protocol {
         name: "null-co",
         prefixes: &["null-co://"],
         keys: &["filename", "size", "read-zeroes"],
@@ -138,6 +152,37 @@ fn open_nbd(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
     Ok(Arc::new(diskit_nbd::client::NbdClient::connect(&uri)?))
 }
 
+/// The keys of QEMU's http and https drivers that diskit takes.
+const HTTP_KEYS: &[&str] = &[
+    "filename",
+    "url",
+    "sslverify",
+    "cookie",
+    "timeout",
+    "username",
+];
+
+/// A URL (read-only), as QEMU's curl drivers: `url` (or the whole name),
+/// `sslverify`, `cookie`, `timeout` (seconds), `username`.
+fn open_http(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
+    let url = match node.get("url") {
+        Some(u) => u.to_string(),
+        None => filename(node, "http")?,
+    };
+    let mut opts = diskit_http::HttpOptions::default();
+    for (key, ours) in [
+        ("sslverify", "sslverify"),
+        ("cookie", "cookie"),
+        ("timeout", "timeout"),
+        ("username", "user"),
+    ] {
+        if let Some(v) = node.get(key) {
+            opts.set(ours, v)?;
+        }
+    }
+    Ok(Arc::new(diskit_http::HttpDevice::open(&url, &opts)?))
+}
+
 /// QEMU's null-co: `size` (default 1 GiB) and `read-zeroes` (default off:
 /// its contents are reported unknown, though diskit reads zeros anyway).
 fn open_null(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
@@ -166,6 +211,8 @@ mod tests {
         assert_eq!(for_name("./a:b").unwrap().name, "file");
         assert_eq!(for_name("file:a:b").unwrap().name, "file");
         assert_eq!(for_name("null-co://").unwrap().name, "null-co");
+        assert_eq!(for_name("http://h/x").unwrap().name, "http");
+        assert_eq!(for_name("https://h/x").unwrap().name, "https");
         let e = for_name("gopher://x").unwrap_err();
         assert!(e.to_string().contains("'gopher'"), "{e}");
     }

@@ -70,7 +70,8 @@ pub struct Args {
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
     /// SOURCE DESTINATION: - | FILE | DEVICE | NBD-URI | [ CMD ARGS ... ]
-    /// (and null: as the destination).
+    /// (and null: as the destination, an http:// or https:// URL as the
+    /// source).
     #[arg(trailing_var_arg = true, num_args = 2.., required = true)]
     sides: Vec<String>,
 }
@@ -101,6 +102,7 @@ enum Side {
     Null,
     Local(String),
     Uri(String),
+    Http(String),
     Command(Vec<String>),
 }
 
@@ -142,6 +144,12 @@ fn parse_sides(words: &[String]) -> Result<(Side, Side), CliError> {
             "-" => Side::Pipe,
             "null:" if dest => Side::Null,
             _ if is_nbd_uri(w) => Side::Uri(w.clone()),
+            _ if w.starts_with("http://") || w.starts_with("https://") => {
+                if dest {
+                    return Err(usage(format!("{w}: an http URL can only be a source")));
+                }
+                Side::Http(w.clone())
+            }
             _ => Side::Local(w.clone()),
         })
     };
@@ -183,6 +191,16 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
         return Ok(Opened::Device(d));
     }
     match side {
+        Side::Http(url) => {
+            // Range requests in flight: as many as nbdcopy keeps on its
+            // connections by default, at least.
+            let opts = diskit_http::HttpOptions {
+                connections: (connections * 4).clamp(4, 64),
+                ..Default::default()
+            };
+            let dev = diskit_http::HttpDevice::open(url, &opts).map_err(nbd_err)?;
+            Ok(Opened::Device(Box::new(dev)))
+        }
         Side::Pipe => Ok(Opened::Stream(stdin_file()?)),
         Side::Local(path) => {
             let meta =
@@ -287,6 +305,7 @@ fn open_destination(
             }
         }
         Side::Uri(_) | Side::Command(_) => unreachable!("opened above"),
+        Side::Http(_) => unreachable!("refused as a destination"),
     }
 }
 

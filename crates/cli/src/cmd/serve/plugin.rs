@@ -111,6 +111,28 @@ pub const PLUGINS: &[Plugin] = &[
         open: super::nbd_plugin::open,
     },
     Plugin {
+        name: "http",
+        magic: "url",
+        magic_required: true,
+        keys: HTTP_KEYS,
+        lists: &["header"],
+        help: "an http:// or https:// URL, read-only, by range requests over a \
+               pool of connections (url=URL [cainfo=FILE] [capath=DIR] [sslverify=BOOL] \
+               [user=NAME] [password=PASSWORD|+FILE] [header='NAME: VALUE']... \
+               [cookie=C|+FILE] [user-agent=UA] [timeout=SECS] [followlocation=BOOL] \
+               [connections=N] [retries=N])",
+        open: open_http,
+    },
+    Plugin {
+        name: "curl",
+        magic: "url",
+        magic_required: true,
+        keys: HTTP_KEYS,
+        lists: &["header"],
+        help: "the http plugin under nbdkit's name for it",
+        open: open_http,
+    },
+    Plugin {
         name: "image",
         magic: "file",
         magic_required: true,
@@ -139,6 +161,36 @@ fn open_file(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
     let f = FileDevice::open(&path, opts)
         .map_err(|e| CliError::new(format!("file: {}: {e}", path.display())))?;
     plain(Arc::new(f))
+}
+
+/// The http plugin's keys: the URL and [`diskit_http::KEYS`].
+const HTTP_KEYS: &[&str] = &[
+    "url",
+    "cainfo",
+    "capath",
+    "sslverify",
+    "user",
+    "password",
+    "header",
+    "cookie",
+    "user-agent",
+    "timeout",
+    "followlocation",
+    "connections",
+    "retries",
+];
+
+fn open_http(kv: &PluginArgs, _readonly: bool) -> Result<Opened, CliError> {
+    let mut opts = diskit_http::HttpOptions::default();
+    for (k, v) in kv.iter().filter(|(k, _)| *k != "url") {
+        for value in v.split(LIST_SEPARATOR) {
+            opts.set(k, value)
+                .map_err(|e| CliError::new(e.to_string()))?;
+        }
+    }
+    let dev = diskit_http::HttpDevice::open(&kv["url"], &opts)
+        .map_err(|e| CliError::new(e.to_string()))?;
+    plain(Arc::new(dev))
 }
 
 fn open_image_plugin(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {

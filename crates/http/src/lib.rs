@@ -1,0 +1,160 @@
+//! diskit-http: an `http://` or `https://` URL as a read-only block device.
+//!
+//! The size comes from a HEAD (or, when the HEAD does not say that ranges
+//! are accepted, from a one-byte range request); reads are range requests
+//! over a pool of kept-alive connections, any number at once from any
+//! number of threads, and [`HttpDevice`]'s `submit` keeps up to
+//! `connections` of them in flight without a thread per request. A server
+//! that cannot answer range requests is refused when the device opens. A
+//! request that fails in a way that may pass (a dropped connection, a
+//! short body, 5xx, 408, 429) is tried again with a growing wait; an
+//! answer that shows the resource changed (another size, another entity
+//! tag, bytes other than those asked) is an I/O error, never wrong data.
+//! TLS is verified against the system's certificates, or `cainfo` /
+//! `capath`. nbdkit's curl plugin is the model for the options.
+
+mod options;
+mod source;
+
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use diskit_core::aio::{self, CompletionQueue, Request};
+use diskit_core::device::check_range;
+use diskit_core::sync::lock;
+use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Result};
+
+pub use options::{HttpOptions, KEYS};
+use source::Source;
+
+/// The largest read sent as one range request; longer reads are split.
+const MAX_REQUEST: usize = 32 << 20;
+
+/// A job for the pool's threads.
+type Job = Box<dyn FnOnce(&Source) + Send>;
+
+/// A URL as a read-only block device.
+pub struct HttpDevice {
+    source: Arc<Source>,
+    connections: usize,
+    /// Threads that run submitted requests, started at the first one.
+    pool: OnceLock<Mutex<SyncSender<Job>>>,
+}
+
+impl std::fmt::Debug for HttpDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpDevice")
+            .field("url", &self.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpDevice {
+    /// Opens `url`: learns its size, and checks that the server answers
+    /// range requests.
+    pub fn open(url: &str, opts: &HttpOptions) -> Result<HttpDevice> {
+        Ok(HttpDevice {
+            source: Arc::new(Source::open(url, opts)?),
+            connections: opts.connections.max(1),
+            pool: OnceLock::new(),
+        })
+    }
+
+    /// Sends `job` to the pool, starting it the first time.
+    fn spawn(&self, job: Job) {
+        let tx = self.pool.get_or_init(|| {
+            let (tx, rx) = sync_channel::<Job>(self.connections * 2);
+            let rx = Arc::new(Mutex::new(rx));
+            for _ in 0..self.connections {
+                let rx: Arc<Mutex<Receiver<Job>>> = rx.clone();
+                let source = self.source.clone();
+                std::thread::Builder::new()
+                    .name("diskit-http".into())
+                    .spawn(move || {
+                        loop {
+                            let job = lock(&rx).recv();
+                            match job {
+                                Ok(job) => job(&source),
+                                Err(_) => return,
+                            }
+                        }
+                    })
+                    .expect("start an http pool thread");
+            }
+            Mutex::new(tx)
+        });
+        let tx = lock(tx).clone();
+        // The pool's threads live as long as the device's sender.
+        let _ = tx.send(job);
+    }
+}
+
+impl BlockDevice for HttpDevice {
+    fn size(&self) -> u64 {
+        self.source.size
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::READ_ONLY
+    }
+    fn block_size(&self) -> BlockSizeLimits {
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: 64 << 10,
+            maximum: MAX_REQUEST as u32,
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(self.size(), offset, buf.len() as u64)?;
+        for (i, piece) in buf.chunks_mut(MAX_REQUEST).enumerate() {
+            self.source.read(piece, offset + (i * MAX_REQUEST) as u64)?;
+        }
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        self.source.url().to_string()
+    }
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        match req {
+            Request::Read { offset, buf, len } => {
+                let cq = cq.clone();
+                let size = self.size();
+                self.spawn(Box::new(move |source: &Source| {
+                    let mut buf = buf;
+                    let result = match buf.get_mut(..len) {
+                        Some(b) => check_range(size, offset, len as u64).and_then(|()| {
+                            b.chunks_mut(MAX_REQUEST)
+                                .enumerate()
+                                .try_for_each(|(i, p)| {
+                                    source.read(p, offset + (i * MAX_REQUEST) as u64)
+                                })
+                        }),
+                        None => Err(diskit_core::Error::invalid("read longer than its buffer")),
+                    };
+                    cq.push(aio::Completion {
+                        tag,
+                        result,
+                        buf: Some(buf),
+                    });
+                }));
+            }
+            req => cq.push(aio::run(self, tag, req)),
+        }
+    }
+    fn queue_depth(&self) -> usize {
+        self.connections
+    }
+}
+
+impl diskit_core::Storage for HttpDevice {
+    fn location(&self) -> &str {
+        self.source.url()
+    }
+
+    fn protocol(&self) -> &'static str {
+        if self.source.url().starts_with("https://") {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}
