@@ -128,6 +128,9 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="diskit-http-bench.", dir="/dev/shm"))
     root = work / "www"
     root.mkdir()
+    # nginx's workers run as another user when started as root.
+    work.chmod(0o755)
+    root.chmod(0o755)
     times = {}
     reporting_old = nbdbench.quiet_vm()
     proc = None
@@ -136,6 +139,7 @@ def main():
         with open(root / "data.raw", "wb") as f:
             for _ in range(SIZE_MIB):
                 f.write(os.urandom(1 << 20))
+        (root / "data.raw").chmod(0o644)
         proc, url = start_nginx(nginx, root, work)
         for r in range(ROUNDS):
             order = CONTENDERS[r % len(CONTENDERS):] + CONTENDERS[:r % len(CONTENDERS)]

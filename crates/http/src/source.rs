@@ -157,8 +157,11 @@ impl Source {
             ))
         })?;
         let etag = header(r.headers(), "etag");
-        let mut sink = [0u8; 1];
-        let _ = r.body_mut().as_reader().read(&mut sink);
+        // Read to the end, so that the connection goes back to the pool.
+        let _ = std::io::copy(
+            &mut r.body_mut().as_reader().take(1 << 16),
+            &mut std::io::sink(),
+        );
         Ok((total, etag))
     }
 
@@ -244,7 +247,20 @@ impl Source {
                 }
             }
         }
-        Ok(())
+        // Reading to the end of the body gives the connection back to the
+        // pool (a body left unread closes it); a body longer than asked is
+        // the server's mistake.
+        match reader.read(&mut [0u8; 1]) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(Failure::Permanent(self.err(
+                ErrorKind::Io,
+                format!(
+                    "the server sent more than the {} bytes asked at {offset}",
+                    buf.len()
+                ),
+            ))),
+            Err(_) => Ok(()),
+        }
     }
 
     fn err(&self, kind: ErrorKind, msg: impl std::fmt::Display) -> Error {
