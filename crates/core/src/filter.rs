@@ -100,7 +100,7 @@ pub trait Filter: Send + Sync {
     /// It does for a filter whose [`reads_unchanged`](Self::reads_unchanged)
     /// says so; a filter that maps offsets overrides it.
     fn file_view<'a>(
-        &self,
+        &'a self,
         next: &'a dyn BlockDevice,
         offset: u64,
         len: u64,

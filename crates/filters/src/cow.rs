@@ -36,7 +36,7 @@ use std::sync::atomic::Ordering;
 use diskit_core::device::check_range;
 use diskit_core::range_lock::RangeLock;
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, Filter, Result,
+    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Result,
     WriteFlags, ZeroFlags,
 };
 
@@ -44,7 +44,7 @@ use crate::blockmap::{self, BlockMap};
 use crate::{overlay, params};
 
 /// The keys the filter takes.
-pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache"];
+pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache", "cow-file"];
 
 /// The default overlay block: nbdkit's.
 const DEFAULT_BLOCK: u64 = 64 << 10;
@@ -71,6 +71,9 @@ pub struct CowConfig {
     pub on_read: OnRead,
     /// Whether cache requests fill the overlay.
     pub on_cache: bool,
+    /// Keep the overlay as this qcow2 image, backed by the source (see
+    /// [`crate::cow_file`]), instead of a temporary file.
+    pub file: Option<PathBuf>,
 }
 
 impl Default for CowConfig {
@@ -79,6 +82,18 @@ impl Default for CowConfig {
             block_size: DEFAULT_BLOCK,
             on_read: OnRead::Never,
             on_cache: false,
+            file: None,
+        }
+    }
+}
+
+impl OnRead {
+    /// Whether reads fill the overlay now.
+    pub fn now(&self) -> bool {
+        match self {
+            OnRead::Never => false,
+            OnRead::Always => true,
+            OnRead::WhileExists(p) => p.exists(),
         }
     }
 }
@@ -108,6 +123,7 @@ impl CowConfig {
                     }
                 }
                 "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
+                "cow-file" => c.file = Some(PathBuf::from(v)),
                 _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),
             }
         }
@@ -189,11 +205,7 @@ impl Cow {
     }
 
     fn cow_on_read(&self) -> bool {
-        match &self.on_read {
-            OnRead::Never => false,
-            OnRead::Always => true,
-            OnRead::WhileExists(p) => p.exists(),
-        }
+        self.on_read.now()
     }
 
     /// The end of the run of blocks in state `s` from block `b`, in bytes,
@@ -348,6 +360,32 @@ impl Cow {
 impl Filter for Cow {
     fn name(&self) -> &str {
         "cow"
+    }
+
+    /// Blocks held in the overlay lie in its file at their own offsets: a
+    /// range of them is a view of that file (so that the server sends it
+    /// without copying). Blocks are never dropped from the overlay, only
+    /// written or zeroed, which a read running at the same time may or may
+    /// not see, as with any device.
+    fn file_view<'a>(
+        &'a self,
+        _next: &'a dyn BlockDevice,
+        offset: u64,
+        len: u64,
+    ) -> Option<FileView<'a>> {
+        let end = offset.checked_add(len)?;
+        if len == 0 || end > self.size {
+            return None;
+        }
+        let b = offset / self.block;
+        if self.states.get(b) != State::Data || self.run_end(b, State::Data, end) < end {
+            return None;
+        }
+        use std::os::fd::AsFd;
+        Some(FileView {
+            fd: self.overlay.as_fd(),
+            offset,
+        })
     }
 
     fn size(&self, _next: &dyn BlockDevice) -> u64 {

@@ -35,6 +35,7 @@ mod blockmap;
 pub mod blocksize;
 pub mod cache;
 pub mod cow;
+pub mod cow_file;
 pub mod delay;
 pub mod error;
 pub mod fua;
@@ -82,7 +83,7 @@ pub const FILTERS: &[FilterInfo] = &[
     FilterInfo {
         name: "cow",
         keys: cow::KEYS,
-        help: "a writable overlay in a temporary file; the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache=)",
+        help: "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)",
     },
     FilterInfo {
         name: "delay",
@@ -278,6 +279,7 @@ impl FilterSpec {
         Ok(match self {
             FilterSpec::Blocksize(c) => wrap(blocksize::Blocksize::new(&*next, c)?, next),
             FilterSpec::Cache(c) => wrap(cache::Cache::new(&*next, c)?, next),
+            FilterSpec::Cow(c) if c.file.is_some() => wrap(cow_file::CowFile::new(&next, c)?, next),
             FilterSpec::Cow(c) => wrap(cow::Cow::new(&*next, c)?, next),
             FilterSpec::Delay(d) => wrap(*d, next),
             FilterSpec::Error(c) => wrap(error::ErrorFilter::new(c.clone()), next),
