@@ -1751,3 +1751,82 @@ fn cow_file_keeps_the_overlay_as_a_qcow2_backed_by_the_source() {
     assert_eq!(&committed[..REAL as usize], &seen_bytes[..]);
     assert!(committed[REAL as usize..].iter().all(|&b| b == 0));
 }
+
+/// Runs `SERVER -U - ARGS --run CMD` with TMPDIR on a 1 MiB tmpfs of its
+/// own (a mount namespace: nothing outside sees it).
+fn run_with_small_tmpdir(server: Server, args: &[&str], cmd: &str) -> Output {
+    let dir = workdir();
+    let mnt = dir.path().join("tmp");
+    std::fs::create_dir(&mnt).unwrap();
+    let program = match server {
+        Server::Nbdkit => "nbdkit".to_string(),
+        Server::Diskit => format!("{} serve", diskit_bin().display()),
+    };
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    let script = format!(
+        "mount -t tmpfs -o size=1M tmpfs {m} && TMPDIR={m} exec {program} -U - {} --run '{cmd}'",
+        quoted.join(" "),
+        m = s(&mnt)
+    );
+    timed("unshare", 120)
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_full_overlay_fails_writes_with_enospc_and_the_server_goes_on() {
+    let client = r#"
+import nbd, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+try:
+    h.pwrite(b"x" * (4 << 20), 0)
+    print("written")
+except nbd.Error as e:
+    print("error", e.errno)
+print(len(h.pread(4096, 8 << 20)), h.pread(4, 1 << 20) in (b"xxxx", bytes(4)))
+"#;
+    for filter in ["--filter=cache", "--filter=cow"] {
+        let outs = SERVERS.map(|server| {
+            let cmd = format!("{PYTHON} -c \"{}\" \"$uri\"", client.replace('"', "\\\""));
+            let o = run_with_small_tmpdir(server, &[filter, "memory", "64M"], &cmd);
+            assert!(
+                o.status.success(),
+                "{} {filter}: {}",
+                server.name(),
+                stderr(&o)
+            );
+            stdout(&o).to_string()
+        });
+        assert_eq!(outs[0], outs[1], "{filter}");
+        assert_eq!(outs[1], "error ENOSPC\n4096 True\n", "{filter}");
+    }
+}
+
+#[test]
+fn an_overlay_that_cannot_be_created_is_a_clear_error() {
+    let dir = workdir();
+    let sock = dir.path().join("s");
+    for filter in ["--filter=cache", "--filter=cow"] {
+        let o = timed(diskit_bin(), 60)
+            .env("TMPDIR", dir.path().join("no-such-dir"))
+            .args([
+                "serve",
+                "-U",
+                s(&sock),
+                filter,
+                "memory",
+                "1M",
+                "--run",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(code(&o), 1, "{filter}");
+        let err = stderr(&o);
+        assert!(
+            err.contains("no-such-dir") && err.contains("TMPDIR"),
+            "{filter}: {err}"
+        );
+    }
+}
