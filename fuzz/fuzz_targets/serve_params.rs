@@ -53,9 +53,13 @@ fuzz_target!(|data: &[u8]| {
     let Ok(spec) = FilterSpec::parse(info.name, &params) else {
         return;
     };
-    // Delays are honoured, not fuzzed: a parsed delay of hours would stall
-    // the run.
-    if info.name == "delay" {
+    // Parsed, not stacked: delays and rates are honoured (a parsed delay
+    // of hours would stall the run), and files named by the input (log
+    // and stats files, log scripts, cow-file overlays) would be created
+    // or run wherever the input says.
+    if matches!(info.name, "delay" | "rate" | "log" | "stats")
+        || params.iter().any(|(k, _)| k == "cow-file")
+    {
         return;
     }
     let disk: DeviceRef = Arc::new(MemoryDevice::new(1 << 20));

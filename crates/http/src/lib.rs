@@ -26,6 +26,7 @@ use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Result};
 
 pub use options::{HttpOptions, KEYS};
 use source::Source;
+pub use source::parse_content_range;
 
 /// The largest read sent as one range request; longer reads are split.
 const MAX_REQUEST: usize = 32 << 20;

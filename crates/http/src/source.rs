@@ -333,8 +333,13 @@ fn header(h: &HeaderMap, name: &str) -> Option<String> {
 
 /// `Content-Range: bytes A-B/TOTAL` (TOTAL may be `*`).
 fn content_range(h: &HeaderMap) -> Option<(u64, u64, Option<u64>)> {
-    let v = header(h, "content-range")?;
-    let rest = v.strip_prefix("bytes ")?;
+    parse_content_range(&header(h, "content-range")?)
+}
+
+/// A `Content-Range` value, `bytes A-B/TOTAL` (TOTAL may be `*`): the
+/// first and last byte and the total, or `None` when it is not that.
+pub fn parse_content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
+    let rest = v.trim().strip_prefix("bytes ")?;
     let (range, total) = rest.split_once('/')?;
     let (a, b) = range.split_once('-')?;
     let (a, b) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
