@@ -37,6 +37,9 @@ pub struct FileOptions {
     /// Report the size rounded up to a whole 512-byte sector, the tail
     /// reading as zeros (what QEMU's block layer shows of a raw file).
     pub sector_size: bool,
+    /// Flushes do nothing (QEMU's cache=unsafe, `cache.no-flush`): for a
+    /// copy whose result is worthless if the host crashes before it ends.
+    pub no_flush: bool,
 }
 
 /// Seeks slower than this turn SEEK_DATA/SEEK_HOLE off for the file.
@@ -61,6 +64,7 @@ pub struct FileDevice {
     location: String,
     size: AtomicU64,
     writable: bool,
+    no_flush: bool,
     direct: bool,
     block_device: bool,
     rotational: bool,
@@ -173,6 +177,7 @@ impl FileDevice {
             location: path.to_string_lossy().into_owned(),
             size: AtomicU64::new(size),
             writable: opts.writable,
+            no_flush: opts.no_flush,
             direct: opts.direct,
             block_device,
             seek_ok: AtomicBool::new(!block_device),
@@ -608,7 +613,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn flush(&self) -> Result<()> {
-        if self.writable {
+        if self.writable && !self.no_flush {
             self.file.sync_data()?;
         }
         Ok(())

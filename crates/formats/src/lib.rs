@@ -41,6 +41,8 @@ pub struct OpenOptions {
     pub writable: bool,
     /// Bypass the host page cache.
     pub direct: bool,
+    /// The image file's flushes do nothing (cache=unsafe).
+    pub no_flush: bool,
     /// Bytes of qcow2 L2 tables to cache (QEMU's l2-cache-size).
     pub l2_cache_size: Option<u64>,
     /// Read this internal snapshot (qcow2 only; id or name).

@@ -185,14 +185,15 @@ impl Chain {
         if let Some(v) = spec.get("l2-cache-size") {
             opts.l2_cache_size = Some(size_value("l2-cache-size", v)?);
         }
-        if let Some(v) = spec.get("cache.no-flush") {
-            // no-flush allows flushes to be skipped; keeping them is always
-            // correct, so the value is only checked.
-            bool_value("cache.no-flush", v)?;
+        if let Some(v) = spec.get("cache.no-flush")
+            && bool_value("cache.no-flush", v)?
+        {
+            opts.no_flush = true;
         }
         let mode = ProtocolMode {
             writable: opts.writable,
             direct: opts.direct,
+            no_flush: opts.no_flush,
             sector_size: format.is_some_and(|f| f.driver().sector_sized()),
         };
         let storage = protocol::open(file_proto, &file_node, mode)?;
@@ -368,6 +369,7 @@ impl ImpliedFiles for Implied<'_> {
                 writable,
                 direct: self.opts.direct,
                 sector_size: false,
+                no_flush: self.opts.no_flush,
             },
         )
         .context(format!("Could not open data file '{shown}'"))

@@ -23,6 +23,8 @@ pub struct ProtocolMode {
     pub direct: bool,
     /// Round the size up to whole sectors (what QEMU's raw shows of a file).
     pub sector_size: bool,
+    /// Flushes do nothing (cache=unsafe, `cache.no-flush`).
+    pub no_flush: bool,
 }
 
 /// A protocol driver.
@@ -141,6 +143,7 @@ fn open_file(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
             writable: mode.writable,
             direct: mode.direct,
             sector_size: mode.sector_size,
+            no_flush: mode.no_flush,
         },
     )?;
     Ok(Arc::new(dev))

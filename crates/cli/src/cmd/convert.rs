@@ -304,9 +304,12 @@ fn copy_into(
     skip_backing: bool,
     bitmaps: Vec<NewBitmap>,
 ) -> CmdResult {
+    // cache=unsafe: no flush reaches the target file, the format's own
+    // (qcow2's metadata ordering, its close) included, as in qemu-img.
     let opts = OpenOptions {
         writable: true,
         direct: cache.direct,
+        no_flush: !cache.flush,
         ..Default::default()
     };
     // The target is a plain name (--image-opts is for sources) unless

@@ -273,6 +273,23 @@ impl Qcow2 {
                 return Ok(len);
             }
             let (first, _) = self.clusters(g, 1);
+            // Whole clusters that all need new ones: one allocation of a
+            // contiguous run and one write (a convert into qcow2 writes
+            // its clusters so, as QEMU does, not one by one).
+            let olds = self.new_cluster_run(&mut meta, buf, g, e, kind)?;
+            if olds.len() > 1 {
+                let last = first + olds.len() as u64 - 1;
+                let Some(t) = meta.try_take(first, last, true) else {
+                    meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+                    continue;
+                };
+                drop(meta);
+                let len = olds.len() * cs as usize;
+                let r = self.allocating_run(&buf[..len], g, &olds);
+                self.give_back(Some(t));
+                r?;
+                return Ok(len as u64);
+            }
             let Some(t) = meta.try_take(first, first, true) else {
                 meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
                 continue;
@@ -283,6 +300,80 @@ impl Qcow2 {
             r?;
             return Ok(first_len);
         }
+    }
+
+    /// The old mappings of the run of whole clusters from `g` (cluster
+    /// aligned) that `buf` covers and that all need new host clusters (none
+    /// writable in place or kept), within one L2 table and [`MAX_RUN`];
+    /// fewer than two when there is no such run.
+    fn new_cluster_run(
+        &self,
+        meta: &mut Meta,
+        buf: &[u8],
+        g: u64,
+        e: L2Entry,
+        kind: ClusterKind,
+    ) -> Result<Vec<(L2Entry, ClusterKind)>> {
+        let geo = self.geo;
+        let cs = geo.cluster_size();
+        let needs_new = |e: &L2Entry, k: ClusterKind| match k {
+            ClusterKind::Normal(_) | ClusterKind::ZeroAlloc(_) => e.word & COPIED == 0,
+            _ => true,
+        };
+        let mut olds = Vec::new();
+        if geo.cluster_start(GuestOffset(g)).0 != g
+            || (buf.len() as u64) < 2 * cs
+            || !needs_new(&e, kind)
+        {
+            return Ok(olds);
+        }
+        olds.push((e, kind));
+        let mut len = cs;
+        while len + cs <= buf.len() as u64 && len < MAX_RUN {
+            let ng = g + len;
+            if geo.l2_index(GuestOffset(ng)) == 0 {
+                break;
+            }
+            let (e2, k2) = meta.kind(GuestOffset(ng))?;
+            if !needs_new(&e2, k2) {
+                break;
+            }
+            olds.push((e2, k2));
+            len += cs;
+        }
+        Ok(olds)
+    }
+
+    /// Writes `buf`, whole clusters from `g`, into one run of newly
+    /// allocated host clusters, then points their entries at them and
+    /// releases what they mapped before (`olds`).
+    fn allocating_run(&self, buf: &[u8], g: u64, olds: &[(L2Entry, ClusterKind)]) -> Result<()> {
+        let geo = self.geo;
+        let cs = geo.cluster_size();
+        let host = {
+            let mut meta = self.lock();
+            meta.l2_for_write(GuestOffset(g))?;
+            if self.data_is_external() {
+                // External data files map guest clusters 1:1, unrefcounted.
+                HostOffset(g)
+            } else {
+                let (c, _) = meta.refs()?.alloc(olds.len() as u64)?;
+                geo.host_offset(c)
+            }
+        };
+        self.data.write_extend(buf, host.0)?;
+        // Point the entries at the data only now that it is written.
+        let mut meta = self.lock();
+        for (i, (_, kind)) in olds.iter().enumerate() {
+            let at = i as u64 * cs;
+            let new = L2Entry {
+                word: (host.0 + at) | COPIED,
+                bitmap: if geo.extended_l2 { 0xffff_ffff } else { 0 },
+            };
+            meta.set_entry(GuestOffset(g + at), new)?;
+            meta.release(*kind);
+        }
+        Ok(())
     }
 
     /// Writes `buf` (inside one cluster) at guest `g` into a newly allocated
