@@ -56,6 +56,12 @@ pub struct Qcow2 {
 /// The largest run one lookup returns (bounds the work under the lock).
 const MAX_RUN: u64 = 32 << 20;
 
+thread_local! {
+    /// Each thread's buffer for assembling a cluster (data plus what is
+    /// copied around it) before it is written.
+    static COW_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Qcow2 {
     /// Assembles an image from its opened parts (see [`super::open`]).
     pub fn new(
@@ -416,7 +422,11 @@ impl Qcow2 {
                 }
             }
         };
-        let mut region = vec![0u8; (rb - ra) as usize];
+        // The cluster is assembled in a buffer kept per thread: a fresh
+        // 2 MiB one per write costs page faults and unmaps every time.
+        let mut region = COW_BUFFER.with(|b| b.take());
+        region.clear();
+        region.resize((rb - ra) as usize, 0);
         let d = (off - ra) as usize;
         region[d..d + buf.len()].copy_from_slice(buf);
         // Fill the head and tail from the old mapping.
@@ -441,6 +451,7 @@ impl Qcow2 {
         }
         self.data
             .write_extend(&region[wa..wb], host.0 + ra + wa as u64)?;
+        COW_BUFFER.with(|b| b.replace(region));
         // Point the entry at the data only now that it is written.
         let mut meta = self.lock();
         let mut new = L2Entry {
