@@ -532,6 +532,51 @@ fn check_matches_qemu_img() {
         assert_eq!(code(&after), 0, "-r {mode}: {}", stdout(&after));
         ok(qemu_img(&["compare", s(&good), s(&ours)]));
     }
+    // What reading refuses, check reports, as qemu-img: a subcluster
+    // both allocated and zero (extended L2)...
+    let ext = d.join("ext.qcow2");
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "extended_l2=on",
+        s(&ext),
+        "1M",
+    ]));
+    qemu_io(&["-c", "write -P 5 0 4k", s(&ext)]);
+    let l2 = read_u64(&ext, read_u64(&ext, 40)) & 0x00ff_ffff_ffff_fe00;
+    let bitmap = read_u64(&ext, l2 + 8);
+    patch(&ext, l2 + 8, &(bitmap | 1 << 32).to_be_bytes());
+    same(&ext, &[], "subcluster allocated and zero");
+    // ... a compressed cluster whose size runs past the end of the file...
+    let past = d.join("past.qcow2");
+    std::fs::copy(&comp, &past).unwrap();
+    let l2 = read_u64(&past, read_u64(&past, 40)) & 0x00ff_ffff_ffff_fe00;
+    let entry = read_u64(&past, l2);
+    // 64 KiB clusters: the sector count is bits 54..61.
+    patch(&past, l2, &(entry | 0xff << 54).to_be_bytes());
+    same(&past, &[], "compressed cluster past the end");
+    // ... and a missing external data file (exit 1, as for any image that
+    // cannot be opened).
+    let with_data = d.join("with-data.qcow2");
+    let data_opt = format!("data_file={}", s(&d.join("data.raw")));
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        &data_opt,
+        s(&with_data),
+        "1M",
+    ]));
+    same(&with_data, &[], "data file present");
+    std::fs::remove_file(d.join("data.raw")).unwrap();
+    same(&with_data, &[], "data file missing");
+    let o = diskit(&["check", s(&with_data)]);
+    assert!(stderr(&o).contains("data.raw"), "{}", stderr(&o));
     // Raw images cannot be checked.
     let o = diskit(&["check", "-f", "raw", s(&src)]);
     let t = qemu_img(&["check", "-f", "raw", s(&src)]);

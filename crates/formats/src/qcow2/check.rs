@@ -18,6 +18,8 @@ struct Counted {
     geo: Geometry,
     counts: Vec<u32>,
     file_clusters: u64,
+    /// The file's length in bytes.
+    file_len: u64,
 }
 
 impl Counted {
@@ -25,25 +27,22 @@ impl Counted {
         if len == 0 {
             return;
         }
-        let first = start >> self.geo.cluster_bits;
-        let last = start.saturating_add(len - 1) >> self.geo.cluster_bits;
-        // Past the file: one error, not one per cluster of a hostile range.
-        if first >= self.file_clusters {
+        let cs = self.geo.cluster_size();
+        let file_len = self.file_len;
+        // As QEMU: a range ending a cluster or more past the end of the
+        // file is one error and counts nothing (its clusters then show as
+        // leaked); one ending less than a cluster past it counts.
+        let end = start.saturating_add(len);
+        if end.saturating_sub(file_len) >= cs {
             r.messages.push(format!(
-                "ERROR: host offset {start:#x} is referenced but lies outside the image file"
+                "ERROR: counting reference for region exceeding the end of the file by one cluster or more: offset {start:#x} size {len:#x}"
             ));
             r.corruptions += 1;
             return;
         }
-        let last = last.min(self.file_clusters - 1);
-        for c in first..=last {
-            if c >= self.file_clusters {
-                r.messages.push(format!(
-                    "ERROR: host cluster {c} is referenced but lies outside the image file"
-                ));
-                r.corruptions += 1;
-                continue;
-            }
+        let first = start >> self.geo.cluster_bits;
+        let last = (end - 1) >> self.geo.cluster_bits;
+        for c in first..=last.min(self.file_clusters.saturating_sub(1)) {
             let v = &mut self.counts[c as usize];
             *v = v.saturating_add(1);
         }
@@ -65,8 +64,12 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
         geo,
         counts: vec![0; file_clusters as usize],
         file_clusters,
+        file_len,
     };
     let external = header.incompatible_features & incompat::EXTERNAL_DATA != 0;
+    if external {
+        data_file_opens(file, &header)?;
+    }
     // The header, the active L1 table and everything below it.
     counted.inc_range(&mut r, 0, cs);
     let l1 = read_table(file, header.l1_table_offset, header.l1_size as u64)?;
@@ -253,6 +256,56 @@ struct CopiedCheck {
     l1_index: Option<usize>,
 }
 
+/// The checks QEMU makes of an extended L2 entry's subcluster bitmap: an
+/// allocated cluster with a subcluster both allocated and zero, an
+/// unallocated one with allocated subclusters, a compressed one with any
+/// bit set.
+fn bitmap_problem(r: &mut CheckReport, entry: &super::l2::L2Entry, w: u64) {
+    let (alloc, zero) = (entry.bitmap & 0xffff_ffff, entry.bitmap >> 32);
+    let off = w & L2E_OFFSET_MASK;
+    let message = if w & COMPRESSED != 0 {
+        (entry.bitmap != 0).then(|| {
+            format!(
+                "ERROR compressed cluster {:#x}: non-zero subcluster allocation bitmap, entry={w:#x}",
+                w & !(COPIED | COMPRESSED)
+            )
+        })
+    } else if off != 0 {
+        (alloc & zero != 0).then(|| {
+            format!(
+                "ERROR offset={off:x}: Allocated cluster has corrupted subcluster allocation bitmap"
+            )
+        })
+    } else {
+        (alloc != 0).then(|| {
+            "ERROR: Unallocated cluster has non-zero subcluster allocation bitmap".to_string()
+        })
+    };
+    if let Some(m) = message {
+        r.messages.push(m);
+        r.corruptions += 1;
+    }
+}
+
+/// Fails as QEMU's open does when the image's external data file cannot
+/// be opened (a local file that is missing or unreadable); names with a
+/// protocol are left to the opener.
+fn data_file_opens(file: &StorageRef, header: &Header) -> Result<()> {
+    let Some(e) = header.extension(super::header::ext::DATA_FILE) else {
+        return Err(Error::invalid(
+            "Could not open data file: no data file name in the image",
+        ));
+    };
+    let name = String::from_utf8_lossy(&e.data).into_owned();
+    if diskit_core::storage::has_protocol(&name) {
+        return Ok(());
+    }
+    let path = file.resolve(&name);
+    std::fs::File::open(&path)
+        .map(|_| ())
+        .map_err(|err| Error::from(err).context(format!("Could not open '{name}'")))
+}
+
 fn read_table(file: &dyn Storage, offset: u64, entries: u64) -> Result<Vec<u64>> {
     if entries > (32 << 20) / 8 {
         return Err(Error::invalid("table too large"));
@@ -310,6 +363,9 @@ fn walk_l1(
         for (k, entry) in table.iter().enumerate() {
             let w = entry.word;
             let at = HostOffset(l2_off + k as u64 * geo.l2_entry_bytes());
+            if geo.extended_l2 {
+                bitmap_problem(r, entry, w);
+            }
             if w & COMPRESSED != 0 {
                 if w & COPIED != 0 {
                     r.messages.push(format!(
