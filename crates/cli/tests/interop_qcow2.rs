@@ -1010,3 +1010,54 @@ fn convert_to_qcow2_is_byte_identical_to_qemu_img() {
         );
     }
 }
+
+/// Damaged snapshot and bitmap tables: info, check, map and convert give
+/// qemu-img's exit codes. A snapshot L1 table past the end of the file is
+/// listed by info and reported by check (QEMU checks where it lies only
+/// when the snapshot is used); a bitmap directory past the end makes the
+/// image unopenable for every command, as in QEMU.
+#[test]
+fn damaged_snapshot_and_bitmap_tables_get_qemu_img_exit_codes() {
+    let dir = workdir();
+    let d = dir.path();
+    let snap = d.join("snap.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&snap), "4M"]));
+    qemu_io(&["-c", "write -P 3 0 1M", s(&snap)]);
+    ok(qemu_img(&["snapshot", "-c", "s1", s(&snap)]));
+    // The first entry's L1 table offset (at the start of the table).
+    let table = read_u64(&snap, 64);
+    patch(&snap, table, &(1u64 << 40).to_be_bytes());
+    let bm = d.join("bm.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&bm), "4M"]));
+    ok(qemu_img(&["bitmap", "--add", s(&bm), "b"]));
+    qemu_io(&["-c", "write 0 64k", s(&bm)]);
+    // The bitmaps extension: its directory offset, 16 bytes into its data.
+    let data = std::fs::read(&bm).unwrap();
+    let mut at = u32::from_be_bytes(data[100..104].try_into().unwrap()) as usize;
+    loop {
+        let kind = u32::from_be_bytes(data[at..at + 4].try_into().unwrap());
+        let len = u32::from_be_bytes(data[at + 4..at + 8].try_into().unwrap()) as usize;
+        assert_ne!(kind, 0, "no bitmaps extension");
+        if kind == 0x2385_2875 {
+            patch(&bm, (at + 8 + 16) as u64, &(1u64 << 40).to_be_bytes());
+            break;
+        }
+        at += 8 + len.div_ceil(8) * 8;
+    }
+    let out = d.join("out.raw");
+    for img in [&snap, &bm] {
+        for args in [
+            vec!["info", s(img)],
+            vec!["check", s(img)],
+            vec!["check", "--output=json", s(img)],
+            vec!["map", "--output=json", s(img)],
+            vec!["convert", "-O", "raw", s(img), s(&out)],
+        ] {
+            let (o, t) = (diskit(&args), qemu_img(&args));
+            assert_eq!(code(&o), code(&t), "{args:?}: {}", stderr(&o));
+            if args[0] != "convert" && code(&t) != 1 {
+                assert_eq!(stdout(&o), stdout(&t), "{args:?}");
+            }
+        }
+    }
+}

@@ -282,7 +282,7 @@ impl Qcow2 {
                 "Cannot downgrade an image with a data file",
             ));
         }
-        let snaps = snapshot::read(&self.file, h)?;
+        let snaps = snapshot::read_checked(&self.file, h)?;
         let size = self.size() / 512 * 512;
         if snaps
             .iter()

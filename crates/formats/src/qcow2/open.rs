@@ -118,6 +118,15 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
             .and_then(|id| snapshots.iter().find(|s| s.id == id.as_bytes()))
             .or_else(|| by_name.and_then(|n| snapshots.iter().find(|s| s.name == n.as_bytes())))
             .ok_or_else(|| Error::new(ErrorKind::NotFound, "Can't find snapshot"))?;
+        let index = snapshots
+            .iter()
+            .position(|s| std::ptr::eq(s, found))
+            .unwrap_or(0);
+        let cx = super::snapshot::TableContext {
+            cluster_size: header.cluster_size(),
+            file_len: file.file_len()?,
+        };
+        super::snapshot::check_placement(found, index as u32, &cx)?;
         // The disk keeps its current size; the snapshot's table maps it.
         header.l1_table_offset = found.l1_table_offset;
         header.l1_size = found.l1_size;
@@ -146,6 +155,12 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
         (cache_bytes / cs) as usize,
         refs,
     )?;
+    if !opts.writable {
+        // A bitmap directory that does not hold together makes the image
+        // unopenable, read-only too, as in QEMU: info, map, convert and
+        // check then agree on it.
+        super::bitmap::read(&file, &header)?;
+    }
     let image = Qcow2::new(file, data, backing, header, meta, opts.writable);
     if opts.writable {
         image.track_bitmaps()?;

@@ -143,7 +143,7 @@ enum Scan {
 }
 
 /// Scans `count` entries from the start of `bytes`.
-fn scan(bytes: &[u8], count: u32, cx: &TableContext) -> Result<Scan> {
+fn scan(bytes: &[u8], count: u32, _cx: &TableContext) -> Result<Scan> {
     if count > MAX_SNAPSHOTS {
         return Err(corrupt(format!(
             "Too many snapshots ({count}, at most {MAX_SNAPSHOTS})"
@@ -197,23 +197,42 @@ fn scan(bytes: &[u8], count: u32, cx: &TableContext) -> Result<Scan> {
             vm_state_size_32: be32(h, 32),
             extra: extra.to_vec(),
         };
-        check_l1(&sn, i, cx)?;
+        check_l1_size(&sn, i)?;
         out.push(sn);
         at += entry;
     }
     Ok(Scan::Done(out))
 }
 
-/// A snapshot's L1 table: cluster aligned, of a size QEMU accepts, inside
-/// the file and clear of the header.
-fn check_l1(sn: &Snapshot, i: u32, cx: &TableContext) -> Result<()> {
-    let what = || {
-        format!(
-            "Snapshot table entry {i} (id '{}', name '{}')",
-            sn.display_id(),
-            sn.display_name()
-        )
-    };
+/// How a snapshot table entry is named in messages.
+fn entry_name(sn: &Snapshot, i: u32) -> String {
+    format!(
+        "Snapshot table entry {i} (id '{}', name '{}')",
+        sn.display_id(),
+        sn.display_name()
+    )
+}
+
+/// What QEMU checks of a snapshot's L1 table when it reads the table:
+/// its size. Where it lies is checked when it is used
+/// ([`check_placement`]), so that `info` lists, and `check` reports, an
+/// image whose snapshot tables are damaged, as qemu-img does.
+fn check_l1_size(sn: &Snapshot, i: u32) -> Result<()> {
+    if sn.l1_size as u64 * 8 > MAX_L1_BYTES {
+        return Err(corrupt(format!(
+            "{}: L1 table is too large ({} entries)",
+            entry_name(sn, i),
+            sn.l1_size
+        )));
+    }
+    Ok(())
+}
+
+/// A snapshot's L1 table, before it is used: cluster aligned, of a size
+/// QEMU accepts, inside the file and clear of the header. `i` is its
+/// index in the table, for the message.
+pub fn check_placement(sn: &Snapshot, i: u32, cx: &TableContext) -> Result<()> {
+    let what = || entry_name(sn, i);
     let off = sn.l1_table_offset;
     let bytes = sn.l1_size as u64 * 8;
     if !off.is_multiple_of(cx.cluster_size) {
@@ -242,12 +261,31 @@ fn check_l1(sn: &Snapshot, i: u32, cx: &TableContext) -> Result<()> {
 }
 
 /// Parses and validates a table of `count` entries from `bytes`, which
-/// must hold the whole table (from `snapshots_offset` on).
+/// must hold the whole table (from `snapshots_offset` on), the L1 tables
+/// where they lie included.
 pub fn parse(bytes: &[u8], count: u32, cx: &TableContext) -> Result<Vec<Snapshot>> {
-    match scan(bytes, count, cx)? {
-        Scan::Done(v) => Ok(v),
-        Scan::Short { entry, .. } => Err(truncated(entry)),
+    let list = match scan(bytes, count, cx)? {
+        Scan::Done(v) => v,
+        Scan::Short { entry, .. } => return Err(truncated(entry)),
+    };
+    for (i, sn) in list.iter().enumerate() {
+        check_placement(sn, i as u32, cx)?;
     }
+    Ok(list)
+}
+
+/// [`read`], with every snapshot's L1 table checked where it lies: for
+/// what changes snapshots or reads all of them.
+pub fn read_checked(file: &dyn Storage, header: &Header) -> Result<Vec<Snapshot>> {
+    let list = read(file, header)?;
+    let cx = TableContext {
+        cluster_size: header.cluster_size(),
+        file_len: file.file_len()?,
+    };
+    for (i, sn) in list.iter().enumerate() {
+        check_placement(sn, i as u32, &cx)?;
+    }
+    Ok(list)
 }
 
 fn truncated(entry: u32) -> Error {
@@ -256,7 +294,8 @@ fn truncated(entry: u32) -> Error {
     ))
 }
 
-/// Reads and validates the snapshot table of an image. Reads only as much
+/// Reads and validates the snapshot table of an image (the L1 tables'
+/// size, not where they lie: see [`read_checked`]). Reads only as much
 /// of the file as the table needs (growing the read as entries demand),
 /// never more than QEMU's limits allow.
 pub fn read(file: &dyn Storage, header: &Header) -> Result<Vec<Snapshot>> {

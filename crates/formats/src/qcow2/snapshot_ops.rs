@@ -111,7 +111,7 @@ impl Qcow2 {
         if header.incompatible_features & incompat::EXTERNAL_DATA != 0 {
             return Err(Error::from_kind(ErrorKind::NotSupported));
         }
-        let snaps = snapshot::read(&self.file, &header)?;
+        let snaps = snapshot::read_checked(&self.file, &header)?;
         Ok((header, snaps))
     }
 
