@@ -60,6 +60,8 @@ enum Command {
     Nbdinfo(cmd::nbdinfo::Args),
     /// Copy between files, devices, pipes and NBD servers (libnbd's nbdcopy).
     Copy(cmd::copy::Args),
+    /// Copy an image block by block into a new one (qemu-img dd).
+    Dd(cmd::dd::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -118,6 +120,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Nbdinfo(a) => cmd::nbdinfo::run(a),
         Command::Copy(a) => cmd::copy::run(a),
+        Command::Dd(a) => cmd::dd::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

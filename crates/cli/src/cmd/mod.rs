@@ -7,6 +7,7 @@ pub mod compare;
 pub mod convert;
 pub mod copy;
 pub mod create;
+pub mod dd;
 pub mod info;
 pub mod map;
 pub mod measure;

@@ -451,6 +451,12 @@ impl Qcow2 {
         }
         self.data
             .write_extend(&region[wa..wb], host.0 + ra + wa as u64)?;
+        if wb < region.len() {
+            // The file still ends where its last cluster does, as QEMU
+            // leaves it (it zeroes such a tail, which extends the file): a
+            // zero at the cluster's last byte, which this write holds.
+            self.data.write_extend(&[0], host.0 + rb - 1)?;
+        }
         COW_BUFFER.with(|b| b.replace(region));
         // Point the entry at the data only now that it is written.
         let mut meta = self.lock();
