@@ -73,6 +73,16 @@ pub struct Args {
     /// Copy the source's persistent bitmaps (qcow2 to qcow2).
     #[arg(long = "bitmaps")]
     bitmaps: bool,
+    /// Read errors become zeros, with a warning for each sector.
+    #[arg(long = "salvage")]
+    salvage: bool,
+    /// Read the source at most this many bytes a second (suffixes k, M, G...).
+    #[arg(short = 'r')]
+    rate: Option<String>,
+    /// Copy offloading: copy_file_range between the files, where both
+    /// sides are raw files.
+    #[arg(short = 'C')]
+    copy_offload: bool,
     /// With --bitmaps, skip bitmaps marked inconsistent instead of failing.
     #[arg(long = "skip-broken-bitmaps")]
     skip_broken_bitmaps: bool,
@@ -131,6 +141,29 @@ pub fn run(a: Args) -> CmdResult {
             "-o has no effect when skipping image creation",
         ));
     }
+    if a.copy_offload && a.compress {
+        return Err(CliError::new(
+            "Cannot enable copy offloading when -c is used",
+        ));
+    }
+    if a.copy_offload && a.sparse_size.is_some() {
+        return Err(CliError::new(
+            "Cannot enable copy offloading when -S is used",
+        ));
+    }
+    // -r: bytes a second (0: no limit), with qemu-img's suffixes.
+    let rate = match &a.rate {
+        None => None,
+        Some(r) => match crate::util::parse_size_arg(r, "rate limit") {
+            Ok(0) => None,
+            Ok(n) => Some(n),
+            Err(_) => {
+                return Err(CliError::new(format!(
+                    "Invalid rate limit specified: '{r}'."
+                )));
+            }
+        },
+    };
     if a.target_image_opts && !a.no_create {
         return Err(CliError::new("--target-image-opts requires use of -n flag"));
     }
@@ -228,11 +261,17 @@ pub fn run(a: Args) -> CmdResult {
             "Format driver '{driver}' does not support bitmaps"
         )));
     }
-    let src: DeviceRef = if devices.len() == 1 {
+    let mut src: DeviceRef = if devices.len() == 1 {
         devices.pop().expect("one source")
     } else {
         Arc::new(Concat::new(devices)?)
     };
+    if a.salvage {
+        src = Arc::new(crate::cmd::convert_io::salvage::Salvage(src));
+    }
+    if let Some(rate) = rate {
+        src = Arc::new(crate::cmd::convert_io::rate::RateLimited::new(src, rate));
+    }
     let total = src.size();
 
     if target.as_os_str() == NULL_TARGET {
@@ -358,6 +397,23 @@ fn copy_into(
         how.min_sparse = cs;
         how.zero_alignment = cs;
         how.ordered_writes = false;
+    }
+    if a.copy_offload
+        && out_format == Format::RAW
+        && bitmaps.is_empty()
+        && let Some(fd) = dst.file.fd()
+    {
+        let done = crate::cmd::convert_io::offload::copy(src, &*dst.device, fd, how.target_is_zero)
+            .map_err(|e| CliError::new(e.to_string()))?;
+        if done {
+            if cache.flush {
+                dst.device
+                    .flush()
+                    .map_err(|e| CliError::new(e.to_string()))?;
+            }
+            dst.close().map_err(|e| CliError::new(e.to_string()))?;
+            return Ok(0);
+        }
     }
     if !bitmaps.is_empty() {
         if !dst.ops.stores_bitmaps() {

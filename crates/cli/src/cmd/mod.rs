@@ -5,6 +5,7 @@ pub mod check;
 pub mod commit;
 pub mod compare;
 pub mod convert;
+pub mod convert_io;
 pub mod copy;
 pub mod create;
 pub mod dd;
