@@ -62,6 +62,8 @@ enum Command {
     Copy(cmd::copy::Args),
     /// Copy an image block by block into a new one (qemu-img dd).
     Dd(cmd::dd::Args),
+    /// Add, remove, clear, enable, disable or merge persistent bitmaps.
+    Bitmap(cmd::bitmap::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -121,6 +123,7 @@ fn main() -> ExitCode {
         Command::Nbdinfo(a) => cmd::nbdinfo::run(a),
         Command::Copy(a) => cmd::copy::run(a),
         Command::Dd(a) => cmd::dd::run(a),
+        Command::Bitmap(a) => cmd::bitmap::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -49,6 +49,59 @@ pub fn unsupported_op(format: &str, what: &str) -> Error {
     )
 }
 
+/// One change to an image's persistent bitmaps (`qemu-img bitmap`).
+#[derive(Debug, Clone)]
+pub enum BitmapEdit {
+    /// A new, empty, enabled bitmap; `granularity` in bytes (the image's
+    /// default when `None`).
+    Add {
+        /// Its name.
+        name: String,
+        /// Bytes one bit covers.
+        granularity: Option<u64>,
+    },
+    /// Deletes a bitmap.
+    Remove(String),
+    /// Clears every bit.
+    Clear(String),
+    /// Starts tracking writes.
+    Enable(String),
+    /// Stops tracking writes.
+    Disable(String),
+    /// Sets the bits that are set in `bits` (another bitmap's).
+    Merge {
+        /// The bitmap merged into.
+        name: String,
+        /// The bits merged in.
+        bits: Bits,
+    },
+}
+
+impl BitmapEdit {
+    /// qemu-img's name for the operation.
+    pub fn op(&self) -> &'static str {
+        match self {
+            BitmapEdit::Add { .. } => "add",
+            BitmapEdit::Remove(_) => "remove",
+            BitmapEdit::Clear(_) => "clear",
+            BitmapEdit::Enable(_) => "enable",
+            BitmapEdit::Disable(_) => "disable",
+            BitmapEdit::Merge { .. } => "merge",
+        }
+    }
+
+    /// The bitmap changed.
+    pub fn name(&self) -> &str {
+        match self {
+            BitmapEdit::Add { name, .. } | BitmapEdit::Merge { name, .. } => name,
+            BitmapEdit::Remove(n)
+            | BitmapEdit::Clear(n)
+            | BitmapEdit::Enable(n)
+            | BitmapEdit::Disable(n) => n,
+        }
+    }
+}
+
 /// A persistent bitmap of an image.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BitmapInfo {
@@ -143,6 +196,13 @@ pub trait FormatImage: Send + Sync {
     /// Adds bitmaps (new names only).
     fn add_bitmaps(&self, new: Vec<NewBitmap>) -> Result<()> {
         let _ = new;
+        Err(unsupported_op(self.format().name(), "bitmaps"))
+    }
+
+    /// Applies `edits` in order; if one fails, none is stored, and the
+    /// error names the operation and the bitmap, as qemu-img's do.
+    fn edit_bitmaps(&self, edits: Vec<BitmapEdit>) -> Result<()> {
+        let _ = edits;
         Err(unsupported_op(self.format().name(), "bitmaps"))
     }
 

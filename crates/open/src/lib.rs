@@ -31,8 +31,9 @@ pub use diskit_formats::image_ops::{AfterClose, Bits};
 pub use diskit_formats::implied::Named;
 pub use diskit_formats::probe::probe as probe_format;
 pub use diskit_formats::{
-    BitmapInfo, Capability, CheckReport, Creation, Format, FormatDriver, FormatImage, FormatInfo,
-    Image, InfoValue, NewBitmap, OpenOptions, OptionList, Prealloc, Repair, SnapshotInfo,
+    BitmapEdit, BitmapInfo, Capability, CheckReport, Creation, Format, FormatDriver, FormatImage,
+    FormatInfo, Image, InfoValue, NewBitmap, OpenOptions, OptionList, Prealloc, Repair,
+    SnapshotInfo,
 };
 
 use gate::{Role, Trust};

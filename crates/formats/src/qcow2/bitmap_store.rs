@@ -179,7 +179,144 @@ impl Qcow2 {
                 bits: n.bits,
             });
         }
-        self.store_bitmaps(plans, &DirtyRanges::default())
+        self.store_bitmaps(plans, &DirtyRanges::default(), Vec::new())
+    }
+
+    /// Applies `edits` in order to the stored bitmaps, then stores the
+    /// result at once: nothing is stored if one fails.
+    pub fn edit_bitmaps(&self, edits: Vec<crate::image_ops::BitmapEdit>) -> Result<()> {
+        use crate::image_ops::BitmapEdit as E;
+        /// A bitmap as the edits leave it.
+        struct Work {
+            name: Vec<u8>,
+            flags: u32,
+            old: Option<Bitmap>,
+            bits: Option<Bits>,
+        }
+        if self.header().version < 3 {
+            return Err(Error::unsupported(
+                "Cannot store dirty bitmaps in qcow2 v2 files",
+            ));
+        }
+        self.persist_bitmaps()?;
+        let size = self.size();
+        let cs = self.geometry().cluster_size();
+        let mut dropped: Vec<Bitmap> = Vec::new();
+        let mut work: Vec<Work> = self
+            .bitmaps()
+            .into_iter()
+            .map(|b| Work {
+                name: b.name.clone(),
+                flags: b.flags,
+                old: Some(b),
+                bits: None,
+            })
+            .collect();
+        for edit in edits {
+            let failed = |msg: String| {
+                Error::invalid(format!(
+                    "Operation {} on bitmap {} failed: {msg}",
+                    edit.op(),
+                    edit.name()
+                ))
+            };
+            let find = |work: &[Work]| {
+                work.iter()
+                    .position(|w| w.name == edit.name().as_bytes())
+                    .ok_or_else(|| failed(format!("Dirty bitmap '{}' not found", edit.name())))
+            };
+            let usable = |w: &Work| {
+                if w.flags & flags::IN_USE != 0 {
+                    Err(failed(format!(
+                        "Bitmap '{}' is inconsistent and cannot be used",
+                        edit.name()
+                    )))
+                } else {
+                    Ok(())
+                }
+            };
+            match &edit {
+                E::Add { name, granularity } => {
+                    if work.iter().any(|w| w.name == name.as_bytes()) {
+                        return Err(failed(format!("Bitmap already exists: {name}")));
+                    }
+                    let g = granularity.unwrap_or(cs);
+                    if !g.is_power_of_two() || g < 512 {
+                        return Err(failed(
+                            "Granularity must be power of 2 and at least 512".into(),
+                        ));
+                    }
+                    if g > 1 << 31 {
+                        return Err(failed("Granularity must not exceed 2147483648".into()));
+                    }
+                    work.push(Work {
+                        name: name.clone().into_bytes(),
+                        flags: flags::AUTO,
+                        old: None,
+                        bits: Some(Bits::new(size, g.trailing_zeros() as u8)),
+                    });
+                }
+                E::Remove(_) => {
+                    let i = find(&work)?;
+                    if let Some(old) = work.remove(i).old {
+                        dropped.push(old);
+                    }
+                }
+                E::Clear(_) => {
+                    let i = find(&work)?;
+                    usable(&work[i])?;
+                    let g = match (&work[i].bits, &work[i].old) {
+                        (Some(b), _) => b.granularity_bits(),
+                        (None, Some(o)) => o.granularity_bits,
+                        (None, None) => unreachable!("a bitmap has bits or is stored"),
+                    };
+                    work[i].bits = Some(Bits::new(size, g));
+                }
+                E::Enable(_) | E::Disable(_) => {
+                    let i = find(&work)?;
+                    usable(&work[i])?;
+                    if matches!(edit, E::Enable(_)) {
+                        work[i].flags |= flags::AUTO;
+                    } else {
+                        work[i].flags &= !flags::AUTO;
+                    }
+                }
+                E::Merge { bits, .. } => {
+                    let i = find(&work)?;
+                    usable(&work[i])?;
+                    if work[i].bits.is_none() {
+                        let old = work[i].old.as_ref().expect("stored");
+                        work[i].bits = Some(read_bits(&self.file, cs, old, size)?);
+                    }
+                    let target = work[i].bits.as_mut().expect("read above");
+                    for (start, end) in bits.dirty_ranges() {
+                        target.set_range(start, end.min(size));
+                    }
+                }
+            }
+        }
+        let plans = work
+            .into_iter()
+            .map(|w| match (w.bits, w.old) {
+                (Some(bits), old) => {
+                    dropped.extend(old);
+                    Plan::New {
+                        name: w.name,
+                        flags: w.flags,
+                        bits,
+                    }
+                }
+                (None, Some(old)) if old.flags == w.flags => Plan::Keep(old),
+                (None, Some(old)) => Plan::Rewrite {
+                    old,
+                    read_size: size,
+                    flags: w.flags,
+                    track: false,
+                },
+                (None, None) => unreachable!("a bitmap has bits or is stored"),
+            })
+            .collect();
+        self.store_bitmaps(plans, &DirtyRanges::default(), dropped)
     }
 
     /// Fits every consistent bitmap to a disk resized from `old_size` (and
@@ -219,12 +356,17 @@ impl Qcow2 {
                 }
             })
             .collect();
-        self.store_bitmaps(plans, &t.dirty)
+        self.store_bitmaps(plans, &t.dirty, Vec::new())
     }
 
     /// Writes the bitmap set `plans` (every bitmap of the image, in
     /// directory order) and frees what the replaced ones used.
-    fn store_bitmaps(&self, plans: Vec<Plan>, dirty: &DirtyRanges) -> Result<()> {
+    fn store_bitmaps(
+        &self,
+        plans: Vec<Plan>,
+        dirty: &DirtyRanges,
+        dropped: Vec<Bitmap>,
+    ) -> Result<()> {
         let size = self.size();
         let cs = self.geometry().cluster_size();
         let old_ext = match BitmapsExt::of(&read_header(&self.file)?)? {
@@ -233,7 +375,8 @@ impl Qcow2 {
         };
         let mut meta = self.lock();
         let mut list = Vec::with_capacity(plans.len());
-        let mut freed: Vec<Bitmap> = Vec::new();
+        // Bitmaps gone, or replaced by new bits, free their clusters.
+        let mut freed: Vec<Bitmap> = dropped;
         for plan in plans {
             let (name, flags, bits) = match plan {
                 Plan::Keep(b) => {

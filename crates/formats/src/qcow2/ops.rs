@@ -146,6 +146,10 @@ impl FormatImage for Qcow2Image {
         self.image.add_bitmaps(new)
     }
 
+    fn edit_bitmaps(&self, edits: Vec<crate::image_ops::BitmapEdit>) -> Result<()> {
+        self.image.edit_bitmaps(edits)
+    }
+
     fn compressed_writer(self: Arc<Self>) -> Result<(DeviceRef, u64)> {
         let cs = self.image.geometry().cluster_size();
         Ok((Arc::new(CompressedWriter::new(self.image.clone())), cs))
