@@ -64,6 +64,8 @@ enum Command {
     Dd(cmd::dd::Args),
     /// Add, remove, clear, enable, disable or merge persistent bitmaps.
     Bitmap(cmd::bitmap::Args),
+    /// Time a run of reads or writes (qemu-img bench).
+    Bench(cmd::bench::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
@@ -124,6 +126,7 @@ fn main() -> ExitCode {
         Command::Copy(a) => cmd::copy::run(a),
         Command::Dd(a) => cmd::dd::run(a),
         Command::Bitmap(a) => cmd::bitmap::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

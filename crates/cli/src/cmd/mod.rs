@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod amend;
+pub mod bench;
 pub mod bitmap;
 pub mod check;
 pub mod commit;
