@@ -544,3 +544,50 @@ fn convert_with_a_backing_file_writes_only_the_top_layer() {
         assert_eq!(code(&o), 1, "{args:?}");
     }
 }
+
+/// `rebase -c` writes what safe mode copies as compressed clusters, as
+/// qemu-img does: the same layout (compressed flags included), the same
+/// content, a clean check.
+#[test]
+fn rebase_c_compresses_what_it_copies_as_qemu_img() {
+    let dir = workdir();
+    let d = dir.path();
+    for who in ["ours", "theirs"] {
+        let (base, top, new) = (
+            format!("{who}-base.qcow2"),
+            format!("{who}-top.qcow2"),
+            format!("{who}-new.qcow2"),
+        );
+        ok(qimg(d, &["create", "-q", "-f", "qcow2", &base, "4M"]));
+        qio(
+            d,
+            &["-c", "write -P 1 0 1M", "-c", "write -P 2 3M 100k", &base],
+        );
+        ok(qimg(
+            d,
+            &[
+                "create", "-q", "-f", "qcow2", "-b", &base, "-F", "qcow2", &top,
+            ],
+        ));
+        qio(d, &["-c", "write -P 9 512k 4k", &top]);
+        ok(qimg(d, &["create", "-q", "-f", "qcow2", &new, "4M"]));
+        let args = [
+            "rebase",
+            "-c",
+            "-b",
+            new.as_str(),
+            "-F",
+            "qcow2",
+            top.as_str(),
+        ];
+        if who == "ours" {
+            ok(run_in(&diskit_bin(), d, &args));
+        } else {
+            ok(qimg(d, &args));
+        }
+    }
+    assert_eq!(layout(d, "ours-top.qcow2"), layout(d, "theirs-top.qcow2"));
+    assert!(map(d, "ours-top.qcow2").contains("\"compressed\": true"));
+    identical(d, "ours-top.qcow2", "theirs-top.qcow2");
+    check_clean(d, "ours-top.qcow2");
+}

@@ -71,6 +71,19 @@ pub fn copy_differences(
     align: u64,
     progress: &Progress,
 ) -> Result<()> {
+    copy_differences_into(image, image, backings, align, progress)
+}
+
+/// [`copy_differences`], writing through `out` (a device over the same
+/// image: a compressing writer for `rebase -c`, whose writes must then be
+/// whole clusters: `align` the cluster size).
+pub fn copy_differences_into(
+    image: &dyn BlockDevice,
+    out: &dyn BlockDevice,
+    backings: &Backings<'_>,
+    align: u64,
+    progress: &Progress,
+) -> Result<()> {
     let size = image.size();
     let align = align.clamp(1, PIECE);
     let old_size = backings.old.map_or(0, |d| d.size());
@@ -100,9 +113,9 @@ pub fn copy_differences(
             let at = start + done as u64;
             if differ {
                 if at >= old_size {
-                    image.write_zeroes(at, run as u64, ZeroFlags::default())?;
+                    out.write_zeroes(at, run as u64, ZeroFlags::default())?;
                 } else {
-                    image.write_at(&old_buf[done..done + run], at, WriteFlags::NONE)?;
+                    out.write_at(&old_buf[done..done + run], at, WriteFlags::NONE)?;
                 }
             }
             done += run;

@@ -9,7 +9,7 @@ use crate::CmdResult;
 use crate::progress::ProgressPrinter;
 use crate::util::{CliError, cache_mode, open, parse_source_format};
 use diskit_copy::Progress;
-use diskit_copy::rebase::{Backings, copy_differences};
+use diskit_copy::rebase::{Backings, copy_differences, copy_differences_into};
 use diskit_core::storage::resolve_relative;
 use diskit_core::{DeviceRef, ErrorKind};
 use diskit_open::{Format, Image, OpenOptions, open_image};
@@ -29,6 +29,9 @@ pub struct Args {
     /// Unsafe: only change the name; the old backing file is not read.
     #[arg(short = 'u')]
     unsafe_mode: bool,
+    /// Compress what safe mode writes into the image.
+    #[arg(short = 'c')]
+    compress: bool,
     /// Cache mode of the image (default writeback).
     #[arg(short = 't')]
     cache: Option<String>,
@@ -92,12 +95,22 @@ pub fn run(a: Args) -> CmdResult {
         };
         let progress = Arc::new(Progress::default());
         let printer = (a.progress && !a.quiet).then(|| ProgressPrinter::start(progress.clone()));
-        let align = img.ops.subcluster_size().unwrap_or(1);
         let backings = Backings {
             old: img.backing.as_ref().map(|b| &*b.device),
             new: new.as_deref(),
         };
-        let result = copy_differences(&*img.device, &backings, align, &progress);
+        let result = if a.compress {
+            // Whole clusters, compressed, as qemu-img rebase -c writes them.
+            let (writer, cs) = img
+                .ops
+                .clone()
+                .compressed_writer()
+                .map_err(|e| CliError::new(e.to_string()))?;
+            copy_differences_into(&*img.device, &*writer, &backings, cs, &progress)
+        } else {
+            let align = img.ops.subcluster_size().unwrap_or(1);
+            copy_differences(&*img.device, &backings, align, &progress)
+        };
         if let (Some(p), Ok(_)) = (&printer, &result) {
             p.completed();
         }
