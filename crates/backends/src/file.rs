@@ -698,6 +698,10 @@ impl Storage for FileDevice {
         Some(self.file.as_fd())
     }
 
+    fn lock_image(&self, perm: u8, unshare: u8) -> Result<()> {
+        crate::image_lock::take(&self.file, &self.location, perm, unshare)
+    }
+
     fn is_fixed_size(&self) -> bool {
         self.block_device
     }

@@ -135,6 +135,15 @@ pub struct OpenPolicy {
 
 static OPEN_POLICY: std::sync::OnceLock<OpenPolicy> = std::sync::OnceLock::new();
 
+/// `-U`/`--force-share` of the command running: read-only opens take no
+/// image locks.
+static FORCE_SHARE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Records the command's `-U`.
+pub fn set_force_share(on: bool) {
+    FORCE_SHARE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Sets the policy, once, before any subcommand runs.
 pub fn set_open_policy(p: OpenPolicy) {
     let _ = OPEN_POLICY.set(p);
@@ -163,6 +172,7 @@ pub fn open_name_as(
     image_opts: bool,
 ) -> diskit_core::Result<Image> {
     opts.untrusted |= open_policy().untrusted;
+    opts.force_share |= FORCE_SHARE.load(std::sync::atomic::Ordering::Relaxed);
     let name = path
         .to_str()
         .ok_or_else(|| Error::invalid("the name is not valid UTF-8"))?;

@@ -139,6 +139,43 @@ pub trait Storage: BlockDevice {
     fn is_fixed_size(&self) -> bool {
         true
     }
+
+    /// Takes QEMU's image locks on the storage (see [`lock`]), after
+    /// checking that no other process holds locks they conflict with: the
+    /// permissions `perm` this open uses and those `unshare` it lets no one
+    /// else use. The locks last as long as the storage is open. Storage
+    /// that is not a local file has none, the default.
+    fn lock_image(&self, perm: u8, unshare: u8) -> Result<()> {
+        let _ = (perm, unshare);
+        Ok(())
+    }
+}
+
+/// QEMU's image locking: permissions, as bits, and their names. A process
+/// holding permission `p` holds a shared lock on byte `100 + p` of the
+/// image file; one that lets no one else have `p` holds a shared lock on
+/// byte `200 + p` (QEMU's file-posix driver, open file description locks).
+pub mod lock {
+    /// Reading, and seeing the data stay consistent.
+    pub const READ: u8 = 1 << 0;
+    /// Writing.
+    pub const WRITE: u8 = 1 << 1;
+    /// Writing without changing what the image shows.
+    pub const WRITE_UNCHANGED: u8 = 1 << 2;
+    /// Changing the size.
+    pub const RESIZE: u8 = 1 << 3;
+    /// Where the permission bytes start.
+    pub const PERM_BASE: u64 = 100;
+    /// Where the bytes of unshared permissions start.
+    pub const SHARED_BASE: u64 = 200;
+
+    /// QEMU's name for permission bit `i`.
+    pub fn name(i: u32) -> &'static str {
+        ["consistent read", "write", "write unchanged", "resize"]
+            .get(i as usize)
+            .copied()
+            .unwrap_or("unknown")
+    }
 }
 
 /// Resolves `name` against the directory of `location`, as QEMU resolves
@@ -202,6 +239,9 @@ macro_rules! forward_storage {
             }
             fn is_fixed_size(&self) -> bool {
                 (**self).is_fixed_size()
+            }
+            fn lock_image(&self, perm: u8, unshare: u8) -> Result<()> {
+                (**self).lock_image(perm, unshare)
             }
         }
     };

@@ -43,6 +43,9 @@ pub struct OpenOptions {
     pub direct: bool,
     /// The image file's flushes do nothing (cache=unsafe).
     pub no_flush: bool,
+    /// Take no image locks on a read-only open (`-U`, `--force-share`):
+    /// read an image a running VM uses.
+    pub force_share: bool,
     /// Bytes of qcow2 L2 tables to cache (QEMU's l2-cache-size).
     pub l2_cache_size: Option<u64>,
     /// Read this internal snapshot (qcow2 only; id or name).

@@ -228,6 +228,24 @@ impl Chain {
         } else {
             storage
         };
+        // QEMU's image locks: a writer uses writes (a qcow2 resizes its
+        // file), a reader reads; a qcow2 lets no one else write or resize
+        // its file (its metadata would change under it), as in QEMU. `-U`
+        // takes none on a read-only open.
+        if opts.writable || !opts.force_share {
+            use diskit_core::storage::lock;
+            let metadata = format == Format::QCOW2;
+            let (perm, unshare) = match (opts.writable, metadata) {
+                (true, true) => (
+                    lock::READ | lock::WRITE | lock::RESIZE,
+                    lock::WRITE | lock::RESIZE,
+                ),
+                (true, false) => (lock::READ | lock::WRITE, 0),
+                (false, true) => (lock::READ, lock::WRITE | lock::RESIZE),
+                (false, false) => (lock::READ, 0),
+            };
+            storage.lock_image(perm, unshare)?;
+        }
         let mut implied = Implied {
             chain: self,
             parent: storage.clone(),

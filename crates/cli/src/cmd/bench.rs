@@ -90,7 +90,8 @@ fn size(what: &str, v: &str, min: u64, max: u64) -> Result<u64, CliError> {
 }
 
 pub fn run(a: Args) -> CmdResult {
-    let _ = (a.quiet, a.force_share);
+    let _ = a.quiet;
+    crate::util::set_force_share(a.force_share);
     let int_max = i32::MAX as i64;
     let count = match &a.count {
         Some(v) => int("request count", v, 1, int_max)? as u64,

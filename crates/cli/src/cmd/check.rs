@@ -45,7 +45,8 @@ pub fn run(a: Args) -> CmdResult {
             ));
         }
     };
-    let _ = (a.cache, a.force_share);
+    let _ = a.cache;
+    crate::util::set_force_share(a.force_share);
     let name = a.filename.display().to_string();
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
     let file =

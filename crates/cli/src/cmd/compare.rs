@@ -47,7 +47,8 @@ enum Verdict {
 }
 
 pub fn run(a: Args) -> CmdResult {
-    let _ = (a.progress, a.force_share);
+    let _ = a.progress;
+    crate::util::set_force_share(a.force_share);
     let open = |p: &PathBuf, f: &Option<String>| -> Result<_, CliError> {
         let fmt = parse_format(f.as_deref()).map_err(|e| e.code(2))?;
         crate::util::open(p, fmt, OpenOptions::default()).map_err(|e| e.code(2))

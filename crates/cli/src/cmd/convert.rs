@@ -208,7 +208,7 @@ pub fn run(a: Args) -> CmdResult {
     }
     let src_cache = cache_mode(a.src_cache.as_deref(), "writeback")?;
     let dst_cache = cache_mode(a.cache.as_deref(), "unsafe")?;
-    let _ = a.force_share;
+    crate::util::set_force_share(a.force_share);
 
     if a.skip_broken_bitmaps && !a.bitmaps {
         return Err(CliError::new("--skip-broken-bitmaps requires --bitmaps"));

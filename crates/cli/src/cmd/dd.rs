@@ -96,7 +96,7 @@ fn parse_operands(list: &[String]) -> Result<Operands, CliError> {
 }
 
 pub fn run(a: Args) -> CmdResult {
-    let _ = a.force_share;
+    crate::util::set_force_share(a.force_share);
     let o = parse_operands(&a.operands)?;
     let (Some(input), Some(output)) = (&o.input, &o.output) else {
         return Err(CliError::new("Must specify both input and output files"));

@@ -39,7 +39,7 @@ pub struct Args {
 pub fn run(a: Args) -> CmdResult {
     let json = output_is_json(&a.output, "info")?;
     let mut format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    let _ = a.force_share;
+    crate::util::set_force_share(a.force_share);
     let mut nodes = Vec::new();
     let mut seen = HashSet::new();
     let mut next = Some(a.filename.display().to_string());

@@ -55,7 +55,7 @@ pub fn collect_extents(
 pub fn run(a: Args) -> CmdResult {
     let json = output_is_json(&a.output, "map")?;
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    let _ = a.force_share;
+    crate::util::set_force_share(a.force_share);
     let start = offset_arg(a.start_offset.as_deref(), "start offset")?.unwrap_or(0);
     let max_len = offset_arg(a.max_length.as_deref(), "max length")?;
     let img = open(&a.filename, format, OpenOptions::default())?;

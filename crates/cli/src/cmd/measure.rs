@@ -36,7 +36,7 @@ pub fn run(a: Args) -> CmdResult {
     let json = crate::util::output_is_json(&a.output, "measure")?;
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::RAW);
     let options = parse_options(&a.options)?;
-    let _ = a.force_share;
+    crate::util::set_force_share(a.force_share);
     let (size, image) = match (&a.size, &a.filename) {
         (Some(_), Some(_)) => {
             return Err(CliError::new(

@@ -66,7 +66,7 @@ pub fn run(a: Args) -> CmdResult {
             a.src_cache.as_deref().unwrap_or_default()
         ))
     })?;
-    let _ = a.force_share;
+    crate::util::set_force_share(a.force_share);
     let img = open(
         &a.filename,
         format,

@@ -56,7 +56,7 @@ pub fn run(a: Args) -> CmdResult {
         a.delete.first().map(|name| Change::Delete(name))
     };
     if let Some(change) = change {
-        let _ = a.force_share;
+        crate::util::set_force_share(a.force_share);
         return modify(&a.filename, format, change);
     }
     // Like qemu-img, the whole chain is opened (a missing backing file is

@@ -1,0 +1,124 @@
+//! QEMU's image locks, both ways: an image that qemu-nbd serves (or
+//! qemu-io holds) is refused by diskit with qemu-img's message, and one
+//! that `diskit serve` holds is refused by qemu-img and qemu-io; `-U`
+//! reads anyway. (The lock bytes are QEMU's: 100 + permission for what a
+//! process uses, 200 + permission for what it lets no one else use.)
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A server holding an image until dropped.
+struct Holder(Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn hold(program: &str, args: &[&str], sock: &Path) -> Holder {
+    let _ = std::fs::remove_file(sock);
+    let child = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !sock.exists() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(sock.exists(), "{program} did not start");
+    Holder(child)
+}
+
+/// Standard error without the program's name.
+fn message(o: &std::process::Output) -> String {
+    stderr(o).replace("qemu-img: ", "").replace("diskit: ", "")
+}
+
+#[test]
+fn diskit_and_qemu_respect_each_others_locks() {
+    let dir = workdir();
+    let img = dir.path().join("disk.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&img), "4M"]));
+    let sock = dir.path().join("s");
+    {
+        // qemu-nbd writes the image: readers and writers are refused, as
+        // by qemu-img, unless they read with -U.
+        let _q = hold("qemu-nbd", &["-f", "qcow2", "-k", s(&sock), s(&img)], &sock);
+        for args in [
+            vec!["info", s(&img)],
+            vec!["map", s(&img)],
+            vec!["resize", s(&img), "8M"],
+        ] {
+            let (o, t) = (diskit(&args), qemu_img(&args));
+            assert_eq!(code(&o), 1, "{args:?}");
+            assert_eq!(code(&t), 1, "{args:?}");
+            assert_eq!(message(&o), message(&t), "{args:?}");
+        }
+        ok(diskit(&["info", "-U", s(&img)]));
+        ok(diskit(&["map", "-U", s(&img)]));
+    }
+    {
+        // qemu-nbd -r reads it: readers go on, writers are refused.
+        let _q = hold(
+            "qemu-nbd",
+            &["-r", "-f", "qcow2", "-k", s(&sock), s(&img)],
+            &sock,
+        );
+        ok(diskit(&["info", s(&img)]));
+        let args = ["resize", s(&img), "8M"];
+        let (o, t) = (diskit(&args), qemu_img(&args));
+        assert_eq!((code(&o), message(&o)), (code(&t), message(&t)));
+        assert!(
+            message(&o).contains("Failed to get \"write\" lock"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    {
+        // diskit serves it, writable: qemu-img and qemu-io are refused.
+        let _d = hold(
+            diskit_bin().to_str().unwrap(),
+            &["serve", "-f", "-U", s(&sock), "image", s(&img)],
+            &sock,
+        );
+        let t = qemu_img(&["info", s(&img)]);
+        assert_eq!(code(&t), 1);
+        assert!(
+            stderr(&t).contains("Failed to get shared \"write\" lock"),
+            "{}",
+            stderr(&t)
+        );
+        let w = Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", "write 0 4k", s(&img)])
+            .output()
+            .unwrap();
+        assert!(
+            stderr(&w).contains("Failed to get \"write\" lock")
+                || stdout(&w).contains("Failed to get \"write\" lock"),
+            "{}{}",
+            stdout(&w),
+            stderr(&w)
+        );
+        ok(qemu_img(&["info", "-U", s(&img)]));
+        // And another diskit writer.
+        let o = diskit(&["resize", s(&img), "16M"]);
+        assert_eq!(code(&o), 1);
+        assert!(
+            message(&o).contains("Failed to get \"write\" lock"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // Nobody holds it now.
+    ok(diskit(&["resize", s(&img), "16M"]));
+    ok(qemu_img(&["check", s(&img)]));
+}
