@@ -68,7 +68,8 @@ fn qemu_dirty_map(img: &Path, name: &str) -> String {
 }
 
 fn check_clean(img: &Path) {
-    let out = run("qemu-img", &["check", "--output=json", s(img)]);
+    // -U: the tests look at images they hold open, as at a running VM.
+    let out = run("qemu-img", &["check", "-U", "--output=json", s(img)]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     for k in ["corruptions", "leaks", "check-errors"] {
         assert_eq!(
@@ -80,7 +81,7 @@ fn check_clean(img: &Path) {
 }
 
 fn bitmap_flags(img: &Path) -> Vec<(String, Vec<String>)> {
-    let out = run("qemu-img", &["info", "--output=json", s(img)]);
+    let out = run("qemu-img", &["info", "-U", "--output=json", s(img)]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     v["format-specific"]["data"]["bitmaps"]
         .as_array()
@@ -260,6 +261,8 @@ fn resize_fits_the_bitmaps_as_qemu_does() {
             .resize(new_size, shrink, diskit_open::Prealloc::Off)
             .unwrap();
         image.close().unwrap();
+        // Closed and gone: its image locks with it (qemu-nbd reads next).
+        drop(image);
         run(
             "qemu-io",
             &[
