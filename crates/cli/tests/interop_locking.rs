@@ -56,6 +56,8 @@ fn diskit_and_qemu_respect_each_others_locks() {
         for args in [
             vec!["info", s(&img)],
             vec!["map", s(&img)],
+            vec!["check", s(&img)],
+            vec!["check", "-r", "leaks", s(&img)],
             vec!["resize", s(&img), "8M"],
         ] {
             let (o, t) = (diskit(&args), qemu_img(&args));
@@ -65,6 +67,7 @@ fn diskit_and_qemu_respect_each_others_locks() {
         }
         ok(diskit(&["info", "-U", s(&img)]));
         ok(diskit(&["map", "-U", s(&img)]));
+        ok(diskit(&["check", "-U", s(&img)]));
     }
     {
         // qemu-nbd -r reads it: readers go on, writers are refused.

@@ -46,7 +46,6 @@ pub fn run(a: Args) -> CmdResult {
         }
     };
     let _ = a.cache;
-    crate::util::set_force_share(a.force_share);
     let name = a.filename.display().to_string();
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
     let file =
@@ -57,6 +56,24 @@ pub fn run(a: Args) -> CmdResult {
         None => probe_format(&*file, &name)
             .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?,
     };
+    // QEMU's image locks, as for any open of the image: a reader that
+    // lets no one write the qcow2 under it, a writer with -r; -U reads
+    // without them.
+    if repair != Repair::None || !a.force_share {
+        use diskit_core::storage::lock;
+        let writer = repair != Repair::None;
+        let (perm, unshare) = match (writer, format == diskit_open::Format::QCOW2) {
+            (true, true) => (
+                lock::READ | lock::WRITE | lock::RESIZE,
+                lock::WRITE | lock::RESIZE,
+            ),
+            (true, false) => (lock::READ | lock::WRITE, 0),
+            (false, true) => (lock::READ, lock::WRITE | lock::RESIZE),
+            (false, false) => (lock::READ, 0),
+        };
+        file.lock_image(perm, unshare)
+            .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
+    }
     if !format.supports(Capability::Check) {
         return Err(CliError {
             message: "This image format does not support checks".into(),
