@@ -231,3 +231,35 @@ pub fn cache_mode(s: Option<&str>, default: &str) -> Result<CacheMode, CliError>
         other => Err(CliError::new(format!("Invalid cache option: {other}"))),
     }
 }
+
+/// A number as qemu-img's `cvtnum` reads it: digits with an optional
+/// binary suffix (`k`, `M`, `G`, `T`, `P`, `E`; `b` or none for bytes).
+fn cvtnum_value(value: &str) -> Option<i128> {
+    let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &value[digits.len()..];
+    let n: i128 = digits.parse().ok()?;
+    let shift = match suffix {
+        "" | "b" | "B" => 0,
+        "k" | "K" => 10,
+        "m" | "M" => 20,
+        "g" | "G" => 30,
+        "t" | "T" => 40,
+        "p" | "P" => 50,
+        "e" | "E" => 60,
+        _ => return None,
+    };
+    n.checked_mul(1i128 << shift)
+}
+
+/// A number within `min..=max` as qemu-img's `cvtnum_full` reads it,
+/// with its messages (`name` is what the number is).
+pub fn cvtnum(name: &str, value: &str, min: i128, max: i128) -> Result<u64, CliError> {
+    let n = cvtnum_value(value)
+        .ok_or_else(|| CliError::new(format!("Invalid {name} specified: '{value}'.")))?;
+    if n < min || n > max {
+        return Err(CliError::new(format!(
+            "Invalid {name} specified. Must be between {min} and {max}."
+        )));
+    }
+    Ok(n as u64)
+}

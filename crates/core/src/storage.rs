@@ -169,6 +169,19 @@ pub mod lock {
     /// Where the bytes of unshared permissions start.
     pub const SHARED_BASE: u64 = 200;
 
+    /// What an open of an image file uses and keeps from others, as QEMU:
+    /// a writer uses read and write (and resize, for a format with
+    /// metadata, which also lets no one else write or resize the file,
+    /// read or written); a reader reads.
+    pub fn for_image(writable: bool, metadata: bool) -> (u8, u8) {
+        let keep = if metadata { WRITE | RESIZE } else { 0 };
+        match (writable, metadata) {
+            (true, true) => (READ | WRITE | RESIZE, keep),
+            (true, false) => (READ | WRITE, keep),
+            (false, _) => (READ, keep),
+        }
+    }
+
     /// QEMU's name for permission bit `i`.
     pub fn name(i: u32) -> &'static str {
         ["consistent read", "write", "write unchanged", "resize"]

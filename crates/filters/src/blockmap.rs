@@ -30,6 +30,16 @@ impl BlockMap {
         ((self.0[(b / 32) as usize].load(Ordering::Acquire) >> ((b % 32) * 2)) & 3) as u8
     }
 
+    /// Where the run of blocks of `block` bytes in `state` from block `b`
+    /// ends, in bytes, at most `end`.
+    pub(crate) fn run_end(&self, b: u64, state: u8, block: u64, end: u64) -> u64 {
+        let mut next = b + 1;
+        while next * block < end && self.get(next) == state {
+            next += 1;
+        }
+        (next * block).min(end)
+    }
+
     /// Sets block `b`'s state (0 to 3).
     pub(crate) fn set(&self, b: u64, state: u8) {
         let shift = (b % 32) * 2;
@@ -44,6 +54,20 @@ impl BlockMap {
 /// over `below`'s, as nbdkit's cow and cache filters do: without limits
 /// below, any size with `block` preferred; else `block` preferred where
 /// the maximum allows.
+/// Reads `buf.len()` bytes at `offset` of `next`, a device of `size`
+/// bytes: zeros past its end (a filter's last block may run past it).
+pub(crate) fn read_below(
+    next: &dyn BlockDevice,
+    size: u64,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<()> {
+    let inside = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+    next.read_at(&mut buf[..inside], offset)?;
+    buf[inside..].fill(0);
+    Ok(())
+}
+
 pub(crate) fn block_limits(below: BlockSizeLimits, block: u64) -> BlockSizeLimits {
     let block = u32::try_from(block).unwrap_or(u32::MAX);
     if below.minimum <= 1 {

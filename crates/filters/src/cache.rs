@@ -264,18 +264,11 @@ impl Cache {
     }
 
     fn run_end(&self, b: u64, state: u8, end: u64) -> u64 {
-        let mut next = b + 1;
-        while next * self.block < end && self.states.get(next) == state {
-            next += 1;
-        }
-        (next * self.block).min(end)
+        self.states.run_end(b, state, self.block, end)
     }
 
     fn read_below(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let inside = self.size.saturating_sub(offset).min(buf.len() as u64) as usize;
-        next.read_at(&mut buf[..inside], offset)?;
-        buf[inside..].fill(0);
-        Ok(())
+        blockmap::read_below(next, self.size, buf, offset)
     }
 
     /// Reads blocks `first..last` still missing into the cache, clean,

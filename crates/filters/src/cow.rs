@@ -211,20 +211,13 @@ impl Cow {
     /// The end of the run of blocks in state `s` from block `b`, in bytes,
     /// at most `end`.
     fn run_end(&self, b: u64, s: State, end: u64) -> u64 {
-        let mut next = b + 1;
-        while next * self.block < end && self.states.get(next) == s {
-            next += 1;
-        }
-        (next * self.block).min(end)
+        self.states.0.run_end(b, s as u8, self.block, end)
     }
 
     /// Reads `buf.len()` bytes at `offset` of the device below, zeros
     /// past its end (the last block may run past it).
     fn read_below(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let inside = self.size.saturating_sub(offset).min(buf.len() as u64) as usize;
-        next.read_at(&mut buf[..inside], offset)?;
-        buf[inside..].fill(0);
-        Ok(())
+        blockmap::read_below(next, self.size, buf, offset)
     }
 
     /// Copies blocks `first..last` into the overlay, those still below:

@@ -19,6 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use diskit_core::extent::ExtentWalker;
 use diskit_core::range_lock::RangeLock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, Filter,
@@ -176,40 +177,23 @@ impl CowFile {
     fn fill(&self, start: u64, end: u64) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; (end - start) as usize];
         self.image.read_at(&mut buf, start)?;
-        // An extents answer may cover a prefix of the range: ask again
-        // from where it stopped.
         let mut pos = start;
-        while pos < end {
-            let list = self.image.extents(pos, end - pos)?;
-            if list.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::Io,
-                    format!("cow: cow-file: no extents at {pos}"),
-                ));
-            }
-            for e in list {
-                let len = e.length.min(end - pos);
-                if len == 0 {
-                    break;
-                }
-                if e.depth > 0 {
-                    let at = (pos - start) as usize;
-                    let piece = &buf[at..at + len as usize];
-                    if e.flags.zero || piece.iter().all(|&b| b == 0) {
-                        let flags = ZeroFlags {
-                            may_trim: false,
-                            ..ZeroFlags::default()
-                        };
-                        self.image.write_zeroes(pos, len, flags)?;
-                    } else {
-                        self.image.write_at(piece, pos, WriteFlags::NONE)?;
-                    }
-                }
-                pos += len;
-                if pos >= end {
-                    break;
+        for e in ExtentWalker::new(&*self.image, start, end - start) {
+            let e = e?;
+            if e.depth > 0 {
+                let at = (pos - start) as usize;
+                let piece = &buf[at..at + e.length as usize];
+                if e.flags.zero || piece.iter().all(|&b| b == 0) {
+                    let flags = ZeroFlags {
+                        may_trim: false,
+                        ..ZeroFlags::default()
+                    };
+                    self.image.write_zeroes(pos, e.length, flags)?;
+                } else {
+                    self.image.write_at(piece, pos, WriteFlags::NONE)?;
                 }
             }
+            pos += e.length;
         }
         Ok(buf)
     }

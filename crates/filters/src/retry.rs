@@ -14,12 +14,15 @@
 //!   (EPERM on the wire); a new connection starts writable again.
 //!
 //! As nbdkit, every error is retried, but for a fast zero that the device
-//! below declines (ENOTSUP is its answer, not a failure) and requests
-//! outside the device. A reopen that fails counts as a failed try.
+//! below declines (ENOTSUP is its answer, not a failure); a request
+//! outside the device fails at once. A reopen that fails counts as a
+//! failed try.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+
+use diskit_core::device::check_range;
 
 use diskit_core::{
     BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Result, Session, WriteFlags,
@@ -121,9 +124,6 @@ impl Retry {
             Err(e) => e,
         };
         for _ in 0..self.config.retries {
-            if !retriable(&err) {
-                break;
-            }
             self.failed.store(true, Ordering::Relaxed);
             std::thread::sleep(delay);
             if self.config.exponential {
@@ -139,10 +139,21 @@ impl Retry {
                 Err(e) => err = e,
             }
         }
-        if retriable(&err) {
-            self.failed.store(true, Ordering::Relaxed);
-        }
+        self.failed.store(true, Ordering::Relaxed);
         Err(err)
+    }
+
+    /// [`run`](Self::run) for a request on `offset..offset+len`: one
+    /// outside the device fails at once, which no reopen would cure.
+    fn ranged<T>(
+        &self,
+        next: &dyn BlockDevice,
+        offset: u64,
+        len: u64,
+        op: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
+        check_range(next.size(), offset, len)?;
+        self.run(next, op)
     }
 
     /// Whether writes are refused (`retry-readonly` after a failure).
@@ -157,12 +168,6 @@ impl Retry {
     }
 }
 
-/// Whether an error is worth another try: not a request outside the
-/// device, which no reopen cures.
-fn retriable(e: &Error) -> bool {
-    !(e.kind() == ErrorKind::InvalidInput && e.to_string().contains("out of range"))
-}
-
 impl Filter for Retry {
     fn name(&self) -> &str {
         "retry"
@@ -175,7 +180,8 @@ impl Filter for Retry {
         }))
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.run(next, || next.read_at(buf, offset))
+        let len = buf.len() as u64;
+        self.ranged(next, offset, len, || next.read_at(buf, offset))
     }
     fn write_at(
         &self,
@@ -185,7 +191,7 @@ impl Filter for Retry {
         flags: WriteFlags,
     ) -> Result<()> {
         self.writable()?;
-        self.run(next, || {
+        self.ranged(next, offset, buf.len() as u64, || {
             self.writable()?;
             next.write_at(buf, offset, flags)
         })
@@ -203,20 +209,20 @@ impl Filter for Retry {
             return match next.write_zeroes(offset, len, flags) {
                 Err(e) if e.kind() == ErrorKind::NotSupported => Err(e),
                 Ok(()) => Ok(()),
-                Err(_) => self.run(next, || {
+                Err(_) => self.ranged(next, offset, len, || {
                     self.writable()?;
                     next.write_zeroes(offset, len, flags)
                 }),
             };
         }
-        self.run(next, || {
+        self.ranged(next, offset, len, || {
             self.writable()?;
             next.write_zeroes(offset, len, flags)
         })
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.writable()?;
-        self.run(next, || {
+        self.ranged(next, offset, len, || {
             self.writable()?;
             next.trim(offset, len, flags)
         })
@@ -225,10 +231,10 @@ impl Filter for Retry {
         self.run(next, || next.flush())
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.run(next, || next.cache(offset, len))
+        self.ranged(next, offset, len, || next.cache(offset, len))
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.run(next, || next.extents(offset, len))
+        self.ranged(next, offset, len, || next.extents(offset, len))
     }
 }
 

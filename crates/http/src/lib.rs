@@ -24,12 +24,9 @@ use diskit_core::device::check_range;
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Result};
 
-pub use options::{HttpOptions, KEYS};
+pub use options::{HttpOptions, KEYS, PLUGIN_KEYS};
 use source::Source;
 pub use source::parse_content_range;
-
-/// The largest read sent as one range request; longer reads are split.
-const MAX_REQUEST: usize = 32 << 20;
 
 /// A job for the pool's threads.
 type Job = Box<dyn FnOnce(&Source) + Send>;
@@ -101,15 +98,12 @@ impl BlockDevice for HttpDevice {
         BlockSizeLimits {
             minimum: 1,
             preferred: 64 << 10,
-            maximum: MAX_REQUEST as u32,
+            maximum: source::MAX_REQUEST as u32,
         }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.size(), offset, buf.len() as u64)?;
-        for (i, piece) in buf.chunks_mut(MAX_REQUEST).enumerate() {
-            self.source.read(piece, offset + (i * MAX_REQUEST) as u64)?;
-        }
-        Ok(())
+        self.source.read(buf, offset)
     }
     fn describe(&self) -> String {
         self.source.url().to_string()
@@ -122,13 +116,8 @@ impl BlockDevice for HttpDevice {
                 self.spawn(Box::new(move |source: &Source| {
                     let mut buf = buf;
                     let result = match buf.get_mut(..len) {
-                        Some(b) => check_range(size, offset, len as u64).and_then(|()| {
-                            b.chunks_mut(MAX_REQUEST)
-                                .enumerate()
-                                .try_for_each(|(i, p)| {
-                                    source.read(p, offset + (i * MAX_REQUEST) as u64)
-                                })
-                        }),
+                        Some(b) => check_range(size, offset, len as u64)
+                            .and_then(|()| source.read(b, offset)),
                         None => Err(diskit_core::Error::invalid("read longer than its buffer")),
                     };
                     cq.push(aio::Completion {

@@ -56,9 +56,10 @@ impl Default for HttpOptions {
     }
 }
 
-/// The keys [`HttpOptions::set`] takes (nbdkit's curl plugin's, and
-/// `retries`).
-pub const KEYS: &[&str] = &[
+/// The keys of nbdkit's curl plugin that diskit takes: `url`, then
+/// [`KEYS`].
+pub const PLUGIN_KEYS: &[&str] = &[
+    "url",
     "cainfo",
     "capath",
     "sslverify",
@@ -72,6 +73,10 @@ pub const KEYS: &[&str] = &[
     "connections",
     "retries",
 ];
+
+/// The keys [`HttpOptions::set`] takes (nbdkit's curl plugin's but the
+/// URL, and `retries`).
+pub const KEYS: &[&str] = PLUGIN_KEYS.split_at(1).1;
 
 impl HttpOptions {
     /// Sets `key` to `value` as nbdkit's curl plugin reads it

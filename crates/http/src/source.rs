@@ -12,6 +12,9 @@ use ureq::tls::{Certificate, RootCerts, TlsConfig};
 
 use crate::options::{HttpOptions, basic_auth};
 
+/// The largest read sent as one range request; longer reads are split.
+pub(crate) const MAX_REQUEST: usize = 32 << 20;
+
 /// The first wait before a retry; it doubles each time.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -165,12 +168,14 @@ impl Source {
         Ok((total, etag))
     }
 
-    /// Reads `buf.len()` bytes at `offset` (in range).
+    /// Reads `buf.len()` bytes at `offset` (in range), in range requests
+    /// of at most [`MAX_REQUEST`] bytes.
     pub(crate) fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        if buf.is_empty() {
-            return Ok(());
+        for (i, piece) in buf.chunks_mut(MAX_REQUEST).enumerate() {
+            let at = offset + (i * MAX_REQUEST) as u64;
+            self.retrying(|s| s.read_once(piece, at))?;
         }
-        self.retrying(|s| s.read_once(buf, offset))
+        Ok(())
     }
 
     fn read_once(&self, buf: &mut [u8], offset: u64) -> std::result::Result<(), Failure> {

@@ -233,17 +233,8 @@ impl Chain {
         // its file (its metadata would change under it), as in QEMU. `-U`
         // takes none on a read-only open.
         if opts.writable || !opts.force_share {
-            use diskit_core::storage::lock;
-            let metadata = format == Format::QCOW2;
-            let (perm, unshare) = match (opts.writable, metadata) {
-                (true, true) => (
-                    lock::READ | lock::WRITE | lock::RESIZE,
-                    lock::WRITE | lock::RESIZE,
-                ),
-                (true, false) => (lock::READ | lock::WRITE, 0),
-                (false, true) => (lock::READ, lock::WRITE | lock::RESIZE),
-                (false, false) => (lock::READ, 0),
-            };
+            let (perm, unshare) =
+                diskit_core::storage::lock::for_image(opts.writable, format == Format::QCOW2);
             storage.lock_image(perm, unshare)?;
         }
         let mut implied = Implied {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::CmdResult;
-use crate::util::{CliError, cache_mode, open, parse_size_arg, parse_source_format};
+use crate::util::{CliError, cache_mode, cvtnum, open, parse_source_format};
 use diskit_core::{Error, ErrorKind, WriteFlags};
 use diskit_open::OpenOptions;
 
@@ -62,64 +62,37 @@ pub struct Args {
     filename: PathBuf,
 }
 
-/// An integer option within `1..=i32::MAX` (or `0..` with `zero`), with
-/// qemu-img's messages.
-fn int(what: &str, v: &str, min: i64, max: i64) -> Result<i64, CliError> {
-    let n: i64 = v
-        .trim()
-        .parse()
-        .map_err(|_| CliError::new(format!("Invalid {what} specified: '{v}'.")))?;
-    if n < min || n > max {
-        return Err(CliError::new(format!(
-            "Invalid {what} specified. Must be between {min} and {max}."
-        )));
-    }
-    Ok(n)
-}
-
-/// A size option (suffixes allowed) within `min..=max`.
-fn size(what: &str, v: &str, min: u64, max: u64) -> Result<u64, CliError> {
-    let n = parse_size_arg(v, what)
-        .map_err(|_| CliError::new(format!("Invalid {what} specified: '{v}'.")))?;
-    if n < min || n > max {
-        return Err(CliError::new(format!(
-            "Invalid {what} specified. Must be between {min} and {max}."
-        )));
-    }
-    Ok(n)
-}
-
 pub fn run(a: Args) -> CmdResult {
     let _ = a.quiet;
     crate::util::set_force_share(a.force_share);
-    let int_max = i32::MAX as i64;
+    let int_max = i128::from(i32::MAX);
     let count = match &a.count {
-        Some(v) => int("request count", v, 1, int_max)? as u64,
+        Some(v) => cvtnum("request count", v, 1, int_max)?,
         None => 75000,
     };
     let depth = match &a.depth {
-        Some(v) => int("queue depth", v, 1, int_max)? as u64,
+        Some(v) => cvtnum("queue depth", v, 1, int_max)?,
         None => 64,
     };
     let bufsize = match &a.size {
-        Some(v) => size("buffer size", v, 1, int_max as u64)?,
+        Some(v) => cvtnum("buffer size", v, 1, int_max)?,
         None => 4096,
     };
     let step = match &a.step {
-        Some(v) => size("step size", v, 0, i64::MAX as u64)?,
+        Some(v) => cvtnum("step size", v, 0, i64::MAX.into())?,
         None => 0,
     };
     let step = if step == 0 { bufsize } else { step };
     let offset = match &a.offset {
-        Some(v) => size("offset", v, 0, i64::MAX as u64)?,
+        Some(v) => cvtnum("offset", v, 0, i64::MAX.into())?,
         None => 0,
     };
     let flush_interval = match &a.flush_interval {
-        Some(v) => int("flush interval", v, 0, int_max)? as u64,
+        Some(v) => cvtnum("flush interval", v, 0, int_max)?,
         None => 0,
     };
     let pattern = match &a.pattern {
-        Some(v) => int("pattern byte", v, 0, 255)? as u8,
+        Some(v) => cvtnum("pattern byte", v, 0, 255)? as u8,
         None => 0,
     };
     if !a.write && (a.flush_interval.is_some() || a.no_drain) {

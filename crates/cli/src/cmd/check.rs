@@ -60,17 +60,10 @@ pub fn run(a: Args) -> CmdResult {
     // lets no one write the qcow2 under it, a writer with -r; -U reads
     // without them.
     if repair != Repair::None || !a.force_share {
-        use diskit_core::storage::lock;
-        let writer = repair != Repair::None;
-        let (perm, unshare) = match (writer, format == diskit_open::Format::QCOW2) {
-            (true, true) => (
-                lock::READ | lock::WRITE | lock::RESIZE,
-                lock::WRITE | lock::RESIZE,
-            ),
-            (true, false) => (lock::READ | lock::WRITE, 0),
-            (false, true) => (lock::READ, lock::WRITE | lock::RESIZE),
-            (false, false) => (lock::READ, 0),
-        };
+        let (perm, unshare) = diskit_core::storage::lock::for_image(
+            repair != Repair::None,
+            format == diskit_open::Format::QCOW2,
+        );
         file.lock_image(perm, unshare)
             .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
     }

@@ -12,7 +12,7 @@ use crate::util::{
 };
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::concat::Concat;
-use diskit_core::{BlockDevice, DeviceRef};
+use diskit_core::{BlockDevice, DeviceRef, Filtered};
 use diskit_open::{Capability, Format, Image, NewBitmap, OpenOptions};
 
 /// Arguments of `convert`.
@@ -154,14 +154,9 @@ pub fn run(a: Args) -> CmdResult {
     // -r: bytes a second (0: no limit), with qemu-img's suffixes.
     let rate = match &a.rate {
         None => None,
-        Some(r) => match crate::util::parse_size_arg(r, "rate limit") {
-            Ok(0) => None,
-            Ok(n) => Some(n),
-            Err(_) => {
-                return Err(CliError::new(format!(
-                    "Invalid rate limit specified: '{r}'."
-                )));
-            }
+        Some(r) => match crate::util::cvtnum("rate limit", r, 0, i64::MAX.into())? {
+            0 => None,
+            n => Some(n),
         },
     };
     if a.target_image_opts && !a.no_create {
@@ -267,10 +262,11 @@ pub fn run(a: Args) -> CmdResult {
         Arc::new(Concat::new(devices)?)
     };
     if a.salvage {
-        src = Arc::new(crate::cmd::convert_io::salvage::Salvage(src));
+        src = Arc::new(Filtered::new(crate::cmd::convert_io::salvage::Salvage, src));
     }
     if let Some(rate) = rate {
-        src = Arc::new(crate::cmd::convert_io::rate::RateLimited::new(src, rate));
+        let limit = crate::cmd::convert_io::rate::RateLimited::new(rate);
+        src = Arc::new(Filtered::new(limit, src));
     }
     let total = src.size();
 

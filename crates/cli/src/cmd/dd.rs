@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use crate::CmdResult;
-use crate::util::{CliError, open, parse_format, parse_source_format};
+use crate::util::{CliError, cvtnum, open, parse_format, parse_source_format};
 use diskit_open::{Format, OpenOptions, OptionList};
 
 /// Arguments of `dd`.
@@ -40,37 +40,6 @@ struct Operands {
     output: Option<String>,
 }
 
-/// A number as qemu-img's `cvtnum` reads it: digits with an optional
-/// binary suffix (`k`, `M`, `G`, `T`, `P`, `E`; `b` or none for bytes).
-fn number(value: &str) -> Option<i128> {
-    let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let suffix = &value[digits.len()..];
-    let n: i128 = digits.parse().ok()?;
-    let shift = match suffix {
-        "" | "b" | "B" => 0,
-        "k" | "K" => 10,
-        "m" | "M" => 20,
-        "g" | "G" => 30,
-        "t" | "T" => 40,
-        "p" | "P" => 50,
-        "e" | "E" => 60,
-        _ => return None,
-    };
-    n.checked_mul(1i128 << shift)
-}
-
-/// A number operand within `min..=max`, with qemu-img's messages.
-fn bounded(name: &str, value: &str, min: i128, max: i128) -> Result<u64, CliError> {
-    let n = number(value)
-        .ok_or_else(|| CliError::new(format!("Invalid {name} specified: '{value}'.")))?;
-    if n < min || n > max {
-        return Err(CliError::new(format!(
-            "Invalid {name} specified. Must be between {min} and {max}."
-        )));
-    }
-    Ok(n as u64)
-}
-
 fn parse_operands(list: &[String]) -> Result<Operands, CliError> {
     let mut o = Operands {
         bs: 512,
@@ -84,9 +53,9 @@ fn parse_operands(list: &[String]) -> Result<Operands, CliError> {
             return Err(CliError::new(format!("unrecognized operand {op}")));
         };
         match key {
-            "bs" => o.bs = bounded("bs", value, 1, i32::MAX as i128)?,
-            "count" => o.count = Some(bounded("count", value, 0, i64::MAX as i128)?),
-            "skip" => o.skip = Some(bounded("skip", value, 0, i64::MAX as i128)?),
+            "bs" => o.bs = cvtnum("bs", value, 1, i32::MAX as i128)?,
+            "count" => o.count = Some(cvtnum("count", value, 0, i64::MAX as i128)?),
+            "skip" => o.skip = Some(cvtnum("skip", value, 0, i64::MAX as i128)?),
             "if" => o.input = Some(value.to_string()),
             "of" => o.output = Some(value.to_string()),
             _ => return Err(CliError::new(format!("unrecognized operand {key}"))),

@@ -3,31 +3,20 @@
 //! sector that still fails reads as zeros, with a warning naming its
 //! offset and the error.
 
-use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Extent, FileView, Result,
-};
+use diskit_core::{BlockDevice, Extent, Filter, Result};
 
 /// The sector reads are retried in.
 const SECTOR: u64 = 512;
 
-/// A source that reads zeros where it cannot read.
-pub struct Salvage(pub DeviceRef);
+/// A layer over the source that reads zeros where it cannot read.
+pub struct Salvage;
 
-impl BlockDevice for Salvage {
-    fn size(&self) -> u64 {
-        self.0.size()
+impl Filter for Salvage {
+    fn name(&self) -> &str {
+        "salvage"
     }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    fn block_size(&self) -> BlockSizeLimits {
-        self.0.block_size()
-    }
-    fn is_known_zero(&self) -> bool {
-        self.0.is_known_zero()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        if self.0.read_at(buf, offset).is_ok() {
+    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        if next.read_at(buf, offset).is_ok() {
             return Ok(());
         }
         let mut at = 0usize;
@@ -35,7 +24,7 @@ impl BlockDevice for Salvage {
             let pos = offset + at as u64;
             let n = (SECTOR - pos % SECTOR).min((buf.len() - at) as u64) as usize;
             let piece = &mut buf[at..at + n];
-            if let Err(e) = self.0.read_at(piece, pos) {
+            if let Err(e) = next.read_at(piece, pos) {
                 eprintln!(
                     "diskit: warning: error while reading offset {pos}: {}",
                     e.kind().description()
@@ -46,17 +35,10 @@ impl BlockDevice for Salvage {
         }
         Ok(())
     }
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         // Where the allocation cannot be read either, it is data.
-        Ok(self
-            .0
+        Ok(next
             .extents(offset, len)
             .unwrap_or_else(|_| vec![Extent::data(len)]))
-    }
-    fn file_view(&self, _offset: u64, _len: u64) -> Option<FileView<'_>> {
-        None
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
     }
 }

@@ -114,7 +114,7 @@ pub const PLUGINS: &[Plugin] = &[
         name: "http",
         magic: "url",
         magic_required: true,
-        keys: HTTP_KEYS,
+        keys: diskit_http::PLUGIN_KEYS,
         lists: &["header"],
         help: "an http:// or https:// URL, read-only, by range requests over a \
                pool of connections (url=URL [cainfo=FILE] [capath=DIR] [sslverify=BOOL] \
@@ -127,7 +127,7 @@ pub const PLUGINS: &[Plugin] = &[
         name: "curl",
         magic: "url",
         magic_required: true,
-        keys: HTTP_KEYS,
+        keys: diskit_http::PLUGIN_KEYS,
         lists: &["header"],
         help: "the http plugin under nbdkit's name for it",
         open: open_http,
@@ -162,23 +162,6 @@ fn open_file(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
         .map_err(|e| CliError::new(format!("file: {}: {e}", path.display())))?;
     plain(Arc::new(f))
 }
-
-/// The http plugin's keys: the URL and [`diskit_http::KEYS`].
-const HTTP_KEYS: &[&str] = &[
-    "url",
-    "cainfo",
-    "capath",
-    "sslverify",
-    "user",
-    "password",
-    "header",
-    "cookie",
-    "user-agent",
-    "timeout",
-    "followlocation",
-    "connections",
-    "retries",
-];
 
 fn open_http(kv: &PluginArgs, _readonly: bool) -> Result<Opened, CliError> {
     let mut opts = diskit_http::HttpOptions::default();
