@@ -6,11 +6,12 @@
 mod cmd;
 mod progress;
 mod qjson;
+mod usage;
 mod util;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// diskit: virtual disk images and the Network Block Device protocol.
 #[derive(Parser, Debug)]
@@ -94,14 +95,16 @@ fn main() -> ExitCode {
                     },
                 );
             }
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("diskit: {first}");
-            eprintln!("Try 'diskit --help' for more information");
-            // compare reports every failure, usage included, as 2.
-            let compare = std::env::args().nth(1).as_deref() == Some("compare");
-            return ExitCode::from(if compare { 2 } else { 1 });
+            let args: Vec<String> = std::env::args().collect();
+            let names: Vec<String> = Cli::command()
+                .get_subcommands()
+                .map(|c| c.get_name().to_string())
+                .collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let sub = usage::subcommand_of(&args, &names);
+            let err = usage::word(&e, sub.as_deref());
+            err.print();
+            return ExitCode::from(err.code);
         }
     };
     util::set_open_policy(util::OpenPolicy {

@@ -108,7 +108,8 @@ pub fn run(a: Args) -> CmdResult {
         r => r?,
     };
     if p.ops.is_empty() {
-        return Err(CliError::new(
+        return Err(CliError::usage(
+            "bitmap",
             "Need at least one of --add, --remove, --clear, --enable, --disable, or --merge",
         ));
     }

@@ -41,7 +41,7 @@ pub fn run(a: Args) -> CmdResult {
         return Ok(0);
     }
     let Some(filename) = a.filename.as_ref() else {
-        return Err(CliError::new("Expecting image file name"));
+        return Err(CliError::usage("create", "Expecting image file name"));
     };
     let name = filename.display().to_string();
     // Errors about this file are prefixed with its name, as qemu-img does.

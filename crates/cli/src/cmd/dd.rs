@@ -68,7 +68,10 @@ pub fn run(a: Args) -> CmdResult {
     crate::util::set_force_share(a.force_share);
     let o = parse_operands(&a.operands)?;
     let (Some(input), Some(output)) = (&o.input, &o.output) else {
-        return Err(CliError::new("Must specify both input and output files"));
+        return Err(CliError::usage(
+            "dd",
+            "Must specify both input and output files",
+        ));
     };
     let out_format = parse_format(a.output_format.as_deref())?.unwrap_or(Format::RAW);
     let in_path = PathBuf::from(input);

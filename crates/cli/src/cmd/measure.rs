@@ -44,7 +44,8 @@ pub fn run(a: Args) -> CmdResult {
             ));
         }
         (None, None) => {
-            return Err(CliError::new(
+            return Err(CliError::usage(
+                "measure",
                 "Either --size N or one filename must be specified.",
             ));
         }

@@ -1,0 +1,159 @@
+//! Usage errors worded as qemu-img words them.
+//!
+//! clap finds what is wrong with a command line; this module says it the
+//! way qemu-img does (scripts match on some of these lines): the
+//! subcommand named in the prefix, what is missing or wrong named, and a
+//! pointer to the subcommand's `--help`.
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+
+/// The lines to print for a usage error, and the exit status.
+pub struct UsageError {
+    /// The message, without the program prefix.
+    pub message: String,
+    /// The subcommand, when one was recognised (for the prefix and hint).
+    pub subcommand: Option<String>,
+    /// The exit status.
+    pub code: u8,
+}
+
+impl UsageError {
+    /// Prints the error as qemu-img prints its usage errors.
+    pub fn print(&self) {
+        match &self.subcommand {
+            Some(sub) => {
+                eprintln!("diskit: {}", self.message);
+                eprintln!("Try 'diskit {sub} --help' for more info");
+            }
+            None => {
+                eprintln!("diskit: {}", self.message);
+                eprintln!("Try 'diskit --help' for more info");
+            }
+        }
+    }
+}
+
+/// The subcommand a command line names: the first argument that is one of
+/// `names` (global flags may come before it).
+pub fn subcommand_of(args: &[String], names: &[&str]) -> Option<String> {
+    args.iter()
+        .skip(1)
+        .find(|a| names.contains(&a.as_str()))
+        .cloned()
+}
+
+/// What qemu-img says when a subcommand's file names are missing.
+fn missing_files_message(sub: &str) -> Option<&'static str> {
+    Some(match sub {
+        "info" | "check" | "map" | "commit" | "rebase" | "snapshot" | "bench" | "amend" => {
+            "Expecting one image file name"
+        }
+        "compare" => "Expecting two image file names",
+        "convert" => "Must specify image file name",
+        "create" => "Expecting image file name",
+        "resize" => "Expecting image file name and size",
+        "copy" => "Expecting a source and a destination (SOURCE DESTINATION)",
+        "nbdinfo" => "Expecting an NBD URI (or a server command in [ ])",
+        "serve" => "Expecting a plugin name, or an image file",
+        _ => return None,
+    })
+}
+
+/// The argument names a clap error carries for `kind`, as clap shows them
+/// (`<FILENAME>`, `--size <SIZE>`).
+fn context_strings(e: &clap::Error, kind: ContextKind) -> Vec<String> {
+    match e.get(kind) {
+        Some(ContextValue::Strings(v)) => v.clone(),
+        Some(ContextValue::String(s)) => vec![s.clone()],
+        _ => Vec::new(),
+    }
+}
+
+/// Whether a clap argument name is a positional one (`<FILENAME>`).
+fn is_positional(name: &str) -> bool {
+    name.starts_with('<') || name.starts_with('[')
+}
+
+/// Words a clap parse error for `sub` (None: no subcommand recognised).
+pub fn word(e: &clap::Error, sub: Option<&str>) -> UsageError {
+    // qemu-img exits 1 on every usage error (compare's 2 is for errors
+    // met while comparing).
+    let code = 1;
+    let message = match e.kind() {
+        ErrorKind::MissingRequiredArgument => {
+            let missing = context_strings(e, ContextKind::InvalidArg);
+            let files_only = !missing.is_empty() && missing.iter().all(|m| is_positional(m));
+            match sub.and_then(missing_files_message) {
+                Some(m) if files_only => m.to_string(),
+                _ if missing.is_empty() => "a required argument is missing".to_string(),
+                _ => format!("missing required argument: {}", missing.join(", ")),
+            }
+        }
+        ErrorKind::MissingSubcommand => "Not enough arguments (expecting a subcommand)".to_string(),
+        ErrorKind::InvalidSubcommand => {
+            let name = context_strings(e, ContextKind::InvalidSubcommand);
+            format!("Command not found: {}", name.join(" "))
+        }
+        ErrorKind::UnknownArgument => {
+            let name = context_strings(e, ContextKind::InvalidArg);
+            let name = name.first().map(String::as_str).unwrap_or("?");
+            if name.starts_with('-') {
+                format!("unrecognized option '{name}'")
+            } else {
+                format!("unexpected argument '{name}'")
+            }
+        }
+        ErrorKind::InvalidValue if e.get(ContextKind::InvalidValue).is_some() => {
+            let arg = context_strings(e, ContextKind::InvalidArg);
+            let value = context_strings(e, ContextKind::InvalidValue);
+            let arg = arg.first().map(String::as_str).unwrap_or("?");
+            match value.first().map(String::as_str) {
+                Some("") | None => format!("option '{arg}' requires an argument"),
+                Some(v) => {
+                    let valid = context_strings(e, ContextKind::ValidValue);
+                    if valid.is_empty() {
+                        format!("invalid value '{v}' for '{arg}'")
+                    } else {
+                        format!(
+                            "invalid value '{v}' for '{arg}' (expected one of: {})",
+                            valid.join(", ")
+                        )
+                    }
+                }
+            }
+        }
+        _ => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            first.strip_prefix("error: ").unwrap_or(first).to_string()
+        }
+    };
+    UsageError {
+        message,
+        subcommand: sub.map(str::to_string),
+        code,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positional_names_are_recognised() {
+        assert!(is_positional("<FILENAME>"));
+        assert!(!is_positional("--size <SIZE>"));
+    }
+
+    #[test]
+    fn subcommand_is_found_after_global_flags() {
+        let args: Vec<String> = ["diskit", "--untrusted", "info", "x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            subcommand_of(&args, &["info", "map"]).as_deref(),
+            Some("info")
+        );
+    }
+}
