@@ -383,7 +383,27 @@ fn hostile_images_get_clear_errors() {
             "bad deflate",
             comp.clone(),
             Box::new(move |p: &Path| patch(p, coff, &[0xff; 64])),
-            "decompress",
+            "compressed cluster at host offset",
+        ),
+        (
+            // The last cluster's stream said to run 128 KiB, past the end
+            // of the file: said so, not as a deflate error alone.
+            "compressed stream running past EOF",
+            comp.clone(),
+            Box::new(move |p: &Path| {
+                let last = read_u64(p, cl2 + 15 * 8);
+                patch(p, cl2 + 15 * 8, &(last | (0xff << 54)).to_be_bytes());
+                let stream = (last & ((1u64 << 54) - 1)) + 512;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .unwrap()
+                    .set_len(stream.max(std::fs::metadata(p).unwrap().len()))
+                    .unwrap();
+                // Garbage after the real stream, as another cluster's bytes.
+                patch(p, last & ((1u64 << 54) - 1), &[0xfe; 8]);
+            }),
+            "past the end of the file",
         ),
     ];
     for (what, orig, mutate, msg) in cases {

@@ -275,6 +275,39 @@ fn missing_backing_file_and_loops() {
     );
 }
 
+/// A chain deeper than the limit is refused in one short line that names
+/// the cause, not one "Could not open backing file" prefix per image.
+#[test]
+fn a_chain_too_deep_is_said_once() {
+    let dir = workdir();
+    let d = dir.path();
+    qemu_in(
+        d,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "c0.qcow2", "1M"],
+    );
+    for i in 1..=300 {
+        let (img, backing) = (format!("c{i}.qcow2"), format!("c{}.qcow2", i - 1));
+        qemu_in(
+            d,
+            "qemu-img",
+            &[
+                "create", "-q", "-f", "qcow2", "-u", "-b", &backing, "-F", "qcow2", &img, "1M",
+            ],
+        );
+    }
+    let o = run_in(d, &diskit_bin(), &["map", "--output=json", "c300.qcow2"]);
+    assert_eq!(code(&o), 1);
+    let err = stderr(&o);
+    assert!(err.contains("too deep"), "{err}");
+    assert_eq!(
+        err.matches("Could not open backing file").count(),
+        0,
+        "{err}"
+    );
+    assert!(err.len() < 300, "{} bytes: {err}", err.len());
+}
+
 #[test]
 fn external_data_files() {
     let dir = workdir();

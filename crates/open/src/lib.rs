@@ -147,12 +147,16 @@ const FORMAT_KEYS: &[&str] = &[
 struct Chain {
     seen: Vec<(u64, u64)>,
     trust: Trust,
+    /// Set when the chain itself was refused (a loop, too deep): the error
+    /// then goes up unwrapped, said once rather than once per image.
+    refused: bool,
 }
 
 impl Chain {
     fn new(opts: &OpenOptions) -> Chain {
         Chain {
             seen: Vec::new(),
+            refused: false,
             trust: if opts.untrusted {
                 Trust::Untrusted
             } else {
@@ -281,12 +285,17 @@ impl Chain {
         };
         let id = (meta.dev(), meta.ino());
         if self.seen.contains(&id) {
+            self.refused = true;
             return Err(Error::invalid(format!(
                 "Backing file chain of '{display}' contains a loop"
             )));
         }
         if self.seen.len() >= MAX_CHAIN_DEPTH {
-            return Err(Error::invalid("Backing file chain is too deep"));
+            self.refused = true;
+            return Err(Error::invalid(format!(
+                "Backing file chain is too deep: '{display}' is more than \
+                 {MAX_CHAIN_DEPTH} images down"
+            )));
         }
         self.seen.push(id);
         Ok(())
@@ -346,10 +355,12 @@ impl ImpliedFiles for Implied<'_> {
             let shown = display_name(&given).unwrap_or_else(|| "backing".into());
             (given, shown)
         };
-        let img = self
-            .chain
-            .open(&spec, &shown, &below_opts)
-            .context(format!("Could not open backing file '{shown}'"))?;
+        let img = match self.chain.open(&spec, &shown, &below_opts) {
+            Ok(img) => img,
+            // A refused chain is said once, not once per image above.
+            Err(e) if self.chain.refused => return Err(e),
+            Err(e) => return Err(e.context(format!("Could not open backing file '{shown}'"))),
+        };
         let r = (img.device.clone(), img.virtual_size());
         self.below = Some(Box::new(img));
         Ok(r)

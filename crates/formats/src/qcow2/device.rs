@@ -194,7 +194,21 @@ impl Qcow2 {
         let mut input = vec![0u8; stream.size as usize];
         self.file.read_padded(&mut input, stream.offset.0)?;
         let mut out = vec![0u8; self.geo.cluster_size() as usize];
-        compress::decompress(self.header.compression_type, &input, &mut out)?;
+        let end = stream.offset.0.saturating_add(stream.size as u64);
+        compress::decompress(self.header.compression_type, &input, &mut out).map_err(|e| {
+            let past = if end > file_len {
+                format!(
+                    ", of which {} bytes lie past the end of the file ({file_len} bytes)",
+                    end - file_len
+                )
+            } else {
+                String::new()
+            };
+            e.context(format!(
+                "qcow2 image is corrupt: compressed cluster at host offset {:#x} ({} bytes{past})",
+                stream.offset.0, stream.size
+            ))
+        })?;
         let out = Arc::new(out);
         *self.last_cluster.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((stream.offset, out.clone()));

@@ -6,7 +6,7 @@
 //! QEMU enforces before it is used.
 
 use super::table::{be32, be64};
-use diskit_core::{Error, Result};
+use diskit_core::{Error, ErrorKind, Result};
 
 /// The magic at the start of every qcow2 image: "QFI\xfb".
 pub const MAGIC: [u8; 4] = *b"QFI\xfb";
@@ -441,6 +441,13 @@ impl Header {
         // L1 large enough for the size, and bounded.
         let per_l1 = cs * self.l2_entries();
         let needed = self.size.div_ceil(per_l1);
+        // QEMU's order: a size no L1 table index can reach first.
+        if needed > i32::MAX as u64 {
+            return Err(Error::new(
+                ErrorKind::Overflow,
+                format!("Image is too big (virtual size {} bytes)", self.size),
+            ));
+        }
         if (self.l1_size as u64) < needed {
             return Err(corrupt("L1 table is too small"));
         }

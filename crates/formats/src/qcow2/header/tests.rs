@@ -121,6 +121,7 @@ fn hostile_headers_get_clear_errors() {
         ("exceeds cluster", Box::new(|b| put32(b, 100, 1 << 20))),
         ("refcount order", Box::new(|b| put32(b, 96, 7))),
         ("L1 table is too small", Box::new(|b| put32(b, 36, 1))),
+        ("Image is too big", Box::new(|b| put64(b, 24, 1 << 62))),
         ("L1 table too large", Box::new(|b| put32(b, 36, u32::MAX))),
         ("L1 table offset", Box::new(|b| put64(b, 40, 12345))),
         ("refcount table offset", Box::new(|b| put64(b, 48, 0))),
