@@ -10,6 +10,7 @@
 mod chain;
 pub mod check;
 pub mod creation;
+pub mod crypto;
 pub mod driver;
 pub mod image_ops;
 pub mod implied;
