@@ -27,6 +27,11 @@ struct Cli {
     /// files) must be regular files inside the image's directory.
     #[arg(long = "untrusted", global = true)]
     untrusted: bool,
+    /// Defines an object, as qemu-img's --object: secret,id=ID,data=TEXT
+    /// or secret,id=ID,file=PATH (format=raw|base64), referred to by
+    /// key-secret=ID and encrypt.key-secret=ID. Repeatable.
+    #[arg(long = "object", global = true, value_name = "OBJECTDEF")]
+    object: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -107,6 +112,12 @@ fn main() -> ExitCode {
             return ExitCode::from(err.code);
         }
     };
+    for def in &cli.object {
+        if let Err(e) = diskit_open::define_object(def) {
+            eprintln!("diskit: {e}");
+            return ExitCode::from(1);
+        }
+    }
     util::set_open_policy(util::OpenPolicy {
         image_opts: cli.image_opts,
         untrusted: cli.untrusted,

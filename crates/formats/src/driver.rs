@@ -210,10 +210,7 @@ pub static FORMATS: &[&dyn FormatDriver] = &[
         name: "vdi",
         probe: crate::probe::vdi,
     },
-    &Recognised {
-        name: "luks",
-        probe: crate::probe::luks,
-    },
+    &crate::luks::LuksDriver,
     &Recognised {
         name: "parallels",
         probe: crate::probe::parallels,

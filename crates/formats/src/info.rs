@@ -58,8 +58,10 @@ pub struct SnapshotInfo {
 /// ImageInfoSpecific).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FormatInfo {
-    /// The cluster size.
-    pub cluster_size: u64,
+    /// The cluster size, for formats that have clusters.
+    pub cluster_size: Option<u64>,
+    /// Whether the guest data is encrypted.
+    pub encrypted: bool,
     /// Whether the image was not cleanly shut down.
     pub dirty: bool,
     /// The backing file name as recorded (cut at NUL, never empty).

@@ -15,6 +15,7 @@ pub mod driver;
 pub mod image_ops;
 pub mod implied;
 pub mod info;
+pub mod luks;
 pub mod mapped;
 pub mod options;
 pub mod prealloc;
@@ -63,6 +64,9 @@ pub struct OpenOptions {
     /// Open only the image's own metadata (info): the files it names are
     /// not opened, its backing reads as absent and a data file as empty.
     pub metadata_only: bool,
+    /// The id of the secret (`--object secret,...`) that unlocks an
+    /// encrypted image (`key-secret=`, `encrypt.key-secret=`).
+    pub key_secret: Option<String>,
 }
 
 /// An open image: the guest-visible device plus what the format offers

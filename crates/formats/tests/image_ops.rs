@@ -56,7 +56,7 @@ fn qcow2_offers_its_tools_through_the_interface() {
     );
 
     let info = img.info().unwrap().unwrap();
-    assert_eq!(info.cluster_size, 4096);
+    assert_eq!(info.cluster_size, Some(4096));
     assert_eq!(info.specific_type, "qcow2");
     assert_eq!(info.snapshots, snaps);
     let InfoValue::Dict(fields) = &info.specific else {

@@ -27,6 +27,7 @@ use diskit_formats::implied::ImpliedFiles;
 use diskit_formats::options::{bool_value, size_value};
 use diskit_formats::probe;
 
+pub use diskit_formats::crypto::secret::define_object;
 pub use diskit_formats::image_ops::{AfterClose, Bits};
 pub use diskit_formats::implied::Named;
 pub use diskit_formats::probe::probe as probe_format;
@@ -190,6 +191,12 @@ impl Chain {
         if let Some(v) = spec.get("l2-cache-size") {
             opts.l2_cache_size = Some(size_value("l2-cache-size", v)?);
         }
+        // Each node names its own secret: a backing file's is given as
+        // backing.key-secret, never inherited.
+        opts.key_secret = spec
+            .get("key-secret")
+            .or_else(|| spec.get("encrypt.key-secret"))
+            .map(str::to_string);
         if let Some(v) = spec.get("cache.no-flush")
             && bool_value("cache.no-flush", v)?
         {

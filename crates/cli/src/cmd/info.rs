@@ -329,7 +329,12 @@ impl Specific {
     /// Adds the format's fields of BlockNodeInfo, in schema order.
     fn json_fields(&self, mut v: QJson) -> QJson {
         let info = &self.info;
-        v = v.with("cluster-size", QJson::UInt(info.cluster_size));
+        if let Some(cs) = info.cluster_size {
+            v = v.with("cluster-size", QJson::UInt(cs));
+        }
+        if info.encrypted {
+            v = v.with("encrypted", QJson::Bool(true));
+        }
         if let Some(b) = &info.backing_filename {
             v = v.with("backing-filename", QJson::Str(b.clone()));
         }
@@ -355,7 +360,13 @@ impl Specific {
 
     fn human(&self) -> String {
         let info = &self.info;
-        let mut out = format!("cluster_size: {}\n", info.cluster_size);
+        let mut out = String::new();
+        if info.encrypted {
+            out += "encrypted: yes\n";
+        }
+        if let Some(cs) = info.cluster_size {
+            out += &format!("cluster_size: {cs}\n");
+        }
         if info.dirty {
             out += "cleanly shut down: no\n";
         }

@@ -10,6 +10,7 @@
 
 pub mod afsplit;
 pub mod algs;
+pub mod encrypted;
 pub mod secret;
 pub mod sector;
 

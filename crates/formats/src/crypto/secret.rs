@@ -122,17 +122,20 @@ pub fn define_object(text: &str) -> Result<()> {
             .map(|(_, v)| v.as_str())
     };
     for (k, _) in &keys {
-        if !matches!(k.as_str(), "id" | "data" | "file" | "format" | "keyid" | "iv") {
-            return Err(Error::invalid(format!(
-                "Property 'secret.{k}' not found"
-            )));
+        if !matches!(
+            k.as_str(),
+            "id" | "data" | "file" | "format" | "keyid" | "iv"
+        ) {
+            return Err(Error::invalid(format!("Property 'secret.{k}' not found")));
         }
     }
     let id = get("id").ok_or_else(|| Error::invalid("Parameter 'id' is missing"))?;
     if get("keyid").is_some() || get("iv").is_some() {
         return Err(Error::new(
             ErrorKind::NotSupported,
-            format!("secret '{id}': secrets encrypted with another secret (keyid=, iv=) are not supported"),
+            format!(
+                "secret '{id}': secrets encrypted with another secret (keyid=, iv=) are not supported"
+            ),
         ));
     }
     let raw = match (get("data"), get("file")) {
@@ -142,9 +145,9 @@ pub fn define_object(text: &str) -> Result<()> {
             )));
         }
         (Some(d), None) => Zeroizing::new(d.as_bytes().to_vec()),
-        (None, Some(f)) => Zeroizing::new(std::fs::read(f).map_err(|e| {
-            Error::from(e).context(format!("Unable to read {f}"))
-        })?),
+        (None, Some(f)) => Zeroizing::new(
+            std::fs::read(f).map_err(|e| Error::from(e).context(format!("Unable to read {f}")))?,
+        ),
         (None, None) => {
             return Err(Error::invalid(format!(
                 "secret '{id}': Either 'file' or 'data' must be provided"
@@ -176,7 +179,10 @@ mod tests {
     #[test]
     fn objects_define_secrets() {
         define_object("secret,id=t-raw,data=pass,,word").unwrap();
-        assert_eq!(Secrets::global().get("t-raw").unwrap().bytes(), b"pass,word");
+        assert_eq!(
+            Secrets::global().get("t-raw").unwrap().bytes(),
+            b"pass,word"
+        );
         define_object("secret,id=t-b64,data=MTIzNDU2,format=base64").unwrap();
         assert_eq!(Secrets::global().get("t-b64").unwrap().bytes(), b"123456");
         assert!(define_object("secret,id=t-raw,data=x").is_err());
@@ -185,6 +191,9 @@ mod tests {
         assert!(define_object("secret,id=t-bad,data=x,colour=red").is_err());
         let e = Secrets::global().get("nope").unwrap_err();
         assert_eq!(e.to_string(), "No secret with id 'nope'");
-        assert_eq!(format!("{:?}", Secret::new(b"abc".to_vec())), "Secret(3 bytes)");
+        assert_eq!(
+            format!("{:?}", Secret::new(b"abc".to_vec())),
+            "Secret(3 bytes)"
+        );
     }
 }

@@ -3,8 +3,7 @@
 
 use cipher::generic_array::GenericArray;
 use cipher::{
-    BlockCipher, BlockDecrypt, BlockDecryptMut, BlockEncrypt, BlockEncryptMut,
-    InnerIvInit, KeyInit,
+    BlockCipher, BlockDecrypt, BlockDecryptMut, BlockEncrypt, BlockEncryptMut, InnerIvInit, KeyInit,
 };
 use diskit_core::{Error, Result};
 use zeroize::Zeroizing;

@@ -194,7 +194,7 @@ impl Qcow2 {
         let mut input = vec![0u8; stream.size as usize];
         self.file.read_padded(&mut input, stream.offset.0)?;
         let mut out = vec![0u8; self.geo.cluster_size() as usize];
-        let end = stream.offset.0.saturating_add(stream.size as u64);
+        let end = stream.offset.0.saturating_add(stream.size);
         compress::decompress(self.header.compression_type, &input, &mut out).map_err(|e| {
             let past = if end > file_len {
                 format!(

@@ -23,7 +23,8 @@ pub fn read(file: &dyn Storage, h: &Header) -> Result<FormatInfo> {
         .filter(|b| !b.is_empty())
         .map(str::to_string);
     Ok(FormatInfo {
-        cluster_size: h.cluster_size(),
+        cluster_size: Some(h.cluster_size()),
+        encrypted: h.crypt_method != 0,
         dirty: h.incompatible_features & incompat::DIRTY != 0,
         backing_format: backing_filename
             .as_ref()

@@ -1,0 +1,323 @@
+//! LUKS1 volumes (QEMU's `luks` format): a header with eight key slots,
+//! then the payload encrypted sector by sector.
+//!
+//! The header is parsed in [`header`]; passphrases open key slots in
+//! [`keys`]; the payload is an [`EncryptedStorage`] view of the file from
+//! the payload offset. The same header, key slots and info also serve
+//! qcow2's `encrypt.format=luks` (the header lives inside the qcow2 file).
+
+pub mod create;
+pub mod header;
+pub mod keys;
+
+use std::sync::Arc;
+
+use diskit_core::{Error, ErrorKind, Result, Storage, StorageRef};
+
+use crate::crypto::encrypted::EncryptedStorage;
+use crate::crypto::{SECTOR_SIZE, Secrets, SectorCipher};
+use crate::driver::{FormatDriver, Opened};
+use crate::image_ops::{Capability, FormatImage};
+use crate::implied::ImpliedFiles;
+use crate::info::{FormatInfo, InfoValue};
+use crate::{Format, OpenOptions, OptionList, Prealloc};
+
+use header::Header;
+
+/// The largest PBKDF2 iteration count accepted in a header: more would
+/// take minutes to try (QEMU's own counts for a 2 s iter-time stay far
+/// below it).
+pub const MAX_ITERATIONS: u32 = 1 << 26;
+
+/// Reads and validates the LUKS header `base` bytes into `storage`.
+pub fn read_header(storage: &dyn Storage, base: u64) -> Result<Header> {
+    let mut b = [0u8; header::HEADER_LEN];
+    let len = storage.file_len()?;
+    if len < base + header::HEADER_LEN as u64 {
+        return Err(Error::invalid(format!(
+            "LUKS header at {base} is cut short by the end of the file ({len} bytes)"
+        )));
+    }
+    storage.read_padded(&mut b, base)?;
+    Header::parse(&b, MAX_ITERATIONS)
+}
+
+/// The passphrase an open names (`key-secret=ID`), with QEMU's message
+/// when none is given.
+pub fn passphrase(opts: &OpenOptions) -> Result<crate::crypto::Secret> {
+    let id = opts.key_secret.as_deref().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "Parameter 'key-secret' is required for cipher",
+        )
+    })?;
+    Secrets::global().get(id)
+}
+
+/// Unlocks the header at `base` of `storage` with the open's passphrase
+/// and keys the payload cipher.
+pub fn unlock_cipher(
+    h: &Header,
+    storage: &dyn Storage,
+    base: u64,
+    opts: &OpenOptions,
+) -> Result<Arc<SectorCipher>> {
+    let pass = passphrase(opts)?;
+    let (key, _slot) = keys::unlock(h, storage, base, pass.bytes(), None)?;
+    Ok(Arc::new(SectorCipher::new(
+        h.cipher,
+        h.mode,
+        h.ivgen,
+        h.ivgen_hash,
+        &key,
+    )?))
+}
+
+/// The `encrypt` data qemu-img shows for a LUKS header (`format` given
+/// inside qcow2, where it sits after the UUID).
+pub fn info_value(h: &Header, format: Option<&str>) -> InfoValue {
+    let mut v = InfoValue::dict()
+        .with("ivgen-alg", InfoValue::Str(h.ivgen.name().into()))
+        .with("detached-header", InfoValue::Bool(false))
+        .with("hash-alg", InfoValue::Str(h.hash.name().into()))
+        .with("cipher-alg", InfoValue::Str(h.cipher.name().into()))
+        .with("uuid", InfoValue::Str(h.uuid.clone()));
+    if let Some(hash) = h.ivgen_hash {
+        v = v.with("ivgen-hash-alg", InfoValue::Str(hash.name().into()));
+    }
+    if let Some(f) = format {
+        v = v.with("format", InfoValue::Str(f.into()));
+    }
+    let slots = h
+        .slots
+        .iter()
+        .map(|s| {
+            let mut d = InfoValue::dict().with("active", InfoValue::Bool(s.active));
+            if s.active {
+                d = d.with("iters", InfoValue::UInt(s.iterations as u64));
+            }
+            d = d.with(
+                "key-offset",
+                InfoValue::UInt(s.key_offset as u64 * SECTOR_SIZE),
+            );
+            if s.active {
+                d = d.with("stripes", InfoValue::UInt(s.stripes as u64));
+            }
+            d
+        })
+        .collect();
+    v.with("cipher-mode", InfoValue::Str(h.mode.name().into()))
+        .with("slots", InfoValue::List(slots))
+        .with(
+            "payload-offset",
+            InfoValue::UInt(h.payload_offset as u64 * SECTOR_SIZE),
+        )
+        .with(
+            "master-key-iters",
+            InfoValue::UInt(h.mk_digest_iterations as u64),
+        )
+}
+
+/// The luks driver.
+pub struct LuksDriver;
+
+/// The creation options qemu-img lists for luks with a file name.
+const CREATE_OPTIONS: &[&str] = &[
+    "size",
+    "key-secret",
+    "cipher-alg",
+    "cipher-mode",
+    "ivgen-alg",
+    "ivgen-hash-alg",
+    "hash-alg",
+    "iter-time",
+    "detached-header",
+    "preallocation",
+    "nocow",
+    "extent_size_hint",
+];
+
+impl FormatDriver for LuksDriver {
+    fn name(&self) -> &'static str {
+        "luks"
+    }
+
+    fn probe(&self, head: &[u8], filename: &str) -> u32 {
+        crate::probe::luks(head, filename)
+    }
+
+    fn open_keys(&self) -> &'static [&'static str] {
+        &["key-secret"]
+    }
+
+    fn open(
+        &self,
+        storage: StorageRef,
+        opts: &OpenOptions,
+        _implied: &mut dyn ImpliedFiles,
+    ) -> Result<Opened> {
+        let h = read_header(&*storage, 0)?;
+        let payload = h.payload_offset as u64 * SECTOR_SIZE;
+        if storage.file_len()? < payload {
+            return Err(Error::invalid(format!(
+                "LUKS payload offset {payload} is past the end of the file"
+            )));
+        }
+        let device: diskit_core::DeviceRef = if opts.metadata_only {
+            // info: the header only, as QEMU opens without I/O; nothing
+            // reads the payload.
+            Arc::new(Locked {
+                size: storage.file_len()? - payload,
+            })
+        } else {
+            let cipher = unlock_cipher(&h, &*storage, 0, opts)?;
+            Arc::new(EncryptedStorage::new(storage.clone(), cipher, payload))
+        };
+        Ok(Opened {
+            device,
+            image: Arc::new(LuksImage {
+                storage,
+                header: h,
+                key_secret: opts.key_secret.clone(),
+            }),
+        })
+    }
+
+    fn supports(&self, what: Capability) -> bool {
+        matches!(what, Capability::Amend)
+    }
+
+    fn create(
+        &self,
+        path: &std::path::Path,
+        size: Option<u64>,
+        options: &OptionList,
+    ) -> Result<u64> {
+        let opts = create::LuksCreateOptions::parse(options)?;
+        let size = crate::driver::one_size(size, opts.size)?;
+        create::create(path, size, &opts)?;
+        Ok(size)
+    }
+
+    fn check_create_options(&self, options: &OptionList) -> Result<()> {
+        create::LuksCreateOptions::parse(options).map(|_| ())
+    }
+
+    fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
+        Ok(Box::new(create::LuksCreation {
+            opts: create::LuksCreateOptions::parse(options)?,
+        }))
+    }
+
+    fn create_help(&self, with_file: bool) -> String {
+        create::help(with_file)
+    }
+
+    fn amend_help(&self) -> Option<String> {
+        Some(create::AMEND_HELP.to_string())
+    }
+
+    fn check_amend_options(&self, options: &OptionList) -> Result<()> {
+        create::check_amend(options, "")
+    }
+
+    fn measure(
+        &self,
+        options: &OptionList,
+        size: Option<u64>,
+        source: Option<&crate::Image>,
+    ) -> Result<crate::qcow2::measure::Measurement> {
+        let opts = create::LuksCreateOptions::parse(options)?;
+        let v = match (source, size) {
+            (Some(img), _) => img.virtual_size(),
+            (None, s) => s.unwrap_or(0),
+        };
+        let v = v.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
+        let total = create::payload_offset(&opts.plan()?) + v;
+        Ok(crate::qcow2::measure::Measurement {
+            required: total,
+            fully_allocated: total,
+            bitmaps: None,
+        })
+    }
+}
+
+/// The device of an image opened for its metadata only.
+struct Locked {
+    size: u64,
+}
+
+impl diskit_core::BlockDevice for Locked {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        diskit_core::Capabilities::READ_ONLY
+    }
+
+    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> Result<()> {
+        Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "the LUKS volume was opened without its key",
+        ))
+    }
+}
+
+/// An open LUKS volume.
+pub struct LuksImage {
+    storage: StorageRef,
+    header: Header,
+    key_secret: Option<String>,
+}
+
+impl FormatImage for LuksImage {
+    fn format(&self) -> Format {
+        Format::known("luks").expect("luks is in the table")
+    }
+
+    fn info(&self) -> Result<Option<FormatInfo>> {
+        Ok(Some(FormatInfo {
+            cluster_size: None,
+            encrypted: true,
+            dirty: false,
+            backing_filename: None,
+            backing_format: None,
+            snapshots: Vec::new(),
+            specific_type: "luks",
+            specific: info_value(&self.header, None),
+            warnings: Vec::new(),
+        }))
+    }
+
+    fn check_resize(&self, new_size: u64, prealloc: Option<Prealloc>) -> Result<()> {
+        if prealloc == Some(Prealloc::Metadata) {
+            return Err(Error::unsupported(
+                "Unsupported preallocation mode: metadata",
+            ));
+        }
+        if new_size == 0 || new_size > i64::MAX as u64 {
+            return Err(Error::invalid("New image size must be positive"));
+        }
+        Ok(())
+    }
+
+    fn resize(&self, new_size: u64, _shrink: bool, prealloc: Prealloc) -> Result<()> {
+        let mode = prealloc
+            .for_storage()
+            .ok_or_else(|| Error::unsupported("Unsupported preallocation mode: metadata"))?;
+        let payload = self.header.payload_offset as u64 * SECTOR_SIZE;
+        self.storage.resize(payload + new_size, mode)
+    }
+
+    fn amend(&self, options: &OptionList) -> Result<()> {
+        create::amend_slots(
+            &*self.storage,
+            0,
+            &self.header,
+            options,
+            "",
+            self.key_secret.as_deref(),
+        )
+    }
+}
