@@ -79,6 +79,13 @@ pub trait MappedFormat: Send + Sync {
     /// `offset` (of at most `size` bytes).
     fn read_compressed(&self, offset: u64, size: u64, skip: u64, buf: &mut [u8]) -> Result<()>;
 
+    /// A cipher whose IVs are guest sectors (qcow2's legacy AES): data read
+    /// from [`Place::Data`] is decrypted with it. Encryption keyed by host
+    /// offsets is the data storage's own business instead.
+    fn guest_cipher(&self) -> Option<&crate::crypto::SectorCipher> {
+        None
+    }
+
     /// Whether data places may be holes in the storage that read as zeros
     /// and that extents should report (QEMU asks the file only for images
     /// with preallocated metadata).
@@ -95,7 +102,10 @@ pub fn read_place<F: MappedFormat + ?Sized>(
     buf: &mut [u8],
 ) -> Result<()> {
     match place {
-        Place::Data(h) => f.data().read_padded(buf, h),
+        Place::Data(h) => match f.guest_cipher() {
+            None => f.data().read_padded(buf, h),
+            Some(c) => read_guest_encrypted(f, c, h, g, buf),
+        },
         Place::Zero { .. } => {
             buf.fill(0);
             Ok(())
@@ -103,6 +113,27 @@ pub fn read_place<F: MappedFormat + ?Sized>(
         Place::Unallocated { .. } => read_backing(f.backing(), g, buf),
         Place::Compressed { offset, size, skip } => f.read_compressed(offset, size, skip, buf),
     }
+}
+
+/// Reads data at host `h` (guest `g`) encrypted by guest sectors: the
+/// whole sectors around it are read and decrypted. A format's data places
+/// start and end on sector boundaries (clusters), so the sectors around a
+/// range are in the same place.
+fn read_guest_encrypted<F: MappedFormat + ?Sized>(
+    f: &F,
+    c: &crate::crypto::SectorCipher,
+    h: u64,
+    g: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    use crate::crypto::SECTOR_SIZE;
+    let skip = g % SECTOR_SIZE;
+    let end = (g + buf.len() as u64).div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
+    let mut tmp = vec![0u8; (end - (g - skip)) as usize];
+    f.data().read_padded(&mut tmp, h - skip)?;
+    c.decrypt((g - skip) / SECTOR_SIZE, &mut tmp);
+    buf.copy_from_slice(&tmp[skip as usize..skip as usize + buf.len()]);
+    Ok(())
 }
 
 /// Reads `buf.len()` bytes at guest `g` from the backing image: zeros

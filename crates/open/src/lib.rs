@@ -76,6 +76,45 @@ pub fn open_storage(name: &str, writable: bool) -> Result<StorageRef> {
     )
 }
 
+/// Opens the storage under an image description (`--image-opts` text when
+/// `image_opts`, a `json:` description, or a plain name), with the format
+/// it names if any: for tools that work on an image's own bytes (check).
+pub fn open_described_storage(
+    name: &str,
+    image_opts: bool,
+    writable: bool,
+) -> Result<(Option<Format>, StorageRef)> {
+    if !image_opts && !name.starts_with("json:") {
+        return Ok((None, open_storage(name, writable)?));
+    }
+    let spec = if image_opts {
+        spec::parse_image_opts(name)?
+    } else {
+        name_spec(name, None)?
+    };
+    let format = spec
+        .get("driver")
+        .filter(|d| protocol::by_name(d).is_none())
+        .map(Format::from_name)
+        .transpose()?;
+    let node = spec.child("file");
+    if node.is_empty() {
+        return Err(Error::invalid(
+            "A block device must be specified for \"file\"",
+        ));
+    }
+    let proto = protocol_of(&node)?;
+    let storage = protocol::open(
+        proto,
+        &node,
+        ProtocolMode {
+            writable,
+            ..Default::default()
+        },
+    )?;
+    Ok((format, storage))
+}
+
 /// A file an image names, checked against the untrusted rules.
 #[derive(Debug, Clone)]
 pub struct Audited {

@@ -48,10 +48,15 @@ pub fn run(a: Args) -> CmdResult {
     let _ = a.cache;
     let name = a.filename.display().to_string();
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    let file =
-        diskit_open::open_storage(crate::util::name_of(&a.filename)?, repair != Repair::None)
-            .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
-    let format = match format {
+    // An --image-opts or json: description names the file and maybe the
+    // format (a key-secret in it is not needed: check reads metadata).
+    let (described, file) = diskit_open::open_described_storage(
+        crate::util::name_of(&a.filename)?,
+        crate::util::open_policy().image_opts,
+        repair != Repair::None,
+    )
+    .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
+    let format = match format.or(described) {
         Some(f) => f,
         None => probe_format(&*file, &name)
             .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?,

@@ -44,8 +44,8 @@ pub fn read_header(storage: &dyn Storage, base: u64) -> Result<Header> {
 
 /// The passphrase an open names (`key-secret=ID`), with QEMU's message
 /// when none is given.
-pub fn passphrase(opts: &OpenOptions) -> Result<crate::crypto::Secret> {
-    let id = opts.key_secret.as_deref().ok_or_else(|| {
+pub fn passphrase(key_secret: Option<&str>) -> Result<crate::crypto::Secret> {
+    let id = key_secret.ok_or_else(|| {
         Error::new(
             ErrorKind::InvalidInput,
             "Parameter 'key-secret' is required for cipher",
@@ -60,9 +60,9 @@ pub fn unlock_cipher(
     h: &Header,
     storage: &dyn Storage,
     base: u64,
-    opts: &OpenOptions,
+    key_secret: Option<&str>,
 ) -> Result<Arc<SectorCipher>> {
-    let pass = passphrase(opts)?;
+    let pass = passphrase(key_secret)?;
     let (key, _slot) = keys::unlock(h, storage, base, pass.bytes(), None)?;
     Ok(Arc::new(SectorCipher::new(
         h.cipher,
@@ -170,7 +170,7 @@ impl FormatDriver for LuksDriver {
                 size: storage.file_len()? - payload,
             })
         } else {
-            let cipher = unlock_cipher(&h, &*storage, 0, opts)?;
+            let cipher = unlock_cipher(&h, &*storage, 0, opts.key_secret.as_deref())?;
             Arc::new(EncryptedStorage::new(storage.clone(), cipher, payload))
         };
         Ok(Opened {

@@ -70,8 +70,18 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
     if external {
         data_file_opens(file, &header)?;
     }
-    // The header, the active L1 table and everything below it.
+    // The header, the LUKS header and key slots of an encrypted image, the
+    // active L1 table and everything below it.
     counted.inc_range(&mut r, 0, cs);
+    if header.crypt_method == super::crypt::LUKS {
+        match super::crypt::luks_area(&header) {
+            Ok((offset, length)) => counted.inc_range(&mut r, offset, length),
+            Err(e) => {
+                r.messages.push(format!("ERROR encryption header: {e}"));
+                r.corruptions += 1;
+            }
+        }
+    }
     let l1 = read_table(file, header.l1_table_offset, header.l1_size as u64)?;
     counted.inc_range(&mut r, header.l1_table_offset, header.l1_size as u64 * 8);
     let mut copied_checks: Vec<CopiedCheck> = Vec::new();

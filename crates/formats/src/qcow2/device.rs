@@ -51,6 +51,8 @@ pub struct Qcow2 {
     /// Whether `bitmaps` holds any (a lock-free test on the write path).
     pub(super) has_bitmaps: std::sync::atomic::AtomicBool,
     last_cluster: Mutex<Option<(HostOffset, Arc<Vec<u8>>)>>,
+    /// Legacy AES encryption: data decrypted by guest sector after reading.
+    guest_cipher: Option<Arc<crate::crypto::SectorCipher>>,
 }
 
 /// The largest run one lookup returns (bounds the work under the lock).
@@ -89,7 +91,18 @@ impl Qcow2 {
             meta: Mutex::new(meta),
             released: Condvar::new(),
             last_cluster: Mutex::new(None),
+            guest_cipher: None,
         }
+    }
+
+    /// Sets legacy AES's cipher (reads decrypt by guest sector).
+    pub fn set_guest_cipher(&mut self, cipher: Option<Arc<crate::crypto::SectorCipher>>) {
+        self.guest_cipher = cipher;
+    }
+
+    /// Whether the guest data is encrypted (LUKS or legacy AES).
+    pub fn encrypted(&self) -> bool {
+        self.header.crypt_method != super::crypt::NONE
     }
 
     /// The header as opened.
@@ -688,7 +701,7 @@ impl Qcow2 {
 
     /// Whether guest data lives in an external data file.
     pub fn data_is_external(&self) -> bool {
-        !Arc::ptr_eq(&self.data, &self.file)
+        self.header.incompatible_features & super::header::incompat::EXTERNAL_DATA != 0
     }
 
     /// Writes all cached metadata out and syncs (twice, so that deferred
@@ -857,7 +870,7 @@ impl BlockDevice for Qcow2 {
         meta.write_back()?;
         drop(meta);
         self.data.flush()?;
-        if !Arc::ptr_eq(&self.data, &self.file) {
+        if self.data_is_external() {
             self.file.flush()?;
         }
         Ok(())
@@ -868,7 +881,15 @@ impl BlockDevice for Qcow2 {
     }
 
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        mapped::extents(self, offset, len)
+        let mut v = mapped::extents(self, offset, len)?;
+        if self.encrypted() {
+            // Encrypted bytes are not the guest's: no host offset is shown
+            // for them, as in QEMU.
+            for e in &mut v {
+                e.host_offset = None;
+            }
+        }
+        Ok(v)
     }
 
     fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
@@ -959,6 +980,10 @@ impl MappedFormat for Qcow2 {
 
     fn data(&self) -> &StorageRef {
         &self.data
+    }
+
+    fn guest_cipher(&self) -> Option<&crate::crypto::SectorCipher> {
+        self.guest_cipher.as_deref()
     }
 
     fn backing(&self) -> Option<&Backing> {

@@ -29,7 +29,7 @@ impl FormatDriver for Qcow2Driver {
     }
 
     fn open_keys(&self) -> &'static [&'static str] {
-        &["backing", "data-file", "l2-cache-size"]
+        &["backing", "data-file", "l2-cache-size", "encrypt.key-secret"]
     }
 
     fn children(&self) -> &'static [&'static str] {
@@ -48,6 +48,8 @@ impl FormatDriver for Qcow2Driver {
                 writable: opts.writable,
                 l2_cache_size: opts.l2_cache_size,
                 snapshot: opts.snapshot.clone(),
+                key_secret: opts.key_secret.clone(),
+                metadata_only: opts.metadata_only,
             },
             implied,
         )?);

@@ -409,10 +409,11 @@ impl Header {
                 "Extended L2 entries need clusters of at least 16 KiB",
             ));
         }
-        if self.crypt_method != 0 {
-            return Err(Error::unsupported(
-                "encrypted qcow2 images are not supported",
-            ));
+        if self.crypt_method > super::crypt::LUKS {
+            return Err(Error::unsupported(format!(
+                "Unsupported encryption method: {}",
+                self.crypt_method
+            )));
         }
         if self.size > i64::MAX as u64 {
             return Err(corrupt("Image size too large"));

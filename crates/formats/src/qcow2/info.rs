@@ -34,7 +34,12 @@ pub fn read(file: &dyn Storage, h: &Header) -> Result<FormatInfo> {
         backing_filename,
         snapshots: snapshots.iter().map(snapshot_info).collect(),
         specific_type: "qcow2",
-        specific: specific(h, matches!(state, BitmapsState::Present(_)), &bitmaps),
+        specific: specific(
+            h,
+            matches!(state, BitmapsState::Present(_)),
+            &bitmaps,
+            encryption(file, h)?,
+        ),
         warnings,
     })
 }
@@ -72,7 +77,12 @@ fn stale_bitmaps_warning(version: u32) -> String {
 
 /// QAPI ImageInfoSpecificQCow2 (keys in schema order): v2 images show only
 /// compat, refcount-bits and compression-type.
-fn specific(h: &Header, has_bitmaps: bool, bitmaps: &[Bitmap]) -> InfoValue {
+fn specific(
+    h: &Header,
+    has_bitmaps: bool,
+    bitmaps: &[Bitmap],
+    encrypt: Option<InfoValue>,
+) -> InfoValue {
     let compression = InfoValue::Str(
         match h.compression_type {
             CompressionType::Zlib => "zlib",
@@ -82,10 +92,13 @@ fn specific(h: &Header, has_bitmaps: bool, bitmaps: &[Bitmap]) -> InfoValue {
     );
     let refcount_bits = InfoValue::Int(h.refcount_bits() as i64);
     if h.version < 3 {
-        return InfoValue::dict()
+        let mut v = InfoValue::dict()
             .with("compat", InfoValue::Str("0.10".into()))
-            .with("refcount-bits", refcount_bits)
-            .with("compression-type", compression);
+            .with("refcount-bits", refcount_bits);
+        if let Some(e) = encrypt {
+            v = v.with("encrypt", e);
+        }
+        return v.with("compression-type", compression);
     }
     let mut v = InfoValue::dict().with("compat", InfoValue::Str("1.1".into()));
     if let Some(e) = h.extension(ext::DATA_FILE) {
@@ -107,6 +120,9 @@ fn specific(h: &Header, has_bitmaps: bool, bitmaps: &[Bitmap]) -> InfoValue {
             InfoValue::Bool(h.incompatible_features & incompat::CORRUPT != 0),
         )
         .with("refcount-bits", refcount_bits);
+    if let Some(e) = encrypt {
+        v = v.with("encrypt", e);
+    }
     if has_bitmaps {
         v = v.with(
             "bitmaps",
@@ -114,6 +130,22 @@ fn specific(h: &Header, has_bitmaps: bool, bitmaps: &[Bitmap]) -> InfoValue {
         );
     }
     v.with("compression-type", compression)
+}
+
+/// QAPI's ImageInfoSpecificQCow2 `encrypt`: the LUKS header's fields, or
+/// only the format of legacy AES.
+fn encryption(file: &dyn Storage, h: &Header) -> Result<Option<InfoValue>> {
+    Ok(match h.crypt_method {
+        super::crypt::AES => {
+            Some(InfoValue::dict().with("format", InfoValue::Str("aes".into())))
+        }
+        super::crypt::LUKS => {
+            let (offset, _) = super::crypt::luks_area(h)?;
+            let lh = crate::luks::read_header(file, offset)?;
+            Some(crate::luks::info_value(&lh, Some("luks")))
+        }
+        _ => None,
+    })
 }
 
 /// One QAPI Qcow2BitmapInfo.

@@ -18,6 +18,7 @@ pub mod compress;
 pub mod compressed;
 pub mod create;
 pub mod create_layout;
+pub mod crypt;
 pub mod device;
 pub mod driver;
 pub mod empty;

@@ -24,6 +24,10 @@ pub struct Qcow2Options {
     /// Read this internal snapshot (by id, then by name) instead of the
     /// active disk; read-only.
     pub snapshot: Option<String>,
+    /// The secret that unlocks an encrypted image (`encrypt.key-secret`).
+    pub key_secret: Option<String>,
+    /// Open for `info`: nothing is unlocked, nothing of the data read.
+    pub metadata_only: bool,
 }
 
 /// Reads and validates the header of an open file.
@@ -161,7 +165,9 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
         // check then agree on it.
         super::bitmap::read(&file, &header)?;
     }
-    let image = Qcow2::new(file, data, backing, header, meta, opts.writable);
+    let path = super::crypt::data_path(&file, data, &header, &opts)?;
+    let mut image = Qcow2::new(file, path.data, backing, header, meta, opts.writable);
+    image.set_guest_cipher(path.guest_cipher);
     if opts.writable {
         image.track_bitmaps()?;
     }

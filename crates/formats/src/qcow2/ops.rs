@@ -151,6 +151,11 @@ impl FormatImage for Qcow2Image {
     }
 
     fn compressed_writer(self: Arc<Self>) -> Result<(DeviceRef, u64)> {
+        if self.image.encrypted() {
+            return Err(diskit_core::Error::unsupported(
+                "Compression and encryption not supported at the same time",
+            ));
+        }
         let cs = self.image.geometry().cluster_size();
         Ok((Arc::new(CompressedWriter::new(self.image.clone())), cs))
     }

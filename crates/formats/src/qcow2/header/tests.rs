@@ -138,7 +138,7 @@ fn hostile_headers_get_clear_errors() {
                 put32(b, 16, 1000)
             }),
         ),
-        ("encrypted", Box::new(|b| put32(b, 32, 2))),
+        ("encryption method", Box::new(|b| put32(b, 32, 3))),
         (
             "compression type",
             Box::new(|b| put64(b, 72, incompat::COMPRESSION_TYPE)),
