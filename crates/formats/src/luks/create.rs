@@ -44,7 +44,7 @@ pub struct Plan {
 
 /// The `-o` options of a new LUKS volume (QEMU's names; inside qcow2 each
 /// with `encrypt.` before it).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LuksCreateOptions {
     /// Virtual size.
     pub size: Option<u64>,

@@ -94,6 +94,9 @@ pub struct Amend {
     pub data_file: Option<String>,
     /// The raw external data bit.
     pub data_file_raw: Option<bool>,
+    /// Key slot changes (`encrypt.state`, `encrypt.keyslot`, ...), for a
+    /// LUKS-encrypted image.
+    pub encrypt: Option<OptionList>,
 }
 
 impl Amend {
@@ -147,9 +150,14 @@ impl Amend {
             .iter()
             .any(|n| n.starts_with("encrypt.") && o.get(n).is_some())
         {
-            return Err(Error::invalid(
-                "Can't amend encryption options - encryption not present",
-            ));
+            let mut list = OptionList::new();
+            for n in names.iter().filter(|n| n.starts_with("encrypt.")) {
+                if let Some(v) = o.get(n) {
+                    list.set(n, v);
+                }
+            }
+            crate::luks::create::check_amend(&list, "encrypt.")?;
+            a.encrypt = Some(list);
         }
         Ok(a)
     }
@@ -166,6 +174,23 @@ impl Qcow2 {
     /// Applies `a` to the image, as `qemu-img amend` does.
     pub fn amend(&self, a: &Amend) -> Result<()> {
         let mut h = read_header(&self.file)?;
+        if let Some(list) = &a.encrypt {
+            if h.crypt_method != super::crypt::LUKS {
+                return Err(Error::invalid(
+                    "Can't amend encryption options - encryption not present",
+                ));
+            }
+            let (offset, _) = super::crypt::luks_area(&h)?;
+            let lh = crate::luks::read_header(&*self.file, offset)?;
+            crate::luks::create::amend_slots(
+                &*self.file,
+                offset,
+                &lh,
+                list,
+                "encrypt.",
+                self.key_secret(),
+            )?;
+        }
         let old_version = h.version;
         let new_version = a.version.unwrap_or(old_version);
         let external = h.incompatible_features & incompat::EXTERNAL_DATA != 0;

@@ -325,6 +325,8 @@ pub struct CreateSpec {
     pub size: u64,
     /// Header fields beyond the layout.
     pub header: HeaderSpec,
+    /// LUKS encryption to set up once the image is made.
+    pub encrypt: Option<crate::luks::create::LuksCreateOptions>,
 }
 
 impl Qcow2CreateOptions {
@@ -494,14 +496,32 @@ impl Qcow2CreateOptions {
             .given
             .iter()
             .any(|(n, _)| n.starts_with("encrypt.") && *n != "encrypt.format");
-        match encrypt {
+        let luks = match encrypt {
             None if other_encrypt => {
                 return Err(invalid("Parameter 'encrypt.format' is missing"));
             }
-            None => {}
-            Some("aes" | "qcow" | "luks") => {
+            None => None,
+            Some("luks") => {
+                let mut list = OptionList::new();
+                for (n, v) in &self.given {
+                    if n.starts_with("encrypt.") && *n != "encrypt.format" {
+                        list.set(n, v);
+                    }
+                }
+                let o = crate::luks::create::LuksCreateOptions::parse_prefixed(&list, "encrypt.")?;
+                if o.key_secret.is_none() {
+                    return Err(invalid(
+                        "Parameter 'encrypt.key-secret' is required for cipher",
+                    ));
+                }
+                Some(o)
+            }
+            Some("aes" | "qcow") => {
+                // Legacy AES is weak (no key derivation, predictable IVs):
+                // diskit reads such images but makes none.
                 return Err(Error::unsupported(
-                    "Encrypted qcow2 images are not supported by diskit",
+                    "Creating legacy AES-encrypted qcow2 images is not supported \
+                     (use encrypt.format=luks)",
                 ));
             }
             Some(f) => {
@@ -509,6 +529,12 @@ impl Qcow2CreateOptions {
                     "Parameter 'format' does not accept value '{f}'"
                 )));
             }
+        };
+        if luks.is_some() && self.preallocation.as_deref().is_some_and(|p| p != "off") {
+            // Preallocated clusters would read as decrypted garbage.
+            return Err(Error::unsupported(
+                "Preallocation of encrypted qcow2 images is not supported by diskit",
+            ));
         }
         let mut prealloc = match self.preallocation.as_deref() {
             None => Prealloc::Off,
@@ -597,6 +623,7 @@ impl Qcow2CreateOptions {
             },
             prealloc,
             size,
+            encrypt: luks,
             header: HeaderSpec {
                 version: if version == Version::V2 { 2 } else { 3 },
                 compression,
@@ -693,7 +720,11 @@ pub fn create(path: &Path, opts: &Qcow2CreateOptions) -> Result<()> {
     let result = data
         .as_ref()
         .map_or(Ok(()), |(_, d)| write_data_file(&prepared.plan, d, mode))
-        .and_then(|()| write_image(&prepared, &image, mode));
+        .and_then(|()| write_image(&prepared, &image, mode))
+        .and_then(|()| match &spec.encrypt {
+            Some(luks) => set_up_luks(path, data.as_ref().map(|(p, _)| *p), luks),
+            None => Ok(()),
+        });
     if result.is_err() {
         // As QEMU does: a failed creation deletes the files it created.
         drop(image);
@@ -704,6 +735,59 @@ pub fn create(path: &Path, opts: &Qcow2CreateOptions) -> Result<()> {
         }
     }
     result
+}
+
+/// Encrypts the new, empty image with LUKS, as QEMU does once the image
+/// exists: the LUKS header and key slots in new clusters, then the header
+/// marked.
+fn set_up_luks(
+    path: &Path,
+    data_path: Option<&Path>,
+    luks: &crate::luks::create::LuksCreateOptions,
+) -> Result<()> {
+    use diskit_backends::FileOptions;
+    let plan = luks.plan()?;
+    let pass = luks.passphrase()?;
+    let rw = FileOptions {
+        writable: true,
+        ..Default::default()
+    };
+    let file: diskit_core::StorageRef = std::sync::Arc::new(FileDevice::open(path, rw)?);
+    let data: Option<diskit_core::StorageRef> = match data_path {
+        Some(p) => Some(std::sync::Arc::new(FileDevice::open(p, rw)?)),
+        None => None,
+    };
+    let image = super::open::open(
+        file,
+        super::open::Qcow2Options {
+            writable: true,
+            ..Default::default()
+        },
+        &mut NewImageFiles { data },
+    )?;
+    image.set_up_luks(&plan, pass.bytes())
+}
+
+/// The files a new image names: its data file as just made; the backing
+/// file is not needed to set the image up and reads as absent.
+struct NewImageFiles {
+    data: Option<diskit_core::StorageRef>,
+}
+
+impl crate::implied::ImpliedFiles for NewImageFiles {
+    fn backing(
+        &mut self,
+        _name: &str,
+        _format: Option<&str>,
+    ) -> Result<(diskit_core::DeviceRef, u64)> {
+        Ok((std::sync::Arc::new(diskit_backends::NullDevice::new(0)), 0))
+    }
+
+    fn data_file(&mut self, name: &str, _writable: bool) -> Result<diskit_core::StorageRef> {
+        self.data
+            .clone()
+            .ok_or_else(|| Error::invalid(format!("Could not open data file '{name}'")))
+    }
 }
 
 fn could_not_create(e: &Error, path: &Path) -> Error {

@@ -80,7 +80,13 @@ pub fn data_path(
         LUKS => {
             let (offset, length) = luks_area(h)?;
             let lh = crate::luks::read_header(&**file, offset)?;
-            let needed = lh.slots.iter().map(|s| s.key_offset as u64).max().unwrap_or(0) * 512
+            let needed = lh
+                .slots
+                .iter()
+                .map(|s| s.key_offset as u64)
+                .max()
+                .unwrap_or(0)
+                * 512
                 + lh.split_len();
             if needed > length {
                 return Err(Error::invalid(format!(
@@ -90,8 +96,9 @@ pub fn data_path(
             if opts.metadata_only {
                 return Ok(plain(data));
             }
-            let cipher = crate::luks::unlock_cipher(&lh, &**file, offset, opts.key_secret.as_deref())
-                .map_err(|e| rename_key(e, "encrypt.key-secret"))?;
+            let cipher =
+                crate::luks::unlock_cipher(&lh, &**file, offset, opts.key_secret.as_deref())
+                    .map_err(|e| rename_key(e, "encrypt.key-secret"))?;
             Ok(plain(Arc::new(EncryptedStorage::new(data, cipher, 0))))
         }
         AES => {
@@ -133,8 +140,47 @@ pub fn data_path(
 /// QEMU names the qcow2 option `encrypt.key-secret` in its message.
 fn rename_key(e: Error, key: &str) -> Error {
     if e.to_string().contains("Parameter 'key-secret'") {
-        Error::new(e.kind(), format!("Parameter '{key}' is required for cipher"))
+        Error::new(
+            e.kind(),
+            format!("Parameter '{key}' is required for cipher"),
+        )
     } else {
         e
+    }
+}
+
+impl super::Qcow2 {
+    /// Encrypts a new, empty image with LUKS as QEMU does once the image
+    /// exists: the LUKS header and its key slots in newly allocated,
+    /// zeroed clusters, then the image header marked (crypt_method 2, the
+    /// extension written first) and synced.
+    pub fn set_up_luks(&self, plan: &crate::luks::create::Plan, pass: &[u8]) -> Result<()> {
+        use super::header::HeaderExtension;
+        let length = crate::luks::create::payload_offset(plan);
+        let geo = self.geometry();
+        let cs = geo.cluster_size();
+        let mut meta = self.lock();
+        let (first, _) = meta.refs()?.alloc(length.div_ceil(cs))?;
+        meta.write_back()?;
+        drop(meta);
+        let offset = geo.host_offset(first).0;
+        let zeros = vec![0u8; (length.div_ceil(cs) * cs) as usize];
+        self.file.write_extend(&zeros, offset)?;
+        crate::luks::create::format_volume(&*self.file, offset, plan, pass)?;
+        let mut h = super::open::read_header(&*self.file)?;
+        h.crypt_method = LUKS;
+        let mut data = offset.to_be_bytes().to_vec();
+        data.extend_from_slice(&length.to_be_bytes());
+        h.extensions.retain(|e| e.kind != ext::CRYPTO);
+        h.extensions.insert(
+            0,
+            HeaderExtension {
+                kind: ext::CRYPTO,
+                data,
+            },
+        );
+        self.file.flush()?;
+        self.file.write_extend(&h.to_bytes()?, 0)?;
+        self.file.flush()
     }
 }

@@ -53,6 +53,8 @@ pub struct Qcow2 {
     last_cluster: Mutex<Option<(HostOffset, Arc<Vec<u8>>)>>,
     /// Legacy AES encryption: data decrypted by guest sector after reading.
     guest_cipher: Option<Arc<crate::crypto::SectorCipher>>,
+    /// The secret the image was opened with (`encrypt.key-secret`).
+    key_secret: Option<String>,
 }
 
 /// The largest run one lookup returns (bounds the work under the lock).
@@ -92,7 +94,19 @@ impl Qcow2 {
             released: Condvar::new(),
             last_cluster: Mutex::new(None),
             guest_cipher: None,
+            key_secret: None,
         }
+    }
+
+    /// Records the secret the image was opened with (amend needs it to
+    /// add key slots).
+    pub fn set_key_secret(&mut self, id: Option<String>) {
+        self.key_secret = id;
+    }
+
+    /// The secret the image was opened with.
+    pub fn key_secret(&self) -> Option<&str> {
+        self.key_secret.as_deref()
     }
 
     /// Sets legacy AES's cipher (reads decrypt by guest sector).

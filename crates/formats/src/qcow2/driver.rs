@@ -29,7 +29,12 @@ impl FormatDriver for Qcow2Driver {
     }
 
     fn open_keys(&self) -> &'static [&'static str] {
-        &["backing", "data-file", "l2-cache-size", "encrypt.key-secret"]
+        &[
+            "backing",
+            "data-file",
+            "l2-cache-size",
+            "encrypt.key-secret",
+        ]
     }
 
     fn children(&self) -> &'static [&'static str] {

@@ -136,9 +136,7 @@ fn specific(
 /// only the format of legacy AES.
 fn encryption(file: &dyn Storage, h: &Header) -> Result<Option<InfoValue>> {
     Ok(match h.crypt_method {
-        super::crypt::AES => {
-            Some(InfoValue::dict().with("format", InfoValue::Str("aes".into())))
-        }
+        super::crypt::AES => Some(InfoValue::dict().with("format", InfoValue::Str("aes".into()))),
         super::crypt::LUKS => {
             let (offset, _) = super::crypt::luks_area(h)?;
             let lh = crate::luks::read_header(file, offset)?;

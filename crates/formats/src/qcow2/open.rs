@@ -168,6 +168,7 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
     let path = super::crypt::data_path(&file, data, &header, &opts)?;
     let mut image = Qcow2::new(file, path.data, backing, header, meta, opts.writable);
     image.set_guest_cipher(path.guest_cipher);
+    image.set_key_secret(opts.key_secret.clone());
     if opts.writable {
         image.track_bitmaps()?;
     }
