@@ -138,6 +138,13 @@ pub trait FormatImage: Send + Sync {
         Ok(None)
     }
 
+    /// Whether a newly created image of this format reads as zeros where
+    /// nothing was written (QEMU's has_zero_init): not so where unwritten
+    /// file space decrypts to noise (LUKS).
+    fn created_reads_as_zeros(&self) -> bool {
+        true
+    }
+
     /// The clusters the format allocates in, if it has any.
     fn cluster_size(&self) -> Option<u64> {
         None

@@ -232,10 +232,12 @@ impl Chain {
         }
         // Each node names its own secret: a backing file's is given as
         // backing.key-secret, never inherited.
-        opts.key_secret = spec
+        if let Some(id) = spec
             .get("key-secret")
             .or_else(|| spec.get("encrypt.key-secret"))
-            .map(str::to_string);
+        {
+            opts.key_secret = Some(id.to_string());
+        }
         if let Some(v) = spec.get("cache.no-flush")
             && bool_value("cache.no-flush", v)?
         {
@@ -388,6 +390,7 @@ impl ImpliedFiles for Implied<'_> {
             snapshot: None,
             writable_backing_depth: self.opts.writable_backing_depth.saturating_sub(1),
             l2_cache_size: None,
+            key_secret: None,
             ..self.opts.clone()
         };
         // The user's description (backing.driver=..., backing.file.filename=...)

@@ -341,10 +341,20 @@ fn copy_into(
 ) -> CmdResult {
     // cache=unsafe: no flush reaches the target file, the format's own
     // (qcow2's metadata ordering, its close) included, as in qemu-img.
+    // An image made encrypted is opened with the secret it was made with.
+    let created_secret = if created {
+        let o = parse_options(&a.options)?;
+        o.get("key-secret")
+            .or(o.get("encrypt.key-secret"))
+            .map(str::to_string)
+    } else {
+        None
+    };
     let opts = OpenOptions {
         writable: true,
         direct: cache.direct,
         no_flush: !cache.flush,
+        key_secret: created_secret,
         ..Default::default()
     };
     // The target is a plain name (--image-opts is for sources) unless
@@ -364,7 +374,7 @@ fn copy_into(
     // source's top layer holds is written, zeros included.
     let target_is_zero = !skip_backing
         && (a.target_is_zero
-            || (created && !dst.file.is_fixed_size())
+            || (created && !dst.file.is_fixed_size() && dst.ops.created_reads_as_zeros())
             || dst.device.is_known_zero());
     let mut how = How {
         target_is_zero,

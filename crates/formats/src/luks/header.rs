@@ -154,6 +154,7 @@ impl Header {
         let hash_spec = text(&b[72..104], "hash")?;
         let payload_offset = be32(b, 104);
         let key_bytes_field = be32(b, 108);
+        let (mode, ivgen, ivgen_hash) = parse_mode(&cipher_mode)?;
         let cipher = CipherAlg::from_family(&cipher_name, {
             // XTS keys are two cipher keys.
             let half = cipher_mode.starts_with("xts-");
@@ -176,7 +177,6 @@ impl Header {
                 ),
             )
         })?;
-        let (mode, ivgen, ivgen_hash) = parse_mode(&cipher_mode)?;
         check_combination(cipher, mode, ivgen, ivgen_hash)?;
         if key_bytes(cipher, mode) != key_bytes_field as usize {
             return Err(corrupt(format!(

@@ -276,6 +276,11 @@ impl FormatImage for LuksImage {
         Format::known("luks").expect("luks is in the table")
     }
 
+    fn created_reads_as_zeros(&self) -> bool {
+        // Unwritten payload decrypts to noise.
+        false
+    }
+
     fn info(&self) -> Result<Option<FormatInfo>> {
         Ok(Some(FormatInfo {
             cluster_size: None,

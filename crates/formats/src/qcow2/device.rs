@@ -480,9 +480,10 @@ impl Qcow2 {
                 pos += n;
             }
         }
-        // On a fresh cluster, zeros around the data need not be written.
+        // On a fresh cluster, zeros around the data need not be written
+        // (unless encrypted: a hole reads as ciphertext, not zeros).
         let (mut wa, mut wb) = (0usize, region.len());
-        if fresh {
+        if fresh && !self.encrypted() {
             if is_zero(&region[..d]) {
                 wa = d;
             }
