@@ -126,6 +126,8 @@ fn parse_mode(s: &str) -> Result<(CipherMode, IvGenAlg, Option<HashAlg>)> {
         .map_err(|_| corrupt(format!("IV generator '{iv}' not supported")))?;
     match (iv, hash) {
         (IvGenAlg::Essiv, None) => Err(corrupt("Missing IV generator hash specification")),
+        // ECB takes no IV: whatever generator is named is unused.
+        _ if mode == CipherMode::Ecb => Ok((mode, IvGenAlg::Plain64, None)),
         (IvGenAlg::Essiv, h) => Ok((mode, iv, h)),
         (_, _) => Ok((mode, iv, None)),
     }
