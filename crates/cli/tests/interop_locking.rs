@@ -125,3 +125,74 @@ fn diskit_and_qemu_respect_each_others_locks() {
     ok(diskit(&["resize", s(&img), "16M"]));
     ok(qemu_img(&["check", s(&img)]));
 }
+
+/// The lock bytes held on `file` (QEMU's: 100 + permission used, 200 +
+/// permission kept from others), as a process other than the holder sees
+/// them (F_OFD_GETLK through Python).
+fn held_bytes(file: &Path) -> Vec<u64> {
+    let script = r#"
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+held = []
+for b in list(range(100, 104)) + list(range(200, 204)):
+    lk = struct.pack('hhqqi', fcntl.F_WRLCK, 0, b, 1, 0)
+    r = fcntl.fcntl(fd, 36, lk)  # F_OFD_GETLK
+    if struct.unpack('hhqqi', r)[0] != fcntl.F_UNLCK:
+        held.append(b)
+print(' '.join(map(str, held)))
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script, s(file)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o)
+        .split_whitespace()
+        .map(|b| b.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn external_data_files_are_locked_as_qemu_locks_them() {
+    let dir = workdir();
+    let d = dir.path();
+    let img = d.join("df.qcow2");
+    let data = d.join("df.raw");
+    ok(qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        &format!("data_file={}", s(&data)),
+        s(&img),
+        "4M",
+    ]));
+    let sock = d.join("s");
+    for read_only in [false, true] {
+        let ro: &[&str] = if read_only { &["-r"] } else { &[] };
+        // What qemu-nbd holds on the data file while it serves the image...
+        let theirs = {
+            let mut args = vec!["-f", "qcow2", "-k", s(&sock)];
+            args.extend(ro);
+            args.push(s(&img));
+            let _q = hold("qemu-nbd", &args, &sock);
+            held_bytes(&data)
+        };
+        // ...diskit holds too (in the foreground, so that dropping the
+        // holder ends it).
+        let ours = {
+            let mut args = vec!["serve", "-f"];
+            args.extend(ro);
+            args.extend(["-U", s(&sock), "image", s(&img)]);
+            let _q = hold(diskit_bin().to_str().unwrap(), &args, &sock);
+            held_bytes(&data)
+        };
+        assert_eq!(theirs.contains(&101), !read_only, "{theirs:?}");
+        assert_eq!(
+            ours, theirs,
+            "lock bytes on the data file (read-only: {read_only})"
+        );
+        assert!(held_bytes(&data).is_empty(), "locks left behind");
+    }
+}

@@ -182,6 +182,17 @@ pub mod lock {
         }
     }
 
+    /// What an open of a qcow2 image's external data file uses and keeps
+    /// from others, as QEMU: a writer uses read, write and resize, a
+    /// reader reads; neither lets anyone else resize it.
+    pub fn for_data_file(writable: bool) -> (u8, u8) {
+        if writable {
+            (READ | WRITE | RESIZE, RESIZE)
+        } else {
+            (READ, RESIZE)
+        }
+    }
+
     /// QEMU's name for permission bit `i`.
     pub fn name(i: u32) -> &'static str {
         ["consistent read", "write", "write unchanged", "resize"]

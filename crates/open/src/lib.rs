@@ -432,7 +432,7 @@ impl ImpliedFiles for Implied<'_> {
             (given, proto)
         };
         let shown = node.get("filename").unwrap_or(name).to_string();
-        protocol::open(
+        let storage = protocol::open(
             proto,
             &node,
             ProtocolMode {
@@ -442,7 +442,17 @@ impl ImpliedFiles for Implied<'_> {
                 no_flush: self.opts.no_flush,
             },
         )
-        .context(format!("Could not open data file '{shown}'"))
+        .context(format!("Could not open data file '{shown}'"))?;
+        // QEMU's image locks on the data file too: a writer's while the
+        // image is written, a reader's otherwise (none with -U on a
+        // read-only open).
+        if writable || !self.opts.force_share {
+            let (perm, unshare) = diskit_core::storage::lock::for_data_file(writable);
+            storage
+                .lock_image(perm, unshare)
+                .context(format!("Could not open data file '{shown}'"))?;
+        }
+        Ok(storage)
     }
 }
 
