@@ -172,21 +172,10 @@ fn bad_descriptions_are_named() {
 #[test]
 fn every_format_qemu_img_creates_is_probed_and_refused_by_name() {
     let dir = workdir();
-    for fmt in ["vmdk", "vhdx", "vpc", "vdi", "qed", "luks", "qcow"] {
+    // The formats diskit does not read yet (luks, raw and qcow2 it reads).
+    for fmt in ["vmdk", "vhdx", "vpc", "vdi", "qed", "qcow"] {
         let p = dir.path().join(format!("disk.{fmt}"));
         let mut args = vec!["create", "-q", "-f", fmt];
-        if fmt == "luks" {
-            args = vec![
-                "create",
-                "-q",
-                "--object",
-                "secret,id=s0,data=pw",
-                "-f",
-                "luks",
-                "-o",
-                "key-secret=s0,iter-time=10",
-            ];
-        }
         args.extend([s(&p), "4M"]);
         let made = qemu_img(&args);
         if code(&made) != 0 {

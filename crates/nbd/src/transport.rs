@@ -58,6 +58,41 @@ pub trait Transport: Read + Write + Send {
     fn peer(&self) -> String;
 }
 
+/// A socket written with MSG_NOSIGNAL: a server that goes away is an
+/// EPIPE error for the request, not a SIGPIPE that ends the whole process
+/// (the command line keeps SIGPIPE's default for its standard output).
+pub(crate) struct NoSigPipe<S>(pub(crate) S);
+
+impl<S: std::os::fd::AsRawFd> NoSigPipe<S> {
+    pub(crate) fn send(fd: &S, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        // SAFETY: an msghdr of zeros is valid; it points at `bufs`, whose
+        // IoSlices are laid out as iovecs and outlive the call.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = bufs.len() as _;
+            libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+        };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+}
+
+impl<S: std::os::fd::AsRawFd> Write for NoSigPipe<S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Self::send(&self.0, &[std::io::IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        Self::send(&self.0, bufs)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The halves of a socket: itself to read, a clone to write, another to
 /// shut both directions down, and its descriptor for splicing.
 fn socket_halves<S>(
@@ -66,9 +101,9 @@ fn socket_halves<S>(
     close: fn(&S),
 ) -> io::Result<Halves>
 where
-    S: Read + Write + AsFd + Send + Sync + 'static,
+    S: Read + Write + AsFd + AsRawFd + Send + Sync + 'static,
 {
-    let writer = clone(&sock)?;
+    let writer = NoSigPipe(clone(&sock)?);
     let closer = clone(&sock)?;
     let splice_to = Some(sock.as_fd().try_clone_to_owned()?);
     Ok(Halves {

@@ -51,7 +51,7 @@ impl Stream {
     /// Splits the stream for transmission: the reader thread reads one
     /// half while writers write the other.
     fn split(self) -> std::io::Result<Split> {
-        fn halves<S: Read + Write + Send + Sync + 'static>(
+        fn halves<S: Read + Write + std::os::fd::AsRawFd + Send + Sync + 'static>(
             s: S,
             clone: impl Fn(&S) -> std::io::Result<S>,
             shutdown: fn(&S),
@@ -60,7 +60,7 @@ impl Stream {
             let closer = clone(&s)?;
             Ok((
                 Box::new(reader),
-                Box::new(s),
+                Box::new(crate::transport::NoSigPipe(s)),
                 Box::new(move || shutdown(&closer)),
             ))
         }
@@ -110,16 +110,17 @@ impl Read for Stream {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let one = [std::io::IoSlice::new(buf)];
         match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => crate::transport::NoSigPipe::send(s, &one),
+            Stream::Tcp(s) => crate::transport::NoSigPipe::send(s, &one),
             Stream::Tls(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
         match self {
-            Stream::Unix(s) => s.write_vectored(bufs),
-            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => crate::transport::NoSigPipe::send(s, bufs),
+            Stream::Tcp(s) => crate::transport::NoSigPipe::send(s, bufs),
             Stream::Tls(s) => s.write_vectored(bufs),
         }
     }
