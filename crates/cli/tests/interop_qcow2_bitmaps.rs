@@ -232,7 +232,11 @@ fn bitmap_subcommand_edits_as_qemu_img_does() {
                 };
                 (
                     code(&o),
-                    stderr(&o).replace("diskit: ", "").replace("qemu-img: ", ""),
+                    // diskit adds a hint to usage errors.
+                    stderr(&o)
+                        .replace("diskit: ", "")
+                        .replace("qemu-img: ", "")
+                        .replace("Try 'diskit bitmap --help' for more info\n", ""),
                 )
             })
             .collect();

@@ -206,10 +206,7 @@ pub static FORMATS: &[&dyn FormatDriver] = &[
         name: "vpc",
         probe: crate::probe::vpc,
     },
-    &Recognised {
-        name: "vdi",
-        probe: crate::probe::vdi,
-    },
+    &crate::vdi::VdiDriver,
     &crate::luks::LuksDriver,
     &Recognised {
         name: "parallels",

@@ -22,6 +22,7 @@ pub mod prealloc;
 pub mod probe;
 pub mod qcow2;
 pub mod raw;
+pub mod vdi;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

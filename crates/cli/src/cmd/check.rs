@@ -78,10 +78,17 @@ pub fn run(a: Args) -> CmdResult {
             code: 63,
         });
     }
-    let r = format
-        .driver()
-        .check(&file, repair)
-        .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
+    let r = format.driver().check(&file, repair).map_err(|e| {
+        // A format that checks but cannot repair says so as qemu-img does.
+        if e.detail() == "This image format does not support checks" {
+            CliError {
+                message: e.detail().to_string(),
+                code: 63,
+            }
+        } else {
+            CliError::new(format!("Could not open '{name}': {e}"))
+        }
+    })?;
     for m in &r.messages {
         eprintln!("{m}");
     }

@@ -350,6 +350,10 @@ impl Specific {
                 QJson::List(info.snapshots.iter().map(snapshot_json).collect()),
             );
         }
+        if info.specific_type.is_empty() {
+            // Formats with nothing specific (vdi, vpc) show no section.
+            return v;
+        }
         v.with(
             "format-specific",
             QJson::dict()
@@ -385,8 +389,10 @@ impl Specific {
             out += "Snapshot list:\n";
             out += &snapshot::table(&info.snapshots);
         }
-        out += "Format specific information:\n";
-        out += &QJson::from(&info.specific).dump_human(1);
+        if !info.specific_type.is_empty() {
+            out += "Format specific information:\n";
+            out += &QJson::from(&info.specific).dump_human(1);
+        }
         out
     }
 }

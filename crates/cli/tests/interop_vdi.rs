@@ -1,0 +1,351 @@
+//! VDI against qemu-img, both ways: images qemu-img makes and qemu-io
+//! writes read back byte-equal (info and map as qemu-img's), images diskit
+//! makes are qemu-img's byte for byte but for their random UUIDs, images
+//! diskit writes pass qemu-img check and compare, and check finds what
+//! qemu-img's finds, with its messages and exit codes.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use common::*;
+
+fn run_in(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
+    let program = if tool == "diskit" {
+        diskit_bin()
+    } else {
+        tool.into()
+    };
+    std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn good(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
+    let o = run_in(dir, tool, args);
+    assert!(o.status.success(), "{tool} {args:?}: {}", stderr(&o));
+    o
+}
+
+/// Both tools print the same thing (and exit alike) for `args`.
+fn same(dir: &Path, args: &[&str]) {
+    let ours = run_in(dir, "diskit", args);
+    let theirs = run_in(dir, "qemu-img", args);
+    assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
+    assert_eq!(
+        stderr(&ours).replace("diskit: ", ""),
+        stderr(&theirs).replace("qemu-img: ", ""),
+        "{args:?}"
+    );
+    assert_eq!(code(&ours), code(&theirs), "{args:?}");
+}
+
+/// Reads `img` with both tools: the same bytes, info and map.
+fn reads_like_qemu(dir: &Path, img: &str) {
+    good(
+        dir,
+        "qemu-img",
+        &["convert", "-O", "raw", img, "theirs.raw"],
+    );
+    good(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
+    assert!(
+        same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
+        "{img}: other bytes"
+    );
+    same(dir, &["info", img]);
+    same(dir, &["info", "--output=json", img]);
+    same(dir, &["map", "--output=json", img]);
+    same(dir, &["map", img]);
+    same(dir, &["check", img]);
+    same(dir, &["check", "--output=json", img]);
+}
+
+fn scribble(dir: &Path, img: &str) {
+    good(
+        dir,
+        "qemu-io",
+        &[
+            "-f",
+            "vdi",
+            "-c",
+            "write -P 0x5a 5M 100k",
+            "-c",
+            "write -P 0x33 1000 70000",
+            "-c",
+            "write -P 0x77 1536k 4k",
+            img,
+        ],
+    );
+}
+
+#[test]
+fn images_qemu_img_makes_read_back_byte_equal() {
+    let dir = workdir();
+    let d = dir.path();
+    for (img, opts, size) in [
+        ("dyn.vdi", "static=off", "16M"),
+        ("odd.vdi", "static=off", "3000000"),
+        ("stat.vdi", "static=on", "8M"),
+    ] {
+        good(
+            d,
+            "qemu-img",
+            &["create", "-q", "-f", "vdi", "-o", opts, img, size],
+        );
+        reads_like_qemu(d, img);
+        if size != "3000000" {
+            scribble(d, img);
+        } else {
+            good(
+                d,
+                "qemu-io",
+                &["-f", "vdi", "-c", "write -P 1 2M 900000", img],
+            );
+        }
+        reads_like_qemu(d, img);
+    }
+}
+
+#[test]
+fn create_is_qemu_img_but_for_the_uuids() {
+    let dir = workdir();
+    let d = dir.path();
+    for (opts, size) in [
+        ("static=off", "16M"),
+        ("static=off", "1000000"),
+        ("static=off", "1G"),
+        ("static=on", "16M"),
+        ("static=off", "0"),
+    ] {
+        let (q, k) = (d.join("q"), d.join("k"));
+        std::fs::create_dir_all(&q).unwrap();
+        std::fs::create_dir_all(&k).unwrap();
+        let args = ["create", "-f", "vdi", "-o", opts, "x.vdi", size];
+        let o1 = good(&q, "qemu-img", &args);
+        let o2 = good(&k, "diskit", &args);
+        assert_eq!(stdout(&o1), stdout(&o2), "{opts} {size}");
+        let (a, b) = (
+            std::fs::read(q.join("x.vdi")).unwrap(),
+            std::fs::read(k.join("x.vdi")).unwrap(),
+        );
+        assert_eq!(a.len(), b.len(), "{opts} {size}: length");
+        let mask = |v: &[u8]| {
+            let mut v = v.to_vec();
+            v[0x188..0x1A8].fill(0);
+            v
+        };
+        assert!(mask(&a) == mask(&b), "{opts} {size}: other bytes");
+        assert_ne!(b[0x188..0x198], [0u8; 16], "no image UUID");
+    }
+    for args in [
+        &["create", "-f", "vdi", "-o", "help"][..],
+        &["create", "-f", "vdi", "-o", "help", "x.vdi", "1M"],
+        &[
+            "create",
+            "-f",
+            "vdi",
+            "-o",
+            "preallocation=metadata",
+            "x.vdi",
+            "1M",
+        ],
+        &["create", "-f", "vdi", "x.vdi", "600T"],
+    ] {
+        let ours = run_in(d, "diskit", args);
+        let theirs = run_in(d, "qemu-img", args);
+        assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
+        assert_eq!(code(&ours), code(&theirs), "{args:?}");
+        assert_eq!(
+            stderr(&ours).replace("diskit: ", ""),
+            stderr(&theirs).replace("qemu-img: ", ""),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn images_diskit_writes_pass_qemu_img_check() {
+    let dir = workdir();
+    let d = dir.path();
+    sparse_file(
+        &d.join("src.raw"),
+        (20 << 20) + 4096,
+        &[
+            (0, 70_000, 0x11),
+            (3 << 20, 2 << 20, 0x22),
+            (20 << 20, 4096, 0x33),
+        ],
+    );
+    // convert -O vdi, dynamic and static.
+    for opts in ["static=off", "static=on"] {
+        good(
+            d,
+            "diskit",
+            &["convert", "-O", "vdi", "-o", opts, "src.raw", "c.vdi"],
+        );
+        good(d, "qemu-img", &["check", "c.vdi"]);
+        good(
+            d,
+            "qemu-img",
+            &["compare", "-f", "vdi", "-F", "raw", "c.vdi", "src.raw"],
+        );
+        reads_like_qemu(d, "c.vdi");
+        std::fs::remove_file(d.join("c.vdi")).unwrap();
+    }
+    // Into a qemu-made image: a convert, then writes at odd offsets sent
+    // over NBD through `diskit serve` (allocating blocks mid-block and
+    // writing into allocated ones), then qemu-io's writes on top.
+    good(
+        d,
+        "qemu-img",
+        &["create", "-q", "-f", "vdi", "w.vdi", "24M"],
+    );
+    good(
+        d,
+        "diskit",
+        &[
+            "convert", "-n", "-f", "raw", "-O", "vdi", "src.raw", "w.vdi",
+        ],
+    );
+    let sock = d.join("s");
+    let mut server = std::process::Command::new(diskit_bin())
+        .args(["serve", "-f", "-U", s(&sock), "image", s(&d.join("w.vdi"))])
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !sock.exists() && t.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let o = run_in(
+        d,
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x44 7340033 1000",
+            "-c",
+            "write -P 0x45 1000 3",
+            "-c",
+            "write -P 0x46 23068671 1048577",
+            &uri,
+        ],
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(o.status.success(), "{}", stderr(&o));
+    good(d, "qemu-img", &["check", "w.vdi"]);
+    good(
+        d,
+        "qemu-io",
+        &[
+            "-f",
+            "vdi",
+            "-c",
+            "read -P 0x44 7340033 1000",
+            "-c",
+            "read -P 0x46 23068671 1048577",
+            "w.vdi",
+        ],
+    );
+    scribble(d, "w.vdi");
+    good(d, "qemu-img", &["check", "w.vdi"]);
+    reads_like_qemu(d, "w.vdi");
+}
+
+#[test]
+fn check_finds_what_qemu_img_finds() {
+    let dir = workdir();
+    let d = dir.path();
+    good(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
+    scribble(d, "g.vdi");
+    let bmap = |p: &Path, block: u64, value: u32| {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(&value.to_le_bytes(), 0x200 + block * 4)
+            .unwrap();
+    };
+    let header_count = |p: &Path, value: u32| {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(&value.to_le_bytes(), 0x184).unwrap();
+    };
+    type Mutation = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Mutation)> = vec![
+        ("duplicate", Box::new(move |p| bmap(p, 7, 0))),
+        ("too large", Box::new(move |p| bmap(p, 6, 100))),
+        ("count", Box::new(move |p| header_count(p, 9))),
+    ];
+    for (what, mutate) in cases {
+        std::fs::copy(d.join("g.vdi"), d.join("bad.vdi")).unwrap();
+        mutate(&d.join("bad.vdi"));
+        same(d, &["check", "bad.vdi"]);
+        same(d, &["check", "--output=json", "bad.vdi"]);
+        let o = run_in(d, "diskit", &["check", "bad.vdi"]);
+        assert_eq!(code(&o), 2, "{what}");
+    }
+    // Repairs are not offered, as in qemu-img.
+    same(d, &["check", "-r", "all", "g.vdi"]);
+}
+
+#[test]
+fn hostile_images_get_clear_errors() {
+    let dir = workdir();
+    let d = dir.path();
+    good(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
+    let patch = |p: &Path, at: u64, bytes: &[u8]| {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, at).unwrap();
+    };
+    type Mutation = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Mutation)> = vec![
+        ("version", Box::new(move |p| patch(p, 0x44, &[0, 0, 2, 0]))),
+        (
+            "block size",
+            Box::new(move |p| patch(p, 0x178, &[0, 0, 0x20, 0])),
+        ),
+        (
+            "sector size",
+            Box::new(move |p| patch(p, 0x168, &[0, 0x10, 0, 0])),
+        ),
+        (
+            "image bitmap has room",
+            Box::new(move |p| patch(p, 0x180, &[1, 0, 0, 0])),
+        ),
+        (
+            "max supported",
+            Box::new(move |p| patch(p, 0x170, &[0xff; 8])),
+        ),
+        ("parent UUID", Box::new(move |p| patch(p, 0x1B8, &[1]))),
+        (
+            "too many blocks",
+            Box::new(move |p| patch(p, 0x180, &0x2000_0000u32.to_le_bytes())),
+        ),
+    ];
+    for (msg, mutate) in cases {
+        std::fs::copy(d.join("g.vdi"), d.join("bad.vdi")).unwrap();
+        mutate(&d.join("bad.vdi"));
+        let ours = run_in(d, "diskit", &["info", "bad.vdi"]);
+        let theirs = run_in(d, "qemu-img", &["info", "bad.vdi"]);
+        assert_eq!(code(&ours), 1, "{msg}");
+        assert!(stderr(&ours).contains(msg), "{msg}: {}", stderr(&ours));
+        assert_eq!(
+            stderr(&ours).replace("diskit: ", ""),
+            stderr(&theirs).replace("qemu-img: ", ""),
+            "{msg}"
+        );
+    }
+    // A block map the file does not hold: refused, not read as zeros.
+    std::fs::copy(d.join("g.vdi"), d.join("short.vdi")).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("short.vdi"))
+        .unwrap()
+        .set_len(600)
+        .unwrap();
+    let o = run_in(d, "diskit", &["convert", "-O", "raw", "short.vdi", "o.raw"]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("block map"), "{}", stderr(&o));
+}

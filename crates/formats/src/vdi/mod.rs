@@ -1,0 +1,311 @@
+//! VDI, VirtualBox's format (`-f vdi`): a header, a block map of 1 MiB
+//! blocks, and the blocks in the order they were first written (dynamic)
+//! or all of them (static).
+//!
+//! [`header`] parses and validates; [`device`] answers where a guest
+//! range lives (the generic mapped layer reads) and allocates blocks on
+//! writes; creation and `check` are here, with qemu-img's options,
+//! messages and exit codes.
+
+pub mod device;
+pub mod header;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use diskit_backends::{FileDevice, Preallocation};
+use diskit_core::{BlockDevice, Error, Result, StorageRef};
+
+use crate::check::{CheckReport, Repair};
+use crate::driver::{FormatDriver, Opened};
+use crate::image_ops::{Capability, FormatImage};
+use crate::implied::ImpliedFiles;
+use crate::info::{FormatInfo, InfoValue};
+use crate::options::{bool_value, size_value};
+use crate::{Format, OpenOptions, OptionList};
+
+use device::Vdi;
+use header::{BLOCK_SIZE, DISCARDED, Header, MAX_SIZE, UNALLOCATED};
+
+/// The `-o` options qemu-img lists for vdi with a file name.
+const CREATE_OPTIONS: &[&str] = &[
+    "size",
+    "static",
+    "preallocation",
+    "nocow",
+    "extent_size_hint",
+];
+
+/// Validated creation options.
+#[derive(Debug, Clone, Default)]
+pub struct VdiCreateOptions {
+    /// Virtual size.
+    pub size: Option<u64>,
+    /// Every block allocated at creation.
+    pub static_image: bool,
+    /// `preallocation=` as given.
+    pub preallocation: Option<String>,
+    /// Protocol options as given, for the "Formatting" line.
+    given: Vec<(String, String)>,
+}
+
+impl VdiCreateOptions {
+    /// Parses `-o`: unknown keys and malformed values are errors.
+    pub fn parse(options: &OptionList) -> Result<VdiCreateOptions> {
+        options.check_known(CREATE_OPTIONS)?;
+        let mut o = VdiCreateOptions {
+            size: options
+                .get("size")
+                .map(|v| size_value("size", v))
+                .transpose()?,
+            static_image: options
+                .get("static")
+                .map(|v| bool_value("static", v))
+                .transpose()?
+                .unwrap_or(false),
+            preallocation: options.get("preallocation").map(str::to_string),
+            given: Vec::new(),
+        };
+        for k in ["preallocation", "nocow", "extent_size_hint"] {
+            if let Some(v) = options.get(k) {
+                o.given.push((k.to_string(), v.to_string()));
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// A random version 4 UUID in the byte order VDI stores (Microsoft's: the
+/// first three fields little-endian).
+fn new_uuid() -> Result<[u8; 16]> {
+    let mut b = [0u8; 16];
+    crate::luks::keys::random(&mut b)?;
+    b[7] = (b[7] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    Ok(b)
+}
+
+/// Makes a VDI image of `size` bytes at `path`, as `qemu-img create -f
+/// vdi` does (a failed creation removes the file it made).
+pub fn create(path: &Path, size: u64, o: &VdiCreateOptions) -> Result<()> {
+    let size = size.div_ceil(512) * 512;
+    if size > MAX_SIZE {
+        return Err(Error::invalid(format!(
+            "Unsupported VDI image size (size is {size:#x}, max supported is {MAX_SIZE:#x})"
+        )));
+    }
+    let prealloc = match o.preallocation.as_deref() {
+        None => Preallocation::Off,
+        Some("metadata") => {
+            return Err(Error::unsupported("Unsupported preallocation mode: metadata"));
+        }
+        Some(p) => Preallocation::parse(p)
+            .map_err(|_| Error::invalid(format!("invalid parameter value: {p}")))?,
+    };
+    let existed = path.exists();
+    let result = (|| {
+        let dev = FileDevice::create(path, 0, Preallocation::Off)
+            .map_err(|e| e.context(format!("Could not create '{}'", path.display())))?;
+        let h = Header::new(size, o.static_image, [new_uuid()?, new_uuid()?]);
+        let mut bmap = vec![0u8; h.bmap_len() as usize];
+        for i in 0..h.blocks_in_image {
+            let e = if o.static_image { i } else { UNALLOCATED };
+            bmap[i as usize * 4..i as usize * 4 + 4].copy_from_slice(&e.to_le_bytes());
+        }
+        dev.write_extend(&h.to_bytes(), 0)?;
+        if !bmap.is_empty() {
+            dev.write_extend(&bmap, h.offset_bmap as u64)?;
+        }
+        if o.static_image {
+            let end = h.offset_data as u64 + h.blocks_in_image as u64 * BLOCK_SIZE;
+            dev.resize(end, prealloc)?;
+        }
+        dev.flush()
+    })();
+    if result.is_err() && !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+/// A VDI image planned by `create` or `convert`.
+pub struct VdiCreation {
+    opts: VdiCreateOptions,
+}
+
+impl crate::Creation for VdiCreation {
+    fn size(&self) -> Option<u64> {
+        self.opts.size
+    }
+
+    fn set_size(&mut self, size: u64) {
+        self.opts.size = Some(size);
+    }
+
+    fn summary(&self) -> String {
+        let mut out = String::new();
+        if let Some(s) = self.opts.size {
+            out += &format!(" size={s}");
+        }
+        out += if self.opts.static_image {
+            " static=on"
+        } else {
+            " static=off"
+        };
+        for (k, v) in &self.opts.given {
+            out += &format!(" {k}={v}");
+        }
+        out
+    }
+
+    fn create(&self, path: &Path) -> Result<()> {
+        let size = crate::driver::one_size(None, self.opts.size)?;
+        create(path, size, &self.opts)
+    }
+}
+
+/// Checks the block map as qemu-img does: every allocated entry below the
+/// block count and used once, and as many as the header says.
+pub fn check(storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
+    if repair != Repair::None {
+        return Err(Error::unsupported(
+            "This image format does not support checks",
+        ));
+    }
+    let vdi = Vdi::open(storage.clone(), false)?;
+    let h = vdi.header();
+    let map = vdi.block_map();
+    let mut r = CheckReport::default();
+    let mut used = vec![false; h.blocks_in_image as usize];
+    let mut allocated = 0u32;
+    for (i, &e) in map.iter().enumerate() {
+        if e >= DISCARDED {
+            continue;
+        }
+        if e >= h.blocks_in_image {
+            r.messages
+                .push(format!("ERROR: block index {i} too large, is {e}"));
+            r.corruptions += 1;
+            continue;
+        }
+        if used[e as usize] {
+            r.messages
+                .push(format!("ERROR: block index {e} also used by {e}"));
+            r.corruptions += 1;
+        } else {
+            used[e as usize] = true;
+        }
+        allocated += 1;
+    }
+    if allocated != h.blocks_allocated {
+        r.messages.push(format!(
+            "ERROR: allocated blocks mismatch, is {allocated}, should be {}",
+            h.blocks_allocated
+        ));
+        r.corruptions += 1;
+    }
+    Ok(r)
+}
+
+/// The vdi driver.
+pub struct VdiDriver;
+
+impl FormatDriver for VdiDriver {
+    fn name(&self) -> &'static str {
+        "vdi"
+    }
+
+    fn probe(&self, head: &[u8], filename: &str) -> u32 {
+        crate::probe::vdi(head, filename)
+    }
+
+    fn open(
+        &self,
+        storage: StorageRef,
+        opts: &OpenOptions,
+        _implied: &mut dyn ImpliedFiles,
+    ) -> Result<Opened> {
+        let vdi = Arc::new(Vdi::open(storage.clone(), opts.writable)?);
+        Ok(Opened {
+            device: vdi.clone(),
+            image: Arc::new(VdiImage { _vdi: vdi }),
+        })
+    }
+
+    fn supports(&self, what: Capability) -> bool {
+        matches!(what, Capability::Check)
+    }
+
+    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
+        let o = VdiCreateOptions::parse(options)?;
+        let size = crate::driver::one_size(size, o.size)?;
+        create(path, size, &o)?;
+        Ok(size)
+    }
+
+    fn check_create_options(&self, options: &OptionList) -> Result<()> {
+        VdiCreateOptions::parse(options).map(|_| ())
+    }
+
+    fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
+        Ok(Box::new(VdiCreation {
+            opts: VdiCreateOptions::parse(options)?,
+        }))
+    }
+
+    fn create_help(&self, with_file: bool) -> String {
+        if with_file {
+            "Supported options:
+  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
+  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
+  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)
+  size=<size>            - Virtual disk size
+  static=<bool (on/off)> - VDI static (pre-allocated) image
+"
+            .to_string()
+        } else {
+            "Supported vdi options:
+  size=<size>            - Virtual disk size
+  static=<bool (on/off)> - VDI static (pre-allocated) image
+
+The protocol level may support further options.
+Specify the target filename to include those options.
+"
+            .to_string()
+        }
+    }
+
+    fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
+        check(storage, repair)
+    }
+}
+
+/// An open VDI image.
+pub struct VdiImage {
+    /// The image (kept for as long as its operations may be asked for).
+    _vdi: Arc<Vdi>,
+}
+
+impl FormatImage for VdiImage {
+    fn format(&self) -> Format {
+        Format::known("vdi").expect("vdi is in the table")
+    }
+
+    fn info(&self) -> Result<Option<FormatInfo>> {
+        Ok(Some(FormatInfo {
+            cluster_size: Some(BLOCK_SIZE),
+            encrypted: false,
+            dirty: false,
+            backing_filename: None,
+            backing_format: None,
+            snapshots: Vec::new(),
+            specific_type: "",
+            specific: InfoValue::dict(),
+            warnings: Vec::new(),
+        }))
+    }
+
+    fn cluster_size(&self) -> Option<u64> {
+        Some(BLOCK_SIZE)
+    }
+}
