@@ -97,7 +97,9 @@ pub fn create(path: &Path, size: u64, o: &VdiCreateOptions) -> Result<()> {
     let prealloc = match o.preallocation.as_deref() {
         None => Preallocation::Off,
         Some("metadata") => {
-            return Err(Error::unsupported("Unsupported preallocation mode: metadata"));
+            return Err(Error::unsupported(
+                "Unsupported preallocation mode: metadata",
+            ));
         }
         Some(p) => Preallocation::parse(p)
             .map_err(|_| Error::invalid(format!("invalid parameter value: {p}")))?,
