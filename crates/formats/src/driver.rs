@@ -202,10 +202,7 @@ pub static FORMATS: &[&dyn FormatDriver] = &[
         name: "vhdx",
         probe: crate::probe::vhdx,
     },
-    &Recognised {
-        name: "vpc",
-        probe: crate::probe::vpc,
-    },
+    &crate::vpc::VpcDriver,
     &crate::vdi::VdiDriver,
     &crate::luks::LuksDriver,
     &Recognised {

@@ -23,6 +23,7 @@ pub mod probe;
 pub mod qcow2;
 pub mod raw;
 pub mod vdi;
+pub mod vpc;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -280,6 +280,17 @@ Specify the target filename to include those options.
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
         check(storage, repair)
     }
+
+    fn measure(
+        &self,
+        _options: &OptionList,
+        _size: Option<u64>,
+        _source: Option<&crate::Image>,
+    ) -> Result<crate::qcow2::measure::Measurement> {
+        Err(Error::unsupported(
+            "Block driver 'vdi' does not support size measurement",
+        ))
+    }
 }
 
 /// An open VDI image.

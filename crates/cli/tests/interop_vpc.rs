@@ -1,0 +1,347 @@
+//! VHD (vpc) against qemu-img, both ways: dynamic and fixed images
+//! qemu-img makes and qemu-io writes read back byte-equal (info and map as
+//! qemu-img's, the virtual size read by QEMU 10's rule for each creator),
+//! images diskit makes are qemu-img's byte for byte but for the timestamp,
+//! UUID and checksum (the Azure case included: fixed, force_size, whole
+//! MiB), and images diskit writes read the same in qemu-img.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use common::*;
+
+fn run_in(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
+    let program = if tool == "diskit" {
+        diskit_bin()
+    } else {
+        tool.into()
+    };
+    std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn good(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
+    let o = run_in(dir, tool, args);
+    assert!(o.status.success(), "{tool} {args:?}: {}", stderr(&o));
+    o
+}
+
+/// Both tools print the same thing (and exit alike) for `args`.
+fn same(dir: &Path, args: &[&str]) {
+    let ours = run_in(dir, "diskit", args);
+    let theirs = run_in(dir, "qemu-img", args);
+    assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
+    assert_eq!(
+        stderr(&ours).replace("diskit: ", ""),
+        stderr(&theirs).replace("qemu-img: ", ""),
+        "{args:?}"
+    );
+    assert_eq!(code(&ours), code(&theirs), "{args:?}");
+}
+
+/// Reads `img` (as vpc) with both tools: the same bytes, info and map.
+fn reads_like_qemu(dir: &Path, img: &str) {
+    good(
+        dir,
+        "qemu-img",
+        &["convert", "-f", "vpc", "-O", "raw", img, "theirs.raw"],
+    );
+    good(
+        dir,
+        "diskit",
+        &["convert", "-f", "vpc", "-O", "raw", img, "ours.raw"],
+    );
+    assert!(
+        same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
+        "{img}: other bytes"
+    );
+    same(dir, &["info", "-f", "vpc", img]);
+    same(dir, &["info", "-f", "vpc", "--output=json", img]);
+    same(dir, &["map", "-f", "vpc", "--output=json", img]);
+    same(dir, &["info", img]);
+}
+
+fn scribble(dir: &Path, img: &str) {
+    good(
+        dir,
+        "qemu-io",
+        &[
+            "-f",
+            "vpc",
+            "-c",
+            "write -P 0x5a 5M 100k",
+            "-c",
+            "write -P 0x33 1000 70000",
+            "-c",
+            "write -P 0x77 3M 4k",
+            img,
+        ],
+    );
+}
+
+#[test]
+fn images_qemu_img_makes_read_back_byte_equal() {
+    let dir = workdir();
+    let d = dir.path();
+    for (img, opts, size) in [
+        ("dyn.vhd", "subformat=dynamic", "16M"),
+        ("odd.vhd", "subformat=dynamic", "7000000"),
+        ("fix.vhd", "subformat=fixed", "8M"),
+        ("azure.vhd", "subformat=fixed,force_size=on", "10M"),
+        ("forced.vhd", "subformat=dynamic,force_size=on", "9M"),
+    ] {
+        good(
+            d,
+            "qemu-img",
+            &["create", "-q", "-f", "vpc", "-o", opts, img, size],
+        );
+        reads_like_qemu(d, img);
+        scribble(d, img);
+        reads_like_qemu(d, img);
+    }
+}
+
+/// Sets a footer's creator application and its checksum again.
+fn set_creator(path: &Path, footer_at: u64, app: &[u8; 4]) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 512];
+    f.read_exact_at(&mut b, footer_at).unwrap();
+    b[28..32].copy_from_slice(app);
+    b[64..68].fill(0);
+    let sum = !b.iter().fold(0u32, |s, &x| s.wrapping_add(x as u32));
+    b[64..68].copy_from_slice(&sum.to_be_bytes());
+    f.write_all_at(&b, footer_at).unwrap();
+}
+
+#[test]
+fn the_virtual_size_follows_the_creator_as_in_qemu_10() {
+    let dir = workdir();
+    let d = dir.path();
+    for app in [b"vpc ", b"win ", b"d2v ", b"xyz "] {
+        good(
+            d,
+            "qemu-img",
+            &["create", "-q", "-f", "vpc", "c.vhd", "16M"],
+        );
+        // qemu-img made it with the geometry's size; a current size other
+        // than that shows which one each tool reads.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.join("c.vhd"))
+            .unwrap();
+        f.write_all_at(&(16u64 << 20).to_be_bytes(), 48).unwrap();
+        drop(f);
+        set_creator(&d.join("c.vhd"), 0, app);
+        same(d, &["info", "--output=json", "c.vhd"]);
+    }
+}
+
+/// Masks what differs between two creations: the timestamp, checksum and
+/// UUID of each footer copy.
+fn masked(v: &[u8], dynamic: bool) -> Vec<u8> {
+    let mut v = v.to_vec();
+    let n = v.len();
+    let mut copies = vec![n - 512];
+    if dynamic {
+        copies.push(0);
+    }
+    for at in copies {
+        v[at + 24..at + 28].fill(0);
+        v[at + 64..at + 84].fill(0);
+    }
+    v
+}
+
+#[test]
+fn create_is_qemu_img_but_for_time_and_uuid() {
+    let dir = workdir();
+    let d = dir.path();
+    for (opts, size) in [
+        ("subformat=dynamic", "16M"),
+        ("subformat=dynamic", "1000"),
+        ("subformat=dynamic", "1G"),
+        ("subformat=dynamic", "0"),
+        ("subformat=fixed", "16M"),
+        ("subformat=fixed,force_size=on", "100M"),
+        ("subformat=dynamic,force_size=on", "5M"),
+    ] {
+        let (q, k) = (d.join("q"), d.join("k"));
+        std::fs::create_dir_all(&q).unwrap();
+        std::fs::create_dir_all(&k).unwrap();
+        let args = ["create", "-f", "vpc", "-o", opts, "x.vhd", size];
+        let o1 = good(&q, "qemu-img", &args);
+        let o2 = good(&k, "diskit", &args);
+        assert_eq!(stdout(&o1), stdout(&o2), "{opts} {size}");
+        let a = std::fs::read(q.join("x.vhd")).unwrap();
+        let b = std::fs::read(k.join("x.vhd")).unwrap();
+        assert_eq!(a.len(), b.len(), "{opts} {size}: length");
+        let dynamic = opts.contains("dynamic");
+        assert!(
+            masked(&a, dynamic) == masked(&b, dynamic),
+            "{opts} {size}: other bytes"
+        );
+        reads_like_qemu(&k, "x.vhd");
+    }
+    for args in [
+        &["create", "-f", "vpc", "-o", "help"][..],
+        &["create", "-f", "vpc", "-o", "help", "x.vhd", "1M"],
+        &[
+            "create",
+            "-f",
+            "vpc",
+            "-o",
+            "subformat=bogus",
+            "x.vhd",
+            "1M",
+        ],
+        &["create", "-f", "vpc", "x.vhd", "3T"],
+        &["measure", "-O", "vpc", "--size", "1G"],
+    ] {
+        same(d, args);
+    }
+}
+
+#[test]
+fn images_diskit_writes_read_the_same_in_qemu_img() {
+    let dir = workdir();
+    let d = dir.path();
+    sparse_file(
+        &d.join("src.raw"),
+        20 << 20,
+        &[
+            (0, 70_000, 0x11),
+            (3 << 20, 2 << 20, 0x22),
+            ((20 << 20) - 4096, 4096, 0x33),
+        ],
+    );
+    for opts in [
+        "subformat=dynamic",
+        "subformat=fixed",
+        "subformat=fixed,force_size=on",
+    ] {
+        good(
+            d,
+            "diskit",
+            &["convert", "-O", "vpc", "-o", opts, "src.raw", "c.vhd"],
+        );
+        let o = run_in(
+            d,
+            "qemu-img",
+            &["compare", "-f", "vpc", "-F", "raw", "c.vhd", "src.raw"],
+        );
+        // The geometry may round the image up: compare allows a larger
+        // image whose tail reads as zeros (exit 0) and says so.
+        assert_eq!(code(&o), 0, "{opts}: {}{}", stdout(&o), stderr(&o));
+        reads_like_qemu(d, "c.vhd");
+        scribble(d, "c.vhd");
+        reads_like_qemu(d, "c.vhd");
+        std::fs::remove_file(d.join("c.vhd")).unwrap();
+    }
+    // Odd writes over NBD through `diskit serve` into a qemu-made image.
+    good(
+        d,
+        "qemu-img",
+        &["create", "-q", "-f", "vpc", "w.vhd", "24M"],
+    );
+    let sock = d.join("s");
+    let mut server = std::process::Command::new(diskit_bin())
+        .args(["serve", "-f", "-U", s(&sock), "image", s(&d.join("w.vhd"))])
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !sock.exists() && t.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let o = run_in(
+        d,
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x44 7340033 1000",
+            "-c",
+            "write -P 0x45 1000 3",
+            "-c",
+            "write -P 0x46 4194303 2097154",
+            &uri,
+        ],
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(o.status.success(), "{}", stderr(&o));
+    good(
+        d,
+        "qemu-io",
+        &[
+            "-f",
+            "vpc",
+            "-c",
+            "read -P 0x44 7340033 1000",
+            "-c",
+            "read -P 0x46 4194303 2097154",
+            "w.vhd",
+        ],
+    );
+    scribble(d, "w.vhd");
+    reads_like_qemu(d, "w.vhd");
+}
+
+#[test]
+fn hostile_images_get_clear_errors() {
+    let dir = workdir();
+    let d = dir.path();
+    good(d, "qemu-img", &["create", "-q", "-f", "vpc", "g.vhd", "8M"]);
+    let patch = |p: &Path, at: u64, bytes: &[u8]| {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, at).unwrap();
+    };
+    type Mutation = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Mutation)> = vec![
+        (
+            "Incorrect header checksum",
+            Box::new(move |p| patch(p, 100, &[1])),
+        ),
+        (
+            "Invalid header magic",
+            Box::new(move |p| patch(p, 512, b"xxsparse")),
+        ),
+        (
+            "Invalid block size",
+            Box::new(move |p| patch(p, 512 + 32, &[0, 0, 3, 0])),
+        ),
+        (
+            "Page table too small",
+            Box::new(move |p| patch(p, 512 + 28, &[0, 0, 0, 1])),
+        ),
+        (
+            "Max Table Entries too large",
+            Box::new(move |p| patch(p, 512 + 28, &[0x7f, 0, 0, 0])),
+        ),
+    ];
+    for (msg, mutate) in cases {
+        std::fs::copy(d.join("g.vhd"), d.join("bad.vhd")).unwrap();
+        mutate(&d.join("bad.vhd"));
+        let ours = run_in(d, "diskit", &["info", "bad.vhd"]);
+        let theirs = run_in(d, "qemu-img", &["info", "bad.vhd"]);
+        assert_eq!(code(&ours), 1, "{msg}");
+        assert!(stderr(&ours).contains(msg), "{msg}: {}", stderr(&ours));
+        assert_eq!(code(&theirs), 1, "{msg}");
+    }
+    // A BAT entry pointing past the end of the file: refused at open.
+    std::fs::copy(d.join("g.vhd"), d.join("bad.vhd")).unwrap();
+    patch(&d.join("bad.vhd"), 1536, &0x0010_0000u32.to_be_bytes());
+    same(d, &["info", "bad.vhd"]);
+    // check is not offered, as in qemu-img.
+    same(d, &["check", "g.vhd"]);
+}

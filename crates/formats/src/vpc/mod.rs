@@ -1,0 +1,317 @@
+//! VHD, Virtual PC's and Hyper-V's older format (QEMU's `vpc`): fixed
+//! disks (the data, then a footer) and dynamic ones (a footer copy, a
+//! dynamic header, a block allocation table, blocks of a sector bitmap
+//! and data, the footer last).
+//!
+//! [`footer`] parses, checks and writes the structures and computes CHS
+//! geometry as QEMU does; [`device`] maps and allocates. The virtual size
+//! is read as QEMU 10 reads it (geometry for Virtual PC and QEMU images,
+//! the current size for Hyper-V, Azure and the rest), and created as
+//! qemu-img creates it: rounded up to a size the geometry can hold, or
+//! exact with `force_size=on` (what Azure wants: a fixed VHD of a whole
+//! number of MiB).
+
+pub mod device;
+pub mod footer;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use diskit_backends::{FileDevice, Preallocation};
+use diskit_core::{BlockDevice, Error, Result, StorageRef};
+
+use crate::driver::{FormatDriver, Opened};
+use crate::image_ops::FormatImage;
+use crate::implied::ImpliedFiles;
+use crate::info::{FormatInfo, InfoValue};
+use crate::options::{bool_value, size_value};
+use crate::{Format, OpenOptions, OptionList};
+
+use device::Vpc;
+use footer::{BLOCK_SIZE, Chs, DynHeader, FOOTER_LEN, Footer, MAX_CHS_SECTORS, MAX_SECTORS};
+
+/// The `-o` options qemu-img lists for vpc with a file name.
+const CREATE_OPTIONS: &[&str] = &[
+    "size",
+    "subformat",
+    "force_size",
+    "preallocation",
+    "nocow",
+    "extent_size_hint",
+];
+
+/// Validated creation options.
+#[derive(Debug, Clone, Default)]
+pub struct VpcCreateOptions {
+    size: Option<u64>,
+    /// `subformat=` as given (checked when the image is made, after
+    /// qemu-img's "Formatting" line, as qemu-img checks it).
+    subformat: Option<String>,
+    force_size: bool,
+    preallocation: Option<String>,
+    /// Options as given after the size, for the "Formatting" line.
+    given: Vec<(String, String)>,
+}
+
+impl VpcCreateOptions {
+    /// Parses `-o`: unknown keys and malformed values are errors.
+    pub fn parse(options: &OptionList) -> Result<VpcCreateOptions> {
+        options.check_known(CREATE_OPTIONS)?;
+        let mut o = VpcCreateOptions {
+            size: options
+                .get("size")
+                .map(|v| size_value("size", v))
+                .transpose()?,
+            subformat: options.get("subformat").map(str::to_string),
+            force_size: options
+                .get("force_size")
+                .map(|v| bool_value("force_size", v))
+                .transpose()?
+                .unwrap_or(false),
+            preallocation: options.get("preallocation").map(str::to_string),
+            given: Vec::new(),
+        };
+        for k in [
+            "subformat",
+            "force_size",
+            "preallocation",
+            "nocow",
+            "extent_size_hint",
+        ] {
+            if let Some(v) = options.get(k) {
+                o.given.push((k.to_string(), v.to_string()));
+            }
+        }
+        Ok(o)
+    }
+}
+
+fn too_large() -> Error {
+    Error::invalid("The image size is too large for file format 'vpc'")
+}
+
+/// The geometry and sectors of a new image of `size` bytes, as qemu-img
+/// picks them.
+pub fn plan_size(size: u64, force_size: bool) -> Result<(Chs, u64)> {
+    if force_size {
+        let sectors = size.div_ceil(512);
+        if sectors > MAX_SECTORS {
+            return Err(too_large());
+        }
+        return Ok((Chs::for_sectors(MAX_CHS_SECTORS), sectors));
+    }
+    let ts = (size / 512).min(MAX_CHS_SECTORS);
+    let mut i = 0;
+    // qemu-img starts from a geometry of zeros: an empty disk keeps it.
+    let chs = loop {
+        if ts == 0 {
+            break Chs {
+                cylinders: 0,
+                heads: 0,
+                sectors: 0,
+            };
+        }
+        let g = Chs::for_sectors(ts + i);
+        if g.total() >= ts {
+            break g;
+        }
+        i += 1;
+    };
+    let sectors = if chs.total() == MAX_CHS_SECTORS {
+        size / 512
+    } else {
+        chs.total()
+    };
+    if sectors > MAX_SECTORS {
+        return Err(too_large());
+    }
+    Ok((chs, sectors))
+}
+
+/// Makes a VHD of `size` bytes at `path` as `qemu-img create -f vpc`
+/// does (a failed creation removes the file it made).
+pub fn create(path: &Path, size: u64, o: &VpcCreateOptions) -> Result<()> {
+    let fixed = match o.subformat.as_deref() {
+        None | Some("dynamic") => false,
+        Some("fixed") => true,
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "Parameter 'subformat' does not accept value '{other}'"
+            )));
+        }
+    };
+    let (chs, sectors) = plan_size(size, o.force_size)?;
+    let prealloc = match o.preallocation.as_deref() {
+        None => Preallocation::Off,
+        Some(p) => Preallocation::parse(p)
+            .map_err(|_| Error::invalid(format!("invalid parameter value: {p}")))?,
+    };
+    let bytes = sectors * 512;
+    let mut uuid = [0u8; 16];
+    crate::luks::keys::random(&mut uuid)?;
+    uuid[6] = (uuid[6] & 0x0f) | 0x40;
+    uuid[8] = (uuid[8] & 0x3f) | 0x80;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let disk_type = if fixed {
+        footer::TYPE_FIXED
+    } else {
+        footer::TYPE_DYNAMIC
+    };
+    let f = Footer::new(bytes, chs, disk_type, o.force_size, uuid, now);
+    let existed = path.exists();
+    let result = (|| {
+        let dev = FileDevice::create(path, 0, Preallocation::Off)
+            .map_err(|e| e.context(format!("Could not create '{}'", path.display())))?;
+        if fixed {
+            dev.resize(bytes, prealloc)?;
+            dev.write_extend(f.to_bytes(), bytes)?;
+        } else {
+            let entries = sectors.div_ceil(BLOCK_SIZE as u64 / 512) as u32;
+            let bat_len = (entries as u64 * 4).div_ceil(512) * 512;
+            dev.write_extend(f.to_bytes(), 0)?;
+            dev.write_extend(&DynHeader::bytes(entries), FOOTER_LEN as u64)?;
+            let bat_at = (FOOTER_LEN + footer::DYN_LEN) as u64;
+            if bat_len > 0 {
+                dev.write_extend(&vec![0xFF; bat_len as usize], bat_at)?;
+            }
+            dev.write_extend(f.to_bytes(), bat_at + bat_len)?;
+        }
+        dev.flush()
+    })();
+    if result.is_err() && !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+/// A VHD planned by `create` or `convert`.
+pub struct VpcCreation {
+    opts: VpcCreateOptions,
+}
+
+impl crate::Creation for VpcCreation {
+    fn size(&self) -> Option<u64> {
+        self.opts.size
+    }
+
+    fn set_size(&mut self, size: u64) {
+        self.opts.size = Some(size);
+    }
+
+    fn summary(&self) -> String {
+        let mut out = String::new();
+        if let Some(s) = self.opts.size {
+            out += &format!(" size={s}");
+        }
+        for (k, v) in &self.opts.given {
+            out += &format!(" {k}={v}");
+        }
+        out
+    }
+
+    fn create(&self, path: &Path) -> Result<()> {
+        let size = crate::driver::one_size(None, self.opts.size)?;
+        create(path, size, &self.opts)
+    }
+}
+
+/// The vpc driver.
+pub struct VpcDriver;
+
+impl FormatDriver for VpcDriver {
+    fn name(&self) -> &'static str {
+        "vpc"
+    }
+
+    fn probe(&self, head: &[u8], filename: &str) -> u32 {
+        crate::probe::vpc(head, filename)
+    }
+
+    fn open(
+        &self,
+        storage: StorageRef,
+        opts: &OpenOptions,
+        _implied: &mut dyn ImpliedFiles,
+    ) -> Result<Opened> {
+        let vpc = Arc::new(Vpc::open(storage, opts.writable)?);
+        Ok(Opened {
+            device: vpc.clone(),
+            image: Arc::new(VpcImage { vpc }),
+        })
+    }
+
+    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
+        let o = VpcCreateOptions::parse(options)?;
+        let size = crate::driver::one_size(size, o.size)?;
+        create(path, size, &o)?;
+        Ok(size)
+    }
+
+    fn check_create_options(&self, options: &OptionList) -> Result<()> {
+        VpcCreateOptions::parse(options).map(|_| ())
+    }
+
+    fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
+        Ok(Box::new(VpcCreation {
+            opts: VpcCreateOptions::parse(options)?,
+        }))
+    }
+
+    fn create_help(&self, with_file: bool) -> String {
+        let force = "  force_size=<bool (on/off)> - Force disk size calculation to use the actual size specified, rather than using the nearest CHS-based calculation\n";
+        let size = "  size=<size>            - Virtual disk size\n";
+        let sub = "  subformat=<str>        - Type of virtual hard disk format. Supported formats are {dynamic (default) | fixed} \n";
+        if with_file {
+            format!(
+                "Supported options:\n  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable\n{force}  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)\n  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n{size}{sub}"
+            )
+        } else {
+            format!(
+                "Supported vpc options:\n{force}{size}{sub}\nThe protocol level may support further options.\nSpecify the target filename to include those options.\n"
+            )
+        }
+    }
+
+    fn measure(
+        &self,
+        _options: &OptionList,
+        _size: Option<u64>,
+        _source: Option<&crate::Image>,
+    ) -> Result<crate::qcow2::measure::Measurement> {
+        Err(Error::unsupported(
+            "Block driver 'vpc' does not support size measurement",
+        ))
+    }
+}
+
+/// An open VHD.
+pub struct VpcImage {
+    vpc: Arc<Vpc>,
+}
+
+impl FormatImage for VpcImage {
+    fn format(&self) -> Format {
+        Format::known("vpc").expect("vpc is in the table")
+    }
+
+    fn info(&self) -> Result<Option<FormatInfo>> {
+        Ok(Some(FormatInfo {
+            cluster_size: self.vpc.dynamic_block_size(),
+            encrypted: false,
+            dirty: false,
+            backing_filename: None,
+            backing_format: None,
+            snapshots: Vec::new(),
+            specific_type: "",
+            specific: InfoValue::dict(),
+            warnings: Vec::new(),
+        }))
+    }
+
+    fn cluster_size(&self) -> Option<u64> {
+        self.vpc.dynamic_block_size()
+    }
+}
