@@ -156,7 +156,8 @@ impl Amend {
                     list.set(n, v);
                 }
             }
-            crate::luks::create::check_amend(&list, "encrypt.")?;
+            // Checked when applied: qemu-img first says when the image
+            // has no encryption to amend.
             a.encrypt = Some(list);
         }
         Ok(a)
