@@ -179,6 +179,7 @@ impl Header {
         h.raw[0x48..0x4C].copy_from_slice(&0x180u32.to_le_bytes());
         h.raw[0x168..0x16C].copy_from_slice(&SECTOR_SIZE.to_le_bytes());
         h.raw[0x178..0x17C].copy_from_slice(&(BLOCK_SIZE as u32).to_le_bytes());
+        h.raw = h.to_bytes();
         h
     }
 
