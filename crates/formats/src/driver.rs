@@ -190,10 +190,7 @@ pub static FORMATS: &[&dyn FormatDriver] = &[
         name: "qcow",
         probe: crate::probe::qcow1,
     },
-    &Recognised {
-        name: "qed",
-        probe: crate::probe::qed,
-    },
+    &crate::qed::QedDriver,
     &Recognised {
         name: "vmdk",
         probe: crate::probe::vmdk,

@@ -21,6 +21,7 @@ pub mod options;
 pub mod prealloc;
 pub mod probe;
 pub mod qcow2;
+pub mod qed;
 pub mod raw;
 pub mod vdi;
 pub mod vpc;

@@ -1,0 +1,357 @@
+//! QED against qemu-img, both ways: images qemu-img makes and qemu-io
+//! writes (zero clusters and backing files included) read back byte-equal
+//! with qemu-img's info, map and check; creation is qemu-img's byte for
+//! byte; images diskit writes pass qemu-img check and read the same; check
+//! and its repairs find what qemu-img's find.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use common::*;
+
+fn run_in(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
+    let program = if tool == "diskit" {
+        diskit_bin()
+    } else {
+        tool.into()
+    };
+    std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn good(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
+    let o = run_in(dir, tool, args);
+    assert!(o.status.success(), "{tool} {args:?}: {}", stderr(&o));
+    o
+}
+
+/// Both tools print the same thing (and exit alike) for `args`.
+fn same(dir: &Path, args: &[&str]) {
+    let ours = run_in(dir, "diskit", args);
+    let theirs = run_in(dir, "qemu-img", args);
+    assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
+    assert_eq!(
+        stderr(&ours).replace("diskit: ", ""),
+        stderr(&theirs).replace("qemu-img: ", ""),
+        "{args:?}"
+    );
+    assert_eq!(code(&ours), code(&theirs), "{args:?}");
+}
+
+fn reads_like_qemu(dir: &Path, img: &str) {
+    good(
+        dir,
+        "qemu-img",
+        &["convert", "-O", "raw", img, "theirs.raw"],
+    );
+    good(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
+    assert!(
+        same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
+        "{img}: other bytes"
+    );
+    same(dir, &["info", img]);
+    same(dir, &["info", "--output=json", img]);
+    same(dir, &["map", "--output=json", img]);
+    same(dir, &["map", img]);
+    same(dir, &["check", img]);
+    same(dir, &["check", "--output=json", img]);
+}
+
+fn scribble(dir: &Path, img: &str) {
+    good(
+        dir,
+        "qemu-io",
+        &[
+            "-f",
+            "qed",
+            "-c",
+            "write -P 0x5a 5M 100k",
+            "-c",
+            "write -P 0x33 1000 70000",
+            "-c",
+            "write -z 2M 128k",
+            "-c",
+            "write -P 0x77 3M 4k",
+            img,
+        ],
+    );
+}
+
+#[test]
+fn images_qemu_img_makes_read_back_byte_equal() {
+    let dir = workdir();
+    let d = dir.path();
+    sparse_file(
+        &d.join("base.raw"),
+        8 << 20,
+        &[(0, 3 << 20, 0x11), (6 << 20, 4096, 0x12)],
+    );
+    good(
+        d,
+        "qemu-img",
+        &["convert", "-O", "qcow2", "base.raw", "base.qcow2"],
+    );
+    for (img, args) in [
+        ("plain.qed", vec!["-o", "cluster_size=65536"]),
+        ("small.qed", vec!["-o", "cluster_size=4096,table_size=2"]),
+        ("raw-backed.qed", vec!["-b", "base.raw", "-F", "raw"]),
+        ("qcow2-backed.qed", vec!["-b", "base.qcow2", "-F", "qcow2"]),
+    ] {
+        let mut create = vec!["create", "-q", "-f", "qed"];
+        create.extend(&args);
+        create.push(img);
+        create.push("8M");
+        good(d, "qemu-img", &create);
+        reads_like_qemu(d, img);
+        scribble(d, img);
+        reads_like_qemu(d, img);
+    }
+}
+
+#[test]
+fn create_is_qemu_img_byte_for_byte() {
+    let dir = workdir();
+    let d = dir.path();
+    sparse_file(&d.join("base.raw"), 1 << 20, &[]);
+    for args in [
+        vec!["16M"],
+        vec!["-o", "cluster_size=4096,table_size=2", "16M"],
+        vec!["-o", "cluster_size=1M,table_size=16", "1G"],
+        vec!["-b", "base.raw", "-F", "raw", "16M"],
+        vec!["-b", "base.raw", "-F", "raw"],
+        vec!["1000"],
+        vec!["0"],
+    ] {
+        let (q, k) = (d.join("q"), d.join("k"));
+        std::fs::create_dir_all(&q).unwrap();
+        std::fs::create_dir_all(&k).unwrap();
+        for dir in [&q, &k] {
+            std::fs::copy(d.join("base.raw"), dir.join("base.raw")).unwrap();
+        }
+        let mut full = vec!["create", "-f", "qed"];
+        full.extend(&args[..args.len() - 1]);
+        full.push("x.qed");
+        full.push(args[args.len() - 1]);
+        if args.last() == Some(&"raw") {
+            full = vec![
+                "create", "-f", "qed", "-b", "base.raw", "-F", "raw", "x.qed",
+            ];
+        }
+        let o1 = good(&q, "qemu-img", &full);
+        let o2 = good(&k, "diskit", &full);
+        assert_eq!(stdout(&o1), stdout(&o2), "{args:?}");
+        assert!(
+            same_bytes(&q.join("x.qed"), &k.join("x.qed")),
+            "{args:?}: other bytes"
+        );
+    }
+    for args in [
+        &["create", "-f", "qed", "-o", "help"][..],
+        &["create", "-f", "qed", "-o", "help", "x.qed", "1M"],
+        &[
+            "create",
+            "-f",
+            "qed",
+            "-o",
+            "cluster_size=1000",
+            "x.qed",
+            "1M",
+        ],
+        &["create", "-f", "qed", "-o", "table_size=3", "x.qed", "1M"],
+        &["create", "-f", "qed", "x.qed", "65T"],
+        &["measure", "-O", "qed", "--size", "1G"],
+    ] {
+        same(d, args);
+    }
+}
+
+#[test]
+fn images_diskit_writes_pass_qemu_img_check() {
+    let dir = workdir();
+    let d = dir.path();
+    sparse_file(
+        &d.join("src.raw"),
+        20 << 20,
+        &[
+            (0, 70_000, 0x21),
+            (3 << 20, 2 << 20, 0x22),
+            ((20 << 20) - 4096, 4096, 0x23),
+        ],
+    );
+    good(d, "diskit", &["convert", "-O", "qed", "src.raw", "c.qed"]);
+    good(d, "qemu-img", &["check", "c.qed"]);
+    good(d, "qemu-img", &["compare", "c.qed", "src.raw"]);
+    reads_like_qemu(d, "c.qed");
+    // Odd writes over NBD through `diskit serve`, into an image with a
+    // backing file (copy-on-write from it) and one without (zeros).
+    sparse_file(&d.join("base.raw"), 24 << 20, &[(0, 24 << 20, 0x31)]);
+    for backed in [true, false] {
+        let mut create = vec!["create", "-q", "-f", "qed"];
+        if backed {
+            create.extend(["-b", "base.raw", "-F", "raw"]);
+        }
+        create.extend(["-o", "cluster_size=65536", "w.qed", "24M"]);
+        good(d, "qemu-img", &create);
+        let sock = d.join("s");
+        let _ = std::fs::remove_file(&sock);
+        let mut server = std::process::Command::new(diskit_bin())
+            .args(["serve", "-f", "-U", s(&sock), "image", s(&d.join("w.qed"))])
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while !sock.exists() && t.elapsed().as_secs() < 20 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let uri = format!("nbd+unix:///?socket={}", s(&sock));
+        let o = run_in(
+            d,
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                "-c",
+                "write -P 0x44 7340033 1000",
+                "-c",
+                "write -P 0x45 1000 3",
+                "-c",
+                "write -P 0x46 4194303 2097154",
+                "-c",
+                "write -z 9M 1M",
+                "-c",
+                "write -z 12582913 70000",
+                &uri,
+            ],
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(o.status.success(), "{}", stderr(&o));
+        good(d, "qemu-img", &["check", "w.qed"]);
+        good(
+            d,
+            "qemu-io",
+            &[
+                "-f",
+                "qed",
+                "-c",
+                "read -P 0x44 7340033 1000",
+                "-c",
+                "read -P 0x46 4194303 2097154",
+                "-c",
+                "read -P 0 9M 1M",
+                "w.qed",
+            ],
+        );
+        reads_like_qemu(d, "w.qed");
+        std::fs::remove_file(d.join("w.qed")).unwrap();
+    }
+}
+
+#[test]
+fn check_and_repairs_find_what_qemu_img_finds() {
+    let dir = workdir();
+    let d = dir.path();
+    good(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
+    good(
+        d,
+        "qemu-io",
+        &["-f", "qed", "-c", "write -P 1 0 4k", "g.qed"],
+    );
+    let patch = |p: &Path, at: u64, bytes: &[u8]| {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, at).unwrap();
+    };
+    let read_u64 = |p: &Path, at: u64| {
+        let f = std::fs::File::open(p).unwrap();
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, at).unwrap();
+        u64::from_le_bytes(b)
+    };
+    let l2 = read_u64(&d.join("g.qed"), 65536);
+    type Mutation = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Mutation)> = vec![
+        (
+            "leaks",
+            Box::new(|p| {
+                let len = std::fs::metadata(p).unwrap().len();
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .unwrap()
+                    .set_len(len + 2 * 65536)
+                    .unwrap()
+            }),
+        ),
+        (
+            "entry past the end",
+            Box::new(move |p| patch(p, l2 + 8, &(1u64 << 40).to_le_bytes())),
+        ),
+        (
+            "duplicate",
+            Box::new(move |p| {
+                let e = read_u64(p, l2);
+                patch(p, l2 + 16, &e.to_le_bytes())
+            }),
+        ),
+    ];
+    for (what, mutate) in cases {
+        for repair in [None, Some("all"), Some("leaks")] {
+            std::fs::copy(d.join("g.qed"), d.join("bad.qed")).unwrap();
+            mutate(&d.join("bad.qed"));
+            std::fs::copy(d.join("bad.qed"), d.join("bad2.qed")).unwrap();
+            let mut ours = vec!["check"];
+            let mut theirs = vec!["check"];
+            if let Some(r) = repair {
+                ours.extend(["-r", r]);
+                theirs.extend(["-r", r]);
+            }
+            ours.push("bad.qed");
+            theirs.push("bad2.qed");
+            let o = run_in(d, "diskit", &ours);
+            let t = run_in(d, "qemu-img", &theirs);
+            assert_eq!(
+                stdout(&o).replace("bad.qed", "X"),
+                stdout(&t).replace("bad2.qed", "X"),
+                "{what} {repair:?}"
+            );
+            assert_eq!(code(&o), code(&t), "{what} {repair:?}");
+        }
+    }
+}
+
+#[test]
+fn hostile_headers_and_resize_as_qemu_img() {
+    let dir = workdir();
+    let d = dir.path();
+    good(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
+    let patch = |p: &Path, at: u64, bytes: &[u8]| {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, at).unwrap();
+    };
+    type Mutation = Box<dyn Fn(&Path)>;
+    let cases: Vec<Mutation> = vec![
+        Box::new(move |p| patch(p, 16, &[8])),
+        Box::new(move |p| patch(p, 4, &[0, 0x10, 0, 0])),
+        Box::new(move |p| patch(p, 8, &[3])),
+        Box::new(move |p| patch(p, 48, &[1, 2, 0, 0, 0, 0, 0, 0])),
+        Box::new(move |p| patch(p, 40, &[0, 0x10, 0, 0, 0, 0, 0, 0])),
+        Box::new(move |p| {
+            patch(p, 16, &[1]);
+            patch(p, 56, &[0xf0, 0xff, 0, 0, 0x20, 0, 0, 0])
+        }),
+    ];
+    for mutate in cases {
+        std::fs::copy(d.join("g.qed"), d.join("bad.qed")).unwrap();
+        mutate(&d.join("bad.qed"));
+        same(d, &["info", "bad.qed"]);
+    }
+    std::fs::copy(d.join("g.qed"), d.join("r.qed")).unwrap();
+    same(d, &["resize", "-f", "qed", "r.qed", "1000"]);
+    good(d, "diskit", &["resize", "-f", "qed", "r.qed", "64M"]);
+    good(d, "qemu-img", &["resize", "-f", "qed", "g.qed", "64M"]);
+    assert!(same_bytes(&d.join("g.qed"), &d.join("r.qed")));
+}
