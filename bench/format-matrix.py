@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Benchmark: seed 000's convert matrix (issue #15), diskit against qemu-img
+in the same run.
+
+Sources: SIZE_MIB images of each format diskit reads
+  raw, qcow2, qcow2 preallocation=metadata, qcow2 preallocation=falloc,
+  vdi, vpc (dynamic), qed
+(vmdk and vhdx join when diskit reads them), each
+  sparse: 64 KiB of data every 32 MiB (written by qemu-io), the rest never written
+  full:   every byte written (random data)
+on each location: tmpfs (/dev/shm) and the work disk (BENCH_DIR).
+Targets: a raw file (convert -O raw), null (convert -n -O raw to null-co://,
+nothing stored) and qcow2 (convert -O qcow2).
+
+Each round runs every cell once per tool, the tool going first alternating;
+the table gives medians over ROUNDS rounds, qemu-img's time over diskit's
+(above 1: diskit faster), and each format's time over raw's for the same
+data (issue targets: sparse at most 2x raw, full at most 1.2x raw; every
+cell at most qemu-img's time). Outputs are compared with qemu-img compare
+once per cell. Free page reporting is held still (bench/nbd.py).
+
+Environment: SIZE_MIB (default 2048), ROUNDS (default 3), LOCATIONS
+(default shm,disk), FORMATS, DATA (default sparse,full), TARGETS
+(default file,null,qcow2), BENCH_DIR (default bench/.work).
+Output: the table on stdout and bench/results/format-matrix-<date>.json.
+"""
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DISKIT = REPO / "target" / "release" / "diskit"
+SIZE_MIB = int(os.environ.get("SIZE_MIB", "2048"))
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+LOCATIONS = os.environ.get("LOCATIONS", "shm,disk").split(",")
+FORMATS_ALL = ["raw", "qcow2", "qcow2-metadata", "qcow2-falloc", "vdi", "vpc", "qed"]
+FORMATS = os.environ.get("FORMATS", ",".join(FORMATS_ALL)).split(",")
+DATA = os.environ.get("DATA", "sparse,full").split(",")
+TARGETS = os.environ.get("TARGETS", "file,null,qcow2").split(",")
+DISK_DIR = Path(os.environ.get("BENCH_DIR", HERE / ".work"))
+
+spec = importlib.util.spec_from_file_location("nbdbench", HERE / "nbd.py")
+nbdbench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(nbdbench)
+
+
+def log(msg):
+    print(f"[format-matrix.py] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, **kw)
+
+
+def create_args(fmt):
+    """(-f name, -o options) of qemu-img create for a source format."""
+    return {
+        "raw": ("raw", []),
+        "qcow2": ("qcow2", []),
+        "qcow2-metadata": ("qcow2", ["-o", "preallocation=metadata"]),
+        "qcow2-falloc": ("qcow2", ["-o", "preallocation=falloc"]),
+        "vdi": ("vdi", []),
+        "vpc": ("vpc", ["-o", "force_size=on"]),
+        "qed": ("qed", []),
+    }[fmt]
+
+
+def make_source(work, fmt, data):
+    name, opts = create_args(fmt)
+    path = work / f"src-{fmt}-{data}.img"
+    if path.exists():
+        return path, name
+    run(["qemu-img", "create", "-q", "-f", name, *opts, str(path), f"{SIZE_MIB}M"])
+    if data == "sparse":
+        cmds = []
+        for i in range(0, SIZE_MIB, 32):
+            cmds += ["-c", f"write -P {1 + i % 250} {i}M 64k"]
+        run(["qemu-io", "-f", name, *cmds, str(path)])
+    else:
+        full = work / "full.raw"
+        if not full.exists():
+            with open(full, "wb") as f:
+                for _ in range(SIZE_MIB):
+                    f.write(os.urandom(1 << 20))
+        run(["qemu-img", "convert", "-n", "-f", "raw", "-O", name, str(full), str(path)])
+    return path, name
+
+
+def cell_cmd(tool, src, fmt_name, target, out):
+    exe = str(DISKIT) if tool == "diskit" else "qemu-img"
+    if target == "file":
+        return [exe, "convert", "-f", fmt_name, "-O", "raw", str(src), str(out)]
+    if target == "qcow2":
+        return [exe, "convert", "-f", fmt_name, "-O", "qcow2", str(src), str(out)]
+    return [exe, "convert", "-n", "-f", fmt_name, "-O", "raw", str(src), "null-co://"]
+
+
+def timed(cmd, loc, out):
+    if out is not None:
+        out.unlink(missing_ok=True)
+    if loc == "disk":
+        os.sync()
+    start = time.monotonic()
+    run(cmd)
+    return time.monotonic() - start
+
+
+def main():
+    if not DISKIT.exists():
+        raise SystemExit("build first: cargo build --release -p diskit")
+    old = nbdbench.quiet_vm()
+    rows = []
+    try:
+        for loc in LOCATIONS:
+            work = Path("/dev/shm/diskit-format-matrix") if loc == "shm" else DISK_DIR / "format-matrix"
+            work.mkdir(parents=True, exist_ok=True)
+            cells = []
+            for fmt in FORMATS:
+                for data in DATA:
+                    log(f"{loc}: making {fmt} {data}")
+                    src, name = make_source(work, fmt, data)
+                    for target in TARGETS:
+                        cells.append((fmt, data, target, src, name))
+            out = work / "out.img"
+            times = {(c[0], c[1], c[2]): {"diskit": [], "qemu-img": []} for c in cells}
+            # Warm-up and correctness: each tool's output compared with the source.
+            for fmt, data, target, src, name in cells:
+                for tool in ["diskit", "qemu-img"]:
+                    timed(cell_cmd(tool, src, name, target, out), loc, out if target != "null" else None)
+                    if target != "null":
+                        run(["qemu-img", "compare", "-f", name, str(src), str(out)])
+            for r in range(ROUNDS):
+                for i, (fmt, data, target, src, name) in enumerate(cells):
+                    order = ["diskit", "qemu-img"] if (r + i) % 2 == 0 else ["qemu-img", "diskit"]
+                    for tool in order:
+                        o = out if target != "null" else None
+                        times[(fmt, data, target)][tool].append(
+                            timed(cell_cmd(tool, src, name, target, out), loc, o))
+                log(f"{loc}: round {r + 1}/{ROUNDS} done")
+            out.unlink(missing_ok=True)
+            for (fmt, data, target), t in times.items():
+                rows.append({"location": loc, "format": fmt, "data": data, "target": target,
+                             "diskit_s": statistics.median(t["diskit"]),
+                             "qemu_img_s": statistics.median(t["qemu-img"]), "runs": t})
+            for p in work.glob("src-*"):
+                p.unlink()
+            (work / "full.raw").unlink(missing_ok=True)
+    finally:
+        nbdbench.quiet_vm_restore(old)
+    raw = {(r["location"], r["data"], r["target"]): r["diskit_s"] for r in rows if r["format"] == "raw"}
+    print(f"{'location':<6}{'format':<16}{'data':<8}{'target':<7}{'diskit s':>10}{'qemu-img s':>12}"
+          f"{'qemu/diskit':>13}{'vs raw':>8}")
+    for r in rows:
+        base = raw.get((r["location"], r["data"], r["target"]))
+        r["speedup"] = r["qemu_img_s"] / r["diskit_s"]
+        r["vs_raw"] = r["diskit_s"] / base if base else None
+        vs = f"{r['vs_raw']:.2f}x" if r["vs_raw"] else "-"
+        print(f"{r['location']:<6}{r['format']:<16}{r['data']:<8}{r['target']:<7}{r['diskit_s']:>10.3f}"
+              f"{r['qemu_img_s']:>12.3f}{r['speedup']:>12.2f}x{vs:>8}")
+    stamp = time.strftime("%Y-%m-%d-%H%M%S")
+    path = REPO / "bench" / "results" / f"format-matrix-{stamp}.json"
+    path.write_text(json.dumps({"size_mib": SIZE_MIB, "rounds": ROUNDS, "cells": rows}, indent=1))
+    log(f"results in {path}")
+
+
+if __name__ == "__main__":
+    main()
