@@ -11,59 +11,27 @@ use std::path::Path;
 
 use common::*;
 
-fn run_in(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
-    let program = if tool == "diskit" {
-        diskit_bin()
-    } else {
-        tool.into()
-    };
-    std::process::Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap()
-}
-
-fn good(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
-    let o = run_in(dir, tool, args);
-    assert!(o.status.success(), "{tool} {args:?}: {}", stderr(&o));
-    o
-}
-
-/// Both tools print the same thing (and exit alike) for `args`.
-fn same(dir: &Path, args: &[&str]) {
-    let ours = run_in(dir, "diskit", args);
-    let theirs = run_in(dir, "qemu-img", args);
-    assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
-    assert_eq!(
-        stderr(&ours).replace("diskit: ", ""),
-        stderr(&theirs).replace("qemu-img: ", ""),
-        "{args:?}"
-    );
-    assert_eq!(code(&ours), code(&theirs), "{args:?}");
-}
-
 fn reads_like_qemu(dir: &Path, img: &str) {
-    good(
+    good_in(
         dir,
         "qemu-img",
         &["convert", "-O", "raw", img, "theirs.raw"],
     );
-    good(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
+    good_in(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
     assert!(
         same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
         "{img}: other bytes"
     );
-    same(dir, &["info", img]);
-    same(dir, &["info", "--output=json", img]);
-    same(dir, &["map", "--output=json", img]);
-    same(dir, &["map", img]);
-    same(dir, &["check", img]);
-    same(dir, &["check", "--output=json", img]);
+    alike_in(dir, &["info", img]);
+    alike_in(dir, &["info", "--output=json", img]);
+    alike_in(dir, &["map", "--output=json", img]);
+    alike_in(dir, &["map", img]);
+    alike_in(dir, &["check", img]);
+    alike_in(dir, &["check", "--output=json", img]);
 }
 
 fn scribble(dir: &Path, img: &str) {
-    good(
+    good_in(
         dir,
         "qemu-io",
         &[
@@ -91,7 +59,7 @@ fn images_qemu_img_makes_read_back_byte_equal() {
         8 << 20,
         &[(0, 3 << 20, 0x11), (6 << 20, 4096, 0x12)],
     );
-    good(
+    good_in(
         d,
         "qemu-img",
         &["convert", "-O", "qcow2", "base.raw", "base.qcow2"],
@@ -106,7 +74,7 @@ fn images_qemu_img_makes_read_back_byte_equal() {
         create.extend(&args);
         create.push(img);
         create.push("8M");
-        good(d, "qemu-img", &create);
+        good_in(d, "qemu-img", &create);
         reads_like_qemu(d, img);
         scribble(d, img);
         reads_like_qemu(d, img);
@@ -142,8 +110,8 @@ fn create_is_qemu_img_byte_for_byte() {
                 "create", "-f", "qed", "-b", "base.raw", "-F", "raw", "x.qed",
             ];
         }
-        let o1 = good(&q, "qemu-img", &full);
-        let o2 = good(&k, "diskit", &full);
+        let o1 = good_in(&q, "qemu-img", &full);
+        let o2 = good_in(&k, "diskit", &full);
         assert_eq!(stdout(&o1), stdout(&o2), "{args:?}");
         assert!(
             same_bytes(&q.join("x.qed"), &k.join("x.qed")),
@@ -166,7 +134,7 @@ fn create_is_qemu_img_byte_for_byte() {
         &["create", "-f", "qed", "x.qed", "65T"],
         &["measure", "-O", "qed", "--size", "1G"],
     ] {
-        same(d, args);
+        alike_in(d, args);
     }
 }
 
@@ -183,9 +151,9 @@ fn images_diskit_writes_pass_qemu_img_check() {
             ((20 << 20) - 4096, 4096, 0x23),
         ],
     );
-    good(d, "diskit", &["convert", "-O", "qed", "src.raw", "c.qed"]);
-    good(d, "qemu-img", &["check", "c.qed"]);
-    good(d, "qemu-img", &["compare", "c.qed", "src.raw"]);
+    good_in(d, "diskit", &["convert", "-O", "qed", "src.raw", "c.qed"]);
+    good_in(d, "qemu-img", &["check", "c.qed"]);
+    good_in(d, "qemu-img", &["compare", "c.qed", "src.raw"]);
     reads_like_qemu(d, "c.qed");
     // Odd writes over NBD through `diskit serve`, into an image with a
     // backing file (copy-on-write from it) and one without (zeros).
@@ -196,19 +164,11 @@ fn images_diskit_writes_pass_qemu_img_check() {
             create.extend(["-b", "base.raw", "-F", "raw"]);
         }
         create.extend(["-o", "cluster_size=65536", "w.qed", "24M"]);
-        good(d, "qemu-img", &create);
+        good_in(d, "qemu-img", &create);
         let sock = d.join("s");
-        let _ = std::fs::remove_file(&sock);
-        let mut server = std::process::Command::new(diskit_bin())
-            .args(["serve", "-f", "-U", s(&sock), "image", s(&d.join("w.qed"))])
-            .spawn()
-            .unwrap();
-        let t = std::time::Instant::now();
-        while !sock.exists() && t.elapsed().as_secs() < 20 {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        let server = serve_image(&sock, &d.join("w.qed"));
         let uri = format!("nbd+unix:///?socket={}", s(&sock));
-        let o = run_in(
+        let o = tool_in(
             d,
             "qemu-io",
             &[
@@ -227,11 +187,10 @@ fn images_diskit_writes_pass_qemu_img_check() {
                 &uri,
             ],
         );
-        let _ = server.kill();
-        let _ = server.wait();
+        drop(server);
         assert!(o.status.success(), "{}", stderr(&o));
-        good(d, "qemu-img", &["check", "w.qed"]);
-        good(
+        good_in(d, "qemu-img", &["check", "w.qed"]);
+        good_in(
             d,
             "qemu-io",
             &[
@@ -255,8 +214,8 @@ fn images_diskit_writes_pass_qemu_img_check() {
 fn check_and_repairs_find_what_qemu_img_finds() {
     let dir = workdir();
     let d = dir.path();
-    good(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
-    good(
+    good_in(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
+    good_in(
         d,
         "qemu-io",
         &["-f", "qed", "-c", "write -P 1 0 4k", "g.qed"],
@@ -311,8 +270,8 @@ fn check_and_repairs_find_what_qemu_img_finds() {
             }
             ours.push("bad.qed");
             theirs.push("bad2.qed");
-            let o = run_in(d, "diskit", &ours);
-            let t = run_in(d, "qemu-img", &theirs);
+            let o = tool_in(d, "diskit", &ours);
+            let t = tool_in(d, "qemu-img", &theirs);
             assert_eq!(
                 stdout(&o).replace("bad.qed", "X"),
                 stdout(&t).replace("bad2.qed", "X"),
@@ -327,7 +286,7 @@ fn check_and_repairs_find_what_qemu_img_finds() {
 fn hostile_headers_and_resize_as_qemu_img() {
     let dir = workdir();
     let d = dir.path();
-    good(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
+    good_in(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
     let patch = |p: &Path, at: u64, bytes: &[u8]| {
         let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
         f.write_all_at(bytes, at).unwrap();
@@ -347,11 +306,11 @@ fn hostile_headers_and_resize_as_qemu_img() {
     for mutate in cases {
         std::fs::copy(d.join("g.qed"), d.join("bad.qed")).unwrap();
         mutate(&d.join("bad.qed"));
-        same(d, &["info", "bad.qed"]);
+        alike_in(d, &["info", "bad.qed"]);
     }
     std::fs::copy(d.join("g.qed"), d.join("r.qed")).unwrap();
-    same(d, &["resize", "-f", "qed", "r.qed", "1000"]);
-    good(d, "diskit", &["resize", "-f", "qed", "r.qed", "64M"]);
-    good(d, "qemu-img", &["resize", "-f", "qed", "g.qed", "64M"]);
+    alike_in(d, &["resize", "-f", "qed", "r.qed", "1000"]);
+    good_in(d, "diskit", &["resize", "-f", "qed", "r.qed", "64M"]);
+    good_in(d, "qemu-img", &["resize", "-f", "qed", "g.qed", "64M"]);
     assert!(same_bytes(&d.join("g.qed"), &d.join("r.qed")));
 }

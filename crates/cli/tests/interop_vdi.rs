@@ -11,60 +11,27 @@ use std::path::Path;
 
 use common::*;
 
-fn run_in(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
-    let program = if tool == "diskit" {
-        diskit_bin()
-    } else {
-        tool.into()
-    };
-    std::process::Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap()
-}
-
-fn good(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
-    let o = run_in(dir, tool, args);
-    assert!(o.status.success(), "{tool} {args:?}: {}", stderr(&o));
-    o
-}
-
-/// Both tools print the same thing (and exit alike) for `args`.
-fn same(dir: &Path, args: &[&str]) {
-    let ours = run_in(dir, "diskit", args);
-    let theirs = run_in(dir, "qemu-img", args);
-    assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
-    assert_eq!(
-        stderr(&ours).replace("diskit: ", ""),
-        stderr(&theirs).replace("qemu-img: ", ""),
-        "{args:?}"
-    );
-    assert_eq!(code(&ours), code(&theirs), "{args:?}");
-}
-
-/// Reads `img` with both tools: the same bytes, info and map.
 fn reads_like_qemu(dir: &Path, img: &str) {
-    good(
+    good_in(
         dir,
         "qemu-img",
         &["convert", "-O", "raw", img, "theirs.raw"],
     );
-    good(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
+    good_in(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
     assert!(
         same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
         "{img}: other bytes"
     );
-    same(dir, &["info", img]);
-    same(dir, &["info", "--output=json", img]);
-    same(dir, &["map", "--output=json", img]);
-    same(dir, &["map", img]);
-    same(dir, &["check", img]);
-    same(dir, &["check", "--output=json", img]);
+    alike_in(dir, &["info", img]);
+    alike_in(dir, &["info", "--output=json", img]);
+    alike_in(dir, &["map", "--output=json", img]);
+    alike_in(dir, &["map", img]);
+    alike_in(dir, &["check", img]);
+    alike_in(dir, &["check", "--output=json", img]);
 }
 
 fn scribble(dir: &Path, img: &str) {
-    good(
+    good_in(
         dir,
         "qemu-io",
         &[
@@ -90,7 +57,7 @@ fn images_qemu_img_makes_read_back_byte_equal() {
         ("odd.vdi", "static=off", "3000000"),
         ("stat.vdi", "static=on", "8M"),
     ] {
-        good(
+        good_in(
             d,
             "qemu-img",
             &["create", "-q", "-f", "vdi", "-o", opts, img, size],
@@ -99,7 +66,7 @@ fn images_qemu_img_makes_read_back_byte_equal() {
         if size != "3000000" {
             scribble(d, img);
         } else {
-            good(
+            good_in(
                 d,
                 "qemu-io",
                 &["-f", "vdi", "-c", "write -P 1 2M 900000", img],
@@ -124,8 +91,8 @@ fn create_is_qemu_img_but_for_the_uuids() {
         std::fs::create_dir_all(&q).unwrap();
         std::fs::create_dir_all(&k).unwrap();
         let args = ["create", "-f", "vdi", "-o", opts, "x.vdi", size];
-        let o1 = good(&q, "qemu-img", &args);
-        let o2 = good(&k, "diskit", &args);
+        let o1 = good_in(&q, "qemu-img", &args);
+        let o2 = good_in(&k, "diskit", &args);
         assert_eq!(stdout(&o1), stdout(&o2), "{opts} {size}");
         let (a, b) = (
             std::fs::read(q.join("x.vdi")).unwrap(),
@@ -154,8 +121,8 @@ fn create_is_qemu_img_but_for_the_uuids() {
         ],
         &["create", "-f", "vdi", "x.vdi", "600T"],
     ] {
-        let ours = run_in(d, "diskit", args);
-        let theirs = run_in(d, "qemu-img", args);
+        let ours = tool_in(d, "diskit", args);
+        let theirs = tool_in(d, "qemu-img", args);
         assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
         assert_eq!(code(&ours), code(&theirs), "{args:?}");
         assert_eq!(
@@ -181,13 +148,13 @@ fn images_diskit_writes_pass_qemu_img_check() {
     );
     // convert -O vdi, dynamic and static.
     for opts in ["static=off", "static=on"] {
-        good(
+        good_in(
             d,
             "diskit",
             &["convert", "-O", "vdi", "-o", opts, "src.raw", "c.vdi"],
         );
-        good(d, "qemu-img", &["check", "c.vdi"]);
-        good(
+        good_in(d, "qemu-img", &["check", "c.vdi"]);
+        good_in(
             d,
             "qemu-img",
             &["compare", "-f", "vdi", "-F", "raw", "c.vdi", "src.raw"],
@@ -198,12 +165,12 @@ fn images_diskit_writes_pass_qemu_img_check() {
     // Into a qemu-made image: a convert, then writes at odd offsets sent
     // over NBD through `diskit serve` (allocating blocks mid-block and
     // writing into allocated ones), then qemu-io's writes on top.
-    good(
+    good_in(
         d,
         "qemu-img",
         &["create", "-q", "-f", "vdi", "w.vdi", "24M"],
     );
-    good(
+    good_in(
         d,
         "diskit",
         &[
@@ -211,16 +178,9 @@ fn images_diskit_writes_pass_qemu_img_check() {
         ],
     );
     let sock = d.join("s");
-    let mut server = std::process::Command::new(diskit_bin())
-        .args(["serve", "-f", "-U", s(&sock), "image", s(&d.join("w.vdi"))])
-        .spawn()
-        .unwrap();
-    let t = std::time::Instant::now();
-    while !sock.exists() && t.elapsed().as_secs() < 20 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let server = serve_image(&sock, &d.join("w.vdi"));
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
-    let o = run_in(
+    let o = tool_in(
         d,
         "qemu-io",
         &[
@@ -235,11 +195,10 @@ fn images_diskit_writes_pass_qemu_img_check() {
             &uri,
         ],
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     assert!(o.status.success(), "{}", stderr(&o));
-    good(d, "qemu-img", &["check", "w.vdi"]);
-    good(
+    good_in(d, "qemu-img", &["check", "w.vdi"]);
+    good_in(
         d,
         "qemu-io",
         &[
@@ -253,7 +212,7 @@ fn images_diskit_writes_pass_qemu_img_check() {
         ],
     );
     scribble(d, "w.vdi");
-    good(d, "qemu-img", &["check", "w.vdi"]);
+    good_in(d, "qemu-img", &["check", "w.vdi"]);
     reads_like_qemu(d, "w.vdi");
 }
 
@@ -261,7 +220,7 @@ fn images_diskit_writes_pass_qemu_img_check() {
 fn check_finds_what_qemu_img_finds() {
     let dir = workdir();
     let d = dir.path();
-    good(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
+    good_in(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
     scribble(d, "g.vdi");
     let bmap = |p: &Path, block: u64, value: u32| {
         let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
@@ -281,20 +240,20 @@ fn check_finds_what_qemu_img_finds() {
     for (what, mutate) in cases {
         std::fs::copy(d.join("g.vdi"), d.join("bad.vdi")).unwrap();
         mutate(&d.join("bad.vdi"));
-        same(d, &["check", "bad.vdi"]);
-        same(d, &["check", "--output=json", "bad.vdi"]);
-        let o = run_in(d, "diskit", &["check", "bad.vdi"]);
+        alike_in(d, &["check", "bad.vdi"]);
+        alike_in(d, &["check", "--output=json", "bad.vdi"]);
+        let o = tool_in(d, "diskit", &["check", "bad.vdi"]);
         assert_eq!(code(&o), 2, "{what}");
     }
     // Repairs are not offered, as in qemu-img.
-    same(d, &["check", "-r", "all", "g.vdi"]);
+    alike_in(d, &["check", "-r", "all", "g.vdi"]);
 }
 
 #[test]
 fn hostile_images_get_clear_errors() {
     let dir = workdir();
     let d = dir.path();
-    good(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
+    good_in(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
     let patch = |p: &Path, at: u64, bytes: &[u8]| {
         let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
         f.write_all_at(bytes, at).unwrap();
@@ -327,8 +286,8 @@ fn hostile_images_get_clear_errors() {
     for (msg, mutate) in cases {
         std::fs::copy(d.join("g.vdi"), d.join("bad.vdi")).unwrap();
         mutate(&d.join("bad.vdi"));
-        let ours = run_in(d, "diskit", &["info", "bad.vdi"]);
-        let theirs = run_in(d, "qemu-img", &["info", "bad.vdi"]);
+        let ours = tool_in(d, "diskit", &["info", "bad.vdi"]);
+        let theirs = tool_in(d, "qemu-img", &["info", "bad.vdi"]);
         assert_eq!(code(&ours), 1, "{msg}");
         assert!(stderr(&ours).contains(msg), "{msg}: {}", stderr(&ours));
         assert_eq!(
@@ -345,7 +304,7 @@ fn hostile_images_get_clear_errors() {
         .unwrap()
         .set_len(600)
         .unwrap();
-    let o = run_in(d, "diskit", &["convert", "-O", "raw", "short.vdi", "o.raw"]);
+    let o = tool_in(d, "diskit", &["convert", "-O", "raw", "short.vdi", "o.raw"]);
     assert_eq!(code(&o), 1);
     assert!(stderr(&o).contains("block map"), "{}", stderr(&o));
 }

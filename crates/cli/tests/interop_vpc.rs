@@ -12,46 +12,13 @@ use std::path::Path;
 
 use common::*;
 
-fn run_in(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
-    let program = if tool == "diskit" {
-        diskit_bin()
-    } else {
-        tool.into()
-    };
-    std::process::Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap()
-}
-
-fn good(dir: &Path, tool: &str, args: &[&str]) -> std::process::Output {
-    let o = run_in(dir, tool, args);
-    assert!(o.status.success(), "{tool} {args:?}: {}", stderr(&o));
-    o
-}
-
-/// Both tools print the same thing (and exit alike) for `args`.
-fn same(dir: &Path, args: &[&str]) {
-    let ours = run_in(dir, "diskit", args);
-    let theirs = run_in(dir, "qemu-img", args);
-    assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
-    assert_eq!(
-        stderr(&ours).replace("diskit: ", ""),
-        stderr(&theirs).replace("qemu-img: ", ""),
-        "{args:?}"
-    );
-    assert_eq!(code(&ours), code(&theirs), "{args:?}");
-}
-
-/// Reads `img` (as vpc) with both tools: the same bytes, info and map.
 fn reads_like_qemu(dir: &Path, img: &str) {
-    good(
+    good_in(
         dir,
         "qemu-img",
         &["convert", "-f", "vpc", "-O", "raw", img, "theirs.raw"],
     );
-    good(
+    good_in(
         dir,
         "diskit",
         &["convert", "-f", "vpc", "-O", "raw", img, "ours.raw"],
@@ -60,14 +27,14 @@ fn reads_like_qemu(dir: &Path, img: &str) {
         same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
         "{img}: other bytes"
     );
-    same(dir, &["info", "-f", "vpc", img]);
-    same(dir, &["info", "-f", "vpc", "--output=json", img]);
-    same(dir, &["map", "-f", "vpc", "--output=json", img]);
-    same(dir, &["info", img]);
+    alike_in(dir, &["info", "-f", "vpc", img]);
+    alike_in(dir, &["info", "-f", "vpc", "--output=json", img]);
+    alike_in(dir, &["map", "-f", "vpc", "--output=json", img]);
+    alike_in(dir, &["info", img]);
 }
 
 fn scribble(dir: &Path, img: &str) {
-    good(
+    good_in(
         dir,
         "qemu-io",
         &[
@@ -95,7 +62,7 @@ fn images_qemu_img_makes_read_back_byte_equal() {
         ("azure.vhd", "subformat=fixed,force_size=on", "10M"),
         ("forced.vhd", "subformat=dynamic,force_size=on", "9M"),
     ] {
-        good(
+        good_in(
             d,
             "qemu-img",
             &["create", "-q", "-f", "vpc", "-o", opts, img, size],
@@ -127,7 +94,7 @@ fn the_virtual_size_follows_the_creator_as_in_qemu_10() {
     let dir = workdir();
     let d = dir.path();
     for app in [b"vpc ", b"win ", b"d2v ", b"xyz "] {
-        good(
+        good_in(
             d,
             "qemu-img",
             &["create", "-q", "-f", "vpc", "c.vhd", "16M"],
@@ -141,7 +108,7 @@ fn the_virtual_size_follows_the_creator_as_in_qemu_10() {
         f.write_all_at(&(16u64 << 20).to_be_bytes(), 48).unwrap();
         drop(f);
         set_creator(&d.join("c.vhd"), 0, app);
-        same(d, &["info", "--output=json", "c.vhd"]);
+        alike_in(d, &["info", "--output=json", "c.vhd"]);
     }
 }
 
@@ -178,8 +145,8 @@ fn create_is_qemu_img_but_for_time_and_uuid() {
         std::fs::create_dir_all(&q).unwrap();
         std::fs::create_dir_all(&k).unwrap();
         let args = ["create", "-f", "vpc", "-o", opts, "x.vhd", size];
-        let o1 = good(&q, "qemu-img", &args);
-        let o2 = good(&k, "diskit", &args);
+        let o1 = good_in(&q, "qemu-img", &args);
+        let o2 = good_in(&k, "diskit", &args);
         assert_eq!(stdout(&o1), stdout(&o2), "{opts} {size}");
         let a = std::fs::read(q.join("x.vhd")).unwrap();
         let b = std::fs::read(k.join("x.vhd")).unwrap();
@@ -206,7 +173,7 @@ fn create_is_qemu_img_but_for_time_and_uuid() {
         &["create", "-f", "vpc", "x.vhd", "3T"],
         &["measure", "-O", "vpc", "--size", "1G"],
     ] {
-        same(d, args);
+        alike_in(d, args);
     }
 }
 
@@ -228,12 +195,12 @@ fn images_diskit_writes_read_the_same_in_qemu_img() {
         "subformat=fixed",
         "subformat=fixed,force_size=on",
     ] {
-        good(
+        good_in(
             d,
             "diskit",
             &["convert", "-O", "vpc", "-o", opts, "src.raw", "c.vhd"],
         );
-        let o = run_in(
+        let o = tool_in(
             d,
             "qemu-img",
             &["compare", "-f", "vpc", "-F", "raw", "c.vhd", "src.raw"],
@@ -247,22 +214,15 @@ fn images_diskit_writes_read_the_same_in_qemu_img() {
         std::fs::remove_file(d.join("c.vhd")).unwrap();
     }
     // Odd writes over NBD through `diskit serve` into a qemu-made image.
-    good(
+    good_in(
         d,
         "qemu-img",
         &["create", "-q", "-f", "vpc", "w.vhd", "24M"],
     );
     let sock = d.join("s");
-    let mut server = std::process::Command::new(diskit_bin())
-        .args(["serve", "-f", "-U", s(&sock), "image", s(&d.join("w.vhd"))])
-        .spawn()
-        .unwrap();
-    let t = std::time::Instant::now();
-    while !sock.exists() && t.elapsed().as_secs() < 20 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let server = serve_image(&sock, &d.join("w.vhd"));
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
-    let o = run_in(
+    let o = tool_in(
         d,
         "qemu-io",
         &[
@@ -277,10 +237,9 @@ fn images_diskit_writes_read_the_same_in_qemu_img() {
             &uri,
         ],
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     assert!(o.status.success(), "{}", stderr(&o));
-    good(
+    good_in(
         d,
         "qemu-io",
         &[
@@ -301,7 +260,7 @@ fn images_diskit_writes_read_the_same_in_qemu_img() {
 fn hostile_images_get_clear_errors() {
     let dir = workdir();
     let d = dir.path();
-    good(d, "qemu-img", &["create", "-q", "-f", "vpc", "g.vhd", "8M"]);
+    good_in(d, "qemu-img", &["create", "-q", "-f", "vpc", "g.vhd", "8M"]);
     let patch = |p: &Path, at: u64, bytes: &[u8]| {
         let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
         f.write_all_at(bytes, at).unwrap();
@@ -332,8 +291,8 @@ fn hostile_images_get_clear_errors() {
     for (msg, mutate) in cases {
         std::fs::copy(d.join("g.vhd"), d.join("bad.vhd")).unwrap();
         mutate(&d.join("bad.vhd"));
-        let ours = run_in(d, "diskit", &["info", "bad.vhd"]);
-        let theirs = run_in(d, "qemu-img", &["info", "bad.vhd"]);
+        let ours = tool_in(d, "diskit", &["info", "bad.vhd"]);
+        let theirs = tool_in(d, "qemu-img", &["info", "bad.vhd"]);
         assert_eq!(code(&ours), 1, "{msg}");
         assert!(stderr(&ours).contains(msg), "{msg}: {}", stderr(&ours));
         assert_eq!(code(&theirs), 1, "{msg}");
@@ -341,7 +300,7 @@ fn hostile_images_get_clear_errors() {
     // A BAT entry pointing past the end of the file: refused at open.
     std::fs::copy(d.join("g.vhd"), d.join("bad.vhd")).unwrap();
     patch(&d.join("bad.vhd"), 1536, &0x0010_0000u32.to_be_bytes());
-    same(d, &["info", "bad.vhd"]);
+    alike_in(d, &["info", "bad.vhd"]);
     // check is not offered, as in qemu-img.
-    same(d, &["check", "g.vhd"]);
+    alike_in(d, &["check", "g.vhd"]);
 }

@@ -44,3 +44,36 @@ pub trait Creation {
     /// Makes the image at `path`.
     fn create(&self, path: &Path) -> Result<()>;
 }
+
+/// Makes a new image file at `path` with `make`, which gets the file
+/// created empty: as QEMU does, a failed creation removes the file it
+/// made (one that existed before stays).
+pub fn create_file(
+    path: &Path,
+    make: impl FnOnce(&diskit_backends::FileDevice) -> Result<()>,
+) -> Result<()> {
+    use diskit_core::BlockDevice;
+    let existed = path.exists();
+    let result = diskit_backends::FileDevice::create(path, 0, diskit_backends::Preallocation::Off)
+        .map_err(|e| e.context(format!("Could not create '{}'", path.display())))
+        .and_then(|dev| {
+            make(&dev)?;
+            dev.flush()
+        });
+    if result.is_err() && !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+/// The "Formatting" line's options after the size: ` key=value` for each.
+pub fn summary_of(size: Option<u64>, given: &[(String, String)]) -> String {
+    let mut out = String::new();
+    if let Some(s) = size {
+        out += &format!(" size={s}");
+    }
+    for (k, v) in given {
+        out += &format!(" {k}={v}");
+    }
+    out
+}

@@ -151,3 +151,65 @@ pub fn same_as_qemu_img(args: &[&str], what: &str) -> Output {
     assert_eq!(stdout(&ours), stdout(&theirs), "{what}: {args:?}");
     ours
 }
+
+/// Runs `tool` (`diskit` for the binary under test, else a program on
+/// PATH) with `args` in `dir`.
+pub fn tool_in(dir: &Path, tool: &str, args: &[&str]) -> Output {
+    let program = if tool == "diskit" {
+        diskit_bin()
+    } else {
+        tool.into()
+    };
+    Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+/// [`tool_in`], which must succeed.
+pub fn good_in(dir: &Path, tool: &str, args: &[&str]) -> Output {
+    let o = tool_in(dir, tool, args);
+    assert!(o.status.success(), "{tool} {args:?}: {}", stderr(&o));
+    o
+}
+
+/// diskit and qemu-img run `args` in `dir` alike: the same standard
+/// output, the same message (program prefix aside), the same exit status.
+pub fn alike_in(dir: &Path, args: &[&str]) {
+    let ours = tool_in(dir, "diskit", args);
+    let theirs = tool_in(dir, "qemu-img", args);
+    assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
+    assert_eq!(
+        stderr(&ours).replace("diskit: ", ""),
+        stderr(&theirs).replace("qemu-img: ", ""),
+        "{args:?}"
+    );
+    assert_eq!(code(&ours), code(&theirs), "{args:?}");
+}
+
+/// Starts `diskit serve -f -U SOCKET image IMAGE` and waits for its
+/// socket; the server stops when the guard is dropped.
+pub fn serve_image(socket: &Path, image: &Path) -> ServeGuard {
+    let _ = std::fs::remove_file(socket);
+    let child = Command::new(diskit_bin())
+        .args(["serve", "-f", "-U", s(socket), "image", s(image)])
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !socket.exists() && t.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(socket.exists(), "diskit serve did not start");
+    ServeGuard(child)
+}
+
+/// A server stopped when dropped.
+pub struct ServeGuard(std::process::Child);
+
+impl Drop for ServeGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

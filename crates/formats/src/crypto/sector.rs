@@ -53,66 +53,65 @@ enum Mode<C: BlockCipher + BlockEncrypt + BlockDecrypt> {
     Xts(xts_mode::Xts128<C>),
 }
 
+impl<C> Engine<C>
+where
+    C: BlockCipher + BlockEncrypt + BlockDecrypt + Clone + Send + Sync,
+{
+    /// Encrypts (`forward`) or decrypts each sector of `buf` in place.
+    fn run(&self, first: u64, buf: &mut [u8], forward: bool) {
+        let bs = C::block_size();
+        let mut iv = [0u8; 16];
+        for (i, sector) in buf.chunks_exact_mut(SECTOR_SIZE as usize).enumerate() {
+            let n = first + i as u64;
+            match &self.mode {
+                Mode::Ecb(c) => {
+                    for b in sector.chunks_exact_mut(bs) {
+                        let b = GenericArray::from_mut_slice(b);
+                        if forward {
+                            c.encrypt_block(b)
+                        } else {
+                            c.decrypt_block(b)
+                        }
+                    }
+                }
+                Mode::Cbc(c) => {
+                    self.ivgen.fill(n, &mut iv[..bs]);
+                    let iv = GenericArray::from_slice(&iv[..bs]);
+                    if forward {
+                        let mut e = cbc::Encryptor::<C>::inner_iv_init(c.clone(), iv);
+                        for b in sector.chunks_exact_mut(bs) {
+                            e.encrypt_block_mut(GenericArray::from_mut_slice(b));
+                        }
+                    } else {
+                        let mut d = cbc::Decryptor::<C>::inner_iv_init(c.clone(), iv);
+                        for b in sector.chunks_exact_mut(bs) {
+                            d.decrypt_block_mut(GenericArray::from_mut_slice(b));
+                        }
+                    }
+                }
+                Mode::Xts(x) => {
+                    self.ivgen.fill(n, &mut iv);
+                    if forward {
+                        x.encrypt_sector(sector, iv)
+                    } else {
+                        x.decrypt_sector(sector, iv)
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl<C> Transform for Engine<C>
 where
     C: BlockCipher + BlockEncrypt + BlockDecrypt + Clone + Send + Sync,
 {
     fn encrypt(&self, first: u64, buf: &mut [u8]) {
-        let bs = C::block_size();
-        let mut iv = [0u8; 16];
-        for (i, sector) in buf.chunks_exact_mut(SECTOR_SIZE as usize).enumerate() {
-            let n = first + i as u64;
-            match &self.mode {
-                Mode::Ecb(c) => {
-                    for b in sector.chunks_exact_mut(bs) {
-                        c.encrypt_block(GenericArray::from_mut_slice(b));
-                    }
-                }
-                Mode::Cbc(c) => {
-                    self.ivgen.fill(n, &mut iv[..bs]);
-                    let mut e = cbc::Encryptor::<C>::inner_iv_init(
-                        c.clone(),
-                        GenericArray::from_slice(&iv[..bs]),
-                    );
-                    for b in sector.chunks_exact_mut(bs) {
-                        e.encrypt_block_mut(GenericArray::from_mut_slice(b));
-                    }
-                }
-                Mode::Xts(x) => {
-                    self.ivgen.fill(n, &mut iv);
-                    x.encrypt_sector(sector, iv);
-                }
-            }
-        }
+        self.run(first, buf, true)
     }
 
     fn decrypt(&self, first: u64, buf: &mut [u8]) {
-        let bs = C::block_size();
-        let mut iv = [0u8; 16];
-        for (i, sector) in buf.chunks_exact_mut(SECTOR_SIZE as usize).enumerate() {
-            let n = first + i as u64;
-            match &self.mode {
-                Mode::Ecb(c) => {
-                    for b in sector.chunks_exact_mut(bs) {
-                        c.decrypt_block(GenericArray::from_mut_slice(b));
-                    }
-                }
-                Mode::Cbc(c) => {
-                    self.ivgen.fill(n, &mut iv[..bs]);
-                    let mut d = cbc::Decryptor::<C>::inner_iv_init(
-                        c.clone(),
-                        GenericArray::from_slice(&iv[..bs]),
-                    );
-                    for b in sector.chunks_exact_mut(bs) {
-                        d.decrypt_block_mut(GenericArray::from_mut_slice(b));
-                    }
-                }
-                Mode::Xts(x) => {
-                    self.ivgen.fill(n, &mut iv);
-                    x.decrypt_sector(sector, iv);
-                }
-            }
-        }
+        self.run(first, buf, false)
     }
 }
 

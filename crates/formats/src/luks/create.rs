@@ -9,8 +9,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::{BlockDevice, Error, Result, Storage};
+use diskit_backends::Preallocation;
+use diskit_core::{Error, Result, Storage};
 use zeroize::Zeroizing;
 
 use super::header::{ALIGN, HEADER_LEN, Header, KeySlot, SALT_LEN, SLOTS, STRIPES};
@@ -274,18 +274,11 @@ pub fn create(path: &Path, size: u64, opts: &LuksCreateOptions) -> Result<()> {
             .map_err(|_| Error::invalid(format!("invalid parameter value: {p}")))?,
     };
     let size = size.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
-    let existed = path.exists();
-    let result = (|| {
-        let dev = FileDevice::create(path, 0, Preallocation::Off)
-            .map_err(|e| e.context(format!("Could not create '{}'", path.display())))?;
+    crate::creation::create_file(path, |dev| {
         format_volume(&dev, 0, &plan, pass.bytes())?;
         dev.resize(payload_offset(&plan) + size, prealloc)?;
-        dev.flush()
-    })();
-    if result.is_err() && !existed {
-        let _ = std::fs::remove_file(path);
-    }
-    result
+        Ok(())
+    })
 }
 
 /// A LUKS volume planned by `create` or `convert`.
@@ -304,14 +297,7 @@ impl crate::Creation for LuksCreation {
     }
 
     fn summary(&self) -> String {
-        let mut out = String::new();
-        if let Some(s) = self.opts.size {
-            out += &format!(" size={s}");
-        }
-        for (k, v) in &self.opts.given {
-            out += &format!(" {k}={v}");
-        }
-        out
+        crate::creation::summary_of(self.opts.size, &self.opts.given)
     }
 
     fn create(&self, path: &Path) -> Result<()> {

@@ -13,7 +13,6 @@ pub mod header;
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_backends::{FileDevice, Preallocation};
 use diskit_core::{BlockDevice, Error, Result, Storage, StorageRef, WriteFlags};
 
 use crate::check::{CheckReport, Repair};
@@ -138,21 +137,14 @@ pub fn create(path: &Path, size: u64, o: &QedCreateOptions) -> Result<()> {
             return Err(Error::invalid("No space left in the file header"));
         }
     }
-    let existed = path.exists();
-    let result = (|| {
-        let dev = FileDevice::create(path, 0, Preallocation::Off)
-            .map_err(|e| e.context(format!("Could not create '{}'", path.display())))?;
+    crate::creation::create_file(path, |dev| {
         dev.write_extend(&h.to_bytes(), 0)?;
         if let Some(b) = &o.backing_file {
             dev.write_extend(b.as_bytes(), HEADER_LEN as u64)?;
         }
         dev.write_extend(&vec![0u8; (ts * cs) as usize], cs)?;
-        dev.flush()
-    })();
-    if result.is_err() && !existed {
-        let _ = std::fs::remove_file(path);
-    }
-    result
+        Ok(())
+    })
 }
 
 /// A QED image planned by `create` or `convert`.

@@ -13,8 +13,8 @@ pub mod header;
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::{BlockDevice, Error, Result, StorageRef};
+use diskit_backends::Preallocation;
+use diskit_core::{Error, Result, StorageRef};
 
 use crate::check::{CheckReport, Repair};
 use crate::driver::{FormatDriver, Opened};
@@ -104,10 +104,7 @@ pub fn create(path: &Path, size: u64, o: &VdiCreateOptions) -> Result<()> {
         Some(p) => Preallocation::parse(p)
             .map_err(|_| Error::invalid(format!("invalid parameter value: {p}")))?,
     };
-    let existed = path.exists();
-    let result = (|| {
-        let dev = FileDevice::create(path, 0, Preallocation::Off)
-            .map_err(|e| e.context(format!("Could not create '{}'", path.display())))?;
+    crate::creation::create_file(path, |dev| {
         let h = Header::new(size, o.static_image, [new_uuid()?, new_uuid()?]);
         let mut bmap = vec![0u8; h.bmap_len() as usize];
         for i in 0..h.blocks_in_image {
@@ -122,12 +119,8 @@ pub fn create(path: &Path, size: u64, o: &VdiCreateOptions) -> Result<()> {
             let end = h.offset_data as u64 + h.blocks_in_image as u64 * BLOCK_SIZE;
             dev.resize(end, prealloc)?;
         }
-        dev.flush()
-    })();
-    if result.is_err() && !existed {
-        let _ = std::fs::remove_file(path);
-    }
-    result
+        Ok(())
+    })
 }
 
 /// A VDI image planned by `create` or `convert`.

@@ -17,8 +17,8 @@ pub mod footer;
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::{BlockDevice, Error, Result, StorageRef};
+use diskit_backends::Preallocation;
+use diskit_core::{Error, Result, StorageRef};
 
 use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::FormatImage;
@@ -161,10 +161,7 @@ pub fn create(path: &Path, size: u64, o: &VpcCreateOptions) -> Result<()> {
         footer::TYPE_DYNAMIC
     };
     let f = Footer::new(bytes, chs, disk_type, o.force_size, uuid, now);
-    let existed = path.exists();
-    let result = (|| {
-        let dev = FileDevice::create(path, 0, Preallocation::Off)
-            .map_err(|e| e.context(format!("Could not create '{}'", path.display())))?;
+    crate::creation::create_file(path, |dev| {
         if fixed {
             dev.resize(bytes, prealloc)?;
             dev.write_extend(f.to_bytes(), bytes)?;
@@ -179,12 +176,8 @@ pub fn create(path: &Path, size: u64, o: &VpcCreateOptions) -> Result<()> {
             }
             dev.write_extend(f.to_bytes(), bat_at + bat_len)?;
         }
-        dev.flush()
-    })();
-    if result.is_err() && !existed {
-        let _ = std::fs::remove_file(path);
-    }
-    result
+        Ok(())
+    })
 }
 
 /// A VHD planned by `create` or `convert`.
@@ -202,14 +195,7 @@ impl crate::Creation for VpcCreation {
     }
 
     fn summary(&self) -> String {
-        let mut out = String::new();
-        if let Some(s) = self.opts.size {
-            out += &format!(" size={s}");
-        }
-        for (k, v) in &self.opts.given {
-            out += &format!(" {k}={v}");
-        }
-        out
+        crate::creation::summary_of(self.opts.size, &self.opts.given)
     }
 
     fn create(&self, path: &Path) -> Result<()> {
