@@ -109,6 +109,29 @@ fn the_virtual_size_follows_the_creator_as_in_qemu_10() {
         drop(f);
         set_creator(&d.join("c.vhd"), 0, app);
         alike_in(d, &["info", "--output=json", "c.vhd"]);
+        // QEMU's force_size_calc open option overrides the rule.
+        // (The image's name in `info` differs for descriptions with
+        // options: compare the size, and the refusal of a bad mode.)
+        for calc in ["chs", "current_size", "bogus"] {
+            let desc = format!("driver=vpc,force_size_calc={calc},file.filename=c.vhd");
+            let args = ["info", "--image-opts", &desc];
+            let (ours, theirs) = (tool_in(d, "diskit", &args), tool_in(d, "qemu-img", &args));
+            assert_eq!(code(&ours), code(&theirs), "{calc}");
+            let size = |o: &std::process::Output| {
+                stdout(o)
+                    .lines()
+                    .find(|l| l.starts_with("virtual size"))
+                    .map(str::to_string)
+            };
+            assert_eq!(size(&ours), size(&theirs), "{calc}");
+            if calc == "bogus" {
+                assert!(
+                    stderr(&ours).contains("Invalid size calculation mode: 'bogus'"),
+                    "{}",
+                    stderr(&ours)
+                );
+            }
+        }
     }
 }
 

@@ -70,6 +70,10 @@ pub struct OpenOptions {
     /// The id of the secret (`--object secret,...`) that unlocks an
     /// encrypted image (`key-secret=`, `encrypt.key-secret=`).
     pub key_secret: Option<String>,
+    /// The format's own node keys given in the description (those its
+    /// driver lists in `open_keys` that the opener does not take itself),
+    /// such as vpc's `force_size_calc`.
+    pub node_options: Vec<(String, String)>,
 }
 
 /// An open image: the guest-visible device plus what the format offers

@@ -265,6 +265,18 @@ impl Chain {
             let children: Vec<&str> = ["file"].iter().chain(driver.children()).copied().collect();
             spec.check_keys(format.name(), &known, &children)?;
         }
+        // The format's own keys go to its driver as they are.
+        opts.node_options = driver
+            .open_keys()
+            .iter()
+            .filter(|k| {
+                !matches!(
+                    **k,
+                    "backing" | "data-file" | "l2-cache-size" | "key-secret" | "encrypt.key-secret"
+                )
+            })
+            .filter_map(|k| spec.get(k).map(|v| (k.to_string(), v.to_string())))
+            .collect();
         // A probed file is reopened with its size rounded to sectors when
         // the format shows it so (raw), as QEMU does.
         let storage = if driver.sector_sized() && !mode.sector_size && file_proto.local {
@@ -391,6 +403,7 @@ impl ImpliedFiles for Implied<'_> {
             writable_backing_depth: self.opts.writable_backing_depth.saturating_sub(1),
             l2_cache_size: None,
             key_secret: None,
+            node_options: Vec::new(),
             ..self.opts.clone()
         };
         // The user's description (backing.driver=..., backing.file.filename=...)

@@ -13,7 +13,7 @@ use diskit_core::{
     StorageRef, WriteFlags, ZeroFlags,
 };
 
-use super::footer::{DYN_LEN, DynHeader, FOOTER_LEN, Footer, MAX_SECTORS, too_large};
+use super::footer::{DYN_LEN, DynHeader, FOOTER_LEN, Footer, MAX_SECTORS, SizeCalc, too_large};
 use crate::mapped::{self, Backing, MappedFormat, Place};
 
 /// A BAT entry for a block never written.
@@ -46,7 +46,7 @@ pub struct Vpc {
 impl Vpc {
     /// Opens the image in `file`: the footer copy at 0 (a dynamic disk),
     /// or the footer at the end (a fixed one), as QEMU reads them.
-    pub fn open(file: StorageRef, writable: bool) -> Result<Vpc> {
+    pub fn open(file: StorageRef, writable: bool, calc: SizeCalc) -> Result<Vpc> {
         let len = file.file_len()?;
         if len == 0 {
             return Err(Error::invalid("File too small for a VHD header"));
@@ -65,7 +65,7 @@ impl Vpc {
             }
             (f, false)
         };
-        let sectors = footer.total_sectors();
+        let sectors = footer.total_sectors(calc);
         if sectors > MAX_SECTORS {
             return Err(too_large());
         }

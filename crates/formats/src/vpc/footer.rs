@@ -98,6 +98,31 @@ impl Chs {
     }
 }
 
+/// How the virtual size is read (QEMU's `force_size_calc` open option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SizeCalc {
+    /// By the creating application (QEMU 10's rule).
+    #[default]
+    Auto,
+    /// From the CHS geometry.
+    Chs,
+    /// From the footer's current size.
+    CurrentSize,
+}
+
+impl SizeCalc {
+    /// Parses `force_size_calc=`.
+    pub fn parse(v: &str) -> Result<SizeCalc> {
+        match v {
+            "chs" => Ok(SizeCalc::Chs),
+            "current_size" => Ok(SizeCalc::CurrentSize),
+            _ => Err(Error::invalid(format!(
+                "Invalid size calculation mode: '{v}'"
+            ))),
+        }
+    }
+}
+
 /// A parsed, checked footer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Footer {
@@ -141,8 +166,12 @@ impl Footer {
     /// for images made by Virtual PC or (older) QEMU, unless the geometry
     /// is the largest one; from the current size otherwise (Hyper-V,
     /// Azure, disk2vhd, QEMU with force_size, anything else).
-    pub fn total_sectors(&self) -> u64 {
-        let chs_app = matches!(&self.creator_app, b"vpc " | b"qemu");
+    pub fn total_sectors(&self, calc: SizeCalc) -> u64 {
+        let chs_app = match calc {
+            SizeCalc::Auto => matches!(&self.creator_app, b"vpc " | b"qemu"),
+            SizeCalc::Chs => true,
+            SizeCalc::CurrentSize => false,
+        };
         if chs_app && self.chs.total() != MAX_CHS_SECTORS {
             self.chs.total()
         } else {

@@ -216,13 +216,25 @@ impl FormatDriver for VpcDriver {
         crate::probe::vpc(head, filename)
     }
 
+    fn open_keys(&self) -> &'static [&'static str] {
+        &["force_size_calc"]
+    }
+
     fn open(
         &self,
         storage: StorageRef,
         opts: &OpenOptions,
         _implied: &mut dyn ImpliedFiles,
     ) -> Result<Opened> {
-        let vpc = Arc::new(Vpc::open(storage, opts.writable)?);
+        let calc = match opts
+            .node_options
+            .iter()
+            .find(|(k, _)| k == "force_size_calc")
+        {
+            Some((_, v)) => footer::SizeCalc::parse(v)?,
+            None => footer::SizeCalc::Auto,
+        };
+        let vpc = Arc::new(Vpc::open(storage, opts.writable, calc)?);
         Ok(Opened {
             device: vpc.clone(),
             image: Arc::new(VpcImage { vpc }),
