@@ -9,8 +9,8 @@ Sources: SIZE_MIB images of each format diskit reads
   sparse: 64 KiB of data every 32 MiB (written by qemu-io), the rest never written
   full:   every byte written (random data)
 on each location: tmpfs (/dev/shm) and the work disk (BENCH_DIR).
-Targets: a raw file (convert -O raw), null (convert -n -O raw to null-co://,
-nothing stored) and qcow2 (convert -O qcow2).
+Targets: a raw file (convert -O raw), null (convert -n to QEMU's null-co
+driver sized to the image, nothing stored) and qcow2 (convert -O qcow2).
 
 Each round runs every cell once per tool, the tool going first alternating;
 the table gives medians over ROUNDS rounds, qemu-img's time over diskit's
@@ -99,7 +99,9 @@ def cell_cmd(tool, src, fmt_name, target, out):
         return [exe, "convert", "-f", fmt_name, "-O", "raw", str(src), str(out)]
     if target == "qcow2":
         return [exe, "convert", "-f", fmt_name, "-O", "qcow2", str(src), str(out)]
-    return [exe, "convert", "-n", "-f", fmt_name, "-O", "raw", str(src), "null-co://"]
+    # null-co sized to the image (its default is 1 GiB).
+    return [exe, "convert", "-n", "-f", fmt_name, str(src), "--target-image-opts",
+            f"driver=null-co,size={SIZE_MIB << 20}"]
 
 
 def timed(cmd, loc, out):
