@@ -147,7 +147,14 @@ pub trait FormatDriver: Sync {
         source: Option<&Image>,
     ) -> Result<Measurement> {
         let _ = (options, size, source);
-        Err(unsupported(self.name()))
+        if self.supported() {
+            Err(Error::unsupported(format!(
+                "Block driver '{}' does not support size measurement",
+                self.name()
+            )))
+        } else {
+            Err(unsupported(self.name()))
+        }
     }
 }
 

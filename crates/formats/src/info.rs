@@ -78,3 +78,21 @@ pub struct FormatInfo {
     /// bitmaps.
     pub warnings: Vec<String>,
 }
+
+impl FormatInfo {
+    /// What a format with clusters (or none) and nothing format-specific
+    /// shows (vdi, vpc, qed): no section of its own.
+    pub fn plain(cluster_size: Option<u64>) -> FormatInfo {
+        FormatInfo {
+            cluster_size,
+            encrypted: false,
+            dirty: false,
+            backing_filename: None,
+            backing_format: None,
+            snapshots: Vec::new(),
+            specific_type: "",
+            specific: InfoValue::dict(),
+            warnings: Vec::new(),
+        }
+    }
+}

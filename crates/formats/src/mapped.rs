@@ -232,3 +232,28 @@ pub fn file_view<F: MappedFormat + ?Sized>(f: &F, offset: u64, len: u64) -> Opti
         _ => None,
     }
 }
+
+/// The capabilities of an image a format maps: writes, flushes, FUA and
+/// extents; zeroing as the format can do it (`zero`: cheaper than writing
+/// zeros, `fast_zero`: a fast-zero request can succeed); no trim; all of
+/// it read-only unless `writable`.
+pub fn image_capabilities(
+    writable: bool,
+    zero: bool,
+    fast_zero: bool,
+) -> diskit_core::Capabilities {
+    let caps = diskit_core::Capabilities {
+        can_write: true,
+        can_flush: true,
+        can_fua: true,
+        can_trim: false,
+        can_write_zeroes: true,
+        can_zero: zero,
+        can_fast_zero: fast_zero,
+        can_extents: true,
+        can_multi_conn: true,
+        can_cache: false,
+        is_rotational: false,
+    };
+    if writable { caps } else { caps.read_only() }
+}

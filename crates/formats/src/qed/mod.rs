@@ -19,7 +19,7 @@ use crate::check::{CheckReport, Repair};
 use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::{ImpliedFiles, Named};
-use crate::info::{FormatInfo, InfoValue};
+use crate::info::FormatInfo;
 use crate::mapped::Backing;
 use crate::options::size_value;
 use crate::{Format, OpenOptions, OptionList, Prealloc};
@@ -449,17 +449,6 @@ impl FormatDriver for QedDriver {
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
         check(storage, repair)
     }
-
-    fn measure(
-        &self,
-        _options: &OptionList,
-        _size: Option<u64>,
-        _source: Option<&crate::Image>,
-    ) -> Result<crate::qcow2::measure::Measurement> {
-        Err(Error::unsupported(
-            "Block driver 'qed' does not support size measurement",
-        ))
-    }
 }
 
 /// An open QED image.
@@ -491,18 +480,12 @@ impl FormatImage for QedImage {
         let h = self.qed.header();
         let backing = backing_name(&*self.storage, &h)?;
         Ok(Some(FormatInfo {
-            cluster_size: Some(h.cluster_size as u64),
-            encrypted: false,
-            dirty: false,
             backing_format: backing
                 .as_ref()
                 .filter(|_| h.features & F_BACKING_FORMAT_NO_PROBE != 0)
                 .map(|_| "raw".to_string()),
             backing_filename: backing,
-            snapshots: Vec::new(),
-            specific_type: "",
-            specific: InfoValue::dict(),
-            warnings: Vec::new(),
+            ..FormatInfo::plain(Some(h.cluster_size as u64))
         }))
     }
 

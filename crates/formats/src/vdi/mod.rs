@@ -20,7 +20,7 @@ use crate::check::{CheckReport, Repair};
 use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::ImpliedFiles;
-use crate::info::{FormatInfo, InfoValue};
+use crate::info::FormatInfo;
 use crate::options::{bool_value, size_value};
 use crate::{Format, OpenOptions, OptionList};
 
@@ -223,7 +223,7 @@ impl FormatDriver for VdiDriver {
         let vdi = Arc::new(Vdi::open(storage.clone(), opts.writable)?);
         Ok(Opened {
             device: vdi.clone(),
-            image: Arc::new(VdiImage { _vdi: vdi }),
+            image: Arc::new(VdiImage),
         })
     }
 
@@ -273,24 +273,11 @@ Specify the target filename to include those options.
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
         check(storage, repair)
     }
-
-    fn measure(
-        &self,
-        _options: &OptionList,
-        _size: Option<u64>,
-        _source: Option<&crate::Image>,
-    ) -> Result<crate::qcow2::measure::Measurement> {
-        Err(Error::unsupported(
-            "Block driver 'vdi' does not support size measurement",
-        ))
-    }
 }
 
-/// An open VDI image.
-pub struct VdiImage {
-    /// The image (kept for as long as its operations may be asked for).
-    _vdi: Arc<Vdi>,
-}
+/// An open VDI image (its device answers everything but the format's
+/// fixed facts).
+pub struct VdiImage;
 
 impl FormatImage for VdiImage {
     fn format(&self) -> Format {
@@ -298,17 +285,7 @@ impl FormatImage for VdiImage {
     }
 
     fn info(&self) -> Result<Option<FormatInfo>> {
-        Ok(Some(FormatInfo {
-            cluster_size: Some(BLOCK_SIZE),
-            encrypted: false,
-            dirty: false,
-            backing_filename: None,
-            backing_format: None,
-            snapshots: Vec::new(),
-            specific_type: "",
-            specific: InfoValue::dict(),
-            warnings: Vec::new(),
-        }))
+        Ok(Some(FormatInfo::plain(Some(BLOCK_SIZE))))
     }
 
     fn cluster_size(&self) -> Option<u64> {

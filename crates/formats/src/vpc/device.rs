@@ -259,24 +259,7 @@ impl BlockDevice for Vpc {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let caps = Capabilities {
-            can_write: true,
-            can_flush: true,
-            can_fua: true,
-            can_trim: false,
-            can_write_zeroes: true,
-            can_zero: false,
-            can_fast_zero: false,
-            can_extents: true,
-            can_multi_conn: true,
-            can_cache: false,
-            is_rotational: false,
-        };
-        if self.writable {
-            caps
-        } else {
-            caps.read_only()
-        }
+        mapped::image_capabilities(self.writable, false, false)
     }
 
     fn block_size(&self) -> BlockSizeLimits {

@@ -23,7 +23,7 @@ use diskit_core::{Error, Result, StorageRef};
 use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::FormatImage;
 use crate::implied::ImpliedFiles;
-use crate::info::{FormatInfo, InfoValue};
+use crate::info::FormatInfo;
 use crate::options::{bool_value, size_value};
 use crate::{Format, OpenOptions, OptionList};
 
@@ -272,17 +272,6 @@ impl FormatDriver for VpcDriver {
             )
         }
     }
-
-    fn measure(
-        &self,
-        _options: &OptionList,
-        _size: Option<u64>,
-        _source: Option<&crate::Image>,
-    ) -> Result<crate::qcow2::measure::Measurement> {
-        Err(Error::unsupported(
-            "Block driver 'vpc' does not support size measurement",
-        ))
-    }
 }
 
 /// An open VHD.
@@ -296,17 +285,7 @@ impl FormatImage for VpcImage {
     }
 
     fn info(&self) -> Result<Option<FormatInfo>> {
-        Ok(Some(FormatInfo {
-            cluster_size: self.vpc.dynamic_block_size(),
-            encrypted: false,
-            dirty: false,
-            backing_filename: None,
-            backing_format: None,
-            snapshots: Vec::new(),
-            specific_type: "",
-            specific: InfoValue::dict(),
-            warnings: Vec::new(),
-        }))
+        Ok(Some(FormatInfo::plain(self.vpc.dynamic_block_size())))
     }
 
     fn cluster_size(&self) -> Option<u64> {
