@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub use diskit_core::Preallocation;
@@ -40,6 +40,11 @@ pub struct FileOptions {
     /// Flushes do nothing (QEMU's cache=unsafe, `cache.no-flush`): for a
     /// copy whose result is worthless if the host crashes before it ends.
     pub no_flush: bool,
+    /// Extents of a read-only file come from its extent map (FIEMAP) when
+    /// it holds reserved space never written, which then reads as a hole
+    /// even after a reader pulled it into the page cache (where seeks, and
+    /// so qemu-img, call it data): what a copier's source wants.
+    pub unwritten_map: bool,
 }
 
 /// Seeks slower than this turn SEEK_DATA/SEEK_HOLE off for the file.
@@ -70,6 +75,12 @@ pub struct FileDevice {
     rotational: bool,
     /// SEEK_DATA/SEEK_HOLE still worth asking.
     seek_ok: AtomicBool,
+    /// See [`FileOptions::unwritten_map`].
+    unwritten_map: bool,
+    /// Whether a file whose blocks cover its length holds no unwritten
+    /// (preallocated) ranges, which read as zeros although allocated:
+    /// [`UNWRITTEN_UNKNOWN`], [`UNWRITTEN_NONE`] or [`UNWRITTEN_SOME`].
+    unwritten: AtomicU8,
     /// The last region found by seeking, valid while `generation` is unchanged.
     seek_cache: Mutex<SeekCache>,
     /// Bumped by every request that can change allocation.
@@ -83,6 +94,13 @@ pub struct FileDevice {
     no_punch: AtomicBool,
     no_zero_range: AtomicBool,
 }
+
+/// Not yet asked (or space was preallocated since).
+const UNWRITTEN_UNKNOWN: u8 = 0;
+/// Every allocated byte was written: `fstat` answers extents alone.
+const UNWRITTEN_NONE: u8 = 1;
+/// Some allocated ranges were never written: seeks find them.
+const UNWRITTEN_SOME: u8 = 2;
 
 #[derive(Default)]
 struct SeekCache {
@@ -181,6 +199,8 @@ impl FileDevice {
             direct: opts.direct,
             block_device,
             seek_ok: AtomicBool::new(!block_device),
+            unwritten: AtomicU8::new(UNWRITTEN_UNKNOWN),
+            unwritten_map: opts.unwritten_map && !opts.writable,
             seek_cache: Mutex::new(SeekCache::default()),
             generation: AtomicU64::new(1),
             rmw: Mutex::new(()),
@@ -285,6 +305,7 @@ impl FileDevice {
         }
         let old = self.file.metadata()?.len();
         self.generation.fetch_add(1, Ordering::Relaxed);
+        self.reserved();
         if new_size > old {
             match prealloc {
                 Preallocation::Off => self.file.set_len(new_size)?,
@@ -392,7 +413,10 @@ impl FileDevice {
             return Ok(false);
         }
         match sys::fallocate(self.file.as_fd(), mode, offset, len) {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.reserved();
+                Ok(true)
+            }
             Err(e) => {
                 let err: Error = e.into();
                 if err.kind() == ErrorKind::NotSupported {
@@ -469,11 +493,150 @@ impl FileDevice {
         Ok(Some(vec![e.at_host(offset)]))
     }
 
-    /// The file's length when it is known to be fully allocated (no hole
-    /// to find), so that no seek is needed.
+    /// The file's length when it is known to be fully allocated and
+    /// written (no hole to find), so that no seek is needed.
     fn fully_allocated_len(&self) -> Option<u64> {
         let m = self.file.metadata().ok()?;
-        (m.blocks() * 512 >= m.len()).then_some(m.len())
+        (m.blocks() * 512 >= m.len() && self.all_written(m.len())).then_some(m.len())
+    }
+
+    /// Whether a file whose blocks cover its `len` bytes has no unwritten
+    /// ranges: space reserved by fallocate (preallocation, zeroing) counts
+    /// in its blocks but reads as zeros, and SEEK_HOLE finds it (ext4,
+    /// xfs and tmpfs alike). One seek answers it until space is reserved
+    /// again; writes only ever turn unwritten space into data.
+    fn all_written(&self, len: u64) -> bool {
+        match self.unwritten.load(Ordering::Relaxed) {
+            UNWRITTEN_NONE => return true,
+            UNWRITTEN_SOME => return false,
+            _ => {}
+        }
+        let map = if self.unwritten_map {
+            self.unwritten_in_map(len)
+        } else {
+            None
+        };
+        let none = match map {
+            Some(found) => !found,
+            None => {
+                // No extent map asked or none kept (tmpfs): a hole before
+                // the end is space reserved and never written.
+                let started = Instant::now();
+                let hole = sys::seek(self.file.as_fd(), 0, libc::SEEK_HOLE);
+                if started.elapsed() > SLOW_SEEK {
+                    self.seek_ok.store(false, Ordering::Relaxed);
+                }
+                match hole {
+                    Ok(Some(h)) => h >= len,
+                    // Seeking unsupported: take the blocks' word for it.
+                    Ok(None) | Err(_) => true,
+                }
+            }
+        };
+        let state = if none { UNWRITTEN_NONE } else { UNWRITTEN_SOME };
+        // A reservation made meanwhile reset the state: leave it unknown.
+        let _ = self.unwritten.compare_exchange(
+            UNWRITTEN_UNKNOWN,
+            state,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        none
+    }
+
+    /// Whether the file's extent map (FIEMAP) shows unwritten space in its
+    /// first `len` bytes; `None` without an extent map, or when the map is
+    /// too long to read through cheaply (then seeks decide).
+    fn unwritten_in_map(&self, len: u64) -> Option<bool> {
+        const BATCH: usize = 256;
+        let mut at = 0;
+        for _ in 0..64 {
+            let v = sys::fiemap(self.file.as_fd(), at, len - at, 0, BATCH).ok()?;
+            if v.iter()
+                .any(|e| e.flags & sys::FIEMAP_EXTENT_UNWRITTEN != 0)
+            {
+                return Some(true);
+            }
+            match v.last() {
+                Some(e) if v.len() == BATCH && e.flags & sys::FIEMAP_EXTENT_LAST == 0 => {
+                    at = e.logical + e.length;
+                    if at >= len {
+                        return Some(false);
+                    }
+                }
+                _ => return Some(false),
+            }
+        }
+        None
+    }
+
+    /// Extents from the file's extent map, for a read-only file known to
+    /// hold unwritten space: unlike SEEK_DATA, the map still calls space
+    /// unwritten after it was read into the page cache (a copy that read
+    /// it before, by another tool, leaves seeks reporting it as data).
+    /// Dirty pages are written back first (FIEMAP_FLAG_SYNC), so data not
+    /// yet on disk is never taken for zeros. `None` without a map.
+    fn map_extents(&self, offset: u64, len: u64, file_len: u64) -> Option<Vec<Extent>> {
+        const BATCH: usize = 64;
+        let end = (offset + len).min(file_len);
+        if offset >= end {
+            return Some(vec![Extent::hole(len).at_host(offset)]);
+        }
+        let map = sys::fiemap(
+            self.file.as_fd(),
+            offset,
+            end - offset,
+            sys::FIEMAP_FLAG_SYNC,
+            BATCH,
+        )
+        .ok()?;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut push = |at: u64, n: u64, data: bool| {
+            if let Some(last) = out.last_mut()
+                && last.flags.data == data
+            {
+                last.length += n;
+                return;
+            }
+            let e = if data {
+                Extent::data(n)
+            } else {
+                Extent::hole(n)
+            };
+            out.push(e.at_host(at));
+        };
+        let mut cursor = offset;
+        for e in &map {
+            let from = e.logical.max(cursor);
+            let to = e.logical.saturating_add(e.length).min(end);
+            if to <= from {
+                continue;
+            }
+            if from > cursor {
+                push(cursor, from - cursor, false);
+            }
+            push(from, to - from, e.flags & sys::FIEMAP_EXTENT_UNWRITTEN == 0);
+            cursor = to;
+        }
+        let complete = map.len() < BATCH
+            || map
+                .last()
+                .is_some_and(|e| e.flags & sys::FIEMAP_EXTENT_LAST != 0);
+        if complete && cursor < offset + len {
+            push(cursor, offset + len - cursor, false);
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// Space was reserved without being written (fallocate): the next
+    /// extents query looks for unwritten ranges again.
+    fn reserved(&self) {
+        let _ = self.unwritten.compare_exchange(
+            UNWRITTEN_NONE,
+            UNWRITTEN_UNKNOWN,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -639,6 +802,14 @@ impl BlockDevice for FileDevice {
                 vec![Extent::data((file_len - offset).min(len)).at_host(offset)]
             });
         }
+        if self.unwritten_map {
+            let file_len = self.file_len()?;
+            if !self.all_written(file_len)
+                && let Some(v) = self.map_extents(offset, len, file_len)
+            {
+                return Ok(v);
+            }
+        }
         match self.seek_extents(offset, len)? {
             Some(v) => Ok(v),
             None => all_data(),
@@ -782,6 +953,67 @@ mod tests {
         }
         assert!(found);
         assert!(dev.read_at(&mut buf, (1 << 20) - 10).is_err());
+    }
+
+    /// Runs of (data, length) over the whole device.
+    fn runs(dev: &FileDevice) -> Vec<(bool, u64)> {
+        let mut v: Vec<(bool, u64)> = Vec::new();
+        let mut off = 0;
+        while off < dev.size() {
+            for e in dev.extents(off, dev.size() - off).unwrap() {
+                match v.last_mut() {
+                    Some(last) if last.0 == e.flags.data => last.1 += e.length,
+                    _ => v.push((e.flags.data, e.length)),
+                }
+                off += e.length;
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn preallocated_space_never_written_is_a_hole() {
+        const MIB: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.raw");
+        let Ok(dev) = FileDevice::create(&p, 4 * MIB, Preallocation::Falloc) else {
+            return; // no fallocate on this file system
+        };
+        dev.write_at(&[9u8; MIB as usize], MIB, WriteFlags::NONE)
+            .unwrap();
+        dev.flush().unwrap();
+        // Data still in the page cache only, over reserved space, is data.
+        dev.write_at(&[5u8; 4096], 3 * MIB, WriteFlags::NONE)
+            .unwrap();
+        let ro = FileDevice::open(&p, FileOptions::default()).unwrap();
+        let expect = vec![
+            (false, MIB),
+            (true, MIB),
+            (false, MIB),
+            (true, 4096),
+            (false, MIB - 4096),
+        ];
+        assert_eq!(runs(&ro), expect);
+        // Another reader pulls the reserved space into the page cache:
+        // seeks would now call it data; the extent map still knows.
+        std::fs::read(&p).unwrap();
+        let ro = FileDevice::open(
+            &p,
+            FileOptions {
+                unwritten_map: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        if sys::fiemap(ro.file.as_fd(), 0, 4 * MIB, 0, 4).is_ok() {
+            assert_eq!(runs(&ro), expect);
+        }
+        // Writable devices use seeks; space reserved by zeroing is asked
+        // about again.
+        dev.write_zeroes(MIB, MIB, ZeroFlags::default()).unwrap();
+        let mut b = vec![1u8; MIB as usize];
+        dev.read_at(&mut b, MIB).unwrap();
+        assert!(b.iter().all(|&x| x == 0));
     }
 
     #[test]

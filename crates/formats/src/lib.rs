@@ -74,6 +74,11 @@ pub struct OpenOptions {
     /// driver lists in `open_keys` that the opener does not take itself),
     /// such as vpc's `force_size_calc`.
     pub node_options: Vec<(String, String)>,
+    /// Ask the host file where allocated data clusters were never written
+    /// (preallocated space reads as zeros) and report them as zeros, as a
+    /// copier wants; `map` and block status keep qemu-img's answer, which
+    /// asks only for images with preallocated metadata.
+    pub host_zeros: bool,
 }
 
 /// An open image: the guest-visible device plus what the format offers

@@ -248,6 +248,7 @@ impl Chain {
             direct: opts.direct,
             no_flush: opts.no_flush,
             sector_size: format.is_some_and(|f| f.driver().sector_sized()),
+            host_zeros: opts.host_zeros,
         };
         let storage = protocol::open(file_proto, &file_node, mode)?;
         self.note(&storage, display)?;
@@ -453,6 +454,7 @@ impl ImpliedFiles for Implied<'_> {
                 direct: self.opts.direct,
                 sector_size: false,
                 no_flush: self.opts.no_flush,
+                host_zeros: self.opts.host_zeros,
             },
         )
         .context(format!("Could not open data file '{shown}'"))?;

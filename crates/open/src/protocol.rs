@@ -25,6 +25,10 @@ pub struct ProtocolMode {
     pub sector_size: bool,
     /// Flushes do nothing (cache=unsafe, `cache.no-flush`).
     pub no_flush: bool,
+    /// Space reserved and never written is reported as zeros even after
+    /// a reader pulled it into the page cache (a copier's source; see
+    /// `OpenOptions::host_zeros`).
+    pub host_zeros: bool,
 }
 
 /// A protocol driver.
@@ -144,6 +148,7 @@ fn open_file(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
             direct: mode.direct,
             sector_size: mode.sector_size,
             no_flush: mode.no_flush,
+            unwritten_map: mode.host_zeros && !mode.writable,
         },
     )?;
     Ok(Arc::new(dev))

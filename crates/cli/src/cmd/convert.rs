@@ -223,6 +223,8 @@ pub fn run(a: Args) -> CmdResult {
                 writable: false,
                 direct: src_cache.direct,
                 snapshot: a.snapshot.clone(),
+                // Preallocated space never written is skipped, not read.
+                host_zeros: true,
                 ..Default::default()
             },
         )

@@ -43,6 +43,8 @@ pub struct Qcow2 {
     /// Whether data clusters may be holes in the file (metadata
     /// preallocation), decided on first use as QEMU decides it.
     prealloc_like: std::sync::OnceLock<bool>,
+    /// Ask the file about every data cluster ([`crate::OpenOptions::host_zeros`]).
+    host_zeros: bool,
     /// Autoclear bits still to clear (and bitmaps to mark in use) before
     /// the first change.
     pub(super) autoclear_pending: std::sync::atomic::AtomicBool,
@@ -90,6 +92,7 @@ impl Qcow2 {
             bitmaps: std::sync::Mutex::new(None),
             has_bitmaps: std::sync::atomic::AtomicBool::new(false),
             prealloc_like: std::sync::OnceLock::new(),
+            host_zeros: false,
             meta: Mutex::new(meta),
             released: Condvar::new(),
             last_cluster: Mutex::new(None),
@@ -107,6 +110,12 @@ impl Qcow2 {
     /// The secret the image was opened with.
     pub fn key_secret(&self) -> Option<&str> {
         self.key_secret.as_deref()
+    }
+
+    /// Asks the file about every data cluster's zeros (see
+    /// [`crate::OpenOptions::host_zeros`]).
+    pub fn set_host_zeros(&mut self, on: bool) {
+        self.host_zeros = on;
     }
 
     /// Sets legacy AES's cipher (reads decrypt by guest sector).
@@ -1045,6 +1054,6 @@ impl MappedFormat for Qcow2 {
     }
 
     fn data_may_be_sparse(&self) -> bool {
-        !self.data_is_external() && self.looks_preallocated()
+        !self.data_is_external() && (self.host_zeros || self.looks_preallocated())
     }
 }

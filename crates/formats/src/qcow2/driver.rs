@@ -55,6 +55,7 @@ impl FormatDriver for Qcow2Driver {
                 snapshot: opts.snapshot.clone(),
                 key_secret: opts.key_secret.clone(),
                 metadata_only: opts.metadata_only,
+                host_zeros: opts.host_zeros,
             },
             implied,
         )?);

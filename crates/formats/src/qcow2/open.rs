@@ -28,6 +28,8 @@ pub struct Qcow2Options {
     pub key_secret: Option<String>,
     /// Open for `info`: nothing is unlocked, nothing of the data read.
     pub metadata_only: bool,
+    /// Ask the file about every data cluster's zeros (a copier's source).
+    pub host_zeros: bool,
 }
 
 /// Reads and validates the header of an open file.
@@ -169,6 +171,7 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
     let mut image = Qcow2::new(file, path.data, backing, header, meta, opts.writable);
     image.set_guest_cipher(path.guest_cipher);
     image.set_key_secret(opts.key_secret.clone());
+    image.set_host_zeros(opts.host_zeros && !image.encrypted());
     if opts.writable {
         image.track_bitmaps()?;
     }
