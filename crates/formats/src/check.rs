@@ -37,4 +37,7 @@ pub struct CheckReport {
     pub compressed_clusters: u64,
     /// One line per problem found (qemu-img prints them on stderr).
     pub messages: Vec<String>,
+    /// Why the check stopped short, when it did (qemu-img then prints
+    /// this and no report, and exits 1).
+    pub failed: Option<String>,
 }

@@ -71,6 +71,12 @@ pub trait FormatDriver: Sync {
         Err(unsupported(self.name()))
     }
 
+    /// Whether `check` needs the image opened (its files named by it),
+    /// and is then [`FormatImage::check`] rather than [`check`](Self::check).
+    fn check_opens_image(&self) -> bool {
+        false
+    }
+
     /// Whether the format offers `what`.
     fn supports(&self, what: Capability) -> bool {
         let _ = what;
@@ -198,10 +204,7 @@ pub static FORMATS: &[&dyn FormatDriver] = &[
         probe: crate::probe::qcow1,
     },
     &crate::qed::QedDriver,
-    &Recognised {
-        name: "vmdk",
-        probe: crate::probe::vmdk,
-    },
+    &crate::vmdk::VmdkDriver,
     &Recognised {
         name: "vhdx",
         probe: crate::probe::vhdx,

@@ -161,6 +161,14 @@ pub trait FormatImage: Send + Sync {
         None
     }
 
+    /// The file holding the guest data at `guest` (what a mapped host
+    /// offset there points into), when it is not the image's own file:
+    /// the external data file, or the extent of a disk that spans files.
+    fn data_file_at(&self, guest: u64) -> Option<String> {
+        let _ = guest;
+        self.external_data()
+    }
+
     /// The internal snapshots to list (none for formats without them).
     fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
         Ok(Vec::new())
@@ -216,6 +224,20 @@ pub trait FormatImage: Send + Sync {
     /// A device that writes whole clusters compressed, and the cluster size.
     fn compressed_writer(self: Arc<Self>) -> Result<(DeviceRef, u64)> {
         Err(unsupported_op(self.format().name(), "compression"))
+    }
+
+    /// Whether every write must be whole clusters written once, as
+    /// through [`compressed_writer`](Self::compressed_writer) (a
+    /// streamOptimized vmdk): convert then writes that way.
+    fn needs_compressed_writes(&self) -> bool {
+        false
+    }
+
+    /// Checks the open image (formats whose driver checks the opened
+    /// image rather than its file: see `FormatDriver::check_opens_image`).
+    fn check(&self, repair: crate::check::Repair) -> Result<crate::check::CheckReport> {
+        let _ = repair;
+        Err(unsupported_op(self.format().name(), "checks"))
     }
 
     /// Changes the image's options (`amend -o`); checked first with

@@ -16,6 +16,8 @@ pub enum Role {
     Backing,
     /// An external data file.
     DataFile,
+    /// A file holding part of the disk (a vmdk extent).
+    Extent,
 }
 
 impl Role {
@@ -24,6 +26,7 @@ impl Role {
         match self {
             Role::Backing => "backing file",
             Role::DataFile => "data file",
+            Role::Extent => "extent file",
         }
     }
 }
@@ -47,6 +50,14 @@ pub trait ImpliedFiles {
 
     /// Opens the storage named as the image's external data file.
     fn data_file(&mut self, name: &str, writable: bool) -> Result<StorageRef>;
+
+    /// Opens the storage named as one of the image's extents.
+    fn extent(&mut self, name: &str, writable: bool) -> Result<StorageRef> {
+        let _ = writable;
+        Err(Error::invalid(format!(
+            "Could not open extent file '{name}': not opened here"
+        )))
+    }
 }
 
 /// Refuses every implied file: for tools that read one image's own

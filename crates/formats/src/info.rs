@@ -77,6 +77,24 @@ pub struct FormatInfo {
     /// Warnings to print (without the program prefix), such as stale
     /// bitmaps.
     pub warnings: Vec<String>,
+    /// Files of the image besides its own (vmdk extents), shown as child
+    /// nodes and counted in its disk size.
+    pub children: Vec<ChildFile>,
+}
+
+/// A file that holds part of an image, as `info` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildFile {
+    /// The child's name (`extents.0`).
+    pub name: String,
+    /// The file's name.
+    pub filename: String,
+    /// Its protocol (`file`).
+    pub protocol: &'static str,
+    /// Bytes allocated to it, if known.
+    pub actual: Option<u64>,
+    /// Its length.
+    pub length: u64,
 }
 
 impl FormatInfo {
@@ -93,6 +111,7 @@ impl FormatInfo {
             specific_type: "",
             specific: InfoValue::dict(),
             warnings: Vec::new(),
+            children: Vec::new(),
         }
     }
 }

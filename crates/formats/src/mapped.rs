@@ -13,6 +13,7 @@ use diskit_core::device::check_range;
 use diskit_core::{BlockDevice, DeviceRef, Extent, FileView, Result, StorageRef};
 
 /// The image below an image.
+#[derive(Clone)]
 pub struct Backing {
     /// The backing device.
     pub device: DeviceRef,

@@ -30,6 +30,7 @@ use diskit_formats::probe;
 pub use diskit_formats::crypto::secret::define_object;
 pub use diskit_formats::image_ops::{AfterClose, Bits};
 pub use diskit_formats::implied::Named;
+pub use diskit_formats::info::ChildFile;
 pub use diskit_formats::probe::probe as probe_format;
 pub use diskit_formats::{
     BitmapEdit, BitmapInfo, Capability, CheckReport, Creation, Format, FormatDriver, FormatImage,
@@ -466,6 +467,39 @@ impl ImpliedFiles for Implied<'_> {
             storage
                 .lock_image(perm, unshare)
                 .context(format!("Could not open data file '{shown}'"))?;
+        }
+        Ok(storage)
+    }
+
+    fn extent(&mut self, name: &str, writable: bool) -> Result<StorageRef> {
+        self.part(Role::Extent, name, writable)
+    }
+}
+
+impl Implied<'_> {
+    /// Opens a file the image names as part of itself (a vmdk extent),
+    /// through the gate, with the image's own locks.
+    fn part(&mut self, role: Role, name: &str, writable: bool) -> Result<StorageRef> {
+        let path = self.admit(role, name)?;
+        let mut node = Spec::default();
+        node.set("filename", Value::Str(path.clone()));
+        let storage = protocol::open(
+            protocol::for_name(&path)?,
+            &node,
+            ProtocolMode {
+                writable,
+                direct: self.opts.direct,
+                sector_size: false,
+                no_flush: self.opts.no_flush,
+                host_zeros: self.opts.host_zeros,
+            },
+        )
+        .context(format!("Could not open '{path}'"))?;
+        if writable || !self.opts.force_share {
+            let (perm, unshare) = diskit_core::storage::lock::for_image(writable, false);
+            storage
+                .lock_image(perm, unshare)
+                .context(format!("Could not open '{path}'"))?;
         }
         Ok(storage)
     }

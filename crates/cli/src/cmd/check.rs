@@ -78,7 +78,24 @@ pub fn run(a: Args) -> CmdResult {
             code: 63,
         });
     }
-    let r = format.driver().check(&file, repair).map_err(|e| {
+    let r = if format.driver().check_opens_image() {
+        // The format checks the files the image names too (vmdk extents):
+        // the image is opened, without its backing file.
+        drop(file);
+        let img = crate::util::open(
+            &a.filename,
+            Some(format),
+            diskit_open::OpenOptions {
+                no_backing: true,
+                force_share: a.force_share,
+                ..Default::default()
+            },
+        )?;
+        img.ops.check(repair)
+    } else {
+        format.driver().check(&file, repair)
+    };
+    let r = r.map_err(|e| {
         // A format that checks but cannot repair says so as qemu-img does.
         if e.detail() == "This image format does not support checks" {
             CliError {
@@ -91,6 +108,9 @@ pub fn run(a: Args) -> CmdResult {
     })?;
     for m in &r.messages {
         eprintln!("{m}");
+    }
+    if let Some(why) = &r.failed {
+        return Err(CliError::new(why.clone()));
     }
     if json {
         println!("{}", report_json(&r, &name, format.name()).pretty());

@@ -388,7 +388,8 @@ fn copy_into(
         skip_backing,
     };
     let mut device = dst.device.clone();
-    if a.compress {
+    let whole_clusters = dst.ops.needs_compressed_writes();
+    if a.compress || whole_clusters {
         if !dst.format.supports(Capability::Compression) {
             return Err(CliError::new(
                 "Compression not supported for this file format",
@@ -404,7 +405,8 @@ fn copy_into(
         device = writer;
         how.min_sparse = cs;
         how.zero_alignment = cs;
-        how.ordered_writes = false;
+        // A stream is written in guest order, as qemu-img writes it.
+        how.ordered_writes = whole_clusters;
     }
     if a.copy_offload
         && out_format == Format::RAW

@@ -137,8 +137,17 @@ impl Node {
     fn collect(name: &str, format: Option<Format>) -> Result<Node, CliError> {
         let path = Path::new(name);
         let image = open_node(path, format)?;
-        let actual = image.file.allocated_bytes();
         let specific = Specific::collect(name, &image)?;
+        // The disk size counts the files the image keeps its data in too
+        // (vmdk extents), each once.
+        let mut actual = image.file.allocated_bytes();
+        let mut counted = vec![image.file.location().to_string()];
+        for c in specific.iter().flat_map(|q| &q.info.children) {
+            if !counted.contains(&c.filename) {
+                counted.push(c.filename.clone());
+                actual = actual.zip(c.actual).map(|(a, b)| a + b);
+            }
+        }
         // QEMU names a network node by its canonical URI, a file as given.
         let filename = if Self::local(&image) {
             name.to_string()
@@ -230,14 +239,31 @@ impl Node {
             v = q.json_fields(v);
         }
         v = self.implied_json(v);
-        v.with(
-            "children",
-            QJson::List(vec![
-                QJson::dict()
-                    .with("name", QJson::Str("file".into()))
-                    .with("info", self.file_json()),
-            ]),
-        )
+        // QEMU lists the children last first.
+        let mut children: Vec<QJson> = self
+            .children()
+            .iter()
+            .rev()
+            .map(|c| {
+                QJson::dict().with("name", QJson::Str(c.name.clone())).with(
+                    "info",
+                    file_node_json(&c.filename, c.protocol, c.actual, c.length),
+                )
+            })
+            .collect();
+        children.push(
+            QJson::dict()
+                .with("name", QJson::Str("file".into()))
+                .with("info", self.file_json()),
+        );
+        v.with("children", QJson::List(children))
+    }
+
+    /// The image's other files (vmdk extents), as child nodes.
+    fn children(&self) -> &[diskit_open::ChildFile] {
+        self.specific
+            .as_ref()
+            .map_or(&[], |q| q.info.children.as_slice())
     }
 
     /// The length of the image file as QEMU's file driver reports it: in
@@ -248,27 +274,17 @@ impl Node {
 
     /// The protocol node under the image.
     fn file_json(&self) -> QJson {
-        let protocol = self.image.file.protocol();
-        let local = Self::local(&self.image);
-        let mut v = QJson::dict()
-            .with("filename", QJson::Str(self.filename.clone()))
-            .with("format", QJson::Str(protocol.into()));
-        if local {
-            v = v.with("dirty-flag", QJson::Bool(false));
-        }
-        if let Some(a) = self.actual {
-            v = v.with("actual-size", QJson::UInt(a));
-        }
-        v = v.with("virtual-size", QJson::UInt(self.file_length()));
-        if local {
-            v = v.with(
-                "format-specific",
-                QJson::dict()
-                    .with("type", QJson::Str(protocol.into()))
-                    .with("data", QJson::dict()),
-            );
-        }
-        v.with("children", QJson::List(vec![]))
+        let own = if self.children().is_empty() {
+            self.actual
+        } else {
+            self.image.file.allocated_bytes()
+        };
+        file_node_json(
+            &self.filename,
+            self.image.file.protocol(),
+            own,
+            self.file_length(),
+        )
     }
 
     /// qemu-img's human block (`bdrv_node_info_dump` and the child node).
@@ -293,16 +309,66 @@ impl Node {
                 f.refusal.map_or("allowed", |r| r.rule())
             );
         }
-        let file_size = self.file_length();
-        out += &format!(
-            "Child node '/file':\n    filename: {name}\n    protocol type: {}\n    \
-             file length: {} ({file_size} bytes)\n    disk size: {}\n",
+        // QEMU lists the children last first.
+        for c in self.children().iter().rev() {
+            out += &child_node_human(&c.name, &c.filename, c.protocol, c.actual, c.length);
+        }
+        let own = if self.children().is_empty() {
+            self.actual
+        } else {
+            self.image.file.allocated_bytes()
+        };
+        out += &child_node_human(
+            "file",
+            name,
             self.image.file.protocol(),
-            human_size(file_size),
-            self.actual_human(),
+            own,
+            self.file_length(),
         );
         out
     }
+}
+
+/// A protocol node (a file under an image) as QEMU's JSON shows it;
+/// `length` in bytes, shown in whole sectors.
+fn file_node_json(filename: &str, protocol: &str, actual: Option<u64>, length: u64) -> QJson {
+    let local = matches!(protocol, "file" | "host_device");
+    let mut v = QJson::dict()
+        .with("filename", QJson::Str(filename.to_string()))
+        .with("format", QJson::Str(protocol.into()));
+    if local {
+        v = v.with("dirty-flag", QJson::Bool(false));
+    }
+    if let Some(a) = actual {
+        v = v.with("actual-size", QJson::UInt(a));
+    }
+    v = v.with("virtual-size", QJson::UInt(length.div_ceil(512) * 512));
+    if local {
+        v = v.with(
+            "format-specific",
+            QJson::dict()
+                .with("type", QJson::Str(protocol.into()))
+                .with("data", QJson::dict()),
+        );
+    }
+    v.with("children", QJson::List(vec![]))
+}
+
+/// A protocol node in qemu-img's human output.
+fn child_node_human(
+    child: &str,
+    filename: &str,
+    protocol: &str,
+    actual: Option<u64>,
+    length: u64,
+) -> String {
+    let length = length.div_ceil(512) * 512;
+    format!(
+        "Child node '/{child}':\n    filename: {filename}\n    protocol type: {protocol}\n    \
+         file length: {} ({length} bytes)\n    disk size: {}\n",
+        human_size(length),
+        actual.map_or_else(|| "unavailable".to_string(), human_size),
+    )
 }
 
 impl Specific {

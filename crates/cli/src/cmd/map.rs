@@ -73,16 +73,16 @@ pub fn run(a: Args) -> CmdResult {
         nothing.flags.zero = false;
         extents.push((start, nothing));
     }
-    let names: Vec<String> = img
-        .chain()
-        .iter()
-        .map(|i| {
-            // Data offsets point into the external data file, if any.
+    let chain = img.chain();
+    // Data offsets point into the external data file or the extent, if
+    // any; into the image's own file otherwise.
+    let names = |depth: usize, start: u64| -> String {
+        chain.get(depth).map_or_else(String::new, |i| {
             i.ops
-                .external_data()
+                .data_file_at(start)
                 .unwrap_or_else(|| i.filename.display().to_string())
         })
-        .collect();
+    };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = if json {
@@ -125,7 +125,7 @@ fn print_json(out: &mut impl Write, extents: &[(u64, Extent)]) -> std::io::Resul
 fn print_human(
     out: &mut impl Write,
     extents: &[(u64, Extent)],
-    names: &[String],
+    names: &dyn Fn(usize, u64) -> String,
 ) -> std::io::Result<Result<(), CliError>> {
     writeln!(
         out,
@@ -149,7 +149,7 @@ fn print_human(
             hex(*start),
             hex(e.length),
             hex(host),
-            names.get(e.depth as usize).map_or("", |s| s.as_str())
+            names(e.depth as usize, *start)
         )?;
     }
     Ok(Ok(()))

@@ -292,6 +292,7 @@ impl FormatImage for LuksImage {
             specific_type: "luks",
             specific: info_value(&self.header, None),
             warnings: Vec::new(),
+            children: Vec::new(),
         }))
     }
 

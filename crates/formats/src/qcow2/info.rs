@@ -41,6 +41,7 @@ pub fn read(file: &dyn Storage, h: &Header) -> Result<FormatInfo> {
             encryption(file, h)?,
         ),
         warnings,
+        children: Vec::new(),
     })
 }
 

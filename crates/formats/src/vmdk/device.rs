@@ -1,0 +1,384 @@
+//! An open VMDK disk: its extents end to end (flat files, sparse
+//! extents), the descriptor that names them, and the content ID that
+//! changes at the first write after each open (so that an overlay made
+//! on this disk knows it changed, as VMware and QEMU do).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use diskit_core::device::check_range;
+use diskit_core::{
+    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
+    StorageRef, WriteFlags, ZeroFlags,
+};
+
+use super::header::SECTOR;
+use super::sparse::SparseExtent;
+use crate::mapped::{self, Backing, Place};
+
+/// What one extent is.
+pub enum ExtentData {
+    /// Raw data in a file from `offset` on (FLAT, VMFS).
+    Flat {
+        /// The file.
+        file: StorageRef,
+        /// Bytes into it.
+        offset: u64,
+    },
+    /// Grains mapped through tables.
+    Sparse(Arc<SparseExtent>),
+}
+
+/// One extent of the disk.
+pub struct VmdkExtent {
+    /// Its first guest byte.
+    pub start: u64,
+    /// Its guest bytes.
+    pub size: u64,
+    /// The file name as the descriptor gives it (info shows it).
+    pub name: String,
+    /// The type as the descriptor spells it ("" for a monolithic file).
+    pub kind: &'static str,
+    /// The data.
+    pub data: ExtentData,
+}
+
+impl VmdkExtent {
+    /// The file the extent's data is in.
+    pub fn file(&self) -> &StorageRef {
+        match &self.data {
+            ExtentData::Flat { file, .. } => file,
+            ExtentData::Sparse(s) => s.file(),
+        }
+    }
+}
+
+/// Where the descriptor is kept, for the content ID's update.
+pub enum DescriptorHome {
+    /// Embedded in a sparse file: this many bytes at this offset.
+    Embedded {
+        /// The file.
+        file: StorageRef,
+        /// Bytes into it.
+        offset: u64,
+        /// Bytes of the area.
+        len: u64,
+    },
+    /// A file of its own.
+    File(StorageRef),
+}
+
+/// An open VMDK disk.
+pub struct Vmdk {
+    extents: Vec<VmdkExtent>,
+    size: u64,
+    writable: bool,
+    /// The descriptor's text as read, and where it lives.
+    text: String,
+    home: DescriptorHome,
+    /// The content ID was changed since the open.
+    cid_changed: AtomicBool,
+    /// The image below (for extents' unallocated grains: each has its own
+    /// view; kept for info).
+    backing: Option<Backing>,
+}
+
+impl Vmdk {
+    /// Joins the extents; `text` is the descriptor as read from `home`.
+    pub fn new(
+        extents: Vec<VmdkExtent>,
+        writable: bool,
+        text: String,
+        home: DescriptorHome,
+        backing: Option<Backing>,
+    ) -> Result<Vmdk> {
+        if extents.is_empty() {
+            return Err(Error::invalid("The VMDK descriptor lists no usable extent"));
+        }
+        let size = extents.iter().map(|e| e.size).sum();
+        Ok(Vmdk {
+            extents,
+            size,
+            writable,
+            text,
+            home,
+            cid_changed: AtomicBool::new(false),
+            backing,
+        })
+    }
+
+    /// The extents, in guest order.
+    pub fn extents(&self) -> &[VmdkExtent] {
+        &self.extents
+    }
+
+    /// The image below, if any.
+    pub fn backing(&self) -> Option<&Backing> {
+        self.backing.as_ref()
+    }
+
+    /// The extent holding guest byte `g` and its index.
+    fn extent_at(&self, g: u64) -> &VmdkExtent {
+        let i = self
+            .extents
+            .partition_point(|e| e.start <= g)
+            .saturating_sub(1);
+        &self.extents[i]
+    }
+
+    /// Calls `f` for each extent's piece of `offset..offset+len`: the
+    /// extent, the offset in it, the offset in the request, the length.
+    fn pieces(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(&VmdkExtent, u64, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        check_range(self.size, offset, len)?;
+        let mut done = 0u64;
+        while done < len {
+            let g = offset + done;
+            let e = self.extent_at(g);
+            let n = (e.start + e.size - g).min(len - done);
+            f(e, g - e.start, done as usize, n as usize)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Gives the disk a new content ID, once per open, before its first
+    /// change.
+    fn touch(&self) -> Result<()> {
+        if self.cid_changed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut r = [0u8; 4];
+        crate::luks::keys::random(&mut r)?;
+        let Some(text) = super::descriptor::with_cid(&self.text, u32::from_le_bytes(r)) else {
+            return Ok(());
+        };
+        match &self.home {
+            DescriptorHome::Embedded { file, offset, len } => {
+                if text.len() as u64 <= *len {
+                    let mut area = text.into_bytes();
+                    area.resize(*len as usize, 0);
+                    file.write_extend(&area, *offset)?;
+                }
+            }
+            DescriptorHome::File(file) => {
+                file.write_extend(text.as_bytes(), 0)?;
+                if file.file_len()? > text.len() as u64 {
+                    file.resize(text.len() as u64, diskit_backends::Preallocation::Off)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn ensure_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "image is read-only",
+            ))
+        }
+    }
+}
+
+/// Reads `buf` at `at` bytes of extent `e`.
+fn read_extent(e: &VmdkExtent, buf: &mut [u8], at: u64) -> Result<()> {
+    match &e.data {
+        ExtentData::Flat { file, offset } => file.read_padded(buf, offset + at),
+        ExtentData::Sparse(s) => mapped::read(&**s, buf, at),
+    }
+}
+
+impl BlockDevice for Vmdk {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        mapped::image_capabilities(self.writable, true, false)
+    }
+
+    fn block_size(&self) -> BlockSizeLimits {
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: 4096,
+            maximum: 32 << 20,
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.pieces(offset, buf.len() as u64, |e, at, o, n| {
+            read_extent(e, &mut buf[o..o + n], at)
+        })
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.ensure_writable()?;
+        check_range(self.size, offset, buf.len() as u64)?;
+        self.touch()?;
+        self.pieces(offset, buf.len() as u64, |e, at, o, n| match &e.data {
+            ExtentData::Flat { file, offset } => file.write_extend(&buf[o..o + n], offset + at),
+            ExtentData::Sparse(s) => s.write(&buf[o..o + n], at),
+        })?;
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.ensure_writable()?;
+        check_range(self.size, offset, len)?;
+        self.touch()?;
+        self.pieces(offset, len, |e, at, _, n| {
+            let n = n as u64;
+            match &e.data {
+                ExtentData::Flat { file, offset } => {
+                    let fz = ZeroFlags {
+                        fua: false,
+                        ..flags
+                    };
+                    let end = offset + at + n;
+                    if end <= file.size() {
+                        file.write_zeroes(offset + at, n, fz)
+                    } else if flags.fast {
+                        Err(Error::from_kind(ErrorKind::NotSupported))
+                    } else {
+                        file.write_extend(&vec![0u8; n as usize], offset + at)
+                    }
+                }
+                ExtentData::Sparse(s) => zero_sparse(s, at, n, flags.fast),
+            }
+        })?;
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        let mut seen: Vec<*const ()> = Vec::new();
+        for e in &self.extents {
+            let f = e.file();
+            let p = Arc::as_ptr(f) as *const ();
+            if !seen.contains(&p) {
+                seen.push(p);
+                f.flush()?;
+            }
+        }
+        if let DescriptorHome::File(f) = &self.home {
+            f.flush()?;
+        }
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        check_range(self.size, offset, len)?;
+        let e = self.extent_at(offset);
+        let at = offset - e.start;
+        let n = (e.size - at).min(len);
+        match &e.data {
+            ExtentData::Flat { file, offset: base } => {
+                let h = base + at;
+                let fsize = file.size();
+                if h >= fsize {
+                    let mut past = Extent::hole(n).at_host(h);
+                    past.flags.data = true;
+                    return Ok(vec![past]);
+                }
+                // Flat data is allocated to the disk wherever the file has
+                // a hole: data that reads as zeros, as QEMU reports it.
+                let mut v = file.extents(h, n.min(fsize - h))?;
+                let mut pos = h;
+                for x in &mut v {
+                    x.host_offset = Some(pos);
+                    x.flags.data = true;
+                    pos += x.length;
+                }
+                Ok(v)
+            }
+            ExtentData::Sparse(s) => mapped::extents(&**s, at, n),
+        }
+    }
+
+    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+        if self.writable || check_range(self.size, offset, len).is_err() || len == 0 {
+            return None;
+        }
+        let e = self.extent_at(offset);
+        let at = offset - e.start;
+        if at + len > e.size {
+            return None;
+        }
+        match &e.data {
+            ExtentData::Flat { file, offset: base } => {
+                if base + at + len > file.size() {
+                    return None;
+                }
+                file.file_view(base + at, len)
+            }
+            ExtentData::Sparse(s) => mapped::file_view(&**s, at, len),
+        }
+    }
+
+    fn describe(&self) -> String {
+        String::from("vmdk")
+    }
+
+    fn close(&self) -> Result<()> {
+        if self.writable {
+            self.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// Zeros `n` bytes at `at` of a sparse extent: grains that read as zeros
+/// already are left alone, whole grains become zero grains where the
+/// extent has them, the rest is written.
+fn zero_sparse(s: &SparseExtent, at: u64, n: u64, fast: bool) -> Result<()> {
+    let grain = s.geometry().grain;
+    let mut pos = at;
+    let end = at + n;
+    while pos < end {
+        let (m, place) = s.locate(pos, end - pos)?;
+        let zero_already = match place {
+            Place::Zero { .. } => true,
+            Place::Unallocated { .. } => mapped::MappedFormat::backing(s).is_none(),
+            _ => false,
+        };
+        if !zero_already {
+            let whole_from = pos.div_ceil(grain) * grain;
+            let whole_to = (pos + m) / grain * grain;
+            let whole = whole_from < whole_to
+                && whole_from == pos
+                && whole_to == pos + m
+                && s.zero_grains(pos, m)?;
+            if !whole {
+                if fast {
+                    return Err(Error::from_kind(ErrorKind::NotSupported));
+                }
+                let zeros = vec![0u8; m.min(4 << 20) as usize];
+                let mut p = pos;
+                while p < pos + m {
+                    let k = (pos + m - p).min(zeros.len() as u64);
+                    s.write(&zeros[..k as usize], p)?;
+                    p += k;
+                }
+            }
+        }
+        pos += m;
+    }
+    Ok(())
+}
+
+/// Bytes of an embedded descriptor area (QEMU writes 20 sectors).
+pub fn embedded_len(sectors: u64) -> u64 {
+    sectors.saturating_mul(SECTOR)
+}

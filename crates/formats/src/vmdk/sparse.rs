@@ -1,0 +1,663 @@
+//! A sparse extent: guest grains mapped through a grain directory and
+//! grain tables (hosted KDMV extents, streamOptimized ones with
+//! compressed grains, and ESX COWD ones). It answers where a guest range
+//! lives ([`MappedFormat`]); the generic layer reads. Writes allocate
+//! whole grains at the end of the file, data first and the table entries
+//! after (in both directories), so that a crash leaks grains at worst.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex, RwLock};
+
+use diskit_core::{DeviceRef, Error, ErrorKind, Result, StorageRef, WriteFlags};
+
+use super::header::{
+    COWD_GTES, CowdHeader, FLAG_MARKERS, FLAG_RGD, GD_AT_END, GRAIN_MARKER, GTE_ZERO, SECTOR,
+    SparseHeader,
+};
+use crate::mapped::{Backing, MappedFormat, Place};
+
+/// Grain tables kept in memory at most (bytes), beyond which the cache
+/// starts over.
+const TABLE_CACHE_BYTES: usize = 32 << 20;
+
+/// How a sparse extent is laid out, from its header.
+#[derive(Debug, Clone)]
+pub struct Geometry {
+    /// Guest bytes the extent holds.
+    pub capacity: u64,
+    /// Bytes per grain.
+    pub grain: u64,
+    /// Entries per grain table.
+    pub gtes: u64,
+    /// Grain directory (bytes into the file).
+    pub gd_at: u64,
+    /// Redundant grain directory, if kept (bytes).
+    pub rgd_at: Option<u64>,
+    /// Entries of the directory.
+    pub l1_entries: u64,
+    /// GTE 1 is a zero grain.
+    pub zeroed_grain: bool,
+    /// Grains are deflate-compressed.
+    pub compressed: bool,
+    /// Grains carry markers.
+    pub markers: bool,
+    /// The header's version (3: read-only unless compressed).
+    pub version: u32,
+}
+
+impl Geometry {
+    /// The layout a checked KDMV header gives.
+    pub fn of(h: &SparseHeader) -> Geometry {
+        Geometry {
+            capacity: h.capacity.saturating_mul(SECTOR),
+            grain: h.grain_sectors * SECTOR,
+            gtes: u64::from(h.gtes_per_gt),
+            gd_at: h.gd_offset.saturating_mul(SECTOR),
+            rgd_at: (h.flags & FLAG_RGD != 0 && h.rgd_offset != 0)
+                .then(|| h.rgd_offset.saturating_mul(SECTOR)),
+            l1_entries: h.l1_entries(),
+            zeroed_grain: h.zeroed_grain(),
+            compressed: h.compressed(),
+            markers: h.flags & FLAG_MARKERS != 0,
+            version: h.version,
+        }
+    }
+
+    /// The layout of a COWD header.
+    pub fn of_cowd(h: &CowdHeader) -> Geometry {
+        let grain = h.grain_sectors * SECTOR;
+        let per = u64::from(COWD_GTES) * h.grain_sectors;
+        Geometry {
+            capacity: h.capacity * SECTOR,
+            grain,
+            gtes: u64::from(COWD_GTES),
+            gd_at: h.gd_offset * SECTOR,
+            rgd_at: None,
+            l1_entries: h.gd_entries.min(h.capacity.div_ceil(per)),
+            zeroed_grain: false,
+            compressed: false,
+            markers: false,
+            version: 1,
+        }
+    }
+
+    /// Bytes of guest data one grain table covers.
+    fn table_span(&self) -> u64 {
+        self.grain * self.gtes
+    }
+
+    /// Bytes of one grain table on disk.
+    fn table_bytes(&self) -> u64 {
+        self.gtes * 4
+    }
+}
+
+/// Grain tables read so far, by directory index.
+#[derive(Default)]
+struct Tables {
+    map: HashMap<u64, Arc<Vec<u32>>>,
+    bytes: usize,
+}
+
+/// An open sparse extent.
+pub struct SparseExtent {
+    file: StorageRef,
+    geo: Geometry,
+    /// The directory: the sector of each grain table (0: none).
+    gd: RwLock<Vec<u32>>,
+    /// The redundant directory, when kept.
+    rgd: RwLock<Vec<u32>>,
+    tables: Mutex<Tables>,
+    /// Where the next grain goes (bytes); held while allocating.
+    next: Mutex<u64>,
+    backing: Option<Backing>,
+    writable: bool,
+    /// The last grain decompressed: its host offset and contents.
+    last_grain: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
+}
+
+/// Reads a directory of `n` u32 entries at `at`.
+fn read_dir(file: &StorageRef, at: u64, n: u64) -> Result<Vec<u32>> {
+    let mut raw = vec![0u8; (n * 4) as usize];
+    file.read_padded(&mut raw, at)?;
+    Ok(raw
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect())
+}
+
+impl SparseExtent {
+    /// Opens the sparse extent in `file` (its first sector read as
+    /// `head`); `backing` is what this extent's unallocated grains read.
+    pub fn open(
+        file: StorageRef,
+        head: &[u8],
+        writable: bool,
+        backing: Option<Backing>,
+    ) -> Result<SparseExtent> {
+        let len = file.file_len()?;
+        let geo = if &head[..4] == super::header::COWD {
+            Geometry::of_cowd(&CowdHeader::parse(head)?)
+        } else {
+            let mut h = SparseHeader::parse(head);
+            if h.gd_offset == GD_AT_END {
+                // A stream keeps its real header in the footer.
+                if len < 1536 {
+                    return Err(Error::invalid("Failed to read footer"));
+                }
+                let mut tail = vec![0u8; 1536];
+                file.read_padded(&mut tail, len - 1536)?;
+                h = super::header::parse_footer(&tail)?;
+            }
+            h.check(len, writable)?;
+            Geometry::of(&h)
+        };
+        let gd = read_dir(&file, geo.gd_at, geo.l1_entries)
+            .map_err(|e| e.context("Could not read l1 table from extent"))?;
+        let rgd = match geo.rgd_at {
+            Some(at) => read_dir(&file, at, geo.l1_entries)
+                .map_err(|e| e.context("Could not read l1 backup table from extent"))?,
+            None => Vec::new(),
+        };
+        let next = len.div_ceil(SECTOR).div_ceil(geo.grain / SECTOR) * geo.grain;
+        Ok(SparseExtent {
+            file,
+            gd: RwLock::new(gd),
+            rgd: RwLock::new(rgd),
+            tables: Mutex::new(Tables::default()),
+            next: Mutex::new(next),
+            backing,
+            writable,
+            last_grain: Mutex::new(None),
+            geo,
+        })
+    }
+
+    /// The extent's layout.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    /// The extent's file.
+    pub fn file(&self) -> &StorageRef {
+        &self.file
+    }
+
+    /// Guest bytes the extent holds.
+    pub fn capacity(&self) -> u64 {
+        self.geo.capacity
+    }
+
+    /// The grain table at directory index `l1`, if it has one.
+    fn table(&self, l1: u64) -> Result<Option<Arc<Vec<u32>>>> {
+        let sector = match self
+            .gd
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(l1 as usize)
+        {
+            Some(&s) if s != 0 => s,
+            _ => return Ok(None),
+        };
+        if let Some(t) = self
+            .tables
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .get(&l1)
+        {
+            return Ok(Some(t.clone()));
+        }
+        let t = Arc::new(read_dir(
+            &self.file,
+            u64::from(sector) * SECTOR,
+            self.geo.gtes,
+        )?);
+        let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = t.len() * 4;
+        if c.bytes + bytes > TABLE_CACHE_BYTES {
+            c.map.clear();
+            c.bytes = 0;
+        }
+        c.bytes += bytes;
+        Ok(Some(c.map.entry(l1).or_insert(t).clone()))
+    }
+
+    /// The place of grain table entry `e` for guest byte `g`.
+    fn place_of(&self, e: u32, g: u64) -> Place {
+        let within = g % self.geo.grain;
+        match e {
+            0 => Place::Unallocated { alloc: None },
+            GTE_ZERO if self.geo.zeroed_grain => Place::Zero { alloc: None },
+            _ if self.geo.compressed => Place::Compressed {
+                offset: u64::from(e) * SECTOR,
+                size: 2 * self.geo.grain + GRAIN_MARKER as u64,
+                skip: within,
+            },
+            _ => Place::Data(u64::from(e) * SECTOR + within),
+        }
+    }
+
+    /// Where guest byte `g` lives and for how long (within one grain
+    /// table, merging grains of one kind: contiguous data, zeros,
+    /// unallocated).
+    pub fn locate(&self, g: u64, max: u64) -> Result<(u64, Place)> {
+        let span = self.geo.table_span();
+        let l1 = g / span;
+        let in_table = (span - g % span).min(max);
+        let Some(t) = self.table(l1)? else {
+            return Ok((in_table, Place::Unallocated { alloc: None }));
+        };
+        let grain = self.geo.grain;
+        let first = ((g % span) / grain) as usize;
+        let e0 = t[first];
+        let place = self.place_of(e0, g);
+        let mut n = (grain - g % grain).min(in_table);
+        let mut i = first + 1;
+        while n < in_table && i < t.len() {
+            let e = t[i];
+            let same = match place {
+                Place::Data(_) => {
+                    e == e0.wrapping_add(((i - first) as u64 * grain / SECTOR) as u32)
+                }
+                Place::Zero { .. } | Place::Unallocated { .. } => {
+                    std::mem::discriminant(&self.place_of(e, 0)) == std::mem::discriminant(&place)
+                }
+                Place::Compressed { .. } => false,
+            };
+            if !same {
+                break;
+            }
+            n = (n + grain).min(in_table);
+            i += 1;
+        }
+        Ok((n, place))
+    }
+
+    /// Reads a compressed grain's bytes `skip` into it.
+    fn read_grain(&self, offset: u64, skip: u64, buf: &mut [u8]) -> Result<()> {
+        let grain = self.geo.grain;
+        let cached = self
+            .last_grain
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|(at, _)| *at == offset)
+            .map(|(_, d)| d.clone());
+        let data = match cached {
+            Some(d) => d,
+            None => {
+                let fault = || {
+                    Error::io(format!(
+                        "compressed grain at host offset {offset} does not decompress"
+                    ))
+                };
+                let mut raw = vec![0u8; (2 * grain) as usize + GRAIN_MARKER];
+                self.file.read_padded(&mut raw, offset)?;
+                let stream = if self.geo.markers {
+                    let size = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes")) as u64;
+                    if size == 0 || size > 2 * grain {
+                        return Err(fault());
+                    }
+                    &raw[GRAIN_MARKER..GRAIN_MARKER + size as usize]
+                } else {
+                    &raw[..]
+                };
+                let mut out = Vec::with_capacity(grain as usize);
+                flate2::read::ZlibDecoder::new(stream)
+                    .take(grain)
+                    .read_to_end(&mut out)
+                    .map_err(|_| fault())?;
+                let d = Arc::new(out);
+                *self.last_grain.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((offset, d.clone()));
+                d
+            }
+        };
+        let end = skip as usize + buf.len();
+        if end > data.len() {
+            return Err(Error::io(format!(
+                "compressed grain at host offset {offset} holds {} bytes, not {end}",
+                data.len()
+            )));
+        }
+        buf.copy_from_slice(&data[skip as usize..end]);
+        Ok(())
+    }
+
+    /// Writes `buf` at guest `g` of the extent.
+    pub fn write(&self, buf: &[u8], g: u64) -> Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = g + done as u64;
+            let (n, place) = self.locate(at, (buf.len() - done) as u64)?;
+            let n = n as usize;
+            done += match place {
+                Place::Data(h) => {
+                    self.file
+                        .write_at(&buf[done..done + n], h, WriteFlags::NONE)?;
+                    n
+                }
+                Place::Compressed { .. } => {
+                    return Err(Error::io(
+                        "Could not write to allocated cluster for streamOptimized",
+                    ));
+                }
+                Place::Zero { .. } | Place::Unallocated { .. } => {
+                    self.allocate(&buf[done..done + n], at)?
+                }
+            };
+        }
+        Ok(())
+    }
+
+    /// Makes whole grains of zeros at guest `g` (`len` bytes, grain
+    /// aligned) where the extent can say so in its tables (zeroed-grain
+    /// extents); false when it cannot.
+    pub fn zero_grains(&self, g: u64, len: u64) -> Result<bool> {
+        if !self.geo.zeroed_grain
+            || !g.is_multiple_of(self.geo.grain)
+            || !len.is_multiple_of(self.geo.grain)
+        {
+            return Ok(false);
+        }
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pos = g;
+        while pos < g + len {
+            let span = self.geo.table_span();
+            let n = (span - pos % span).min(g + len - pos);
+            let count = n / self.geo.grain;
+            self.set_entries(&mut next, pos, &vec![GTE_ZERO; count as usize])?;
+            pos += n;
+        }
+        Ok(true)
+    }
+
+    /// The bytes of the grains around `buf` at guest `g` (one grain table
+    /// at most, unallocated or zero grains): the data, with what the
+    /// grains held before around it (the backing image's, or zeros).
+    fn assemble(&self, buf: &[u8], g: u64) -> Result<(u64, Vec<u8>)> {
+        let grain = self.geo.grain;
+        let start = g / grain * grain;
+        let end = (g + buf.len() as u64).div_ceil(grain) * grain;
+        let mut out = vec![0u8; (end - start) as usize];
+        let head = (g - start) as usize;
+        let tail = head + buf.len();
+        // What the grains held: unallocated ones read from below.
+        let fill = |from: u64, to: u64, out: &mut [u8]| -> Result<()> {
+            let mut pos = from;
+            while pos < to {
+                let (n, place) = self.locate(pos, to - pos)?;
+                if let Place::Unallocated { .. } = place {
+                    let o = (pos - start) as usize;
+                    let m = (n.min(self.geo.capacity.saturating_sub(pos))) as usize;
+                    crate::mapped::read_backing(self.backing.as_ref(), pos, &mut out[o..o + m])?;
+                }
+                pos += n;
+            }
+            Ok(())
+        };
+        if head > 0 {
+            fill(start, g, &mut out)?;
+        }
+        if (tail as u64) < end - start {
+            fill(g + buf.len() as u64, end, &mut out)?;
+        }
+        out[head..tail].copy_from_slice(buf);
+        Ok((start, out))
+    }
+
+    /// Allocates the grains under `buf` at guest `g` (unallocated or zero
+    /// grains of one grain table) and writes them: the data at the end
+    /// of the file, then the table entries. Returns the bytes written (a
+    /// prefix of `buf`; 0 when another writer allocated the first grain
+    /// meanwhile, which is then written in place).
+    fn allocate(&self, buf: &[u8], g: u64) -> Result<usize> {
+        if !self.writable {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "image is read-only",
+            ));
+        }
+        let grain = self.geo.grain;
+        if self.geo.compressed {
+            return self.allocate_compressed(buf, g);
+        }
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        // Another writer may have allocated meanwhile.
+        let (n, place) = self.locate(g, buf.len() as u64)?;
+        if let Place::Data(_) | Place::Compressed { .. } = place {
+            return Ok(0);
+        }
+        let buf = &buf[..n as usize];
+        let (start, bytes) = self.assemble(buf, g)?;
+        let host = *next;
+        let count = bytes.len() as u64 / grain;
+        if (host + bytes.len() as u64) / SECTOR > u64::from(u32::MAX) {
+            return Err(Error::new(ErrorKind::NoSpace, "VMDK extent is full"));
+        }
+        self.file.write_extend(&bytes, host)?;
+        *next = host + bytes.len() as u64;
+        let first = (host / SECTOR) as u32;
+        let step = (grain / SECTOR) as u32;
+        let entries: Vec<u32> = (0..count as u32).map(|i| first + i * step).collect();
+        self.set_entries(&mut next, start, &entries)?;
+        Ok(buf.len())
+    }
+
+    /// Writes whole grains of a stream, each compressed behind its
+    /// marker, packed at sector boundaries; returns the bytes written.
+    fn allocate_compressed(&self, buf: &[u8], g: u64) -> Result<usize> {
+        let grain = self.geo.grain;
+        let end = g + buf.len() as u64;
+        if !self.geo.markers
+            || !g.is_multiple_of(grain)
+            || (!end.is_multiple_of(grain) && end != self.geo.capacity)
+        {
+            return Err(Error::invalid(
+                "streamOptimized images take whole grains written once",
+            ));
+        }
+        // Compress outside the allocation lock.
+        let mut frames = Vec::new();
+        for (i, chunk) in buf.chunks(grain as usize).enumerate() {
+            let lba = (g + i as u64 * grain) / SECTOR;
+            let mut enc =
+                flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            std::io::Write::write_all(&mut enc, chunk)?;
+            let data = enc.finish()?;
+            let mut f = Vec::with_capacity(GRAIN_MARKER + data.len());
+            f.extend_from_slice(&lba.to_le_bytes());
+            f.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            f.extend_from_slice(&data);
+            f.resize(
+                (f.len() as u64).div_ceil(SECTOR) as usize * SECTOR as usize,
+                0,
+            );
+            frames.push(f);
+        }
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let (n, place) = self.locate(g, buf.len() as u64)?;
+        if !matches!(place, Place::Unallocated { .. } | Place::Zero { .. }) {
+            return Err(Error::io(
+                "Could not write to allocated cluster for streamOptimized",
+            ));
+        }
+        // Only the grains still free in one run (another writer may have
+        // taken some since).
+        let take = (n.div_ceil(grain) as usize).min(frames.len());
+        let frames = &frames[..take];
+        let host = *next;
+        let joined: Vec<u8> = frames.concat();
+        if (host + joined.len() as u64) / SECTOR > u64::from(u32::MAX) {
+            return Err(Error::new(ErrorKind::NoSpace, "VMDK extent is full"));
+        }
+        self.file.write_extend(&joined, host)?;
+        *next = host + joined.len() as u64;
+        let mut entries = Vec::with_capacity(frames.len());
+        let mut at = host;
+        for f in frames {
+            entries.push((at / SECTOR) as u32);
+            at += f.len() as u64;
+        }
+        self.set_entries(&mut next, g, &entries)?;
+        Ok((take as u64 * grain).min(buf.len() as u64) as usize)
+    }
+
+    /// Sets the table entries of consecutive grains from guest `g` (in
+    /// one grain table), in both directories, making the table first if
+    /// the directory has none. Called with the allocation lock held
+    /// (`next` is the cursor it guards).
+    fn set_entries(&self, next: &mut u64, g: u64, entries: &[u32]) -> Result<()> {
+        let span = self.geo.table_span();
+        let l1 = g / span;
+        let first = (g % span) / self.geo.grain;
+        let gt = self.gd.read().unwrap_or_else(|p| p.into_inner())[l1 as usize];
+        let gt = if gt == 0 {
+            self.new_table(next, l1)?
+        } else {
+            gt
+        };
+        let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
+        let rgt = self
+            .rgd
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(l1 as usize)
+            .copied();
+        if let Some(r) = rgt.filter(|&r| r != 0) {
+            self.file
+                .write_extend(&bytes, u64::from(r) * SECTOR + first * 4)?;
+        }
+        self.file
+            .write_extend(&bytes, u64::from(gt) * SECTOR + first * 4)?;
+        let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let table = match c.map.get(&l1) {
+            Some(t) => {
+                let mut t = (**t).clone();
+                t[first as usize..first as usize + entries.len()].copy_from_slice(entries);
+                t
+            }
+            None => {
+                drop(c);
+                let t = read_dir(&self.file, u64::from(gt) * SECTOR, self.geo.gtes)?;
+                c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+                t
+            }
+        };
+        if c.bytes + table.len() * 4 > TABLE_CACHE_BYTES {
+            c.map.clear();
+            c.bytes = 0;
+        }
+        if c.map.insert(l1, Arc::new(table)).is_none() {
+            c.bytes += self.geo.table_bytes() as usize;
+        }
+        Ok(())
+    }
+
+    /// Makes a grain table (and its redundant copy) for directory index
+    /// `l1`, which has none (VMware leaves tables out): zeroed tables at
+    /// the end of the file, then the directory entries.
+    fn new_table(&self, next: &mut u64, l1: u64) -> Result<u32> {
+        let tb = self.geo.table_bytes().div_ceil(SECTOR) * SECTOR;
+        let zeros = vec![0u8; tb as usize];
+        let place = |next: &mut u64| -> Result<u32> {
+            let at = *next;
+            self.file.write_extend(&zeros, at)?;
+            *next = (at + tb).div_ceil(self.geo.grain) * self.geo.grain;
+            u32::try_from(at / SECTOR)
+                .map_err(|_| Error::new(ErrorKind::NoSpace, "VMDK extent is full"))
+        };
+        let gt = place(next)?;
+        let rgt = match self.geo.rgd_at {
+            Some(_) => Some(place(next)?),
+            None => None,
+        };
+        if let (Some(at), Some(r)) = (self.geo.rgd_at, rgt) {
+            self.file.write_extend(&r.to_le_bytes(), at + l1 * 4)?;
+            self.rgd.write().unwrap_or_else(|p| p.into_inner())[l1 as usize] = r;
+        }
+        self.file
+            .write_extend(&gt.to_le_bytes(), self.geo.gd_at + l1 * 4)?;
+        self.gd.write().unwrap_or_else(|p| p.into_inner())[l1 as usize] = gt;
+        Ok(gt)
+    }
+}
+
+impl MappedFormat for SparseExtent {
+    type Hold<'a> = ();
+
+    fn guest_size(&self) -> u64 {
+        self.geo.capacity
+    }
+
+    fn data(&self) -> &StorageRef {
+        &self.file
+    }
+
+    fn backing(&self) -> Option<&Backing> {
+        self.backing.as_ref()
+    }
+
+    fn mappings_change(&self) -> bool {
+        self.writable
+    }
+
+    fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
+        let (n, p) = self.locate(g, max)?;
+        Ok((n, p, None))
+    }
+
+    fn read_compressed(&self, offset: u64, _size: u64, skip: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_grain(offset, skip, buf)
+    }
+}
+
+/// The image below as one extent sees it: the backing device from the
+/// extent's first guest byte on.
+pub fn shifted_backing(below: &Backing, start: u64) -> Option<Backing> {
+    if start >= below.size {
+        return None;
+    }
+    if start == 0 {
+        return Some(Backing {
+            device: below.device.clone(),
+            size: below.size,
+        });
+    }
+    let device: DeviceRef = Arc::new(Shifted {
+        inner: below.device.clone(),
+        start,
+        size: below.size - start,
+    });
+    Some(Backing {
+        device,
+        size: below.size - start,
+    })
+}
+
+/// A device seen from `start` on (reads and extents only).
+struct Shifted {
+    inner: DeviceRef,
+    start: u64,
+    size: u64,
+}
+
+impl diskit_core::BlockDevice for Shifted {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        self.inner.capabilities().read_only()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner.read_at(buf, offset + self.start)
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<diskit_core::Extent>> {
+        self.inner.extents(offset + self.start, len)
+    }
+}
