@@ -24,13 +24,15 @@ BENCH_DIR (default /dev/shm/diskit-bench-tools); the free page reporting
 knobs are held still for the run (bench/nbd.py).
 
 Environment: SIZE_MIB (default 1024), DD_MIB (default 2048), ROUNDS
-(default 5), CELLS (comma separated, default all), BENCH_DIR.
+(default 5), CELLS (comma separated, default all), BENCH_DIR, KEEP (keep
+the files afterwards).
 Output: the table on stdout and bench/results/qemu-img-tools-<date>.json.
 """
 
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -174,6 +176,9 @@ def main():
             log(f"round {r + 1}/{ROUNDS} done")
     finally:
         nbdbench.quiet_vm_restore(old)
+        # The files live in memory (tmpfs): give it back.
+        if not os.environ.get("KEEP"):
+            shutil.rmtree(WORK, ignore_errors=True)
     rows = []
     print(f"{'cell':<20}{'diskit s':>10}{'qemu-img s':>12}{'qemu-img/diskit':>17}")
     for cell in CELLS:

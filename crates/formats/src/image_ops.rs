@@ -251,10 +251,10 @@ pub trait FormatImage: Send + Sync {
     /// format has for `new_size` or `prealloc` whatever the current size.
     fn check_resize(&self, new_size: u64, prealloc: Option<Prealloc>) -> Result<()> {
         let _ = (new_size, prealloc);
-        Err(Error::unsupported(format!(
-            "Image format '{}' cannot be resized by this build",
-            self.format()
-        )))
+        // qemu-img's words for a driver that cannot resize.
+        Err(Error::unsupported(
+            "Image format driver does not support resize",
+        ))
     }
 
     /// Changes the virtual size; shrinking only with `shrink`; the space of

@@ -64,6 +64,10 @@ pub struct FormatInfo {
     pub encrypted: bool,
     /// Whether the image was not cleanly shut down.
     pub dirty: bool,
+    /// Whether the driver answers QEMU's get_info for the image (false:
+    /// no dirty flag and no cluster size are shown, as for a vmdk whose
+    /// extents are of different kinds).
+    pub driver_info: bool,
     /// The backing file name as recorded (cut at NUL, never empty).
     pub backing_filename: Option<String>,
     /// Its format as recorded (only with a backing file; never empty).
@@ -105,6 +109,7 @@ impl FormatInfo {
             cluster_size,
             encrypted: false,
             dirty: false,
+            driver_info: true,
             backing_filename: None,
             backing_format: None,
             snapshots: Vec::new(),

@@ -94,15 +94,38 @@ fn qcow_version(h: &[u8]) -> Option<u32> {
 /// QEMU's test for a vmdk text descriptor: a line `version=1`, `2` or `3`
 /// (ending the line) among the first bytes.
 fn vmdk_descriptor_score(h: &[u8]) -> u32 {
-    let found = h
-        .split(|&b| b == b'\n')
-        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
-        .map(|line| {
-            let start = line.iter().position(|b| !b.is_ascii_whitespace());
-            &line[start.unwrap_or(line.len())..]
-        })
-        .any(|line| matches!(line, b"version=1" | b"version=2" | b"version=3"));
-    u32::from(found) * 100
+    // QEMU looks at the first sector only: comment lines and lines of
+    // spaces are skipped; the first other line must be the version.
+    let h = &h[..h.len().min(512)];
+    let mut p = 0;
+    while p < h.len() {
+        match h[p] {
+            b'#' => match h[p..].iter().position(|&b| b == b'\n') {
+                Some(n) => p += n + 1,
+                None => return 0,
+            },
+            b' ' => {
+                while p < h.len() && h[p] == b' ' {
+                    p += 1;
+                }
+                if h.get(p) == Some(&b'\r') {
+                    p += 1;
+                }
+                if h.get(p) != Some(&b'\n') {
+                    return 0;
+                }
+                p += 1;
+            }
+            _ => {
+                let rest = &h[p..];
+                let version = rest.starts_with(b"version=")
+                    && matches!(rest.get(8), Some(b'1'..=b'3'))
+                    && (rest[9..].starts_with(b"\n") || rest[9..].starts_with(b"\r\n"));
+                return u32::from(version) * 100;
+            }
+        }
+    }
+    0
 }
 
 /// The format the first bytes of `filename` belong to, supported or not.
@@ -156,9 +179,13 @@ mod tests {
         assert_eq!(name(b"KDMV\x01\0\0\0"), "vmdk");
         assert_eq!(name(b"COWD\x01\0\0\0"), "vmdk");
         assert_eq!(
-            name(b"# Disk DescriptorFile\n  version=1\nCID=fffffffe\n"),
+            name(b"# Disk DescriptorFile\n   \r\nversion=1\nCID=fffffffe\n"),
             "vmdk"
         );
+        // qemu-img 10 probes these as raw.
+        assert_eq!(name(b"# Disk DescriptorFile\n  version=1\n"), "raw");
+        assert_eq!(name(b"\nversion=1\n"), "raw");
+        assert_eq!(name(b"version=1 \n"), "raw");
         assert_eq!(name(b"# Disk DescriptorFile\nversion=10\n"), "raw");
         assert_eq!(name(b"vhdxfile"), "vhdx");
         assert_eq!(name(b"conectix"), "vpc");
@@ -180,8 +207,8 @@ mod tests {
         let e = probe(&dev, "a.vhdx").unwrap_err();
         assert!(e.to_string().contains("'vhdx'"), "{e}");
         assert_eq!(Format::from_name("qcow2").unwrap(), Format::QCOW2);
-        let e = Format::from_name("vmdk").unwrap_err();
-        assert!(e.to_string().contains("'vmdk'"), "{e}");
+        let e = Format::from_name("parallels").unwrap_err();
+        assert!(e.to_string().contains("'parallels'"), "{e}");
         assert!(Format::from_name("nosuch").is_err());
     }
 }

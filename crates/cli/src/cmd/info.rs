@@ -139,12 +139,11 @@ impl Node {
         let image = open_node(path, format)?;
         let specific = Specific::collect(name, &image)?;
         // The disk size counts the files the image keeps its data in too
-        // (vmdk extents), each once.
+        // (vmdk extents), once per extent as QEMU counts them.
         let mut actual = image.file.allocated_bytes();
-        let mut counted = vec![image.file.location().to_string()];
+        let own = image.file.location().to_string();
         for c in specific.iter().flat_map(|q| &q.info.children) {
-            if !counted.contains(&c.filename) {
-                counted.push(c.filename.clone());
+            if c.filename != own {
                 actual = actual.zip(c.actual).map(|(a, b)| a + b);
             }
         }
@@ -225,7 +224,11 @@ impl Node {
             .with("format", QJson::Str(img.format.name().into()));
         // QEMU knows the dirty flag only of formats that report one and of
         // local files.
-        if self.specific.is_some() || Self::local(img) {
+        let driver_info = match &self.specific {
+            Some(q) => q.info.driver_info,
+            None => Self::local(img),
+        };
+        if driver_info {
             v = v.with(
                 "dirty-flag",
                 QJson::Bool(self.specific.as_ref().is_some_and(|q| q.info.dirty)),

@@ -286,6 +286,7 @@ impl FormatImage for LuksImage {
             cluster_size: None,
             encrypted: true,
             dirty: false,
+            driver_info: true,
             backing_filename: None,
             backing_format: None,
             snapshots: Vec::new(),

@@ -26,6 +26,7 @@ pub fn read(file: &dyn Storage, h: &Header) -> Result<FormatInfo> {
         cluster_size: Some(h.cluster_size()),
         encrypted: h.crypt_method != 0,
         dirty: h.incompatible_features & incompat::DIRTY != 0,
+        driver_info: true,
         backing_format: backing_filename
             .as_ref()
             .and(h.backing_format())

@@ -314,10 +314,12 @@ pub fn create(path: &Path, size: u64, o: &VmdkCreateOptions) -> Result<()> {
         Subformat::MonolithicSparse | Subformat::StreamOptimized => {
             parts.push((path.to_path_buf(), own_name, size));
         }
-        Subformat::MonolithicFlat => {
+        // An empty flat disk has no extent at all, as qemu-img makes it.
+        Subformat::MonolithicFlat if size > 0 => {
             let (p, n) = extent_path(path, "-flat");
             parts.push((p, n, size));
         }
+        Subformat::MonolithicFlat => {}
         Subformat::TwoGbSparse | Subformat::TwoGbFlat => {
             let letter = if sub == Subformat::TwoGbFlat {
                 'f'

@@ -413,6 +413,13 @@ impl FormatImage for VmdkImage {
             })
             .collect();
         let mut info = FormatInfo::plain(self.common_grain());
+        // QEMU's get_info fails for extents of different kinds.
+        let kind = |e: &VmdkExtent| match &e.data {
+            ExtentData::Flat { .. } => (true, false, 0),
+            ExtentData::Sparse(s) => (false, s.geometry().compressed, s.geometry().grain),
+        };
+        let first = self.vmdk.extents().first().map(kind);
+        info.driver_info = self.vmdk.extents().iter().all(|e| Some(kind(e)) == first);
         info.specific_type = "vmdk";
         info.specific = InfoValue::dict()
             .with("cid", InfoValue::UInt(u64::from(self.facts.cid)))
