@@ -534,9 +534,7 @@ fn hostile_disks_get_clear_errors() {
     mutate("short.vmdk", &|b| b.truncate(20000));
     mutate("l1.vmdk", &|b| put64(b, 0x0C, 1 << 62));
     mutate("nocid.vmdk", &|b| {
-        for i in 0x200..0x200 + 10240 {
-            b[i] = b' ';
-        }
+        b[0x200..0x200 + 10240].fill(b' ');
     });
     // The first grain table entry points past the end of the file.
     mutate("past.vmdk", &|b| {
