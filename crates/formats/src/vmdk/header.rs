@@ -153,7 +153,7 @@ impl SparseHeader {
         if self.gtes_per_gt > GTES_PER_GT {
             return Err(Error::invalid("L2 table size too big"));
         }
-        if u64::from(self.gtes_per_gt) * self.grain_sectors == 0 {
+        if u64::from(self.gtes_per_gt).saturating_mul(self.grain_sectors) == 0 {
             return Err(Error::invalid("L1 entry size is invalid"));
         }
         if file_len.div_ceil(SECTOR) < self.overhead {
@@ -173,7 +173,7 @@ impl SparseHeader {
 
     /// Grain directory entries needed for the capacity.
     pub fn l1_entries(&self) -> u64 {
-        let per = u64::from(self.gtes_per_gt) * self.grain_sectors;
+        let per = u64::from(self.gtes_per_gt).saturating_mul(self.grain_sectors);
         if per == 0 {
             return 0;
         }

@@ -54,7 +54,9 @@ fn read_head(file: &StorageRef, max: u64) -> Result<Vec<u8>> {
 /// sector 1, whatever the header says).
 fn embedded_text(file: &StorageRef, h: &SparseHeader) -> Result<String> {
     let len = if h.desc_offset == 1 {
-        (h.desc_sectors * SECTOR).clamp(EMBEDDED_TEXT, descriptor::MAX_TEXT as u64)
+        h.desc_sectors
+            .saturating_mul(SECTOR)
+            .clamp(EMBEDDED_TEXT, descriptor::MAX_TEXT as u64)
     } else {
         EMBEDDED_TEXT
     };
@@ -87,15 +89,22 @@ fn open_extent(
 ) -> Result<VmdkExtent> {
     let file = implied.extent(&line.file, writable)?;
     let name = file.location().to_string();
+    let too_big = || {
+        Error::invalid(format!(
+            "Invalid extent line: extent '{}' is too big",
+            line.file
+        ))
+    };
+    let bytes = |sectors: u64| sectors.checked_mul(SECTOR).ok_or_else(too_big);
     let (size, data) = match line.kind {
         ExtentKind::Flat { offset } => (
-            line.sectors * SECTOR,
+            bytes(line.sectors)?,
             ExtentData::Flat {
                 file,
-                offset: offset * SECTOR,
+                offset: bytes(offset)?,
             },
         ),
-        ExtentKind::Vmfs => (line.sectors * SECTOR, ExtentData::Flat { file, offset: 0 }),
+        ExtentKind::Vmfs => (bytes(line.sectors)?, ExtentData::Flat { file, offset: 0 }),
         ExtentKind::Sparse | ExtentKind::VmfsSparse => {
             let head = read_head(&file, SECTOR)?;
             if &head[..4] != KDMV && &head[..4] != COWD {
@@ -184,12 +193,15 @@ pub fn open(
     // A descriptor: a file of its own, or embedded in an empty sparse file.
     let (bytes, home) = match &sparse {
         Some(h) => {
-            let len = (h.desc_sectors * SECTOR).min(descriptor::MAX_TEXT as u64);
+            let len = h
+                .desc_sectors
+                .saturating_mul(SECTOR)
+                .min(descriptor::MAX_TEXT as u64);
             let mut b = vec![0u8; len as usize];
             file.read_padded(&mut b, h.desc_offset.saturating_mul(SECTOR))?;
             let home = DescriptorHome::Embedded {
                 file: file.clone(),
-                offset: h.desc_offset * SECTOR,
+                offset: h.desc_offset.saturating_mul(SECTOR),
                 len,
             };
             (b, home)

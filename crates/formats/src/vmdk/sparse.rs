@@ -17,6 +17,9 @@ use super::header::{
 };
 use crate::mapped::{Backing, MappedFormat, Place};
 
+/// The largest compressed grain read (bytes).
+const MAX_COMPRESSED_GRAIN: u64 = 16 << 20;
+
 /// Grain tables kept in memory at most (bytes), beyond which the cache
 /// starts over.
 const TABLE_CACHE_BYTES: usize = 32 << 20;
@@ -151,12 +154,21 @@ impl SparseExtent {
                 h = super::header::parse_footer(&tail)?;
             }
             h.check(len, writable)?;
+            // A compressed grain is read and inflated whole: streams use
+            // 64 KiB grains, and a huge one is refused rather than read.
+            if h.compressed() && h.grain_sectors * SECTOR > MAX_COMPRESSED_GRAIN {
+                return Err(Error::invalid("Invalid granularity, image may be corrupt"));
+            }
             Geometry::of(&h)
         };
-        let gd = read_dir(&file, geo.gd_at, geo.l1_entries)
+        // Directory entries past the end of the file read as 0 (no
+        // table): only those inside it are kept, so that a header claiming
+        // a huge disk costs no memory.
+        let in_file = |at: u64| geo.l1_entries.min(len.saturating_sub(at) / 4);
+        let gd = read_dir(&file, geo.gd_at, in_file(geo.gd_at))
             .map_err(|e| e.context("Could not read l1 table from extent"))?;
         let rgd = match geo.rgd_at {
-            Some(at) => read_dir(&file, at, geo.l1_entries)
+            Some(at) => read_dir(&file, at, in_file(at))
                 .map_err(|e| e.context("Could not read l1 backup table from extent"))?,
             None => Vec::new(),
         };
@@ -513,7 +525,13 @@ impl SparseExtent {
         let span = self.geo.table_span();
         let l1 = g / span;
         let first = (g % span) / self.geo.grain;
-        let gt = self.gd.read().unwrap_or_else(|p| p.into_inner())[l1 as usize];
+        let gt = self
+            .gd
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(l1 as usize)
+            .copied()
+            .unwrap_or(0);
         let gt = if gt == 0 {
             self.new_table(next, l1)?
         } else {
@@ -576,13 +594,31 @@ impl SparseExtent {
         };
         if let (Some(at), Some(r)) = (self.geo.rgd_at, rgt) {
             self.file.write_extend(&r.to_le_bytes(), at + l1 * 4)?;
-            self.rgd.write().unwrap_or_else(|p| p.into_inner())[l1 as usize] = r;
+            set_entry(
+                &mut self.rgd.write().unwrap_or_else(|p| p.into_inner()),
+                l1,
+                r,
+            );
         }
         self.file
             .write_extend(&gt.to_le_bytes(), self.geo.gd_at + l1 * 4)?;
-        self.gd.write().unwrap_or_else(|p| p.into_inner())[l1 as usize] = gt;
+        set_entry(
+            &mut self.gd.write().unwrap_or_else(|p| p.into_inner()),
+            l1,
+            gt,
+        );
         Ok(gt)
     }
+}
+
+/// Sets directory entry `l1`, growing the directory held in memory (it
+/// holds only the entries inside the file).
+fn set_entry(dir: &mut Vec<u32>, l1: u64, v: u32) {
+    let i = l1 as usize;
+    if dir.len() <= i {
+        dir.resize(i + 1, 0);
+    }
+    dir[i] = v;
 }
 
 impl MappedFormat for SparseExtent {
