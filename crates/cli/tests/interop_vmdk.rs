@@ -652,3 +652,42 @@ fn descriptors_are_probed_as_qemu_img_probes_them() {
     f.write_all_at(&[0xee; 512], 4096).unwrap();
     alike_in(d, &["map", "--output=json", "f.vmdk"]);
 }
+
+#[test]
+fn a_writer_killed_mid_copy_leaves_a_disk_qemu_img_accepts() {
+    let dir = workdir();
+    let d = dir.path();
+    // 96 MiB of data in runs, so that the copy is caught part way.
+    let runs: Vec<(u64, usize, u8)> = (0..48u64)
+        .map(|i| (i * (4 << 20), 2 << 20, i as u8 + 1))
+        .collect();
+    sparse_file(&d.join("src.raw"), 192 << 20, &runs);
+    for (sub, delay_ms) in [
+        ("monolithicSparse", 60),
+        ("streamOptimized", 150),
+        ("twoGbMaxExtentSparse", 60),
+    ] {
+        let opts = format!("subformat={sub}");
+        let mut child = std::process::Command::new(diskit_bin())
+            .args(["convert", "-O", "vmdk", "-o", &opts, "src.raw", "k.vmdk"])
+            .current_dir(d)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        let _ = child.wait();
+        if d.join("k.vmdk").exists() {
+            // What was written reads back; the rest is unallocated.
+            let o = tool_in(d, "qemu-img", &["check", "k.vmdk"]);
+            assert_eq!(code(&o), 0, "{sub}: {}{}", stdout(&o), stderr(&o));
+            good_in(d, "diskit", &["check", "k.vmdk"]);
+            good_in(d, "diskit", &["convert", "-O", "raw", "k.vmdk", "k.raw"]);
+        }
+        for f in std::fs::read_dir(d).unwrap() {
+            let p = f.unwrap().path();
+            if p.file_name().unwrap() != "src.raw" {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+    }
+}

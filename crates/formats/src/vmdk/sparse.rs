@@ -6,7 +6,6 @@
 //! after (in both directories), so that a crash leaks grains at worst.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::sync::{Arc, Mutex, RwLock};
 
 use diskit_core::{DeviceRef, Error, ErrorKind, Result, StorageRef, WriteFlags};
@@ -305,22 +304,35 @@ impl SparseExtent {
                         "compressed grain at host offset {offset} does not decompress"
                     ))
                 };
-                let mut raw = vec![0u8; (2 * grain) as usize + GRAIN_MARKER];
+                // Most grains fit in a grain and a page; a bigger one (or
+                // one without a marker, whose length is unknown) is read
+                // on up to twice the grain.
+                let mut raw = vec![0u8; (grain + 4096) as usize + GRAIN_MARKER];
                 self.file.read_padded(&mut raw, offset)?;
-                let stream = if self.geo.markers {
+                let (from, len) = if self.geo.markers {
                     let size = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes")) as u64;
                     if size == 0 || size > 2 * grain {
                         return Err(fault());
                     }
-                    &raw[GRAIN_MARKER..GRAIN_MARKER + size as usize]
+                    (GRAIN_MARKER, size as usize)
                 } else {
-                    &raw[..]
+                    (0, (2 * grain) as usize)
                 };
-                let mut out = Vec::with_capacity(grain as usize);
-                flate2::read::ZlibDecoder::new(stream)
-                    .take(grain)
-                    .read_to_end(&mut out)
-                    .map_err(|_| fault())?;
+                if from + len > raw.len() {
+                    let have = raw.len();
+                    raw.resize(from + len, 0);
+                    self.file
+                        .read_padded(&mut raw[have..], offset + have as u64)?;
+                }
+                let mut out = vec![0u8; grain as usize];
+                let mut z = flate2::Decompress::new(true);
+                z.decompress(
+                    &raw[from..from + len],
+                    &mut out,
+                    flate2::FlushDecompress::Finish,
+                )
+                .map_err(|_| fault())?;
+                out.truncate(z.total_out() as usize);
                 let d = Arc::new(out);
                 *self.last_grain.lock().unwrap_or_else(|p| p.into_inner()) =
                     Some((offset, d.clone()));
