@@ -470,6 +470,68 @@ fn vmfs_sparse(dir: &Path) {
     .unwrap();
 }
 
+/// A seSparse extent (4 KiB grains: data, a zero grain, an unmapped one,
+/// another data grain) and its descriptor.
+fn se_sparse(dir: &Path) {
+    let words = |v: &[u64]| -> Vec<u8> { v.iter().flat_map(|w| w.to_le_bytes()).collect() };
+    let cap = 4096u64;
+    let mut f = words(&[
+        0xcafebabe,
+        0x2_0000_0001,
+        cap,
+        8,
+        64,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        1,
+        2,
+        1,
+        3,
+        1,
+        8,
+        1,
+        16,
+        64,
+        0,
+        0,
+        0,
+        0,
+        128,
+        64,
+    ]);
+    f.resize(512, 0);
+    let mut v = words(&[0xcafecafe, 1, 1, 0]);
+    v.resize(512, 0);
+    f.extend(v);
+    f.resize(8 * 512, 0);
+    let mut gd = vec![0u64; 64];
+    gd[0] = 0x1000_0000_0000_0000;
+    f.extend(words(&gd));
+    f.resize(16 * 512, 0);
+    let mut gt = vec![0u64; 4096];
+    gt[0] = 0x3000_0000_0000_0000;
+    gt[1] = 0x2000_0000_0000_0000;
+    gt[2] = 0x1000_0000_0000_0000;
+    gt[5] = 0x3000_0000_0000_0000 | (1 << 48);
+    gt[6] = 0x3000_0000_0000_0000 | (2 << 48);
+    f.extend(words(&gt));
+    f.resize(128 * 512, 0);
+    for fill in [0x11u8, 0x22, 0x33] {
+        f.extend(vec![fill; 4096]);
+    }
+    std::fs::write(dir.join("se-ext.vmdk"), f).unwrap();
+    std::fs::write(
+        dir.join("sesparse.vmdk"),
+        "# Disk DescriptorFile\nversion=1\nCID=1234\nparentCID=ffffffff\n\
+         createType=\"seSparse\"\n\n# Extent description\nRW 4096 SESPARSE \"se-ext.vmdk\"\n",
+    )
+    .unwrap();
+}
+
 #[test]
 fn vmware_streams_and_esx_sparse_extents_read_as_qemu_reads_them() {
     let dir = workdir();
@@ -478,6 +540,30 @@ fn vmware_streams_and_esx_sparse_extents_read_as_qemu_reads_them() {
     reads_like_qemu(d, "vw.vmdk");
     vmfs_sparse(d);
     reads_like_qemu(d, "vmfssparse.vmdk");
+    se_sparse(d);
+    reads_like_qemu(d, "sesparse.vmdk");
+    // Read only, as in QEMU; a dirty journal or a bad magic is refused.
+    let o = tool_in(
+        d,
+        "diskit",
+        &["serve", "-U", "x.sock", "image", "sesparse.vmdk"],
+    );
+    assert!(
+        stderr(&o).contains("No write support for seSparse"),
+        "{}",
+        stderr(&o)
+    );
+    let ext = std::fs::read(d.join("se-ext.vmdk")).unwrap();
+    for (at, why) in [
+        (0usize, "Bad const header magic"),
+        (512 + 24, "Replaying journal not supported"),
+    ] {
+        let mut b = ext.clone();
+        b[at] ^= 1;
+        std::fs::write(d.join("se-ext.vmdk"), b).unwrap();
+        let o = tool_in(d, "diskit", &["info", "sesparse.vmdk"]);
+        assert!(stderr(&o).contains(why), "{}", stderr(&o));
+    }
     // A descriptor mixing flat and sparse extents, in a subdirectory.
     std::fs::create_dir(d.join("sub")).unwrap();
     good_in(

@@ -13,6 +13,7 @@ use diskit_core::{
 };
 
 use super::header::SECTOR;
+use super::sesparse::SeSparseExtent;
 use super::sparse::SparseExtent;
 use crate::mapped::{self, Backing, Place};
 
@@ -27,6 +28,8 @@ pub enum ExtentData {
     },
     /// Grains mapped through tables.
     Sparse(Arc<SparseExtent>),
+    /// A space-efficient sparse extent (read only).
+    SeSparse(Arc<SeSparseExtent>),
 }
 
 /// One extent of the disk.
@@ -49,6 +52,31 @@ impl VmdkExtent {
         match &self.data {
             ExtentData::Flat { file, .. } => file,
             ExtentData::Sparse(s) => s.file(),
+            ExtentData::SeSparse(s) => s.file(),
+        }
+    }
+
+    /// The grain size of a sparse extent.
+    pub fn grain(&self) -> Option<u64> {
+        match &self.data {
+            ExtentData::Flat { .. } => None,
+            ExtentData::Sparse(s) => Some(s.geometry().grain),
+            ExtentData::SeSparse(s) => Some(s.grain()),
+        }
+    }
+
+    /// Whether its grains are compressed.
+    pub fn compressed(&self) -> bool {
+        matches!(&self.data, ExtentData::Sparse(s) if s.geometry().compressed)
+    }
+
+    /// Where byte `at` of a sparse extent lives and for how long (`None`
+    /// for a flat one).
+    pub fn locate(&self, at: u64, max: u64) -> Option<Result<(u64, Place)>> {
+        match &self.data {
+            ExtentData::Flat { .. } => None,
+            ExtentData::Sparse(s) => Some(s.locate(at, max)),
+            ExtentData::SeSparse(s) => Some(s.locate(at, max)),
         }
     }
 }
@@ -192,6 +220,7 @@ fn read_extent(e: &VmdkExtent, buf: &mut [u8], at: u64) -> Result<()> {
     match &e.data {
         ExtentData::Flat { file, offset } => file.read_padded(buf, offset + at),
         ExtentData::Sparse(s) => mapped::read(&**s, buf, at),
+        ExtentData::SeSparse(s) => mapped::read(&**s, buf, at),
     }
 }
 
@@ -225,6 +254,7 @@ impl BlockDevice for Vmdk {
         self.pieces(offset, buf.len() as u64, |e, at, o, n| match &e.data {
             ExtentData::Flat { file, offset } => file.write_extend(&buf[o..o + n], offset + at),
             ExtentData::Sparse(s) => s.write(&buf[o..o + n], at),
+            ExtentData::SeSparse(_) => Err(read_only_extent()),
         })?;
         if flags.fua {
             self.flush()?;
@@ -254,6 +284,7 @@ impl BlockDevice for Vmdk {
                     }
                 }
                 ExtentData::Sparse(s) => zero_sparse(s, at, n, flags.fast),
+                ExtentData::SeSparse(_) => Err(read_only_extent()),
             }
         })?;
         if flags.fua {
@@ -304,6 +335,7 @@ impl BlockDevice for Vmdk {
                 Ok(v)
             }
             ExtentData::Sparse(s) => mapped::extents(&**s, at, n),
+            ExtentData::SeSparse(s) => mapped::extents(&**s, at, n),
         }
     }
 
@@ -324,6 +356,7 @@ impl BlockDevice for Vmdk {
                 file.file_view(base + at, len)
             }
             ExtentData::Sparse(s) => mapped::file_view(&**s, at, len),
+            ExtentData::SeSparse(s) => mapped::file_view(&**s, at, len),
         }
     }
 
@@ -337,6 +370,11 @@ impl BlockDevice for Vmdk {
         }
         Ok(())
     }
+}
+
+/// Writing to a seSparse extent (never opened writable).
+fn read_only_extent() -> Error {
+    Error::unsupported("No write support for seSparse images available")
 }
 
 /// Zeros `n` bytes at `at` of a sparse extent: grains that read as zeros

@@ -13,6 +13,7 @@ pub mod create;
 pub mod descriptor;
 pub mod device;
 pub mod header;
+pub mod sesparse;
 pub mod sparse;
 
 use std::path::Path;
@@ -115,9 +116,9 @@ fn open_extent(
             (s.capacity(), ExtentData::Sparse(Arc::new(s)))
         }
         ExtentKind::SeSparse => {
-            return Err(Error::unsupported(
-                "seSparse extents are not supported by diskit",
-            ));
+            let below = backing.and_then(|b| sparse::shifted_backing(b, start));
+            let s = sesparse::SeSparseExtent::open(file, writable, below)?;
+            (s.capacity(), ExtentData::SeSparse(Arc::new(s)))
         }
     };
     Ok(VmdkExtent {
@@ -364,12 +365,10 @@ impl VmdkImage {
     fn common_grain(&self) -> Option<u64> {
         let mut grain = None;
         for e in self.vmdk.extents() {
-            let ExtentData::Sparse(s) = &e.data else {
-                return None;
-            };
+            let g = e.grain()?;
             match grain {
-                None => grain = Some(s.geometry().grain),
-                Some(g) if g != s.geometry().grain => return None,
+                None => grain = Some(g),
+                Some(c) if c != g => return None,
                 Some(_) => {}
             }
         }
@@ -410,26 +409,21 @@ impl FormatImage for VmdkImage {
             .iter()
             .map(|e| {
                 let mut d = InfoValue::dict();
-                if let ExtentData::Sparse(s) = &e.data
-                    && s.geometry().compressed
-                {
+                if e.compressed() {
                     d = d.with("compressed", InfoValue::Bool(true));
                 }
                 d = d
                     .with("virtual-size", InfoValue::UInt(e.size))
                     .with("filename", InfoValue::Str(e.name.clone()));
-                if let ExtentData::Sparse(s) = &e.data {
-                    d = d.with("cluster-size", InfoValue::UInt(s.geometry().grain));
+                if let Some(g) = e.grain() {
+                    d = d.with("cluster-size", InfoValue::UInt(g));
                 }
                 d.with("format", InfoValue::Str(e.kind.into()))
             })
             .collect();
         let mut info = FormatInfo::plain(self.common_grain());
         // QEMU's get_info fails for extents of different kinds.
-        let kind = |e: &VmdkExtent| match &e.data {
-            ExtentData::Flat { .. } => (true, false, 0),
-            ExtentData::Sparse(s) => (false, s.geometry().compressed, s.geometry().grain),
-        };
+        let kind = |e: &VmdkExtent| (e.grain(), e.compressed());
         let first = self.vmdk.extents().first().map(kind);
         info.driver_info = self.vmdk.extents().iter().all(|e| Some(kind(e)) == first);
         info.specific_type = "vmdk";
@@ -484,10 +478,7 @@ impl FormatImage for VmdkImage {
     }
 
     fn needs_compressed_writes(&self) -> bool {
-        self.vmdk.extents().iter().any(|e| match &e.data {
-            ExtentData::Sparse(s) => s.geometry().compressed,
-            ExtentData::Flat { .. } => false,
-        })
+        self.vmdk.extents().iter().any(VmdkExtent::compressed)
     }
 
     fn check(&self, repair: Repair) -> Result<CheckReport> {
@@ -523,11 +514,12 @@ fn check(vmdk: &Vmdk) -> Result<CheckReport> {
                     return Ok(r);
                 }
             }
-            ExtentData::Sparse(s) => {
-                let len = s.file().file_len()?;
+            ExtentData::Sparse(_) | ExtentData::SeSparse(_) => {
+                let len = e.file().file_len()?;
+                let grain = e.grain().unwrap_or(SECTOR);
                 let mut g = 0;
                 while g < e.size {
-                    let (n, place) = s.locate(g, e.size - g)?;
+                    let (n, place) = e.locate(g, e.size - g).expect("a sparse extent")?;
                     let host = match place {
                         Place::Data(h) => Some(h),
                         Place::Compressed { offset, .. } => Some(offset),
@@ -535,7 +527,6 @@ fn check(vmdk: &Vmdk) -> Result<CheckReport> {
                     };
                     if let Some(h) = host {
                         // Each grain of a data run is its own entry.
-                        let grain = s.geometry().grain;
                         let last = h + (n - 1) / grain * grain;
                         if h >= len || last >= len {
                             let bad = if h >= len { g } else { g + (last - h) };
