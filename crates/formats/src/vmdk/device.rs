@@ -280,7 +280,15 @@ impl BlockDevice for Vmdk {
                     } else if flags.fast {
                         Err(Error::from_kind(ErrorKind::NotSupported))
                     } else {
-                        file.write_extend(&vec![0u8; n as usize], offset + at)
+                        // Past the end of a short flat file: written out.
+                        let zeros = vec![0u8; n.min(1 << 20) as usize];
+                        let mut p = 0;
+                        while p < n {
+                            let k = (n - p).min(zeros.len() as u64);
+                            file.write_extend(&zeros[..k as usize], offset + at + p)?;
+                            p += k;
+                        }
+                        Ok(())
                     }
                 }
                 ExtentData::Sparse(s) => zero_sparse(s, at, n, flags.fast),
