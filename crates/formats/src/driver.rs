@@ -202,10 +202,7 @@ pub static FORMATS: &[&dyn FormatDriver] = &[
         name: "vmdk",
         probe: crate::probe::vmdk,
     },
-    &Recognised {
-        name: "vhdx",
-        probe: crate::probe::vhdx,
-    },
+    &crate::vhdx::VhdxDriver,
     &crate::vpc::VpcDriver,
     &crate::vdi::VdiDriver,
     &crate::luks::LuksDriver,
