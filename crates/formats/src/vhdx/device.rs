@@ -193,7 +193,7 @@ impl Vhdx {
         file.read_padded(&mut mdt, rt.metadata.offset)?;
         let md = Metadata::parse(&mdt, rt.metadata.length, &mut |it| {
             let mut b = vec![0u8; it.length as usize];
-            file.read_padded(&mut b, rt.metadata.offset + it.offset as u64)?;
+            file.read_padded(&mut b, rt.metadata.offset.saturating_add(it.offset as u64))?;
             Ok(b)
         })?;
         let geo = Geometry::new(md.virtual_size, md.block_size as u64)?;
@@ -221,7 +221,7 @@ impl Vhdx {
         // Writes go through the log, whole BAT sectors at a time.
         let capacity = if rt.bat.offset.is_multiple_of(log::SECTOR)
             && held * 8 <= rt.bat.length as u64
-            && h.log_offset + h.log_length as u64 <= file.file_len()?
+            && h.log_offset.saturating_add(h.log_length as u64) <= file.file_len()?
         {
             log::capacity(h.log_length as u64)
         } else {
