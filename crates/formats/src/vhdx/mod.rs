@@ -427,3 +427,267 @@ impl FormatImage for VhdxImage {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use diskit_backends::MemoryDevice;
+    use diskit_core::{
+        BlockDevice, Capabilities, Preallocation, Result, Storage, StorageRef, WriteFlags,
+        ZeroFlags,
+    };
+
+    use super::device::{Mode, Vhdx};
+    use super::*;
+
+    /// What a writer did to its file, in order.
+    #[derive(Clone)]
+    enum Op {
+        Write(u64, Vec<u8>),
+        Resize(u64),
+        Flush,
+    }
+
+    /// Memory storage that records every change.
+    struct Recorder {
+        inner: Arc<MemoryDevice>,
+        ops: Mutex<Vec<Op>>,
+    }
+
+    impl Recorder {
+        fn log(&self, op: Op) {
+            self.ops.lock().unwrap().push(op);
+        }
+    }
+
+    impl BlockDevice for Recorder {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+            self.log(Op::Write(offset, buf.to_vec()));
+            self.inner.write_at(buf, offset, flags)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+            self.log(Op::Write(offset, vec![0; len as usize]));
+            self.inner.write_zeroes(offset, len, flags)
+        }
+        fn flush(&self) -> Result<()> {
+            self.log(Op::Flush);
+            Ok(())
+        }
+    }
+
+    impl Storage for Recorder {
+        fn location(&self) -> &str {
+            "recorder"
+        }
+        fn protocol(&self) -> &'static str {
+            "memory"
+        }
+        fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
+            self.log(Op::Write(offset, buf.to_vec()));
+            self.inner.write_extend(buf, offset)
+        }
+        fn resize(&self, new_len: u64, prealloc: Preallocation) -> Result<()> {
+            self.log(Op::Resize(new_len));
+            self.inner.resize(new_len, prealloc)
+        }
+    }
+
+    fn memory(bytes: &[u8]) -> Arc<MemoryDevice> {
+        let m = Arc::new(MemoryDevice::new(0));
+        m.write_extend(bytes, 0).unwrap();
+        m
+    }
+
+    fn new_image(size: u64, opts: &str) -> Vec<u8> {
+        let mut list = OptionList::new();
+        list.parse_into(opts).unwrap();
+        let o = VhdxCreateOptions::parse(&list).unwrap();
+        let m = Arc::new(MemoryDevice::new(0));
+        Plan::new(size, &o).unwrap().write(&*m).unwrap();
+        let mut b = vec![0u8; m.size() as usize];
+        m.read_at(&mut b, 0).unwrap();
+        b
+    }
+
+    const BS: u64 = 1 << 20;
+
+    /// The writes the crash test makes: (guest offset, length, byte).
+    const WRITES: &[(u64, u64, u8)] = &[
+        (4096, 70_000, 0x11),
+        (3 * BS, BS, 0x22),
+        (7 * BS + 5, 3, 0x33),
+        (4096, 100, 0x44),
+        (9 * BS - 10, 20, 0x55),
+    ];
+
+    #[test]
+    fn an_image_cut_short_by_a_kill_or_a_power_loss_opens_with_old_or_new_data() {
+        let base = new_image(16 * BS, "block_size=1M");
+        let rec = Arc::new(Recorder {
+            inner: memory(&base),
+            ops: Mutex::new(Vec::new()),
+        });
+        {
+            let v = Vhdx::open(
+                rec.clone() as StorageRef,
+                Mode {
+                    writable: true,
+                    ..Mode::default()
+                },
+            )
+            .unwrap();
+            for (i, &(g, n, byte)) in WRITES.iter().enumerate() {
+                v.write_at(&vec![byte; n as usize], g, WriteFlags::NONE)
+                    .unwrap();
+                if i % 2 == 1 {
+                    v.flush().unwrap();
+                }
+            }
+            v.close().unwrap();
+        }
+        let ops = rec.ops.lock().unwrap().clone();
+        assert!(ops.len() > 20, "{} changes", ops.len());
+        let mut replays = 0;
+        for k in 0..=ops.len() {
+            let done: Vec<&Op> = ops[..k].iter().collect();
+            replays += usize::from(crashed_at(
+                &base,
+                &done,
+                &format!("after {k} changes"),
+                k == ops.len(),
+            ));
+        }
+        assert!(replays > 0, "some crash points leave a log to replay");
+        // Power lost: what was flushed is there, and any part of what was
+        // written since.
+        let flushes: Vec<usize> = ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| matches!(o, Op::Flush))
+            .map(|(i, _)| i)
+            .collect();
+        let mut start = 0;
+        for &end in flushes.iter().chain([&ops.len()]) {
+            let epoch = &ops[start..end];
+            let tries = if epoch.len() <= 10 {
+                1u64 << epoch.len()
+            } else {
+                256
+            };
+            for t in 0..tries {
+                let mask = if epoch.len() <= 10 {
+                    t
+                } else {
+                    t.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (t << 7)
+                };
+                let mut done: Vec<&Op> = ops[..start].iter().collect();
+                done.extend(
+                    epoch
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| mask >> (i % 64) & 1 == 1)
+                        .map(|(_, o)| o),
+                );
+                crashed_at(
+                    &base,
+                    &done,
+                    &format!("epoch {start}..{end}, subset {mask:#x}"),
+                    false,
+                );
+            }
+            start = end + 1;
+        }
+    }
+
+    /// Opens the image made of `base` and `done` (replaying its log if it
+    /// has one to replay, which it returns): it must read as before the
+    /// writes or as some of them (`all`: all of them).
+    fn crashed_at(base: &[u8], done: &[&Op], what: &str, all: bool) -> bool {
+        let mut replayed = false;
+        {
+            let m = memory(base);
+            for op in done {
+                match op {
+                    Op::Write(at, b) => m.write_extend(b, *at).unwrap(),
+                    Op::Resize(n) => m.resize(*n, Preallocation::Off).unwrap(),
+                    Op::Flush => {}
+                }
+            }
+            let k = what;
+            let v = match Vhdx::open(m.clone() as StorageRef, Mode::default()) {
+                Ok(v) => v,
+                Err(e) => {
+                    assert!(e.to_string().contains("needs to be replayed"), "{k}: {e}");
+                    replayed = true;
+                    let rw = Mode {
+                        writable: true,
+                        ..Mode::default()
+                    };
+                    drop(Vhdx::open(m.clone() as StorageRef, rw).unwrap());
+                    Vhdx::open(m as StorageRef, Mode::default()).unwrap()
+                }
+            };
+            assert!(v.bat_errors().unwrap().is_empty(), "{k}");
+            // Every byte reads as before the writes or as one of them.
+            let mut disk = vec![0u8; 16 * BS as usize];
+            v.read_at(&mut disk, 0).unwrap();
+            for (i, &b) in disk.iter().enumerate() {
+                let i = i as u64;
+                let ok = b == 0
+                    || WRITES
+                        .iter()
+                        .any(|&(g, n, byte)| (g..g + n).contains(&i) && b == byte);
+                assert!(ok, "{k}: byte {i} is {b:#x}");
+            }
+            if all {
+                let mut want = vec![0u8; 16 * BS as usize];
+                for &(g, n, byte) in WRITES {
+                    want[g as usize..(g + n) as usize].fill(byte);
+                }
+                assert!(disk == want, "all changes: the written data");
+            }
+        }
+        replayed
+    }
+
+    #[test]
+    fn options_are_checked_as_qemu_img() {
+        let plan = |opts: &str, size: u64| {
+            let mut list = OptionList::new();
+            list.parse_into(opts).unwrap();
+            Plan::new(size, &VhdxCreateOptions::parse(&list).unwrap())
+        };
+        let p = plan("", 100 << 20).unwrap();
+        assert_eq!(p.geo.block_size, 8 << 20);
+        assert_eq!(p.data_start(), 8 << 20);
+        assert_eq!(
+            plan("block_size=100K", 1 << 30).unwrap().geo.block_size,
+            MIB
+        );
+        assert_eq!(
+            plan("block_size=1G", 1 << 30).unwrap().geo.block_size,
+            MAX_BLOCK
+        );
+        assert_eq!(plan("log_size=1536K", 1 << 20).unwrap().log_size, 2 * MIB);
+        for (opts, size, msg) in [
+            ("", MAX_SIZE + 1, "Image size too large"),
+            ("log_size=4G", 1, "smaller than 4 GB"),
+            ("log_size=0", 1, "multiple of 1 MB"),
+            ("block_size=3M", 1, "power of two"),
+            ("subformat=Fixed", 1, "does not accept value 'Fixed'"),
+        ] {
+            let e = plan(opts, size).err().unwrap().to_string();
+            assert!(e.contains(msg), "{opts}: {e}");
+        }
+    }
+}
