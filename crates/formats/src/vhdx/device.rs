@@ -25,15 +25,13 @@ use diskit_core::{
 };
 
 use super::header::{
-    self, Geometry, Guid, HEADER_BLOCK, HEADER_OFFSETS, Header, MIB, Metadata, NULL_GUID,
-    PAYLOAD_FULLY_PRESENT, PAYLOAD_NOT_PRESENT, REGION_TABLE_OFFSET, RegionTable, Regions,
-    SIGNATURE, TABLE_LEN, entry_offset, entry_state, invalid, reads_as_zero,
+    self, Bat, BatIndex, Block, ENTRIES_PER_SECTOR, Geometry, Guid, HEADER_BLOCK, HEADER_OFFSETS,
+    Header, MIB, Metadata, NULL_GUID, PAYLOAD_FULLY_PRESENT, PAYLOAD_NOT_PRESENT,
+    REGION_TABLE_OFFSET, RegionTable, Regions, SIGNATURE, TABLE_LEN, entry_offset, entry_state,
+    invalid, reads_as_zero,
 };
 use super::log::{self, Log};
 use crate::mapped::{self, Backing, MappedFormat, Place};
-
-/// BAT entries in one 4 KiB sector.
-const PER_SECTOR: u64 = 512;
 
 /// How an image is opened.
 #[derive(Debug, Clone, Copy, Default)]
@@ -103,10 +101,10 @@ pub struct Vhdx {
     rt: RegionTable,
     /// The log, registered regions first (for the BAT checks).
     regions: Regions,
-    bat: RwLock<Vec<u64>>,
+    bat: RwLock<Bat>,
     state: Mutex<State>,
     /// Payload blocks being allocated (their writers hold them).
-    allocating: Mutex<Vec<u64>>,
+    allocating: Mutex<Vec<Block>>,
     allocated: Condvar,
     /// Where the file ends (new blocks go after, 1 MiB aligned).
     file_end: AtomicU64,
@@ -206,18 +204,14 @@ impl Vhdx {
         // The entries that matter, in whole sectors where the region has
         // them.
         let used = geo.used_entries();
-        let held = used.next_multiple_of(PER_SECTOR);
+        let held = used.next_multiple_of(ENTRIES_PER_SECTOR);
         let from_file = (held * 8).min(rt.bat.length as u64);
         let raw = read_inside(&file, rt.bat.offset, used * 8, "BAT").and_then(|_| {
             let mut b = vec![0u8; from_file as usize];
             file.read_padded(&mut b, rt.bat.offset)?;
             Ok(b)
         })?;
-        let mut bat: Vec<u64> = raw
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        bat.resize(held as usize, PAYLOAD_NOT_PRESENT);
+        let bat = Bat::new(&raw, held);
         // Writes go through the log, whole BAT sectors at a time.
         let capacity = if rt.bat.offset.is_multiple_of(log::SECTOR)
             && held * 8 <= rt.bat.length as u64
@@ -285,14 +279,14 @@ impl Vhdx {
         let bs = self.geo.block_size;
         let mut out = Vec::new();
         for b in 0..self.geo.blocks {
-            let i = self.geo.bat_index(b);
-            let e = bat[i as usize];
+            let i = self.geo.bat_index(Block(b));
+            let e = bat[i];
             if entry_state(e) != PAYLOAD_FULLY_PRESENT {
                 continue;
             }
             let off = entry_offset(e);
             // QEMU sizes the last block from the raw BAT index.
-            let len = bs.min(self.geo.virtual_size.saturating_sub(i.saturating_mul(bs)));
+            let len = bs.min(self.geo.virtual_size.saturating_sub(i.0.saturating_mul(bs)));
             if off >= file_len {
                 out.push(format!(
                     "VHDX BAT entry {i} start offset {off} points after end of file ({file_len}). Image has probably been truncated."
@@ -311,8 +305,8 @@ impl Vhdx {
         Ok(out)
     }
 
-    fn entry(&self, index: u64) -> u64 {
-        self.bat.read().unwrap_or_else(|p| p.into_inner())[index as usize]
+    fn entry(&self, i: BatIndex) -> u64 {
+        self.bat.read().unwrap_or_else(|p| p.into_inner())[i]
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -323,9 +317,10 @@ impl Vhdx {
         Error::new(ErrorKind::PermissionDenied, "image is read-only")
     }
 
-    fn bad_state(&self, b: u64, e: u64) -> Error {
+    fn bad_state(&self, b: Block, e: u64) -> Error {
         Error::io(format!(
-            "VHDX payload block {b} (BAT entry {}) is in state {}, which cannot be read or written",
+            "VHDX payload block {} (BAT entry {}) is in state {}, which cannot be read or written",
+            b.0,
             self.geo.bat_index(b),
             entry_state(e)
         ))
@@ -345,7 +340,7 @@ impl Vhdx {
     /// Writes `buf` at guest `g`, inside one payload block.
     fn write_in_block(&self, buf: &[u8], g: u64) -> Result<()> {
         let bs = self.geo.block_size;
-        let b = g / bs;
+        let b = Block(g / bs);
         let i = self.geo.bat_index(b);
         let within = g % bs;
         loop {
@@ -355,7 +350,8 @@ impl Vhdx {
                     let off = entry_offset(e);
                     if off < MIB {
                         return Err(Error::io(format!(
-                            "VHDX payload block {b} is at offset {off}, inside the file header: not written"
+                            "VHDX payload block {} is at offset {off}, inside the file header: not written",
+                            b.0
                         )));
                     }
                     return self.file.write_extend(buf, off + within);
@@ -385,7 +381,7 @@ impl Vhdx {
     /// A new block for BAT entry `i` at the end of the file (1 MiB
     /// aligned, a whole block, zeros but for `buf` at `within`); its entry
     /// changes in memory and waits for the next commit.
-    fn allocate(&self, i: u64, buf: &[u8], within: u64) -> Result<()> {
+    fn allocate(&self, i: BatIndex, buf: &[u8], within: u64) -> Result<()> {
         let bs = self.geo.block_size;
         let at = {
             let _st = self.lock();
@@ -401,9 +397,11 @@ impl Vhdx {
         };
         self.file.write_at(buf, at + within, WriteFlags::NONE)?;
         let mut st = self.lock();
-        self.bat.write().unwrap_or_else(|p| p.into_inner())[i as usize] =
-            at | PAYLOAD_FULLY_PRESENT;
-        st.pending.insert(i / PER_SECTOR);
+        self.bat
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .set(i, at | PAYLOAD_FULLY_PRESENT);
+        st.pending.insert(i.0 / ENTRIES_PER_SECTOR);
         if st.pending.len() as u64 >= self.capacity {
             self.commit(&mut st)?;
         }
@@ -425,14 +423,7 @@ impl Vhdx {
                 let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
                 chunk
                     .iter()
-                    .map(|&s| {
-                        let first = (s * PER_SECTOR) as usize;
-                        let bytes = bat[first..first + PER_SECTOR as usize]
-                            .iter()
-                            .flat_map(|e| e.to_le_bytes())
-                            .collect();
-                        (self.rt.bat.offset + s * log::SECTOR, bytes)
-                    })
+                    .map(|&s| (self.rt.bat.offset + s * log::SECTOR, bat.sector(s)))
                     .collect()
             };
             let guid = header::new_guid()?;
@@ -488,7 +479,7 @@ impl MappedFormat for Vhdx {
         let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
         let bs = self.geo.block_size;
         let b = g / bs;
-        let first = bat[self.geo.bat_index(b) as usize];
+        let first = bat[self.geo.bat_index(Block(b))];
         let kind = |e: u64| match entry_state(e) {
             PAYLOAD_FULLY_PRESENT => Some(1),
             PAYLOAD_NOT_PRESENT => Some(2),
@@ -496,12 +487,12 @@ impl MappedFormat for Vhdx {
             _ => None,
         };
         let Some(k) = kind(first) else {
-            return Err(self.bad_state(b, first));
+            return Err(self.bad_state(Block(b), first));
         };
         let mut n = (bs - g % bs).min(max);
         let mut next = b + 1;
         while n < max && next < self.geo.blocks {
-            let e = bat[self.geo.bat_index(next) as usize];
+            let e = bat[self.geo.bat_index(Block(next))];
             let alike = kind(e) == Some(k)
                 && (k != 1 || entry_offset(e) == entry_offset(first) + (next - b) * bs);
             if !alike {
@@ -584,7 +575,7 @@ impl BlockDevice for Vhdx {
         let mut pos = offset;
         while pos < offset + len {
             let n = (bs - pos % bs).min(offset + len - pos);
-            let b = pos / bs;
+            let b = Block(pos / bs);
             let e = self.entry(self.geo.bat_index(b));
             match entry_state(e) {
                 s if reads_as_zero(s) => {}

@@ -631,6 +631,62 @@ pub fn reads_as_zero(state: u64) -> bool {
     )
 }
 
+/// A payload block: guest offset / block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Block(pub u64);
+
+/// A position in the BAT, where payload entries and sector bitmap entries
+/// are interleaved (QEMU's messages name entries by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BatIndex(pub u64);
+
+impl std::fmt::Display for BatIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The BAT in memory (whole 4 KiB sectors), indexed by [`BatIndex`] only,
+/// so that a payload block number cannot stand for its entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bat(Vec<u64>);
+
+/// BAT entries in one 4 KiB sector.
+pub const ENTRIES_PER_SECTOR: u64 = 512;
+
+impl Bat {
+    /// The entries in `raw` (little-endian), then zeros up to `len`.
+    pub fn new(raw: &[u8], len: u64) -> Bat {
+        let mut v: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        v.resize(len as usize, PAYLOAD_NOT_PRESENT);
+        Bat(v)
+    }
+
+    /// Sets entry `i`.
+    pub fn set(&mut self, i: BatIndex, e: u64) {
+        self.0[i.0 as usize] = e;
+    }
+
+    /// The bytes of BAT sector `s` (entries 512·s to 512·s + 511).
+    pub fn sector(&self, s: u64) -> Vec<u8> {
+        let first = (s * ENTRIES_PER_SECTOR) as usize;
+        self.0[first..first + ENTRIES_PER_SECTOR as usize]
+            .iter()
+            .flat_map(|e| e.to_le_bytes())
+            .collect()
+    }
+}
+
+impl std::ops::Index<BatIndex> for Bat {
+    type Output = u64;
+    fn index(&self, i: BatIndex) -> &u64 {
+        &self.0[i.0 as usize]
+    }
+}
+
 /// The BAT's shape: payload blocks interleaved with a sector bitmap entry
 /// after every `chunk_ratio` of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -671,8 +727,8 @@ impl Geometry {
     }
 
     /// The BAT index of payload block `b`.
-    pub fn bat_index(&self, b: u64) -> u64 {
-        b + b / self.chunk_ratio
+    pub fn bat_index(&self, b: Block) -> BatIndex {
+        BatIndex(b.0 + b.0 / self.chunk_ratio)
     }
 
     /// The BAT entries that matter: up to the last payload block's.
@@ -680,7 +736,7 @@ impl Geometry {
         if self.blocks == 0 {
             0
         } else {
-            self.bat_index(self.blocks - 1) + 1
+            self.bat_index(Block(self.blocks - 1)).0 + 1
         }
     }
 
@@ -771,7 +827,7 @@ mod tests {
         let g = Geometry::new(100 << 20, 8 * MIB).unwrap();
         assert_eq!(g.bat_entries, 13);
         let g = Geometry::new(5 << 30, MIB).unwrap();
-        assert_eq!(g.bat_index(4096), 4097);
+        assert_eq!(g.bat_index(Block(4096)), BatIndex(4097));
         assert!(g.is_bitmap_index(4096));
     }
 
