@@ -556,6 +556,14 @@ fn hostile_images_get_clear_errors() {
     alike_in(d, &["check", "bad.vhdx"]);
     alike_in(d, &["check", "-r", "all", "bad.vhdx"]);
     alike_in(d, &["check", "--output=json", "bad.vhdx"]);
+    // Several at once: blocks over the metadata, past the end.
+    std::fs::copy(d.join("g.vhdx"), d.join("bad.vhdx")).unwrap();
+    let mut entries = Vec::new();
+    for e in [6u64, (1 << 20) | 6, (127 << 20) | 6] {
+        entries.extend(e.to_le_bytes());
+    }
+    patch(&d.join("bad.vhdx"), 2 << 20, &entries);
+    alike_in(d, &["check", "bad.vhdx"]);
     // Log entries: a corrupt descriptor fails every open; an entry that
     // needs a longer file fails the replay.
     std::fs::copy(d.join("dirty.vhdx"), d.join("bad.vhdx")).unwrap();

@@ -242,7 +242,7 @@ impl Vhdx {
             replayed,
         };
         if !mode.for_check {
-            let errors = v.bat_errors()?;
+            let errors = v.bat_errors(true)?;
             if !errors.is_empty() {
                 return Err(invalid(errors.join("\n")));
             }
@@ -272,8 +272,8 @@ impl Vhdx {
 
     /// The problems of the payload blocks' BAT entries, one line each as
     /// QEMU prints them: blocks past the end of the file or over the log,
-    /// BAT or metadata.
-    pub fn bat_errors(&self) -> Result<Vec<String>> {
+    /// BAT or metadata (`first_only`: the first, as an open stops there).
+    pub fn bat_errors(&self, first_only: bool) -> Result<Vec<String>> {
         let file_len = self.file.file_len()?;
         let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
         let bs = self.geo.block_size;
@@ -293,13 +293,24 @@ impl Vhdx {
                 ));
             } else if off.checked_add(len).is_none() {
                 out.push(format!("VHDX BAT entry {i} offset overflow."));
+                if first_only {
+                    break;
+                }
+                continue;
             } else if len > 0 && off + len > file_len {
                 out.push(format!(
                     "VHDX BAT entry {i} end offset {} points after end of file ({file_len}). Image has probably been truncated.",
                     off + len - 1
                 ));
-            } else if let Err(e) = self.regions.check(off, len) {
+            }
+            if first_only && !out.is_empty() {
+                break;
+            }
+            if let Err(e) = self.regions.check(off, len) {
                 out.push(e.detail());
+            }
+            if first_only && !out.is_empty() {
+                break;
             }
         }
         Ok(out)
