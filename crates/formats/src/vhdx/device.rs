@@ -114,18 +114,16 @@ pub struct Vhdx {
     replayed: bool,
 }
 
-/// Reads `len` bytes at `offset` of `file`, refusing a range past its
-/// end (so that hostile sizes never allocate more than the file holds).
-fn read_inside(file: &StorageRef, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
+/// Refuses a range of `file` past its end (so that hostile sizes never
+/// allocate more than the file holds).
+fn inside(file: &StorageRef, offset: u64, len: u64, what: &str) -> Result<()> {
     let file_len = file.file_len()?;
     if offset.checked_add(len).is_none_or(|end| end > file_len) {
         return Err(invalid(format!(
             "VHDX {what} ({len} bytes at {offset}) runs past the end of the file ({file_len} bytes)"
         )));
     }
-    let mut b = vec![0u8; len as usize];
-    file.read_at(&mut b, offset)?;
-    Ok(b)
+    Ok(())
 }
 
 impl Vhdx {
@@ -161,7 +159,9 @@ impl Vhdx {
                     h.log_length
                 )));
             }
-            let bytes = read_inside(&file, h.log_offset, h.log_length as u64, "log")?;
+            inside(&file, h.log_offset, h.log_length as u64, "log")?;
+            let mut bytes = vec![0u8; h.log_length as usize];
+            file.read_at(&mut bytes, h.log_offset)?;
             let run = Log::new(&bytes, h.log_guid).active()?;
             if let Some(last) = run.last() {
                 if !mode.writable {
@@ -175,6 +175,7 @@ impl Vhdx {
                     ));
                 }
                 st.next_sequence = last.sequence.wrapping_add(1);
+                log::check_replay(&*file, &run)?;
                 st.update_headers(&file, None, true)?;
                 log::replay(&*file, &run)?;
                 st.update_headers(&file, Some(NULL_GUID), false)?;
@@ -206,11 +207,9 @@ impl Vhdx {
         let used = geo.used_entries();
         let held = used.next_multiple_of(ENTRIES_PER_SECTOR);
         let from_file = (held * 8).min(rt.bat.length as u64);
-        let raw = read_inside(&file, rt.bat.offset, used * 8, "BAT").and_then(|_| {
-            let mut b = vec![0u8; from_file as usize];
-            file.read_padded(&mut b, rt.bat.offset)?;
-            Ok(b)
-        })?;
+        inside(&file, rt.bat.offset, used * 8, "BAT")?;
+        let mut raw = vec![0u8; from_file as usize];
+        file.read_padded(&mut raw, rt.bat.offset)?;
         let bat = Bat::new(&raw, held);
         // Writes go through the log, whole BAT sectors at a time.
         let capacity = if rt.bat.offset.is_multiple_of(log::SECTOR)

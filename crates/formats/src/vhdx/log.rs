@@ -249,6 +249,27 @@ impl Entry {
     }
 }
 
+/// Checks that `entries` can be replayed into `file` before anything is
+/// written: the file is as long as each entry needs, and every data
+/// sector carries its entry's sequence number.
+pub fn check_replay(file: &dyn Storage, entries: &[Entry]) -> Result<()> {
+    let mut len = file.file_len()?;
+    for e in entries {
+        if e.flushed_file_offset > len {
+            return Err(invalid(format!(
+                "VHDX log entry {} needs a file of {} bytes; it has {len}",
+                e.sequence, e.flushed_file_offset
+            )));
+        }
+        for d in &e.descriptors {
+            e.sector(d)?;
+        }
+        // Replaying it grows the file to its last offset.
+        len = len.max(e.last_file_offset.saturating_add(MIB - 1) / MIB * MIB);
+    }
+    Ok(())
+}
+
 /// Applies `entries` to `file` (flushed afterwards).
 pub fn replay(file: &dyn Storage, entries: &[Entry]) -> Result<()> {
     for e in entries {
