@@ -670,3 +670,58 @@ fn a_writer_killed_at_any_point_leaves_an_image_qemu_img_accepts() {
         }
     }
 }
+
+#[test]
+fn concurrent_writers_allocate_each_block_once() {
+    let dir = workdir();
+    let d = dir.path();
+    good_in(
+        d,
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "vhdx",
+            "-o",
+            "block_size=1M",
+            "m.vhdx",
+            "32M",
+        ],
+    );
+    let sock = d.join("s");
+    let server = serve_image(&sock, &d.join("m.vhdx"));
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let writers: Vec<_> = (1..=3u64)
+        .map(|p| {
+            let mut args = vec!["-f".to_string(), "raw".to_string()];
+            for b in 0..32u64 {
+                args.push("-c".into());
+                args.push(format!("write -P {p} {} 50000", (b << 20) + p * 100_000));
+            }
+            args.push(uri.clone());
+            Command::new("qemu-io")
+                .args(&args)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut w in writers {
+        assert!(w.wait().unwrap().success());
+    }
+    drop(server);
+    good_in(d, "qemu-img", &["check", "m.vhdx"]);
+    // 8 MiB of metadata, then each 1 MiB block once.
+    assert_eq!(std::fs::metadata(d.join("m.vhdx")).unwrap().len(), 40 << 20);
+    for b in [0u64, 17, 31] {
+        let mut args = vec!["-f".to_string(), "vhdx".to_string()];
+        for p in 1..=3u64 {
+            args.push("-c".into());
+            args.push(format!("read -P {p} {} 50000", (b << 20) + p * 100_000));
+        }
+        args.push("m.vhdx".into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        good_in(d, "qemu-io", &args);
+    }
+}
