@@ -421,4 +421,40 @@ mod tests {
         log[64] = b'x';
         assert!(Log::new(&log, g).active().is_err());
     }
+
+    #[test]
+    fn replay_writes_data_and_zero_descriptors_and_grows_the_file() {
+        use diskit_backends::MemoryDevice;
+        use diskit_core::BlockDevice;
+        let g = [3u8; 16];
+        let mut log = vec![0u8; MIB as usize];
+        // Entry 1: one data sector at 8 KiB; the file must grow to 3 MiB.
+        let mut e1 = build_entry(&g, 7, 0, 4 * SECTOR, &[(2 * SECTOR, sector(9))]);
+        e1[56..64].copy_from_slice(&(2 * MIB + 5).to_le_bytes());
+        super::super::header::set_checksum(&mut e1, 4);
+        // Entry 2: its descriptor turned into zeros over 2 sectors at 0.
+        let mut e2 = build_entry(&g, 8, 0, 4 * SECTOR, &[(0, sector(1))]);
+        e2[64..68].copy_from_slice(b"zero");
+        e2[68..72].fill(0);
+        e2[72..80].copy_from_slice(&(2 * SECTOR).to_le_bytes());
+        super::super::header::set_checksum(&mut e2, 4);
+        log[..e1.len()].copy_from_slice(&e1);
+        log[e1.len()..e1.len() + e2.len()].copy_from_slice(&e2);
+        let run = Log::new(&log, g).active().unwrap();
+        assert_eq!(run.len(), 2);
+        let m = MemoryDevice::new(0);
+        m.write_extend(&vec![0xee; 4 * SECTOR as usize], 0).unwrap();
+        check_replay(&m, &run).unwrap();
+        replay(&m, &run).unwrap();
+        assert_eq!(m.file_len().unwrap(), 3 * MIB);
+        let mut b = vec![0u8; 4 * SECTOR as usize];
+        m.read_at(&mut b, 0).unwrap();
+        assert!(b[..2 * SECTOR as usize].iter().all(|&x| x == 0));
+        assert_eq!(&b[2 * SECTOR as usize..3 * SECTOR as usize], &sector(9)[..]);
+        assert!(b[3 * SECTOR as usize..].iter().all(|&x| x == 0xee));
+        // A file too short for an entry is refused before anything is written.
+        let short = MemoryDevice::new(0);
+        short.write_extend(&[1u8; 4096], 0).unwrap();
+        assert!(check_replay(&short, &run).is_err());
+    }
 }
