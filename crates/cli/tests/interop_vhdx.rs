@@ -181,6 +181,11 @@ fn create_is_qemu_img_but_for_random_fields() {
         &["measure", "-O", "vhdx", "--size", "1G"],
         &["resize", "e.vhdx", "16M"],
         &["resize", "e.vhdx", "4M"],
+        &["resize", "--shrink", "e.vhdx", "4M"],
+        &["amend", "-o", "block_size=1M", "e.vhdx"],
+        &["snapshot", "-l", "e.vhdx"],
+        &["snapshot", "-c", "s1", "e.vhdx"],
+        &["commit", "e.vhdx"],
     ] {
         alike_in(d, args);
     }
