@@ -15,7 +15,7 @@
 //! transaction and its flushes for every block).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, RwLock};
 
 use diskit_core::device::check_range;
@@ -54,8 +54,6 @@ struct State {
     header: Header,
     /// This session's file write GUID.
     session: Guid,
-    /// Whether the headers were updated for this session's first write.
-    written: bool,
     /// BAT sectors changed in memory, not yet on disk.
     pending: BTreeSet<u64>,
     /// The next log entry's sequence number.
@@ -112,6 +110,9 @@ pub struct Vhdx {
     capacity: u64,
     /// Whether a log was replayed at open.
     replayed: bool,
+    /// Whether the headers were updated for this session's first write
+    /// (read without the state lock, which a commit holds over flushes).
+    written: AtomicBool,
 }
 
 /// Refuses a range of `file` past its end (so that hostile sizes never
@@ -147,7 +148,6 @@ impl Vhdx {
             current,
             header: h.clone(),
             session: header::new_guid()?,
-            written: false,
             pending: BTreeSet::new(),
             next_sequence: 1,
         };
@@ -239,6 +239,7 @@ impl Vhdx {
             allocated: Condvar::new(),
             capacity,
             replayed,
+            written: AtomicBool::new(false),
         };
         if !mode.for_check {
             let errors = v.bat_errors(true)?;
@@ -338,11 +339,14 @@ impl Vhdx {
 
     /// The headers' first update of a session, before its first write.
     fn begin_write(&self) -> Result<()> {
+        if self.written.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let mut st = self.lock();
-        if !st.written {
+        if !self.written.load(Ordering::Acquire) {
             st.update_headers(&self.file, None, true)?;
             self.file.flush()?;
-            st.written = true;
+            self.written.store(true, Ordering::Release);
         }
         Ok(())
     }
