@@ -205,10 +205,7 @@ pub static FORMATS: &[&dyn FormatDriver] = &[
     },
     &crate::qed::QedDriver,
     &crate::vmdk::VmdkDriver,
-    &Recognised {
-        name: "vhdx",
-        probe: crate::probe::vhdx,
-    },
+    &crate::vhdx::VhdxDriver,
     &crate::vpc::VpcDriver,
     &crate::vdi::VdiDriver,
     &crate::luks::LuksDriver,

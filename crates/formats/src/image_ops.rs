@@ -145,6 +145,14 @@ pub trait FormatImage: Send + Sync {
         true
     }
 
+    /// Whether `map` shows where the image's data lives. QEMU's drivers
+    /// without block status (vhdx) show the whole disk as one data extent,
+    /// and so does diskit's `map` for them; the device's extents stay
+    /// exact for copying.
+    fn reports_allocation(&self) -> bool {
+        true
+    }
+
     /// The clusters the format allocates in, if it has any.
     fn cluster_size(&self) -> Option<u64> {
         None

@@ -103,7 +103,7 @@ pub struct ChildFile {
 
 impl FormatInfo {
     /// What a format with clusters (or none) and nothing format-specific
-    /// shows (vdi, vpc, qed): no section of its own.
+    /// shows (vdi, vpc, qed, vhdx): no section of its own.
     pub fn plain(cluster_size: Option<u64>) -> FormatInfo {
         FormatInfo {
             cluster_size,

@@ -24,6 +24,7 @@ pub mod qcow2;
 pub mod qed;
 pub mod raw;
 pub mod vdi;
+pub mod vhdx;
 pub mod vmdk;
 pub mod vpc;
 

@@ -202,10 +202,10 @@ mod tests {
     #[test]
     fn containers_are_refused_by_name() {
         let dev = diskit_backends::MemoryDevice::new(4096);
-        dev.write_at(b"vhdxfile", 0, diskit_core::WriteFlags::NONE)
+        dev.write_at(b"WithoutFreeSpace", 0, diskit_core::WriteFlags::NONE)
             .unwrap();
-        let e = probe(&dev, "a.vhdx").unwrap_err();
-        assert!(e.to_string().contains("'vhdx'"), "{e}");
+        let e = probe(&dev, "a.hds").unwrap_err();
+        assert!(e.to_string().contains("'parallels'"), "{e}");
         assert_eq!(Format::from_name("qcow2").unwrap(), Format::QCOW2);
         let e = Format::from_name("parallels").unwrap_err();
         assert!(e.to_string().contains("'parallels'"), "{e}");

@@ -65,7 +65,17 @@ pub fn run(a: Args) -> CmdResult {
         None => size,
     };
     let start = start.min(end);
-    let mut extents = collect_extents(&*img.device, start, end)?;
+    let mut extents = if img.ops.reports_allocation() {
+        collect_extents(&*img.device, start, end)?
+    } else {
+        // As qemu-img: the format says nothing of allocation, so the
+        // whole range is data, with no place in the file.
+        if end > start {
+            vec![(start, Extent::data(end - start))]
+        } else {
+            Vec::new()
+        }
+    };
     if extents.is_empty() {
         // qemu-img describes an empty range as one empty, absent extent.
         let mut nothing = Extent::hole(0);
