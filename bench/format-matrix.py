@@ -4,8 +4,8 @@ in the same run.
 
 Sources: SIZE_MIB images of each format diskit reads
   raw, qcow2, qcow2 preallocation=metadata, qcow2 preallocation=falloc,
-  vdi, vpc (dynamic), qed, vmdk (monolithicSparse), vmdk streamOptimized
-(vhdx joins when diskit reads it), each
+  vdi, vpc (dynamic), qed, vmdk (monolithicSparse), vmdk streamOptimized,
+  vhdx (dynamic), each
   sparse: 64 KiB of data every 32 MiB (written by qemu-io), the rest never written
   full:   every byte written (random data)
 on each location: tmpfs (/dev/shm) and the work disk (BENCH_DIR).
@@ -41,7 +41,7 @@ SIZE_MIB = int(os.environ.get("SIZE_MIB", "2048"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 LOCATIONS = os.environ.get("LOCATIONS", "shm,disk").split(",")
 FORMATS_ALL = ["raw", "qcow2", "qcow2-metadata", "qcow2-falloc", "vdi", "vpc", "qed", "vmdk",
-               "vmdk-stream"]
+               "vmdk-stream", "vhdx"]
 FORMATS = os.environ.get("FORMATS", ",".join(FORMATS_ALL)).split(",")
 DATA = os.environ.get("DATA", "sparse,full").split(",")
 TARGETS = os.environ.get("TARGETS", "file,null,qcow2").split(",")
@@ -72,6 +72,7 @@ def create_args(fmt):
         "qed": ("qed", []),
         "vmdk": ("vmdk", []),
         "vmdk-stream": ("vmdk", ["-o", "subformat=streamOptimized"]),
+        "vhdx": ("vhdx", []),
     }[fmt]
 
 
