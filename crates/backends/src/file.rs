@@ -188,6 +188,8 @@ impl FileDevice {
         } else {
             meta.dev()
         };
+        let unwritten_map =
+            opts.unwritten_map && !opts.writable && sys::extent_map_trusted(file.as_fd());
         Ok(FileDevice {
             rotational: is_rotational(rdev),
             file,
@@ -200,7 +202,7 @@ impl FileDevice {
             block_device,
             seek_ok: AtomicBool::new(!block_device),
             unwritten: AtomicU8::new(UNWRITTEN_UNKNOWN),
-            unwritten_map: opts.unwritten_map && !opts.writable,
+            unwritten_map,
             seek_cache: Mutex::new(SeekCache::default()),
             generation: AtomicU64::new(1),
             rmw: Mutex::new(()),
@@ -511,6 +513,8 @@ impl FileDevice {
             UNWRITTEN_SOME => return false,
             _ => {}
         }
+        // A reservation made during the scan makes its answer stale.
+        let generation = self.generation.load(Ordering::Relaxed);
         let map = if self.unwritten_map {
             self.unwritten_in_map(len)
         } else {
@@ -534,6 +538,9 @@ impl FileDevice {
             }
         };
         let state = if none { UNWRITTEN_NONE } else { UNWRITTEN_SOME };
+        if self.generation.load(Ordering::Relaxed) != generation {
+            return none;
+        }
         // A reservation made meanwhile reset the state: leave it unknown.
         let _ = self.unwritten.compare_exchange(
             UNWRITTEN_UNKNOWN,

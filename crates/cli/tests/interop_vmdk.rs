@@ -538,6 +538,9 @@ fn vmware_streams_and_esx_sparse_extents_read_as_qemu_reads_them() {
     let d = dir.path();
     vmware_stream(&d.join("vw.vmdk"));
     reads_like_qemu(d, "vw.vmdk");
+    // Grains written after its footer would lose it: read only.
+    let o = tool_in(d, "diskit", &["serve", "-U", "x.sock", "image", "vw.vmdk"]);
+    assert!(stderr(&o).contains("read only"), "{}", stderr(&o));
     vmfs_sparse(d);
     reads_like_qemu(d, "vmfssparse.vmdk");
     se_sparse(d);
@@ -645,6 +648,12 @@ fn hostile_disks_get_clear_errors() {
     }
     let o = tool_in(d, "diskit", &["info", "nocid.vmdk"]);
     assert_eq!(code(&o), 1);
+    // qemu-img wraps its grain count from 256 TiB on and writes a broken
+    // layout; diskit refuses.
+    let o = tool_in(d, "diskit", &["create", "-f", "vmdk", "huge.vmdk", "1P"]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("too large"), "{}", stderr(&o));
+    assert!(!d.join("huge.vmdk").exists());
     // A grain past the end reads as zeros, as in QEMU, and check finds it
     // with qemu-img's words.
     alike_in(d, &["check", "past.vmdk"]);

@@ -29,6 +29,9 @@ pub const CREATE_OPTIONS: &[&str] = &[
     "extent_size_hint",
 ];
 
+/// Sparse extents hold less than this (a grain count in 32 bits).
+const MAX_SPARSE: u64 = 256 << 40;
+
 /// The most a twoGbMaxExtent extent holds.
 const MAX_EXTENT: u64 = 2 << 30;
 
@@ -247,13 +250,24 @@ fn extent_path(path: &Path, suffix: &str) -> (PathBuf, String) {
 
 /// The content ID of an existing vmdk (a new overlay's parentCID).
 fn cid_of(path: &Path) -> Result<u32> {
-    let bytes = std::fs::read(path)
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path)
         .map_err(|e| Error::from(e).context(format!("Could not open '{}'", path.display())))?;
-    let text = if bytes.starts_with(super::header::KDMV) {
-        let end = bytes.len().min(0x200 + 10240);
-        super::descriptor::text_of(bytes.get(0x200..end).unwrap_or(&[]))
+    // The IDs are in the first 10 KiB of the descriptor: at sector 1 of a
+    // sparse file, at the start of a descriptor file.
+    let mut head = vec![0u8; 0x200 + 10240];
+    let mut got = 0;
+    while got < head.len() {
+        match f.read_at(&mut head[got..], got as u64)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    head.truncate(got);
+    let text = if head.starts_with(super::header::KDMV) {
+        super::descriptor::text_of(head.get(0x200..).unwrap_or(&[]))
     } else {
-        super::descriptor::text_of(&bytes)
+        super::descriptor::text_of(&head)
     };
     super::descriptor::content_ids(&text)
         .map(|(cid, _)| cid)
@@ -365,6 +379,20 @@ pub fn create(path: &Path, size: u64, o: &VmdkCreateOptions) -> Result<()> {
         sub,
         Subformat::MonolithicSparse | Subformat::StreamOptimized
     ) {
+        // qemu-img counts grains in 32 bits and writes a broken layout
+        // from 256 TiB on; its embedded descriptor area is 10 KiB, and a
+        // longer text would overwrite the directory behind it.
+        if size >= MAX_SPARSE {
+            return Err(Error::invalid(
+                "The image size is too large for a VMDK sparse extent (at most 256 TiB)",
+            ));
+        }
+        if text.len() as u64 > DESC_SECTORS * SECTOR {
+            return Err(Error::invalid(
+                "The VMDK descriptor does not fit in its 10 KiB (a backing file name or \
+                 version string too long)",
+            ));
+        }
         let h = sparse_header(size / SECTOR, stream, o.zeroed_grain);
         return crate::creation::create_file(path, |dev| write_sparse(dev, &h, Some(&text)));
     }

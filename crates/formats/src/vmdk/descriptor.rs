@@ -91,6 +91,14 @@ pub fn text_of(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
+/// The bytes of a descriptor area up to its first NUL (at most
+/// [`MAX_TEXT`]).
+pub fn bytes_of(bytes: &[u8]) -> Vec<u8> {
+    let b = &bytes[..bytes.len().min(MAX_TEXT)];
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    b[..end].to_vec()
+}
+
 /// The value after the first `key` in `text`: `skip` characters on, up to
 /// the next `"` (None when either is missing).
 fn quoted_after(text: &str, key: &str, skip: usize) -> Option<String> {
@@ -323,13 +331,16 @@ impl NewDescriptor<'_> {
     }
 }
 
-/// `text` with its content ID replaced by `cid` (the first `CID=` value),
-/// the rest unchanged.
-pub fn with_cid(text: &str, cid: u32) -> Option<String> {
-    let at = text.find("CID=")? + 4;
+/// The descriptor `text` with its content ID replaced by `cid` (the
+/// first `CID=` value), every other byte unchanged.
+pub fn with_cid(text: &[u8], cid: u32) -> Option<Vec<u8>> {
+    let at = text.windows(4).position(|w| w == b"CID=")? + 4;
     let rest = &text[at..];
-    let n = rest.bytes().take_while(u8::is_ascii_hexdigit).count();
-    Some(format!("{}{cid:x}{}", &text[..at], &rest[n..]))
+    let n = rest.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let mut out = text[..at].to_vec();
+    out.extend_from_slice(format!("{cid:x}").as_bytes());
+    out.extend_from_slice(&rest[n..]);
+    Some(out)
 }
 
 #[cfg(test)]
@@ -404,8 +415,8 @@ mod tests {
         );
         assert!(Descriptor::parse(many.as_bytes()).is_err());
         assert_eq!(
-            with_cid("CID=abc\nparentCID=ffffffff\n", 0x12).unwrap(),
-            "CID=12\nparentCID=ffffffff\n"
+            with_cid(b"CID=abc\nparentCID=ffffffff\n\xff", 0x12).unwrap(),
+            b"CID=12\nparentCID=ffffffff\n\xff"
         );
     }
 }

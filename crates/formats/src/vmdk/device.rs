@@ -3,8 +3,7 @@
 //! changes at the first write after each open (so that an overlay made
 //! on this disk knows it changed, as VMware and QEMU do).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use diskit_core::device::check_range;
 use diskit_core::{
@@ -101,11 +100,12 @@ pub struct Vmdk {
     extents: Vec<VmdkExtent>,
     size: u64,
     writable: bool,
-    /// The descriptor's text as read, and where it lives.
-    text: String,
+    /// The descriptor's bytes as read, and where they live.
+    text: Vec<u8>,
     home: DescriptorHome,
-    /// The content ID was changed since the open.
-    cid_changed: AtomicBool,
+    /// The content ID was changed since the open (held while it is
+    /// changed, so that no write overtakes the change).
+    cid_changed: Mutex<bool>,
     /// The image below (for extents' unallocated grains: each has its own
     /// view; kept for info).
     backing: Option<Backing>,
@@ -116,7 +116,7 @@ impl Vmdk {
     pub fn new(
         extents: Vec<VmdkExtent>,
         writable: bool,
-        text: String,
+        text: Vec<u8>,
         home: DescriptorHome,
         backing: Option<Backing>,
     ) -> Result<Vmdk> {
@@ -130,7 +130,7 @@ impl Vmdk {
             writable,
             text,
             home,
-            cid_changed: AtomicBool::new(false),
+            cid_changed: Mutex::new(false),
             backing,
         })
     }
@@ -177,29 +177,34 @@ impl Vmdk {
     /// Gives the disk a new content ID, once per open, before its first
     /// change.
     fn touch(&self) -> Result<()> {
-        if self.cid_changed.swap(true, Ordering::AcqRel) {
+        let mut done = self.cid_changed.lock().unwrap_or_else(|p| p.into_inner());
+        if *done {
             return Ok(());
         }
         let mut r = [0u8; 4];
         crate::luks::keys::random(&mut r)?;
-        let Some(text) = super::descriptor::with_cid(&self.text, u32::from_le_bytes(r)) else {
-            return Ok(());
-        };
-        match &self.home {
-            DescriptorHome::Embedded { file, offset, len } => {
-                if text.len() as u64 <= *len {
-                    let mut area = text.into_bytes();
-                    area.resize(*len as usize, 0);
-                    file.write_extend(&area, *offset)?;
+        if let Some(mut text) = super::descriptor::with_cid(&self.text, u32::from_le_bytes(r)) {
+            match &self.home {
+                DescriptorHome::Embedded { file, offset, len } => {
+                    // A descriptor that does not fit keeps its ID.
+                    if text.len() as u64 <= *len {
+                        text.resize(*len as usize, 0);
+                        file.write_extend(&text, *offset)?;
+                    }
                 }
-            }
-            DescriptorHome::File(file) => {
-                file.write_extend(text.as_bytes(), 0)?;
-                if file.file_len()? > text.len() as u64 {
-                    file.resize(text.len() as u64, diskit_backends::Preallocation::Off)?;
+                DescriptorHome::File(file) => {
+                    // In one write, NUL-padded to whole sectors and over
+                    // all of the old text, as QEMU 10 rewrites it.
+                    let len = (text.len() as u64)
+                        .div_ceil(SECTOR)
+                        .saturating_mul(SECTOR)
+                        .max(file.file_len()?.min(super::descriptor::MAX_TEXT as u64));
+                    text.resize(len as usize, 0);
+                    file.write_extend(&text, 0)?;
                 }
             }
         }
+        *done = true;
         Ok(())
     }
 
@@ -400,20 +405,27 @@ fn zero_sparse(s: &SparseExtent, at: u64, n: u64, fast: bool) -> Result<()> {
             _ => false,
         };
         if !zero_already {
+            // Whole grains inside the run become zero grains where the
+            // extent has them; the partial grains at its ends are written.
             let whole_from = pos.div_ceil(grain) * grain;
             let whole_to = (pos + m) / grain * grain;
-            let whole = whole_from < whole_to
-                && whole_from == pos
-                && whole_to == pos + m
-                && s.zero_grains(pos, m)?;
-            if !whole {
+            let (head_end, tail_start) =
+                if whole_from < whole_to && s.zero_grains(whole_from, whole_to - whole_from)? {
+                    (whole_from, whole_to)
+                } else {
+                    (pos + m, pos + m)
+                };
+            for (from, to) in [(pos, head_end), (tail_start, pos + m)] {
+                if from == to {
+                    continue;
+                }
                 if fast {
                     return Err(Error::from_kind(ErrorKind::NotSupported));
                 }
-                let zeros = vec![0u8; m.min(4 << 20) as usize];
-                let mut p = pos;
-                while p < pos + m {
-                    let k = (pos + m - p).min(zeros.len() as u64);
+                let zeros = vec![0u8; (to - from).min(4 << 20) as usize];
+                let mut p = from;
+                while p < to {
+                    let k = (to - p).min(zeros.len() as u64);
                     s.write(&zeros[..k as usize], p)?;
                     p += k;
                 }
@@ -422,9 +434,4 @@ fn zero_sparse(s: &SparseExtent, at: u64, n: u64, fast: bool) -> Result<()> {
         pos += m;
     }
     Ok(())
-}
-
-/// Bytes of an embedded descriptor area (QEMU writes 20 sectors).
-pub fn embedded_len(sectors: u64) -> u64 {
-    sectors.saturating_mul(SECTOR)
 }

@@ -32,7 +32,7 @@ use crate::{Format, OpenOptions, OptionList};
 use create::VmdkCreateOptions;
 use descriptor::{Descriptor, ExtentKind};
 use device::{DescriptorHome, ExtentData, Vmdk, VmdkExtent};
-use header::{COWD, DESC_SECTORS, KDMV, SECTOR, SparseHeader};
+use header::{COWD, KDMV, SECTOR, SparseHeader};
 use sparse::SparseExtent;
 
 /// Bytes of a descriptor area QEMU reads the content IDs from.
@@ -51,9 +51,9 @@ fn read_head(file: &StorageRef, max: u64) -> Result<Vec<u8>> {
     Ok(b)
 }
 
-/// The text of a sparse file's embedded descriptor (QEMU reads it at
-/// sector 1, whatever the header says).
-fn embedded_text(file: &StorageRef, h: &SparseHeader) -> Result<String> {
+/// The bytes of a sparse file's embedded descriptor (QEMU reads it at
+/// sector 1, whatever the header says), up to its first NUL.
+fn embedded_text(file: &StorageRef, h: &SparseHeader) -> Result<Vec<u8>> {
     let len = if h.desc_offset == 1 {
         h.desc_sectors
             .saturating_mul(SECTOR)
@@ -63,7 +63,19 @@ fn embedded_text(file: &StorageRef, h: &SparseHeader) -> Result<String> {
     };
     let mut b = vec![0u8; len as usize];
     file.read_padded(&mut b, SECTOR)?;
-    Ok(descriptor::text_of(&b))
+    Ok(descriptor::bytes_of(&b))
+}
+
+/// The bytes of the descriptor area at sector 1 that a new content ID may
+/// be written over: QEMU's 10 KiB, never reaching the directories.
+fn embedded_area(h: &SparseHeader) -> u64 {
+    let mut len = EMBEDDED_TEXT;
+    for dir in [h.rgd_offset, h.gd_offset] {
+        if dir > 1 {
+            len = len.min((dir - 1).saturating_mul(SECTOR));
+        }
+    }
+    len
 }
 
 /// What an opened disk's descriptor says of it.
@@ -97,6 +109,12 @@ fn open_extent(
         ))
     };
     let bytes = |sectors: u64| sectors.checked_mul(SECTOR).ok_or_else(too_big);
+    if let ExtentKind::Flat { offset } = line.kind {
+        // The flat data must be addressable where it is.
+        bytes(offset)?
+            .checked_add(bytes(line.sectors)?)
+            .ok_or_else(too_big)?;
+    }
     let (size, data) = match line.kind {
         ExtentKind::Flat { offset } => (
             bytes(line.sectors)?,
@@ -153,7 +171,8 @@ pub fn open(
         .filter(|h| !(h.capacity == 0 && h.desc_offset != 0))
     {
         // A monolithic sparse or stream file: its own only extent.
-        let text = embedded_text(&file, h)?;
+        let raw = embedded_text(&file, h)?;
+        let text = descriptor::text_of(&raw);
         let (cid, parent_cid) = descriptor::content_ids(&text)?;
         let parent = descriptor::parent_hint(&text);
         let backing = open_backing(parent.as_deref(), implied)?;
@@ -173,13 +192,9 @@ pub fn open(
         let home = DescriptorHome::Embedded {
             file: file.clone(),
             offset: SECTOR,
-            len: device::embedded_len(if h.desc_offset == 1 {
-                h.desc_sectors
-            } else {
-                DESC_SECTORS
-            }),
+            len: embedded_area(h),
         };
-        let vmdk = Vmdk::new(vec![extent], writable, text, home, backing)?;
+        let vmdk = Vmdk::new(vec![extent], writable, raw, home, backing)?;
         return Ok((
             Arc::new(vmdk),
             Facts {
@@ -223,7 +238,13 @@ pub fn open(
             .ok_or_else(|| Error::invalid("The VMDK extents add up to more than 16 EiB"))?;
         extents.push(e);
     }
-    let vmdk = Vmdk::new(extents, writable, d.text.clone(), home, backing)?;
+    let vmdk = Vmdk::new(
+        extents,
+        writable,
+        descriptor::bytes_of(&bytes),
+        home,
+        backing,
+    )?;
     Ok((
         Arc::new(vmdk),
         Facts {
@@ -527,7 +548,7 @@ fn check(vmdk: &Vmdk) -> Result<CheckReport> {
                     };
                     if let Some(h) = host {
                         // Each grain of a data run is its own entry.
-                        let last = h + (n - 1) / grain * grain;
+                        let last = h.saturating_add((n - 1) / grain * grain);
                         if h >= len || last >= len {
                             let bad = if h >= len { g } else { g + (last - h) };
                             fail(

@@ -23,6 +23,8 @@ const TABLE_SECTORS: u64 = 64;
 const TABLE_ENTRIES: u64 = TABLE_SECTORS * SECTOR / 8;
 /// Bytes per grain.
 const GRAIN: u64 = GRAIN_SECTORS * SECTOR;
+/// The most grain directory entries QEMU accepts.
+const MAX_L1_ENTRIES: u64 = 32 << 20;
 /// The grain tables kept in memory at most.
 const CACHED_TABLES: usize = 512;
 
@@ -123,9 +125,11 @@ impl SeSparseExtent {
         let len = file.file_len()?;
         let gd_at = f(16).saturating_mul(SECTOR);
         // Entries past the end of the file read as 0: not held.
-        let entries = f(17)
-            .saturating_mul(SECTOR / 8)
-            .min(len.saturating_sub(gd_at) / 8);
+        let declared = f(17).saturating_mul(SECTOR / 8);
+        if declared > MAX_L1_ENTRIES {
+            return Err(Error::invalid("L1 size too big"));
+        }
+        let entries = declared.min(len.saturating_sub(gd_at) / 8);
         let mut raw = vec![0u8; (entries * 8) as usize];
         file.read_padded(&mut raw, gd_at)?;
         let gd = raw
@@ -232,7 +236,7 @@ impl SeSparseExtent {
             let next = self.place_of(t[i], 0)?;
             let same = match (place, next) {
                 (Place::Data(h), Place::Data(h2)) => {
-                    h2 == h - g % GRAIN + (i - first) as u64 * GRAIN
+                    Some(h2) == (h - g % GRAIN).checked_add((i - first) as u64 * GRAIN)
                 }
                 (a, b) => {
                     !matches!(a, Place::Data(_))

@@ -100,6 +100,9 @@ impl Geometry {
 struct Tables {
     map: HashMap<u64, Arc<Vec<u32>>>,
     bytes: usize,
+    /// Bumped by every table change: a table read from the file before a
+    /// change may be older than it, and is not cached.
+    generation: u64,
 }
 
 /// An open sparse extent.
@@ -151,6 +154,13 @@ impl SparseExtent {
                 let mut tail = vec![0u8; 1536];
                 file.read_padded(&mut tail, len - 1536)?;
                 h = super::header::parse_footer(&tail)?;
+                // New grains would go after the footer, which must stay
+                // last: such a stream is read, never written.
+                if writable {
+                    return Err(Error::unsupported(
+                        "A streamOptimized disk with its grain directory at its end is read only",
+                    ));
+                }
             }
             h.check(len, writable)?;
             // A compressed grain is read and inflated whole: streams use
@@ -171,7 +181,27 @@ impl SparseExtent {
                 .map_err(|e| e.context("Could not read l1 backup table from extent"))?,
             None => Vec::new(),
         };
-        let next = len.div_ceil(SECTOR).div_ceil(geo.grain / SECTOR) * geo.grain;
+        // The directories must be addressable where they are.
+        for at in std::iter::once(geo.gd_at).chain(geo.rgd_at) {
+            if at
+                .checked_add(geo.l1_entries * 4)
+                .is_none_or(|end| end > 1 << 62)
+            {
+                return Err(Error::invalid("Invalid grain directory offset"));
+            }
+        }
+        // New grains go after everything the extent holds: the end of the
+        // file, and metadata reaching past it (directories, tables).
+        let mut end = len;
+        for at in std::iter::once(geo.gd_at).chain(geo.rgd_at) {
+            end = end.max(at + geo.l1_entries * 4);
+        }
+        for &t in gd.iter().chain(rgd.iter()) {
+            if t != 0 {
+                end = end.max(u64::from(t) * SECTOR + geo.table_bytes());
+            }
+        }
+        let next = end.div_ceil(geo.grain) * geo.grain;
         Ok(SparseExtent {
             file,
             gd: RwLock::new(gd),
@@ -211,28 +241,37 @@ impl SparseExtent {
             Some(&s) if s != 0 => s,
             _ => return Ok(None),
         };
-        if let Some(t) = self
-            .tables
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map
-            .get(&l1)
-        {
-            return Ok(Some(t.clone()));
+        loop {
+            let generation = {
+                let c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(t) = c.map.get(&l1) {
+                    return Ok(Some(t.clone()));
+                }
+                c.generation
+            };
+            let t = Arc::new(read_dir(
+                &self.file,
+                u64::from(sector) * SECTOR,
+                self.geo.gtes,
+            )?);
+            let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+            if c.generation != generation {
+                // A table changed while this one was read: it may be the
+                // one, and the copy read may be older than the change.
+                continue;
+            }
+            if let Some(t) = c.map.get(&l1) {
+                return Ok(Some(t.clone()));
+            }
+            let bytes = t.len() * 4;
+            if c.bytes + bytes > TABLE_CACHE_BYTES {
+                c.map.clear();
+                c.bytes = 0;
+            }
+            c.bytes += bytes;
+            c.map.insert(l1, t.clone());
+            return Ok(Some(t));
         }
-        let t = Arc::new(read_dir(
-            &self.file,
-            u64::from(sector) * SECTOR,
-            self.geo.gtes,
-        )?);
-        let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
-        let bytes = t.len() * 4;
-        if c.bytes + bytes > TABLE_CACHE_BYTES {
-            c.map.clear();
-            c.bytes = 0;
-        }
-        c.bytes += bytes;
-        Ok(Some(c.map.entry(l1).or_insert(t).clone()))
     }
 
     /// The place of grain table entry `e` for guest byte `g`.
@@ -256,6 +295,12 @@ impl SparseExtent {
     pub fn locate(&self, g: u64, max: u64) -> Result<(u64, Place)> {
         let span = self.geo.table_span();
         let l1 = g / span;
+        if l1 >= self.geo.l1_entries {
+            // (A COWD directory shorter than its capacity, as QEMU.)
+            return Err(Error::io(format!(
+                "guest offset {g} is past the extent's grain directory"
+            )));
+        }
         let in_table = (span - g % span).min(max);
         let Some(t) = self.table(l1)? else {
             return Ok((in_table, Place::Unallocated { alloc: None }));
@@ -270,7 +315,7 @@ impl SparseExtent {
             let e = t[i];
             let same = match place {
                 Place::Data(_) => {
-                    e == e0.wrapping_add(((i - first) as u64 * grain / SECTOR) as u32)
+                    u64::from(e) == u64::from(e0) + (i - first) as u64 * grain / SECTOR
                 }
                 Place::Zero { .. } | Place::Unallocated { .. } => {
                     std::mem::discriminant(&self.place_of(e, 0)) == std::mem::discriminant(&place)
@@ -326,12 +371,18 @@ impl SparseExtent {
                 }
                 let mut out = vec![0u8; grain as usize];
                 let mut z = flate2::Decompress::new(true);
-                z.decompress(
-                    &raw[from..from + len],
-                    &mut out,
-                    flate2::FlushDecompress::Finish,
-                )
-                .map_err(|_| fault())?;
+                // The stream must end within a grain (QEMU asks Z_OK of
+                // uncompress, which says as much).
+                let status = z
+                    .decompress(
+                        &raw[from..from + len],
+                        &mut out,
+                        flate2::FlushDecompress::Finish,
+                    )
+                    .map_err(|_| fault())?;
+                if status != flate2::Status::StreamEnd {
+                    return Err(fault());
+                }
                 out.truncate(z.total_out() as usize);
                 let d = Arc::new(out);
                 *self.last_grain.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -576,6 +627,7 @@ impl SparseExtent {
                 t
             }
         };
+        c.generation += 1;
         if c.bytes + table.len() * 4 > TABLE_CACHE_BYTES {
             c.map.clear();
             c.bytes = 0;
