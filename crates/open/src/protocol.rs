@@ -42,6 +42,9 @@ pub struct Protocol {
     pub keys: &'static [&'static str],
     /// Whether its names are local paths (the trust gate checks them).
     pub local: bool,
+    /// Whether its requests travel over a network, where each waits for a
+    /// round trip and keeping many in flight pays.
+    pub network: bool,
     /// Opens the storage a node describes.
     pub open: fn(&Spec, ProtocolMode) -> Result<StorageRef>,
 }
@@ -53,6 +56,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         prefixes: &["file:"],
         keys: &["filename"],
         local: true,
+        network: false,
         open: open_file,
     },
     Protocol {
@@ -60,6 +64,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         prefixes: &["host_device:"],
         keys: &["filename"],
         local: true,
+        network: false,
         open: open_file,
     },
     Protocol {
@@ -67,6 +72,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         prefixes: &["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"],
         keys: &["filename"],
         local: false,
+        network: true,
         open: open_nbd,
     },
     Protocol {
@@ -74,6 +80,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         prefixes: &["http://"],
         keys: HTTP_KEYS,
         local: false,
+        network: true,
         open: open_http,
     },
     Protocol {
@@ -81,6 +88,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         prefixes: &["https://"],
         keys: HTTP_KEYS,
         local: false,
+        network: true,
         open: open_http,
     },
     Protocol {
@@ -88,6 +96,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         prefixes: &["null-co://"],
         keys: &["filename", "size", "read-zeroes"],
         local: false,
+        network: false,
         open: open_null,
     },
 ];

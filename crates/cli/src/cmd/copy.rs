@@ -514,9 +514,11 @@ fn copy_devices(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = match a.threads {
         Some(t) => t.max(1),
-        // Synchronous devices (files) run one request per thread: more
-        // threads are their parallelism.
-        None if !asynchronous => 8,
+        // Synchronous devices (files) run one request per thread: threads
+        // are their parallelism, and beyond the processors they only take
+        // turns on them (as nbdcopy: a thread per processor; at least two,
+        // so that one reads while another writes).
+        None if !asynchronous => cores.clamp(2, 8),
         // An NBD source reads on its connections' own threads: one worker
         // keeps them busy, and leaves the processors to them (measured
         // fastest on two cores, to null: and to a file alike).
