@@ -492,8 +492,7 @@ fn default_workers(names: &[PathBuf]) -> usize {
     const QEMU_DEFAULT: usize = 8;
     let remote = names.iter().any(|n| {
         let n = n.to_string_lossy();
-        n.starts_with("json:")
-            || diskit_open::protocol::for_name(&n).is_ok_and(|p| p.network)
+        n.starts_with("json:") || diskit_open::protocol::for_name(&n).is_ok_and(|p| p.network)
     });
     if remote {
         return QEMU_DEFAULT;

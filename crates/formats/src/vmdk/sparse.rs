@@ -341,64 +341,97 @@ impl SparseExtent {
             .as_ref()
             .filter(|(at, _)| *at == offset)
             .map(|(_, d)| d.clone());
+        let short = |have: usize, end: usize| {
+            Error::io(format!(
+                "compressed grain at host offset {offset} holds {have} bytes, not {end}"
+            ))
+        };
+        let end = skip as usize + buf.len();
+        if cached.is_none() && skip == 0 && buf.len() as u64 == grain {
+            // The whole grain (a copy reads grain after grain): inflated
+            // straight into the caller's buffer, and not kept.
+            let n = self.inflate_grain(offset, buf)?;
+            return if n == buf.len() {
+                Ok(())
+            } else {
+                Err(short(n, end))
+            };
+        }
         let data = match cached {
             Some(d) => d,
             None => {
-                let fault = || {
-                    Error::io(format!(
-                        "compressed grain at host offset {offset} does not decompress"
-                    ))
-                };
-                // Most grains fit in a grain and a page; a bigger one (or
-                // one without a marker, whose length is unknown) is read
-                // on up to twice the grain.
-                let mut raw = vec![0u8; (grain + 4096) as usize + GRAIN_MARKER];
-                self.file.read_padded(&mut raw, offset)?;
-                let (from, len) = if self.geo.markers {
-                    let size = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes")) as u64;
-                    if size == 0 || size > 2 * grain {
-                        return Err(fault());
-                    }
-                    (GRAIN_MARKER, size as usize)
-                } else {
-                    (0, (2 * grain) as usize)
-                };
-                if from + len > raw.len() {
-                    let have = raw.len();
-                    raw.resize(from + len, 0);
-                    self.file
-                        .read_padded(&mut raw[have..], offset + have as u64)?;
-                }
                 let mut out = vec![0u8; grain as usize];
-                let mut z = flate2::Decompress::new(true);
-                // The stream must end within a grain (QEMU asks Z_OK of
-                // uncompress, which says as much).
-                let status = z
-                    .decompress(
-                        &raw[from..from + len],
-                        &mut out,
-                        flate2::FlushDecompress::Finish,
-                    )
-                    .map_err(|_| fault())?;
-                if status != flate2::Status::StreamEnd {
-                    return Err(fault());
-                }
-                out.truncate(z.total_out() as usize);
+                let n = self.inflate_grain(offset, &mut out)?;
+                out.truncate(n);
                 let d = Arc::new(out);
                 *self.last_grain.lock().unwrap_or_else(|p| p.into_inner()) =
                     Some((offset, d.clone()));
                 d
             }
         };
-        let end = skip as usize + buf.len();
         if end > data.len() {
-            return Err(Error::io(format!(
-                "compressed grain at host offset {offset} holds {} bytes, not {end}",
-                data.len()
-            )));
+            return Err(short(data.len(), end));
         }
         buf.copy_from_slice(&data[skip as usize..end]);
         Ok(())
+    }
+
+    /// Inflates the compressed grain at host `offset` into `out` (a grain
+    /// long); returns how many bytes it holds. The compressed bytes and the
+    /// inflater are the thread's own, reused from grain to grain.
+    fn inflate_grain(&self, offset: u64, out: &mut [u8]) -> Result<usize> {
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<(Vec<u8>, Option<flate2::Decompress>)> =
+                const { std::cell::RefCell::new((Vec::new(), None)) };
+        }
+        let grain = self.geo.grain;
+        let fault = || {
+            Error::io(format!(
+                "compressed grain at host offset {offset} does not decompress"
+            ))
+        };
+        SCRATCH.with_borrow_mut(|(raw, inflater)| {
+            // Most grains fit in a grain and a page; a bigger one (or one
+            // without a marker, whose length is unknown) is read on up to
+            // twice the grain.
+            let first = (grain + 4096) as usize + GRAIN_MARKER;
+            if raw.len() < first {
+                raw.resize(first, 0);
+            }
+            self.file.read_padded(&mut raw[..first], offset)?;
+            let (from, len) = if self.geo.markers {
+                let size = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes")) as u64;
+                if size == 0 || size > 2 * grain {
+                    return Err(fault());
+                }
+                (GRAIN_MARKER, size as usize)
+            } else {
+                (0, (2 * grain) as usize)
+            };
+            if from + len > first {
+                if raw.len() < from + len {
+                    raw.resize(from + len, 0);
+                }
+                self.file
+                    .read_padded(&mut raw[first..from + len], offset + first as u64)?;
+            }
+            let z = match inflater {
+                Some(z) => {
+                    z.reset(true);
+                    z
+                }
+                None => inflater.insert(flate2::Decompress::new(true)),
+            };
+            // The stream must end within a grain (QEMU asks Z_OK of
+            // uncompress, which says as much).
+            let status = z
+                .decompress(&raw[from..from + len], out, flate2::FlushDecompress::Finish)
+                .map_err(|_| fault())?;
+            if status != flate2::Status::StreamEnd {
+                return Err(fault());
+            }
+            Ok(z.total_out() as usize)
+        })
     }
 
     /// Writes `buf` at guest `g` of the extent.

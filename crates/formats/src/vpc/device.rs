@@ -39,6 +39,8 @@ pub struct Vpc {
     layout: Layout,
     size: u64,
     writable: bool,
+    /// Ask the file about allocated blocks too ([`crate::OpenOptions::host_zeros`]).
+    host_zeros: bool,
     allocating: Mutex<Vec<u64>>,
     allocated: Condvar,
 }
@@ -120,9 +122,19 @@ impl Vpc {
             layout,
             size,
             writable,
+            host_zeros: false,
             allocating: Mutex::new(Vec::new()),
             allocated: Condvar::new(),
         })
+    }
+
+    /// Asks the file about the bytes of allocated blocks, not only a fixed
+    /// disk's ([`crate::OpenOptions::host_zeros`]): QEMU extends the file
+    /// past a new block without writing it, so most of a dynamic disk's
+    /// block can be a hole in the file.
+    pub fn with_host_zeros(mut self, on: bool) -> Vpc {
+        self.host_zeros = on;
+        self
     }
 
     /// The footer as read.
@@ -249,7 +261,7 @@ impl MappedFormat for Vpc {
 
     fn data_may_be_sparse(&self) -> bool {
         // QEMU asks the file about a fixed disk's bytes.
-        matches!(self.layout, Layout::Fixed)
+        self.host_zeros || matches!(self.layout, Layout::Fixed)
     }
 }
 

@@ -234,7 +234,8 @@ impl FormatDriver for VpcDriver {
             Some((_, v)) => footer::SizeCalc::parse(v)?,
             None => footer::SizeCalc::Auto,
         };
-        let vpc = Arc::new(Vpc::open(storage, opts.writable, calc)?);
+        let vpc =
+            Arc::new(Vpc::open(storage, opts.writable, calc)?.with_host_zeros(opts.host_zeros));
         Ok(Opened {
             device: vpc.clone(),
             image: Arc::new(VpcImage { vpc }),
