@@ -52,6 +52,30 @@ const SLOW_SEEK: Duration = Duration::from_millis(50);
 /// Alignment used for O_DIRECT requests and buffers.
 const DIRECT_ALIGN: u64 = 4096;
 
+/// Bounce buffers up to this size are kept by their thread for the next
+/// request; larger ones are made for the request and freed.
+const BOUNCE_KEPT: usize = 4 << 20;
+
+/// Runs `f` on an aligned buffer of `len` bytes (O_DIRECT's bounce
+/// buffer): the thread's own, reused, when it is small enough to keep, so
+/// that a request does not map and fault in a buffer of its own.
+fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> Result<R>) -> Result<R> {
+    thread_local! {
+        static BOUNCE: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+    }
+    if len > BOUNCE_KEPT {
+        let mut b = AlignedBuf::new(len, DIRECT_ALIGN as usize)?;
+        return f(&mut b[..len]);
+    }
+    let mut b = match BOUNCE.with(|c| c.take()) {
+        Some(b) if b.len() >= len => b,
+        _ => AlignedBuf::new(len.next_power_of_two().max(64 << 10), DIRECT_ALIGN as usize)?,
+    };
+    let r = f(&mut b[..len]);
+    BOUNCE.with(|c| c.replace(Some(b)));
+    r
+}
+
 /// Buffered writes to a regular file hold the inode lock exclusively in
 /// Linux (ext4, xfs, tmpfs alike), so they never run side by side; writers
 /// that wait for it spin in the kernel while the owner runs. For writes of
@@ -274,8 +298,10 @@ impl FileDevice {
         }
         self.touched();
         if self.direct {
-            // Grow first: O_DIRECT read-modify-write needs the range to exist.
-            if end > self.size() {
+            // An aligned write extends the file itself; a read-modify-write
+            // needs the range to exist first. (Growing by ftruncate for
+            // every allocation also waits for all O_DIRECT I/O in flight.)
+            if end > self.size() && !self.is_aligned(buf.as_ptr() as usize, buf.len(), offset) {
                 self.file.set_len(end)?;
             }
             self.direct_write(buf, offset)?;
@@ -375,11 +401,12 @@ impl FileDevice {
         }
         let start = offset / DIRECT_ALIGN * DIRECT_ALIGN;
         let end = (offset + buf.len() as u64).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-        let mut bounce = AlignedBuf::new((end - start) as usize, DIRECT_ALIGN as usize)?;
-        self.pread_full(&mut bounce, start)?;
-        let skip = (offset - start) as usize;
-        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
-        Ok(())
+        with_bounce((end - start) as usize, |bounce| {
+            self.pread_full(bounce, start)?;
+            let skip = (offset - start) as usize;
+            buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+            Ok(())
+        })
     }
 
     fn direct_write(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -387,21 +414,31 @@ impl FileDevice {
             self.file.write_all_at(buf, offset)?;
             return Ok(());
         }
+        if self.is_aligned(0, buf.len(), offset) {
+            // Whole blocks from memory that is not aligned (a server's
+            // request buffer): copied to an aligned buffer, no
+            // read-modify-write and no lock.
+            return with_bounce(buf.len(), |bounce| {
+                bounce.copy_from_slice(buf);
+                Ok(self.file.write_all_at(bounce, offset)?)
+            });
+        }
         let start = offset / DIRECT_ALIGN * DIRECT_ALIGN;
         let end = (offset + buf.len() as u64).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-        let mut bounce = AlignedBuf::new((end - start) as usize, DIRECT_ALIGN as usize)?;
-        let _guard = sync::lock(&self.rmw);
-        self.pread_full(&mut bounce, start)?;
-        let skip = (offset - start) as usize;
-        bounce[skip..skip + buf.len()].copy_from_slice(buf);
-        // Never write past the end of a regular file: the tail block is partial.
-        let file_end = self.size().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-        let n = (end.min(file_end.max(offset + buf.len() as u64)) - start) as usize;
-        self.file.write_all_at(
-            &bounce[..n.div_ceil(DIRECT_ALIGN as usize) * DIRECT_ALIGN as usize],
-            start,
-        )?;
-        Ok(())
+        with_bounce((end - start) as usize, |bounce| {
+            let _guard = sync::lock(&self.rmw);
+            self.pread_full(bounce, start)?;
+            let skip = (offset - start) as usize;
+            bounce[skip..skip + buf.len()].copy_from_slice(buf);
+            // Never write past the end of a regular file: the tail block is partial.
+            let file_end = self.size().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+            let n = (end.min(file_end.max(offset + buf.len() as u64)) - start) as usize;
+            self.file.write_all_at(
+                &bounce[..n.div_ceil(DIRECT_ALIGN as usize) * DIRECT_ALIGN as usize],
+                start,
+            )?;
+            Ok(())
+        })
     }
 
     fn try_fallocate(

@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::check_range;
 use diskit_core::zero::is_zero;
 use diskit_core::{
@@ -65,7 +66,8 @@ const MAX_RUN: u64 = 32 << 20;
 thread_local! {
     /// Each thread's buffer for assembling a cluster (data plus what is
     /// copied around it) before it is written.
-    static COW_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Page-aligned, so that a file opened with O_DIRECT takes it as it is.
+    static COW_BUFFER: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
 }
 
 impl Qcow2 {
@@ -474,9 +476,13 @@ impl Qcow2 {
         };
         // The cluster is assembled in a buffer kept per thread: a fresh
         // 2 MiB one per write costs page faults and unmaps every time.
-        let mut region = COW_BUFFER.with(|b| b.take());
-        region.clear();
-        region.resize((rb - ra) as usize, 0);
+        // Every byte of it is filled below (data, then head and tail from
+        // the old mapping), so a reused buffer is not cleared first.
+        let mut cow = match COW_BUFFER.with(|b| b.take()) {
+            Some(b) if b.len() >= (rb - ra) as usize => b,
+            _ => AlignedBuf::new((rb - ra) as usize, 4096)?,
+        };
+        let region = &mut cow[..(rb - ra) as usize];
         let d = (off - ra) as usize;
         region[d..d + buf.len()].copy_from_slice(buf);
         // Fill the head and tail from the old mapping.
@@ -508,7 +514,7 @@ impl Qcow2 {
             // zero at the cluster's last byte, which this write holds.
             self.data.write_extend(&[0], host.0 + rb - 1)?;
         }
-        COW_BUFFER.with(|b| b.replace(region));
+        COW_BUFFER.with(|b| b.replace(Some(cow)));
         // Point the entry at the data only now that it is written.
         let mut meta = self.lock();
         let mut new = L2Entry {
