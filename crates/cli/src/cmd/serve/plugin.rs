@@ -136,11 +136,13 @@ pub const PLUGINS: &[Plugin] = &[
         name: "image",
         magic: "file",
         magic_required: true,
-        keys: &["file", "format", "l2-cache-size"],
+        keys: &["file", "format", "l2-cache-size", "cache"],
         lists: &[],
         help: "a disk image of any format diskit reads, with its backing chain \
                (file=NAME: a path, a protocol URI or json:{...} [format=FORMAT] \
-               [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's])",
+               [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's] \
+               [cache=none|writeback|unsafe: as qemu-nbd's --cache; none bypasses \
+               the page cache (O_DIRECT) for the image and its backing chain])",
         open: open_image_plugin,
     },
 ];
@@ -183,9 +185,23 @@ fn open_image_plugin(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError
         Some(v) => Some(size_arg("image", v)?),
         None => None,
     };
+    // qemu-nbd's --cache modes that mean something here: the page cache
+    // or not, and flushes kept or dropped.
+    let (direct, no_flush) = match kv.get("cache").map(String::as_str) {
+        None | Some("writeback") => (false, false),
+        Some("none") => (true, false),
+        Some("unsafe") => (false, true),
+        Some(other) => {
+            return Err(CliError::new(format!(
+                "image: cache={other}: expected none, writeback or unsafe"
+            )));
+        }
+    };
     let opts = OpenOptions {
         writable: !readonly,
         l2_cache_size,
+        direct,
+        no_flush,
         ..OpenOptions::default()
     };
     let image = open(&path, format, opts)?;
