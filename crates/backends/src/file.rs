@@ -298,10 +298,11 @@ impl FileDevice {
         }
         self.touched();
         if self.direct {
-            // An aligned write extends the file itself; a read-modify-write
+            // A write of whole blocks extends the file itself (from a bounce
+            // buffer if its memory is not aligned); a read-modify-write
             // needs the range to exist first. (Growing by ftruncate for
             // every allocation also waits for all O_DIRECT I/O in flight.)
-            if end > self.size() && !self.is_aligned(buf.as_ptr() as usize, buf.len(), offset) {
+            if end > self.size() && !self.is_aligned(0, buf.len(), offset) {
                 self.file.set_len(end)?;
             }
             self.direct_write(buf, offset)?;
@@ -1126,6 +1127,47 @@ mod tests {
         assert!(b[..45].iter().all(|&x| x == 0));
         assert!(b[45..1045].iter().all(|&x| x == 9));
         assert!(b[1045..].iter().all(|&x| x == 0));
+    }
+
+    /// O_DIRECT writes of whole blocks from memory that is not aligned go
+    /// through a bounce buffer (no read-modify-write), and whole-block
+    /// writes past the end grow the file themselves; both read back, as do
+    /// unaligned reads into unaligned memory.
+    #[test]
+    fn direct_io_from_unaligned_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.qcow2");
+        FileDevice::create(&p, 8192, Preallocation::Off).unwrap();
+        let dev = match FileDevice::open(
+            &p,
+            FileOptions {
+                writable: true,
+                direct: true,
+                ..Default::default()
+            },
+        ) {
+            Ok(d) => d,
+            // tmpfs and some others refuse O_DIRECT.
+            Err(_) => return,
+        };
+        // A Vec's storage one byte in is never page-aligned.
+        let mut backing = vec![0u8; 3 * 4096 + 1];
+        let data = &mut backing[1..];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i % 251) as u8 + 1;
+        }
+        dev.write_at(&data[..4096], 4096, WriteFlags::NONE).unwrap();
+        dev.write_extend(&data[..8192], 16384).unwrap();
+        assert_eq!(dev.file_len().unwrap(), 24576);
+        let mut out = vec![0u8; 3 * 4096 + 3];
+        dev.read_at(&mut out[3..3 + 4096], 4096).unwrap();
+        assert_eq!(&out[3..3 + 4096], &data[..4096]);
+        dev.read_at(&mut out[1..1 + 8192], 16384).unwrap();
+        assert_eq!(&out[1..1 + 8192], &data[..8192]);
+        // The hole between reads as zeros; an unaligned read spans it.
+        dev.read_at(&mut out[..100], 8190).unwrap();
+        assert_eq!(&out[..2], &data[4094..4096]);
+        assert!(out[2..100].iter().all(|&b| b == 0));
     }
 
     #[test]
