@@ -1104,22 +1104,24 @@ mod tests {
         let _ = rw(&p);
     }
 
+    /// `p` opened writable with O_DIRECT, or None where the file system
+    /// refuses it (tmpfs and some others).
+    fn open_direct(p: &Path) -> Option<FileDevice> {
+        let opts = FileOptions {
+            writable: true,
+            direct: true,
+            ..Default::default()
+        };
+        FileDevice::open(p, opts).ok()
+    }
+
     #[test]
     fn direct_io_handles_unaligned_requests() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.raw");
         FileDevice::create(&p, 1 << 20, Preallocation::Off).unwrap();
-        let dev = match FileDevice::open(
-            &p,
-            FileOptions {
-                writable: true,
-                direct: true,
-                ..Default::default()
-            },
-        ) {
-            Ok(d) => d,
-            // tmpfs and some others refuse O_DIRECT.
-            Err(_) => return,
+        let Some(dev) = open_direct(&p) else {
+            return;
         };
         dev.write_at(&[9u8; 1000], 12345, WriteFlags::NONE).unwrap();
         let mut b = vec![0u8; 1100];
@@ -1138,17 +1140,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.qcow2");
         FileDevice::create(&p, 8192, Preallocation::Off).unwrap();
-        let dev = match FileDevice::open(
-            &p,
-            FileOptions {
-                writable: true,
-                direct: true,
-                ..Default::default()
-            },
-        ) {
-            Ok(d) => d,
-            // tmpfs and some others refuse O_DIRECT.
-            Err(_) => return,
+        let Some(dev) = open_direct(&p) else {
+            return;
         };
         // A Vec's storage one byte in is never page-aligned.
         let mut backing = vec![0u8; 3 * 4096 + 1];
