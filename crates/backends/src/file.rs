@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub use diskit_core::Preallocation;
-use diskit_core::buffer::AlignedBuf;
+use diskit_core::buffer::{ReusedBuf, with_reused};
 use diskit_core::device::{BlockSizeLimits, check_range};
 use diskit_core::error::ResultExt;
 use diskit_core::sync;
@@ -56,24 +56,18 @@ const DIRECT_ALIGN: u64 = 4096;
 /// request; larger ones are made for the request and freed.
 const BOUNCE_KEPT: usize = 4 << 20;
 
-/// Runs `f` on an aligned buffer of `len` bytes (O_DIRECT's bounce
-/// buffer): the thread's own, reused, when it is small enough to keep, so
-/// that a request does not map and fault in a buffer of its own.
+/// Whether `len` bytes at `offset` are whole O_DIRECT blocks (whatever
+/// the memory they come from).
+fn whole_blocks(len: usize, offset: u64) -> bool {
+    (len as u64).is_multiple_of(DIRECT_ALIGN) && offset.is_multiple_of(DIRECT_ALIGN)
+}
+
+/// Runs `f` on the thread's O_DIRECT bounce buffer, `len` bytes long.
 fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> Result<R>) -> Result<R> {
     thread_local! {
-        static BOUNCE: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+        static BOUNCE: ReusedBuf = const { std::cell::RefCell::new(None) };
     }
-    if len > BOUNCE_KEPT {
-        let mut b = AlignedBuf::new(len, DIRECT_ALIGN as usize)?;
-        return f(&mut b[..len]);
-    }
-    let mut b = match BOUNCE.with(|c| c.take()) {
-        Some(b) if b.len() >= len => b,
-        _ => AlignedBuf::new(len.next_power_of_two().max(64 << 10), DIRECT_ALIGN as usize)?,
-    };
-    let r = f(&mut b[..len]);
-    BOUNCE.with(|c| c.replace(Some(b)));
-    r
+    with_reused(&BOUNCE, len, BOUNCE_KEPT, f)
 }
 
 /// Buffered writes to a regular file hold the inode lock exclusively in
@@ -302,7 +296,7 @@ impl FileDevice {
             // buffer if its memory is not aligned); a read-modify-write
             // needs the range to exist first. (Growing by ftruncate for
             // every allocation also waits for all O_DIRECT I/O in flight.)
-            if end > self.size() && !self.is_aligned(0, buf.len(), offset) {
+            if end > self.size() && !whole_blocks(buf.len(), offset) {
                 self.file.set_len(end)?;
             }
             self.direct_write(buf, offset)?;
@@ -392,8 +386,7 @@ impl FileDevice {
     }
 
     fn is_aligned(&self, ptr: usize, len: usize, offset: u64) -> bool {
-        let a = DIRECT_ALIGN;
-        (ptr as u64).is_multiple_of(a) && (len as u64).is_multiple_of(a) && offset.is_multiple_of(a)
+        (ptr as u64).is_multiple_of(DIRECT_ALIGN) && whole_blocks(len, offset)
     }
 
     fn direct_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
@@ -415,7 +408,7 @@ impl FileDevice {
             self.file.write_all_at(buf, offset)?;
             return Ok(());
         }
-        if self.is_aligned(0, buf.len(), offset) {
+        if whole_blocks(buf.len(), offset) {
             // Whole blocks from memory that is not aligned (a server's
             // request buffer): copied to an aligned buffer, no
             // read-modify-write and no lock.

@@ -205,6 +205,15 @@ pub fn name_of(path: &Path) -> Result<&str, CliError> {
     })
 }
 
+/// Worker threads for a copy between local files (page cache to page
+/// cache, processor-bound): one per processor, since more only take turns
+/// on them, but at least 2, so that one reads while another writes, and
+/// no more than qemu-img's 8 requests in flight.
+pub fn local_copy_workers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.clamp(2, 8)
+}
+
 /// What a cache mode asks for.
 pub struct CacheMode {
     /// Bypass the host page cache.

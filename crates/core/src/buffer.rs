@@ -62,6 +62,36 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// A thread's reusable page-aligned buffer, for [`with_reused`].
+pub type ReusedBuf = std::cell::RefCell<Option<AlignedBuf>>;
+
+/// Runs `f` on `len` bytes of the page-aligned buffer the thread keeps in
+/// `slot`: made (zeroed) or grown when too small, to `len` rounded up to a
+/// power of two and at least 64 KiB, and kept for the next call, so that a
+/// request neither maps nor faults in a buffer of its own. Past `keep`
+/// bytes a buffer is made for the call alone. The bytes are whatever an
+/// earlier call left: `f` fills what it reads. A call nested in `f` with
+/// the same slot gets a buffer of its own.
+pub fn with_reused<R>(
+    slot: &'static std::thread::LocalKey<ReusedBuf>,
+    len: usize,
+    keep: usize,
+    f: impl FnOnce(&mut [u8]) -> Result<R>,
+) -> Result<R> {
+    const PAGE: usize = 4096;
+    if len > keep {
+        let mut b = AlignedBuf::new(len, PAGE)?;
+        return f(&mut b[..len]);
+    }
+    let mut b = match slot.with(|c| c.take()) {
+        Some(b) if b.len() >= len => b,
+        _ => AlignedBuf::new(len.next_power_of_two().max(64 << 10), PAGE)?,
+    };
+    let r = f(&mut b[..len]);
+    slot.with(|c| c.replace(Some(b)));
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -495,10 +495,10 @@ fn default_workers(names: &[PathBuf]) -> usize {
         n.starts_with("json:") || diskit_open::protocol::for_name(&n).is_ok_and(|p| p.network)
     });
     if remote {
-        return QEMU_DEFAULT;
+        QEMU_DEFAULT
+    } else {
+        crate::util::local_copy_workers()
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    cores.clamp(2, QEMU_DEFAULT)
 }
 
 /// The target name of QEMU's null protocol.

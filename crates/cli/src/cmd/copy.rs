@@ -518,7 +518,7 @@ fn copy_devices(
         // are their parallelism, and beyond the processors they only take
         // turns on them (as nbdcopy: a thread per processor; at least two,
         // so that one reads while another writes).
-        None if !asynchronous => cores.clamp(2, 8),
+        None if !asynchronous => crate::util::local_copy_workers(),
         // An NBD source reads on its connections' own threads: one worker
         // keeps them busy, and leaves the processors to them (measured
         // fastest on two cores, to null: and to a file alike).

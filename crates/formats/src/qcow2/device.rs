@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use diskit_core::buffer::AlignedBuf;
+use diskit_core::buffer::{ReusedBuf, with_reused};
 use diskit_core::device::check_range;
 use diskit_core::zero::is_zero;
 use diskit_core::{
@@ -63,11 +63,14 @@ pub struct Qcow2 {
 /// The largest run one lookup returns (bounds the work under the lock).
 const MAX_RUN: u64 = 32 << 20;
 
+/// Copy-on-write buffers up to the largest cluster are kept by their thread.
+const MAX_CLUSTER_KEPT: usize = 2 << 20;
+
 thread_local! {
     /// Each thread's buffer for assembling a cluster (data plus what is
     /// copied around it) before it is written.
     /// Page-aligned, so that a file opened with O_DIRECT takes it as it is.
-    static COW_BUFFER: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+    static COW_BUFFER: ReusedBuf = const { std::cell::RefCell::new(None) };
 }
 
 impl Qcow2 {
@@ -478,43 +481,45 @@ impl Qcow2 {
         // 2 MiB one per write costs page faults and unmaps every time.
         // Every byte of it is filled below (data, then head and tail from
         // the old mapping), so a reused buffer is not cleared first.
-        let mut cow = match COW_BUFFER.with(|b| b.take()) {
-            Some(b) if b.len() >= (rb - ra) as usize => b,
-            _ => AlignedBuf::new((rb - ra) as usize, 4096)?,
-        };
-        let region = &mut cow[..(rb - ra) as usize];
-        let d = (off - ra) as usize;
-        region[d..d + buf.len()].copy_from_slice(buf);
-        // Fill the head and tail from the old mapping.
-        for (a, b) in [(ra, off), (off + len, rb)] {
-            let mut pos = a;
-            while pos < b {
-                let (n, m) = map_in_cluster(&geo, &e, kind, pos, b - pos);
-                let at = (pos - ra) as usize;
-                self.read_mapping(m, start + pos, &mut region[at..at + n as usize])?;
-                pos += n;
-            }
-        }
-        // On a fresh cluster, zeros around the data need not be written
-        // (unless encrypted: a hole reads as ciphertext, not zeros).
-        let (mut wa, mut wb) = (0usize, region.len());
-        if fresh && !self.encrypted() {
-            if is_zero(&region[..d]) {
-                wa = d;
-            }
-            if is_zero(&region[d + buf.len()..]) {
-                wb = d + buf.len();
-            }
-        }
-        self.data
-            .write_extend(&region[wa..wb], host.0 + ra + wa as u64)?;
-        if wb < region.len() {
-            // The file still ends where its last cluster does, as QEMU
-            // leaves it (it zeroes such a tail, which extends the file): a
-            // zero at the cluster's last byte, which this write holds.
-            self.data.write_extend(&[0], host.0 + rb - 1)?;
-        }
-        COW_BUFFER.with(|b| b.replace(Some(cow)));
+        with_reused(
+            &COW_BUFFER,
+            (rb - ra) as usize,
+            MAX_CLUSTER_KEPT,
+            |region| {
+                let d = (off - ra) as usize;
+                region[d..d + buf.len()].copy_from_slice(buf);
+                // Fill the head and tail from the old mapping.
+                for (a, b) in [(ra, off), (off + len, rb)] {
+                    let mut pos = a;
+                    while pos < b {
+                        let (n, m) = map_in_cluster(&geo, &e, kind, pos, b - pos);
+                        let at = (pos - ra) as usize;
+                        self.read_mapping(m, start + pos, &mut region[at..at + n as usize])?;
+                        pos += n;
+                    }
+                }
+                // On a fresh cluster, zeros around the data need not be written
+                // (unless encrypted: a hole reads as ciphertext, not zeros).
+                let (mut wa, mut wb) = (0usize, region.len());
+                if fresh && !self.encrypted() {
+                    if is_zero(&region[..d]) {
+                        wa = d;
+                    }
+                    if is_zero(&region[d + buf.len()..]) {
+                        wb = d + buf.len();
+                    }
+                }
+                self.data
+                    .write_extend(&region[wa..wb], host.0 + ra + wa as u64)?;
+                if wb < region.len() {
+                    // The file still ends where its last cluster does, as QEMU
+                    // leaves it (it zeroes such a tail, which extends the file): a
+                    // zero at the cluster's last byte, which this write holds.
+                    self.data.write_extend(&[0], host.0 + rb - 1)?;
+                }
+                Ok(())
+            },
+        )?;
         // Point the entry at the data only now that it is written.
         let mut meta = self.lock();
         let mut new = L2Entry {
