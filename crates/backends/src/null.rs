@@ -42,6 +42,9 @@ impl BlockDevice for NullDevice {
     fn is_known_zero(&self) -> bool {
         self.zeroes_known
     }
+    fn discards_writes(&self) -> bool {
+        true
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
         buf.fill(0);

@@ -15,13 +15,14 @@ pub mod rebase;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync;
 use diskit_core::zero::zero_runs;
 use diskit_core::{
-    BlockDevice, Completion, CompletionQueue, Error, Request, Result, WriteFlags, ZeroFlags,
+    BlockDevice, Completion, CompletionQueue, Error, ReadSink, Request, Result, WriteFlags,
+    ZeroFlags,
 };
 
 use plan::{Item, Planner};
@@ -162,12 +163,16 @@ fn prezero(dst: &dyn BlockDevice, size: u64) -> Result<bool> {
 }
 
 /// Copies all of `src` to the start of `dst`, which must be at least as large.
-pub fn copy(
+///
+/// The destination is shared (an `Arc`) because a source that reads on
+/// threads of its own may write the data to it from there.
+pub fn copy<D: BlockDevice + ?Sized + 'static>(
     src: &dyn BlockDevice,
-    dst: &dyn BlockDevice,
+    dst_ref: &Arc<D>,
     opts: &CopyOptions,
     progress: &Progress,
 ) -> Result<CopyStats> {
+    let dst: &dyn BlockDevice = dst_ref;
     let size = src.size();
     if dst.size() < size {
         return Err(Error::invalid("output file is smaller than input file"));
@@ -205,21 +210,48 @@ pub fn copy(
             chunk: chunk_size(size, request, max_workers),
         }
     };
+    // A source that reads on threads of its own (NBD) hands the data to
+    // the destination there, while it is in that thread's cache, when
+    // the destination writes before it returns anyway (a file) or drops
+    // what it is given (null): each connection then writes in parallel.
+    let sink = (!opts.ordered_writes
+        && src.queue_depth() > 1
+        && (dst.queue_depth() <= 1 || dst.discards_writes()))
+    .then(|| {
+        let state = Arc::new(SinkState {
+            discards: dst.discards_writes(),
+            ..SinkState::default()
+        });
+        let sink: Arc<dyn ReadSink> = Arc::new(CopySink {
+            dst: dst_ref.clone(),
+            min_sparse: opts.min_sparse,
+            skip_zeros: opts.target_is_zero && !opts.allocated,
+            allocated: opts.allocated,
+            state: state.clone(),
+        });
+        (sink, state)
+    });
     // Requests in flight per worker: one where both sides run requests
     // synchronously (more threads are the parallelism there); up to the
     // devices' queue depth otherwise, with the bytes in flight bounded.
+    // Reads handed to a sink may be queued deeper: a device that reads on
+    // its own threads keeps only some on the wire and sends the next from
+    // there (the bytes on the wire stay bounded), and the queue covers the
+    // worker's pauses (extents queries, its wake-ups).
     let depth = if opts.ordered_writes {
         1
     } else {
         let by_memory = (opts.queue_size / request).max(1) as usize;
+        let queued = if sink.is_some() { 4 } else { 1 };
         src.queue_depth()
             .max(dst.queue_depth())
             .min(opts.requests.max(1))
-            .min(by_memory)
+            .min(by_memory * queued)
     };
     let engine = Engine {
         src,
         dst,
+        sink: sink.clone(),
         opts: opts.clone(),
         size,
         request,
@@ -243,8 +275,110 @@ pub fn copy(
         dst.flush()?;
     }
     let mut stats = engine.stats.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, state)) = sink {
+        stats.add(&sync::lock(&state.stats));
+    }
     stats.prezeroed_bytes = prezeroed;
     Ok(stats)
+}
+
+impl CopyStats {
+    /// Adds what another part of the copy did.
+    fn add(&mut self, other: &CopyStats) {
+        self.data_bytes += other.data_bytes;
+        self.zeroed_bytes += other.zeroed_bytes;
+        self.skipped_bytes += other.skipped_bytes;
+    }
+}
+
+/// The parts of `data` (read at `offset`) to write as data or as zeros:
+/// `(offset, length, zero)`. With `min_sparse` 0 it is all data; else
+/// zero runs of at least `min_sparse` bytes in whole aligned blocks of
+/// pow2floor(min_sparse), as qemu-img makes holes.
+fn split_runs(data: &[u8], offset: u64, min_sparse: u64) -> Vec<(u64, u64, bool)> {
+    if min_sparse == 0 {
+        return vec![(offset, data.len() as u64, false)];
+    }
+    let min = min_sparse as usize;
+    let granularity = 1usize << (usize::BITS - 1 - min.leading_zeros());
+    zero_runs(data, offset, granularity, min)
+        .into_iter()
+        .map(|r| (offset + r.start as u64, r.len as u64, r.zero))
+        .collect()
+}
+
+/// Takes the data of a source's reads in the thread that received them
+/// and writes it to the destination there, as a worker would after the
+/// read: zero runs become zero requests (or are skipped where the
+/// destination reads as zeros already), the rest is written.
+struct CopySink<D: ?Sized> {
+    dst: Arc<D>,
+    min_sparse: u64,
+    /// Zeros need not be written.
+    skip_zeros: bool,
+    /// Zero requests may not make holes.
+    allocated: bool,
+    state: Arc<SinkState>,
+}
+
+/// What a [`CopySink`] did, shared with the engine.
+#[derive(Default)]
+struct SinkState {
+    /// The destination drops what it is given.
+    discards: bool,
+    stats: Mutex<CopyStats>,
+    /// The first write that failed, reported as a write, not as the read
+    /// it failed in.
+    error: Mutex<Option<Error>>,
+}
+
+impl<D: BlockDevice + ?Sized> CopySink<D> {
+    fn failed(&self, e: Error, offset: u64) -> Error {
+        let e = e.context(format!("error while writing at byte {offset}"));
+        let told = Error::new(e.kind(), e.to_string());
+        let mut slot = sync::lock(&self.state.error);
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        told
+    }
+}
+
+impl<D: BlockDevice + ?Sized + 'static> ReadSink for CopySink<D> {
+    fn data(&self, offset: u64, data: &[u8]) -> Result<()> {
+        for (at, len, zero) in split_runs(data, offset, self.min_sparse) {
+            if zero {
+                self.zeros(at, len)?;
+                continue;
+            }
+            let from = (at - offset) as usize;
+            self.dst
+                .write_at(&data[from..from + len as usize], at, WriteFlags::NONE)
+                .map_err(|e| self.failed(e, at))?;
+            sync::lock(&self.state.stats).data_bytes += len;
+        }
+        Ok(())
+    }
+
+    fn zeros(&self, offset: u64, len: u64) -> Result<()> {
+        if self.skip_zeros {
+            sync::lock(&self.state.stats).skipped_bytes += len;
+            return Ok(());
+        }
+        let flags = ZeroFlags {
+            may_trim: !self.allocated,
+            ..Default::default()
+        };
+        self.dst
+            .write_zeroes(offset, len, flags)
+            .map_err(|e| self.failed(e, offset))?;
+        sync::lock(&self.state.stats).zeroed_bytes += len;
+        Ok(())
+    }
+
+    fn discards(&self) -> bool {
+        self.state.discards
+    }
 }
 
 /// The largest range a worker owns at a time (as nbdcopy's threads do).
@@ -276,6 +410,9 @@ enum Work {
 struct Engine<'a> {
     src: &'a dyn BlockDevice,
     dst: &'a dyn BlockDevice,
+    /// Where the source hands its reads' data when it reads on threads of
+    /// its own: the writes are made there, not by the workers.
+    sink: Option<(Arc<dyn ReadSink>, Arc<SinkState>)>,
     opts: CopyOptions,
     size: u64,
     /// Bytes per data request.
@@ -378,10 +515,7 @@ impl Engine<'_> {
             w.cq.wait();
             w.requests -= 1;
         }
-        let mut total = sync::lock(&self.stats);
-        total.data_bytes += w.stats.data_bytes;
-        total.zeroed_bytes += w.stats.zeroed_bytes;
-        total.skipped_bytes += w.stats.skipped_bytes;
+        sync::lock(&self.stats).add(&w.stats);
     }
 
     fn run<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>, w: &mut Worker) -> Result<()> {
@@ -486,15 +620,22 @@ impl Engine<'_> {
             let buf = w.buffer(item.len as usize, self.opts.request_size)?;
             f.requests += 1;
             w.requests += 1;
-            self.src.submit(
-                tag,
-                Request::Read {
-                    offset: item.offset,
-                    buf,
-                    len: item.len as usize,
-                },
-                &w.cq,
-            );
+            let (offset, len) = (item.offset, item.len as usize);
+            let req = match &self.sink {
+                Some((sink, state)) => {
+                    if state.discards {
+                        w.stats.data_bytes += item.len;
+                    }
+                    Request::ReadTo {
+                        offset,
+                        buf,
+                        len,
+                        sink: sink.clone(),
+                    }
+                }
+                None => Request::Read { offset, buf, len },
+            };
+            self.src.submit(tag, req, &w.cq);
         }
         self.settle(w, tag, f);
         Ok(())
@@ -569,10 +710,19 @@ impl Engine<'_> {
             if let Some(b) = f.buf.take() {
                 w.pool.push(b);
             }
+            // A write the sink made in the read's thread failed: that is
+            // the error, with its own offset.
+            if let Some(e) = self
+                .sink
+                .as_ref()
+                .and_then(|(_, s)| sync::lock(&s.error).take())
+            {
+                return Err(e);
+            }
             let what = if was_read { "reading" } else { "writing" };
             return Err(e.context(format!("error while {what} at byte {at}")));
         }
-        if was_read {
+        if was_read && self.sink.is_none() {
             self.plan_writes(w, c.tag, &mut f)?;
         }
         self.write_next(w, c.tag, &mut f);
@@ -589,18 +739,7 @@ impl Engine<'_> {
     fn plan_writes(&self, w: &mut Worker, tag: u64, f: &mut InFlight) -> Result<()> {
         let item = f.item;
         let data = &f.buf.as_ref().expect("a read gives its buffer back")[..item.len as usize];
-        let mut runs: Vec<(u64, u64, bool)> = Vec::new();
-        if self.opts.min_sparse == 0 {
-            runs.push((item.offset, item.len, false));
-        } else {
-            // Holes are whole blocks of pow2floor(min_sparse) bytes,
-            // aligned on the device, as qemu-img makes them.
-            let min = self.opts.min_sparse as usize;
-            let granularity = 1usize << (usize::BITS - 1 - min.leading_zeros());
-            for r in zero_runs(data, item.offset, granularity, min) {
-                runs.push((item.offset + r.start as u64, r.len as u64, r.zero));
-            }
-        }
+        let runs = split_runs(data, item.offset, self.opts.min_sparse);
         self.wait_turn(item.seq)?;
         for (offset, len, zero) in runs {
             if !zero {

@@ -23,7 +23,7 @@ fn copies_pattern_exactly_in_any_mode() {
     let src = PatternDevice::new((8 << 20) + 1234);
     for (workers, ordered, request) in [(1, false, 65536), (8, false, 1 << 20), (4, true, 100_000)]
     {
-        let dst = MemoryDevice::new(src.size());
+        let dst = Arc::new(MemoryDevice::new(src.size()));
         let opts = CopyOptions {
             workers,
             ordered_writes: ordered,
@@ -47,7 +47,7 @@ fn holes_in_the_source_stay_holes() {
     // A written zero block inside data is found by zero detection too.
     src.write_at(&[0u8; 8192], 40 << 20, WriteFlags::NONE)
         .unwrap();
-    let dst = MemoryDevice::new(64 << 20);
+    let dst = Arc::new(MemoryDevice::new(64 << 20));
     let opts = CopyOptions {
         target_is_zero: true,
         ..Default::default()
@@ -62,7 +62,7 @@ fn holes_in_the_source_stay_holes() {
 fn a_dirty_destination_gets_zeroed() {
     let src = MemoryDevice::new(4 << 20);
     src.write_at(&[5u8; 4096], 4096, WriteFlags::NONE).unwrap();
-    let dst = MemoryDevice::new(4 << 20);
+    let dst = Arc::new(MemoryDevice::new(4 << 20));
     dst.write_at(&vec![9u8; 4 << 20], 0, WriteFlags::NONE)
         .unwrap();
     let stats = copy(&src, &dst, &CopyOptions::default(), &Progress::default()).unwrap();
@@ -74,7 +74,7 @@ fn a_dirty_destination_gets_zeroed() {
     assert_eq!(stats.data_bytes, 4096);
 
     // Where fast zero is refused (ENOTSUP), the holes are zeroed instead.
-    let slow = SlowZero(MemoryDevice::new(4 << 20));
+    let slow = Arc::new(SlowZero(MemoryDevice::new(4 << 20)));
     slow.0
         .write_at(&vec![9u8; 4 << 20], 0, WriteFlags::NONE)
         .unwrap();
@@ -84,10 +84,10 @@ fn a_dirty_destination_gets_zeroed() {
     assert!(stats.zeroed_bytes >= (4 << 20) - 8192);
 
     // A source without holes is not worth pre-zeroing for.
-    let full = MemoryDevice::new(1 << 20);
+    let full = Arc::new(MemoryDevice::new(1 << 20));
     full.write_at(&vec![3u8; 1 << 20], 0, WriteFlags::NONE)
         .unwrap();
-    let dst = MemoryDevice::new(1 << 20);
+    let dst = Arc::new(MemoryDevice::new(1 << 20));
     let stats = copy(&full, &dst, &CopyOptions::default(), &Progress::default()).unwrap();
     assert_eq!(stats.prezeroed_bytes, 0);
     assert_same(&full, &dst);
@@ -123,7 +123,7 @@ impl BlockDevice for SlowZero {
 #[test]
 fn min_sparse_zero_writes_everything() {
     let src = NullDevice::new(1 << 20);
-    let dst = MemoryDevice::new(1 << 20);
+    let dst = Arc::new(MemoryDevice::new(1 << 20));
     let opts = CopyOptions {
         min_sparse: 0,
         ..Default::default()
@@ -135,10 +135,10 @@ fn min_sparse_zero_writes_everything() {
 #[test]
 fn small_destination_and_read_errors_are_reported() {
     let src = Arc::new(PatternDevice::new(1 << 20));
-    let dst = MemoryDevice::new(1 << 19);
+    let dst = Arc::new(MemoryDevice::new(1 << 19));
     let e = copy(&*src, &dst, &CopyOptions::default(), &Progress::default()).unwrap_err();
     assert!(e.to_string().contains("smaller"));
-    let ro = PatternDevice::new(1 << 20);
+    let ro = Arc::new(PatternDevice::new(1 << 20));
     assert!(copy(&*src, &ro, &CopyOptions::default(), &Progress::default()).is_err());
 }
 
@@ -241,7 +241,7 @@ fn random_layouts_copy_exactly_with_minimal_allocation() {
                 .unwrap();
         }
         let dirty = rng.below(2) == 0;
-        let dst = MemoryDevice::new(size + rng.below(10_000));
+        let dst = Arc::new(MemoryDevice::new(size + rng.below(10_000)));
         if dirty {
             dst.write_at(&vec![0xee; dst.size() as usize], 0, WriteFlags::NONE)
                 .unwrap();
@@ -269,9 +269,13 @@ fn random_layouts_copy_exactly_with_minimal_allocation() {
             Deferred::new(dst.clone(), !seed),
         );
         let s: &dyn BlockDevice = if seed % 3 == 1 { &dsrc } else { &*src };
-        let d: &dyn BlockDevice = if seed % 4 >= 2 { &ddst } else { &*dst };
+        let d: diskit_core::DeviceRef = if seed % 4 >= 2 {
+            Arc::new(ddst)
+        } else {
+            dst.clone()
+        };
         let stats =
-            copy(s, d, &opts, &Progress::default()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            copy(s, &d, &opts, &Progress::default()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         let mut a = vec![0u8; size as usize];
         let mut b = vec![0u8; size as usize];
         src.read_at(&mut a, 0).unwrap();
@@ -372,7 +376,7 @@ fn layered() -> Layered {
 #[test]
 fn skip_backing_writes_only_what_the_top_layer_holds() {
     let src = layered();
-    let dst = MemoryDevice::new(src.size());
+    let dst = Arc::new(MemoryDevice::new(src.size()));
     dst.write_at(&[9u8; 1 << 20], 0, WriteFlags::NONE).unwrap();
     let opts = CopyOptions {
         skip_backing: true,
@@ -432,4 +436,60 @@ fn rebase_keeps_what_the_image_shows() {
     assert!(shown == b, "content changed by the rebase");
     // Equal blocks were not copied: the first 64 KiB stays unwritten.
     assert!(written[..65536].iter().all(|&x| x == 0));
+}
+
+/// A destination whose writes fail.
+struct FailingWrites(MemoryDevice);
+
+impl BlockDevice for FailingWrites {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        self.0.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, _buf: &[u8], _offset: u64, _flags: WriteFlags) -> diskit_core::Result<()> {
+        Err(diskit_core::Error::io("the disk is on fire"))
+    }
+}
+
+#[test]
+fn a_source_that_reads_on_its_own_threads_writes_from_there() {
+    let src = MemoryDevice::new(16 << 20);
+    src.write_at(&[1u8; 1 << 20], 2 << 20, WriteFlags::NONE)
+        .unwrap();
+    // Zeros written inside the data: found by zero detection in the
+    // thread that received them.
+    src.write_at(&[0u8; 65536], (2 << 20) + 65536, WriteFlags::NONE)
+        .unwrap();
+    let src = Arc::new(src);
+    let deferred = Deferred::new(src.clone(), 7);
+    let opts = CopyOptions {
+        target_is_zero: true,
+        ..Default::default()
+    };
+    let dst = Arc::new(MemoryDevice::new(16 << 20));
+    let p = Progress::default();
+    let stats = copy(&deferred, &dst, &opts, &p).unwrap();
+    assert_same(&*src, &dst);
+    assert_eq!(p.get(), (16 << 20, 16 << 20));
+    assert_eq!(stats.data_bytes, (1 << 20) - 65536);
+    assert_eq!(dst.allocated_bytes(), (1 << 20) - 65536);
+    assert_eq!(stats.data_bytes + stats.skipped_bytes, 16 << 20);
+
+    // Into a destination that drops what it is given: the data is read
+    // and counted, not looked at.
+    let null = Arc::new(NullDevice::new(16 << 20));
+    let stats = copy(&deferred, &null, &opts, &Progress::default()).unwrap();
+    assert_eq!(stats.data_bytes, 1 << 20);
+
+    // A write that fails there is reported as the write it is.
+    let broken = Arc::new(FailingWrites(MemoryDevice::new(16 << 20)));
+    let e = copy(&deferred, &broken, &opts, &Progress::default()).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("error while writing at byte 2097152"), "{msg}");
+    assert!(msg.contains("on fire"), "{msg}");
 }

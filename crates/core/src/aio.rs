@@ -39,6 +39,25 @@ pub enum Request {
         /// Write flags.
         flags: WriteFlags,
     },
+    /// Reads `len` bytes at `offset` into the start of `buf` and hands
+    /// them to `sink` in the thread that receives them, while they are
+    /// still in its cache (a device that reads on threads of its own, an
+    /// NBD connection's, delivers them there); the completion comes after
+    /// the sink took them all. A copy moves data on to its destination
+    /// this way without a hop to another thread.
+    ReadTo {
+        /// Device offset.
+        offset: u64,
+        /// Room for the bytes on the way (at least `len` long). A device
+        /// that hands them over from buffers of its own (NBD: one per
+        /// connection, which stays in cache) leaves it untouched; what it
+        /// holds after the read is unspecified.
+        buf: AlignedBuf,
+        /// Bytes to read.
+        len: usize,
+        /// Who takes the bytes.
+        sink: Arc<dyn ReadSink>,
+    },
     /// Makes `len` bytes at `offset` read as zeros.
     Zero {
         /// Device offset.
@@ -48,6 +67,24 @@ pub enum Request {
         /// Zero flags.
         flags: ZeroFlags,
     },
+}
+
+/// Takes the bytes of a [`Request::ReadTo`] as they arrive, in whatever
+/// thread receives them; calls for different parts of one read, and for
+/// different reads, may come at once from several threads.
+pub trait ReadSink: Send + Sync {
+    /// `data` is what the device holds at `offset` (all or part of the read).
+    fn data(&self, offset: u64, data: &[u8]) -> Result<()>;
+
+    /// The `len` bytes at `offset` read as zeros: the device said so
+    /// without sending them (an NBD hole chunk).
+    fn zeros(&self, offset: u64, len: u64) -> Result<()>;
+
+    /// The bytes are not wanted (a destination that discards its writes):
+    /// a device may drop them unseen, without copying them to memory.
+    fn discards(&self) -> bool {
+        false
+    }
 }
 
 /// A finished request: its tag, its result and its buffer, if it had one.
@@ -136,6 +173,24 @@ pub fn run<D: BlockDevice + ?Sized>(dev: &D, tag: u64, req: Request) -> Completi
                 buf: Some(buf),
             }
         }
+        Request::ReadTo {
+            offset,
+            mut buf,
+            len,
+            sink,
+        } => {
+            let result = match buf.get_mut(..len) {
+                Some(b) => dev
+                    .read_at(b, offset)
+                    .and_then(|()| hand_over(&*sink, offset, b)),
+                None => Err(crate::Error::invalid("read longer than its buffer")),
+            };
+            Completion {
+                tag,
+                result,
+                buf: Some(buf),
+            }
+        }
         Request::Zero { offset, len, flags } => Completion {
             tag,
             result: dev.write_zeroes(offset, len, flags),
@@ -144,10 +199,19 @@ pub fn run<D: BlockDevice + ?Sized>(dev: &D, tag: u64, req: Request) -> Completi
     }
 }
 
+/// Hands the bytes read at `offset` to `sink`, unless it discards them.
+pub fn hand_over(sink: &dyn ReadSink, offset: u64, data: &[u8]) -> Result<()> {
+    if sink.discards() {
+        return Ok(());
+    }
+    sink.data(offset, data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::device::{BlockDevice, Capabilities};
+    use std::sync::Mutex;
 
     struct Ones;
     impl BlockDevice for Ones {
@@ -161,6 +225,67 @@ mod tests {
             buf.fill(1);
             Ok(())
         }
+    }
+
+    /// Records what it is handed.
+    #[derive(Default)]
+    struct Recorder {
+        got: Mutex<Vec<(u64, Vec<u8>)>>,
+        discard: bool,
+    }
+    impl ReadSink for Recorder {
+        fn data(&self, offset: u64, data: &[u8]) -> Result<()> {
+            lock(&self.got).push((offset, data.to_vec()));
+            Ok(())
+        }
+        fn zeros(&self, offset: u64, len: u64) -> Result<()> {
+            lock(&self.got).push((offset, vec![0; len as usize]));
+            Ok(())
+        }
+        fn discards(&self) -> bool {
+            self.discard
+        }
+    }
+
+    #[test]
+    fn default_read_to_hands_the_bytes_over_before_completing() {
+        let cq = CompletionQueue::new();
+        for discard in [false, true] {
+            let sink = Arc::new(Recorder {
+                discard,
+                ..Recorder::default()
+            });
+            let buf = AlignedBuf::new(8192, 4096).unwrap();
+            let req = Request::ReadTo {
+                offset: 4096,
+                buf,
+                len: 4096,
+                sink: sink.clone(),
+            };
+            Ones.submit(3, req, &cq);
+            let c = cq.try_pop().expect("completed inline");
+            c.result.unwrap();
+            let got = lock(&sink.got);
+            if discard {
+                assert!(got.is_empty());
+            } else {
+                assert_eq!(got.len(), 1);
+                assert_eq!(got[0].0, 4096);
+                assert_eq!(got[0].1, vec![1u8; 4096]);
+            }
+        }
+        // A read longer than its buffer fails, and nothing is handed over.
+        let sink = Arc::new(Recorder::default());
+        let buf = AlignedBuf::new(4096, 4096).unwrap();
+        let req = Request::ReadTo {
+            offset: 0,
+            buf,
+            len: 8192,
+            sink: sink.clone(),
+        };
+        Ones.submit(4, req, &cq);
+        assert!(cq.wait().result.is_err());
+        assert!(lock(&sink.got).is_empty());
     }
 
     #[test]

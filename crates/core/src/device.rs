@@ -304,6 +304,11 @@ pub trait BlockDevice: Send + Sync {
     fn queue_depth(&self) -> usize {
         1
     }
+    /// Whether writes go nowhere (the null device): a copy into it need
+    /// not look at the bytes it reads.
+    fn discards_writes(&self) -> bool {
+        false
+    }
 }
 
 /// How a request with `fua` that goes to `dev` as `pieces` writes keeps
@@ -410,6 +415,9 @@ macro_rules! forward_device {
             }
             fn queue_depth(&self) -> usize {
                 (**self).queue_depth()
+            }
+            fn discards_writes(&self) -> bool {
+                (**self).discards_writes()
             }
         }
     };

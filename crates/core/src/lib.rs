@@ -25,7 +25,7 @@ pub mod storage;
 pub mod sync;
 pub mod zero;
 
-pub use aio::{Completion, CompletionQueue, Request};
+pub use aio::{Completion, CompletionQueue, ReadSink, Request};
 pub use device::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags, ZeroFlags,
 };

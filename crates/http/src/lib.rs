@@ -20,6 +20,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use diskit_core::aio::{self, CompletionQueue, Request};
+use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::check_range;
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Result};
@@ -110,28 +111,52 @@ impl BlockDevice for HttpDevice {
     }
     fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
         match req {
-            Request::Read { offset, buf, len } => {
-                let cq = cq.clone();
-                let size = self.size();
-                self.spawn(Box::new(move |source: &Source| {
-                    let mut buf = buf;
-                    let result = match buf.get_mut(..len) {
-                        Some(b) => check_range(size, offset, len as u64)
-                            .and_then(|()| source.read(b, offset)),
-                        None => Err(diskit_core::Error::invalid("read longer than its buffer")),
-                    };
-                    cq.push(aio::Completion {
-                        tag,
-                        result,
-                        buf: Some(buf),
-                    });
-                }));
-            }
+            Request::Read { offset, buf, len } => self.read_async(tag, offset, buf, len, None, cq),
+            Request::ReadTo {
+                offset,
+                buf,
+                len,
+                sink,
+            } => self.read_async(tag, offset, buf, len, Some(sink), cq),
             req => cq.push(aio::run(self, tag, req)),
         }
     }
     fn queue_depth(&self) -> usize {
         self.connections
+    }
+}
+
+impl HttpDevice {
+    /// Reads on one of the device's threads, which hands the data to
+    /// `sink` if there is one, and posts the completion to `cq`.
+    fn read_async(
+        &self,
+        tag: u64,
+        offset: u64,
+        buf: AlignedBuf,
+        len: usize,
+        sink: Option<Arc<dyn aio::ReadSink>>,
+        cq: &CompletionQueue,
+    ) {
+        let cq = cq.clone();
+        let size = self.size();
+        self.spawn(Box::new(move |source: &Source| {
+            let mut buf = buf;
+            let result = match buf.get_mut(..len) {
+                Some(b) => check_range(size, offset, len as u64)
+                    .and_then(|()| source.read(b, offset))
+                    .and_then(|()| match &sink {
+                        Some(sink) => aio::hand_over(&**sink, offset, b),
+                        None => Ok(()),
+                    }),
+                None => Err(diskit_core::Error::invalid("read longer than its buffer")),
+            };
+            cq.push(aio::Completion {
+                tag,
+                result,
+                buf: Some(buf),
+            });
+        }));
     }
 }
 

@@ -281,7 +281,7 @@ pub fn run(a: Args) -> CmdResult {
                 "Protocol driver 'null-co' does not support image creation",
             ));
         }
-        let null = diskit_backends::NullDevice::new(total);
+        let null: DeviceRef = Arc::new(diskit_backends::NullDevice::new(total));
         let how = How {
             target_is_zero: a.target_is_zero,
             min_sparse,
@@ -434,12 +434,12 @@ fn copy_into(
                 dst.format
             )));
         }
-        run_copy(a, src, &*device, &how)?;
+        run_copy(a, src, &device, &how)?;
         dst.ops
             .add_bitmaps(bitmaps)
             .map_err(|e| CliError::new(e.to_string()))?;
     } else {
-        run_copy(a, src, &*device, &how)?;
+        run_copy(a, src, &device, &how)?;
     }
     if cache.flush {
         dst.device
@@ -532,7 +532,7 @@ fn request_size(src: &dyn BlockDevice, dst: &dyn BlockDevice) -> usize {
 }
 
 /// Copies `src` into `dst` with the progress display.
-fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &dyn BlockDevice, how: &How) -> CmdResult {
+fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &DeviceRef, how: &How) -> CmdResult {
     let min_sparse = how.min_sparse;
     // A source that takes requests without waiting (NBD) keeps many in
     // flight from one worker, and reads on its connections' threads: more

@@ -18,8 +18,8 @@ use crate::util::CliError;
 use diskit_backends::{FileDevice, FileOptions, NullDevice};
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, CompletionQueue, Extent, Request, WriteFlags,
-    ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, CompletionQueue, DeviceRef, Extent, Request,
+    WriteFlags, ZeroFlags,
 };
 use diskit_nbd::client::NbdClient;
 
@@ -419,30 +419,36 @@ pub fn run(a: Args) -> CmdResult {
     let progress = Arc::new(Progress::default());
     let printer = progress_to.map(|to| ProgressPrinter::start_copy(progress.clone(), to));
     let result = match (src, dst) {
-        (Opened::Device(src), Opened::Device(dst)) => copy_devices(
-            &a,
-            src,
-            &*dst,
-            connections,
-            asked_request_size,
-            &mut sparse,
-            queue_size,
-            opts_base,
-            &progress,
-        )
-        .and_then(|()| dst.close().map_err(nbd_err)),
-        (Opened::Device(src), Opened::File(dst)) => copy_devices(
-            &a,
-            src,
-            &dst,
-            connections,
-            asked_request_size,
-            &mut sparse,
-            queue_size,
-            opts_base,
-            &progress,
-        )
-        .and_then(|()| dst.close().map_err(nbd_err)),
+        (Opened::Device(src), Opened::Device(dst)) => {
+            let dst: DeviceRef = Arc::from(dst);
+            copy_devices(
+                &a,
+                src,
+                &dst,
+                connections,
+                asked_request_size,
+                &mut sparse,
+                queue_size,
+                opts_base,
+                &progress,
+            )
+            .and_then(|()| dst.close().map_err(nbd_err))
+        }
+        (Opened::Device(src), Opened::File(dst)) => {
+            let dst: DeviceRef = Arc::new(dst);
+            copy_devices(
+                &a,
+                src,
+                &dst,
+                connections,
+                asked_request_size,
+                &mut sparse,
+                queue_size,
+                opts_base,
+                &progress,
+            )
+            .and_then(|()| dst.close().map_err(nbd_err))
+        }
         (Opened::Device(src), Opened::Stream(out)) => {
             let r = to_stream(&*src, out, request_size, &progress);
             let _ = src.close();
@@ -467,7 +473,7 @@ pub fn run(a: Args) -> CmdResult {
 fn copy_devices(
     a: &Args,
     src: Box<dyn BlockDevice>,
-    dst: &dyn BlockDevice,
+    dst: &DeviceRef,
     connections: usize,
     asked_request_size: Option<u64>,
     sparse: &mut u64,

@@ -4,17 +4,19 @@
 //! order. Read data goes straight from the socket into the request's
 //! buffer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync::lock;
-use diskit_core::{Completion, CompletionQueue, Error, ErrorKind, Result};
+use diskit_core::{Completion, CompletionQueue, Error, ErrorKind, ReadSink, Result};
 
+use super::splice::Discarder;
 use super::watchdog::{self, Heard, Watched};
 use crate::proto::consts::*;
 use crate::proto::reply::{Chunk, ReplyHeader};
@@ -40,11 +42,14 @@ pub enum Stream {
     Tls(Box<TlsStream>),
 }
 
-/// A stream's read half, write half, and what shuts it down both ways.
+/// A stream's read half, write half, what shuts it down both ways, and
+/// the socket the read half reads when it is a plain one (not TLS): data
+/// can be moved from it without passing through memory.
 type Split = (
     Box<dyn Read + Send>,
     Box<dyn Write + Send>,
     Box<dyn Fn() + Send + Sync>,
+    Option<RawFd>,
 );
 
 impl Stream {
@@ -58,10 +63,12 @@ impl Stream {
         ) -> std::io::Result<Split> {
             let reader = clone(&s)?;
             let closer = clone(&s)?;
+            let fd = reader.as_raw_fd();
             Ok((
                 Box::new(reader),
                 Box::new(crate::transport::NoSigPipe(s)),
                 Box::new(move || shutdown(&closer)),
+                Some(fd),
             ))
         }
         match self {
@@ -73,7 +80,7 @@ impl Stream {
             }),
             Stream::Tls(t) => {
                 let h = Transport::split(t)?;
-                Ok((h.reader, h.writer, h.shutdown))
+                Ok((h.reader, h.writer, h.shutdown, None))
             }
         }
     }
@@ -147,6 +154,8 @@ pub struct Answer {
 pub struct Group {
     state: Mutex<GroupState>,
     cond: Condvar,
+    /// Who takes a read's data as it arrives, in the reader thread.
+    sink: Option<Arc<dyn ReadSink>>,
 }
 
 struct GroupState {
@@ -168,7 +177,20 @@ impl Group {
         buf: Option<AlignedBuf>,
         notify: Option<(CompletionQueue, u64)>,
     ) -> Arc<Group> {
+        Self::with_sink(pieces, buf, notify, None)
+    }
+
+    /// Like [`new`](Self::new), for a read whose data goes on to `sink`
+    /// from the reader thread as it arrives (after landing in `buf`,
+    /// unless the sink discards it).
+    pub fn with_sink(
+        pieces: usize,
+        buf: Option<AlignedBuf>,
+        notify: Option<(CompletionQueue, u64)>,
+        sink: Option<Arc<dyn ReadSink>>,
+    ) -> Arc<Group> {
         Arc::new(Group {
+            sink,
             state: Mutex::new(GroupState {
                 left: pieces + 1,
                 error: None,
@@ -260,6 +282,9 @@ struct Slot {
     read: Option<(u64, u64, usize)>,
     /// Bytes of a structured READ that data and hole chunks covered.
     covered: AtomicU64,
+    /// The piece is a streaming read of this many bytes: its reply makes
+    /// room on the wire for the next one ([`Connection::send_streaming`]).
+    streamed: Option<u64>,
 }
 
 /// Requests waiting for replies, and why the connection ended once it
@@ -277,7 +302,30 @@ struct Shared {
     heard: Heard,
     /// Shuts the stream down both ways (ends the reader's wait).
     shutdown: Box<dyn Fn() + Send + Sync>,
+    /// The write half: requests go out under this lock, from any thread
+    /// (the reader's too, for streaming reads).
+    writer: Mutex<Box<dyn Write + Send>>,
+    next_cookie: AtomicU64,
+    /// Requests go out with extended headers.
+    extended: bool,
+    /// Streaming reads waiting for room on the wire.
+    streaming: Mutex<Streaming>,
 }
+
+/// Streaming reads ([`Connection::send_streaming`]) on the wire and
+/// waiting to go.
+#[derive(Default)]
+struct Streaming {
+    /// Bytes of streaming reads sent whose replies have not come.
+    on_wire: u64,
+    /// Reads waiting, with their pieces.
+    waiting: VecDeque<(Arc<Group>, Vec<Piece>)>,
+}
+
+/// Bytes of streaming reads kept on the wire per connection: enough to
+/// keep the server busy, few enough that replies come back while the
+/// next ones are still queued in the client.
+const STREAMING_WIRE_BYTES: u64 = 8 << 20;
 
 impl Watched for Shared {
     fn busy(&self) -> bool {
@@ -320,76 +368,31 @@ impl Shared {
             slot.group
                 .finish(1, Some(Error::new(ErrorKind::Io, why.clone())));
         }
-    }
-
-    fn is_dead(&self) -> bool {
-        lock(&self.pending).dead.is_some()
-    }
-}
-
-/// One NBD connection in transmission.
-pub struct Connection {
-    writer: Mutex<Box<dyn Write + Send>>,
-    shared: Arc<Shared>,
-    next_cookie: AtomicU64,
-    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Requests go out with extended headers.
-    extended: bool,
-}
-
-impl Connection {
-    /// Starts transmission on `stream`, whose handshake is done, with
-    /// compact headers (and structured replies if negotiated).
-    pub fn start(stream: Stream, structured: bool) -> Result<Connection> {
-        Self::start_with(stream, structured, false)
-    }
-
-    /// Starts transmission with `extended` headers (64-bit lengths, which
-    /// imply structured replies) or compact ones.
-    pub fn start_with(stream: Stream, structured: bool, extended: bool) -> Result<Connection> {
-        let structured = structured || extended;
-        let (reader_stream, writer, shutdown) = stream.split()?;
-        let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending::default()),
-            heard: Heard::new(),
-            shutdown,
-        });
-        let watched: Arc<dyn Watched> = shared.clone();
-        watchdog::watch(Arc::downgrade(&watched));
-        let s2 = shared.clone();
-        let reader = std::thread::Builder::new()
-            .name("nbd-client-reader".into())
-            .spawn(move || {
-                let mut r = std::io::BufReader::with_capacity(READ_BUFFER, reader_stream);
-                let why = match read_replies(&mut r, &s2, structured, extended) {
-                    Ok(()) => "the server closed the connection".to_string(),
-                    Err(e) => e.to_string(),
-                };
-                s2.kill(why);
-            })?;
-        Ok(Connection {
-            writer: Mutex::new(writer),
-            shared,
-            next_cookie: AtomicU64::new(1),
-            reader: Mutex::new(Some(reader)),
-            extended,
-        })
+        let waiting = std::mem::take(&mut lock(&self.streaming).waiting);
+        for (group, pieces) in waiting {
+            group.finish(pieces.len(), Some(Error::new(ErrorKind::Io, why.clone())));
+        }
     }
 
     /// Sends the pieces of `group` (WRITE pieces with their bytes from
-    /// `payload`). Each piece finishes in `group` when its reply comes;
-    /// pieces that could not be sent finish at once with the error. The
-    /// caller then calls [`Group::release`].
-    pub fn send(&self, group: &Arc<Group>, pieces: &[Piece], payload: Option<&[u8]>) {
+    /// `payload`); `streamed`: they are streaming reads. Pieces that could
+    /// not be sent finish at once with the error.
+    fn send(&self, group: &Arc<Group>, pieces: &[Piece], payload: Option<&[u8]>, streamed: bool) {
         for (i, p) in pieces.iter().enumerate() {
-            if let Err(e) = self.send_piece(group, p, payload) {
+            if let Err(e) = self.send_piece(group, p, payload, streamed) {
                 group.finish(pieces.len() - i, Some(e));
                 return;
             }
         }
     }
 
-    fn send_piece(&self, group: &Arc<Group>, p: &Piece, payload: Option<&[u8]>) -> Result<()> {
+    fn send_piece(
+        &self,
+        group: &Arc<Group>,
+        p: &Piece,
+        payload: Option<&[u8]>,
+        streamed: bool,
+    ) -> Result<()> {
         let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
         let data = if p.command == CMD_WRITE {
             let data = payload
@@ -403,15 +406,16 @@ impl Connection {
             group: group.clone(),
             read: (p.command == CMD_READ).then_some((p.offset, p.length, p.at)),
             covered: AtomicU64::new(0),
+            streamed: streamed.then_some(p.length),
         });
         {
-            let mut pending = lock(&self.shared.pending);
+            let mut pending = lock(&self.pending);
             if let Some(why) = &pending.dead {
                 return Err(Error::new(ErrorKind::Io, why.clone()));
             }
             if pending.slots.is_empty() {
                 // The server's silence counts from the first request.
-                self.shared.heard.touch();
+                self.heard.touch();
             }
             pending.slots.insert(cookie, slot);
         }
@@ -434,10 +438,120 @@ impl Connection {
         if let Err(e) = sent {
             let err = Error::from(e).context("NBD request");
             // The piece's slot goes with the others, finished by kill.
-            self.shared.kill(err.to_string());
-            return Ok(());
+            self.kill(err.to_string());
         }
         Ok(())
+    }
+
+    /// A streaming read's reply of `len` bytes is in: the reads waiting
+    /// that now fit on the wire go out, from the thread that took the
+    /// reply (no other thread need wake for it).
+    fn streamed(&self, len: u64) {
+        let mut go = Vec::new();
+        {
+            let mut st = lock(&self.streaming);
+            st.on_wire = st.on_wire.saturating_sub(len);
+            while let Some((_, pieces)) = st.waiting.front() {
+                let bytes: u64 = pieces.iter().map(|p| p.length).sum();
+                if st.on_wire > 0 && st.on_wire + bytes > STREAMING_WIRE_BYTES {
+                    break;
+                }
+                st.on_wire += bytes;
+                go.extend(st.waiting.pop_front());
+            }
+        }
+        for (group, pieces) in go {
+            self.send(&group, &pieces, None, true);
+        }
+    }
+
+    fn is_dead(&self) -> bool {
+        lock(&self.pending).dead.is_some()
+    }
+}
+
+/// One NBD connection in transmission.
+pub struct Connection {
+    shared: Arc<Shared>,
+    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Connection {
+    /// Starts transmission on `stream`, whose handshake is done, with
+    /// compact headers (and structured replies if negotiated).
+    pub fn start(stream: Stream, structured: bool) -> Result<Connection> {
+        Self::start_with(stream, structured, false)
+    }
+
+    /// Starts transmission with `extended` headers (64-bit lengths, which
+    /// imply structured replies) or compact ones.
+    pub fn start_with(stream: Stream, structured: bool, extended: bool) -> Result<Connection> {
+        let structured = structured || extended;
+        let (reader_stream, writer, shutdown, fd) = stream.split()?;
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending::default()),
+            heard: Heard::new(),
+            shutdown,
+            writer: Mutex::new(writer),
+            next_cookie: AtomicU64::new(1),
+            extended,
+            streaming: Mutex::new(Streaming::default()),
+        });
+        let watched: Arc<dyn Watched> = shared.clone();
+        watchdog::watch(Arc::downgrade(&watched));
+        let s2 = shared.clone();
+        let reader = std::thread::Builder::new()
+            .name("nbd-client-reader".into())
+            .spawn(move || {
+                let mut r = Reader {
+                    r: std::io::BufReader::with_capacity(READ_BUFFER, reader_stream),
+                    discarder: Discarder::new(fd),
+                    staging: Vec::new(),
+                };
+                let why = match read_replies(&mut r, &s2, structured, extended) {
+                    Ok(()) => "the server closed the connection".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                s2.kill(why);
+            })?;
+        Ok(Connection {
+            shared,
+            reader: Mutex::new(Some(reader)),
+        })
+    }
+
+    /// Sends the pieces of `group` (WRITE pieces with their bytes from
+    /// `payload`). Each piece finishes in `group` when its reply comes;
+    /// pieces that could not be sent finish at once with the error. The
+    /// caller then calls [`Group::release`].
+    pub fn send(&self, group: &Arc<Group>, pieces: &[Piece], payload: Option<&[u8]>) {
+        self.shared.send(group, pieces, payload, false);
+    }
+
+    /// Sends the READ pieces of `group` as a streaming read: at once if
+    /// the connection has fewer than [`STREAMING_WIRE_BYTES`] of streaming
+    /// reads on the wire, else when replies to earlier ones make room,
+    /// from the reader thread that took them. A copy queues many reads
+    /// this way and the connection keeps itself busy, without a thread
+    /// waking up to send each next one.
+    pub fn send_streaming(&self, group: &Arc<Group>, pieces: &[Piece]) {
+        let bytes: u64 = pieces.iter().map(|p| p.length).sum();
+        {
+            let mut st = lock(&self.shared.streaming);
+            let full = st.on_wire > 0 && st.on_wire + bytes > STREAMING_WIRE_BYTES;
+            if full || !st.waiting.is_empty() {
+                st.waiting.push_back((group.clone(), pieces.to_vec()));
+                drop(st);
+                // The connection may have died meanwhile: nobody would
+                // send these then.
+                if self.shared.is_dead() {
+                    self.shared.kill(String::new());
+                }
+                return;
+            }
+            st.on_wire += bytes;
+        }
+        self.shared.send(group, pieces, None, true);
     }
 
     /// Sends one request and waits for it; `payload` is a WRITE's data.
@@ -469,13 +583,13 @@ impl Connection {
             let header = RequestHeader {
                 flags: 0,
                 command: CMD_DISC,
-                cookie: self.next_cookie.fetch_add(1, Ordering::Relaxed),
+                cookie: self.shared.next_cookie.fetch_add(1, Ordering::Relaxed),
                 offset: 0,
                 length: 0,
-                extended: self.extended,
+                extended: self.shared.extended,
             }
             .encode();
-            let mut w = lock(&self.writer);
+            let mut w = lock(&self.shared.writer);
             let _ = w.write_all(&header).and_then(|()| w.flush());
         }
         (self.shared.shutdown)();
@@ -513,15 +627,37 @@ fn proto_err(msg: impl Into<String>) -> Error {
     )
 }
 
+/// After the last reply to a streaming read: the next ones go out.
+fn made_room(shared: &Shared, slot: &Slot) {
+    if let Some(len) = slot.streamed {
+        shared.streamed(len);
+    }
+}
+
+/// The reader thread's side of the connection: the buffered stream, and
+/// what drops unwanted read data straight from the socket.
+struct Reader<R> {
+    r: BufReader<R>,
+    discarder: Discarder,
+    /// Where data for a sink lands: one buffer, reused, stays in this
+    /// thread's cache (the requests' own buffers would each be cold).
+    staging: Vec<u8>,
+}
+
+/// Data chunks for a sink up to this long go through the reader's own
+/// buffer; longer ones through the request's buffer.
+const MAX_STAGING: u64 = 4 << 20;
+
 /// The reader thread's loop: one reply (or chunk) at a time.
 fn read_replies<R: Read>(
-    r: &mut BufReader<R>,
+    reader: &mut Reader<R>,
     shared: &Shared,
     structured: bool,
     extended: bool,
 ) -> Result<()> {
     let mut head = [0u8; 32];
     loop {
+        let r = &mut reader.r;
         match r.read(&mut head[..4]) {
             Ok(0) => return Ok(()),
             Ok(n) => r.read_exact(&mut head[n..4])?,
@@ -550,18 +686,20 @@ fn read_replies<R: Read>(
                     let kind = ErrorKind::from_nbd_code(error);
                     let e = Error::new(kind, format!("server error {error}"));
                     slot.group.finish(1, Some(e));
+                    made_room(shared, &slot);
                     continue;
                 }
-                if let Some((_, len, at)) = slot.read {
+                if let Some((offset, len, at)) = slot.read {
                     // The slot is out of the table: end it here, or its
                     // waiter would wait forever.
-                    if let Err(e) = read_into(r, &slot.group, at, len) {
+                    if let Err(e) = deliver(reader, &slot.group, offset, at, len) {
                         let why = shared.reason_or(e.to_string());
                         slot.group.finish(1, Some(Error::new(ErrorKind::Io, why)));
                         return Err(e);
                     }
                 }
                 slot.group.finish(1, None);
+                made_room(shared, &slot);
             }
             ReplyHeader::Chunk(c) => {
                 let slot = lock(&shared.pending)
@@ -569,7 +707,7 @@ fn read_replies<R: Read>(
                     .get(&c.cookie)
                     .cloned()
                     .ok_or_else(|| proto_err(format!("reply to unknown cookie {}", c.cookie)))?;
-                read_chunk(r, &slot, c.kind, c.length)?;
+                read_chunk(reader, &slot, c.kind, c.length)?;
                 if c.flags & REPLY_FLAG_DONE != 0 {
                     lock(&shared.pending).slots.remove(&c.cookie);
                     let short = slot
@@ -579,30 +717,91 @@ fn read_replies<R: Read>(
                         short.then(|| proto_err("a read reply that does not cover the request"));
                     // An error chunk explains a short read better.
                     slot.group.finish(1, err);
+                    made_room(shared, &slot);
                 }
             }
         }
     }
 }
 
+/// Takes `len` bytes of reply data, the export's at `offset`, for the
+/// request: into its buffer at `at`, and on to its sink if it has one
+/// (or dropped from the socket unseen, if the sink discards them). A
+/// sink's error fails the request, not the connection.
+fn deliver<R: Read>(
+    reader: &mut Reader<R>,
+    group: &Group,
+    offset: u64,
+    at: usize,
+    len: u64,
+) -> Result<()> {
+    let Some(sink) = &group.sink else {
+        return read_into(&mut reader.r, group, at, len);
+    };
+    if sink.discards() {
+        return reader.discarder.discard(&mut reader.r, len);
+    }
+    // Handed over as soon as they are read, while the bytes are in this
+    // thread's cache.
+    let handed = if len <= MAX_STAGING {
+        let n = len as usize;
+        if reader.staging.len() < n {
+            reader.staging.resize(n, 0);
+        }
+        let data = fill(&mut reader.r, &mut reader.staging, 0, len)?;
+        sink.data(offset, data)
+    } else {
+        with_buffer(group, |buf| {
+            let data = fill(&mut reader.r, buf, at, len)?;
+            Ok(sink.data(offset, data))
+        })?
+    };
+    if let Err(e) = handed {
+        group.fail(e);
+    }
+    Ok(())
+}
+
 /// Reads `len` bytes of reply data into the request's buffer at `at`.
 fn read_into<R: Read>(r: &mut BufReader<R>, group: &Group, at: usize, len: u64) -> Result<()> {
-    let mut st = lock(&group.state);
-    let dest = st
+    with_buffer(group, |buf| fill(r, buf, at, len).map(drop))
+}
+
+/// Runs `f` on the request's buffer, taken out of the group meanwhile:
+/// the group's lock is not held across reads from the socket (and
+/// writes by a sink), where the sender would wait for it.
+fn with_buffer<T>(group: &Group, f: impl FnOnce(&mut AlignedBuf) -> Result<T>) -> Result<T> {
+    let mut buf = lock(&group.state)
         .buf
-        .as_mut()
-        .and_then(|b| b.get_mut(at..at + len as usize))
+        .take()
+        .ok_or_else(|| Error::invalid("a read without a buffer"))?;
+    let out = f(&mut buf);
+    lock(&group.state).buf = Some(buf);
+    out
+}
+
+/// Reads `len` bytes of reply data into `buf` at `at`; returns them.
+fn fill<'b, R: Read>(
+    r: &mut BufReader<R>,
+    buf: &'b mut [u8],
+    at: usize,
+    len: u64,
+) -> Result<&'b [u8]> {
+    let dest = buf
+        .get_mut(at..at + len as usize)
         .ok_or_else(|| Error::invalid("a read without a buffer"))?;
     // What the reader's buffer holds already, then the rest from the
     // socket itself: through the buffer, every byte would be copied twice.
     let have = r.buffer().len().min(dest.len());
     dest[..have].copy_from_slice(&r.buffer()[..have]);
     r.consume(have);
-    Ok(r.get_mut().read_exact(&mut dest[have..])?)
+    r.get_mut().read_exact(&mut dest[have..])?;
+    Ok(dest)
 }
 
 /// Reads one chunk's payload into its request.
-fn read_chunk<R: Read>(r: &mut BufReader<R>, slot: &Slot, kind: u16, length: u64) -> Result<()> {
+fn read_chunk<R: Read>(reader: &mut Reader<R>, slot: &Slot, kind: u16, length: u64) -> Result<()> {
+    let r = &mut reader.r;
     if kind == REPLY_TYPE_OFFSET_DATA {
         if length < 9 {
             return Err(proto_err("short data chunk"));
@@ -618,7 +817,7 @@ fn read_chunk<R: Read>(r: &mut BufReader<R>, slot: &Slot, kind: u16, length: u64
             return Err(proto_err("data chunk outside the request"));
         }
         slot.covered.fetch_add(n, Ordering::Relaxed);
-        return read_into(r, &slot.group, pos + (at - start) as usize, n);
+        return deliver(reader, &slot.group, at, pos + (at - start) as usize, n);
     }
     let cap = if kind == REPLY_TYPE_BLOCK_STATUS {
         MAX_STATUS_PAYLOAD
@@ -644,13 +843,23 @@ fn read_chunk<R: Read>(r: &mut BufReader<R>, slot: &Slot, kind: u16, length: u64
             }
             slot.covered.fetch_add(len, Ordering::Relaxed);
             let from = pos + (offset - start) as usize;
-            let mut st = lock(&slot.group.state);
-            if let Some(b) = st
-                .buf
-                .as_mut()
-                .and_then(|b| b.get_mut(from..from + len as usize))
-            {
-                b.fill(0);
+            match &slot.group.sink {
+                Some(sink) if sink.discards() => {}
+                Some(sink) => {
+                    if let Err(e) = sink.zeros(offset, len) {
+                        slot.group.fail(e);
+                    }
+                }
+                None => {
+                    let mut st = lock(&slot.group.state);
+                    if let Some(b) = st
+                        .buf
+                        .as_mut()
+                        .and_then(|b| b.get_mut(from..from + len as usize))
+                    {
+                        b.fill(0);
+                    }
+                }
             }
         }
         Chunk::BlockStatus { context, extents } => {

@@ -12,6 +12,7 @@
 pub mod command;
 pub mod conn;
 pub mod handshake;
+mod splice;
 pub mod tls;
 pub mod uri;
 pub mod watchdog;
@@ -842,6 +843,25 @@ impl BlockDevice for NbdClient {
             {
                 let pieces = self.pieces(CMD_READ, 0, offset, len as u64);
                 self.start(tag, &pieces, Some(buf), None, cq);
+            }
+            Request::ReadTo {
+                offset,
+                buf,
+                len,
+                sink,
+            } if len > 0
+                && (self.plain_blocks()
+                    || self.outer(offset, len as u64) == (offset, offset + len as u64))
+                && len <= buf.len()
+                && check_range(self.size(), offset, len as u64).is_ok() =>
+            {
+                let pieces = self.pieces(CMD_READ, 0, offset, len as u64);
+                let group =
+                    Group::with_sink(pieces.len(), Some(buf), Some((cq.clone(), tag)), Some(sink));
+                // A copy queues many: the connection sends each as the
+                // replies to earlier ones make room.
+                self.conn().send_streaming(&group, &pieces);
+                group.release(None);
             }
             Request::Write {
                 offset,
