@@ -207,7 +207,7 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
     } else {
         Work::Chunks {
             next: AtomicU64::new(0),
-            chunk: chunk_size(size, request, max_workers),
+            chunk: chunk_size(size, request, max_workers, src.queue_depth() > 1),
         }
     };
     // A source that reads on threads of its own (NBD) hands the data to
@@ -383,6 +383,11 @@ impl<D: BlockDevice + ?Sized + 'static> ReadSink for CopySink<D> {
 
 /// The largest range a worker owns at a time (as nbdcopy's threads do).
 const MAX_CHUNK: u64 = 128 << 20;
+/// The largest range a worker owns at a time when the source answers
+/// extents over the network: each question is a round trip, asked ahead
+/// while the range before is copied; fewer, larger ones keep the copy
+/// from waiting for them.
+const MAX_REMOTE_CHUNK: u64 = 1 << 30;
 
 /// The smallest range a worker owns: a hole across two ranges costs two
 /// zero requests instead of one.
@@ -391,9 +396,10 @@ const MIN_CHUNK: u64 = 8 << 20;
 /// How much of the source a worker takes at a time: large enough that a
 /// worker's extents queries each serve many requests (and few holes are
 /// cut in two), small enough that every worker gets several.
-fn chunk_size(size: u64, request: u64, workers: usize) -> u64 {
+fn chunk_size(size: u64, request: u64, workers: usize, remote: bool) -> u64 {
     let per = size.div_ceil(workers as u64 * 4);
-    per.clamp(MIN_CHUNK.max(request), MAX_CHUNK.max(request))
+    let max = if remote { MAX_REMOTE_CHUNK } else { MAX_CHUNK };
+    per.clamp(MIN_CHUNK.max(request), max.max(request))
         .next_multiple_of(request)
 }
 
@@ -459,9 +465,11 @@ struct InFlight {
 
 /// One worker's state: its own range, completion queue, items in flight
 /// and buffers.
-struct Worker {
+struct Worker<'s> {
     cq: CompletionQueue,
     planner: Option<Planner>,
+    /// The next range's planner, asking the source about it meanwhile.
+    ahead: Option<std::thread::ScopedJoinHandle<'s, Result<Planner>>>,
     items: HashMap<u64, InFlight>,
     /// Requests in flight.
     requests: usize,
@@ -473,7 +481,7 @@ struct Worker {
     stats: CopyStats,
 }
 
-impl Worker {
+impl Worker<'_> {
     /// A buffer of at least `len` bytes: a free one, or a new one. New
     /// buffers grow (doubling up to the request size) as items need them,
     /// not allocated whole at once: a zeroed buffer costs a page fault per
@@ -498,6 +506,7 @@ impl Engine<'_> {
         let mut w = Worker {
             cq: CompletionQueue::new(),
             planner: None,
+            ahead: None,
             items: HashMap::new(),
             requests: 0,
             next_tag: 0,
@@ -518,11 +527,11 @@ impl Engine<'_> {
         sync::lock(&self.stats).add(&w.stats);
     }
 
-    fn run<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>, w: &mut Worker) -> Result<()> {
+    fn run<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>, w: &mut Worker<'s>) -> Result<()> {
         let mut exhausted = false;
         loop {
             while !exhausted && w.requests < self.depth && !self.failed.load(Ordering::Relaxed) {
-                let Some(item) = self.next_item(w)? else {
+                let Some(item) = self.next_item(scope, w)? else {
                     exhausted = true;
                     break;
                 };
@@ -559,7 +568,11 @@ impl Engine<'_> {
 
     /// The worker's next item: from the shared planner, or from its own
     /// range, taking a new range when that one is done.
-    fn next_item(&self, w: &mut Worker) -> Result<Option<Item>> {
+    fn next_item<'s>(
+        &'s self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        w: &mut Worker<'s>,
+    ) -> Result<Option<Item>> {
         match &self.work {
             Work::Ordered(planner) => sync::lock(planner).next(self.src),
             Work::Chunks { next, chunk } => loop {
@@ -569,17 +582,35 @@ impl Engine<'_> {
                     }
                     w.planner = None;
                 }
-                let start = next.fetch_add(*chunk, Ordering::Relaxed);
-                if start >= self.size {
-                    return Ok(None);
+                let planner = match w.ahead.take() {
+                    Some(h) => h
+                        .join()
+                        .map_err(|_| Error::io("asking the source for its extents failed"))??,
+                    None => match self.take_range(next, *chunk) {
+                        Some(p) => p,
+                        None => return Ok(None),
+                    },
+                };
+                w.planner = Some(planner);
+                // A source that answers extents over the network is asked
+                // about the next range while this one is copied.
+                if self.src.queue_depth() > 1
+                    && let Some(p) = self.take_range(next, *chunk)
+                {
+                    w.ahead = Some(scope.spawn(move || p.prefilled(self.src)));
                 }
-                w.planner = Some(
-                    Planner::range(self.size, start, start + chunk, self.request)
-                        .with_zero_alignment(self.opts.zero_alignment)
-                        .skipping_backing(self.opts.skip_backing),
-                );
             },
         }
+    }
+
+    /// The planner of the next range not taken yet, if any is left.
+    fn take_range(&self, next: &AtomicU64, chunk: u64) -> Option<Planner> {
+        let start = next.fetch_add(chunk, Ordering::Relaxed);
+        (start < self.size).then(|| {
+            Planner::range(self.size, start, start + chunk, self.request)
+                .with_zero_alignment(self.opts.zero_alignment)
+                .skipping_backing(self.opts.skip_backing)
+        })
     }
 
     fn fail(&self, e: Error) {
@@ -599,7 +630,7 @@ impl Engine<'_> {
     }
 
     /// Starts an item: a read of its data, or the zeroing of its range.
-    fn start(&self, w: &mut Worker, item: Item) -> Result<()> {
+    fn start(&self, w: &mut Worker<'_>, item: Item) -> Result<()> {
         let tag = w.next_tag;
         w.next_tag += 1;
         let mut f = InFlight {
@@ -641,7 +672,7 @@ impl Engine<'_> {
         Ok(())
     }
 
-    fn zero(&self, w: &mut Worker, tag: u64, f: &mut InFlight, offset: u64, len: u64) {
+    fn zero(&self, w: &mut Worker<'_>, tag: u64, f: &mut InFlight, offset: u64, len: u64) {
         let flags = ZeroFlags {
             may_trim: !self.opts.allocated,
             ..Default::default()
@@ -655,7 +686,7 @@ impl Engine<'_> {
 
     /// Sends the item's next data run from its buffer, if it has one and
     /// the buffer is free.
-    fn write_next(&self, w: &mut Worker, tag: u64, f: &mut InFlight) {
+    fn write_next(&self, w: &mut Worker<'_>, tag: u64, f: &mut InFlight) {
         if let (Some(_), Some(&(offset, len))) = (f.buf.as_ref(), f.data.front()) {
             f.data.pop_front();
             let buf = f.buf.take().expect("checked above");
@@ -678,7 +709,7 @@ impl Engine<'_> {
 
     /// Keeps an item while it has requests in flight (their completions
     /// may be queued already), or finishes it.
-    fn settle(&self, w: &mut Worker, tag: u64, f: InFlight) {
+    fn settle(&self, w: &mut Worker<'_>, tag: u64, f: InFlight) {
         if f.requests > 0 {
             w.items.insert(tag, f);
         } else {
@@ -686,7 +717,7 @@ impl Engine<'_> {
         }
     }
 
-    fn finish(&self, w: &mut Worker, mut f: InFlight) {
+    fn finish(&self, w: &mut Worker<'_>, mut f: InFlight) {
         if let Some(b) = f.buf.take() {
             w.pool.push(b);
         }
@@ -695,7 +726,7 @@ impl Engine<'_> {
     }
 
     /// Handles one completion of the worker's requests.
-    fn complete(&self, w: &mut Worker, c: Completion) -> Result<()> {
+    fn complete(&self, w: &mut Worker<'_>, c: Completion) -> Result<()> {
         let mut f = w
             .items
             .remove(&c.tag)
@@ -736,7 +767,7 @@ impl Engine<'_> {
 
     /// After an item's read: finds its zero runs, zeroes (or skips) them
     /// and queues its data runs.
-    fn plan_writes(&self, w: &mut Worker, tag: u64, f: &mut InFlight) -> Result<()> {
+    fn plan_writes(&self, w: &mut Worker<'_>, tag: u64, f: &mut InFlight) -> Result<()> {
         let item = f.item;
         let data = &f.buf.as_ref().expect("a read gives its buffer back")[..item.len as usize];
         let runs = split_runs(data, item.offset, self.opts.min_sparse);

@@ -82,6 +82,19 @@ impl Planner {
     }
 
     /// Queues the extents from `from` on (the queue holds what precedes it).
+    /// Asks the source about the whole range at once, before `next` needs
+    /// it: on another thread, for a source where each question is a round
+    /// trip (NBD), so that the worker does not wait for the answers.
+    pub fn prefilled(mut self, src: &dyn BlockDevice) -> Result<Planner> {
+        loop {
+            let covered = self.pos + self.queue.iter().map(|e| e.length).sum::<u64>();
+            if covered >= self.end {
+                return Ok(self);
+            }
+            self.fill(src, covered)?;
+        }
+    }
+
     fn fill(&mut self, src: &dyn BlockDevice, from: u64) -> Result<()> {
         // One answer (a prefix), never trusted to stay inside the range asked.
         let rest = self.end - from;
