@@ -473,6 +473,8 @@ struct Worker<'s> {
     items: HashMap<u64, InFlight>,
     /// Requests in flight.
     requests: usize,
+    /// Completions taken from the queue, being handled.
+    done: Vec<Completion>,
     next_tag: u64,
     /// Buffers not in use.
     pool: Vec<AlignedBuf>,
@@ -507,6 +509,7 @@ impl Engine<'_> {
             cq: CompletionQueue::new(),
             planner: None,
             ahead: None,
+            done: Vec::new(),
             items: HashMap::new(),
             requests: 0,
             next_tag: 0,
@@ -545,9 +548,26 @@ impl Engine<'_> {
             if w.requests == 0 || self.failed.load(Ordering::Relaxed) {
                 return Ok(());
             }
-            let c = w.cq.wait();
-            w.requests -= 1;
-            self.complete(w, c)?;
+            // Reads handed to a sink keep the source busy on their own
+            // (it sends queued reads as replies come): the worker wakes
+            // when a quarter of its queue is done, not at each read.
+            let batch = if self.sink.is_some() && !exhausted {
+                (self.depth / 4).clamp(1, w.requests)
+            } else {
+                1
+            };
+            let mut done = std::mem::take(&mut w.done);
+            w.cq.wait_many(batch, &mut done);
+            w.requests -= done.len();
+            let mut result = Ok(());
+            for c in done.drain(..) {
+                // After an error the rest are only counted.
+                if result.is_ok() {
+                    result = self.complete(w, c);
+                }
+            }
+            w.done = done;
+            result?;
         }
     }
 

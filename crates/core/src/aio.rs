@@ -99,8 +99,16 @@ pub struct Completion {
 
 #[derive(Default)]
 struct Inner {
-    done: Mutex<VecDeque<Completion>>,
+    done: Mutex<Done>,
     ready: Condvar,
+}
+
+#[derive(Default)]
+struct Done {
+    queue: VecDeque<Completion>,
+    /// How many completions the waiter waits for (0: nobody waits): it
+    /// is woken when that many are there, not at each one.
+    want: usize,
 }
 
 /// Where completions arrive; cloning gives another handle to the same queue.
@@ -117,25 +125,49 @@ impl CompletionQueue {
 
     /// Delivers a completion (called by devices).
     pub fn push(&self, c: Completion) {
-        lock(&self.inner.done).push_back(c);
-        self.inner.ready.notify_one();
+        let mut d = lock(&self.inner.done);
+        d.queue.push_back(c);
+        let wake = d.want > 0 && d.queue.len() >= d.want;
+        drop(d);
+        if wake {
+            self.inner.ready.notify_one();
+        }
     }
 
     /// Waits for the next completion. The caller must have a request in
     /// flight, or this waits forever.
     pub fn wait(&self) -> Completion {
-        let mut q = lock(&self.inner.done);
+        let mut d = lock(&self.inner.done);
         loop {
-            if let Some(c) = q.pop_front() {
+            if let Some(c) = d.queue.pop_front() {
+                d.want = 0;
                 return c;
             }
-            q = self.inner.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+            d.want = 1;
+            d = self.inner.ready.wait(d).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Waits until at least `n` completions are there, then moves all
+    /// there are to `out`. `n` must be at least 1 and no more than the
+    /// requests in flight, or this waits forever. One wake-up serves many
+    /// completions: a caller that keeps a deep queue of requests refills
+    /// it in bursts, and does not take a processor from the threads doing
+    /// the I/O at each one.
+    pub fn wait_many(&self, n: usize, out: &mut Vec<Completion>) {
+        let n = n.max(1);
+        let mut d = lock(&self.inner.done);
+        while d.queue.len() < n {
+            d.want = n;
+            d = self.inner.ready.wait(d).unwrap_or_else(|p| p.into_inner());
+        }
+        d.want = 0;
+        out.extend(d.queue.drain(..));
     }
 
     /// The next completion if one is there.
     pub fn try_pop(&self) -> Option<Completion> {
-        lock(&self.inner.done).pop_front()
+        lock(&self.inner.done).queue.pop_front()
     }
 }
 
@@ -286,6 +318,47 @@ mod tests {
         Ones.submit(4, req, &cq);
         assert!(cq.wait().result.is_err());
         assert!(lock(&sink.got).is_empty());
+    }
+
+    #[test]
+    fn wait_many_wakes_when_enough_are_there() {
+        let cq = CompletionQueue::new();
+        let pusher = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                for tag in 0..5 {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    cq.push(Completion {
+                        tag,
+                        result: Ok(()),
+                        buf: None,
+                    });
+                }
+            })
+        };
+        let mut out = Vec::new();
+        cq.wait_many(3, &mut out);
+        assert!(out.len() >= 3, "{}", out.len());
+        pusher.join().unwrap();
+        if out.len() < 5 {
+            cq.wait_many(1, &mut out);
+        }
+        let tags: Vec<u64> = out.iter().map(|c| c.tag).collect();
+        assert_eq!(tags, vec![0, 1, 2, 3, 4]);
+        // A single wait after a batched one still wakes.
+        let pusher = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                cq.push(Completion {
+                    tag: 9,
+                    result: Ok(()),
+                    buf: None,
+                })
+            })
+        };
+        assert_eq!(cq.wait().tag, 9);
+        pusher.join().unwrap();
     }
 
     #[test]
