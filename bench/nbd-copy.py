@@ -23,7 +23,10 @@ from      Copy from an NBD source: 1 GiB of random data (random) and a 2 GiB
           nbdkit memory and by qemu-nbd -r (a raw file on /dev/shm), copied
           to null: and to a file on /dev/shm by `diskit copy`,
           `diskit convert`, nbdcopy and qemu-img convert. Target: 1.2x
-          nbdcopy's throughput in every row.
+          nbdcopy's throughput in every row. The rows of random data also
+          time bench/nbd-read-floor.c (when cc is there): the least a client
+          can do (two connections, 1 MiB reads, simple replies, no extents,
+          no zero detection), a bound for what any copier gets here.
 
 into      Copy into an NBD target: a 1 GiB raw file of random data on
           /dev/shm to `diskit serve memory 1G` and to `nbdkit memory 1G`
@@ -199,10 +202,21 @@ def make_sources(work):
     return {"random": rnd, "sparse": sparse}
 
 
+def build_floor(work):
+    """bench/nbd-read-floor.c, compiled: the least a client can do."""
+    exe = work / "nbd-read-floor"
+    p = subprocess.run(["cc", "-O2", "-pthread", "-o", str(exe), str(HERE / "nbd-read-floor.c")],
+                       stderr=subprocess.PIPE)
+    if p.returncode != 0:
+        log(f"no floor column: {p.stderr.decode(errors='replace')[-500:]}")
+        return None
+    return exe
+
+
 def part_from(diskit, work, sources):
     sock = work / "src.sock"
     out = Path("/dev/shm") / f"diskit-bench-out-{os.getpid()}.raw"
-    tools = ["diskit-copy", "diskit-convert", "nbdcopy", "qemu-img"]
+    floor = build_floor(work)
     rows = []
     for server in ["nbdkit", "qemu-nbd"]:
         for data, path in sources.items():
@@ -218,6 +232,7 @@ def part_from(diskit, work, sources):
             try:
                 for dest in ["null", "file"]:
                     target = "null:" if dest == "null" else str(out)
+                    tools = ["diskit-copy", "diskit-convert", "nbdcopy", "qemu-img"]
                     argvs = {
                         "diskit-copy": [str(diskit), "copy", uri, target],
                         "nbdcopy": ["nbdcopy", uri, target],
@@ -232,6 +247,12 @@ def part_from(diskit, work, sources):
                                                    uri, str(out)]
                         argvs["qemu-img"] = ["qemu-img", "convert", "-f", "raw", "-O", "raw", uri,
                                              str(out)]
+                    # The floor reads every byte (no extents): a bound for
+                    # the rows of random data only.
+                    if floor and data == "random":
+                        tools.append("floor")
+                        argvs["floor"] = [str(floor), str(sock),
+                                          "/dev/null" if dest == "null" else str(out), "2", "8"]
                     times = {t: [] for t in tools}
                     for r in range(-1, ROUNDS):  # round -1: warm-up, checked
                         for t in rotate(tools, max(r, 0)):
@@ -255,7 +276,7 @@ def part_from(diskit, work, sources):
 
 def print_from(rows):
     print("\ncopy from an NBD source: median seconds (MiB/s of export size); ratio = nbdcopy time / diskit time")
-    print(f"{'server':9} {'data':7} {'dest':5} {'diskit copy':>20} {'diskit convert':>20} {'nbdcopy':>20} {'qemu-img':>20}  copy  convert")
+    print(f"{'server':9} {'data':7} {'dest':5} {'diskit copy':>20} {'diskit convert':>20} {'nbdcopy':>20} {'qemu-img':>20}  copy  convert   floor (nbd-read-floor.c; nbdcopy/floor)")
     ok_all = True
     for row in rows:
         ms, mib = row["median_s"], row["size"] / (1 << 20)
@@ -264,7 +285,9 @@ def print_from(rows):
         rc, rv = ratio(ms["nbdcopy"], ms["diskit-copy"]), ratio(ms["nbdcopy"], ms["diskit-convert"])
         ok = rc >= 1.2 and rv >= 1.2
         ok_all &= ok
-        print(f"{row['server']:9} {row['data']:7} {row['dest']:5} {cells}  {rc:4.2f}x {rv:4.2f}x {'ok' if ok else 'MISSED'}")
+        fl = ms.get("floor")
+        floor = f"   {fl:6.3f} ({ratio(ms['nbdcopy'], fl):4.2f}x)" if fl else ""
+        print(f"{row['server']:9} {row['data']:7} {row['dest']:5} {cells}  {rc:4.2f}x {rv:4.2f}x {'ok' if ok else 'MISSED'}{floor}")
     return ok_all
 
 
