@@ -418,36 +418,28 @@ pub fn run(a: Args) -> CmdResult {
     };
     let progress = Arc::new(Progress::default());
     let printer = progress_to.map(|to| ProgressPrinter::start_copy(progress.clone(), to));
+    // The engine shares the destination with the threads that may write
+    // to it (an NBD source's connections).
+    let into_device = |src, dst: DeviceRef, sparse: &mut u64, base| {
+        copy_devices(
+            &a,
+            src,
+            &dst,
+            connections,
+            asked_request_size,
+            sparse,
+            queue_size,
+            base,
+            &progress,
+        )
+        .and_then(|()| dst.close().map_err(nbd_err))
+    };
     let result = match (src, dst) {
         (Opened::Device(src), Opened::Device(dst)) => {
-            let dst: DeviceRef = Arc::from(dst);
-            copy_devices(
-                &a,
-                src,
-                &dst,
-                connections,
-                asked_request_size,
-                &mut sparse,
-                queue_size,
-                opts_base,
-                &progress,
-            )
-            .and_then(|()| dst.close().map_err(nbd_err))
+            into_device(src, Arc::from(dst), &mut sparse, opts_base)
         }
         (Opened::Device(src), Opened::File(dst)) => {
-            let dst: DeviceRef = Arc::new(dst);
-            copy_devices(
-                &a,
-                src,
-                &dst,
-                connections,
-                asked_request_size,
-                &mut sparse,
-                queue_size,
-                opts_base,
-                &progress,
-            )
-            .and_then(|()| dst.close().map_err(nbd_err))
+            into_device(src, Arc::new(dst), &mut sparse, opts_base)
         }
         (Opened::Device(src), Opened::Stream(out)) => {
             let r = to_stream(&*src, out, request_size, &progress);
