@@ -198,6 +198,9 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
     }
     let max_workers = opts.workers.clamp(1, 64);
     let request = opts.request_size.max(512) as u64;
+    // A source that takes requests without waiting (NBD, HTTP) reads on
+    // threads of its own, and answers extents over the network.
+    let reads_on_own_threads = src.queue_depth() > 1;
     let work = if opts.ordered_writes {
         Work::Ordered(Mutex::new(
             Planner::new(size, request)
@@ -207,7 +210,7 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
     } else {
         Work::Chunks {
             next: AtomicU64::new(0),
-            chunk: chunk_size(size, request, max_workers, src.queue_depth() > 1),
+            chunk: chunk_size(size, request, max_workers, reads_on_own_threads),
         }
     };
     // A source that reads on threads of its own (NBD) hands the data to
@@ -215,7 +218,7 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
     // the destination writes before it returns anyway (a file) or drops
     // what it is given (null): each connection then writes in parallel.
     let sink = (!opts.ordered_writes
-        && src.queue_depth() > 1
+        && reads_on_own_threads
         && (dst.queue_depth() <= 1 || dst.discards_writes()))
     .then(|| {
         let state = Arc::new(SinkState {
@@ -252,6 +255,7 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
         src,
         dst,
         sink: sink.clone(),
+        remote_extents: reads_on_own_threads,
         opts: opts.clone(),
         size,
         request,
@@ -419,6 +423,9 @@ struct Engine<'a> {
     /// Where the source hands its reads' data when it reads on threads of
     /// its own: the writes are made there, not by the workers.
     sink: Option<(Arc<dyn ReadSink>, Arc<SinkState>)>,
+    /// The source answers extents over the network: the next range's are
+    /// asked for ahead.
+    remote_extents: bool,
     opts: CopyOptions,
     size: u64,
     /// Bytes per data request.
@@ -499,7 +506,8 @@ impl Worker<'_> {
         self.buf_size = self.buf_size.max(size);
         // Smaller free buffers would only be passed over from now on.
         self.pool.retain(|b| b.len() >= size);
-        AlignedBuf::new(size, 4096)
+        // Mapped: a read handed to a sink may never touch it.
+        AlignedBuf::mapped(size)
     }
 }
 
@@ -614,7 +622,7 @@ impl Engine<'_> {
                 w.planner = Some(planner);
                 // A source that answers extents over the network is asked
                 // about the next range while this one is copied.
-                if self.src.queue_depth() > 1
+                if self.remote_extents
                     && let Some(p) = self.take_range(next, *chunk)
                 {
                     w.ahead = Some(scope.spawn(move || p.prefilled(self.src)));

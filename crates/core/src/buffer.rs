@@ -10,6 +10,8 @@ use crate::error::{Error, ErrorKind, Result};
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     layout: Layout,
+    /// Made by [`AlignedBuf::mapped`] with mmap (undone with munmap).
+    mapped: bool,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Box<[u8]>.
@@ -22,31 +24,53 @@ impl AlignedBuf {
     pub fn new(len: usize, align: usize) -> Result<AlignedBuf> {
         let layout = Layout::from_size_align(len.max(1), align.max(1))
             .map_err(|_| Error::invalid("bad buffer alignment"))?;
-        let ptr = if mapped(layout) {
-            // SAFETY: an anonymous private mapping of a non-zero size; no
-            // existing memory is touched.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    layout.size(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                std::ptr::null_mut()
-            } else {
-                p.cast::<u8>()
-            }
-        } else {
-            // SAFETY: layout has a non-zero size.
-            unsafe { alloc_zeroed(layout) }
-        };
+        // SAFETY: layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::new(ErrorKind::OutOfMemory, "cannot allocate I/O buffer"))?;
-        Ok(AlignedBuf { ptr, layout })
+        Ok(AlignedBuf {
+            ptr,
+            layout,
+            mapped: false,
+        })
+    }
+
+    /// Allocates `len` zeroed, page-aligned bytes whose pages are only
+    /// made when first touched: for buffers kept in a pool that a request
+    /// may leave untouched (a read handed to a sink), which would
+    /// otherwise cost a page fault and a zeroing per 4 KiB up front. Small
+    /// ones come from [`new`](Self::new). Not for a buffer per request: a
+    /// mapping costs system calls to make and to undo.
+    pub fn mapped(len: usize) -> Result<AlignedBuf> {
+        if len < MAP_AT_LEAST {
+            return Self::new(len, MAP_ALIGN);
+        }
+        let layout = Layout::from_size_align(len, MAP_ALIGN)
+            .map_err(|_| Error::invalid("bad buffer size"))?;
+        // SAFETY: an anonymous private mapping of a non-zero size; no
+        // existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.size(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        let ptr = if p == libc::MAP_FAILED {
+            std::ptr::null_mut()
+        } else {
+            p.cast::<u8>()
+        };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| Error::new(ErrorKind::OutOfMemory, "cannot map I/O buffer"))?;
+        Ok(AlignedBuf {
+            ptr,
+            layout,
+            mapped: true,
+        })
     }
 
     /// The buffer's length.
@@ -77,7 +101,7 @@ impl DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if mapped(self.layout) {
+        if self.mapped {
             // SAFETY: mapped in new() with this very size.
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.layout.size()) };
         } else {
@@ -87,16 +111,10 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Buffers at least this long are mapped from the kernel: page-aligned
-/// and zero without being written (the allocator would write every byte
-/// of an aligned zeroed allocation, a page fault per 4 KiB up front), so
-/// a buffer costs only the pages that are used.
+/// [`AlignedBuf::mapped`] maps buffers at least this long.
 const MAP_AT_LEAST: usize = 256 << 10;
-
-/// Whether a buffer of `layout` is mapped rather than allocated.
-fn mapped(layout: Layout) -> bool {
-    layout.size() >= MAP_AT_LEAST && layout.align() <= 4096
-}
+/// The alignment of [`AlignedBuf::mapped`] buffers (a page at least).
+const MAP_ALIGN: usize = 4096;
 
 /// A thread's reusable page-aligned buffer, for [`with_reused`].
 pub type ReusedBuf = std::cell::RefCell<Option<AlignedBuf>>;
@@ -134,7 +152,7 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_and_zeroed() {
-        // Small ones from the allocator, large ones mapped (odd sizes too).
+        // From the allocator and mapped, small and large, odd sizes too.
         for len in [10000, (1 << 20) + 123] {
             for align in [1, 512, 4096, 8192] {
                 let mut b = AlignedBuf::new(len, align).unwrap();
@@ -144,6 +162,12 @@ mod tests {
                 b[len - 1] = 7;
                 assert_eq!(b[len - 1], 7);
             }
+            let mut b = AlignedBuf::mapped(len).unwrap();
+            assert_eq!(b.len(), len);
+            assert_eq!(b.as_ptr() as usize % 4096, 0);
+            assert!(b.iter().all(|&x| x == 0));
+            b[len - 1] = 7;
+            assert_eq!(b[len - 1], 7);
         }
     }
 }
