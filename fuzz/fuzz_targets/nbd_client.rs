@@ -6,7 +6,9 @@
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 
+use diskit_core::aio::ReadSink;
 use diskit_nbd::client::conn::{Connection, Stream};
 use diskit_nbd::client::handshake;
 use libfuzzer_sys::fuzz_target;
@@ -26,6 +28,38 @@ impl Write for Scripted<'_> {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// A read's sink that checks that all it is given lies within the read.
+struct Within {
+    offset: u64,
+    len: u64,
+    discard: bool,
+}
+
+impl Within {
+    fn check(&self, offset: u64, len: u64) {
+        assert!(
+            offset >= self.offset && offset + len <= self.offset + self.len,
+            "{len} bytes at {offset} handed to a read of {} at {}",
+            self.len,
+            self.offset
+        );
+    }
+}
+
+impl ReadSink for Within {
+    fn data(&self, offset: u64, data: &[u8]) -> diskit_core::Result<()> {
+        self.check(offset, data.len() as u64);
+        Ok(())
+    }
+    fn zeros(&self, offset: u64, len: u64) -> diskit_core::Result<()> {
+        self.check(offset, len);
+        Ok(())
+    }
+    fn discards(&self) -> bool {
+        self.discard
     }
 }
 
@@ -51,8 +85,8 @@ fuzz_target!(|data: &[u8]| {
             let _ = theirs.read_to_end(&mut sink);
         }
     });
-    use diskit_core::buffer::AlignedBuf;
     use diskit_core::CompletionQueue;
+    use diskit_core::buffer::AlignedBuf;
     use diskit_nbd::client::conn::{Group, Piece};
     use diskit_nbd::proto::consts::{CMD_BLOCK_STATUS, CMD_READ};
     // A read in two pieces into an owned buffer, waited for...
@@ -69,12 +103,50 @@ fuzz_target!(|data: &[u8]| {
     let _ = group.wait();
     // ...one whose completion goes to a queue...
     let cq = CompletionQueue::new();
-    let group = Group::new(1, Some(AlignedBuf::new(4096, 512).unwrap()), Some((cq.clone(), 7)));
+    let group = Group::new(
+        1,
+        Some(AlignedBuf::new(4096, 512).unwrap()),
+        Some((cq.clone(), 7)),
+    );
     conn.send(&group, &[read(0)], None);
     group.release(None);
     let c = cq.wait();
     assert_eq!(c.tag, 7);
     assert!(c.buf.is_some(), "a completed read gives its buffer back");
+    // ...streaming reads handed to sinks, more than fit on the wire (the
+    // rest wait in the client and fail when the server hangs up), one of
+    // them longer than the reader's staging buffer; the sink may discard
+    // (the data is spliced away unseen)...
+    let discard = pick & 8 != 0;
+    let long = if pick & 16 != 0 { 5 << 20 } else { 1 << 20 };
+    let streamed: Vec<_> = [(0u64, 3u64 << 20), (3 << 20, 3 << 20), (6 << 20, long)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (offset, len))| {
+            let piece = Piece {
+                command: CMD_READ,
+                flags: 0,
+                offset,
+                length: len,
+                at: 0,
+            };
+            let sink = Arc::new(Within {
+                offset,
+                len,
+                discard,
+            });
+            let buf = AlignedBuf::new(len as usize, 512).unwrap();
+            let group =
+                Group::with_sink(1, Some(buf), Some((cq.clone(), 10 + i as u64)), Some(sink));
+            conn.send_streaming(&group, &[piece]);
+            group.release(None);
+            group
+        })
+        .collect();
+    for _ in &streamed {
+        let c = cq.wait();
+        assert!((10..13).contains(&c.tag));
+    }
     // ...and a block status.
     let _ = conn.request(CMD_BLOCK_STATUS, 0, 0, 1 << 20, None);
     conn.close();
