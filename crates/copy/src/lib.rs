@@ -13,7 +13,7 @@ pub mod commit;
 mod plan;
 pub mod rebase;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -234,14 +234,20 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
         });
         (sink, state)
     });
+    // Writes in source order from one worker: items whose reads come back
+    // early wait in the worker for their turn, so that it can keep many
+    // reads in flight (from an NBD source, one at a time would wait a
+    // round trip for each).
+    let reorder = opts.ordered_writes && max_workers == 1;
     // Requests in flight per worker: one where both sides run requests
-    // synchronously (more threads are the parallelism there); up to the
+    // synchronously (more threads are the parallelism there), and where
+    // several workers take turns to write in source order; up to the
     // devices' queue depth otherwise, with the bytes in flight bounded.
     // Reads handed to a sink may be queued deeper: a device that reads on
     // its own threads keeps only some on the wire and sends the next from
     // there (the bytes on the wire stay bounded), and the queue covers the
     // worker's pauses (extents queries, its wake-ups).
-    let depth = if opts.ordered_writes {
+    let depth = if opts.ordered_writes && !reorder {
         1
     } else {
         let by_memory = (opts.queue_size / request).max(1) as usize;
@@ -256,6 +262,7 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
         dst,
         sink: sink.clone(),
         remote_extents: reads_on_own_threads,
+        reorder,
         opts: opts.clone(),
         size,
         request,
@@ -426,6 +433,9 @@ struct Engine<'a> {
     /// The source answers extents over the network: the next range's are
     /// asked for ahead.
     remote_extents: bool,
+    /// Writes are made in source order by the one worker, which parks the
+    /// items that are ready before their turn.
+    reorder: bool,
     opts: CopyOptions,
     size: u64,
     /// Bytes per data request.
@@ -482,6 +492,9 @@ struct Worker<'s> {
     requests: usize,
     /// Completions taken from the queue, being handled.
     done: Vec<Completion>,
+    /// Items ready to write before their turn, by sequence number, with
+    /// their tags ([`Engine::reorder`]).
+    parked: BTreeMap<u64, (u64, InFlight)>,
     next_tag: u64,
     /// Buffers not in use.
     pool: Vec<AlignedBuf>,
@@ -518,6 +531,7 @@ impl Engine<'_> {
             planner: None,
             ahead: None,
             done: Vec::new(),
+            parked: BTreeMap::new(),
             items: HashMap::new(),
             requests: 0,
             next_tag: 0,
@@ -541,7 +555,11 @@ impl Engine<'_> {
     fn run<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>, w: &mut Worker<'s>) -> Result<()> {
         let mut exhausted = false;
         loop {
-            while !exhausted && w.requests < self.depth && !self.failed.load(Ordering::Relaxed) {
+            // Parked items hold their buffers: they count as in flight.
+            while !exhausted
+                && w.requests + w.parked.len() < self.depth
+                && !self.failed.load(Ordering::Relaxed)
+            {
                 let Some(item) = self.next_item(scope, w)? else {
                     exhausted = true;
                     break;
@@ -552,9 +570,19 @@ impl Engine<'_> {
                 }
                 self.ramp(scope, item.len);
                 self.start(w, item)?;
+                self.resume_parked(w)?;
             }
-            if w.requests == 0 || self.failed.load(Ordering::Relaxed) {
+            if self.failed.load(Ordering::Relaxed) {
                 return Ok(());
+            }
+            if w.requests == 0 {
+                // Every item before a parked one has finished by now.
+                return match w.parked.first_key_value() {
+                    None => Ok(()),
+                    Some((seq, _)) => Err(Error::io(format!(
+                        "copy stalled: item {seq} waits for a turn that never comes"
+                    ))),
+                };
             }
             // Reads handed to a sink keep the source busy on their own
             // (it sends queued reads as replies come): the worker wakes
@@ -576,7 +604,34 @@ impl Engine<'_> {
             }
             w.done = done;
             result?;
+            self.resume_parked(w)?;
         }
+    }
+
+    /// Whether an item ready to write must wait in the worker for its turn.
+    fn must_park(&self, seq: u64) -> bool {
+        self.reorder && *sync::lock(&self.turn) != seq
+    }
+
+    /// Writes the parked items whose turn has come, in order.
+    fn resume_parked(&self, w: &mut Worker<'_>) -> Result<()> {
+        if !self.reorder {
+            return Ok(());
+        }
+        loop {
+            let turn = *sync::lock(&self.turn);
+            let Some((tag, mut f)) = w.parked.remove(&turn) else {
+                break;
+            };
+            if f.item.zero {
+                self.zero_item(w, tag, &mut f);
+            } else {
+                self.plan_writes(w, tag, &mut f)?;
+                self.write_next(w, tag, &mut f);
+            }
+            self.settle(w, tag, f);
+        }
+        Ok(())
     }
 
     /// Starts another worker when enough I/O has been handed out.
@@ -669,12 +724,12 @@ impl Engine<'_> {
             buf: None,
         };
         if item.zero {
-            self.wait_turn(item.seq)?;
-            if self.skip_zeros() {
-                w.stats.skipped_bytes += item.len;
-            } else {
-                self.zero(w, tag, &mut f, item.offset, item.len);
+            if self.must_park(item.seq) {
+                w.parked.insert(item.seq, (tag, f));
+                return Ok(());
             }
+            self.wait_turn(item.seq)?;
+            self.zero_item(w, tag, &mut f);
         } else {
             let buf = w.buffer(item.len as usize, self.opts.request_size)?;
             f.requests += 1;
@@ -698,6 +753,17 @@ impl Engine<'_> {
         }
         self.settle(w, tag, f);
         Ok(())
+    }
+
+    /// Zeroes a zero item's range, or leaves it where the destination
+    /// reads as zeros already.
+    fn zero_item(&self, w: &mut Worker<'_>, tag: u64, f: &mut InFlight) {
+        let item = f.item;
+        if self.skip_zeros() {
+            w.stats.skipped_bytes += item.len;
+        } else {
+            self.zero(w, tag, f, item.offset, item.len);
+        }
     }
 
     fn zero(&self, w: &mut Worker<'_>, tag: u64, f: &mut InFlight, offset: u64, len: u64) {
@@ -736,9 +802,9 @@ impl Engine<'_> {
     }
 
     /// Keeps an item while it has requests in flight (their completions
-    /// may be queued already), or finishes it.
+    /// may be queued already) or data still to write, or finishes it.
     fn settle(&self, w: &mut Worker<'_>, tag: u64, f: InFlight) {
-        if f.requests > 0 {
+        if f.requests > 0 || !f.data.is_empty() {
             w.items.insert(tag, f);
         } else {
             self.finish(w, f);
@@ -782,14 +848,14 @@ impl Engine<'_> {
             return Err(e.context(format!("error while {what} at byte {at}")));
         }
         if was_read && self.sink.is_none() {
+            if self.must_park(f.item.seq) {
+                w.parked.insert(f.item.seq, (c.tag, f));
+                return Ok(());
+            }
             self.plan_writes(w, c.tag, &mut f)?;
         }
         self.write_next(w, c.tag, &mut f);
-        if f.requests == 0 && f.data.is_empty() {
-            self.finish(w, f);
-        } else {
-            w.items.insert(c.tag, f);
-        }
+        self.settle(w, c.tag, f);
         Ok(())
     }
 

@@ -1,3 +1,4 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_backends::{MemoryDevice, NullDevice, PatternDevice};
@@ -165,12 +166,21 @@ type Queued = Arc<(Mutex<Vec<(u64, Request, CompletionQueue)>>, Condvar)>;
 struct Deferred<D: BlockDevice + 'static> {
     inner: Arc<D>,
     queue: Queued,
+    /// Requests submitted and not completed yet, and the most there were.
+    in_flight: Arc<(AtomicUsize, AtomicUsize)>,
 }
 
 impl<D: BlockDevice + 'static> Deferred<D> {
     fn new(inner: Arc<D>, seed: u64) -> Deferred<D> {
+        Self::batched(inner, seed, 1)
+    }
+
+    /// Like [`new`](Self::new), but the device waits a little for `batch`
+    /// requests to be waiting before it takes one.
+    fn batched(inner: Arc<D>, seed: u64, batch: usize) -> Deferred<D> {
         let queue: Queued = Arc::default();
-        let (q, dev) = (queue.clone(), inner.clone());
+        let in_flight: Arc<(AtomicUsize, AtomicUsize)> = Arc::default();
+        let (q, dev, counts) = (queue.clone(), inner.clone(), in_flight.clone());
         std::thread::spawn(move || {
             let mut rng = Rng(seed | 1);
             loop {
@@ -184,13 +194,25 @@ impl<D: BlockDevice + 'static> Deferred<D> {
                             .unwrap()
                             .0;
                 }
+                if pending.len() < batch {
+                    pending =
+                        q.1.wait_timeout(pending, std::time::Duration::from_millis(5))
+                            .unwrap()
+                            .0;
+                }
                 let i = rng.below(pending.len() as u64) as usize;
                 let (tag, req, cq) = pending.swap_remove(i);
                 drop(pending);
-                cq.push(diskit_core::aio::run(&*dev, tag, req));
+                let done = diskit_core::aio::run(&*dev, tag, req);
+                counts.0.fetch_sub(1, Ordering::Relaxed);
+                cq.push(done);
             }
         });
-        Deferred { inner, queue }
+        Deferred {
+            inner,
+            queue,
+            in_flight,
+        }
     }
 }
 
@@ -214,6 +236,8 @@ impl<D: BlockDevice + 'static> BlockDevice for Deferred<D> {
         self.inner.extents(offset, len)
     }
     fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        let now = self.in_flight.0.fetch_add(1, Ordering::Relaxed) + 1;
+        self.in_flight.1.fetch_max(now, Ordering::Relaxed);
         self.queue.0.lock().unwrap().push((tag, req, cq.clone()));
         self.queue.1.notify_one();
     }
@@ -492,4 +516,79 @@ fn a_source_that_reads_on_its_own_threads_writes_from_there() {
     let msg = e.to_string();
     assert!(msg.contains("error while writing at byte 2097152"), "{msg}");
     assert!(msg.contains("on fire"), "{msg}");
+}
+
+/// A destination that records where each data write starts.
+struct Recording(MemoryDevice, Mutex<Vec<u64>>);
+
+impl BlockDevice for Recording {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    /// Without fast zero: the copy zeroes the holes in their turn instead
+    /// of the whole device first.
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        diskit_core::Capabilities {
+            can_fast_zero: false,
+            ..self.0.capabilities()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> diskit_core::Result<()> {
+        self.1.lock().unwrap().push(offset);
+        self.0.write_at(buf, offset, flags)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> diskit_core::Result<()> {
+        self.0.write_zeroes(offset, len, flags)
+    }
+}
+
+#[test]
+fn one_worker_writes_in_source_order_with_many_reads_in_flight() {
+    for seed in 1..=8u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let size = 8 << 20;
+        let src = MemoryDevice::new(size);
+        for _ in 0..6 {
+            let off = rng.below(size);
+            let len = 1 + rng.below((size - off).min(1 << 20));
+            src.write_at(
+                &vec![1 + rng.below(255) as u8; len as usize],
+                off,
+                WriteFlags::NONE,
+            )
+            .unwrap();
+        }
+        let src = Arc::new(src);
+        // The source completes reads later, in a shuffled order, and waits
+        // to have several.
+        let deferred = Deferred::batched(src.clone(), seed, 4);
+        // A dirty destination: the holes are zeroed, in their turn too.
+        let dst = Arc::new(Recording(MemoryDevice::new(size), Mutex::default()));
+        dst.0
+            .write_at(&vec![0xee; size as usize], 0, WriteFlags::NONE)
+            .unwrap();
+        let opts = CopyOptions {
+            workers: 1,
+            ordered_writes: true,
+            request_size: 64 << 10,
+            requests: 16,
+            ..Default::default()
+        };
+        let stats = copy(&deferred, &dst, &opts, &Progress::default())
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert_same(&*src, &dst.0);
+        assert_eq!(stats.data_bytes + stats.zeroed_bytes, size, "seed {seed}");
+        let starts = dst.1.lock().unwrap();
+        assert!(
+            starts.windows(2).all(|w| w[0] < w[1]),
+            "seed {seed}: data written out of source order: {starts:?}"
+        );
+        assert!(
+            deferred.in_flight.1.load(Ordering::Relaxed) > 1,
+            "seed {seed}: one read at a time"
+        );
+    }
 }
