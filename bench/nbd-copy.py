@@ -27,6 +27,9 @@ from      Copy from an NBD source: 1 GiB of random data (random) and a 2 GiB
           time bench/nbd-read-floor.c (when cc is there): the least a client
           can do (two connections, 1 MiB reads, simple replies, no extents,
           no zero detection), a bound for what any copier gets here.
+          Also, without a target in the issue: into a qcow2 file on
+          /dev/shm, by `diskit convert -O qcow2` and `qemu-img convert
+          -O qcow2` (writes in source order; nbdcopy writes no qcow2).
 
 into      Copy into an NBD target: a 1 GiB raw file of random data on
           /dev/shm to `diskit serve memory 1G` and to `nbdkit memory 1G`
@@ -230,14 +233,19 @@ def part_from(diskit, work, sources):
             uri = srv.uri
             null_opts = f"driver=null-co,size={size}"
             try:
-                for dest in ["null", "file"]:
+                for dest in ["null", "file", "qcow2"]:
                     target = "null:" if dest == "null" else str(out)
                     tools = ["diskit-copy", "diskit-convert", "nbdcopy", "qemu-img"]
                     argvs = {
                         "diskit-copy": [str(diskit), "copy", uri, target],
                         "nbdcopy": ["nbdcopy", uri, target],
                     }
-                    if dest == "null":
+                    if dest == "qcow2":
+                        tools = ["diskit-convert", "qemu-img"]
+                        argvs = {t: [cmd, "convert", "-f", "raw", "-O", "qcow2", uri, str(out)]
+                                 for t, cmd in [("diskit-convert", str(diskit)),
+                                                ("qemu-img", "qemu-img")]}
+                    elif dest == "null":
                         argvs["diskit-convert"] = [str(diskit), "convert", "-n", "-f", "raw", uri,
                                                    "--target-image-opts", null_opts]
                         argvs["qemu-img"] = ["qemu-img", "convert", "-n", "-f", "raw", uri,
@@ -249,7 +257,7 @@ def part_from(diskit, work, sources):
                                              str(out)]
                     # The floor reads every byte (no extents): a bound for
                     # the rows of random data only.
-                    if floor and data == "random":
+                    if floor and data == "random" and dest != "qcow2":
                         tools.append("floor")
                         argvs["floor"] = [str(floor), str(sock),
                                           "/dev/null" if dest == "null" else str(out), "2", "8"]
@@ -261,6 +269,10 @@ def part_from(diskit, work, sources):
                             if r < 0:
                                 if dest == "file":
                                     subprocess.run(["cmp", str(path), str(out)], check=True)
+                                elif dest == "qcow2":
+                                    subprocess.run(["qemu-img", "compare", "-q", "-f", "raw",
+                                                    "-F", "qcow2", str(path), str(out)],
+                                                   check=True)
                             else:
                                 times[t].append(secs)
                     med = {t: statistics.median(v) for t, v in times.items()}
@@ -279,6 +291,8 @@ def print_from(rows):
     print(f"{'server':9} {'data':7} {'dest':5} {'diskit copy':>20} {'diskit convert':>20} {'nbdcopy':>20} {'qemu-img':>20}  copy  convert   floor (nbd-read-floor.c; nbdcopy/floor)")
     ok_all = True
     for row in rows:
+        if row["dest"] == "qcow2":
+            continue
         ms, mib = row["median_s"], row["size"] / (1 << 20)
         cells = " ".join(f"{ms[t]:8.3f} ({mib / ms[t]:7.0f})" for t in
                          ["diskit-copy", "diskit-convert", "nbdcopy", "qemu-img"])
@@ -288,6 +302,13 @@ def print_from(rows):
         fl = ms.get("floor")
         floor = f"   {fl:6.3f} ({ratio(ms['nbdcopy'], fl):4.2f}x)" if fl else ""
         print(f"{row['server']:9} {row['data']:7} {row['dest']:5} {cells}  {rc:4.2f}x {rv:4.2f}x {'ok' if ok else 'MISSED'}{floor}")
+    qcow2 = [r for r in rows if r["dest"] == "qcow2"]
+    if qcow2:
+        print("\ninto a qcow2 file (writes in source order; no target): median seconds; ratio = qemu-img time / diskit time")
+        for row in qcow2:
+            ms = row["median_s"]
+            print(f"{row['server']:9} {row['data']:7} diskit convert {ms['diskit-convert']:6.3f}"
+                  f"  qemu-img {ms['qemu-img']:6.3f}  {ratio(ms['qemu-img'], ms['diskit-convert']):4.2f}x")
     return ok_all
 
 
