@@ -592,3 +592,50 @@ fn one_worker_writes_in_source_order_with_many_reads_in_flight() {
         );
     }
 }
+
+/// A source whose reads fail where they cover one offset.
+struct BadSector(MemoryDevice, u64);
+
+impl BlockDevice for BadSector {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        self.0.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+        if (offset..offset + buf.len() as u64).contains(&self.1) {
+            return Err(diskit_core::Error::io("bad sector"));
+        }
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> diskit_core::Result<()> {
+        self.0.write_at(buf, offset, flags)
+    }
+}
+
+#[test]
+fn a_failed_read_stops_an_ordered_copy_with_reads_parked() {
+    let src = MemoryDevice::new(8 << 20);
+    src.write_at(&vec![7u8; 8 << 20], 0, WriteFlags::NONE)
+        .unwrap();
+    // Reads after the bad one come back first and wait for their turn.
+    let bad = Arc::new(BadSector(src, (1 << 20) + 4096));
+    let deferred = Deferred::batched(bad, 3, 8);
+    let dst = Arc::new(MemoryDevice::new(8 << 20));
+    let opts = CopyOptions {
+        workers: 1,
+        ordered_writes: true,
+        request_size: 256 << 10,
+        requests: 16,
+        ..Default::default()
+    };
+    let e = copy(&deferred, &dst, &opts, &Progress::default()).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("error while reading at byte 1048576"), "{msg}");
+    assert!(msg.contains("bad sector"), "{msg}");
+    // Nothing past the failed read was written.
+    let mut after = vec![0u8; 7 << 20];
+    dst.read_at(&mut after, 1 << 20).unwrap();
+    assert!(after.iter().all(|&b| b == 0));
+}
