@@ -81,7 +81,6 @@ impl Planner {
         e
     }
 
-    /// Queues the extents from `from` on (the queue holds what precedes it).
     /// Asks the source about the whole range at once, before `next` needs
     /// it: on another thread, for a source where each question is a round
     /// trip (NBD), so that the worker does not wait for the answers.
@@ -95,6 +94,7 @@ impl Planner {
         }
     }
 
+    /// Queues the extents from `from` on (the queue holds what precedes it).
     fn fill(&mut self, src: &dyn BlockDevice, from: u64) -> Result<()> {
         // One answer (a prefix), never trusted to stay inside the range asked.
         let rest = self.end - from;

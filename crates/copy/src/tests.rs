@@ -2,7 +2,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_backends::{MemoryDevice, NullDevice, PatternDevice};
-use diskit_core::{BlockDevice, CompletionQueue, Request, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, CompletionQueue, Filter, Filtered, Request, WriteFlags, ZeroFlags};
 
 use super::*;
 
@@ -462,20 +462,20 @@ fn rebase_keeps_what_the_image_shows() {
     assert!(written[..65536].iter().all(|&x| x == 0));
 }
 
-/// A destination whose writes fail.
-struct FailingWrites(MemoryDevice);
+/// Over a destination: its writes fail.
+struct FailingWrites;
 
-impl BlockDevice for FailingWrites {
-    fn size(&self) -> u64 {
-        self.0.size()
+impl Filter for FailingWrites {
+    fn name(&self) -> &str {
+        "failing-writes"
     }
-    fn capabilities(&self) -> diskit_core::Capabilities {
-        self.0.capabilities()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, _buf: &[u8], _offset: u64, _flags: WriteFlags) -> diskit_core::Result<()> {
+    fn write_at(
+        &self,
+        _next: &dyn BlockDevice,
+        _buf: &[u8],
+        _offset: u64,
+        _flags: WriteFlags,
+    ) -> diskit_core::Result<()> {
         Err(diskit_core::Error::io("the disk is on fire"))
     }
 }
@@ -511,37 +511,41 @@ fn a_source_that_reads_on_its_own_threads_writes_from_there() {
     assert_eq!(stats.data_bytes, 1 << 20);
 
     // A write that fails there is reported as the write it is.
-    let broken = Arc::new(FailingWrites(MemoryDevice::new(16 << 20)));
+    let broken = Arc::new(Filtered::new(
+        FailingWrites,
+        Arc::new(MemoryDevice::new(16 << 20)),
+    ));
     let e = copy(&deferred, &broken, &opts, &Progress::default()).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("error while writing at byte 2097152"), "{msg}");
     assert!(msg.contains("on fire"), "{msg}");
 }
 
-/// A destination that records where each data write starts.
-struct Recording(MemoryDevice, Mutex<Vec<u64>>);
+/// Over a destination: records where each data write starts, and takes
+/// away fast zero (the copy zeroes the holes in their turn instead of the
+/// whole device first).
+#[derive(Default)]
+struct Recording(Mutex<Vec<u64>>);
 
-impl BlockDevice for Recording {
-    fn size(&self) -> u64 {
-        self.0.size()
+impl Filter for Recording {
+    fn name(&self) -> &str {
+        "recording"
     }
-    /// Without fast zero: the copy zeroes the holes in their turn instead
-    /// of the whole device first.
-    fn capabilities(&self) -> diskit_core::Capabilities {
+    fn capabilities(&self, next: &dyn BlockDevice) -> diskit_core::Capabilities {
         diskit_core::Capabilities {
             can_fast_zero: false,
-            ..self.0.capabilities()
+            ..next.capabilities()
         }
     }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> diskit_core::Result<()> {
-        self.1.lock().unwrap().push(offset);
-        self.0.write_at(buf, offset, flags)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> diskit_core::Result<()> {
-        self.0.write_zeroes(offset, len, flags)
+    fn write_at(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> diskit_core::Result<()> {
+        self.0.lock().unwrap().push(offset);
+        next.write_at(buf, offset, flags)
     }
 }
 
@@ -566,10 +570,10 @@ fn one_worker_writes_in_source_order_with_many_reads_in_flight() {
         // to have several.
         let deferred = Deferred::batched(src.clone(), seed, 4);
         // A dirty destination: the holes are zeroed, in their turn too.
-        let dst = Arc::new(Recording(MemoryDevice::new(size), Mutex::default()));
-        dst.0
-            .write_at(&vec![0xee; size as usize], 0, WriteFlags::NONE)
+        let mem = Arc::new(MemoryDevice::new(size));
+        mem.write_at(&vec![0xee; size as usize], 0, WriteFlags::NONE)
             .unwrap();
+        let dst = Arc::new(Filtered::new(Recording::default(), mem.clone()));
         let opts = CopyOptions {
             workers: 1,
             ordered_writes: true,
@@ -579,9 +583,9 @@ fn one_worker_writes_in_source_order_with_many_reads_in_flight() {
         };
         let stats = copy(&deferred, &dst, &opts, &Progress::default())
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-        assert_same(&*src, &dst.0);
+        assert_same(&*src, &*mem);
         assert_eq!(stats.data_bytes + stats.zeroed_bytes, size, "seed {seed}");
-        let starts = dst.1.lock().unwrap();
+        let starts = dst.filter().0.lock().unwrap();
         assert!(
             starts.windows(2).all(|w| w[0] < w[1]),
             "seed {seed}: data written out of source order: {starts:?}"
@@ -593,24 +597,23 @@ fn one_worker_writes_in_source_order_with_many_reads_in_flight() {
     }
 }
 
-/// A source whose reads fail where they cover one offset.
-struct BadSector(MemoryDevice, u64);
+/// Over a source: reads fail where they cover this offset.
+struct BadSector(u64);
 
-impl BlockDevice for BadSector {
-    fn size(&self) -> u64 {
-        self.0.size()
+impl Filter for BadSector {
+    fn name(&self) -> &str {
+        "bad-sector"
     }
-    fn capabilities(&self) -> diskit_core::Capabilities {
-        self.0.capabilities()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
-        if (offset..offset + buf.len() as u64).contains(&self.1) {
+    fn read_at(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> diskit_core::Result<()> {
+        if (offset..offset + buf.len() as u64).contains(&self.0) {
             return Err(diskit_core::Error::io("bad sector"));
         }
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> diskit_core::Result<()> {
-        self.0.write_at(buf, offset, flags)
+        next.read_at(buf, offset)
     }
 }
 
@@ -620,7 +623,7 @@ fn a_failed_read_stops_an_ordered_copy_with_reads_parked() {
     src.write_at(&vec![7u8; 8 << 20], 0, WriteFlags::NONE)
         .unwrap();
     // Reads after the bad one come back first and wait for their turn.
-    let bad = Arc::new(BadSector(src, (1 << 20) + 4096));
+    let bad = Arc::new(Filtered::new(BadSector((1 << 20) + 4096), Arc::new(src)));
     let deferred = Deferred::batched(bad, 3, 8);
     let dst = Arc::new(MemoryDevice::new(8 << 20));
     let opts = CopyOptions {

@@ -102,7 +102,7 @@ impl DerefMut for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.mapped {
-            // SAFETY: mapped in new() with this very size.
+            // SAFETY: mapped in mapped() with this very size.
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.layout.size()) };
         } else {
             // SAFETY: allocated in new() with this very layout.

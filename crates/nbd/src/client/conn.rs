@@ -322,6 +322,19 @@ struct Streaming {
     waiting: VecDeque<(Arc<Group>, Vec<Piece>)>,
 }
 
+impl Streaming {
+    /// Counts `pieces` as on the wire if they fit there (anything fits
+    /// on an empty wire); whether they did.
+    fn make_room(&mut self, pieces: &[Piece]) -> bool {
+        let bytes: u64 = pieces.iter().map(|p| p.length).sum();
+        if self.on_wire > 0 && self.on_wire + bytes > STREAMING_WIRE_BYTES {
+            return false;
+        }
+        self.on_wire += bytes;
+        true
+    }
+}
+
 /// Bytes of streaming reads kept on the wire per connection: enough to
 /// keep the server busy, few enough that replies come back while the
 /// next ones are still queued in the client.
@@ -451,13 +464,12 @@ impl Shared {
         {
             let mut st = lock(&self.streaming);
             st.on_wire = st.on_wire.saturating_sub(len);
-            while let Some((_, pieces)) = st.waiting.front() {
-                let bytes: u64 = pieces.iter().map(|p| p.length).sum();
-                if st.on_wire > 0 && st.on_wire + bytes > STREAMING_WIRE_BYTES {
+            while let Some((group, pieces)) = st.waiting.pop_front() {
+                if !st.make_room(&pieces) {
+                    st.waiting.push_front((group, pieces));
                     break;
                 }
-                st.on_wire += bytes;
-                go.extend(st.waiting.pop_front());
+                go.push((group, pieces));
             }
         }
         for (group, pieces) in go {
@@ -535,11 +547,10 @@ impl Connection {
     /// this way and the connection keeps itself busy, without a thread
     /// waking up to send each next one.
     pub fn send_streaming(&self, group: &Arc<Group>, pieces: &[Piece]) {
-        let bytes: u64 = pieces.iter().map(|p| p.length).sum();
         {
             let mut st = lock(&self.shared.streaming);
-            let full = st.on_wire > 0 && st.on_wire + bytes > STREAMING_WIRE_BYTES;
-            if full || !st.waiting.is_empty() {
+            // Reads go out in the order they came: none before those waiting.
+            if !st.waiting.is_empty() || !st.make_room(pieces) {
                 st.waiting.push_back((group.clone(), pieces.to_vec()));
                 drop(st);
                 // The connection may have died meanwhile: nobody would
@@ -549,7 +560,6 @@ impl Connection {
                 }
                 return;
             }
-            st.on_wire += bytes;
         }
         self.shared.send(group, pieces, None, true);
     }
