@@ -18,6 +18,8 @@ pub use diskit_core::Preallocation;
 use diskit_core::buffer::{ReusedBuf, with_reused};
 use diskit_core::device::{BlockSizeLimits, check_range};
 use diskit_core::error::ResultExt;
+
+use crate::image_lock;
 use diskit_core::sync;
 use diskit_core::{
     BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Result, Storage, WriteFlags,
@@ -116,6 +118,11 @@ struct SeekCache {
     data: bool,
 }
 
+/// QEMU's words for a file that cannot be made or opened to be made.
+fn could_not_create(e: std::io::Error, path: &Path) -> Error {
+    Error::from(e).context(format!("Could not create '{}'", path.display()))
+}
+
 impl FileDevice {
     /// Opens an existing file or block device.
     pub fn open(path: impl AsRef<Path>, opts: FileOptions) -> Result<FileDevice> {
@@ -142,26 +149,71 @@ impl FileDevice {
         let file = oo
             .open(path)
             .map_err(|e| Error::from(e).context(format!("Could not open '{}'", path.display())))?;
+        Self::adopt(file, path, opts)
+    }
+
+    /// Makes a device of a file already open as `path` (opened for writing
+    /// when `opts.writable`). It must be a regular file or a block device;
+    /// a writable one must not be a source of the running command
+    /// ([`image_lock::hold_as_source`]).
+    pub fn adopt(file: File, path: &Path, opts: FileOptions) -> Result<FileDevice> {
         let meta = file.metadata()?;
         if !(meta.is_file() || meta.file_type().is_block_device()) {
-            return Err(not_regular());
+            return Err(Error::invalid(format!(
+                "'file' driver requires '{}' to be a regular file",
+                path.display()
+            )));
+        }
+        if opts.writable {
+            // Never write a file the running command reads as its source.
+            image_lock::refuse_if_source(&file, &path.display().to_string())?;
         }
         Self::from_file(file, path, opts)
     }
 
-    /// Creates (or truncates) a regular file of `size` bytes.
+    /// Creates a regular file of `size` bytes, or empties an existing one,
+    /// as QEMU's file creation does: the file is opened without truncating
+    /// it, QEMU's creation locks are taken ([`image_lock::CREATE`]: a file
+    /// another process uses is refused with QEMU's message), a source of
+    /// the running command is refused, and only then is it emptied. A file
+    /// this call made is removed again if it fails.
     pub fn create(
         path: impl AsRef<Path>,
         size: u64,
         prealloc: Preallocation,
     ) -> Result<FileDevice> {
         let path = path.as_ref();
-        let file = OpenOptions::new()
+        let location = path.display().to_string();
+        let (file, made) = match OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?;
+            .create_new(true)
+            .open(path)
+        {
+            Ok(f) => (f, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                match OpenOptions::new().read(true).write(true).open(path) {
+                    Ok(f) => (f, false),
+                    Err(e) => return Err(could_not_create(e, path)),
+                }
+            }
+            Err(e) => return Err(could_not_create(e, path)),
+        };
+        let ready = (|| {
+            let (perm, unshare) = image_lock::CREATE;
+            image_lock::take(&file, &location, perm, unshare)?;
+            image_lock::refuse_if_source(&file, &location)?;
+            if file.metadata()?.is_file() {
+                file.set_len(0)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = ready {
+            if made {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
         let dev = Self::from_file(
             file,
             path,

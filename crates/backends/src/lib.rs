@@ -7,7 +7,7 @@
 //! - [`pattern::PatternDevice`]: deterministic data for tests.
 
 pub mod file;
-mod image_lock;
+pub mod image_lock;
 pub mod memory;
 pub mod null;
 pub mod pattern;

@@ -55,7 +55,6 @@ pub fn create_file(
     use diskit_core::BlockDevice;
     let existed = path.exists();
     let result = diskit_backends::FileDevice::create(path, 0, diskit_backends::Preallocation::Off)
-        .map_err(|e| e.context(format!("Could not create '{}'", path.display())))
         .and_then(|dev| {
             make(&dev)?;
             dev.flush()

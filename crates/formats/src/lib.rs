@@ -53,6 +53,15 @@ pub struct OpenOptions {
     /// Take no image locks on a read-only open (`-U`, `--force-share`):
     /// read an image a running VM uses.
     pub force_share: bool,
+    /// The image is a source of the running command: this process refuses
+    /// to create, truncate or write any of its files (the image, its
+    /// backing chain, its data file), whatever name it is given (checked
+    /// by device and inode, `-U` or not).
+    pub source: bool,
+    /// Let no one else write or resize the image's files while it is open,
+    /// as qemu-img convert does with its sources (QEMU's
+    /// `BDRV_O_NO_SHARE`); a read-only open only.
+    pub no_share: bool,
     /// Bytes of qcow2 L2 tables to cache (QEMU's l2-cache-size).
     pub l2_cache_size: Option<u64>,
     /// Read this internal snapshot (qcow2 only; id or name).

@@ -74,7 +74,6 @@ pub fn create(path: &Path, size: u64, opts: &RawCreateOptions) -> Result<()> {
         .checked_next_multiple_of(512)
         .ok_or_else(|| Error::invalid("Could not resize file: Invalid argument"))?;
     let result = FileDevice::create(path, 0, Preallocation::Off)
-        .map_err(|e| e.context(format!("Could not create '{}'", path.display())))
         .and_then(|dev| {
             dev.resize(size, prealloc).map_err(|e| {
                 if e.kind() == ErrorKind::NoSpace && e.detail().contains("too large") {

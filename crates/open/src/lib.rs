@@ -186,7 +186,7 @@ const FORMAT_KEYS: &[&str] = &[
 
 /// The chain being opened: loop detection and depth.
 struct Chain {
-    seen: Vec<(u64, u64)>,
+    seen: Vec<diskit_backends::image_lock::FileId>,
     trust: Trust,
     /// Set when the chain itself was refused (a loop, too deep): the error
     /// then goes up unwrapped, said once rather than once per image.
@@ -298,11 +298,12 @@ impl Chain {
         // file), a reader reads; a qcow2 lets no one else write or resize
         // its file (its metadata would change under it), as in QEMU. `-U`
         // takes none on a read-only open.
-        if opts.writable || !opts.force_share {
-            let (perm, unshare) =
-                diskit_core::storage::lock::for_image(opts.writable, format == Format::QCOW2);
-            storage.lock_image(perm, unshare)?;
-        }
+        guard(
+            &storage,
+            opts.writable,
+            &opts,
+            diskit_core::storage::lock::for_image(opts.writable, format == Format::QCOW2),
+        )?;
         let mut implied = Implied {
             chain: self,
             parent: storage.clone(),
@@ -338,14 +339,12 @@ impl Chain {
 
     /// Records a local file in the chain, refusing loops and absurd depth.
     fn note(&mut self, storage: &StorageRef, display: &str) -> Result<()> {
-        use std::os::unix::fs::MetadataExt;
         let Some(fd) = storage.fd() else {
             return Ok(());
         };
-        let Ok(meta) = std::fs::File::from(fd.try_clone_to_owned()?).metadata() else {
+        let Ok(id) = diskit_backends::image_lock::FileId::of(fd) else {
             return Ok(());
         };
-        let id = (meta.dev(), meta.ino());
         if self.seen.contains(&id) {
             self.refused = true;
             return Err(Error::invalid(format!(
@@ -462,12 +461,13 @@ impl ImpliedFiles for Implied<'_> {
         // QEMU's image locks on the data file too: a writer's while the
         // image is written, a reader's otherwise (none with -U on a
         // read-only open).
-        if writable || !self.opts.force_share {
-            let (perm, unshare) = diskit_core::storage::lock::for_data_file(writable);
-            storage
-                .lock_image(perm, unshare)
-                .context(format!("Could not open data file '{shown}'"))?;
-        }
+        guard(
+            &storage,
+            writable,
+            self.opts,
+            diskit_core::storage::lock::for_data_file(writable),
+        )
+        .context(format!("Could not open data file '{shown}'"))?;
         Ok(storage)
     }
 
@@ -495,14 +495,42 @@ impl Implied<'_> {
             },
         )
         .context(format!("Could not open '{path}'"))?;
-        if writable || !self.opts.force_share {
-            let (perm, unshare) = diskit_core::storage::lock::for_image(writable, false);
-            storage
-                .lock_image(perm, unshare)
-                .context(format!("Could not open '{path}'"))?;
-        }
+        guard(
+            &storage,
+            writable,
+            self.opts,
+            diskit_core::storage::lock::for_image(writable, false),
+        )
+        .context(format!("Could not open '{path}'"))?;
         Ok(storage)
     }
+}
+
+/// Takes QEMU's image locks on `storage`, opened `writable` or not: the
+/// permissions `perm` it uses and those `unshare` it keeps from others
+/// (none at all on a read-only open with `-U`); with
+/// [`OpenOptions::no_share`], writing and resizing too. A command's
+/// source's files ([`OpenOptions::source`]) are noted so that the command
+/// never writes them (`-U` or not).
+fn guard(
+    storage: &StorageRef,
+    writable: bool,
+    opts: &OpenOptions,
+    (perm, unshare): (u8, u8),
+) -> Result<()> {
+    use diskit_core::storage::lock::{RESIZE, WRITE};
+    let unshare = if opts.no_share && !writable {
+        unshare | WRITE | RESIZE
+    } else {
+        unshare
+    };
+    if writable || !opts.force_share {
+        storage.lock_image(perm, unshare)?;
+    }
+    if opts.source && !writable && let Some(fd) = storage.fd() {
+        diskit_backends::image_lock::hold_as_source(fd, storage.location())?;
+    }
+    Ok(())
 }
 
 /// Refuses a child given as a string: in QEMU's descriptions that is a

@@ -223,6 +223,10 @@ pub fn run(a: Args) -> CmdResult {
             src_format,
             OpenOptions {
                 writable: false,
+                // qemu-img's sources: no one writes them while they are
+                // read, the target included, by any name.
+                source: true,
+                no_share: true,
                 direct: src_cache.direct,
                 snapshot: a.snapshot.clone(),
                 // Preallocated space never written is skipped, not read.

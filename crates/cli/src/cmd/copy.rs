@@ -207,7 +207,13 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
                 std::fs::metadata(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
             let ft = meta.file_type();
             if ft.is_file() || ft.is_block_device() {
-                Ok(Opened::Device(Box::new(open_file(path, false)?)))
+                let dev = open_file(path, false)?;
+                // The copy never writes its own source, by any name.
+                if let Some(fd) = diskit_core::Storage::fd(&dev) {
+                    diskit_backends::image_lock::hold_as_source(fd, path)
+                        .map_err(|e| CliError::new(format!("{path}: {e}")))?;
+                }
+                Ok(Opened::Device(Box::new(dev)))
             } else {
                 let f =
                     std::fs::File::open(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
@@ -275,10 +281,14 @@ fn open_destination(
             ))
         }
         Side::Local(path) => {
-            let opened = OpenOptions::new().write(true).open(path);
+            let at = |e: diskit_core::Error| CliError::new(format!("{path}: {e}"));
+            // Opened as it is (never truncated before the checks below), or
+            // made.
+            let opened = OpenOptions::new().read(true).write(true).open(path);
             let file = match opened {
                 Ok(f) => f,
                 Err(_) => OpenOptions::new()
+                    .read(true)
                     .write(true)
                     .create_new(true)
                     .open(path)
@@ -288,17 +298,24 @@ fn open_destination(
                 .metadata()
                 .map_err(|e| CliError::new(format!("{path}: {e}")))?
                 .file_type();
-            if ft.is_file() {
-                file.set_len(0)
-                    .and_then(|_| file.set_len(src_size.unwrap_or(0)))
-                    .map_err(|e| CliError::new(format!("{path}: truncate: {e}")))?;
-            }
             if !(ft.is_file() || ft.is_block_device()) {
                 return Ok((Opened::Stream(file), false));
             }
-            drop(file);
-            let dev = open_file(path, true)?;
+            // Not the source under another name, and not a file another
+            // process uses (QEMU's locks, held until the copy ends); only
+            // then emptied.
+            let rw = FileOptions {
+                writable: true,
+                ..Default::default()
+            };
+            let dev = FileDevice::adopt(file, std::path::Path::new(path), rw).map_err(at)?;
+            let (perm, unshare) = diskit_core::storage::lock::for_image(true, false);
+            diskit_core::Storage::lock_image(&dev, perm, unshare).map_err(at)?;
             if ft.is_file() {
+                use diskit_core::Preallocation::Off;
+                diskit_core::Storage::resize(&dev, 0, Off)
+                    .and_then(|()| diskit_core::Storage::resize(&dev, src_size.unwrap_or(0), Off))
+                    .map_err(|e| CliError::new(format!("{path}: truncate: {e}")))?;
                 Ok((Opened::File(dev), true))
             } else {
                 Ok((Opened::Device(Box::new(dev)), false))

@@ -120,7 +120,13 @@ fn backing(a: &Args, filename: &Path, new: &mut dyn Creation) -> Result<(), CliE
                     ))
                 })?),
             };
-            let image = open_image(crate::util::name_of(&full)?, format, OpenOptions::default())
+            // The new image is never made over its own backing file, by
+            // any name.
+            let opts = OpenOptions {
+                source: true,
+                ..OpenOptions::default()
+            };
+            let image = open_image(crate::util::name_of(&full)?, format, opts)
                 .map_err(|e| at(format!("{e}\nCould not open backing image.")))?;
             if new.backing_format().is_none() {
                 return Err(at(format!(

@@ -76,7 +76,15 @@ pub fn run(a: Args) -> CmdResult {
     let out_format = parse_format(a.output_format.as_deref())?.unwrap_or(Format::RAW);
     let in_path = PathBuf::from(input);
     let in_format = parse_source_format(a.format.as_deref(), &in_path)?;
-    let src = open(&in_path, in_format, OpenOptions::default())?;
+    // The output is never the input, by any name.
+    let src = open(
+        &in_path,
+        in_format,
+        OpenOptions {
+            source: true,
+            ..OpenOptions::default()
+        },
+    )?;
     let mut size = src.device.size();
     let bs = o.bs;
     if let Some(count) = o.count

@@ -700,8 +700,15 @@ fn prepare(spec: &CreateSpec) -> Result<Prepared> {
 pub fn create(path: &Path, opts: &Qcow2CreateOptions) -> Result<()> {
     let spec = opts.validate()?;
     let prepared = prepare(&spec)?;
-    let image =
-        FileDevice::create(path, 0, Preallocation::Off).map_err(|e| could_not_create(&e, path))?;
+    // As QEMU does, a failed creation removes the files it made, never a
+    // file that was there before.
+    let existed = path.exists();
+    let data_existed = spec
+        .header
+        .data_file
+        .as_ref()
+        .is_some_and(|d| Path::new(d).exists());
+    let image = FileDevice::create(path, 0, Preallocation::Off)?;
     let data = match &spec.header.data_file {
         None => None,
         Some(name) => {
@@ -710,8 +717,10 @@ pub fn create(path: &Path, opts: &Qcow2CreateOptions) -> Result<()> {
                 Ok(d) => Some((p, d)),
                 Err(e) => {
                     drop(image);
-                    let _ = std::fs::remove_file(path);
-                    return Err(could_not_create(&e, p));
+                    if !existed {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    return Err(e);
                 }
             }
         }
@@ -726,12 +735,15 @@ pub fn create(path: &Path, opts: &Qcow2CreateOptions) -> Result<()> {
             None => Ok(()),
         });
     if result.is_err() {
-        // As QEMU does: a failed creation deletes the files it created.
         drop(image);
-        let _ = std::fs::remove_file(path);
+        if !existed {
+            let _ = std::fs::remove_file(path);
+        }
         if let Some((p, d)) = data {
             drop(d);
-            let _ = std::fs::remove_file(p);
+            if !data_existed {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
     result
@@ -788,13 +800,6 @@ impl crate::implied::ImpliedFiles for NewImageFiles {
             .clone()
             .ok_or_else(|| Error::invalid(format!("Could not open data file '{name}'")))
     }
-}
-
-fn could_not_create(e: &Error, path: &Path) -> Error {
-    Error::new(
-        e.kind(),
-        format!("Could not create '{}': {}", path.display(), e.detail()),
-    )
 }
 
 fn prealloc_of(mode: Prealloc) -> Preallocation {

@@ -396,12 +396,17 @@ pub fn create(path: &Path, size: u64, o: &VmdkCreateOptions) -> Result<()> {
         let h = sparse_header(size / SECTOR, stream, o.zeroed_grain);
         return crate::creation::create_file(path, |dev| write_sparse(dev, &h, Some(&text)));
     }
-    // A descriptor file and its extents; all of them go on failure.
+    // A descriptor file and its extents; those made here go on failure
+    // (never a file that was there before).
     let mut made: Vec<PathBuf> = Vec::new();
     let r = (|| -> Result<()> {
+        let existed = path.exists();
         crate::creation::create_file(path, |_| Ok(()))?;
-        made.push(path.to_path_buf());
+        if !existed {
+            made.push(path.to_path_buf());
+        }
         for (p, _, bytes) in &parts {
+            let existed = p.exists();
             crate::creation::create_file(p, |dev| {
                 if sub.flat() {
                     dev.resize(*bytes, diskit_backends::Preallocation::Off)?;
@@ -417,7 +422,9 @@ pub fn create(path: &Path, size: u64, o: &VmdkCreateOptions) -> Result<()> {
                     write_sparse(dev, &h, None)
                 }
             })?;
-            made.push(p.clone());
+            if !existed {
+                made.push(p.clone());
+            }
         }
         crate::creation::create_file(path, |dev| dev.write_extend(text.as_bytes(), 0))
     })();

@@ -160,8 +160,14 @@ fn open_file(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
         writable: !readonly,
         ..FileOptions::default()
     };
-    let f = FileDevice::open(&path, opts)
-        .map_err(|e| CliError::new(format!("file: {}: {e}", path.display())))?;
+    let fail = |e: diskit_core::Error| CliError::new(format!("file: {}: {e}", path.display()));
+    let f = FileDevice::open(&path, opts).map_err(fail)?;
+    if !readonly {
+        // A file served writable is written: QEMU's locks say so, and a
+        // file another process keeps from writers is refused.
+        let (perm, unshare) = diskit_core::storage::lock::for_image(true, false);
+        diskit_core::Storage::lock_image(&f, perm, unshare).map_err(fail)?;
+    }
     plain(Arc::new(f))
 }
 
