@@ -73,20 +73,19 @@ pub fn create(path: &Path, size: u64, opts: &RawCreateOptions) -> Result<()> {
     let size = size
         .checked_next_multiple_of(512)
         .ok_or_else(|| Error::invalid("Could not resize file: Invalid argument"))?;
-    let result = FileDevice::create(path, 0, Preallocation::Off)
-        .and_then(|dev| {
-            dev.resize(size, prealloc).map_err(|e| {
-                if e.kind() == ErrorKind::NoSpace && e.detail().contains("too large") {
-                    Error::invalid("The image size is too large for file format 'raw'")
-                } else {
-                    e
-                }
-            })?;
-            if prealloc != Preallocation::Full && size > 0 {
-                dev.write_first_block()?;
+    let result = FileDevice::create(path, 0, Preallocation::Off).and_then(|dev| {
+        dev.resize(size, prealloc).map_err(|e| {
+            if e.kind() == ErrorKind::NoSpace && e.detail().contains("too large") {
+                Error::invalid("The image size is too large for file format 'raw'")
+            } else {
+                e
             }
-            Ok(())
-        });
+        })?;
+        if prealloc != Preallocation::Full && size > 0 {
+            dev.write_first_block()?;
+        }
+        Ok(())
+    });
     if result.is_err() && !existed {
         let _ = std::fs::remove_file(path);
     }

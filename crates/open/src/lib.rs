@@ -527,7 +527,10 @@ fn guard(
     if writable || !opts.force_share {
         storage.lock_image(perm, unshare)?;
     }
-    if opts.source && !writable && let Some(fd) = storage.fd() {
+    if opts.source
+        && !writable
+        && let Some(fd) = storage.fd()
+    {
         diskit_backends::image_lock::hold_as_source(fd, storage.location())?;
     }
     Ok(())

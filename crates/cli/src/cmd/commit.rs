@@ -54,9 +54,15 @@ pub fn run(a: Args) -> CmdResult {
         direct: cache.direct,
         ..Default::default()
     };
-    // Find the base first, then open the chain writable down to it.
+    // Find the base first (a look that takes no locks: the writable open
+    // below takes them, and says what holds the image as qemu-img does),
+    // then open the chain writable down to it.
     let depth = {
-        let img = open(&a.filename, format, opts.clone())?;
+        let look = OpenOptions {
+            force_share: true,
+            ..opts.clone()
+        };
+        let img = open(&a.filename, format, look)?;
         base_depth(&img, &a)?
     };
     let img = open(

@@ -423,7 +423,19 @@ pub fn run(a: Args) -> CmdResult {
         Opened::Device(d) => Some(d.size()),
         _ => None,
     };
-    let (dst, truncated) = open_destination(&dst_side, connections, src_size)?;
+    // A destination file the copy makes goes again if the copy fails
+    // (never one that was there before).
+    let made = match &dst_side {
+        Side::Local(path) if std::fs::symlink_metadata(path).is_err() => Some(path.clone()),
+        _ => None,
+    };
+    let remove_made = || {
+        if let Some(p) = &made {
+            let _ = std::fs::remove_file(p);
+        }
+    };
+    let (dst, truncated) =
+        open_destination(&dst_side, connections, src_size).inspect_err(|_| remove_made())?;
     let destination_is_zero = a.destination_is_zero || truncated;
 
     let opts_base = CopyOptions {
@@ -473,6 +485,9 @@ pub fn run(a: Args) -> CmdResult {
             p.completed();
         }
         p.finish();
+    }
+    if result.is_err() {
+        remove_made();
     }
     result.map(|()| 0)
 }
