@@ -40,8 +40,18 @@ impl Qcow2 {
                 "Can't resize a v2 image which has snapshots",
             ));
         }
-        self.before_change()?;
         let old = self.size();
+        // As QEMU's block layer (bdrv_co_truncate): an image grown over a
+        // backing file longer than it was reads zeros in the grown range,
+        // never the backing file's data there. A v2 image cannot say
+        // "zeros" over a backing file: refused before anything changes.
+        let zero_grown = new_size > old && self.backing().is_some_and(|b| b.size > old);
+        if zero_grown && header.version < 3 {
+            return Err(Error::unsupported(
+                "Failed to zero out new clusters: Operation not supported",
+            ));
+        }
+        self.before_change()?;
         let geo = Geometry {
             size: new_size,
             ..self.geometry()
@@ -99,6 +109,10 @@ impl Qcow2 {
         }
         if self.keeps_bitmaps() {
             self.resize_bitmaps(old)?;
+        }
+        if zero_grown {
+            self.write_zeroes(old, new_size - old, ZeroFlags::default())?;
+            self.flush()?;
         }
         Ok(())
     }

@@ -500,6 +500,17 @@ impl FormatImage for QedImage {
     }
 
     fn resize(&self, new_size: u64, _shrink: bool, prealloc: Prealloc) -> Result<()> {
+        // Growing over a backing file longer than the image was must make
+        // the grown range read zeros (QEMU's bdrv_co_truncate), which QED
+        // cannot promise: refused as QEMU refuses it, before anything else.
+        let old = self.qed.header().image_size;
+        if new_size > old
+            && crate::mapped::MappedFormat::backing(&*self.qed).is_some_and(|b| b.size > old)
+        {
+            return Err(Error::unsupported(
+                "Block driver does not support requested flags",
+            ));
+        }
         if prealloc != Prealloc::Off {
             return Err(Error::unsupported(format!(
                 "Unsupported preallocation mode '{}'",
