@@ -67,3 +67,38 @@ for i in 1 2 3 4 7; do qemu-img check -q t$i && echo clean; done
     );
     assert_eq!(out.matches("clean").count(), 5, "{out}");
 }
+
+/// Pokes a qcow2 image's first L1 or L2 entry (`python3 poke.py CMD IMG`).
+const POKE: &str = r#"cat > poke.py <<'PY'
+import struct, sys
+cmd, path = sys.argv[1], sys.argv[2]
+with open(path, 'r+b') as f:
+    def rq(off): f.seek(off); return struct.unpack('>Q', f.read(8))[0]
+    def wq(off, v): f.seek(off); f.write(struct.pack('>Q', v))
+    l1o = rq(40); l1 = rq(l1o); l2o = l1 & 0x00fffffffffffe00
+    if cmd == 'clear-l1-copied': wq(l1o, l1 & ~(1 << 63))
+    if cmd == 'set-l1-copied': wq(l1o, l1 | (1 << 63))
+    if cmd == 'clear-l2-copied': wq(l2o, rq(l2o) & ~(1 << 63))
+    if cmd == 'set-l2-copied': wq(l2o, rq(l2o) | (1 << 63))
+PY
+"#;
+
+#[test]
+fn check_repairs_oflag_copied_as_qemu_img_does() {
+    let out = alike(&format!(
+        r#"{POKE}
+qemu-img create -q -f qcow2 a 1M; qemu-io -f qcow2 -c 'write -P 0x22 0 128k' a >/dev/null
+cp a s; qemu-img snapshot -c s1 s
+for c in clear-l1-copied clear-l2-copied; do cp a $c; /usr/bin/python3 poke.py $c $c; done
+for c in set-l1-copied set-l2-copied; do cp s $c; /usr/bin/python3 poke.py $c $c; done
+for c in clear-l1-copied clear-l2-copied set-l1-copied set-l2-copied; do
+  $T check $c; echo "rc=$?"
+  $T check -r all $c; echo "rc=$?"
+  qemu-img check $c; echo "rc=$?"
+  qemu-io -f qcow2 -c 'write -P 0x33 0 64k' -c 'read -P 0x33 0 64k' -c 'read -P 0x22 64k 64k' $c | grep -c '^read'
+done 2>&1
+"#
+    ));
+    assert_eq!(out.matches("Repairing OFLAG_COPIED").count(), 4, "{out}");
+    assert_eq!(out.matches("rc=0").count(), 8, "{out}");
+}

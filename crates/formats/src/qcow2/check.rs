@@ -224,13 +224,19 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
         if (rc == 1) == cc.copied {
             continue;
         }
+        // QEMU says "Repairing" instead of "ERROR" when it repairs.
+        let what = if repair == Repair::All {
+            "Repairing"
+        } else {
+            "ERROR"
+        };
         r.messages.push(match cc.l1_index {
             Some(i) => format!(
-                "ERROR OFLAG_COPIED L2 cluster: l1_index={i} l1_entry={:x} refcount={rc}",
+                "{what} OFLAG_COPIED L2 cluster: l1_index={i} l1_entry={:x} refcount={rc}",
                 cc.entry
             ),
             None => format!(
-                "ERROR OFLAG_COPIED data cluster: l2_entry={:x} refcount={rc}",
+                "{what} OFLAG_COPIED data cluster: l2_entry={:x} refcount={rc}",
                 cc.entry
             ),
         });
