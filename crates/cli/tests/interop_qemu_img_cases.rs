@@ -102,3 +102,29 @@ done 2>&1
     assert_eq!(out.matches("Repairing OFLAG_COPIED").count(), 4, "{out}");
     assert_eq!(out.matches("rc=0").count(), 8, "{out}");
 }
+
+#[test]
+fn commit_and_rebase_work_on_qed_and_vmdk_as_in_qemu_img() {
+    let out = alike(
+        r#"
+for fmt in qed vmdk; do
+  rm -f b t o
+  qemu-img create -q -f $fmt b 1M; qemu-io -f $fmt -c 'write -P 0x11 0 1M' b >/dev/null
+  qemu-img create -q -f $fmt -F $fmt -b b t; qemu-io -f $fmt -c 'write -P 0x22 0 64k' t >/dev/null
+  run $T commit t; qemu-img map --output=json t
+  qemu-io -f $fmt -c 'read -P 0x22 0 64k' -c 'read -P 0x11 64k 64k' b | grep -c ^read
+  qemu-img create -q -f $fmt o 1M; run $T rebase -u -f $fmt -b o -F $fmt t; qemu-img info t | grep backing
+  run $T rebase -f $fmt -b b -F $fmt t; qemu-img info t | grep backing
+  qemu-io -f $fmt -c 'read -P 0x22 0 64k' -c 'read -P 0x11 64k 64k' t | grep -c ^read
+  run $T rebase -u -f $fmt -b b -F raw t; qemu-img info t | grep backing
+  run $T rebase -u -f $fmt -b "" t; qemu-img info t | grep backing; qemu-img check t | head -1
+  # The header as QEMU rewrites it (vmdk's CIDs are random).
+  if [ $fmt = qed ]; then od -A d -t x1 -N 4096 t; fi
+done
+"#,
+    );
+    // The QED overlay was committed and rebased; vmdk refuses rebasing as
+    // QEMU does.
+    assert_eq!(out.matches("rc=0").count(), 5 + 1, "{out}");
+    assert!(out.contains("Could not change the backing file to 'o': Operation not supported"));
+}

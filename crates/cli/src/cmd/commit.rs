@@ -143,11 +143,10 @@ fn empty(img: Image, a: &Args) -> Result<(), CliError> {
     let fail = |e: diskit_core::Error| {
         CliError::new(format!("Could not empty {}: {e}", a.filename.display()))
     };
+    // A format that cannot be emptied keeps its data, which now matches
+    // its backing file's: qemu-img ignores ENOTSUP from emptying too.
     if !img.format.supports(Capability::MakeEmpty) {
-        return Err(CliError::new(format!(
-            "Could not empty {}: Operation not supported",
-            a.filename.display()
-        )));
+        return img.close().map_err(fail);
     }
     let after_close = img.ops.make_empty().map_err(fail)?;
     img.close().map_err(fail)?;

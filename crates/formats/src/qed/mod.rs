@@ -147,6 +147,40 @@ pub fn create(path: &Path, size: u64, o: &QedCreateOptions) -> Result<()> {
     })
 }
 
+/// Records `name` (of format `format`) as the backing file of the closed
+/// image on `storage`, or none, as QEMU does: the header is rewritten with
+/// the name right after it (the raw-format bit set for a raw backing file),
+/// all within the header clusters.
+fn change_backing_file(
+    storage: &dyn Storage,
+    name: Option<&str>,
+    format: Option<&str>,
+) -> Result<()> {
+    let mut h = read_header(storage)?;
+    // An unknown compatible feature may keep data after the header.
+    if name.is_some() && h.compat_features != 0 {
+        return Err(Error::from_kind(diskit_core::ErrorKind::NotSupported));
+    }
+    h.features &= !(F_BACKING_FILE | F_BACKING_FORMAT_NO_PROBE);
+    let name = name.unwrap_or("");
+    if !name.is_empty() {
+        h.features |= F_BACKING_FILE;
+        if format == Some("raw") {
+            h.features |= F_BACKING_FORMAT_NO_PROBE;
+        }
+    }
+    h.backing_filename_offset = HEADER_LEN as u32;
+    h.backing_filename_size = name.len() as u32;
+    if HEADER_LEN as u64 + name.len() as u64 > u64::from(h.header_size) * u64::from(h.cluster_size)
+    {
+        return Err(Error::from_kind(diskit_core::ErrorKind::NoSpace));
+    }
+    let mut buf = h.to_bytes().to_vec();
+    buf.extend_from_slice(name.as_bytes());
+    storage.write_extend(&buf, 0)?;
+    storage.flush()
+}
+
 /// A QED image planned by `create` or `convert`.
 pub struct QedCreation {
     opts: QedCreateOptions,
@@ -384,6 +418,15 @@ impl FormatDriver for QedDriver {
 
     fn supports(&self, what: Capability) -> bool {
         matches!(what, Capability::Check | Capability::BackingFile)
+    }
+
+    fn change_backing_file(
+        &self,
+        storage: &dyn Storage,
+        name: Option<&str>,
+        format: Option<&str>,
+    ) -> Result<()> {
+        change_backing_file(storage, name, format)
     }
 
     fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
