@@ -128,3 +128,54 @@ done
     assert_eq!(out.matches("rc=0").count(), 5 + 1, "{out}");
     assert!(out.contains("Could not change the backing file to 'o': Operation not supported"));
 }
+
+/// Rewrites a qcow2 image's snapshot table in place with every entry's
+/// extra data cut to N bytes, as old QEMU versions wrote them
+/// (`python3 short.py IMG N`), and prints a table (`show IMG`).
+const SNAPSHOT_TABLE: &str = r#"cat > short.py <<'PY'
+import struct, sys
+p, keep = sys.argv[1], int(sys.argv[2])
+f = open(p, 'r+b'); h = f.read(104); n, so = struct.unpack('>IQ', h[60:72])
+f.seek(so); out = b''
+for i in range(n):
+    e = f.read(40); eds = struct.unpack('>I', e[36:40])[0]
+    idl, nml = struct.unpack('>HH', e[12:16])
+    extra = f.read(eds); names = f.read(idl + nml); f.read((-(40 + eds + idl + nml)) % 8)
+    ent = e[:36] + struct.pack('>I', keep) + extra[:keep] + names
+    out += ent + b'\0' * ((-len(ent)) % 8)
+f.seek(so); f.write(out)
+PY
+show() { /usr/bin/python3 -c "
+import struct
+f = open('$1', 'rb'); h = f.read(104); n, so = struct.unpack('>IQ', h[60:72]); print('nsn', n, 'off', hex(so))
+f.seek(so)
+for i in range(n):
+    e = f.read(40); idl, nml = struct.unpack('>HH', e[12:16]); eds = struct.unpack('>I', e[36:40])[0]
+    extra = f.read(eds); f.read(idl + nml); f.read((-(40 + eds + idl + nml)) % 8)
+    print('entry', i, 'extra', eds, extra.hex())
+"; }
+"#;
+
+#[test]
+fn short_snapshot_entries_are_completed_by_amend_and_by_check() {
+    let out = alike(&format!(
+        r#"{SNAPSHOT_TABLE}
+qemu-img create -q -f qcow2 -o compat=0.10 a 1M; qemu-io -f qcow2 -c 'write -P 0x11 0 64k' a >/dev/null
+qemu-img snapshot -c s1 a; qemu-img snapshot -c s2 a; /usr/bin/python3 short.py a 0
+$T amend -o compat=1.1 a; echo "rc=$?"; qemu-img check a 2>&1; show a
+qemu-img create -q -f qcow2 b 1M; qemu-io -f qcow2 -c 'write -P 0x11 0 64k' b >/dev/null
+qemu-img snapshot -c s1 b; /usr/bin/python3 short.py b 8
+$T check b 2>&1; echo rc=$?; $T check -r all b 2>&1; echo rc=$?; qemu-img check b; show b
+qemu-img snapshot -a s1 b; qemu-io -f qcow2 -c 'read -P 0x11 0 64k' b | head -1
+"#
+    ));
+    assert!(
+        out.contains("ERROR snapshot table entry 0 is incomplete"),
+        "{out}"
+    );
+    assert!(
+        out.contains("Repairing snapshot table entry 0 is incomplete"),
+        "{out}"
+    );
+    assert_eq!(out.matches(" extra 24 ").count(), 3, "{out}");
+}

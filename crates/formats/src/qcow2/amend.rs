@@ -284,6 +284,21 @@ impl Qcow2 {
         let mut meta = self.lock();
         meta.write_back()?;
         meta.write_back()?;
+        // Entries without the extra data v3 requires (written by old
+        // versions of QEMU) are completed first, as QEMU's upgrade does.
+        if h.nb_snapshots > 0 {
+            let snaps = snapshot::read_checked(&self.file, h)?;
+            if snaps.iter().any(|sn| sn.incomplete(3)) {
+                let cs = meta.cx.geo.cluster_size();
+                let file = meta.file.clone();
+                let old = (h.snapshots_offset, snapshot::table_len(&snaps));
+                let disk_size = self.size() / 512 * 512;
+                snapshot::place_table(&file, meta.refs()?, cs, old, &snaps, disk_size)?;
+                meta.write_back()?;
+                meta.write_back()?;
+                *h = read_header(&self.file)?;
+            }
+        }
         h.version = 3;
         h.incompatible_features = 0;
         h.compatible_features = 0;

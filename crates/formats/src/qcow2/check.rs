@@ -96,9 +96,26 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
         &mut copied_checks,
     )?;
     // Internal snapshots: their table, their L1 tables and what those reach.
+    // A v3 entry without the extra data v3 requires is a corruption; with
+    // -r all the table is written again, completed (after the refcounts).
+    let mut incomplete_snapshots: Option<Vec<super::snapshot::Snapshot>> = None;
     if header.nb_snapshots > 0 {
         match super::snapshot::read(file, &header) {
             Ok(snapshots) => {
+                for (i, sn) in snapshots.iter().enumerate() {
+                    if sn.incomplete(header.version) {
+                        let fix = repair == Repair::All;
+                        let what = if fix { "Repairing" } else { "ERROR" };
+                        r.messages
+                            .push(format!("{what} snapshot table entry {i} is incomplete"));
+                        if fix {
+                            r.corruptions_fixed += 1;
+                            incomplete_snapshots = Some(snapshots.clone());
+                        } else {
+                            r.corruptions += 1;
+                        }
+                    }
+                }
                 let len = super::snapshot::table_len(&snapshots);
                 counted.inc_range(&mut r, header.snapshots_offset, len);
                 for sn in &snapshots {
@@ -251,6 +268,21 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
         } else {
             r.corruptions += 1;
         }
+    }
+    if let Some(snapshots) = incomplete_snapshots {
+        let old_len = super::snapshot::table_len(&snapshots);
+        super::snapshot::place_table(
+            file,
+            &mut refs,
+            cs,
+            (header.snapshots_offset, old_len),
+            &snapshots,
+            header.size / 512 * 512,
+        )?;
+        refs.write_dirty()?;
+        file.flush()?;
+        // The table moved: the end of the image is where it is now.
+        r.image_end_offset = check(file, Repair::None)?.image_end_offset;
     }
     if repair != Repair::None {
         file.flush()?;

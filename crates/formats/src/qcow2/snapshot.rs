@@ -73,6 +73,29 @@ pub fn known_extra(vm_state_size: u64, disk_size: u64, icount: Option<u64>) -> V
 }
 
 impl Snapshot {
+    /// The entry as QEMU writes every entry of a table it writes: the
+    /// extra data QEMU knows in full (the 64-bit VM state size, the disk
+    /// size, `disk_size` where the entry has none, and the icount, -1
+    /// where it has none), then whatever extra data follows it.
+    pub fn completed(&self, disk_size: u64) -> Snapshot {
+        if self.extra.len() >= KNOWN_EXTRA_BYTES {
+            return self.clone();
+        }
+        let mut extra = known_extra(
+            self.vm_state_size(),
+            self.disk_size().unwrap_or(disk_size),
+            self.extra_u64(16),
+        );
+        // An icount field that is present stays as it is (-1 included).
+        if let Some(raw) = self.extra_u64(16) {
+            extra[16..24].copy_from_slice(&raw.to_be_bytes());
+        }
+        Snapshot {
+            extra,
+            ..self.clone()
+        }
+    }
+
     fn extra_u64(&self, at: usize) -> Option<u64> {
         self.extra.get(at..at + 8).map(|b| be64(b, 0))
     }
@@ -337,6 +360,46 @@ pub fn read(file: &dyn Storage, header: &Header) -> Result<Vec<Snapshot>> {
             }
         }
     }
+}
+
+/// Writes `new` as the snapshot table in newly allocated clusters, each
+/// entry [completed](Snapshot::completed) with `disk_size` as QEMU writes
+/// it, points the header at it, then drops a reference from each cluster
+/// of the table that was there (`old_offset`, `old_len` bytes). The table
+/// and its refcounts are on disk before the header points at it.
+pub fn place_table(
+    file: &diskit_core::StorageRef,
+    refs: &mut super::refcount::Refcounts,
+    cluster_size: u64,
+    (old_offset, old_len): (u64, u64),
+    new: &[Snapshot],
+    disk_size: u64,
+) -> Result<()> {
+    use super::layout::HostCluster;
+    let new: Vec<Snapshot> = new.iter().map(|sn| sn.completed(disk_size)).collect();
+    let bytes = serialize(&new)?;
+    let offset = if new.is_empty() {
+        0
+    } else {
+        let (c, _) = refs.alloc((bytes.len() as u64).div_ceil(cluster_size))?;
+        let at = c.0 * cluster_size;
+        file.write_extend(&bytes, at)?;
+        at
+    };
+    refs.write_dirty()?;
+    file.flush()?;
+    let mut hdr = [0u8; 12];
+    hdr[..4].copy_from_slice(&(new.len() as u32).to_be_bytes());
+    hdr[4..].copy_from_slice(&offset.to_be_bytes());
+    file.write_extend(&hdr, 60)?;
+    file.flush()?;
+    if old_len > 0 {
+        let first = old_offset / cluster_size;
+        for c in first..first + old_len.div_ceil(cluster_size) {
+            refs.adjust(HostCluster(c), -1)?;
+        }
+    }
+    Ok(())
 }
 
 /// The table's bytes for `snapshots`, as QEMU lays it out: each entry

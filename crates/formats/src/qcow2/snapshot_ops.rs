@@ -15,7 +15,7 @@ use diskit_core::{BlockDevice, Error, ErrorKind, Result};
 
 use super::Qcow2;
 use super::header::{Header, incompat};
-use super::layout::{Geometry, HostCluster, HostOffset};
+use super::layout::{Geometry, HostCluster};
 use super::meta::Meta;
 use super::open::read_header;
 use super::snapshot::{self, MAX_SNAPSHOTS, Snapshot};
@@ -41,34 +41,28 @@ pub fn next_id(snaps: &[Snapshot]) -> String {
     max.saturating_add(1).to_string()
 }
 
-/// Writes `new` as the snapshot table in newly allocated clusters, points
-/// the header at it, then frees the clusters of the table `old` was.
+/// Writes `new` as the snapshot table in newly allocated clusters (every
+/// entry completed as QEMU writes it), points the header at it, then frees
+/// the clusters of the table `old` was.
 fn write_table(meta: &mut Meta, header: &Header, old: &[Snapshot], new: &[Snapshot]) -> Result<()> {
-    let geo = meta.cx.geo;
-    let cs = geo.cluster_size();
-    let bytes = snapshot::serialize(new)?;
-    let offset = if new.is_empty() {
-        0
-    } else {
-        let (c, _) = meta.refs()?.alloc((bytes.len() as u64).div_ceil(cs))?;
-        let at = geo.host_offset(c);
-        meta.file.write_extend(&bytes, at.0)?;
-        at.0
-    };
-    // The table and its refcounts are stable before the header points at it.
+    // Everything the table points at is stable before the table is.
     meta.write_back()?;
-    meta.file.flush()?;
-    let mut hdr = [0u8; 12];
-    hdr[..4].copy_from_slice(&(new.len() as u32).to_be_bytes());
-    hdr[4..].copy_from_slice(&offset.to_be_bytes());
-    meta.file.write_extend(&hdr, 60)?;
-    meta.file.flush()?;
-    if header.nb_snapshots > 0 {
-        let first = geo.host_cluster(HostOffset(header.snapshots_offset)).0;
-        let n = snapshot::table_len(old).div_ceil(cs);
-        free_clusters(meta, first, n)?;
-    }
-    Ok(())
+    let geo = meta.cx.geo;
+    let file = meta.file.clone();
+    let old_len = if header.nb_snapshots > 0 {
+        snapshot::table_len(old)
+    } else {
+        0
+    };
+    let disk_size = geo.size / 512 * 512;
+    snapshot::place_table(
+        &file,
+        meta.refs()?,
+        geo.cluster_size(),
+        (header.snapshots_offset, old_len),
+        new,
+        disk_size,
+    )
 }
 
 /// Drops one reference from each of `n` clusters from `first` on.
