@@ -179,3 +179,25 @@ qemu-img snapshot -a s1 b; qemu-io -f qcow2 -c 'read -P 0x11 0 64k' b | head -1
     );
     assert_eq!(out.matches(" extra 24 ").count(), 3, "{out}");
 }
+
+#[test]
+fn check_rebuilds_the_refcounts_of_a_dirty_image_as_qemu_img_does() {
+    // A lazy-refcounts image whose writer was killed: clusters in use
+    // with a refcount of zero, which only a rebuild repairs.
+    let out = alike(
+        r#"
+mk() { rm -f $1; qemu-img create -q -f qcow2 -o lazy_refcounts=on $1 1M
+  qemu-io -f qcow2 -c "write -P 0x5a 0 512" -c "write -P 0x5b 256k 128k" -c "sigraise 9" $1 >/dev/null 2>&1 || true; }
+mk d; $T check d 2>&1; echo rc=$?; $T check -r leaks d 2>&1 | sed 's/^[a-z-]*: //'; echo rc=$?
+$T check -r all d 2>&1; echo rc=$?; qemu-img check d 2>&1; echo rc=$?
+qemu-io -f qcow2 -c 'read -P 0x5a 0 512' -c 'read -P 0x5b 256k 128k' d | grep -c ^read
+sha1sum d
+mk e; $T check --output=json -r all e 2>&1; echo rc=$?
+"#,
+    );
+    assert!(out.contains("Rebuilding refcount structure"), "{out}");
+    assert!(
+        out.contains("ERROR need to rebuild refcount structures"),
+        "{out}"
+    );
+}

@@ -186,9 +186,18 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
             counted.inc_range(&mut r, off, cs);
         }
     }
-    // Compare the stored refcounts with what was counted.
+    // Compare the stored refcounts with what was counted, as QEMU does: a
+    // first pass says what differs; a cluster in use with a stored count
+    // of zero needs the whole structure rebuilt (setting counts one by
+    // one could hand out clusters in use); otherwise a second pass
+    // repairs what the repair mode allows.
     let max_refcount = refs.max_refcount();
     let mut fix_failed = false;
+    let mut mismatches: Vec<(u64, u64, u64)> = Vec::new();
+    let mut rebuild = false;
+    // Clusters whose count drops to zero go back to the file system, as
+    // QEMU discards them.
+    let mut freed: Vec<HostCluster> = Vec::new();
     for c in 0..file_clusters {
         let stored: u64 = refs.get(HostCluster(c)).unwrap_or_default();
         let made = counted.counts[c as usize] as u64;
@@ -198,42 +207,87 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
         if stored == made {
             continue;
         }
-        let leak = stored > made;
-        let fix = match repair {
-            Repair::All => true,
-            Repair::Leaks => leak,
-            Repair::None => false,
-        };
-        let label = if leak {
+        let label = if stored > made {
             "Leaked cluster"
         } else {
             "ERROR cluster"
         };
         r.messages
             .push(format!("{label} {c} refcount={stored} reference={made}"));
-        if fix && made <= max_refcount {
-            r.messages.push(format!(
-                "Repairing cluster {c} refcount={stored} reference={made}"
-            ));
-            if refs.set(HostCluster(c), made).is_ok() {
-                if leak {
-                    r.leaks_fixed += 1;
-                } else {
-                    r.corruptions_fixed += 1;
+        rebuild |= stored == 0;
+        mismatches.push((c, stored, made));
+    }
+    let errors = mismatches.iter().filter(|m| m.1 < m.2).count() as u64;
+    let leaks = mismatches.len() as u64 - errors;
+    if rebuild && repair == Repair::All {
+        r.messages.push("Rebuilding refcount structure".into());
+        super::rebuild::rebuild(file, &header, &counted.counts)?;
+        // The old table and blocks are leaks now: freed as leaks are
+        // (only the repairs are said), then the new structure is read.
+        let after = check(file, Repair::Leaks)?;
+        r.messages.extend(
+            after
+                .messages
+                .into_iter()
+                .filter(|m| m.starts_with("Repairing") || m.starts_with("ERROR")),
+        );
+        r.corruptions_fixed += errors;
+        r.leaks_fixed += leaks;
+        r.leaks += after.leaks;
+        r.image_end_offset = after.image_end_offset;
+        refs = Refcounts::load(file.clone(), &super::open::read_header(file)?, 64)?;
+    } else if rebuild && repair == Repair::Leaks {
+        r.messages
+            .push("ERROR need to rebuild refcount structures".into());
+        r.check_errors += 1;
+        r.failed = Some("Check failed: Input/output error".into());
+        return Ok(r);
+    } else {
+        for &(c, stored, made) in &mismatches {
+            let leak = stored > made;
+            let fix = match repair {
+                Repair::All => true,
+                Repair::Leaks => leak,
+                Repair::None => false,
+            };
+            if fix && made <= max_refcount && stored != 0 {
+                if repair != Repair::None {
+                    r.messages.push(format!(
+                        "Repairing cluster {c} refcount={stored} reference={made}"
+                    ));
                 }
-                continue;
+                if refs.set(HostCluster(c), made).is_ok() {
+                    if made == 0 {
+                        freed.push(HostCluster(c));
+                    }
+                    if leak {
+                        r.leaks_fixed += 1;
+                    } else {
+                        r.corruptions_fixed += 1;
+                    }
+                    continue;
+                }
+                fix_failed = true;
+            } else if repair != Repair::None {
+                let label = if leak {
+                    "Leaked cluster"
+                } else {
+                    "ERROR cluster"
+                };
+                r.messages
+                    .push(format!("{label} {c} refcount={stored} reference={made}"));
             }
-            fix_failed = true;
-        }
-        if leak {
-            r.leaks += 1;
-        } else {
-            r.corruptions += 1;
+            if leak {
+                r.leaks += 1;
+            } else {
+                r.corruptions += 1;
+            }
         }
     }
     if repair != Repair::None {
         refs.write_dirty()?;
         file.flush()?;
+        super::meta::discard_clusters(file, cs, std::mem::take(&mut freed))?;
     }
     // COPIED must say exactly whether the refcount is one.
     for cc in copied_checks {

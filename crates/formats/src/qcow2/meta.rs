@@ -422,29 +422,7 @@ impl Meta {
     pub fn discard_freed(&mut self) -> Result<()> {
         let cs = self.cx.geo.cluster_size();
         let freed = self.refs()?.take_freed()?;
-        if freed.is_empty() {
-            return Ok(());
-        }
-        let len = self.file.file_len()?;
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for c in freed {
-            match runs.last_mut() {
-                Some((start, n)) if *start + *n == c.0 => *n += 1,
-                _ => runs.push((c.0, 1)),
-            }
-        }
-        for (start, n) in runs {
-            let from = start * cs;
-            let to = ((start + n) * cs).min(len);
-            if from >= to {
-                continue;
-            }
-            match self.file.trim(from, to - from, WriteFlags::NONE) {
-                Err(e) if e.kind() == ErrorKind::NotSupported => {}
-                r => r?,
-            }
-        }
-        Ok(())
+        discard_clusters(&self.file, cs, freed)
     }
 
     /// Takes guest clusters `first..=last` for a request, shared (data I/O
@@ -490,4 +468,33 @@ pub fn encode_l2(table: &[L2Entry], extended: bool) -> Vec<u8> {
         }
     }
     raw
+}
+
+/// Hands the clusters `freed` back to the file system (punched holes, runs
+/// at a time; a file system that cannot punch keeps them), as QEMU
+/// discards clusters whose refcount drops to zero.
+pub fn discard_clusters(file: &StorageRef, cs: u64, freed: Vec<HostCluster>) -> Result<()> {
+    if freed.is_empty() {
+        return Ok(());
+    }
+    let len = file.file_len()?;
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for c in freed {
+        match runs.last_mut() {
+            Some((start, n)) if *start + *n == c.0 => *n += 1,
+            _ => runs.push((c.0, 1)),
+        }
+    }
+    for (start, n) in runs {
+        let from = start * cs;
+        let to = ((start + n) * cs).min(len);
+        if from >= to {
+            continue;
+        }
+        match file.trim(from, to - from, WriteFlags::NONE) {
+            Err(e) if e.kind() == ErrorKind::NotSupported => {}
+            r => r?,
+        }
+    }
+    Ok(())
 }

@@ -30,6 +30,7 @@ pub mod measure;
 pub mod meta;
 pub mod open;
 pub mod ops;
+pub mod rebuild;
 pub mod refcount;
 pub mod resize;
 pub mod snapshot;
