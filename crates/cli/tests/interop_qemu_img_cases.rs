@@ -201,3 +201,36 @@ mk e; $T check --output=json -r all e 2>&1; echo rc=$?
         "{out}"
     );
 }
+
+#[test]
+fn unaligned_l2_entries_and_unknown_autoclear_bits_as_qemu_img_handles_them() {
+    let out = alike(
+        r#"cat > poke.py <<'PY'
+import struct, sys
+cmd, path = sys.argv[1], sys.argv[2]
+with open(path, 'r+b') as f:
+    def rq(off): f.seek(off); return struct.unpack('>Q', f.read(8))[0]
+    def wq(off, v): f.seek(off); f.write(struct.pack('>Q', v))
+    l2o = rq(rq(40)) & 0x00fffffffffffe00
+    if cmd == 'unalign-data': wq(l2o, rq(l2o) + 0x200)
+    if cmd == 'unalign-zero': wq(l2o, (rq(l2o) + 0x200) | 1)
+    if cmd == 'autoclear': wq(88, rq(88) | (1 << 40))
+PY
+qemu-img create -q -f qcow2 a 1M; qemu-io -f qcow2 -c 'write -P 0x22 0 128k' a >/dev/null
+for c in unalign-data unalign-zero autoclear; do
+  cp a $c; /usr/bin/python3 poke.py $c $c
+  $T check $c 2>&1; echo rc=$?; $T check -r all $c 2>&1; echo rc=$?
+  qemu-img check $c 2>&1; echo rc=$?; od -A d -t x1 -j 88 -N 8 $c; sha1sum $c
+done
+cp a l; /usr/bin/python3 poke.py autoclear l; $T check -r leaks l; od -A d -t x1 -j 88 -N 8 l
+"#,
+    );
+    assert!(
+        out.contains("Repairing offset=50200: Preallocated cluster"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ERROR offset=50200: Data cluster is not properly aligned"),
+        "{out}"
+    );
+}

@@ -78,36 +78,54 @@ pub fn run(a: Args) -> CmdResult {
             code: 63,
         });
     }
-    let r = if format.driver().check_opens_image() {
-        // The format checks the files the image names too (vmdk extents):
-        // the image is opened, without its backing file.
-        drop(file);
-        let img = crate::util::open(
-            &a.filename,
-            Some(format),
-            diskit_open::OpenOptions {
-                no_backing: true,
-                force_share: a.force_share,
-                ..Default::default()
-            },
-        )?;
-        img.ops.check(repair)
-    } else {
-        format.driver().check(&file, repair)
-    };
-    let r = r.map_err(|e| {
-        // A format that checks but cannot repair says so as qemu-img does.
-        if e.detail() == "This image format does not support checks" {
-            CliError {
-                message: e.detail().to_string(),
-                code: 63,
-            }
+    // A format that checks the files the image names (vmdk extents) has
+    // the image opened, and locked, by each run instead.
+    let file = (!format.driver().check_opens_image()).then_some(file);
+    // One run of the check, with or without repairs.
+    let run = |repair: Repair| -> Result<CheckReport, CliError> {
+        let r = if let Some(file) = &file {
+            format.driver().check(file, repair)
         } else {
-            CliError::new(format!("Could not open '{name}': {e}"))
-        }
-    })?;
+            // The format checks the files the image names too (vmdk
+            // extents): the image is opened, without its backing file.
+            let img = crate::util::open(
+                &a.filename,
+                Some(format),
+                diskit_open::OpenOptions {
+                    no_backing: true,
+                    force_share: a.force_share,
+                    ..Default::default()
+                },
+            )?;
+            img.ops.check(repair)
+        };
+        r.map_err(|e| {
+            // A format that checks but cannot repair says so as qemu-img does.
+            if e.detail() == "This image format does not support checks" {
+                CliError {
+                    message: e.detail().to_string(),
+                    code: 63,
+                }
+            } else {
+                CliError::new(format!("Could not open '{name}': {e}"))
+            }
+        })
+    };
+    let mut r = run(repair)?;
     for m in &r.messages {
         eprintln!("{m}");
+    }
+    // What was repaired is checked again, as qemu-img does: that run's
+    // findings are the result, with the repairs of the first.
+    let repaired = r.failed.is_none() && r.corruptions_fixed + r.leaks_fixed > 0;
+    if repaired {
+        let mut again = run(Repair::None)?;
+        for m in &again.messages {
+            eprintln!("{m}");
+        }
+        again.corruptions_fixed = r.corruptions_fixed;
+        again.leaks_fixed = r.leaks_fixed;
+        r = again;
     }
     if let Some(why) = &r.failed {
         return Err(CliError::new(why.clone()));
@@ -115,7 +133,7 @@ pub fn run(a: Args) -> CmdResult {
     if json {
         println!("{}", report_json(&r, &name, format.name()).pretty());
     } else if !a.quiet {
-        print!("{}", report_human(&r, repair != Repair::None));
+        print!("{}", report_human(&r, repaired));
     }
     Ok(if r.check_errors > 0 {
         1
@@ -152,9 +170,9 @@ fn report_json(r: &CheckReport, name: &str, format: &str) -> QJson {
     opt(v, "fragmented-clusters", r.fragmented_clusters)
 }
 
-fn report_human(r: &CheckReport, repairing: bool) -> String {
+fn report_human(r: &CheckReport, repaired: bool) -> String {
     let mut s = String::new();
-    if repairing && (r.corruptions_fixed > 0 || r.leaks_fixed > 0) {
+    if repaired {
         s.push_str(&format!(
             "The following inconsistencies were found and repaired:\n\n    {} leaked clusters\n    {} corruptions\n\nDouble checking the fixed image now...\n",
             r.leaks_fixed, r.corruptions_fixed

@@ -6,7 +6,7 @@ use diskit_core::{BlockDevice, Error, Result};
 use diskit_core::{Storage, StorageRef};
 
 use super::header::{Header, incompat};
-use super::l2::{COMPRESSED, COPIED, Compressed, L1E_OFFSET_MASK, L2E_OFFSET_MASK};
+use super::l2::{COMPRESSED, COPIED, Compressed, L1E_OFFSET_MASK, L2E_OFFSET_MASK, ZERO};
 use super::layout::{Geometry, HostCluster, HostOffset};
 use super::meta::decode_l2;
 use super::refcount::Refcounts;
@@ -93,6 +93,7 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
         &mut r,
         true,
         external,
+        repair == Repair::All,
         &mut copied_checks,
     )?;
     // Internal snapshots: their table, their L1 tables and what those reach.
@@ -135,6 +136,7 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
                         &mut r,
                         false,
                         external,
+                        repair == Repair::All,
                         &mut Vec::new(),
                     )?;
                 }
@@ -334,9 +336,15 @@ pub fn check(file: &StorageRef, repair: Repair) -> Result<CheckReport> {
             header.size / 512 * 512,
         )?;
         refs.write_dirty()?;
-        file.flush()?;
-        // The table moved: the end of the image is where it is now.
-        r.image_end_offset = check(file, Repair::None)?.image_end_offset;
+    }
+    // Repairing opens the image for writing, which in QEMU clears the
+    // autoclear bits it does not know.
+    if repair != Repair::None
+        && header.version >= 3
+        && header.autoclear_features & !super::header::autoclear::KNOWN != 0
+    {
+        let bits = header.autoclear_features & super::header::autoclear::KNOWN;
+        file.write_extend(&bits.to_be_bytes(), 88)?;
     }
     if repair != Repair::None {
         file.flush()?;
@@ -428,6 +436,7 @@ fn walk_l1(
     r: &mut CheckReport,
     active: bool,
     external: bool,
+    fix_errors: bool,
     copied: &mut Vec<CopiedCheck>,
 ) -> Result<()> {
     let geo = counted.geo;
@@ -495,11 +504,33 @@ fn walk_l1(
                 continue;
             }
             if off & (cs - 1) != 0 {
-                r.messages.push(format!(
-                    "ERROR offset={off:x}: Cluster is not properly aligned; L2 entry corrupted"
-                ));
+                // As QEMU: a preallocated (zero) cluster's entry is made
+                // a plain zero cluster with -r all; a data cluster's is
+                // reported, and its bytes still counted where it points.
+                let contains_data = if geo.extended_l2 {
+                    entry.bitmap & 0xffff_ffff != 0
+                } else {
+                    w & ZERO == 0
+                };
                 r.corruptions += 1;
-                continue;
+                if contains_data {
+                    r.messages.push(format!(
+                        "ERROR offset={off:x}: Data cluster is not properly aligned; L2 entry corrupted."
+                    ));
+                } else {
+                    let what = if fix_errors { "Repairing" } else { "ERROR" };
+                    r.messages.push(format!(
+                        "{what} offset={off:x}: Preallocated cluster is not properly aligned; L2 entry corrupted."
+                    ));
+                    if fix_errors {
+                        let zero: u64 = if geo.extended_l2 { 0 } else { ZERO };
+                        file.write_extend(&zero.to_be_bytes(), at.0)?;
+                        file.flush()?;
+                        r.corruptions -= 1;
+                        r.corruptions_fixed += 1;
+                        continue;
+                    }
+                }
             }
             if active {
                 r.allocated_clusters += 1;
