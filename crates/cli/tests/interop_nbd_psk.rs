@@ -5,8 +5,6 @@
 //! connection. Every server runs under `timeout` on a private Unix socket
 //! and stops with its `--run` command.
 
-#![cfg(feature = "tls-psk")]
-
 mod common;
 
 use std::path::{Path, PathBuf};
