@@ -1,5 +1,5 @@
 //! The PSK engine: TLS with pre-shared keys through the system's OpenSSL 3,
-//! loaded at the first use ([`openssl`]: diskit does not link it), for the key
+//! loaded at the first use (`openssl`: diskit does not link it), for the key
 //! files nbdkit's `--tls-psk` and qemu's `tls-creds-psk` read (and
 //! libnbd's `tls-psk-file`), for either end of a connection: the server's
 //! settings are in [`crate::server::tls::psk`], the client's in
@@ -22,7 +22,7 @@
 //! A server reads the key file again at every handshake, as GnuTLS does
 //! for nbdkit and qemu: keys can be added or revoked while it runs.
 //!
-//! Modules: [`keys`] reads key files, `session` is the sans-I/O
+//! Modules: `keys` reads key files, `session` is the sans-I/O
 //! [`Session`](super::Session), `client` the client's end (the server's is
 //! [`crate::server::tls::psk`]), `openssl` the binding.
 
