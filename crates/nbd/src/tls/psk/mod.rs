@@ -23,7 +23,7 @@
 //! for nbdkit and qemu: keys can be added or revoked while it runs.
 //!
 //! Modules: `keys` reads key files, `session` is the sans-I/O
-//! [`Session`](super::Session), `client` the client's end (the server's is
+//! `Session`, `client` the client's end (the server's is
 //! [`crate::server::tls::psk`]), `openssl` the binding.
 
 mod client;
