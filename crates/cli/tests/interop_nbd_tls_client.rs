@@ -480,3 +480,42 @@ fn pre_shared_keys_against_diskit_serve() {
         stderr(&o)
     );
 }
+
+/// The nbd plugin's `tls-psk=` (with `tls-username=`): a `diskit serve`
+/// in front of a PSK server, as nbdkit's nbd plugin does it.
+#[test]
+fn the_nbd_plugin_connects_with_pre_shared_keys() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let keys = dir.path().join("keys.psk");
+    std::fs::write(&keys, "bob:00112233445566778899aabbccddeeff\n").unwrap();
+    let copy = dir.path().join("copy.raw");
+    let d = s(&diskit_bin()).to_string();
+    // The outer shell fills the PSK server's socket in; the quoted inner
+    // command sees the plugin server's own.
+    let cmd = format!(
+        "{d} serve -U - nbd socket=$unixsocket tls=require tls-psk={k} tls-username=bob \
+         --run '{d} copy nbd+unix:///?socket=$unixsocket {c}'",
+        k = s(&keys),
+        c = s(&copy)
+    );
+    let o = ok(serve(&[
+        "-v",
+        "-U",
+        "-",
+        "-r",
+        "--tls=require",
+        "--tls-psk",
+        s(&keys),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    assert!(same_bytes(&f, &copy), "the copy through the plugin differs");
+    assert!(
+        stderr(&o).contains("PSK identity \"bob\""),
+        "{}",
+        stderr(&o)
+    );
+}
