@@ -8,11 +8,11 @@
 # allowed with a server that has TLS off), and the export list.
 #
 # Installs the build dependencies when missing (gcc, pkg-config, libnbd-dev,
-# gnutls-bin for certtool and psktool, libssl-dev for the tls-psk feature),
-# builds the programs once (cached under target/libnbd-interop/, rebuilt when
-# their sources change) and diskit (cargo build --features tls-psk, unless
-# $DISKIT names one), then runs each. Exits non-zero with the program's output if
-# any fails or skips itself (exit status 77). Prints
+# gnutls-bin for certtool and psktool, libssl3, which `diskit serve --tls-psk`
+# loads at run time), builds the programs once (cached under
+# target/libnbd-interop/, rebuilt when their sources change) and diskit (cargo
+# build, unless $DISKIT names one), then runs each. Exits non-zero with the
+# program's output if any fails or skips itself (exit status 77). Prints
 # "libnbd-interop: N passed, N failed" last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,8 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 { command -v pkg-config >/dev/null && pkg-config --exists libnbd; } || need+=(libnbd-dev)
 command -v certtool >/dev/null || need+=(gnutls-bin)
 command -v psktool >/dev/null || need+=(gnutls-bin)
-{ command -v pkg-config >/dev/null && pkg-config --exists openssl; } || need+=(libssl-dev)
+# PSK: diskit loads OpenSSL 3 when asked for it (nothing links it).
+grep -q 'libssl\.so\.3 ' < <(/sbin/ldconfig -p 2>/dev/null) || need+=(libssl3)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== libnbd-interop: installing: ${need[*]}"
   sudo=""
@@ -36,12 +37,12 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# PSK needs the tls-psk feature (OpenSSL). DISKIT: a diskit already built
-# with it (scripts/test passes the one its all-features test run built).
+# DISKIT: a diskit already built (scripts/test passes the one its test run
+# built).
 if [ -n "${DISKIT:-}" ]; then
   diskit=$DISKIT
 else
-  cargo build -p diskit --features tls-psk --quiet
+  cargo build -p diskit --quiet
   diskit=$target/debug/diskit
 fi
 

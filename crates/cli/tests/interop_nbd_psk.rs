@@ -5,8 +5,6 @@
 //! connection. Every server runs under `timeout` on a private Unix socket
 //! and stops with its `--run` command.
 
-#![cfg(feature = "tls-psk")]
-
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -359,4 +357,59 @@ fn libnbd_checks_over_psk() {
         &cmd,
     ]));
     assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+}
+
+/// Without OpenSSL (libssl.so.3 hidden in a mount namespace of its own,
+/// /dev/null bound over it) the commands that do not use pre-shared keys
+/// still run: diskit does not link it. PSK, on the server and the client,
+/// is a one-line error naming the library.
+#[test]
+fn without_openssl_only_psk_fails_and_says_why() {
+    // SAFETY: geteuid has no preconditions.
+    let flags = if unsafe { libc::geteuid() } == 0 {
+        "-m"
+    } else {
+        "-rm"
+    };
+    let works = std::process::Command::new("unshare")
+        .args([flags, "true"])
+        .status()
+        .is_ok_and(|st| st.success());
+    if !works {
+        eprintln!("skipped: unshare cannot make a mount namespace here");
+        return;
+    }
+    let dir = workdir();
+    let keys = server_keys(dir.path());
+    let d = diskit_bin();
+    let script = format!(
+        r#"for f in $(/sbin/ldconfig -p | awk '/libssl\.so\.3 /{{print $NF}}'); do
+             mount --bind /dev/null "$(readlink -f "$f")" || exit 99
+           done
+           {d} --version || exit 98
+           {d} serve -U - memory 1M --run 'echo plain served' || exit 97
+           {d} serve -U - --tls-psk {k} memory 1M --run 'echo psk served' && exit 96
+           {d} nbdinfo --size 'nbds+unix://alice@/?socket=/nonexistent&tls-psk-file={k}' && exit 95
+           exit 0"#,
+        d = s(&d),
+        k = s(&keys)
+    );
+    let o = timed("unshare", 60)
+        .args([flags, "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("plain served"), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("psk served"), "{}", stdout(&o));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].starts_with("diskit: --tls-psk: TLS-PSK needs OpenSSL 3 (libssl.so.3): "),
+        "{err}"
+    );
+    assert!(
+        lines[1].starts_with("diskit: nbdinfo: TLS-PSK needs OpenSSL 3 (libssl.so.3): "),
+        "{err}"
+    );
 }

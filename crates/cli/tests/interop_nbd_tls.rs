@@ -302,32 +302,6 @@ fn run_sets_tls_as_nbdkit_does() {
     assert_eq!(tls_of(&run(&diskit, "on", Some("stale"))), "1");
 }
 
-/// Without the `tls-psk` feature `--tls-psk` fails, naming the feature.
-#[cfg(not(feature = "tls-psk"))]
-#[test]
-fn tls_psk_needs_the_feature() {
-    let dir = workdir();
-    let keys = dir.path().join("keys.psk");
-    std::fs::write(&keys, "alice:00112233\n").unwrap();
-    let o = serve(&[
-        "-U",
-        "-",
-        "--tls-psk",
-        s(&keys),
-        "memory",
-        "1M",
-        "--run",
-        "echo started",
-    ]);
-    assert_ne!(code(&o), 0);
-    assert!(!stdout(&o).contains("started"));
-    assert!(
-        stderr(&o).contains("\"tls-psk\" cargo feature"),
-        "{}",
-        stderr(&o)
-    );
-}
-
 /// A certificate directory made by certtool (GnuTLS), as nbdkit's and
 /// qemu's documentation make them: a CA, and a server key of `key_args`
 /// with its certificate for localhost.

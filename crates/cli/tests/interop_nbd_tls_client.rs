@@ -1,6 +1,6 @@
 //! diskit as a TLS client (`nbds+unix://` URIs) against the real servers:
 //! `diskit serve`, nbdkit and qemu-nbd with X.509 certificates made in the
-//! test, and with the `tls-psk` feature nbdkit with pre-shared keys. The
+//! test, and nbdkit with pre-shared keys. The
 //! clients are `diskit nbdinfo`, `diskit copy` and `diskit convert`. A
 //! server that refuses TLS, or whose certificate does not check out, is a
 //! clear error and a non-zero exit.
@@ -372,30 +372,6 @@ fn pki_dir_with_ca_only(dir: &Path) -> PathBuf {
     p
 }
 
-/// Without the `tls-psk` feature a key file fails, naming the feature.
-#[cfg(not(feature = "tls-psk"))]
-#[test]
-fn tls_psk_file_needs_the_feature() {
-    let dir = workdir();
-    let keys = dir.path().join("keys.psk");
-    std::fs::write(&keys, "alice:00112233\n").unwrap();
-    let o = diskit(&[
-        "nbdinfo",
-        "--size",
-        &format!(
-            "nbds+unix://alice@/?socket=/nonexistent&tls-psk-file={}",
-            s(&keys)
-        ),
-    ]);
-    assert_ne!(code(&o), 0);
-    assert!(
-        stderr(&o).contains("\"tls-psk\" cargo feature"),
-        "{}",
-        stderr(&o)
-    );
-}
-
-#[cfg(feature = "tls-psk")]
 #[test]
 fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
     const ALICE: &str = "6b3a55e0261b4a8e1f6c0d1d6ee4c8a2f3c3a6b0b0a1d2c3e4f5061728394a5b";
@@ -468,7 +444,6 @@ fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
     );
 }
 
-#[cfg(feature = "tls-psk")]
 #[test]
 fn pre_shared_keys_against_diskit_serve() {
     let dir = workdir();
@@ -499,6 +474,45 @@ fn pre_shared_keys_against_diskit_serve() {
         &cmd,
     ]));
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
+    assert!(
+        stderr(&o).contains("PSK identity \"bob\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// The nbd plugin's `tls-psk=` (with `tls-username=`): a `diskit serve`
+/// in front of a PSK server, as nbdkit's nbd plugin does it.
+#[test]
+fn the_nbd_plugin_connects_with_pre_shared_keys() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let keys = dir.path().join("keys.psk");
+    std::fs::write(&keys, "bob:00112233445566778899aabbccddeeff\n").unwrap();
+    let copy = dir.path().join("copy.raw");
+    let d = s(&diskit_bin()).to_string();
+    // The outer shell fills the PSK server's socket in; the quoted inner
+    // command sees the plugin server's own.
+    let cmd = format!(
+        "{d} serve -U - nbd socket=$unixsocket tls=require tls-psk={k} tls-username=bob \
+         --run '{d} copy nbd+unix:///?socket=$unixsocket {c}'",
+        k = s(&keys),
+        c = s(&copy)
+    );
+    let o = ok(serve(&[
+        "-v",
+        "-U",
+        "-",
+        "-r",
+        "--tls=require",
+        "--tls-psk",
+        s(&keys),
+        "file",
+        s(&f),
+        "--run",
+        &cmd,
+    ]));
+    assert!(same_bytes(&f, &copy), "the copy through the plugin differs");
     assert!(
         stderr(&o).contains("PSK identity \"bob\""),
         "{}",

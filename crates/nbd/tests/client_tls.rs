@@ -1,8 +1,7 @@
 //! The client over TLS against diskit's own server over a socket pair,
 //! with certificates made by rcgen: many threads with requests in flight
 //! on one encrypted connection, client certificates, certificates that do
-//! not check out, a server without TLS, and (with the `tls-psk` feature)
-//! pre-shared keys.
+//! not check out, a server without TLS, and pre-shared keys.
 
 mod certs;
 
@@ -247,7 +246,6 @@ fn bad_settings_are_named() {
     assert!(ClientTls::for_uri(&plain).unwrap().is_none());
 }
 
-#[cfg(feature = "tls-psk")]
 mod psk {
     use super::*;
 

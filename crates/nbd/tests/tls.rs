@@ -443,16 +443,19 @@ fn verify_peer_needs_a_client_certificate() {
     }
 }
 
-/// TLS-PSK with an OpenSSL client, over TLS 1.3 and 1.2: known
-/// identities get in, unknown ones and wrong keys do not, and the key file
-/// is read again at each handshake.
-#[cfg(feature = "tls-psk")]
+/// TLS-PSK with an OpenSSL client (the system's OpenSSL 3, through
+/// diskit's own binding), over TLS 1.3 and 1.2: known identities get in,
+/// unknown ones and wrong keys do not, and the key file is read again at
+/// each handshake.
 mod psk {
     use super::*;
-    use openssl::ssl::{Ssl, SslContext, SslMethod, SslStream, SslVersion};
+    use diskit_nbd::tls::TlsStream;
+    use diskit_nbd::tls::psk::pinned_client;
 
     const ALICE: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
     const BOB: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+    const TLS13: &str = "TLSv1.3";
+    const TLS12: &str = "TLSv1.2";
 
     fn key_file(dir: &Path, text: &str) -> std::path::PathBuf {
         let p = dir.join("keys.psk");
@@ -467,27 +470,21 @@ mod psk {
             .collect()
     }
 
-    /// An OpenSSL TLS-PSK client limited to `version`, over `sock`.
+    /// A TLS-PSK client limited to `version` (`TLS13` or `TLS12`), over
+    /// `sock`.
     fn psk_client(
         sock: UnixStream,
-        version: SslVersion,
+        version: &str,
         identity: &str,
         key: &str,
-    ) -> Result<SslStream<UnixStream>, String> {
-        let mut b = SslContext::builder(SslMethod::tls_client()).unwrap();
-        b.set_min_proto_version(Some(version)).unwrap();
-        b.set_max_proto_version(Some(version)).unwrap();
-        b.set_cipher_list("ECDHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256")
-            .unwrap();
-        let (identity, key) = (identity.as_bytes().to_vec(), hex(key));
-        b.set_psk_client_callback(move |_, _hint, id_out, key_out| {
-            id_out[..identity.len()].copy_from_slice(&identity);
-            id_out[identity.len()] = 0;
-            key_out[..key.len()].copy_from_slice(&key);
-            Ok(key.len())
-        });
-        let ssl = Ssl::new(&b.build()).unwrap();
-        ssl.connect(sock).map_err(|e| e.to_string())
+    ) -> Result<TlsStream, String> {
+        pinned_client(
+            Box::new(sock),
+            version == TLS13,
+            identity.as_bytes(),
+            &hex(key),
+        )
+        .map_err(|e| e.to_string())
     }
 
     fn psk_start(keys: &Path, mode: TlsMode) -> Peer {
@@ -509,15 +506,12 @@ mod psk {
     fn known_identities_are_served_over_tls13_and_tls12() {
         let dir = tempfile::tempdir().unwrap();
         let keys = key_file(dir.path(), &format!("alice:{ALICE}\nbob:{BOB}\n"));
-        for (version, name) in [
-            (SslVersion::TLS1_3, "TLSv1.3"),
-            (SslVersion::TLS1_2, "TLSv1.2"),
-        ] {
+        for version in [TLS13, TLS12] {
             for (who, key) in [("alice", ALICE), ("bob", BOB)] {
                 let p = psk_start(&keys, TlsMode::Require);
                 let mut t = psk_client(p.sock.try_clone().unwrap(), version, who, key)
-                    .unwrap_or_else(|e| panic!("{name} {who}: {e}"));
-                assert_eq!(t.ssl().version_str(), name);
+                    .unwrap_or_else(|e| panic!("{version} {who}: {e}"));
+                assert!(t.negotiated().starts_with(version), "{}", t.negotiated());
                 opt(&mut t, &go_request("a"));
                 assert_eq!(replies(&mut t).last().unwrap().kind, REP_ACK);
                 let mut data = vec![0x5a; 4096];
@@ -551,10 +545,10 @@ mod psk {
     fn unknown_identities_and_wrong_keys_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let keys = key_file(dir.path(), &format!("alice:{ALICE}\n"));
-        for version in [SslVersion::TLS1_3, SslVersion::TLS1_2] {
+        for version in [TLS13, TLS12] {
             let p = psk_start(&keys, TlsMode::Allow);
             let r = psk_client(p.sock.try_clone().unwrap(), version, "mallory", ALICE);
-            assert!(r.is_err(), "{version:?}: unknown identity got in");
+            assert!(r.is_err(), "{version}: unknown identity got in");
             let m = refused(p);
             assert!(m.contains("unknown PSK identity \"mallory\""), "{m}");
 
@@ -567,7 +561,7 @@ mod psk {
                 let mut b = [0u8; 1];
                 assert!(
                     !matches!(t.read(&mut b), Ok(1)),
-                    "{version:?}: wrong key got in"
+                    "{version}: wrong key got in"
                 );
             }
             let m = refused(p);
@@ -588,19 +582,13 @@ mod psk {
         let mut p = start(config.clone());
         greet(&mut p.sock);
         starttls(&mut p);
-        let r = psk_client(
-            p.sock.try_clone().unwrap(),
-            SslVersion::TLS1_3,
-            "alice",
-            ALICE,
-        );
+        let r = psk_client(p.sock.try_clone().unwrap(), TLS13, "alice", ALICE);
         assert!(r.is_err());
         assert!(refused(p).contains("unknown PSK identity"));
         let mut p = start(config.clone());
         greet(&mut p.sock);
         starttls(&mut p);
-        let mut t =
-            psk_client(p.sock.try_clone().unwrap(), SslVersion::TLS1_3, "bob", BOB).unwrap();
+        let mut t = psk_client(p.sock.try_clone().unwrap(), TLS13, "bob", BOB).unwrap();
         opt(&mut t, &go_request("a"));
         assert_eq!(replies(&mut t).last().unwrap().kind, REP_ACK);
         drop(t);
@@ -609,7 +597,7 @@ mod psk {
         let mut p = start(config);
         greet(&mut p.sock);
         starttls(&mut p);
-        assert!(psk_client(p.sock.try_clone().unwrap(), SslVersion::TLS1_3, "bob", BOB).is_err());
+        assert!(psk_client(p.sock.try_clone().unwrap(), TLS13, "bob", BOB).is_err());
         let m = refused(p);
         assert!(
             m.contains("cannot read the PSK key file") && m.contains("line 1"),

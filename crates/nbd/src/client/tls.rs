@@ -19,8 +19,8 @@
 //!   is to verify it); `DIR` then needs no `ca-cert.pem`. The name checked is `tls-hostname=` if given, else
 //!   the URI's host; over a Unix socket without `tls-hostname` there is no
 //!   name to check, and only the chain is (libnbd checks nothing there).
-//! - `tls-psk-file=FILE` (with the `tls-psk` cargo feature): pre-shared
-//!   keys through OpenSSL, from a key file of `username:hexkey` lines as
+//! - `tls-psk-file=FILE`: pre-shared keys through the system's OpenSSL 3
+//!   (loaded at the first use), from a key file of `username:hexkey` lines as
 //!   nbdkit, qemu and psktool write them. The username is the URI's user
 //!   part (`nbds://alice@host/`), else `$LOGNAME`, else the login name.
 //!
@@ -80,7 +80,6 @@ enum Engine {
         name: ServerName<'static>,
     },
     /// Pre-shared keys, with OpenSSL.
-    #[cfg(feature = "tls-psk")]
     Psk(Arc<psk::PskClient>),
 }
 
@@ -88,7 +87,6 @@ impl std::fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let engine = match &self.engine {
             Engine::X509 { .. } => "X.509",
-            #[cfg(feature = "tls-psk")]
             Engine::Psk(_) => "PSK",
         };
         f.debug_struct("ClientTls")
@@ -161,7 +159,6 @@ impl ClientTls {
         }))
     }
 
-    #[cfg(feature = "tls-psk")]
     fn psk(uri: &NbdUri, file: &Path, server: String) -> Result<ClientTls> {
         let user = match &uri.user {
             Some(u) => u.clone(),
@@ -172,14 +169,6 @@ impl ClientTls {
             server,
             trust: None,
         })
-    }
-
-    #[cfg(not(feature = "tls-psk"))]
-    fn psk(_uri: &NbdUri, _file: &Path, _server: String) -> Result<ClientTls> {
-        Err(Error::unsupported(
-            "TLS with pre-shared keys (tls-psk-file) needs diskit built with the \
-             \"tls-psk\" cargo feature",
-        ))
     }
 
     /// Upgrades a fresh connection whose fixed-newstyle greeting was
@@ -208,7 +197,6 @@ impl ClientTls {
                 ClientConnection::new(config.clone(), name.clone())
                     .map_err(|e| tls_err(ErrorKind::Io, format!("setup: {e}")))?,
             ),
-            #[cfg(feature = "tls-psk")]
             Engine::Psk(p) => p.session().map_err(io_err)?,
         };
         let tls = crate::tls::upgrade(plain, session, "server").map_err(|e| {
@@ -221,7 +209,6 @@ impl ClientTls {
                     ca.display()
                 );
             }
-            #[cfg(feature = "tls-psk")]
             if let Engine::Psk(p) = &self.engine
                 && e.kind() == std::io::ErrorKind::UnexpectedEof
             {
@@ -245,7 +232,6 @@ impl ClientTls {
 
 /// The name libnbd uses when the URI has no user: `$LOGNAME`, else the
 /// login name of the terminal.
-#[cfg(feature = "tls-psk")]
 fn login_name() -> Result<String> {
     if let Some(name) = std::env::var_os("LOGNAME").and_then(|n| n.into_string().ok())
         && !name.is_empty()
@@ -492,27 +478,24 @@ impl ServerCertVerifier for Verifier {
     }
 }
 
-#[cfg(feature = "tls-psk")]
 mod psk {
     //! The client's PSK settings: one identity and its key, from the key
-    //! file, handed to OpenSSL by its PSK client callback.
+    //! file, with the context (OpenSSL, loaded here at the first use)
+    //! that sessions are made from.
 
     use std::io;
     use std::path::Path;
 
-    use openssl::ssl::{Ssl, SslContext, SslMethod, SslRef};
-
     use diskit_core::{Error, ErrorKind, Result};
 
     use crate::tls::Session;
-    use crate::tls::psk::{
-        PskRole, PskSession, context, read_key_file, setup_error, show_identity,
-    };
+    use crate::tls::psk::{ClientRole, Context, client_context, read_key_file, show_identity};
 
-    /// The context, with the identity and key in its callback.
+    /// The context, the identity and its key.
     pub(super) struct PskClient {
-        ctx: SslContext,
+        ctx: Context,
         identity: Vec<u8>,
+        key: Vec<u8>,
     }
 
     impl PskClient {
@@ -534,21 +517,11 @@ mod psk {
                         ),
                     )
                 })?;
-            let mut b = context(SslMethod::tls_client()).map_err(to_error)?;
-            let (id, key) = (identity.clone(), entry.key);
-            b.set_psk_client_callback(move |_ssl, _hint, id_out, key_out| {
-                // The identity goes out NUL-terminated.
-                if id.len() >= id_out.len() || key.len() > key_out.len() {
-                    return Ok(0);
-                }
-                id_out[..id.len()].copy_from_slice(&id);
-                id_out[id.len()] = 0;
-                key_out[..key.len()].copy_from_slice(&key);
-                Ok(key.len())
-            });
+            let ctx = client_context().map_err(to_error)?;
             Ok(PskClient {
-                ctx: b.build(),
+                ctx,
                 identity,
+                key: entry.key,
             })
         }
 
@@ -559,38 +532,15 @@ mod psk {
 
         /// A session for one connection.
         pub(super) fn session(&self) -> io::Result<Box<dyn Session>> {
-            let ssl = Ssl::new(&self.ctx).map_err(setup_error)?;
-            Ok(Box::new(PskSession::connect(
-                ssl,
-                ClientRole {
-                    identity: self.identity.clone(),
-                },
-            )?))
+            ClientRole::new(self.identity.clone(), self.key.clone()).connect(&self.ctx)
         }
     }
 
     fn to_error(e: io::Error) -> Error {
-        Error::new(ErrorKind::Io, e.to_string())
-    }
-
-    /// The client end.
-    struct ClientRole {
-        identity: Vec<u8>,
-    }
-
-    impl PskRole for ClientRole {
-        const PEER: &'static str = "server";
-
-        fn why_failed(&self, _ssl: &SslRef) -> String {
-            format!(
-                "the server did not accept the key of username {} (unknown username, \
-                 or another key?)",
-                show_identity(&self.identity)
-            )
-        }
-
-        fn identity(&self, _ssl: &SslRef) -> String {
-            show_identity(&self.identity)
-        }
+        let kind = match e.kind() {
+            io::ErrorKind::Unsupported => ErrorKind::NotSupported,
+            _ => ErrorKind::Io,
+        };
+        Error::new(kind, e.to_string())
     }
 }

@@ -2,9 +2,9 @@
 //! server after it acknowledges NBD_OPT_STARTTLS
 //! ([`crate::server::tls`]), the client of an `nbds://` URI after the
 //! server acknowledges it ([`crate::client::tls`]). Two engines: rustls
-//! for X.509 certificates ([`x509`]) and, with the `tls-psk` feature,
-//! OpenSSL for pre-shared keys (`psk`; rustls has no external PSK key
-//! exchange).
+//! for X.509 certificates ([`x509`]) and the system's OpenSSL 3, loaded
+//! at the first use, for pre-shared keys ([`psk`]; rustls has no external
+//! PSK key exchange).
 //!
 //! Both engines do no I/O of their own: they are a `Session` that is fed
 //! ciphertext and gives back plaintext, and the other way round. This
@@ -18,7 +18,6 @@
 //! one more [`Transport`], a [`TlsStream`]: the handshake goes on over it
 //! and transmission splits it like any other stream.
 
-#[cfg(feature = "tls-psk")]
 pub mod psk;
 pub mod x509;
 

@@ -90,18 +90,10 @@ impl TlsArgs {
     }
 }
 
-#[cfg(feature = "tls-psk")]
+/// Pre-shared keys from `file`; loads OpenSSL 3 (a system without it is
+/// an error here, at start-up).
 fn psk_config(mode: TlsMode, file: &Path) -> Result<TlsConfig, CliError> {
     TlsConfig::from_psk_file(mode, file).map_err(|e| CliError::new(format!("--tls-psk: {e}")))
-}
-
-#[cfg(not(feature = "tls-psk"))]
-fn psk_config(_mode: TlsMode, file: &Path) -> Result<TlsConfig, CliError> {
-    Err(CliError::new(format!(
-        "--tls-psk={}: TLS-PSK is not in this build: rebuild diskit with the \"tls-psk\" \
-         cargo feature (it uses OpenSSL), or use X.509 certificates",
-        file.display()
-    )))
 }
 
 /// nbdkit's default certificate directory.

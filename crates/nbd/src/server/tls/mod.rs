@@ -1,7 +1,7 @@
 //! The server's TLS (NBD_OPT_STARTTLS) over any [`Transport`], with one
-//! of two engines: rustls for X.509 certificates (`x509`) and, with the
-//! `tls-psk` feature, OpenSSL for pre-shared keys (`psk`; rustls has no
-//! external PSK key exchange).
+//! of two engines: rustls for X.509 certificates (`x509`) and the
+//! system's OpenSSL 3, loaded at the first use, for pre-shared keys
+//! ([`psk`]; rustls has no external PSK key exchange).
 //!
 //! This module holds the server's settings and makes one session per
 //! client; the sessions run on the plumbing the client shares
@@ -9,7 +9,6 @@
 //! mutex held only for CPU work, so that the request reader and the
 //! workers use one session at once.
 
-#[cfg(feature = "tls-psk")]
 pub mod psk;
 mod x509;
 
@@ -42,8 +41,7 @@ pub struct TlsConfig {
 enum Engine {
     /// X.509 certificates, with rustls.
     X509(Arc<rustls::ServerConfig>),
-    /// Pre-shared keys, with OpenSSL.
-    #[cfg(feature = "tls-psk")]
+    /// Pre-shared keys, with OpenSSL (loaded at run time).
     Psk(Arc<psk::PskConfig>),
 }
 
@@ -51,7 +49,6 @@ impl std::fmt::Debug for TlsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let engine = match &self.engine {
             Engine::X509(_) => "X.509",
-            #[cfg(feature = "tls-psk")]
             Engine::Psk(_) => "PSK",
         };
         f.debug_struct("TlsConfig")
@@ -85,7 +82,6 @@ impl TlsConfig {
     /// qemu's (GnuTLS's): `identity:hexkey` lines. The file is checked
     /// now and read again at every TLS handshake, as GnuTLS does, so keys
     /// can be added or revoked while the server runs.
-    #[cfg(feature = "tls-psk")]
     pub fn from_psk_file(mode: TlsMode, path: &Path) -> io::Result<TlsConfig> {
         Ok(TlsConfig {
             mode,
@@ -102,7 +98,6 @@ impl TlsConfig {
     fn session(&self) -> io::Result<Box<dyn Session>> {
         match &self.engine {
             Engine::X509(config) => x509::session(config),
-            #[cfg(feature = "tls-psk")]
             Engine::Psk(config) => config.session(),
         }
     }
