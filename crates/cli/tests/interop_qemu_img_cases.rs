@@ -234,3 +234,24 @@ cp a l; /usr/bin/python3 poke.py autoclear l; $T check -r leaks l; od -A d -t x1
         "{out}"
     );
 }
+
+#[test]
+fn shrinking_without_preallocation_and_passphrases_that_are_not_text() {
+    let out = alike(
+        r#"
+qemu-img create -q -f raw r.raw 2M; run $T resize --shrink --preallocation=off -f raw r.raw 1M; stat -c %s r.raw
+qemu-img create -q -f qcow2 q.qcow2 2M; run $T resize --shrink --preallocation=off q.qcow2 1M
+qemu-img info q.qcow2 | grep virtual
+run $T resize --preallocation=off -f raw r.raw 1M; run $T resize --preallocation=falloc -f raw r.raw 1M
+printf '\xff\xfe' > sec
+run $T create -q -f luks --object secret,id=s0,file=sec -o key-secret=s0 l.luks 1M; ls l.luks 2>&1 | head -1
+run $T create -q -f qcow2 --object secret,id=s0,file=sec -o encrypt.format=luks,encrypt.key-secret=s0 l.qcow2 1M
+ls l.qcow2 2>&1 | head -1
+"#,
+    );
+    assert!(
+        out.contains("l.luks: Data from secret s0 is not valid UTF-8"),
+        "{out}"
+    );
+    assert!(out.starts_with("rc=0 \n1048576\n"), "{out}");
+}

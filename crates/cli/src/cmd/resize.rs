@@ -72,7 +72,7 @@ pub fn run(a: Args) -> CmdResult {
     img.ops
         .check_resize(new_size, prealloc)
         .map_err(|e| CliError::new(e.to_string()))?;
-    if prealloc.is_some() && new_size <= current {
+    if prealloc.is_some_and(|p| p != Prealloc::Off) && new_size <= current {
         return Err(CliError::new(
             "Preallocation can only be used for growing images",
         ));

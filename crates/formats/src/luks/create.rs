@@ -167,11 +167,7 @@ impl LuksCreateOptions {
 
     /// The passphrase, with QEMU's message when no secret is named.
     pub fn passphrase(&self) -> Result<crate::crypto::Secret> {
-        let id = self
-            .key_secret
-            .as_deref()
-            .ok_or_else(|| Error::invalid("Parameter 'key-secret' is required for cipher"))?;
-        Secrets::global().get(id)
+        super::passphrase(self.key_secret.as_deref())
     }
 }
 

@@ -51,7 +51,14 @@ pub fn passphrase(key_secret: Option<&str>) -> Result<crate::crypto::Secret> {
             "Parameter 'key-secret' is required for cipher",
         )
     })?;
-    Secrets::global().get(id)
+    let secret = Secrets::global().get(id)?;
+    // A passphrase is text, as QEMU reads it.
+    if std::str::from_utf8(secret.bytes()).is_err() {
+        return Err(Error::invalid(format!(
+            "Data from secret {id} is not valid UTF-8"
+        )));
+    }
+    Ok(secret)
 }
 
 /// Unlocks the header at `base` of `storage` with the open's passphrase
