@@ -255,3 +255,19 @@ ls l.qcow2 2>&1 | head -1
     );
     assert!(out.starts_with("rc=0 \n1048576\n"), "{out}");
 }
+
+#[test]
+fn a_bitmap_merges_from_an_overlay_of_its_own_image() {
+    let out = alike(
+        r#"
+qemu-img create -q -f qcow2 base.qcow2 1M; qemu-img bitmap --add base.qcow2 b0
+qemu-img create -q -f qcow2 -F qcow2 -b base.qcow2 ov.qcow2; qemu-img bitmap --add ov.qcow2 b1
+qemu-io -f qcow2 -c 'write 0 64k' -c 'write 512k 64k' ov.qcow2 >/dev/null
+run $T bitmap --merge b1 -b ov.qcow2 -F qcow2 base.qcow2 b0; qemu-img check -q base.qcow2 && echo clean
+qemu-nbd -r -f qcow2 -B b0 -k "$PWD/s" base.qcow2 & sleep 0.5
+nbdinfo --map=qemu:dirty-bitmap:b0 "nbd+unix:///?socket=$PWD/s"; kill %1; wait
+"#,
+    );
+    assert!(out.starts_with("rc=0 \nclean\n"), "{out}");
+    assert_eq!(out.matches("dirty").count(), 2, "{out}");
+}

@@ -153,7 +153,14 @@ pub fn run(a: Args) -> CmdResult {
                 Some(fmt) => parse_format(Some(fmt))?,
                 None => parse_source_format(None, &sp)?,
             };
-            Some(open(&sp, sf, OpenOptions::default())?)
+            // Only the image's own bitmaps are read: its backing file is
+            // not opened (qemu-img's BDRV_O_NO_BACKING), so an overlay of
+            // the target merges into it.
+            let opts = OpenOptions {
+                no_backing: true,
+                ..OpenOptions::default()
+            };
+            Some(open(&sp, sf, opts)?)
         }
         None => None,
     };
