@@ -264,7 +264,8 @@ qemu-img create -q -f qcow2 base.qcow2 1M; qemu-img bitmap --add base.qcow2 b0
 qemu-img create -q -f qcow2 -F qcow2 -b base.qcow2 ov.qcow2; qemu-img bitmap --add ov.qcow2 b1
 qemu-io -f qcow2 -c 'write 0 64k' -c 'write 512k 64k' ov.qcow2 >/dev/null
 run $T bitmap --merge b1 -b ov.qcow2 -F qcow2 base.qcow2 b0; qemu-img check -q base.qcow2 && echo clean
-qemu-nbd -r -f qcow2 -B b0 -k "$PWD/s" base.qcow2 & sleep 0.5
+qemu-nbd -r -f qcow2 -B b0 -k "$PWD/s" base.qcow2 &
+for i in $(seq 200); do [ -S s ] && break; sleep 0.05; done
 nbdinfo --map=qemu:dirty-bitmap:b0 "nbd+unix:///?socket=$PWD/s"; kill %1; wait
 "#,
     );
