@@ -51,7 +51,7 @@ impl Cleanup {
         if let Some(d) = &p.device
             && let Err(e) = d.close()
         {
-            eprintln!("diskit: closing {}: {e}", d.describe());
+            eprintln!("{}: closing {}: {e}", crate::names::prog(), d.describe());
         }
         if let Some(s) = &p.socket {
             let _ = std::fs::remove_file(s);
