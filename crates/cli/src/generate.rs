@@ -25,7 +25,11 @@ fn commands() -> Vec<(Tool, clap::Command)> {
                 Some(sub) => crate::single_command(t, sub),
                 None => crate::multi_command(t),
             };
-            (t, cmd)
+            // A manual page's title holds one line of version.
+            let version = t.version();
+            let first = version.lines().next().unwrap_or_default();
+            let first = first.strip_prefix("version ").unwrap_or(first).to_string();
+            (t, cmd.version(first))
         })
         .collect()
 }

@@ -114,16 +114,14 @@ pub fn single_command(tool: Tool, sub: &str) -> clap::Command {
     let base = clap::Command::new(tool.name())
         .version(tool.version())
         .args_override_self(true);
+    // About after the arguments: the derive sets the Args struct's own.
     match sub {
-        "serve" => cmd::serve::command(cmd::serve::Args::augment_args(
-            base.about("An NBD server (nbdkit's command line), run by diskit"),
-        )),
-        "copy" => cmd::copy::Args::augment_args(
-            base.about("Copy to and from an NBD server (nbdcopy's command line), run by diskit"),
-        ),
-        _ => cmd::nbdinfo::Args::augment_args(
-            base.about("Show what an NBD server exports (nbdinfo's command line), run by diskit"),
-        ),
+        "serve" => cmd::serve::command(cmd::serve::Args::augment_args(base))
+            .about("An NBD server with nbdkit's command line, run by diskit"),
+        "copy" => cmd::copy::Args::augment_args(base)
+            .about("Copy to and from an NBD server (nbdcopy's command line), run by diskit"),
+        _ => cmd::nbdinfo::Args::augment_args(base)
+            .about("Show what an NBD server exports (nbdinfo's command line), run by diskit"),
     }
 }
 
