@@ -177,26 +177,41 @@ fn parse_failed(e: &clap::Error, sub: Option<&str>) -> u8 {
     }
 }
 
+/// Answers the options that print something about the tool and exit
+/// (whatever else the command line holds) of `serve` (nbdkit's, see
+/// [`cmd::serve::introspect`]), `copy` and `nbdinfo` (`--version`,
+/// `--long-options`, `--short-options`), whether run under the tool's
+/// name (`as_name`) or as a diskit subcommand; `None` for other lines.
+fn introspect(sub: &str, cmd: &clap::Command, args: &[OsString], as_name: bool) -> Option<u8> {
+    if sub == "serve" {
+        return cmd::serve::introspect::handle(cmd, args, as_name).map(finish);
+    }
+    let tool = match sub {
+        "copy" => Tool::Nbdcopy,
+        "nbdinfo" => Tool::Nbdinfo,
+        _ => return None,
+    };
+    let found = getopt::options(cmd, args, true);
+    let (name, _) = found.iter().find(|(n, _)| {
+        ["--long-options", "--short-options", "--version", "-V"].contains(&n.as_str())
+    })?;
+    if name == "--version" || name == "-V" {
+        println!("{} {}", tool.name(), tool.version());
+        return Some(0);
+    }
+    let extra = ["--help", "--version", "-V"];
+    for o in getopt::list(cmd, name == "--long-options", &extra) {
+        println!("{o}");
+    }
+    Some(0)
+}
+
 /// Runs `nbdkit`, `nbdcopy` or `nbdinfo`: diskit's subcommand `sub` with
 /// the words after the program name.
 fn run_single(tool: Tool, sub: &str, args: &[OsString]) -> u8 {
     let cmd = single_command(tool, sub);
-    let listing = getopt::options(&cmd, args, true)
-        .into_iter()
-        .find(|(n, _)| n == "--long-options" || n == "--short-options");
-    if sub == "serve" {
-        if let Some(r) = cmd::serve::introspect::handle(&cmd, args, true) {
-            return finish(r);
-        }
-    } else if let Some((name, _)) = listing {
-        for o in getopt::list(
-            &cmd,
-            name == "--long-options",
-            &["--help", "--version", "-V"],
-        ) {
-            println!("{o}");
-        }
-        return 0;
+    if let Some(code) = introspect(sub, &cmd, args, true) {
+        return code;
     }
     let words = std::iter::once(OsString::from(tool.name()))
         .chain(reorder(&cmd, sub, args))
@@ -254,10 +269,8 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
         }
         if let Some(sc) = cmd.find_subcommand(s) {
             let rest = &argv[i + 1..];
-            if s == "serve"
-                && let Some(r) = cmd::serve::introspect::handle(sc, rest, false)
-            {
-                return finish(r);
+            if let Some(code) = introspect(s, sc, rest, false) {
+                return code;
             }
             words.truncate(i + 1);
             words.extend(reorder(sc, s, rest));

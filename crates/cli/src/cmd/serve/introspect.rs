@@ -26,8 +26,8 @@ const EXTRA: &[&str] = &[
 ];
 
 /// Handles an introspection option of a `serve` (`nbdkit`, when
-/// `as_nbdkit`: `--help` and `--version` too) command line `args`;
-/// `None` when it has none.
+/// `as_nbdkit`: `--help` too; `diskit serve --help` is clap's) command
+/// line `args`; `None` when it has none.
 pub fn handle(cmd: &clap::Command, args: &[OsString], as_nbdkit: bool) -> Option<CmdResult> {
     let found = getopt::options(cmd, args, false);
     let has = |names: &[&str]| found.iter().any(|(n, _)| names.contains(&n.as_str()));
@@ -61,7 +61,7 @@ pub fn handle(cmd: &clap::Command, args: &[OsString], as_nbdkit: bool) -> Option
     if as_nbdkit && has(&["--help", "-h"]) {
         return Some(help(cmd, plugin.as_deref()));
     }
-    if as_nbdkit && has(&["--version", "-V"]) {
+    if has(&["--version", "-V"]) {
         return Some(version(plugin.as_deref(), &filters));
     }
     if has(&["--dump-plugin"]) {
