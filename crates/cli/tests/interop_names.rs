@@ -435,9 +435,12 @@ fn nbdkit_options_virt_v2v_passes_are_accepted() {
     assert_eq!(stdout(&ours).trim(), "1048576");
     // A debug flag not of nbdkit's shape, and the oldstyle protocol, are
     // refused with a reason.
-    let o = n.run("nbdkit", &["-D", "file", "null"]);
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("NAME.FLAG=N"), "{}", stderr(&o));
+    for args in [["-D", "file", "null"], ["--dump-plugin", "-r", "-r"]] {
+        let o = n.run("nbdkit", &args);
+        let theirs = n.real("nbdkit", &args);
+        assert_eq!(stderr(&o), stderr(&theirs), "{args:?}");
+        assert_eq!(code(&o), code(&theirs), "{args:?}");
+    }
     let o = n.run("nbdkit", &["-o", "null"]);
     assert_eq!(code(&o), 1);
     assert!(stderr(&o).contains("newstyle"), "{}", stderr(&o));

@@ -172,6 +172,11 @@ enum Opened {
     File(FileDevice),
 }
 
+/// An I/O error on `what`, as nbdcopy words it (`PATH: strerror`).
+fn io_error(what: &str, e: &std::io::Error) -> CliError {
+    CliError::new(format!("{what}: {}", crate::util::strerror(e)))
+}
+
 fn nbd_err(e: diskit_core::Error) -> CliError {
     CliError::new(e.to_string())
 }
@@ -203,14 +208,12 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
         }
         Side::Pipe => Ok(Opened::Stream(stdin_file()?)),
         Side::Local(path) => {
-            let meta =
-                std::fs::metadata(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
+            let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
             let ft = meta.file_type();
             if ft.is_file() || ft.is_block_device() {
                 Ok(Opened::Device(Box::new(open_file(path, false)?)))
             } else {
-                let f =
-                    std::fs::File::open(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
+                let f = std::fs::File::open(path).map_err(|e| io_error(path, &e))?;
                 Ok(Opened::Stream(f))
             }
         }
@@ -234,7 +237,7 @@ fn stdin_file() -> Result<std::fs::File, CliError> {
     let fd = std::io::stdin()
         .lock()
         .as_fd_dup()
-        .map_err(|e| CliError::new(format!("stdin: {e}")))?;
+        .map_err(|e| io_error("stdin", &e))?;
     Ok(fd)
 }
 
@@ -282,16 +285,13 @@ fn open_destination(
                     .write(true)
                     .create_new(true)
                     .open(path)
-                    .map_err(|e| CliError::new(format!("{path}: {e}")))?,
+                    .map_err(|e| io_error(path, &e))?,
             };
-            let ft = file
-                .metadata()
-                .map_err(|e| CliError::new(format!("{path}: {e}")))?
-                .file_type();
+            let ft = file.metadata().map_err(|e| io_error(path, &e))?.file_type();
             if ft.is_file() {
                 file.set_len(0)
                     .and_then(|_| file.set_len(src_size.unwrap_or(0)))
-                    .map_err(|e| CliError::new(format!("{path}: truncate: {e}")))?;
+                    .map_err(|e| io_error(&format!("{path}: truncate"), &e))?;
             }
             if !(ft.is_file() || ft.is_block_device()) {
                 return Ok((Opened::Stream(file), false));

@@ -78,9 +78,11 @@ impl NbdkitArgs {
     /// Checks the options against each other and against `ipaddr`.
     pub fn check(&self, ipaddr: Option<IpAddr>) -> Result<(), CliError> {
         if self.debug.iter().any(|f| !is_debug_flag(f)) {
-            return Err(CliError::new(
-                "-D (Debug Flag) must have the format NAME.FLAG=N",
-            ));
+            // nbdkit's words, without "error:" (the prefix is written here).
+            return Err(CliError::new(format!(
+                "{}: -D (Debug Flag) must have the format NAME.FLAG=N",
+                crate::names::prog()
+            )));
         }
         if self.oldstyle {
             return Err(CliError::new(

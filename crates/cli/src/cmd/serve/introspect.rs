@@ -182,11 +182,14 @@ fn check_filters(filters: &[String]) -> Result<(), CliError> {
 /// built-in ones.
 fn dump_plugin(name: Option<&str>, filters: &[String]) -> CmdResult {
     let Some(name) = name else {
-        return Err(CliError::new(
-            "use 'nbdkit plugin --dump-plugin' or\n\
+        // nbdkit's words, without its "error:" (the prefix is written
+        // here, so that it is not added).
+        return Err(CliError::new(format!(
+            "{}: use 'nbdkit plugin --dump-plugin' or\n\
              'nbdkit /path/to/plugin.so --dump-plugin' or\n\
              if you want to find out about the server use --dump-config",
-        ));
+            crate::names::prog()
+        )));
     };
     check_filters(filters)?;
     let p = plugin::find(name)?;
