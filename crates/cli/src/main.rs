@@ -94,8 +94,8 @@ pub fn multi_command(tool: Tool) -> clap::Command {
     let mut c = Cli::command()
         .name(tool.name())
         .bin_name(tool.name())
+        // A global setting: every subcommand takes it.
         .args_override_self(true)
-        .mut_subcommands(|s| s.args_override_self(true))
         .mut_subcommand("serve", cmd::serve::command);
     if tool == Tool::QemuImg {
         c = c
