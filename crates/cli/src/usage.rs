@@ -79,6 +79,9 @@ pub fn word(e: &clap::Error, sub: Option<&str>) -> UsageError {
             let missing = context_strings(e, ContextKind::InvalidArg);
             let files_only = !missing.is_empty() && missing.iter().all(|m| is_positional(m));
             match sub.and_then(missing_files_message) {
+                Some(_) if files_only && names::current() == Tool::Nbdkit => {
+                    "no plugins given on the command line.".to_string()
+                }
                 Some(m) if files_only => m.to_string(),
                 _ if missing.is_empty() => "a required argument is missing".to_string(),
                 _ => format!("missing required argument: {}", missing.join(", ")),

@@ -509,7 +509,10 @@ fn a_missing_file_is_reported_as_the_real_tools_report_it() {
         assert_eq!(code(&ours), code(&theirs), "{tool} {args:?}");
         assert!(!stderr(&ours).contains("os error"), "{}", stderr(&ours));
     }
-    // Usage errors carry the name run as.
+    // Usage errors carry the name run as, in the tool's words.
+    let o = n.run("nbdkit", &[]);
+    assert_eq!(stderr(&o), stderr(&n.real("nbdkit", &[])));
+    assert_eq!(code(&o), 1);
     let o = n.run("qemu-img", &["info", "--bogus", gone]);
     let theirs = n.real("qemu-img", &["info", "--bogus", gone]);
     assert_eq!(stderr(&o), stderr(&theirs));
