@@ -1,17 +1,24 @@
 //! `diskit`: one command line for disk images, shaped like qemu-img's.
 //!
 //! Subcommands, options, human and JSON output and exit codes follow
-//! qemu-img, so scripts written for qemu-img work with diskit.
+//! qemu-img, so scripts written for qemu-img work with diskit. Run under
+//! the name `qemu-img`, `nbdkit`, `nbdcopy` or `nbdinfo` (a link), it
+//! takes that tool's command line (see [`names`]).
 
 mod cmd;
+mod generate;
+mod getopt;
+mod names;
 mod progress;
 mod qjson;
 mod usage;
 mod util;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Args as _, CommandFactory, FromArgMatches, Parser, Subcommand};
+use names::Tool;
 
 /// diskit: virtual disk images and the Network Block Device protocol.
 #[derive(Parser, Debug)]
@@ -77,52 +84,216 @@ enum Command {
 /// The outcome of a command: an exit status, or an error to report.
 pub type CmdResult = Result<u8, util::CliError>;
 
+/// diskit's subcommands that are not qemu-img's.
+const NOT_QEMU_IMG: [&str; 3] = ["serve", "nbdinfo", "copy"];
+
+/// The command line of `tool` when it has subcommands (diskit, qemu-img):
+/// getopt's conventions on top of the derived one (a repeated option
+/// is taken, the last one winning where it does not accumulate).
+pub fn multi_command(tool: Tool) -> clap::Command {
+    let mut c = Cli::command()
+        .name(tool.name())
+        .bin_name(tool.name())
+        // A global setting: every subcommand takes it.
+        .args_override_self(true)
+        .mut_subcommand("serve", cmd::serve::command);
+    if tool == Tool::QemuImg {
+        c = c
+            .version(tool.version())
+            .about("qemu-img's command line, run by diskit");
+        for name in NOT_QEMU_IMG {
+            c = c.mut_subcommand(name, |s| s.hide(true));
+        }
+    }
+    c
+}
+
+/// The command line of a single-command name (`nbdkit`, `nbdcopy`,
+/// `nbdinfo`) running diskit's subcommand `sub`.
+pub fn single_command(tool: Tool, sub: &str) -> clap::Command {
+    let base = clap::Command::new(tool.name())
+        .version(tool.version())
+        .args_override_self(true);
+    // About after the arguments: the derive sets the Args struct's own.
+    match sub {
+        "serve" => cmd::serve::command(cmd::serve::Args::augment_args(base))
+            .about("An NBD server with nbdkit's command line, run by diskit"),
+        "copy" => cmd::copy::Args::augment_args(base)
+            .about("Copy to and from an NBD server (nbdcopy's command line), run by diskit"),
+        _ => cmd::nbdinfo::Args::augment_args(base)
+            .about("Show what an NBD server exports (nbdinfo's command line), run by diskit"),
+    }
+}
+
+/// The arguments of subcommand `sub` as clap is to see them: `copy` and
+/// `nbdinfo` keep their positional words verbatim, so options after them
+/// are moved in front, as getopt does.
+fn reorder(cmd: &clap::Command, sub: &str, args: &[OsString]) -> Vec<OsString> {
+    match sub {
+        "copy" | "nbdinfo" => getopt::permute(cmd, args, true),
+        _ => args.to_vec(),
+    }
+}
+
 fn main() -> ExitCode {
     // Writing to a closed pipe ends the program quietly, as C tools do.
     // SAFETY: setting a signal disposition to its default has no preconditions.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            use clap::error::ErrorKind as K;
-            if matches!(
-                e.kind(),
-                K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
-                let _ = e.print();
-                return ExitCode::from(
-                    if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand {
-                        1
-                    } else {
-                        0
-                    },
-                );
-            }
-            let args: Vec<String> = std::env::args().collect();
-            let names: Vec<String> = Cli::command()
-                .get_subcommands()
-                .map(|c| c.get_name().to_string())
-                .collect();
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            let sub = usage::subcommand_of(&args, &names);
-            let err = usage::word(&e, sub.as_deref());
-            err.print();
-            return ExitCode::from(err.code);
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let tool = Tool::from_argv0(argv.first().map(OsString::as_os_str));
+    names::set(tool);
+    if tool == Tool::Diskit
+        && let Some(code) = generate::run_if_asked(&argv)
+    {
+        return ExitCode::from(code);
+    }
+    let code = match tool.subcommand() {
+        Some(sub) => run_single(tool, sub, &argv[1..]),
+        None => run_multi(tool, &argv),
+    };
+    ExitCode::from(code)
+}
+
+/// Prints a clap error as the tool run as prints usage errors; the exit
+/// status.
+fn parse_failed(e: &clap::Error, sub: Option<&str>) -> u8 {
+    use clap::error::ErrorKind as K;
+    match e.kind() {
+        K::DisplayHelp | K::DisplayVersion => {
+            let _ = e.print();
+            0
         }
+        K::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            1
+        }
+        _ => {
+            let err = usage::word(e, sub);
+            err.print();
+            err.code
+        }
+    }
+}
+
+/// Answers the options that print something about the tool and exit
+/// (whatever else the command line holds) of `serve` (nbdkit's, see
+/// [`cmd::serve::introspect`]), `copy` and `nbdinfo` (`--version`,
+/// `--long-options`, `--short-options`), whether run under the tool's
+/// name (`as_name`) or as a diskit subcommand; `None` for other lines.
+fn introspect(sub: &str, cmd: &clap::Command, args: &[OsString], as_name: bool) -> Option<u8> {
+    if sub == "serve" {
+        return cmd::serve::introspect::handle(cmd, args, as_name).map(finish);
+    }
+    let tool = match sub {
+        "copy" => Tool::Nbdcopy,
+        "nbdinfo" => Tool::Nbdinfo,
+        _ => return None,
+    };
+    let found = getopt::options(cmd, args, true);
+    let (name, _) = found.iter().find(|(n, _)| {
+        ["--long-options", "--short-options", "--version", "-V"].contains(&n.as_str())
+    })?;
+    if name == "--version" || name == "-V" {
+        println!("{} {}", tool.name(), tool.version());
+        return Some(0);
+    }
+    let extra = ["--help", "--version", "-V"];
+    for o in getopt::list(cmd, name == "--long-options", &extra) {
+        println!("{o}");
+    }
+    Some(0)
+}
+
+/// Runs `nbdkit`, `nbdcopy` or `nbdinfo`: diskit's subcommand `sub` with
+/// the words after the program name.
+fn run_single(tool: Tool, sub: &str, args: &[OsString]) -> u8 {
+    let cmd = single_command(tool, sub);
+    if let Some(code) = introspect(sub, &cmd, args, true) {
+        return code;
+    }
+    let words = std::iter::once(OsString::from(tool.name()))
+        .chain(reorder(&cmd, sub, args))
+        .collect::<Vec<_>>();
+    let matches = match cmd.try_get_matches_from(words) {
+        Ok(m) => m,
+        Err(e) => return parse_failed(&e, Some(sub)),
+    };
+    let result = match sub {
+        "serve" => cmd::serve::Args::from_arg_matches(&matches).map(cmd::serve::run),
+        "copy" => cmd::copy::Args::from_arg_matches(&matches).map(cmd::copy::run),
+        _ => cmd::nbdinfo::Args::from_arg_matches(&matches).map(cmd::nbdinfo::run),
+    };
+    match result {
+        Ok(r) => finish(r),
+        Err(e) => parse_failed(&e, Some(sub)),
+    }
+}
+
+/// Where the subcommand is among diskit's (or qemu-img's) arguments: the
+/// first word that is neither an option nor --object's value.
+fn subcommand_index(argv: &[OsString]) -> Option<usize> {
+    let mut i = 1;
+    while i < argv.len() {
+        let w = argv[i].to_string_lossy();
+        if w == "--object" {
+            i += 2;
+        } else if w.starts_with('-') {
+            i += 1;
+        } else {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Runs `diskit SUBCOMMAND ...` or `qemu-img SUBCOMMAND ...`.
+fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
+    let cmd = multi_command(tool);
+    if tool == Tool::QemuImg && argv.len() < 2 {
+        eprintln!("qemu-img: Not enough arguments");
+        eprintln!("{}", names::hint(None));
+        return 1;
+    }
+    let index = subcommand_index(argv);
+    let sub = index.map(|i| argv[i].to_string_lossy().into_owned());
+    // The subcommand usage errors name, when it is one.
+    let named = sub.clone().filter(|s| cmd.find_subcommand(s).is_some());
+    let mut words = argv.to_vec();
+    if let (Some(i), Some(s)) = (index, sub.as_deref()) {
+        if tool == Tool::QemuImg && NOT_QEMU_IMG.contains(&s) {
+            eprintln!("{}: Command not found: {s}", tool.name());
+            eprintln!("{}", names::hint(None));
+            return 1;
+        }
+        if let Some(sc) = cmd.find_subcommand(s) {
+            let rest = &argv[i + 1..];
+            if let Some(code) = introspect(s, sc, rest, false) {
+                return code;
+            }
+            words.truncate(i + 1);
+            words.extend(reorder(sc, s, rest));
+        }
+    }
+    let cli = match cmd
+        .try_get_matches_from(words)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(c) => c,
+        Err(e) => return parse_failed(&e, named.as_deref()),
     };
     for def in &cli.object {
         if let Err(e) = diskit_open::define_object(def) {
-            eprintln!("diskit: {e}");
-            return ExitCode::from(1);
+            names::print_error(&e.to_string());
+            return 1;
         }
     }
     util::set_open_policy(util::OpenPolicy {
         image_opts: cli.image_opts,
         untrusted: cli.untrusted,
     });
-    let result = match cli.command {
+    finish(match cli.command {
         Command::Create(a) => cmd::create::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Map(a) => cmd::map::run(a),
@@ -141,14 +312,16 @@ fn main() -> ExitCode {
         Command::Dd(a) => cmd::dd::run(a),
         Command::Bitmap(a) => cmd::bitmap::run(a),
         Command::Bench(a) => cmd::bench::run(a),
-    };
+    })
+}
+
+/// The exit status of a command's outcome, its error printed.
+fn finish(result: CmdResult) -> u8 {
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(e) => {
-            // Only the first line carries the prefix: later lines are hints,
-            // or carry their own prefix (a second message).
-            eprintln!("diskit: {}", e.message);
-            ExitCode::from(e.code)
+            names::print_error(&e.message);
+            e.code
         }
     }
 }

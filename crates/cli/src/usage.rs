@@ -7,6 +7,8 @@
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
+use crate::names::{self, Tool};
+
 /// The lines to print for a usage error, and the exit status.
 pub struct UsageError {
     /// The message, without the program prefix.
@@ -15,31 +17,24 @@ pub struct UsageError {
     pub subcommand: Option<String>,
     /// The exit status.
     pub code: u8,
+    /// Whether it is getopt's complaint about an unknown option.
+    pub getopt: bool,
 }
 
 impl UsageError {
-    /// Prints the error as qemu-img prints its usage errors.
+    /// Prints the error as the tool run as prints its usage errors (the
+    /// program name from [`names`]): qemu-img names the subcommand in
+    /// getopt's complaints about options (`qemu-img info: unrecognized
+    /// option '--x'`).
     pub fn print(&self) {
-        match &self.subcommand {
-            Some(sub) => {
-                eprintln!("diskit: {}", self.message);
-                eprintln!("Try 'diskit {sub} --help' for more info");
-            }
-            None => {
-                eprintln!("diskit: {}", self.message);
-                eprintln!("Try 'diskit --help' for more info");
-            }
+        let prog = names::prog();
+        let message = names::strip_os_error(&self.message);
+        match (&self.subcommand, names::current()) {
+            (Some(sub), Tool::QemuImg) if self.getopt => eprintln!("{prog} {sub}: {message}"),
+            _ => eprintln!("{prog}: {message}"),
         }
+        eprintln!("{}", names::hint(self.subcommand.as_deref()));
     }
-}
-
-/// The subcommand a command line names: the first argument that is one of
-/// `names` (global flags may come before it).
-pub fn subcommand_of(args: &[String], names: &[&str]) -> Option<String> {
-    args.iter()
-        .skip(1)
-        .find(|a| names.contains(&a.as_str()))
-        .cloned()
 }
 
 /// What qemu-img says when a subcommand's file names are missing.
@@ -84,6 +79,9 @@ pub fn word(e: &clap::Error, sub: Option<&str>) -> UsageError {
             let missing = context_strings(e, ContextKind::InvalidArg);
             let files_only = !missing.is_empty() && missing.iter().all(|m| is_positional(m));
             match sub.and_then(missing_files_message) {
+                Some(_) if files_only && names::current() == Tool::Nbdkit => {
+                    "no plugins given on the command line.".to_string()
+                }
                 Some(m) if files_only => m.to_string(),
                 _ if missing.is_empty() => "a required argument is missing".to_string(),
                 _ => format!("missing required argument: {}", missing.join(", ")),
@@ -128,10 +126,12 @@ pub fn word(e: &clap::Error, sub: Option<&str>) -> UsageError {
             first.strip_prefix("error: ").unwrap_or(first).to_string()
         }
     };
+    let getopt = e.kind() == ErrorKind::UnknownArgument && message.starts_with("unrecognized");
     UsageError {
         message,
         subcommand: sub.map(str::to_string),
         code,
+        getopt,
     }
 }
 
@@ -143,17 +143,5 @@ mod tests {
     fn positional_names_are_recognised() {
         assert!(is_positional("<FILENAME>"));
         assert!(!is_positional("--size <SIZE>"));
-    }
-
-    #[test]
-    fn subcommand_is_found_after_global_flags() {
-        let args: Vec<String> = ["diskit", "--untrusted", "info", "x"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(
-            subcommand_of(&args, &["info", "map"]).as_deref(),
-            Some("info")
-        );
     }
 }

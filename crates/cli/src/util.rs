@@ -28,8 +28,9 @@ impl CliError {
     /// A usage error of subcommand `cmd`, with the hint qemu-img adds.
     pub fn usage(cmd: &str, message: impl Into<String>) -> CliError {
         CliError::new(format!(
-            "{}\nTry 'diskit {cmd} --help' for more info",
-            message.into()
+            "{}\n{}",
+            message.into(),
+            crate::names::hint(Some(cmd))
         ))
     }
 
@@ -44,6 +45,12 @@ impl From<Error> for CliError {
     fn from(e: Error) -> CliError {
         CliError::new(e.to_string())
     }
+}
+
+/// An I/O error's text as C's strerror gives it (Rust's Display adds
+/// " (os error N)").
+pub fn strerror(e: &std::io::Error) -> String {
+    crate::names::strip_os_error(&e.to_string())
 }
 
 /// Parses a `-f`/`-O` format name.

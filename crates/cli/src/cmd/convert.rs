@@ -467,7 +467,10 @@ fn source_bitmaps(img: &Image, skip_broken: bool) -> Result<Vec<NewBitmap>, CliE
         let name = b.name.clone();
         if b.in_use {
             if skip_broken {
-                eprintln!("diskit: warning: Skipping inconsistent bitmap '{name}'");
+                eprintln!(
+                    "{}: warning: Skipping inconsistent bitmap '{name}'",
+                    crate::names::prog()
+                );
                 continue;
             }
             return Err(CliError::new(format!(

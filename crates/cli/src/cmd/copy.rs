@@ -172,6 +172,11 @@ enum Opened {
     File(FileDevice),
 }
 
+/// An I/O error on `what`, as nbdcopy words it (`PATH: strerror`).
+fn io_error(what: &str, e: &std::io::Error) -> CliError {
+    CliError::new(format!("{what}: {}", crate::util::strerror(e)))
+}
+
 fn nbd_err(e: diskit_core::Error) -> CliError {
     CliError::new(e.to_string())
 }
@@ -203,8 +208,7 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
         }
         Side::Pipe => Ok(Opened::Stream(stdin_file()?)),
         Side::Local(path) => {
-            let meta =
-                std::fs::metadata(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
+            let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
             let ft = meta.file_type();
             if ft.is_file() || ft.is_block_device() {
                 let dev = open_file(path, false)?;
@@ -215,8 +219,7 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
                 }
                 Ok(Opened::Device(Box::new(dev)))
             } else {
-                let f =
-                    std::fs::File::open(path).map_err(|e| CliError::new(format!("{path}: {e}")))?;
+                let f = std::fs::File::open(path).map_err(|e| io_error(path, &e))?;
                 Ok(Opened::Stream(f))
             }
         }
@@ -240,7 +243,7 @@ fn stdin_file() -> Result<std::fs::File, CliError> {
     let fd = std::io::stdin()
         .lock()
         .as_fd_dup()
-        .map_err(|e| CliError::new(format!("stdin: {e}")))?;
+        .map_err(|e| io_error("stdin", &e))?;
     Ok(fd)
 }
 
@@ -292,12 +295,9 @@ fn open_destination(
                     .write(true)
                     .create_new(true)
                     .open(path)
-                    .map_err(|e| CliError::new(format!("{path}: {e}")))?,
+                    .map_err(|e| io_error(path, &e))?,
             };
-            let ft = file
-                .metadata()
-                .map_err(|e| CliError::new(format!("{path}: {e}")))?
-                .file_type();
+            let ft = file.metadata().map_err(|e| io_error(path, &e))?.file_type();
             if !(ft.is_file() || ft.is_block_device()) {
                 return Ok((Opened::Stream(file), false));
             }

@@ -113,7 +113,10 @@ pub fn run(a: Args) -> CmdResult {
     let mut in_pos = match skip_bytes {
         Some(b) => b,
         None => {
-            eprintln!("diskit: {input}: cannot skip to specified offset");
+            eprintln!(
+                "{}: {input}: cannot skip to specified offset",
+                crate::names::prog()
+            );
             size
         }
     };

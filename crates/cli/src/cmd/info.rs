@@ -384,7 +384,7 @@ impl Specific {
             return Ok(None);
         };
         for w in &info.warnings {
-            eprintln!("diskit: warning: {w}");
+            eprintln!("{}: warning: {w}", crate::names::prog());
         }
         Ok(Some(Specific {
             full_backing_filename: info

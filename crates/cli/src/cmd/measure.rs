@@ -61,7 +61,8 @@ pub fn run(a: Args) -> CmdResult {
     };
     let invalid_options = |e: diskit_core::Error, fmt: Format| {
         CliError::new(format!(
-            "{e}\ndiskit: Invalid options for file format '{fmt}'"
+            "{e}\n{}: Invalid options for file format '{fmt}'",
+            crate::names::prog()
         ))
     };
     let driver = out_format.driver();

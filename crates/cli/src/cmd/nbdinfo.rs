@@ -43,6 +43,9 @@ pub struct Args {
     /// Do not guess the content with file(1).
     #[arg(long = "no-content")]
     no_content: bool,
+    /// Guess the content with file(1) (the default, but for --list).
+    #[arg(long = "content", overrides_with = "no_content")]
+    content: bool,
     /// The NBD URI, or `[ CMD ARGS ... ]`: a server run for the query
     /// with socket activation.
     #[arg(trailing_var_arg = true, num_args = 1.., required = true, value_name = "URI")]
@@ -99,7 +102,9 @@ fn export_uri(u: &NbdUri, export: &str) -> String {
 /// is an error); returns the stream, encrypted with `tls`, and the
 /// greeting.
 fn open(u: &NbdUri, tls: Option<&ClientTls>) -> Result<(Stream, Greeting), CliError> {
-    let mut s: Stream = connect_stream(u).map_err(err)?;
+    // libnbd's words for a server that cannot be reached.
+    let mut s: Stream = connect_stream(u)
+        .map_err(|e| CliError::new(format!("nbdinfo: nbd_connect_uri: connect: {}", e.detail())))?;
     let greeting = handshake::hello(&mut s).map_err(err)?;
     let Some(tls) = tls else {
         return Ok((s, greeting));
@@ -511,7 +516,7 @@ pub fn run(mut a: Args) -> CmdResult {
     let mut exports = Vec::new();
     for name in names {
         let mut e = inspect(&u, tls.as_ref(), &name)?;
-        if !a.list && !a.no_content {
+        if a.content || (!a.list && !a.no_content) {
             e.content = content(&a.uri);
         }
         exports.push(e);

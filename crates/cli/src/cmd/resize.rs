@@ -78,11 +78,12 @@ pub fn run(a: Args) -> CmdResult {
         ));
     }
     if new_size < current && !a.shrink {
-        return Err(CliError::new(
+        return Err(CliError::new(format!(
             "Use the --shrink option to perform a shrink operation.\n\
-             diskit: warning: Shrinking an image will delete all data beyond the shrunken image's end. \
+             {}: warning: Shrinking an image will delete all data beyond the shrunken image's end. \
              Before performing such an operation, make sure there is no important data there.",
-        ));
+            crate::names::prog()
+        )));
     }
     let done = img
         .ops

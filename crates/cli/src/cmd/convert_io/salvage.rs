@@ -26,7 +26,8 @@ impl Filter for Salvage {
             let piece = &mut buf[at..at + n];
             if let Err(e) = next.read_at(piece, pos) {
                 eprintln!(
-                    "diskit: warning: error while reading offset {pos}: {}",
+                    "{}: warning: error while reading offset {pos}: {}",
+                    crate::names::prog(),
                     e.kind().description()
                 );
                 piece.fill(0);

@@ -51,7 +51,7 @@ impl Cleanup {
         if let Some(d) = &p.device
             && let Err(e) = d.close()
         {
-            eprintln!("diskit: closing {}: {e}", d.describe());
+            eprintln!("{}: closing {}: {e}", crate::names::prog(), d.describe());
         }
         if let Some(s) = &p.socket {
             let _ = std::fs::remove_file(s);
@@ -121,8 +121,13 @@ pub fn ignore_sigpipe() {
 
 /// Writes this process's id to `path`.
 pub fn write_pidfile(path: &PathBuf) -> Result<(), CliError> {
-    std::fs::write(path, format!("{}\n", std::process::id()))
-        .map_err(|e| CliError::new(format!("cannot write pid file {}: {e}", path.display())))
+    std::fs::write(path, format!("{}\n", std::process::id())).map_err(|e| {
+        CliError::new(format!(
+            "cannot write pid file {}: {}",
+            path.display(),
+            crate::util::strerror(&e)
+        ))
+    })
 }
 
 /// The variables `--run` sets for its command.

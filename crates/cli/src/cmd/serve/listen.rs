@@ -21,15 +21,24 @@ pub enum Listener {
 impl Listener {
     /// Binds a Unix socket at `path`.
     pub fn unix(path: &Path) -> Result<Listener, CliError> {
-        let l = UnixListener::bind(path)
-            .map_err(|e| CliError::new(format!("cannot listen on {}: {e}", path.display())))?;
+        let l = UnixListener::bind(path).map_err(|e| {
+            CliError::new(format!(
+                "cannot listen on {}: {}",
+                path.display(),
+                crate::util::strerror(&e)
+            ))
+        })?;
         Ok(Listener::Unix(l, path.to_path_buf()))
     }
 
     /// Binds TCP `port` (0: any free port) on `addr`.
     pub fn tcp(addr: IpAddr, port: u16) -> Result<Listener, CliError> {
-        let l = TcpListener::bind((addr, port))
-            .map_err(|e| CliError::new(format!("cannot listen on {addr} port {port}: {e}")))?;
+        let l = TcpListener::bind((addr, port)).map_err(|e| {
+            CliError::new(format!(
+                "cannot listen on {addr} port {port}: {}",
+                crate::util::strerror(&e)
+            ))
+        })?;
         Ok(Listener::Tcp(l))
     }
 

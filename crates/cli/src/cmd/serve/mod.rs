@@ -13,8 +13,10 @@
 //! Without -f, --run, -s or socket activation the server forks into the
 //! background once it listens (see [`daemon`]).
 
+mod compat;
 mod daemon;
 mod filters;
+pub mod introspect;
 mod lifecycle;
 mod listen;
 mod nbd_plugin;
@@ -109,6 +111,9 @@ pub struct Args {
     /// TLS options.
     #[command(flatten)]
     tls: tls::TlsArgs,
+    /// nbdkit's options with nothing else to do here.
+    #[command(flatten)]
+    nbdkit: compat::NbdkitArgs,
     /// A filter over the plugin (repeatable; the first is the outermost,
     /// closest to the client). Its key=value parameters go with the plugin's.
     #[arg(long = "filter", value_name = "NAME")]
@@ -126,6 +131,11 @@ fn plugin_help() -> String {
     plugin::help() + &filters::help()
 }
 
+/// `serve`'s command with nbdkit's other spellings of its options.
+pub fn command(cmd: clap::Command) -> clap::Command {
+    compat::aliases(cmd)
+}
+
 /// Runs `serve`.
 pub fn run(a: Args) -> CmdResult {
     if a.unix.is_some() && a.port.is_some() {
@@ -139,10 +149,12 @@ pub fn run(a: Args) -> CmdResult {
             "-s cannot be used with socket activation (a socket was passed in LISTEN_FDS)",
         ));
     }
+    a.nbdkit.check(a.ipaddr)?;
     if a.exit_with_parent {
         lifecycle::exit_with_parent()?;
     }
     let routed = filters::route(&a.plugin, &a.filters, &a.args)?;
+    a.nbdkit.apply_log()?;
     lifecycle::ignore_sigpipe();
 
     if a.single {
@@ -156,6 +168,7 @@ pub fn run(a: Args) -> CmdResult {
 
     let mut tempdir = None;
     let mut created_socket = None;
+    let label = a.nbdkit.label_sockets()?;
     let activated = if a.unix.is_none() && a.port.is_none() {
         Listener::from_socket_activation()?
     } else {
@@ -179,10 +192,11 @@ pub fn run(a: Args) -> CmdResult {
             l
         }
         (None, port) => Listener::tcp(
-            a.ipaddr.unwrap_or(IpAddr::from([0, 0, 0, 0])),
+            a.ipaddr.unwrap_or(a.nbdkit.default_addr()),
             port.unwrap_or(NBD_PORT),
         )?,
     };
+    drop(label);
     let foreground = a.foreground || a.run.is_some() || activated_socket || a.exit_with_parent;
     // The daemon runs in / once ready: the files it removes need absolute
     // paths.
@@ -237,7 +251,7 @@ pub fn run(a: Args) -> CmdResult {
         println!("{uri}");
     }
     if a.verbose {
-        eprintln!("diskit: serving {} at {uri}", a.plugin);
+        eprintln!("{}: serving {} at {uri}", crate::names::prog(), a.plugin);
     }
     if let Some(r) = ready {
         r.signal();
@@ -318,7 +332,8 @@ fn report_exports(server: &Server) {
     for e in server.exports().iter() {
         let snap = e.stats().snapshot();
         eprintln!(
-            "diskit: export '{}': {} connections, {}",
+            "{}: export '{}': {} connections, {}",
+            crate::names::prog(),
             e.name(),
             snap.connections,
             snap.summary()

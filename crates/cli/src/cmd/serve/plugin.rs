@@ -156,6 +156,14 @@ fn plain(device: DeviceRef) -> Result<Opened, CliError> {
 
 fn open_file(kv: &PluginArgs, readonly: bool) -> Result<Opened, CliError> {
     let path = PathBuf::from(&kv["file"]);
+    // nbdkit's file plugin resolves the name first, with this message.
+    std::fs::canonicalize(&path).map_err(|e| {
+        CliError::new(format!(
+            "realpath: {}: {}",
+            path.display(),
+            crate::util::strerror(&e)
+        ))
+    })?;
     let opts = FileOptions {
         writable: !readonly,
         ..FileOptions::default()
@@ -226,7 +234,7 @@ pub fn is_key(s: &str) -> bool {
 }
 
 /// The plugin's row, or an error listing the plugins.
-fn find(plugin: &str) -> Result<&'static Plugin, CliError> {
+pub fn find(plugin: &str) -> Result<&'static Plugin, CliError> {
     PLUGINS.iter().find(|p| p.name == plugin).ok_or_else(|| {
         let names: Vec<&str> = PLUGINS.iter().map(|p| p.name).collect();
         CliError::new(format!(

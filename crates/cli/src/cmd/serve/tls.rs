@@ -75,7 +75,8 @@ impl TlsArgs {
             // As in nbdkit, the keys override certificate authentication.
             if self.tls_certificates.is_some() || self.tls_verify_peer {
                 eprintln!(
-                    "diskit: warning: --tls-psk overrides --tls-certificates and --tls-verify-peer"
+                    "{}: warning: --tls-psk overrides --tls-certificates and --tls-verify-peer",
+                    crate::names::prog()
                 );
             }
             return psk_config(mode, psk).map(Some);
