@@ -153,13 +153,17 @@ pub fn print_error(message: &str) {
     let prog = prog();
     // Messages that name the tool already (nbdinfo's) are not named twice.
     let own = format!("{prog}: ");
-    if message.starts_with(&own) {
-        eprintln!("{message}");
+    let line = if message.starts_with(&own) {
+        message
     } else if current() == Tool::Nbdkit {
-        eprintln!("{prog}: error: {message}");
+        format!("{prog}: error: {message}")
     } else {
-        eprintln!("{prog}: {message}");
-    }
+        format!("{prog}: {message}")
+    };
+    // A standard error that cannot be written (a full disk, a closed
+    // pipe) loses the message, not the exit status: no panic.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 #[cfg(test)]
