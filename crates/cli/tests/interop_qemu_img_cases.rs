@@ -272,3 +272,28 @@ nbdinfo --map=qemu:dirty-bitmap:b0 "nbd+unix:///?socket=$PWD/s"; kill %1; wait
     assert!(out.starts_with("rc=0 \nclean\n"), "{out}");
     assert_eq!(out.matches("dirty").count(), 2, "{out}");
 }
+
+#[test]
+fn convert_s0_allocates_everything_and_b_leaves_zeros_past_the_backing_end() {
+    let out = alike(
+        r#"
+qemu-img create -q -f qcow2 src.qcow2 1M; qemu-io -f qcow2 -c 'write -P 0x11 0 64k' -c 'write -z 128k 64k' src.qcow2 > /dev/null
+$T convert -S 0 -O qcow2 src.qcow2 o.qcow2; qemu-img map --output=json o.qcow2; qemu-img compare src.qcow2 o.qcow2
+$T convert -S 0 -O raw src.qcow2 o.raw; qemu-img map --output=json -f raw o.raw; du -k o.raw | cut -f1
+qemu-img create -q -f qcow2 -o compat=0.10 b.qcow2 512k; qemu-io -f qcow2 -c 'write -P 0x22 0 512k' b.qcow2 >/dev/null
+qemu-img create -q -f qcow2 s2.qcow2 1M
+qemu-io -f qcow2 -c 'write -P 0x22 0 512k' -c 'write -P 0x33 900k 4k' s2.qcow2 >/dev/null
+for compat in 0.10 1.1; do
+  rm -f o2.qcow2; $T convert -O qcow2 -B b.qcow2 -F qcow2 -o compat=$compat s2.qcow2 o2.qcow2
+  # What lies past the backing file's end and reads as zeros is not written.
+  qemu-img map --output=json o2.qcow2 | grep -E '"start": (0|524288|983040),'
+  qemu-img compare s2.qcow2 o2.qcow2; qemu-img check -q o2.qcow2 && echo clean
+done
+"#,
+    );
+    assert!(
+        out.starts_with(r#"[{ "start": 0, "length": 1048576, "depth": 0, "present": true, "zero": false, "data": true"#),
+        "{out}"
+    );
+    assert!(out.contains(r#"{ "start": 524288, "length": 393216, "depth": 0, "present": false, "zero": true, "data": false"#), "{out}");
+}

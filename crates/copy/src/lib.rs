@@ -61,6 +61,22 @@ pub struct CopyOptions {
     /// destination has the same backing file (`convert -B`). Everything
     /// else, zeros included, is written.
     pub skip_backing: bool,
+    /// The destination reads as zeros from this offset on already (a new
+    /// image past the end of its backing file, `convert -B`, as qemu-img
+    /// knows it): ranges the source says are zeros are left alone there,
+    /// `allocated` or not (zeros found inside data are written).
+    pub zeros_from: u64,
+}
+
+/// How much of the zero range at `offset` (`len` bytes) must be written:
+/// none where the destination reads as zeros already (`skip`), else the
+/// part before `zeros_from`.
+fn zeros_to_write(skip: bool, zeros_from: u64, offset: u64, len: u64) -> u64 {
+    if skip {
+        0
+    } else {
+        zeros_from.saturating_sub(offset).min(len)
+    }
 }
 
 impl Default for CopyOptions {
@@ -77,6 +93,7 @@ impl Default for CopyOptions {
             requests: 64,
             zero_alignment: 1,
             skip_backing: false,
+            zeros_from: u64::MAX,
         }
     }
 }
@@ -372,8 +389,11 @@ impl<D: BlockDevice + ?Sized + 'static> ReadSink for CopySink<D> {
     }
 
     fn zeros(&self, offset: u64, len: u64) -> Result<()> {
-        if self.skip_zeros {
-            sync::lock(&self.state.stats).skipped_bytes += len;
+        let n = zeros_to_write(self.skip_zeros, u64::MAX, offset, len);
+        if n < len {
+            sync::lock(&self.state.stats).skipped_bytes += len - n;
+        }
+        if n == 0 {
             return Ok(());
         }
         let flags = ZeroFlags {
@@ -381,9 +401,9 @@ impl<D: BlockDevice + ?Sized + 'static> ReadSink for CopySink<D> {
             ..Default::default()
         };
         self.dst
-            .write_zeroes(offset, len, flags)
+            .write_zeroes(offset, n, flags)
             .map_err(|e| self.failed(e, offset))?;
-        sync::lock(&self.state.stats).zeroed_bytes += len;
+        sync::lock(&self.state.stats).zeroed_bytes += n;
         Ok(())
     }
 
@@ -759,10 +779,24 @@ impl Engine<'_> {
     /// reads as zeros already.
     fn zero_item(&self, w: &mut Worker<'_>, tag: u64, f: &mut InFlight) {
         let item = f.item;
-        if self.skip_zeros() {
-            w.stats.skipped_bytes += item.len;
-        } else {
-            self.zero(w, tag, f, item.offset, item.len);
+        self.zero_or_skip(w, tag, f, item.offset, item.len, self.opts.zeros_from);
+    }
+
+    /// Zeroes what of a zero range must be written (nothing from
+    /// `zeros_from` on), and skips the rest.
+    fn zero_or_skip(
+        &self,
+        w: &mut Worker<'_>,
+        tag: u64,
+        f: &mut InFlight,
+        offset: u64,
+        len: u64,
+        zeros_from: u64,
+    ) {
+        let n = zeros_to_write(self.skip_zeros(), zeros_from, offset, len);
+        w.stats.skipped_bytes += len - n;
+        if n > 0 {
+            self.zero(w, tag, f, offset, n);
         }
     }
 
@@ -869,10 +903,9 @@ impl Engine<'_> {
         for (offset, len, zero) in runs {
             if !zero {
                 f.data.push_back((offset, len));
-            } else if self.skip_zeros() {
-                w.stats.skipped_bytes += len;
             } else {
-                self.zero(w, tag, f, offset, len);
+                // Zeros inside data are written wherever they are.
+                self.zero_or_skip(w, tag, f, offset, len, u64::MAX);
             }
         }
         Ok(())

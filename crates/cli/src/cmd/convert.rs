@@ -288,6 +288,7 @@ pub fn run(a: Args) -> CmdResult {
         let null: DeviceRef = Arc::new(diskit_backends::NullDevice::new(total));
         let how = How {
             target_is_zero: a.target_is_zero,
+            zeros_from: u64::MAX,
             min_sparse,
             workers,
             ordered_writes: false,
@@ -384,8 +385,15 @@ fn copy_into(
         && (a.target_is_zero
             || (created && !dst.file.is_fixed_size() && dst.ops.created_reads_as_zeros())
             || dst.device.is_known_zero());
+    // A new image with a backing file reads zeros past the backing file's
+    // end: zeros there need no writing (qemu-img's target_backing_sectors).
+    let zeros_from = match (&dst.backing, created && skip_backing) {
+        (Some(b), true) => b.virtual_size(),
+        _ => u64::MAX,
+    };
     let mut how = How {
         target_is_zero,
+        zeros_from,
         min_sparse,
         workers,
         // Raw has no layout that depends on write order.
@@ -394,6 +402,13 @@ fn copy_into(
         skip_backing,
     };
     let mut device = dst.device.clone();
+    if min_sparse == 0 {
+        // -S 0: zeros are written as data, as qemu-img writes them.
+        device = Arc::new(Filtered::new(
+            crate::cmd::convert_io::zeroes_as_data::ZeroesAsData,
+            device,
+        ));
+    }
     let whole_clusters = dst.ops.needs_compressed_writes();
     if a.compress || whole_clusters {
         if !dst.format.supports(Capability::Compression) {
@@ -514,6 +529,8 @@ const NULL_TARGET: &str = "null-co://";
 /// How to copy.
 struct How {
     target_is_zero: bool,
+    /// The target reads as zeros from here on (see `CopyOptions::zeros_from`).
+    zeros_from: u64,
     min_sparse: u64,
     workers: usize,
     ordered_writes: bool,
@@ -558,6 +575,7 @@ fn run_copy(a: &Args, src: &dyn BlockDevice, dst: &DeviceRef, how: &How) -> CmdR
         flush: false,
         zero_alignment: how.zero_alignment,
         skip_backing: how.skip_backing,
+        zeros_from: how.zeros_from,
         // Holes are made of whole aligned blocks of pow2floor(-S) bytes, as
         // qemu-img does; requests must hold at least one such block.
         request_size: request_size(src, dst).max(pow2_floor(min_sparse) as usize),
