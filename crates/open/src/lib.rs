@@ -265,7 +265,7 @@ impl Chain {
                 .copied()
                 .collect();
             let children: Vec<&str> = ["file"].iter().chain(driver.children()).copied().collect();
-            spec.check_keys(format.name(), &known, &children)?;
+            spec.check_keys(spec::NodeKind::Format, format.name(), &known, &children)?;
         }
         // The format's own keys go to its driver as they are.
         opts.node_options = driver

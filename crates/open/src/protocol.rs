@@ -12,7 +12,7 @@ use diskit_core::storage::has_protocol;
 use diskit_core::{Error, Result, StorageRef};
 use diskit_formats::options::{bool_value, size_value};
 
-use crate::spec::Spec;
+use crate::spec::{NodeKind, Spec};
 
 /// How the storage is opened.
 #[derive(Debug, Clone, Copy, Default)]
@@ -126,7 +126,12 @@ pub fn for_name(name: &str) -> Result<&'static Protocol> {
 /// Opens the storage a protocol node describes, refusing keys it does not
 /// take.
 pub fn open(proto: &Protocol, node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
-    node.check_keys(proto.name, &with_driver(proto.keys), &[])?;
+    node.check_keys(
+        NodeKind::Protocol,
+        proto.name,
+        &with_driver(proto.keys),
+        &[],
+    )?;
     (proto.open)(node, mode)
 }
 

@@ -96,7 +96,7 @@ fn compare(
         let e1 = first_extent(d1, pos, common - pos)?;
         let e2 = first_extent(d2, pos, common - pos)?;
         let n = e1.length.min(e2.length).min(common - pos);
-        if strict && (e1.flags.zero != e2.flags.zero || e1.flags.data != e2.flags.data) {
+        if strict && block_status(&e1) != block_status(&e2) {
             return Ok(Verdict::Differ(format!(
                 "Strict mode: Offset {pos} block status mismatch!"
             )));
@@ -152,6 +152,18 @@ fn compare(
 fn mismatch(extent_start: u64, byte: u64) -> Verdict {
     let offset = extent_start + (byte - extent_start) / SECTOR * SECTOR;
     Verdict::Differ(format!("Content mismatch at offset {offset}!"))
+}
+
+/// What qemu-img's strict mode compares of two extents: the whole block
+/// status (allocated in the chain, zero, data, and whether the bytes lie
+/// at a plain place in a file), not only what they read as.
+fn block_status(e: &Extent) -> (bool, bool, bool, bool) {
+    (
+        e.flags.present,
+        e.flags.zero,
+        e.flags.data,
+        e.host_offset.is_some(),
+    )
 }
 
 fn first_extent(d: &dyn BlockDevice, pos: u64, len: u64) -> diskit_core::Result<Extent> {
