@@ -15,20 +15,23 @@ use diskit_open::OpenOptions;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Format of the first image.
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "a-format")]
     format1: Option<String>,
     /// Format of the second image.
-    #[arg(short = 'F')]
+    #[arg(short = 'F', long = "b-format")]
     format2: Option<String>,
     /// Strict: sizes and allocation must match too.
-    #[arg(short = 's')]
+    #[arg(short = 's', long = "strict")]
     strict: bool,
     /// Show progress.
-    #[arg(short = 'p')]
+    #[arg(short = 'p', long = "progress")]
     progress: bool,
     /// Quiet.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
+    /// Cache mode of both images (default writeback).
+    #[arg(short = 'T', long = "cache")]
+    cache: Option<String>,
     /// Open read-only even if the images are in use.
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
@@ -49,9 +52,20 @@ enum Verdict {
 pub fn run(a: Args) -> CmdResult {
     let _ = a.progress;
     crate::util::set_force_share(a.force_share);
+    let cache = crate::util::cache_mode(a.cache.as_deref(), "writeback").map_err(|_| {
+        CliError::new(format!(
+            "Invalid source cache option: {}",
+            a.cache.as_deref().unwrap_or_default()
+        ))
+        .code(2)
+    })?;
     let open = |p: &PathBuf, f: &Option<String>| -> Result<_, CliError> {
         let fmt = parse_format(f.as_deref()).map_err(|e| e.code(2))?;
-        crate::util::open(p, fmt, OpenOptions::default()).map_err(|e| e.code(2))
+        let opts = OpenOptions {
+            direct: cache.direct,
+            ..OpenOptions::default()
+        };
+        crate::util::open(p, fmt, opts).map_err(|e| e.code(2))
     };
     let i1 = open(&a.image1, &a.format1)?;
     let i2 = open(&a.image2, &a.format2)?;

@@ -10,22 +10,22 @@ use diskit_open::{Capability, Creation, Format, OpenOptions, open_image};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (default raw).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Format-specific options (key=value,...; `-o help` lists them).
-    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    #[arg(short = 'o', long = "options", action = clap::ArgAction::Append)]
     options: Vec<String>,
     /// Backing file.
-    #[arg(short = 'b')]
+    #[arg(short = 'b', long = "backing")]
     backing: Option<String>,
     /// Backing file format.
-    #[arg(short = 'F')]
+    #[arg(short = 'F', long = "backing-format")]
     backing_format: Option<String>,
     /// Do not open the backing file to check it.
-    #[arg(short = 'u')]
+    #[arg(short = 'u', long = "backing-unsafe")]
     unsafe_backing: bool,
     /// Quiet: print nothing on success.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// The image to create.
     filename: Option<PathBuf>,

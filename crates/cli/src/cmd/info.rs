@@ -21,13 +21,13 @@ use diskit_open::{Format, FormatInfo, Image, OpenOptions, SnapshotInfo};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Output format: human or json.
     #[arg(long = "output", default_value = "human")]
     output: String,
     /// Show every image of the backing chain.
-    #[arg(long = "backing-chain")]
+    #[arg(short = 'b', long = "backing-chain")]
     backing_chain: bool,
     /// Open read-only even if the image is in use.
     #[arg(short = 'U', long = "force-share")]
