@@ -21,8 +21,12 @@ pub const NAME: &str = "host_device";
 /// The `-o` options it takes.
 const CREATE_OPTIONS: &[&str] = &["size", "preallocation"];
 
-/// `create -o help` with a file name, as qemu-img prints it.
+/// `create -o help` with a file name, as qemu-img prints it: with the
+/// file protocol's options, as for every format (a device's own
+/// protocol has fewer; the command line lists what the target takes).
 const CREATE_HELP: &str = "Supported options:
+  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
+  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
   preallocation=<str>    - Preallocation mode (allowed values: off)
   size=<size>            - Virtual disk size
 ";

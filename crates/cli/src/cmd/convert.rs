@@ -111,7 +111,7 @@ pub fn run(a: Args) -> CmdResult {
     let mut options = parse_options(&a.options)?;
     if options.wants_help() {
         // The target format's options, with the target's file named.
-        print!("{}", out_format.driver().create_help(true));
+        print!("{}", crate::util::create_help(out_format, Some(target)));
         return Ok(0);
     }
     let workers: usize = match a.coroutines.as_deref().map(str::parse::<i64>) {

@@ -37,7 +37,7 @@ pub fn run(a: Args) -> CmdResult {
     let options = parse_options(&a.options)?;
     let format_name = a.format.as_deref().unwrap_or("raw");
     if options.wants_help() {
-        print!("{}", create_help(format_name, a.filename.is_some()));
+        print!("{}", create_help(format_name, a.filename.as_deref()));
         return Ok(0);
     }
     let Some(filename) = a.filename.as_ref() else {
@@ -153,9 +153,9 @@ fn full_backing_path(image: &Path, backing: &str) -> PathBuf {
     }
 }
 
-fn create_help(format: &str, with_file: bool) -> String {
+fn create_help(format: &str, file: Option<&Path>) -> String {
     match Format::known(format) {
-        Some(f) => f.driver().create_help(with_file),
+        Some(f) => crate::util::create_help(f, file),
         None => format!("Creation options for '{format}' are not available in this build\n"),
     }
 }
