@@ -107,8 +107,10 @@ fn ironic_writes_an_image_to_a_block_device_as_qemu_img() {
     assert!(results[1][..want.len()] == want[..]);
     // What lies past the image is left alone.
     assert!(results[1][want.len()..].iter().all(|&b| b == 0xaa));
+    let desc = format!("driver=host_device,filename={}", dev.0);
     for args in [
         vec!["info", "-f", "host_device", &dev.0],
+        vec!["info", "--output=json", "--image-opts", &desc],
         vec!["info", "--output=json", "-f", "host_device", &dev.0],
         vec!["info", "--output=json", &dev.0],
         vec![

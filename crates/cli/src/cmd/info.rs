@@ -147,8 +147,9 @@ impl Node {
                 actual = actual.zip(c.actual).map(|(a, b)| a + b);
             }
         }
-        // QEMU names a network node by its canonical URI, a file as given.
-        let filename = if Self::local(&image) {
+        // QEMU names a network node by its canonical URI, a file as given
+        // (by its filename in an --image-opts description).
+        let filename = if Self::local(&image) && !crate::util::open_policy().image_opts {
             name.to_string()
         } else {
             image.file.location().to_string()
