@@ -106,7 +106,7 @@ pub fn word(e: &clap::Error, sub: Option<&str>) -> UsageError {
             let value = context_strings(e, ContextKind::InvalidValue);
             let arg = arg.first().map(String::as_str).unwrap_or("?");
             match value.first().map(String::as_str) {
-                Some("") | None => format!("option '{arg}' requires an argument"),
+                Some("") | None => missing_value(arg),
                 Some(v) => {
                     let valid = context_strings(e, ContextKind::ValidValue);
                     if valid.is_empty() {
@@ -143,5 +143,21 @@ mod tests {
     fn positional_names_are_recognised() {
         assert!(is_positional("<FILENAME>"));
         assert!(!is_positional("--size <SIZE>"));
+    }
+}
+
+/// getopt's words for an option left without its value: the short
+/// spelling when that is what was typed (the last argument), else the
+/// long one (clap names the long one, with its value placeholder).
+fn missing_value(arg: &str) -> String {
+    let last = std::env::args().last().unwrap_or_default();
+    match last.strip_prefix('-') {
+        Some(short) if short.len() == 1 && short != "-" => {
+            format!("option requires an argument -- '{short}'")
+        }
+        _ => {
+            let name = arg.split(' ').next().unwrap_or(arg);
+            format!("option '{name}' requires an argument")
+        }
     }
 }

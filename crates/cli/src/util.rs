@@ -279,3 +279,34 @@ pub fn cvtnum(name: &str, value: &str, min: i128, max: i128) -> Result<u64, CliE
     }
     Ok(n as u64)
 }
+
+/// `-o help` for a new image of `format` at `target` (None: no file
+/// named). A format's list holds the options of the protocol under it:
+/// the file's (`nocow`, `extent_size_hint`, every preallocation mode) in
+/// the drivers' lists; a block or character device (QEMU's host_device
+/// protocol) takes fewer, so they are taken out for one, as qemu-img does.
+pub fn create_help(format: Format, target: Option<&Path>) -> String {
+    use std::os::unix::fs::FileTypeExt;
+    let help = format.driver().create_help(target.is_some());
+    let device = target
+        .and_then(|t| std::fs::metadata(t).ok())
+        .is_some_and(|m| m.file_type().is_block_device() || m.file_type().is_char_device());
+    if !device {
+        return help;
+    }
+    const FILE_PREALLOC: &str =
+        "  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)";
+    help.lines()
+        .filter(|l| {
+            !l.starts_with("  extent_size_hint=<size> ")
+                && !l.starts_with("  nocow=<bool (on/off)> ")
+        })
+        .map(|l| {
+            if l == FILE_PREALLOC {
+                "  preallocation=<str>    - Preallocation mode (allowed values: off)\n".to_string()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
+}

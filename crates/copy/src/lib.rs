@@ -899,6 +899,17 @@ impl Engine<'_> {
         let item = f.item;
         let data = &f.buf.as_ref().expect("a read gives its buffer back")[..item.len as usize];
         let runs = split_runs(data, item.offset, self.opts.min_sparse);
+        if self.opts.ordered_writes && !self.reorder {
+            // Workers take turns to write: what can be done of the writes
+            // before the turn (compressing) is done now, in parallel.
+            for &(offset, len, zero) in &runs {
+                if !zero {
+                    let from = (offset - item.offset) as usize;
+                    self.dst
+                        .prepare_write(&data[from..from + len as usize], offset);
+                }
+            }
+        }
         self.wait_turn(item.seq)?;
         for (offset, len, zero) in runs {
             if !zero {

@@ -642,3 +642,58 @@ fn a_failed_read_stops_an_ordered_copy_with_reads_parked() {
     dst.read_at(&mut after, 1 << 20).unwrap();
     assert!(after.iter().all(|&b| b == 0));
 }
+
+/// A memory device that records the writes announced to it
+/// (`prepare_write`) and the writes made, in order.
+struct Announced {
+    mem: MemoryDevice,
+    prepared: Mutex<Vec<(u64, usize)>>,
+    written: Mutex<Vec<(u64, usize, bool)>>,
+}
+
+impl BlockDevice for Announced {
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        self.mem.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.mem.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        let announced = self.prepared.lock().unwrap().contains(&(offset, buf.len()));
+        self.written
+            .lock()
+            .unwrap()
+            .push((offset, buf.len(), announced));
+        self.mem.write_at(buf, offset, flags)
+    }
+    fn prepare_write(&self, buf: &[u8], offset: u64) {
+        self.prepared.lock().unwrap().push((offset, buf.len()));
+    }
+}
+
+#[test]
+fn ordered_writes_by_several_workers_are_announced_before_their_turn() {
+    let src = PatternDevice::new(40 << 20);
+    let dst = Arc::new(Announced {
+        mem: MemoryDevice::new(src.size()),
+        prepared: Mutex::new(Vec::new()),
+        written: Mutex::new(Vec::new()),
+    });
+    let opts = CopyOptions {
+        workers: 4,
+        ordered_writes: true,
+        request_size: 1 << 20,
+        ..Default::default()
+    };
+    copy(&src, &dst, &opts, &Progress::default()).unwrap();
+    assert_same(&src, &dst.mem);
+    let written = dst.written.lock().unwrap();
+    assert!(written.len() >= 40, "{}", written.len());
+    // In source order, each announced (so prepared on its worker's own
+    // thread) before it was made.
+    assert!(written.windows(2).all(|w| w[0].0 < w[1].0));
+    assert!(written.iter().all(|w| w.2), "unannounced writes");
+}

@@ -309,6 +309,16 @@ pub trait BlockDevice: Send + Sync {
     fn discards_writes(&self) -> bool {
         false
     }
+
+    /// A hint that `buf` will be written at `offset` soon, given by a
+    /// writer that must make its writes in order (a copy in source
+    /// order): a device whose writes are costly before their bytes are
+    /// placed (compression) may do that part now, on the caller's thread,
+    /// in parallel with other callers. Nothing is written; the write still
+    /// comes.
+    fn prepare_write(&self, buf: &[u8], offset: u64) {
+        let _ = (buf, offset);
+    }
 }
 
 /// How a request with `fua` that goes to `dev` as `pieces` writes keeps
@@ -418,6 +428,9 @@ macro_rules! forward_device {
             }
             fn discards_writes(&self) -> bool {
                 (**self).discards_writes()
+            }
+            fn prepare_write(&self, buf: &[u8], offset: u64) {
+                (**self).prepare_write(buf, offset)
             }
         }
     };

@@ -226,6 +226,7 @@ pub static FORMATS: &[&dyn FormatDriver] = &[
         probe: crate::probe::dmg,
     },
     &crate::raw::RawDriver,
+    &crate::host_device::HostDeviceDriver,
 ];
 
 /// A format of the table: a cheap handle that compares by name.
@@ -237,6 +238,9 @@ impl Format {
     pub const RAW: Format = Format(&crate::raw::RawDriver);
     /// QEMU copy-on-write v2/v3.
     pub const QCOW2: Format = Format(&crate::qcow2::driver::Qcow2Driver);
+    /// An existing block or character device, named as QEMU's protocol
+    /// driver (`-f host_device`): its raw bytes.
+    pub const HOST_DEVICE: Format = Format(&crate::host_device::HostDeviceDriver);
 
     /// The format called `name` (`-f`, `-O`, a backing format), refusing
     /// one diskit only recognises by name.

@@ -12,6 +12,7 @@ pub mod check;
 pub mod creation;
 pub mod crypto;
 pub mod driver;
+pub mod host_device;
 pub mod image_ops;
 pub mod implied;
 pub mod info;

@@ -106,9 +106,9 @@ impl OptionList {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Whether the list asks for help.
+    /// Whether the list asks for help (`help`, or `?` as QEMU also takes).
     pub fn wants_help(&self) -> bool {
-        self.get("help").is_some()
+        self.get("help").is_some() || self.get("?").is_some()
     }
 
     /// Whether no option was given.

@@ -146,6 +146,13 @@ pub fn audit(img: &Image) -> Vec<Audited> {
 pub fn name_spec(name: &str, format: Option<Format>) -> Result<Spec> {
     let mut spec = match name.strip_prefix("json:") {
         Some(text) => spec::parse_json(text)?,
+        // A protocol named as the format (-f host_device) is the node
+        // itself: the name is its own filename.
+        None if format.is_some_and(|f| protocol::by_name(f.name()).is_some()) => {
+            let mut s = Spec::default();
+            s.set("filename", Value::Str(name.to_string()));
+            s
+        }
         None => {
             let mut s = Spec::default();
             s.set("file.filename", Value::Str(name.to_string()));
@@ -212,7 +219,12 @@ impl Chain {
         let driver = spec.get("driver");
         // A node whose driver is a protocol is raw over that protocol.
         let (format, file_node, file_proto) = match driver.and_then(protocol::by_name) {
-            Some(p) => (Some(Format::RAW), spec.clone(), p),
+            // (host_device, which has a row of its own, shows as itself).
+            Some(p) => (
+                Some(Format::from_name(p.name).unwrap_or(Format::RAW)),
+                spec.clone(),
+                p,
+            ),
             None => {
                 let format = driver.map(Format::from_name).transpose()?;
                 let (node, proto) = self.file_node(spec)?;
@@ -265,7 +277,7 @@ impl Chain {
                 .copied()
                 .collect();
             let children: Vec<&str> = ["file"].iter().chain(driver.children()).copied().collect();
-            spec.check_keys(format.name(), &known, &children)?;
+            spec.check_keys(spec::NodeKind::Format, format.name(), &known, &children)?;
         }
         // The format's own keys go to its driver as they are.
         opts.node_options = driver

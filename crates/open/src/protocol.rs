@@ -12,7 +12,7 @@ use diskit_core::storage::has_protocol;
 use diskit_core::{Error, Result, StorageRef};
 use diskit_formats::options::{bool_value, size_value};
 
-use crate::spec::Spec;
+use crate::spec::{NodeKind, Spec};
 
 /// How the storage is opened.
 #[derive(Debug, Clone, Copy, Default)]
@@ -70,7 +70,7 @@ pub const PROTOCOLS: &[Protocol] = &[
     Protocol {
         name: "nbd",
         prefixes: &["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"],
-        keys: &["filename"],
+        keys: NBD_KEYS,
         local: false,
         network: true,
         open: open_nbd,
@@ -126,7 +126,12 @@ pub fn for_name(name: &str) -> Result<&'static Protocol> {
 /// Opens the storage a protocol node describes, refusing keys it does not
 /// take.
 pub fn open(proto: &Protocol, node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
-    node.check_keys(proto.name, &with_driver(proto.keys), &[])?;
+    node.check_keys(
+        NodeKind::Protocol,
+        proto.name,
+        &with_driver(proto.keys),
+        &[],
+    )?;
     (proto.open)(node, mode)
 }
 
@@ -163,10 +168,114 @@ fn open_file(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
     Ok(Arc::new(dev))
 }
 
-/// An NBD export, by URI.
+/// The keys of QEMU's nbd driver that diskit takes: a URI
+/// (`filename`), or the server's address by structure (`server.*`, or
+/// the older `path`, `host` and `port`) with `export`; and
+/// `x-dirty-bitmap`, a metadata context reported as the allocation.
+const NBD_KEYS: &[&str] = &[
+    "filename",
+    "server.type",
+    "server.path",
+    "server.host",
+    "server.port",
+    "path",
+    "host",
+    "port",
+    "export",
+    "x-dirty-bitmap",
+];
+
+/// An NBD export, by URI or by structure.
 fn open_nbd(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
-    let uri = filename(node, "nbd")?;
-    Ok(Arc::new(diskit_nbd::client::NbdClient::connect(&uri)?))
+    use diskit_nbd::client::NbdClient;
+    let uri = nbd_address(node)?;
+    Ok(Arc::new(match node.get("x-dirty-bitmap") {
+        Some(context) => NbdClient::connect_reporting(uri, context)?,
+        None => NbdClient::connect_to(uri, &[diskit_nbd::client::BASE_ALLOCATION])?,
+    }))
+}
+
+/// Where an nbd node's export is, read as QEMU's nbd driver reads its
+/// options (with its messages).
+fn nbd_address(node: &Spec) -> Result<diskit_nbd::client::uri::NbdUri> {
+    use diskit_nbd::client::uri::{Address, DEFAULT_PORT, NbdUri};
+    let server = ["server.type", "server.path", "server.host", "server.port"]
+        .iter()
+        .any(|k| node.has(k));
+    let legacy = ["path", "host", "port"].iter().any(|k| node.has(k));
+    if let Some(uri) = node.get("filename") {
+        if server || legacy || node.has("export") {
+            return Err(Error::invalid(
+                "host/port/export/path and a file name may not be used at the same time",
+            ));
+        }
+        return NbdUri::parse(uri);
+    }
+    let export = node.get("export").unwrap_or("");
+    let port = |v: Option<&str>| -> Result<u16> {
+        match v {
+            None => Ok(DEFAULT_PORT),
+            Some(p) => p
+                .parse()
+                .map_err(|_| Error::invalid(format!("Parameter 'port' expects a port, not '{p}'"))),
+        }
+    };
+    let address = if server {
+        if legacy {
+            return Err(Error::invalid(
+                "Cannot use 'server' and path/host/port at the same time",
+            ));
+        }
+        let missing = |k: &str| Error::invalid(format!("Parameter '{k}' is missing"));
+        let unexpected = |k: &str| Error::invalid(format!("Parameter '{k}' is unexpected"));
+        match node.get("server.type") {
+            Some("unix") => {
+                if let Some(k) = ["server.host", "server.port"].iter().find(|k| node.has(k)) {
+                    return Err(unexpected(&k["server.".len()..]));
+                }
+                Address::Unix(
+                    node.get("server.path")
+                        .ok_or_else(|| missing("path"))?
+                        .into(),
+                )
+            }
+            Some("inet") => {
+                if node.has("server.path") {
+                    return Err(unexpected("path"));
+                }
+                Address::Tcp {
+                    host: node
+                        .get("server.host")
+                        .ok_or_else(|| missing("host"))?
+                        .into(),
+                    port: port(Some(
+                        node.get("server.port").ok_or_else(|| missing("port"))?,
+                    ))?,
+                }
+            }
+            Some(other) => {
+                return Err(Error::invalid(format!(
+                    "Parameter 'type' does not accept value '{other}'"
+                )));
+            }
+            None => return Err(missing("type")),
+        }
+    } else if let Some(path) = node.get("path") {
+        if node.has("host") || node.has("port") {
+            return Err(Error::invalid(
+                "path and host may not be used at the same time",
+            ));
+        }
+        Address::Unix(path.into())
+    } else if let Some(host) = node.get("host") {
+        Address::Tcp {
+            host: host.into(),
+            port: port(node.get("port"))?,
+        }
+    } else {
+        return Err(Error::invalid("NBD server address missing"));
+    };
+    Ok(NbdUri::plain(address, export))
 }
 
 /// The keys of QEMU's http and https drivers that diskit takes.

@@ -79,21 +79,40 @@ impl Spec {
     }
 
     /// Refuses any key of this node (children under `children.` aside)
-    /// that is not in `known`, naming it and the driver.
-    pub fn check_keys(&self, driver: &str, known: &[&str], children: &[&str]) -> Result<()> {
+    /// that is not in `known`, naming it and the driver in QEMU's words.
+    pub fn check_keys(
+        &self,
+        node: NodeKind,
+        driver: &str,
+        known: &[&str],
+        children: &[&str],
+    ) -> Result<()> {
         for k in self.keys() {
             let child = k
                 .split_once('.')
                 .is_some_and(|(head, _)| children.contains(&head));
             if !child && !known.contains(&k) {
-                return Err(Error::invalid(format!(
-                    "Invalid parameter '{k}' for driver '{driver}' (known: {})",
-                    known.join(", ")
-                )));
+                return Err(Error::invalid(match node {
+                    NodeKind::Format => {
+                        format!("Block format '{driver}' does not support the option '{k}'")
+                    }
+                    NodeKind::Protocol => {
+                        format!("Block protocol '{driver}' doesn't support the option '{k}'")
+                    }
+                }));
             }
         }
         Ok(())
     }
+}
+
+/// Which kind of node a description is, for QEMU's wording of errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A format node (`qcow2`, `raw`, `luks`, ...).
+    Format,
+    /// A protocol node (`file`, `nbd`, ...).
+    Protocol,
 }
 
 /// Parses the text after `json:` into a spec.
@@ -258,7 +277,12 @@ mod tests {
     #[test]
     fn unknown_keys_are_named() {
         let s = parse_image_opts("driver=raw,bogus=1,file.x=2").unwrap();
-        let e = s.check_keys("raw", &["driver"], &["file"]).unwrap_err();
-        assert!(e.to_string().contains("'bogus'"), "{e}");
+        let e = s
+            .check_keys(NodeKind::Format, "raw", &["driver"], &["file"])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Block format 'raw' does not support the option 'bogus'"
+        );
     }
 }

@@ -12,19 +12,19 @@ use diskit_open::{Capability, OpenOptions};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Options to change (key=value,...); "help" lists them.
-    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    #[arg(short = 'o', long = "options", action = clap::ArgAction::Append)]
     options: Vec<String>,
     /// Cache mode (accepted for compatibility).
-    #[arg(short = 't')]
+    #[arg(short = 't', long = "cache")]
     cache: Option<String>,
     /// Show progress.
-    #[arg(short = 'p')]
+    #[arg(short = 'p', long = "progress")]
     progress: bool,
     /// Quiet.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// Allow changes qemu-img guards with --force (none for qcow2).
     #[arg(long = "force")]

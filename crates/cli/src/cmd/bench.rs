@@ -16,13 +16,13 @@ use diskit_open::OpenOptions;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Requests to send (default 75000).
-    #[arg(short = 'c')]
+    #[arg(short = 'c', long = "count")]
     count: Option<String>,
     /// Requests in parallel (default 64).
-    #[arg(short = 'd')]
+    #[arg(short = 'd', long = "depth")]
     depth: Option<String>,
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Write tests: a flush every this many requests (0: none).
     #[arg(long = "flush-interval")]
@@ -31,32 +31,35 @@ pub struct Args {
     #[arg(long = "no-drain")]
     no_drain: bool,
     /// Native AIO (needs a direct cache mode, -t none or directsync).
-    #[arg(short = 'n')]
+    #[arg(short = 'n', long = "native")]
     native_aio: bool,
+    /// AIO mode: threads (the default) or native (as -n).
+    #[arg(short = 'i', long = "aio")]
+    aio: Option<String>,
     /// The first request's offset.
-    #[arg(short = 'o')]
+    #[arg(short = 'o', long = "offset")]
     offset: Option<String>,
     /// The byte written (write tests; default 0).
     #[arg(long = "pattern")]
     pattern: Option<String>,
     /// Quiet (accepted: qemu-img prints its two lines anyway).
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// Bytes per request (default 4096).
-    #[arg(short = 's')]
+    #[arg(short = 's', long = "buffer-size")]
     size: Option<String>,
     /// Bytes between the offsets of consecutive requests (default the
     /// request size).
-    #[arg(short = 'S')]
+    #[arg(short = 'S', long = "step-size")]
     step: Option<String>,
     /// Cache mode: none, writeback (default), writethrough, directsync, unsafe.
-    #[arg(short = 't')]
+    #[arg(short = 't', long = "cache")]
     cache: Option<String>,
     /// Open the image even if it is in use (accepted for compatibility).
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
     /// Write instead of read.
-    #[arg(short = 'w')]
+    #[arg(short = 'w', long = "write")]
     write: bool,
     /// The image.
     filename: PathBuf,
@@ -110,7 +113,16 @@ pub fn run(a: Args) -> CmdResult {
     }
     let cache = cache_mode(a.cache.as_deref(), "writeback")
         .map_err(|_| CliError::new("Invalid cache mode"))?;
-    if a.native_aio && !cache.direct {
+    let native_aio = match a.aio.as_deref() {
+        None => a.native_aio,
+        Some("threads") => a.native_aio,
+        Some("native") => true,
+        Some("io_uring") => {
+            return Err(CliError::new("aio=io_uring is not supported by diskit"));
+        }
+        Some(other) => return Err(CliError::new(format!("Invalid aio option: {other}"))),
+    };
+    if native_aio && !cache.direct {
         return Err(CliError::new(format!(
             "Could not open '{}': aio=native was specified, but it requires cache.direct=on, which was not specified.",
             a.filename.display()

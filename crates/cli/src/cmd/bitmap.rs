@@ -74,6 +74,10 @@ fn parse(args: &[String]) -> Result<Parsed, CliError> {
                 let v = value(&mut i, "merge", inline)?;
                 p.ops.push(Op::Merge(v));
             }
+            "--format" => p.format = Some(value(&mut i, "format", inline)?),
+            "--granularity" => p.granularity = Some(value(&mut i, "granularity", inline)?),
+            "--source-file" => p.source_file = Some(value(&mut i, "source-file", inline)?),
+            "--source-format" => p.source_format = Some(value(&mut i, "source-format", inline)?),
             "-h" | "--help" => {
                 return Err(CliError::new(USAGE).code(0));
             }

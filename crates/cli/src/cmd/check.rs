@@ -11,19 +11,19 @@ use diskit_open::{Capability, CheckReport, Repair, probe_format};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Output format: human or json.
     #[arg(long = "output", default_value = "human")]
     output: String,
     /// Repair: leaks or all.
-    #[arg(short = 'r')]
+    #[arg(short = 'r', long = "repair")]
     repair: Option<String>,
     /// Quiet.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// Cache mode of the image (accepted for compatibility).
-    #[arg(short = 'T')]
+    #[arg(short = 'T', long = "cache")]
     cache: Option<String>,
     /// Open read-only even if the image is in use.
     #[arg(short = 'U', long = "force-share")]

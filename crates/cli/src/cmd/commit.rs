@@ -15,25 +15,25 @@ use diskit_open::{Capability, Image, OpenOptions, Prealloc};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Cache mode: writeback (default), unsafe, none, writethrough, directsync.
-    #[arg(short = 't')]
+    #[arg(short = 't', long = "cache")]
     cache: Option<String>,
     /// Commit into this image of the chain (implies -d).
-    #[arg(short = 'b')]
+    #[arg(short = 'b', long = "base")]
     base: Option<String>,
     /// Do not empty the image afterwards.
-    #[arg(short = 'd')]
+    #[arg(short = 'd', long = "drop")]
     drop: bool,
     /// Show progress.
-    #[arg(short = 'p')]
+    #[arg(short = 'p', long = "progress")]
     progress: bool,
     /// Quiet.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// Write at most this many bytes per second.
-    #[arg(short = 'r')]
+    #[arg(short = 'r', long = "rate")]
     rate_limit: Option<String>,
     /// The image to commit.
     filename: PathBuf,

@@ -15,20 +15,23 @@ use diskit_open::OpenOptions;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Format of the first image.
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "a-format")]
     format1: Option<String>,
     /// Format of the second image.
-    #[arg(short = 'F')]
+    #[arg(short = 'F', long = "b-format")]
     format2: Option<String>,
     /// Strict: sizes and allocation must match too.
-    #[arg(short = 's')]
+    #[arg(short = 's', long = "strict")]
     strict: bool,
     /// Show progress.
-    #[arg(short = 'p')]
+    #[arg(short = 'p', long = "progress")]
     progress: bool,
     /// Quiet.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
+    /// Cache mode of both images (default writeback).
+    #[arg(short = 'T', long = "cache")]
+    cache: Option<String>,
     /// Open read-only even if the images are in use.
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
@@ -49,9 +52,20 @@ enum Verdict {
 pub fn run(a: Args) -> CmdResult {
     let _ = a.progress;
     crate::util::set_force_share(a.force_share);
+    let cache = crate::util::cache_mode(a.cache.as_deref(), "writeback").map_err(|_| {
+        CliError::new(format!(
+            "Invalid source cache option: {}",
+            a.cache.as_deref().unwrap_or_default()
+        ))
+        .code(2)
+    })?;
     let open = |p: &PathBuf, f: &Option<String>| -> Result<_, CliError> {
         let fmt = parse_format(f.as_deref()).map_err(|e| e.code(2))?;
-        crate::util::open(p, fmt, OpenOptions::default()).map_err(|e| e.code(2))
+        let opts = OpenOptions {
+            direct: cache.direct,
+            ..OpenOptions::default()
+        };
+        crate::util::open(p, fmt, opts).map_err(|e| e.code(2))
     };
     let i1 = open(&a.image1, &a.format1)?;
     let i2 = open(&a.image2, &a.format2)?;
@@ -96,7 +110,7 @@ fn compare(
         let e1 = first_extent(d1, pos, common - pos)?;
         let e2 = first_extent(d2, pos, common - pos)?;
         let n = e1.length.min(e2.length).min(common - pos);
-        if strict && (e1.flags.zero != e2.flags.zero || e1.flags.data != e2.flags.data) {
+        if strict && block_status(&e1) != block_status(&e2) {
             return Ok(Verdict::Differ(format!(
                 "Strict mode: Offset {pos} block status mismatch!"
             )));
@@ -152,6 +166,18 @@ fn compare(
 fn mismatch(extent_start: u64, byte: u64) -> Verdict {
     let offset = extent_start + (byte - extent_start) / SECTOR * SECTOR;
     Verdict::Differ(format!("Content mismatch at offset {offset}!"))
+}
+
+/// What qemu-img's strict mode compares of two extents: the whole block
+/// status (allocated in the chain, zero, data, and whether the bytes lie
+/// at a plain place in a file), not only what they read as.
+fn block_status(e: &Extent) -> (bool, bool, bool, bool) {
+    (
+        e.flags.present,
+        e.flags.zero,
+        e.flags.data,
+        e.host_offset.is_some(),
+    )
 }
 
 fn first_extent(d: &dyn BlockDevice, pos: u64, len: u64) -> diskit_core::Result<Extent> {

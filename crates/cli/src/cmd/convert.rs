@@ -19,57 +19,61 @@ use diskit_open::{Capability, Format, Image, NewBitmap, OpenOptions};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Source format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "source-format")]
     format: Option<String>,
     /// Target format (default raw).
-    #[arg(short = 'O')]
+    #[arg(short = 'O', long = "target-format", alias = "output-format")]
     out_format: Option<String>,
     /// Target creation options.
-    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    #[arg(short = 'o', long = "target-options", alias = "options", action = clap::ArgAction::Append)]
     options: Vec<String>,
     /// Zero runs of at least this many bytes become holes (default 4k; 0 = none).
-    #[arg(short = 'S')]
+    #[arg(short = 'S', long = "sparse-size")]
     sparse_size: Option<String>,
     /// The target exists already: do not create it.
-    #[arg(short = 'n')]
+    #[arg(short = 'n', long = "no-create")]
     no_create: bool,
     /// The target is an --image-opts description (with -n).
     #[arg(long = "target-image-opts")]
     target_image_opts: bool,
+    /// The sources are --image-opts descriptions (as the global
+    /// --image-opts).
+    #[arg(long = "source-image-opts")]
+    source_image_opts: bool,
     /// Show progress.
-    #[arg(short = 'p')]
+    #[arg(short = 'p', long = "progress")]
     progress: bool,
     /// Quiet.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// Requests in flight (1 to 16; default: 8, or the number of
     /// processors, at least 2, between local files).
-    #[arg(short = 'm')]
+    #[arg(short = 'm', long = "parallel")]
     coroutines: Option<String>,
     /// Allow writes out of order.
-    #[arg(short = 'W')]
+    #[arg(short = 'W', long = "oob-writes")]
     out_of_order: bool,
     /// Compress the target.
-    #[arg(short = 'c')]
+    #[arg(short = 'c', long = "compress")]
     compress: bool,
     /// The target reads as zeros already (with -n).
     #[arg(long = "target-is-zero")]
     target_is_zero: bool,
     /// Target cache mode: writeback, unsafe (default), none, writethrough, directsync.
-    #[arg(short = 't')]
+    #[arg(short = 't', long = "target-cache")]
     cache: Option<String>,
     /// Source cache mode.
-    #[arg(short = 'T')]
+    #[arg(short = 'T', long = "source-cache")]
     src_cache: Option<String>,
     /// Backing file of the target: only what the source's top layer holds
     /// is written.
-    #[arg(short = 'B')]
+    #[arg(short = 'B', long = "backing")]
     backing: Option<String>,
     /// Format of the target's backing file.
-    #[arg(short = 'F')]
+    #[arg(short = 'F', long = "backing-format")]
     backing_format: Option<String>,
     /// Snapshot of the source to read.
-    #[arg(short = 'l')]
+    #[arg(short = 'l', long = "source-snapshot", alias = "snapshot")]
     snapshot: Option<String>,
     /// Copy the source's persistent bitmaps (qcow2 to qcow2).
     #[arg(long = "bitmaps")]
@@ -78,11 +82,11 @@ pub struct Args {
     #[arg(long = "salvage")]
     salvage: bool,
     /// Read the source at most this many bytes a second (suffixes k, M, G...).
-    #[arg(short = 'r')]
+    #[arg(short = 'r', long = "rate")]
     rate: Option<String>,
     /// Copy offloading: copy_file_range between the files, where both
     /// sides are raw files.
-    #[arg(short = 'C')]
+    #[arg(short = 'C', long = "copy-range-offloading")]
     copy_offload: bool,
     /// With --bitmaps, skip bitmaps marked inconsistent instead of failing.
     #[arg(long = "skip-broken-bitmaps")]
@@ -106,7 +110,8 @@ pub fn run(a: Args) -> CmdResult {
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::RAW);
     let mut options = parse_options(&a.options)?;
     if options.wants_help() {
-        print!("{}", Format::RAW.driver().create_help(true));
+        // The target format's options, with the target's file named.
+        print!("{}", crate::util::create_help(out_format, Some(target)));
         return Ok(0);
     }
     let workers: usize = match a.coroutines.as_deref().map(str::parse::<i64>) {
@@ -218,7 +223,7 @@ pub fn run(a: Args) -> CmdResult {
     let mut bitmaps = Vec::new();
     let mut devices: Vec<DeviceRef> = Vec::new();
     for s in sources {
-        let img = crate::util::open_name(
+        let img = crate::util::open_name_as(
             s,
             src_format,
             OpenOptions {
@@ -233,6 +238,7 @@ pub fn run(a: Args) -> CmdResult {
                 host_zeros: true,
                 ..Default::default()
             },
+            a.source_image_opts || crate::util::open_policy().image_opts,
         )
         .map_err(|e| {
             if e.kind() == diskit_core::ErrorKind::NotFound && a.snapshot.is_some() {
@@ -417,7 +423,9 @@ fn copy_into(
             ));
         }
         // Whole clusters are compressed on the copy workers' threads, in
-        // parallel: their order on the host does not matter.
+        // parallel (announced before each worker's turn to write), and
+        // stored in guest order, as qemu-img lays them out: the same
+        // source gives the same bytes whatever -m.
         let (writer, cs) = dst
             .ops
             .clone()
@@ -426,8 +434,7 @@ fn copy_into(
         device = writer;
         how.min_sparse = cs;
         how.zero_alignment = cs;
-        // A stream is written in guest order, as qemu-img writes it.
-        how.ordered_writes = whole_clusters;
+        how.ordered_writes = true;
     }
     if a.copy_offload
         && out_format == Format::RAW

@@ -10,22 +10,22 @@ use diskit_open::{Capability, Creation, Format, OpenOptions, open_image};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (default raw).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Format-specific options (key=value,...; `-o help` lists them).
-    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    #[arg(short = 'o', long = "options", action = clap::ArgAction::Append)]
     options: Vec<String>,
     /// Backing file.
-    #[arg(short = 'b')]
+    #[arg(short = 'b', long = "backing")]
     backing: Option<String>,
     /// Backing file format.
-    #[arg(short = 'F')]
+    #[arg(short = 'F', long = "backing-format")]
     backing_format: Option<String>,
     /// Do not open the backing file to check it.
-    #[arg(short = 'u')]
+    #[arg(short = 'u', long = "backing-unsafe")]
     unsafe_backing: bool,
     /// Quiet: print nothing on success.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// The image to create.
     filename: Option<PathBuf>,
@@ -37,7 +37,7 @@ pub fn run(a: Args) -> CmdResult {
     let options = parse_options(&a.options)?;
     let format_name = a.format.as_deref().unwrap_or("raw");
     if options.wants_help() {
-        print!("{}", create_help(format_name, a.filename.is_some()));
+        print!("{}", create_help(format_name, a.filename.as_deref()));
         return Ok(0);
     }
     let Some(filename) = a.filename.as_ref() else {
@@ -159,9 +159,9 @@ fn full_backing_path(image: &Path, backing: &str) -> PathBuf {
     }
 }
 
-fn create_help(format: &str, with_file: bool) -> String {
+fn create_help(format: &str, file: Option<&Path>) -> String {
     match Format::known(format) {
-        Some(f) => f.driver().create_help(with_file),
+        Some(f) => crate::util::create_help(f, file),
         None => format!("Creation options for '{format}' are not available in this build\n"),
     }
 }

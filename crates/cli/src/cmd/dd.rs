@@ -17,10 +17,10 @@ use diskit_open::{Format, OpenOptions, OptionList};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Input image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Output image format (raw if absent).
-    #[arg(short = 'O')]
+    #[arg(short = 'O', long = "output-format")]
     output_format: Option<String>,
     /// Open the input even if it is in use (accepted for compatibility).
     #[arg(short = 'U', long = "force-share")]

@@ -21,13 +21,13 @@ use diskit_open::{Format, FormatInfo, Image, OpenOptions, SnapshotInfo};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Output format: human or json.
     #[arg(long = "output", default_value = "human")]
     output: String,
     /// Show every image of the backing chain.
-    #[arg(long = "backing-chain")]
+    #[arg(short = 'b', long = "backing-chain")]
     backing_chain: bool,
     /// Open read-only even if the image is in use.
     #[arg(short = 'U', long = "force-share")]
@@ -147,8 +147,9 @@ impl Node {
                 actual = actual.zip(c.actual).map(|(a, b)| a + b);
             }
         }
-        // QEMU names a network node by its canonical URI, a file as given.
-        let filename = if Self::local(&image) {
+        // QEMU names a network node by its canonical URI, a file as given
+        // (by its filename in an --image-opts description).
+        let filename = if Self::local(&image) && !crate::util::open_policy().image_opts {
             name.to_string()
         } else {
             image.file.location().to_string()
@@ -216,9 +217,23 @@ impl Node {
         v.with("implied-files", QJson::List(items))
     }
 
+    /// Whether the image is its protocol node itself (`-f host_device`):
+    /// QEMU shows that node alone, with no child.
+    fn protocol_node(&self) -> bool {
+        self.image.format.name() == self.image.file.protocol()
+    }
+
     /// The QAPI BlockGraphInfo object (keys inserted in schema order).
     fn json(&self) -> QJson {
         let img = &self.image;
+        if self.protocol_node() {
+            return file_node_json(
+                &self.filename,
+                img.file.protocol(),
+                self.actual,
+                self.file_length(),
+            );
+        }
         let mut v = QJson::dict()
             .with("filename", QJson::Str(self.filename.clone()))
             .with("format", QJson::Str(img.format.name().into()));
@@ -312,6 +327,9 @@ impl Node {
                 f.refusal.map_or("allowed", |r| r.rule())
             );
         }
+        if self.protocol_node() {
+            return out;
+        }
         // QEMU lists the children last first.
         for c in self.children().iter().rev() {
             out += &child_node_human(&c.name, &c.filename, c.protocol, c.actual, c.length);
@@ -350,7 +368,8 @@ fn file_node_json(filename: &str, protocol: &str, actual: Option<u64>, length: u
         v = v.with(
             "format-specific",
             QJson::dict()
-                .with("type", QJson::Str(protocol.into()))
+                // QEMU's file-posix driver (file and host_device alike).
+                .with("type", QJson::Str("file".into()))
                 .with("data", QJson::dict()),
         );
     }

@@ -14,7 +14,7 @@ use diskit_open::OpenOptions;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Output format: human or json.
     #[arg(long = "output", default_value = "human")]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
-use crate::util::{CliError, open, parse_format, parse_image_size, parse_options};
+use crate::util::{CliError, parse_format, parse_image_size, parse_options};
 use diskit_open::{Format, OpenOptions};
 
 /// Arguments of `measure`.
@@ -14,20 +14,23 @@ pub struct Args {
     #[arg(long = "output", default_value = "human")]
     output: String,
     /// Target format.
-    #[arg(short = 'O')]
+    #[arg(short = 'O', long = "target-format")]
     out_format: Option<String>,
     /// Target options.
-    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    #[arg(short = 'o', long = "options", action = clap::ArgAction::Append)]
     options: Vec<String>,
     /// Measure a new image of this size instead of an existing image.
-    #[arg(long = "size")]
+    #[arg(short = 's', long = "size")]
     size: Option<String>,
     /// Source format.
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// Open read-only even if the image is in use.
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
+    /// Measure this internal snapshot of the image (by id or name).
+    #[arg(short = 'l', long = "snapshot")]
+    snapshot: Option<String>,
     /// The image to measure.
     filename: Option<PathBuf>,
 }
@@ -52,11 +55,23 @@ pub fn run(a: Args) -> CmdResult {
         (Some(s), None) => (Some(parse_image_size(s)?), None),
         (None, Some(f)) => (
             None,
-            Some(open(
-                f,
-                parse_format(a.format.as_deref())?,
-                OpenOptions::default(),
-            )?),
+            Some(
+                crate::util::open_name(
+                    f,
+                    parse_format(a.format.as_deref())?,
+                    OpenOptions {
+                        snapshot: a.snapshot.clone(),
+                        ..OpenOptions::default()
+                    },
+                )
+                .map_err(|e| {
+                    if e.kind() == diskit_core::ErrorKind::NotFound && a.snapshot.is_some() {
+                        CliError::new(format!("Failed to load snapshot: {e}"))
+                    } else {
+                        CliError::new(format!("Could not open '{}': {e}", f.display()))
+                    }
+                })?,
+            ),
         ),
     };
     let invalid_options = |e: diskit_core::Error, fmt: Format| {

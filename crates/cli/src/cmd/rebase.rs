@@ -18,31 +18,31 @@ use diskit_open::{Format, Image, OpenOptions, open_image};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// The new backing file ("" for none).
-    #[arg(short = 'b')]
+    #[arg(short = 'b', long = "backing")]
     backing: Option<String>,
     /// Format of the new backing file (-B in newer qemu-img).
-    #[arg(short = 'F', short_alias = 'B')]
+    #[arg(short = 'F', long = "backing-format", short_alias = 'B')]
     backing_format: Option<String>,
     /// Unsafe: only change the name; the old backing file is not read.
-    #[arg(short = 'u')]
+    #[arg(short = 'u', long = "backing-unsafe")]
     unsafe_mode: bool,
     /// Compress what safe mode writes into the image.
-    #[arg(short = 'c')]
+    #[arg(short = 'c', long = "compress")]
     compress: bool,
     /// Cache mode of the image (default writeback).
-    #[arg(short = 't')]
+    #[arg(short = 't', long = "cache")]
     cache: Option<String>,
     /// Cache mode of the backing files (default writeback).
-    #[arg(short = 'T')]
+    #[arg(short = 'T', long = "backing-cache")]
     src_cache: Option<String>,
     /// Show progress.
-    #[arg(short = 'p')]
+    #[arg(short = 'p', long = "progress")]
     progress: bool,
     /// Quiet.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// Open the backing files read-only even if in use.
     #[arg(short = 'U', long = "force-share")]

@@ -11,7 +11,7 @@ use diskit_open::{Format, OpenOptions, Prealloc};
 #[command(allow_negative_numbers = true)]
 pub struct Args {
     /// Image format (probed if absent).
-    #[arg(short = 'f')]
+    #[arg(short = 'f', long = "format")]
     format: Option<String>,
     /// How to allocate the new space: off, falloc, full.
     #[arg(long = "preallocation")]
@@ -20,7 +20,7 @@ pub struct Args {
     #[arg(long = "shrink")]
     shrink: bool,
     /// Quiet.
-    #[arg(short = 'q')]
+    #[arg(short = 'q', long = "quiet")]
     quiet: bool,
     /// The image.
     filename: PathBuf,

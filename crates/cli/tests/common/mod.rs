@@ -213,3 +213,29 @@ impl Drop for ServeGuard {
         let _ = self.0.wait();
     }
 }
+
+/// Starts a server (`program ARGS`, in the foreground) and waits until
+/// `ready` says it listens; the server stops when the guard is dropped.
+pub fn start_server(program: &str, args: &[&str], ready: impl Fn() -> bool) -> ServeGuard {
+    let child = Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program} ({e}): install it (scripts/test does)"));
+    let guard = ServeGuard(child);
+    let t = std::time::Instant::now();
+    while !ready() && t.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(ready(), "{program} did not start");
+    guard
+}
+
+/// A TCP port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

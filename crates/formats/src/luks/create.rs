@@ -385,7 +385,8 @@ pub const AMEND_HELP: &str = "Amend options for 'luks':
   keyslot=<num>          - Select a single keyslot to modify explicitly
   new-secret=<str>       - New secret to set in the matching keyslots. Empty string to erase
   old-secret=<str>       - Select all keyslots that match this password
-  state=<str>            - Select new state of affected keyslots (active/inactive)";
+  state=<str>            - Select new state of affected keyslots (active/inactive)
+";
 
 /// The key slot amend options, each with `prefix` before it.
 const AMEND_KEYS: &[&str] = &["state", "keyslot", "old-secret", "new-secret", "iter-time"];

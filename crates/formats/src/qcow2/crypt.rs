@@ -75,6 +75,7 @@ pub fn data_path(
         data,
         guest_cipher: None,
     };
+    check_format(h, opts.encrypt_format.as_deref())?;
     match h.crypt_method {
         NONE => Ok(plain(data)),
         LUKS => {
@@ -135,6 +136,31 @@ pub fn data_path(
             format!("Unsupported encryption method: {other}"),
         )),
     }
+}
+
+/// Refuses an `encrypt.format` that is not what the header says, in
+/// QEMU's words.
+fn check_format(h: &Header, asked: Option<&str>) -> Result<()> {
+    let Some(asked) = asked else {
+        return Ok(());
+    };
+    let have = match h.crypt_method {
+        NONE => {
+            return Err(Error::invalid(format!(
+                "No encryption in image header, but options specified format '{asked}'"
+            )));
+        }
+        AES => "aes",
+        LUKS => "luks",
+        // Refused below with its own message.
+        _ => return Ok(()),
+    };
+    if asked != have {
+        return Err(Error::invalid(format!(
+            "Header reported '{have}' encryption format but options specify '{asked}'"
+        )));
+    }
+    Ok(())
 }
 
 /// QEMU names the qcow2 option `encrypt.key-secret` in its message.

@@ -34,6 +34,7 @@ impl FormatDriver for Qcow2Driver {
             "data-file",
             "l2-cache-size",
             "encrypt.key-secret",
+            "encrypt.format",
         ]
     }
 
@@ -54,6 +55,11 @@ impl FormatDriver for Qcow2Driver {
                 l2_cache_size: opts.l2_cache_size,
                 snapshot: opts.snapshot.clone(),
                 key_secret: opts.key_secret.clone(),
+                encrypt_format: opts
+                    .node_options
+                    .iter()
+                    .find(|(k, _)| k == "encrypt.format")
+                    .map(|(_, v)| v.clone()),
                 metadata_only: opts.metadata_only,
                 host_zeros: opts.host_zeros,
             },

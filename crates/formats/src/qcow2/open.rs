@@ -26,6 +26,9 @@ pub struct Qcow2Options {
     pub snapshot: Option<String>,
     /// The secret that unlocks an encrypted image (`encrypt.key-secret`).
     pub key_secret: Option<String>,
+    /// The encryption the description says the image has
+    /// (`encrypt.format`): checked against the header, as QEMU does.
+    pub encrypt_format: Option<String>,
     /// Open for `info`: nothing is unlocked, nothing of the data read.
     pub metadata_only: bool,
     /// Ask the file about every data cluster's zeros (a copier's source).

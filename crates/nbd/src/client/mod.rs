@@ -215,6 +215,16 @@ impl NbdClient {
         Ok(client)
     }
 
+    /// Connects to the export a parsed URI names and reports `context`
+    /// as its allocation, as QEMU's `x-dirty-bitmap` does: the context's
+    /// bit 0 is read as NBD_STATE_HOLE and bit 1 as NBD_STATE_ZERO, so
+    /// that a dirty bitmap's dirty ranges show as neither data nor zero.
+    pub fn connect_reporting(parsed: NbdUri, context: &str) -> Result<NbdClient> {
+        let mut client = Self::connect_to(parsed, &[context])?;
+        client.allocation = Some(client.context_id(context)?);
+        Ok(client)
+    }
+
     /// Connects up to `connections` times to the export `uri` names: more
     /// than one only when the server advertises multi-conn (each
     /// connection then sees the others' writes, and a flush on one covers
@@ -773,7 +783,13 @@ impl BlockDevice for NbdClient {
                 Extent::data(length)
             };
             e.flags.zero = flags & STATE_ZERO != 0;
-            diskit_core::extent::push_merged(&mut out, e.at_host(pos));
+            // Neither data nor zero says nothing of the bytes: not
+            // allocated and at no place, as QEMU's nbd driver reports it.
+            e.flags.present = e.flags.data || e.flags.zero;
+            if e.flags.present {
+                e = e.at_host(pos);
+            }
+            diskit_core::extent::push_merged(&mut out, e);
             pos += length;
         }
         Ok(out)

@@ -125,6 +125,22 @@ impl NbdUri {
 }
 
 impl NbdUri {
+    /// A plain-text address and export, with nothing else set: what
+    /// QEMU's structured description (`server.type=unix,server.path=S`,
+    /// `export=E`) names.
+    pub fn plain(address: Address, export: &str) -> NbdUri {
+        NbdUri {
+            address,
+            export: export.to_string(),
+            tls: false,
+            user: None,
+            tls_certificates: None,
+            tls_psk_file: None,
+            tls_verify_peer: None,
+            tls_hostname: None,
+        }
+    }
+
     /// The URI in QEMU's canonical spelling (what qemu-img shows as the
     /// file name of an NBD node): `nbd+unix:///EXPORT?socket=PATH` or
     /// `nbd+unix://?socket=PATH`, `nbd://HOST:PORT/EXPORT` or

@@ -1,0 +1,200 @@
+//! `host_device` as a format name (`-f host_device`, `-O host_device`):
+//! QEMU's protocol driver for block and character devices used as the
+//! top node, that is raw bytes of an existing device. Nothing is ever
+//! probed as it; "creating" one checks that the device is there and
+//! large enough, as QEMU's driver does.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use diskit_core::{Error, ErrorKind, Result, StorageRef};
+
+use crate::driver::{FormatDriver, Opened, one_size};
+use crate::image_ops::FormatImage;
+use crate::implied::ImpliedFiles;
+use crate::{Format, OpenOptions, OptionList};
+
+/// The driver's name.
+pub const NAME: &str = "host_device";
+
+/// The `-o` options it takes.
+const CREATE_OPTIONS: &[&str] = &["size", "preallocation"];
+
+/// `create -o help` with a file name, as qemu-img prints it: with the
+/// file protocol's options, as for every format (a device's own
+/// protocol has fewer; the command line lists what the target takes).
+const CREATE_HELP: &str = "Supported options:
+  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
+  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
+  preallocation=<str>    - Preallocation mode (allowed values: off)
+  size=<size>            - Virtual disk size
+";
+
+/// `create -o help` without a file name.
+const CREATE_HELP_GENERIC: &str = "Supported host_device options:
+  preallocation=<str>    - Preallocation mode (allowed values: off)
+  size=<size>            - Virtual disk size
+
+The protocol level may support further options.
+Specify the target filename to include those options.
+";
+
+/// The host_device driver.
+pub struct HostDeviceDriver;
+
+/// Refuses what is not a block or character device, in QEMU's words.
+fn check_device(meta: &std::fs::Metadata, name: &str) -> Result<()> {
+    let t = meta.file_type();
+    if t.is_block_device() || t.is_char_device() {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "'{NAME}' driver requires '{name}' to be either a character or block device"
+        )))
+    }
+}
+
+/// The size of the device at `path`, once it is known to be one.
+fn device_size(path: &Path) -> Result<u64> {
+    let name = path.display().to_string();
+    let not_created = |why: String| {
+        Error::invalid(format!(
+            "Protocol driver '{NAME}' does not support creating new images, so an existing \
+             image must be selected as the target; however, opening the given target as an \
+             existing image failed: {why}"
+        ))
+    };
+    let meta = std::fs::metadata(path).map_err(|e| {
+        let e = Error::from(e);
+        not_created(format!("Could not open '{name}': {}", e.detail()))
+    })?;
+    check_device(&meta, &name).map_err(|e| not_created(e.detail()))?;
+    use std::io::Seek;
+    let mut f = std::fs::File::open(path)?;
+    Ok(f.seek(std::io::SeekFrom::End(0))?)
+}
+
+impl FormatDriver for HostDeviceDriver {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// Never probed: only named.
+    fn probe(&self, _head: &[u8], _filename: &str) -> u32 {
+        0
+    }
+
+    fn open(
+        &self,
+        storage: StorageRef,
+        _opts: &OpenOptions,
+        _implied: &mut dyn ImpliedFiles,
+    ) -> Result<Opened> {
+        let name = storage.location().to_string();
+        let fd = storage.fd().ok_or_else(|| {
+            Error::invalid(format!(
+                "'{NAME}' driver requires '{name}' to be either a character or block device"
+            ))
+        })?;
+        let meta = std::fs::File::from(fd.try_clone_to_owned()?).metadata()?;
+        check_device(&meta, &name)?;
+        Ok(Opened {
+            device: storage,
+            image: Arc::new(HostDeviceImage),
+        })
+    }
+
+    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
+        let mut c = HostDeviceCreation::parse(options)?;
+        let size = one_size(size, c.size)?;
+        c.size = Some(size);
+        crate::Creation::create(&c, path)?;
+        Ok(size)
+    }
+
+    fn check_create_options(&self, options: &OptionList) -> Result<()> {
+        HostDeviceCreation::parse(options).map(drop)
+    }
+
+    fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
+        Ok(Box::new(HostDeviceCreation::parse(options)?))
+    }
+
+    fn create_help(&self, with_file: bool) -> String {
+        if with_file {
+            CREATE_HELP
+        } else {
+            CREATE_HELP_GENERIC
+        }
+        .to_string()
+    }
+}
+
+/// A "creation": the options as given, checked against the device.
+struct HostDeviceCreation {
+    size: Option<u64>,
+    preallocation: Option<String>,
+}
+
+impl HostDeviceCreation {
+    fn parse(options: &OptionList) -> Result<HostDeviceCreation> {
+        options.check_known(CREATE_OPTIONS)?;
+        Ok(HostDeviceCreation {
+            size: options
+                .get("size")
+                .map(|v| crate::options::size_value("size", v))
+                .transpose()?,
+            preallocation: options.get("preallocation").map(str::to_string),
+        })
+    }
+}
+
+impl crate::Creation for HostDeviceCreation {
+    fn size(&self) -> Option<u64> {
+        self.size
+    }
+
+    fn set_size(&mut self, size: u64) {
+        self.size = Some(size);
+    }
+
+    fn summary(&self) -> String {
+        let mut out = String::new();
+        if let Some(s) = self.size {
+            out.push_str(&format!(" size={s}"));
+        }
+        if let Some(p) = &self.preallocation {
+            out.push_str(&format!(" preallocation={p}"));
+        }
+        out
+    }
+
+    /// Checks that the device is there and holds the size; writes nothing.
+    fn create(&self, path: &Path) -> Result<()> {
+        if let Some(p) = self.preallocation.as_deref().filter(|p| *p != "off") {
+            return Err(Error::unsupported(format!(
+                "Unsupported preallocation mode '{p}'"
+            )));
+        }
+        let size = one_size(None, self.size)?;
+        if size > device_size(path)? {
+            return Err(Error::new(ErrorKind::NoSpace, "Cannot grow device files"));
+        }
+        Ok(())
+    }
+}
+
+/// An open device: nothing beyond its bytes.
+struct HostDeviceImage;
+
+impl FormatImage for HostDeviceImage {
+    fn format(&self) -> Format {
+        Format::HOST_DEVICE
+    }
+
+    fn created_reads_as_zeros(&self) -> bool {
+        // A device keeps what it held (QEMU: no zero init).
+        false
+    }
+}
