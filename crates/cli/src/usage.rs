@@ -135,22 +135,11 @@ pub fn word(e: &clap::Error, sub: Option<&str>) -> UsageError {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn positional_names_are_recognised() {
-        assert!(is_positional("<FILENAME>"));
-        assert!(!is_positional("--size <SIZE>"));
-    }
-}
-
 /// getopt's words for an option left without its value: the short
 /// spelling when that is what was typed (the last argument), else the
 /// long one (clap names the long one, with its value placeholder).
 fn missing_value(arg: &str) -> String {
-    let last = std::env::args().last().unwrap_or_default();
+    let last = std::env::args().next_back().unwrap_or_default();
     match last.strip_prefix('-') {
         Some(short) if short.len() == 1 && short != "-" => {
             format!("option requires an argument -- '{short}'")
@@ -159,5 +148,16 @@ fn missing_value(arg: &str) -> String {
             let name = arg.split(' ').next().unwrap_or(arg);
             format!("option '{name}' requires an argument")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positional_names_are_recognised() {
+        assert!(is_positional("<FILENAME>"));
+        assert!(!is_positional("--size <SIZE>"));
     }
 }
