@@ -3,14 +3,15 @@
 //! unbounded memory; accepted specs keep only well-formed keys.
 #![no_main]
 
-use diskit_open::spec::{self, Spec};
+use diskit_open::spec::{self, NodeKind, Spec};
 use libfuzzer_sys::fuzz_target;
 
 fn check(s: &Spec) {
     for k in s.keys() {
         assert!(!k.is_empty() && !k.split('.').any(str::is_empty), "{k:?}");
     }
-    let _ = s.check_keys("qcow2", &["driver", "backing"], &["file"]);
+    let _ = s.check_keys(NodeKind::Format, "qcow2", &["driver", "backing"], &["file"]);
+    let _ = s.check_keys(NodeKind::Protocol, "nbd", &["driver", "path"], &["server"]);
     let _ = s.child("file").get("filename");
 }
 
