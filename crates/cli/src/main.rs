@@ -276,10 +276,15 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
             words.extend(reorder(sc, s, rest));
         }
     }
-    let cli = match cmd
-        .try_get_matches_from(words)
-        .and_then(|m| Cli::from_arg_matches(&m))
-    {
+    let matches = match cmd.try_get_matches_from(words) {
+        Ok(m) => m,
+        Err(e) => return parse_failed(&e, named.as_deref()),
+    };
+    if let Some(code) = image_opts_with_format(&matches) {
+        names::print_error("--image-opts and --format are mutually exclusive");
+        return code;
+    }
+    let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => return parse_failed(&e, named.as_deref()),
     };
@@ -313,6 +318,25 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
         Command::Bitmap(a) => cmd::bitmap::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     })
+}
+
+/// Whether a subcommand was given `--image-opts` and a source format too
+/// (`-f`, compare's `-F`), which qemu-img refuses before anything else
+/// (resize and dd parse their words first, as qemu-img does): the exit
+/// status to refuse it with (compare's errors exit 2).
+fn image_opts_with_format(m: &clap::ArgMatches) -> Option<u8> {
+    let (name, sub) = m.subcommand()?;
+    if matches!(
+        name,
+        "resize" | "dd" | "create" | "serve" | "copy" | "nbdinfo"
+    ) {
+        return None;
+    }
+    let image_opts = sub.ids().any(|id| id == "image_opts") && sub.get_flag("image_opts");
+    let format = sub
+        .ids()
+        .any(|id| matches!(id.as_str(), "format" | "format1" | "format2"));
+    (image_opts && format).then_some(if name == "compare" { 2 } else { 1 })
 }
 
 /// The exit status of a command's outcome, its error printed.

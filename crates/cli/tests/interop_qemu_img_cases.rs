@@ -297,3 +297,29 @@ done
     );
     assert!(out.contains(r#"{ "start": 524288, "length": 393216, "depth": 0, "present": false, "zero": true, "data": false"#), "{out}");
 }
+
+#[test]
+fn image_opts_with_a_format_and_the_size_mismatch_warning_as_qemu_img() {
+    let out = alike(
+        r#"
+qemu-img create -q -f qcow2 a.qcow2 1M; qemu-img create -q -f qcow2 b.qcow2 2M; qemu-img create -q -f qcow2 c.qcow2 2M
+qemu-io -f qcow2 -c 'write -P 1 0 4k' b.qcow2 >/dev/null
+for c in "info -f qcow2" "map -f qcow2" "check -f qcow2" "compare -f qcow2" "compare -F qcow2" \
+         "convert -f qcow2" "snapshot -l -f qcow2" "amend -o lazy_refcounts=on -f qcow2" "commit -f qcow2" \
+         "measure -O qcow2 -f qcow2" "bench -c 1 -f qcow2"; do
+  extra=""; [[ $c == compare* ]] && extra=driver=qcow2,file.filename=a.qcow2; [[ $c == convert* ]] && extra=out.raw
+  $T $c --image-opts driver=qcow2,file.filename=a.qcow2 $extra 2>&1 | sed 's/^[a-z-]*: //' | head -1
+  echo "rc=${PIPESTATUS[0]}"
+done
+for p in "a.qcow2 b.qcow2" "a.qcow2 c.qcow2" "b.qcow2 a.qcow2" "c.qcow2 b.qcow2"; do
+  $T compare $p; echo rc=$?; $T compare -s $p; echo rc=$?
+done 2>&1
+"#,
+    );
+    assert_eq!(out.matches("are mutually exclusive").count(), 11, "{out}");
+    assert_eq!(
+        out.matches("Warning: Image size mismatch!").count(),
+        1,
+        "{out}"
+    );
+}

@@ -98,9 +98,6 @@ fn compare(
         if strict {
             return Ok(Verdict::Differ("Strict mode: Image size mismatch!".into()));
         }
-        if !quiet {
-            println!("Warning: Image size mismatch!");
-        }
     }
     let common = s1.min(s2);
     let mut b1 = vec![0u8; CHUNK as usize];
@@ -139,7 +136,11 @@ fn compare(
         }
         pos += n;
     }
-    // The rest of the larger image must read as zeros.
+    // The rest of the larger image must read as zeros: said, as qemu-img
+    // says it, once the common part is found the same.
+    if s1 != s2 && !quiet {
+        println!("Warning: Image size mismatch!");
+    }
     let longer = if s1 > s2 { d1 } else { d2 };
     while pos < longer.size() {
         let e = first_extent(longer, pos, longer.size() - pos)?;
