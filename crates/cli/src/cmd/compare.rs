@@ -94,10 +94,8 @@ fn compare(
     quiet: bool,
 ) -> diskit_core::Result<Verdict> {
     let (s1, s2) = (d1.size(), d2.size());
-    if s1 != s2 {
-        if strict {
-            return Ok(Verdict::Differ("Strict mode: Image size mismatch!".into()));
-        }
+    if s1 != s2 && strict {
+        return Ok(Verdict::Differ("Strict mode: Image size mismatch!".into()));
     }
     let common = s1.min(s2);
     let mut b1 = vec![0u8; CHUNK as usize];
