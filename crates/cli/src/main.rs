@@ -131,6 +131,8 @@ pub fn single_command(tool: Tool, sub: &str) -> clap::Command {
 fn reorder(cmd: &clap::Command, sub: &str, args: &[OsString]) -> Vec<OsString> {
     match sub {
         "copy" | "nbdinfo" => getopt::permute(cmd, args, true),
+        // qemu-img 10's dd takes its options after the operands too.
+        "dd" => getopt::permute(cmd, args, false),
         _ => args.to_vec(),
     }
 }

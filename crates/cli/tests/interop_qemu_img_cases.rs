@@ -323,3 +323,22 @@ done 2>&1
         "{out}"
     );
 }
+
+#[test]
+fn dd_options_after_the_operands_and_bitmap_with_image_opts() {
+    let out = alike(
+        r#"
+qemu-img create -q -f qcow2 a.qcow2 1M
+$T dd if=a.qcow2 of=d.qcow2 -O qcow2 bs=64k; echo rc=$?; qemu-img info d.qcow2 2>&1 | grep "file format"
+$T bitmap --granularity 128k --add a.qcow2 bx; echo rc=$?
+$T bitmap --remove --image-opts driver=qcow2,file.filename=a.qcow2 bx; echo rc=$?
+qemu-img info a.qcow2 | grep -c bitmaps
+$T bitmap --add --object secret,id=s0,data=x --image-opts driver=qcow2,file.filename=a.qcow2 by; echo rc=$?
+qemu-img info a.qcow2 | grep -A4 bitmaps | grep name
+"#,
+    );
+    assert!(
+        out.starts_with("rc=0\nfile format: qcow2\nrc=0\nrc=0\n0\nrc=0\n"),
+        "{out}"
+    );
+}

@@ -39,6 +39,10 @@ struct Parsed {
     granularity: Option<String>,
     source_file: Option<String>,
     source_format: Option<String>,
+    /// `--image-opts`: FILENAME is a description.
+    image_opts: bool,
+    /// `--object` definitions, in order.
+    objects: Vec<String>,
     positional: Vec<String>,
 }
 
@@ -78,6 +82,8 @@ fn parse(args: &[String]) -> Result<Parsed, CliError> {
             "--granularity" => p.granularity = Some(value(&mut i, "granularity", inline)?),
             "--source-file" => p.source_file = Some(value(&mut i, "source-file", inline)?),
             "--source-format" => p.source_format = Some(value(&mut i, "source-format", inline)?),
+            "--image-opts" => p.image_opts = true,
+            "--object" => p.objects.push(value(&mut i, "object", inline)?),
             "-h" | "--help" => {
                 return Err(CliError::new(USAGE).code(0));
             }
@@ -111,6 +117,10 @@ pub fn run(a: Args) -> CmdResult {
         }
         r => r?,
     };
+    // The global options qemu-img bitmap takes among its own.
+    for def in &p.objects {
+        diskit_open::define_object(def).map_err(|e| CliError::new(e.to_string()))?;
+    }
     if p.ops.is_empty() {
         return Err(CliError::usage(
             "bitmap",
@@ -141,14 +151,13 @@ pub fn run(a: Args) -> CmdResult {
     };
     let path = PathBuf::from(file);
     let format = parse_source_format(p.format.as_deref(), &path)?;
-    let image = open(
-        &path,
-        format,
-        OpenOptions {
-            writable: true,
-            ..OpenOptions::default()
-        },
-    )?;
+    let opts = OpenOptions {
+        writable: true,
+        ..OpenOptions::default()
+    };
+    let image_opts = p.image_opts || crate::util::open_policy().image_opts;
+    let image = crate::util::open_name_as(&path, format, opts, image_opts)
+        .map_err(|e| CliError::new(format!("Could not open '{}': {e}", path.display())))?;
     // The merge sources: bitmaps of this image, or of -b's.
     let source_image = match &p.source_file {
         Some(f) => {
