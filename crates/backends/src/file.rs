@@ -118,6 +118,16 @@ struct SeekCache {
     data: bool,
 }
 
+/// QEMU's words for a name that is not a regular file or a block device
+/// (FIFOs, sockets and character devices are refused before opening: opening
+/// a FIFO would wait for a writer forever).
+fn not_regular(path: &Path) -> Error {
+    Error::invalid(format!(
+        "'file' driver requires '{}' to be a regular file",
+        path.display()
+    ))
+}
+
 /// QEMU's words for a file that cannot be made or opened to be made.
 fn could_not_create(e: std::io::Error, path: &Path) -> Error {
     Error::from(e).context(format!("Could not create '{}'", path.display()))
@@ -129,16 +139,10 @@ impl FileDevice {
         let path = path.as_ref();
         // Refuse FIFOs, sockets and character devices before opening: opening
         // a FIFO would wait for a writer forever.
-        let not_regular = || {
-            Error::invalid(format!(
-                "'file' driver requires '{}' to be a regular file",
-                path.display()
-            ))
-        };
         if let Ok(meta) = std::fs::metadata(path) {
             let ft = meta.file_type();
             if !(ft.is_file() || ft.is_block_device()) {
-                return Err(not_regular());
+                return Err(not_regular(path));
             }
         }
         let mut oo = OpenOptions::new();
@@ -159,10 +163,7 @@ impl FileDevice {
     pub fn adopt(file: File, path: &Path, opts: FileOptions) -> Result<FileDevice> {
         let meta = file.metadata()?;
         if !(meta.is_file() || meta.file_type().is_block_device()) {
-            return Err(Error::invalid(format!(
-                "'file' driver requires '{}' to be a regular file",
-                path.display()
-            )));
+            return Err(not_regular(path));
         }
         if opts.writable {
             // Never write a file the running command reads as its source.
