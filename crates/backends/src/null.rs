@@ -10,6 +10,8 @@ pub struct NullDevice {
     /// Whether extents promise zeros (QEMU's `read-zeroes`); without it they
     /// say nothing is known of the contents, as QEMU's null-co does.
     zeroes_known: bool,
+    /// The name it shows (QEMU's `null-co://`, or its options in full).
+    location: String,
 }
 
 impl NullDevice {
@@ -18,6 +20,7 @@ impl NullDevice {
         NullDevice {
             size,
             zeroes_known: true,
+            location: "null-co://".into(),
         }
     }
 
@@ -28,7 +31,14 @@ impl NullDevice {
         NullDevice {
             size,
             zeroes_known: false,
+            location: "null-co://".into(),
         }
+    }
+
+    /// The same device shown by another name (its options, when they are
+    /// not the defaults a plain `null-co://` stands for).
+    pub fn named(self, location: String) -> NullDevice {
+        NullDevice { location, ..self }
     }
 }
 
@@ -78,7 +88,7 @@ impl BlockDevice for NullDevice {
 /// size; a format on it reads zeros.
 impl Storage for NullDevice {
     fn location(&self) -> &str {
-        "null-co://"
+        &self.location
     }
 
     fn protocol(&self) -> &'static str {

@@ -413,3 +413,38 @@ fn without_openssl_only_psk_fails_and_says_why() {
         "{err}"
     );
 }
+
+/// qemu-img's command line with `--object tls-creds-psk` (a user name and
+/// a directory holding keys.psk) runs the same through diskit: the same
+/// bytes, the same refusal of a user the server does not know.
+#[test]
+fn tls_creds_psk_objects_open_nbd_exports_as_qemu_img_opens_them() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let server = server_keys(dir.path());
+    let client = server.parent().unwrap();
+    let out = dir.path().join("out.raw");
+    let script = r#"
+N="driver=nbd,path=$unixsocket,tls-creds=tls0"
+$T convert --object "tls-creds-psk,id=tls0,endpoint=client,dir=$K,username=bob" --image-opts "$N" -O raw "$OUT"
+echo "rc=$?"; cmp "$OUT" "$F" && echo same; rm -f "$OUT"
+$T convert --object "tls-creds-psk,id=tls0,endpoint=client,dir=$K,username=eve" --image-opts "$N" -O raw "$OUT" 2>/dev/null
+echo "rc=$?"; test -e "$OUT" || echo "no target"
+"#;
+    let ours = alike_under_serve(
+        dir.path(),
+        &[
+            "-U",
+            "-",
+            "-r",
+            "--tls=require",
+            "--tls-psk",
+            s(&server),
+            "file",
+            s(&f),
+        ],
+        script,
+        &[("K", s(client)), ("F", s(&f)), ("OUT", s(&out))],
+    );
+    assert_eq!(ours, "rc=0\nsame\nrc=1\nno target\n");
+}

@@ -419,3 +419,50 @@ fn an_unusable_key_is_named() {
     assert_ne!(code(&o), 0);
     assert!(stderr(&o).contains("server-key.pem"), "{}", stderr(&o));
 }
+
+/// qemu-img's command lines with `--object tls-creds-x509` and an nbd node
+/// naming it (`tls-creds=`), by `--image-opts` and by `json:`, print the
+/// same and read the same bytes through qemu-img and through diskit; an
+/// unknown id, or credentials for the server's end, are refused alike.
+#[test]
+fn tls_creds_objects_open_nbd_exports_as_qemu_img_opens_them() {
+    let dir = workdir();
+    let f = test_file(dir.path());
+    let pki = pki(dir.path());
+    let out = dir.path().join("out.raw");
+    let script = r#"
+O="--object tls-creds-x509,id=tls0,endpoint=client,dir=$PKI"
+N="driver=nbd,server.type=unix,server.path=$unixsocket,tls-creds=tls0,tls-hostname=localhost"
+$T info $O --image-opts "$N" 2>&1 | sed 's/^[a-z-]*: //'; echo "rc=${PIPESTATUS[0]}"
+$T convert $O --image-opts "$N" -O raw "$OUT"; echo "rc=$?"; cmp "$OUT" "$F" && echo same
+rm -f "$OUT"
+$T convert $O "json:{'driver':'nbd','server':{'type':'unix','path':'$unixsocket'},'tls-creds':'tls0','tls-hostname':'localhost'}" -O raw "$OUT"
+cmp "$OUT" "$F" && echo same
+rm -f "$OUT"
+$T info $O --image-opts "driver=nbd,path=$unixsocket,tls-creds=nope" 2>&1 | sed 's/^[a-z-]*: //'
+$T info --object "tls-creds-x509,id=tls1,endpoint=server,dir=$PKI" --image-opts \
+   "driver=nbd,path=$unixsocket,tls-creds=tls1" 2>&1 | sed 's/^[a-z-]*: //'
+"#;
+    let ours = alike_under_serve(
+        dir.path(),
+        &[
+            "-U",
+            "-",
+            "-r",
+            "--tls=require",
+            "--tls-certificates",
+            s(&pki),
+            "file",
+            s(&f),
+        ],
+        script,
+        &[("PKI", s(&pki)), ("F", s(&f)), ("OUT", s(&out))],
+    );
+    assert_eq!(ours.matches("same").count(), 2, "{ours}");
+    assert!(ours.contains("file format: nbd\n"), "{ours}");
+    assert!(ours.contains("No TLS credentials with id 'nope'"), "{ours}");
+    assert!(
+        ours.contains("Expected TLS credentials for a client endpoint"),
+        "{ours}"
+    );
+}

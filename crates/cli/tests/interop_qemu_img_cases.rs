@@ -342,3 +342,45 @@ qemu-img info a.qcow2 | grep -A4 bitmaps | grep name
         "{out}"
     );
 }
+
+/// Names as qemu-img takes them: `json:` in QEMU's single quotes, a
+/// `json:` backing file name, `--backing-chain` through `--image-opts`,
+/// `file:` before a name with a colon, a protocol as the top node
+/// (`driver=null-co`, `driver=file`) and `l2-cache-entry-size`.
+#[test]
+fn names_and_node_options_as_qemu_img_takes_them() {
+    let out = alike(
+        r#"
+qemu-img create -q -f qcow2 b.qcow2 1M; qemu-io -f qcow2 -c 'write -P 0x11 0 64k' b.qcow2 >/dev/null
+$T info "json:{'driver':'qcow2','file':{'driver':'file','filename':'b.qcow2'}}"; echo "rc=$?"
+$T info --output=json 'json:{"driver":"qcow2","file":{"filename":"b.qcow2"}}' | grep -v actual; echo "rc=$?"
+run $T info "json:{'driver':'qcow2','file':{'filename':'b.qcow2'}"
+$T create -q -f qcow2 -F qcow2 -b 'json:{"driver":"qcow2","file":{"driver":"file","filename":"b.qcow2"}}' o.qcow2
+$T info --backing-chain o.qcow2 | grep -E '^(image|backing)'
+$T info --backing-chain --image-opts driver=qcow2,file.filename=o.qcow2 | grep -E '^(image|backing)'
+qemu-io -f qcow2 -c 'read -P 0x11 0 64k' o.qcow2 | head -1
+$T create -f qcow2 file:a:b.qcow2 1M; echo "rc=$?"; ls a:b.qcow2
+$T convert -O raw file:a:b.qcow2 file:c:d.raw; echo "rc=$?"; ls c:d.raw
+run $T create -f raw null-co:// 1M
+for o in driver=null-co,size=1M driver=null-co,size=1M,read-zeroes=on driver=file,filename=c:d.raw; do
+  $T info --image-opts $o | grep -v '^disk size'; echo "rc=$?"
+done
+$T info --output=json --image-opts driver=null-co,size=1M,read-zeroes=on
+for n in 512 4096 65536 100 131072; do
+  run $T info --image-opts driver=qcow2,l2-cache-entry-size=$n,file.filename=b.qcow2
+done
+"#,
+    );
+    assert!(out.contains("image: b.qcow2\n"), "{out}");
+    assert!(out.contains("file format: null-co\n"), "{out}");
+    assert!(out.contains("file format: file\n"), "{out}");
+    assert!(out.contains("read 65536/65536 bytes"), "{out}");
+    assert!(
+        out.contains("\na:b.qcow2\n") && out.contains("\nc:d.raw\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("L2 cache entry size must be a power of two"),
+        "{out}"
+    );
+}

@@ -100,6 +100,10 @@ pub struct Image {
     pub device: DeviceRef,
     /// The image's format.
     pub format: Format,
+    /// The driver of the top node as QEMU names it: the format's name, or
+    /// a protocol's where a description puts one on top
+    /// (`driver=null-co`, `driver=file`), which QEMU shows as the format.
+    pub driver: &'static str,
     /// The file name as given.
     pub filename: PathBuf,
     /// The storage (protocol layer) under the format.

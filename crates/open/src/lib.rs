@@ -15,6 +15,7 @@
 //! that a tool reaches formats through this crate alone.
 
 pub mod gate;
+pub mod objects;
 pub mod protocol;
 pub mod spec;
 
@@ -27,7 +28,6 @@ use diskit_formats::implied::ImpliedFiles;
 use diskit_formats::options::{bool_value, size_value};
 use diskit_formats::probe;
 
-pub use diskit_formats::crypto::secret::define_object;
 pub use diskit_formats::image_ops::{AfterClose, Bits};
 pub use diskit_formats::implied::Named;
 pub use diskit_formats::info::ChildFile;
@@ -37,6 +37,7 @@ pub use diskit_formats::{
     FormatInfo, Image, InfoValue, NewBitmap, OpenOptions, OptionList, Prealloc, Repair,
     SnapshotInfo,
 };
+pub use objects::define_object;
 
 use gate::{Role, Trust};
 use protocol::{Protocol, ProtocolMode};
@@ -75,6 +76,28 @@ pub fn open_storage(name: &str, writable: bool) -> Result<StorageRef> {
             ..Default::default()
         },
     )
+}
+
+/// The local file a creation target names: a path, or `file:PATH` /
+/// `host_device:PATH` (how a name with a colon is given). A protocol
+/// without creation is refused in QEMU's words.
+pub fn creation_path(name: &std::path::Path) -> Result<PathBuf> {
+    let Some(text) = name.to_str() else {
+        return Ok(name.to_path_buf());
+    };
+    let proto = protocol::for_name(text)?;
+    if !proto.local {
+        return Err(Error::unsupported(format!(
+            "Protocol driver '{}' does not support image creation",
+            proto.name
+        )));
+    }
+    let path = proto
+        .prefixes
+        .iter()
+        .find_map(|p| text.strip_prefix(p))
+        .unwrap_or(text);
+    Ok(PathBuf::from(path))
 }
 
 /// Opens the storage under an image description (`--image-opts` text when
@@ -270,7 +293,8 @@ impl Chain {
             None => probe::probe(&*storage, display)?,
         };
         let driver = format.driver();
-        if protocol::by_name(spec.get("driver").unwrap_or("")).is_none() {
+        let is_protocol = protocol::by_name(spec.get("driver").unwrap_or("")).is_some();
+        if !is_protocol {
             let known: Vec<&str> = FORMAT_KEYS
                 .iter()
                 .chain(driver.open_keys())
@@ -327,6 +351,11 @@ impl Chain {
         let backing = implied.below;
         Ok(Image {
             device: opened.device,
+            driver: if is_protocol {
+                file_proto.name
+            } else {
+                format.name()
+            },
             format,
             filename: PathBuf::from(storage.location()),
             file: storage,

@@ -183,16 +183,49 @@ const NBD_KEYS: &[&str] = &[
     "port",
     "export",
     "x-dirty-bitmap",
+    "tls-creds",
+    "tls-hostname",
 ];
 
 /// An NBD export, by URI or by structure.
 fn open_nbd(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
     use diskit_nbd::client::NbdClient;
-    let uri = nbd_address(node)?;
+    let mut uri = nbd_address(node)?;
+    if let Some(id) = node.get("tls-creds") {
+        with_tls_creds(&mut uri, id, node.get("tls-hostname"))?;
+    } else if node.has("tls-hostname") {
+        return Err(Error::invalid("tls-hostname is set but tls-creds is not"));
+    }
     Ok(Arc::new(match node.get("x-dirty-bitmap") {
         Some(context) => NbdClient::connect_reporting(uri, context)?,
         None => NbdClient::connect_to(uri, &[diskit_nbd::client::BASE_ALLOCATION])?,
     }))
+}
+
+/// Sets up `uri` for the TLS credentials object `id` (`--object
+/// tls-creds-x509|tls-creds-psk,...`), as QEMU's nbd driver uses it: the
+/// certificates or keys in its directory, the peer checked as it says,
+/// the name checked `tls-hostname` (by default the TCP host).
+fn with_tls_creds(
+    uri: &mut diskit_nbd::client::uri::NbdUri,
+    id: &str,
+    hostname: Option<&str>,
+) -> Result<()> {
+    use crate::objects::{Endpoint, TlsKind, tls_creds};
+    let creds = tls_creds(id, Endpoint::Client)?;
+    uri.tls = true;
+    uri.tls_hostname = hostname.map(str::to_string);
+    match creds.kind {
+        TlsKind::X509 => {
+            uri.tls_certificates = Some(creds.dir.display().to_string());
+            uri.tls_verify_peer = Some(creds.verify_peer);
+        }
+        TlsKind::Psk => {
+            uri.tls_psk_file = Some(creds.psk_file().display().to_string());
+            uri.user = Some(creds.username);
+        }
+    }
+    Ok(())
 }
 
 /// Where an nbd node's export is, read as QEMU's nbd driver reads its
@@ -320,10 +353,23 @@ fn open_null(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
         Some(v) => bool_value("read-zeroes", v)?,
         None => false,
     };
-    Ok(Arc::new(if zeroes {
+    let dev = if zeroes {
         NullDevice::new(size)
     } else {
         NullDevice::unknown_contents(size)
+    };
+    // QEMU names it null-co:// only while nothing but its name is set.
+    let plain = node
+        .keys()
+        .all(|k| k == "driver" || (k == "filename" && node.get(k) == Some("null-co://")));
+    Ok(Arc::new(if plain {
+        dev
+    } else {
+        let mut named = node.clone();
+        if !named.has("driver") {
+            named.set("driver", crate::spec::Value::Str("null-co".into()));
+        }
+        dev.named(named.qemu_json_name())
     }))
 }
 

@@ -78,6 +78,36 @@ impl Spec {
         self.keys.keys().map(String::as_str)
     }
 
+    /// The node as QEMU names one that has no file name: `json:{...}`,
+    /// nested objects for dotted keys, keys in the order QEMU's `QDict`
+    /// lists them (by the bucket of their hash), values as strings.
+    pub fn qemu_json_name(&self) -> String {
+        format!("json:{}", self.qemu_json())
+    }
+
+    fn qemu_json(&self) -> String {
+        let mut heads: Vec<&str> = Vec::new();
+        for k in self.keys() {
+            let head = k.split_once('.').map_or(k, |(h, _)| h);
+            if !heads.contains(&head) {
+                heads.push(head);
+            }
+        }
+        heads.sort_by_key(|h| qdict_bucket(h));
+        let items: Vec<String> = heads
+            .iter()
+            .map(|h| {
+                let value = match self.keys.get(*h) {
+                    Some(Value::Str(s)) => json_string(s),
+                    Some(Value::Null) => "null".into(),
+                    None => self.child(h).qemu_json(),
+                };
+                format!("{}: {value}", json_string(h))
+            })
+            .collect();
+        format!("{{{}}}", items.join(", "))
+    }
+
     /// Refuses any key of this node (children under `children.` aside)
     /// that is not in `known`, naming it and the driver in QEMU's words.
     pub fn check_keys(
@@ -106,6 +136,21 @@ impl Spec {
     }
 }
 
+/// The bucket QEMU's `QDict` keeps `key` in (its `tdb_hash` modulo 512
+/// buckets), which decides the order it lists keys in.
+fn qdict_bucket(key: &str) -> u32 {
+    let mut v = 0x238F_13AFu32.wrapping_mul(key.len() as u32);
+    for (i, b) in key.bytes().enumerate() {
+        v = v.wrapping_add(u32::from(b) << ((i * 5) % 24));
+    }
+    1_103_515_243u32.wrapping_mul(v).wrapping_add(12345) % 512
+}
+
+/// `s` as a JSON string.
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
 /// Which kind of node a description is, for QEMU's wording of errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeKind {
@@ -120,15 +165,67 @@ pub fn parse_json(text: &str) -> Result<Spec> {
     if text.len() > MAX_SPEC_BYTES {
         return Err(Error::invalid("json: description is too long"));
     }
+    let text = &double_quoted(text)?;
     check_nesting(text)?;
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| Error::invalid(format!("Could not parse the json: description: {e}")))?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        if e.is_eof() {
+            premature_end()
+        } else {
+            Error::invalid(format!(
+                "Could not parse the JSON options: JSON parse error, {e}"
+            ))
+        }
+    })?;
     let serde_json::Value::Object(map) = value else {
         return Err(Error::invalid("json: description must be a JSON object"));
     };
     let mut spec = Spec::default();
     flatten(&mut spec, "", &map)?;
     Ok(spec)
+}
+
+/// QEMU's message for a description that ends too soon.
+fn premature_end() -> Error {
+    Error::invalid("Could not parse the JSON options: JSON parse error, premature EOI")
+}
+
+/// QEMU's JSON takes strings in single quotes too (`{'driver':'raw'}`,
+/// as QEMU itself writes filenames in messages and tests), and `\'` in
+/// either kind; standard JSON takes neither. Rewrites every string in
+/// double quotes, leaving the rest as it is.
+fn double_quoted(text: &str) -> Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' && c != '\'' {
+            out.push(c);
+            continue;
+        }
+        let quote = c;
+        out.push('"');
+        loop {
+            match chars.next() {
+                None => {
+                    return Err(Error::invalid(
+                        "json: description has an unterminated string",
+                    ));
+                }
+                Some(c) if c == quote => break,
+                Some('\\') => match chars.next() {
+                    Some('\'') => out.push('\''),
+                    Some(e) => {
+                        out.push('\\');
+                        out.push(e);
+                    }
+                    None => return Err(premature_end()),
+                },
+                Some('"') => out.push_str("\\\""),
+                Some(c) => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    Ok(out)
 }
 
 /// Refuses nesting deeper than [`MAX_JSON_DEPTH`] before the JSON parser
@@ -244,6 +341,31 @@ mod tests {
         assert_eq!(s.get("cache.direct"), Some("on"));
         assert!(s.is_null("backing"));
         assert_eq!(s.child("file").get("driver"), Some("file"));
+    }
+
+    #[test]
+    fn nodes_without_a_file_name_are_named_as_qemu_names_them() {
+        let s = parse_image_opts("driver=null-co,size=1M,read-zeroes=on").unwrap();
+        assert_eq!(
+            s.qemu_json_name(),
+            r#"json:{"read-zeroes": "on", "driver": "null-co", "size": "1M"}"#
+        );
+        let s =
+            parse_image_opts("driver=raw,offset=4096,file.driver=file,file.filename=r").unwrap();
+        assert_eq!(
+            s.qemu_json_name(),
+            r#"json:{"offset": "4096", "driver": "raw", "file": {"driver": "file", "filename": "r"}}"#
+        );
+    }
+
+    #[test]
+    fn json_takes_qemu_single_quotes() {
+        let s = parse_json(r#"{'driver':'raw','file':{'filename':'it\'s "x".raw'},"a":"b\'c"}"#)
+            .unwrap();
+        assert_eq!(s.get("driver"), Some("raw"));
+        assert_eq!(s.get("file.filename"), Some(r#"it's "x".raw"#));
+        assert_eq!(s.get("a"), Some("b'c"));
+        assert!(parse_json("{'a':'b}").is_err());
     }
 
     #[test]

@@ -303,21 +303,25 @@ pub fn run(a: Args) -> CmdResult {
         };
         return run_copy(&a, &*src, &null, &how);
     }
-    let existed = target.exists();
-    let mut created = false;
+    // The file made for the target (none with -n: it exists, as any storage).
+    let mut made: Option<std::path::PathBuf> = None;
     if !a.no_create {
+        let failed = |e: diskit_core::Error| {
+            CliError::new(format!(
+                "{}: error while converting {}: {e}",
+                target.display(),
+                out_format
+            ))
+        };
+        let path = diskit_open::creation_path(target).map_err(failed)?;
+        let existed = path.exists();
         out_format
             .driver()
-            .create(target, Some(total), &options)
-            .map_err(|e| {
-                CliError::new(format!(
-                    "{}: error while converting {}: {e}",
-                    target.display(),
-                    out_format
-                ))
-            })?;
-        created = true;
+            .create(&path, Some(total), &options)
+            .map_err(failed)?;
+        made = (!existed).then_some(path);
     }
+    let created = !a.no_create;
     // A target with a backing file (-B, or -o backing_file) gets only what
     // the source's top layer holds.
     let skip_backing = a.backing.is_some() || options.get("backing_file").is_some();
@@ -333,10 +337,12 @@ pub fn run(a: Args) -> CmdResult {
         skip_backing,
         bitmaps,
     );
-    if result.is_err() && created && !existed {
+    if result.is_err()
+        && let Some(path) = made
+    {
         // Leave no half-written target behind (never a device, never a
         // file that was there before).
-        let _ = std::fs::remove_file(target);
+        let _ = std::fs::remove_file(path);
     }
     result
 }

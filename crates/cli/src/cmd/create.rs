@@ -73,8 +73,9 @@ pub fn run(a: Args) -> CmdResult {
         (None, Some(s)) => new.set_size(s),
         _ => {}
     }
+    let path = diskit_open::creation_path(filename).map_err(|e| at(e.to_string()))?;
     if with_backing {
-        backing(&a, filename, &mut *new)?;
+        backing(&a, &path, &mut *new)?;
     }
     if new.size().is_none() {
         return Err(at("Image creation needs a size parameter".into()));
@@ -82,7 +83,7 @@ pub fn run(a: Args) -> CmdResult {
     if !a.quiet {
         println!("Formatting '{name}', fmt={format}{}", new.summary());
     }
-    new.create(filename).map_err(|e| at(e.to_string()))?;
+    new.create(&path).map_err(|e| at(e.to_string()))?;
     Ok(0)
 }
 

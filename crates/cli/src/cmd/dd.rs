@@ -98,9 +98,12 @@ pub fn run(a: Args) -> CmdResult {
     let skip_bytes = skip.checked_mul(bs).filter(|&b| b <= size);
     let out_size = skip_bytes.map_or(0, |b| size - b);
     let out_path = PathBuf::from(output);
-    out_format
-        .driver()
-        .create(&out_path, Some(out_size), &OptionList::new())
+    diskit_open::creation_path(&out_path)
+        .and_then(|path| {
+            out_format
+                .driver()
+                .create(&path, Some(out_size), &OptionList::new())
+        })
         .map_err(|e| CliError::new(format!("{output}: error while creating output image: {e}")))?;
     let dst = open(
         &out_path,

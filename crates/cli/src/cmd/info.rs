@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::CmdResult;
 use crate::cmd::snapshot;
 use crate::qjson::QJson;
-use crate::util::{CliError, open, output_is_json, parse_source_format};
+use crate::util::{CliError, output_is_json, parse_source_format};
 use diskit_core::size::human_size;
 use diskit_core::{BlockDevice, Storage};
 use diskit_open::{Format, FormatInfo, Image, OpenOptions, SnapshotInfo};
@@ -43,6 +43,9 @@ pub fn run(a: Args) -> CmdResult {
     let mut nodes = Vec::new();
     let mut seen = HashSet::new();
     let mut next = Some(a.filename.display().to_string());
+    // The first name is read as the command line says (--image-opts or
+    // not); the backing files below by the names the images give.
+    let mut image_opts = crate::util::open_policy().image_opts;
     while let Some(name) = next.take() {
         // Loops are caught by name, as qemu-img does.
         if !seen.insert(name.clone()) {
@@ -50,7 +53,8 @@ pub fn run(a: Args) -> CmdResult {
                 "Backing file '{name}' creates an infinite loop."
             )));
         }
-        let node = Node::collect(&name, format)?;
+        let node = Node::collect(&name, format, image_opts)?;
+        image_opts = false;
         if a.backing_chain
             && let Some(refused) = node.refused()
         {
@@ -108,15 +112,13 @@ struct Specific {
 }
 
 /// Opens one image without its backing file (nor any file it names).
-fn open_node(path: &Path, format: Option<Format>) -> Result<Image, CliError> {
-    open(
-        path,
-        format,
-        OpenOptions {
-            metadata_only: true,
-            ..Default::default()
-        },
-    )
+fn open_node(path: &Path, format: Option<Format>, image_opts: bool) -> Result<Image, CliError> {
+    let opts = OpenOptions {
+        metadata_only: true,
+        ..Default::default()
+    };
+    crate::util::open_name_as(path, format, opts, image_opts)
+        .map_err(|e| CliError::new(format!("Could not open '{}': {e}", path.display())))
 }
 
 /// The name of a backing file as QEMU resolves it against the image's
@@ -134,9 +136,9 @@ fn full_backing_filename(image: &str, backing: &str) -> String {
 }
 
 impl Node {
-    fn collect(name: &str, format: Option<Format>) -> Result<Node, CliError> {
+    fn collect(name: &str, format: Option<Format>, image_opts: bool) -> Result<Node, CliError> {
         let path = Path::new(name);
-        let image = open_node(path, format)?;
+        let image = open_node(path, format, image_opts)?;
         let specific = Specific::collect(name, &image)?;
         // The disk size counts the files the image keeps its data in too
         // (vmdk extents), once per extent as QEMU counts them.
@@ -148,8 +150,9 @@ impl Node {
             }
         }
         // QEMU names a network node by its canonical URI, a file as given
-        // (by its filename in an --image-opts description).
-        let filename = if Self::local(&image) && !crate::util::open_policy().image_opts {
+        // (by its filename in an --image-opts or json: description).
+        let described = image_opts || name.starts_with("json:");
+        let filename = if Self::local(&image) && !described {
             name.to_string()
         } else {
             image.file.location().to_string()
@@ -220,7 +223,7 @@ impl Node {
     /// Whether the image is its protocol node itself (`-f host_device`):
     /// QEMU shows that node alone, with no child.
     fn protocol_node(&self) -> bool {
-        self.image.format.name() == self.image.file.protocol()
+        self.image.driver == self.image.file.protocol()
     }
 
     /// The QAPI BlockGraphInfo object (keys inserted in schema order).
@@ -236,7 +239,7 @@ impl Node {
         }
         let mut v = QJson::dict()
             .with("filename", QJson::Str(self.filename.clone()))
-            .with("format", QJson::Str(img.format.name().into()));
+            .with("format", QJson::Str(img.driver.into()));
         // QEMU knows the dirty flag only of formats that report one and of
         // local files.
         let driver_info = match &self.specific {
@@ -312,7 +315,7 @@ impl Node {
         let size = img.virtual_size();
         let mut out = format!(
             "image: {name}\nfile format: {}\nvirtual size: {} ({size} bytes)\ndisk size: {}\n",
-            img.format.name(),
+            img.driver,
             human_size(size),
             self.actual_human(),
         );

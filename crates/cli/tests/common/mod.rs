@@ -188,6 +188,40 @@ pub fn alike_in(dir: &Path, args: &[&str]) {
     assert_eq!(code(&ours), code(&theirs), "{args:?}");
 }
 
+/// Runs `script` (bash, `$T` standing for each tool in turn) from a
+/// `diskit serve ARGS --run` command, so that `$unixsocket` is the served
+/// socket, with `env` set; the script prints `== TOOL` before each
+/// tool's turn. Both turns must print the same; returns diskit's.
+pub fn alike_under_serve(
+    dir: &Path,
+    serve_args: &[&str],
+    script: &str,
+    env: &[(&str, &str)],
+) -> String {
+    let file = dir.join("case.sh");
+    let body = format!(
+        "set -u\nfor T in qemu-img \"$DISKIT\"; do\necho \"== $(basename \"$T\")\"\n{script}\ndone\n"
+    );
+    std::fs::write(&file, body).unwrap();
+    let run = format!("unixsocket=$unixsocket bash {}", s(&file));
+    let mut cmd = timed(diskit_bin(), 120);
+    cmd.arg("serve")
+        .args(serve_args)
+        .args(["--run", &run])
+        .env("DISKIT", diskit_bin());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = ok(cmd.output().unwrap());
+    let text = stdout(&o);
+    let (theirs, ours) = text
+        .split_once("== diskit\n")
+        .unwrap_or_else(|| panic!("{text}\n{}", stderr(&o)));
+    let theirs = theirs.trim_start_matches("== qemu-img\n");
+    assert_eq!(ours, theirs, "diskit and qemu-img differ");
+    ours.to_string()
+}
+
 /// Starts `diskit serve -f -U SOCKET image IMAGE` and waits for its
 /// socket; the server stops when the guard is dropped.
 pub fn serve_image(socket: &Path, image: &Path) -> ServeGuard {

@@ -33,6 +33,7 @@ impl FormatDriver for Qcow2Driver {
             "backing",
             "data-file",
             "l2-cache-size",
+            "l2-cache-entry-size",
             "encrypt.key-secret",
             "encrypt.format",
         ]
@@ -53,6 +54,12 @@ impl FormatDriver for Qcow2Driver {
             super::Qcow2Options {
                 writable: opts.writable,
                 l2_cache_size: opts.l2_cache_size,
+                l2_cache_entry_size: opts
+                    .node_options
+                    .iter()
+                    .find(|(k, _)| k == "l2-cache-entry-size")
+                    .map(|(k, v)| crate::options::size_value(k, v))
+                    .transpose()?,
                 snapshot: opts.snapshot.clone(),
                 key_secret: opts.key_secret.clone(),
                 encrypt_format: opts

@@ -21,6 +21,11 @@ pub struct Qcow2Options {
     pub writable: bool,
     /// Bytes of L2 tables to cache (QEMU's l2-cache-size).
     pub l2_cache_size: Option<u64>,
+    /// QEMU's `l2-cache-entry-size`: checked as QEMU checks it (a power of
+    /// two from 512 bytes to a cluster). diskit's cache keeps whole L2
+    /// tables, so it changes nothing else: `l2-cache-size` still bounds
+    /// the bytes cached.
+    pub l2_cache_entry_size: Option<u64>,
     /// Read this internal snapshot (by id, then by name) instead of the
     /// active disk; read-only.
     pub snapshot: Option<String>,
@@ -151,6 +156,13 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
     } else {
         None
     };
+    if let Some(n) = opts.l2_cache_entry_size
+        && (!n.is_power_of_two() || n < 512 || n > cs)
+    {
+        return Err(Error::invalid(format!(
+            "L2 cache entry size must be a power of two between 512 and the cluster size ({cs})"
+        )));
+    }
     let cache_bytes = opts
         .l2_cache_size
         .unwrap_or(DEFAULT_L2_CACHE_BYTES)

@@ -32,8 +32,12 @@ pub struct NbdUri {
     pub address: Address,
     /// The export name ("" for the default export).
     pub export: String,
-    /// Whether the URI asks for TLS (`nbds`).
+    /// Whether the connection uses TLS (`nbds`, or credentials given
+    /// apart from the name).
     pub tls: bool,
+    /// Whether the name says so (`nbds`): QEMU, whose TLS comes from a
+    /// `tls-creds` object, shows its nodes as `nbd` whatever they use.
+    pub tls_in_name: bool,
     /// The user name (TLS-PSK identity), if any.
     pub user: Option<String>,
     /// `tls-certificates=DIR`.
@@ -83,6 +87,7 @@ impl NbdUri {
             address: Address::Unix(String::new()),
             export,
             tls,
+            tls_in_name: tls,
             user,
             tls_certificates: None,
             tls_psk_file: None,
@@ -133,6 +138,7 @@ impl NbdUri {
             address,
             export: export.to_string(),
             tls: false,
+            tls_in_name: false,
             user: None,
             tls_certificates: None,
             tls_psk_file: None,
@@ -146,7 +152,11 @@ impl NbdUri {
     /// `nbd+unix://?socket=PATH`, `nbd://HOST:PORT/EXPORT` or
     /// `nbd://HOST:PORT`.
     pub fn canonical(&self) -> String {
-        let s = if self.tls { "s" } else { "" };
+        let s = if self.tls && self.tls_in_name {
+            "s"
+        } else {
+            ""
+        };
         match (&self.address, self.export.is_empty()) {
             (Address::Unix(path), false) => {
                 format!("nbd{s}+unix:///{}?socket={path}", self.export)

@@ -195,6 +195,7 @@ pub fn open(kv: &PluginArgs, _readonly: bool) -> Result<Opened, CliError> {
                 address,
                 export,
                 tls: tls.require,
+                tls_in_name: tls.require,
                 user: tls.username,
                 tls_certificates: tls.certificates,
                 tls_psk_file: tls.psk,
