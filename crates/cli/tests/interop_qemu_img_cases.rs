@@ -384,3 +384,59 @@ done
         "{out}"
     );
 }
+
+/// LUKS key slots with and without `--force` (overwriting an active slot,
+/// erasing every slot a password opens), as qemu-img changes them.
+#[test]
+fn luks_slots_with_and_without_force() {
+    let out = alike(
+        r#"
+S="--object secret,id=s0,data=pw0 --object secret,id=s1,data=pw1 --object secret,id=s2,data=pw2"
+qemu-img create -q -f luks $S -o key-secret=s0,iter-time=10 l.luks 1M
+qemu-io $S --image-opts driver=luks,key-secret=s0,file.filename=l.luks -c 'write -P 0x5a 0 64k' >/dev/null
+I="--image-opts driver=luks,key-secret=s0,file.filename=l.luks"
+run $T amend $S -o state=active,new-secret=s1,keyslot=0,iter-time=10 $I
+run $T amend --force $S -o state=active,new-secret=s1,keyslot=0,iter-time=10 $I
+I="--image-opts driver=luks,key-secret=s1,file.filename=l.luks"
+run $T amend $S -o state=active,new-secret=s2,iter-time=10 $I
+run $T amend $S -o state=inactive,keyslot=0 $I
+I="--image-opts driver=luks,key-secret=s2,file.filename=l.luks"
+run $T amend $S -o state=inactive,old-secret=s2 $I
+qemu-io $S $I -c 'read -P 0x5a 0 64k' | head -1
+run $T amend --force $S -o state=inactive,old-secret=s2 $I
+qemu-img info l.luks | grep -c 'active: true' || true
+"#,
+    );
+    assert!(
+        out.contains("Refusing to overwrite active keyslot 0"),
+        "{out}"
+    );
+    assert!(out.contains("All the active keyslots match"), "{out}");
+    assert!(out.contains("read 65536/65536"), "{out}");
+    assert_eq!(out.matches("rc=0").count(), 4, "{out}");
+}
+
+/// Overlays of encrypted images are made without the backing file's key
+/// (only its size is read), and a missing file further down the chain
+/// still stops them, as in qemu-img.
+#[test]
+fn overlays_of_encrypted_images_need_no_key() {
+    let out = alike(
+        r#"
+S="--object secret,id=s0,data=pw0 --object secret,id=s1,data=pw1"
+qemu-img create -q -f qcow2 $S -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 base.qcow2 1M
+run $T create -f qcow2 $S -b base.qcow2 -F qcow2 -o encrypt.format=luks,encrypt.key-secret=s1,encrypt.iter-time=10 ov.qcow2
+run $T create -f qcow2 -b base.qcow2 -F qcow2 ov2.qcow2
+run $T create -f qcow2 -b ov2.qcow2 -F qcow2 ov3.qcow2
+mv base.qcow2 gone.qcow2; run $T create -f qcow2 -b ov2.qcow2 -F qcow2 ov4.qcow2; mv gone.qcow2 base.qcow2
+for i in '' 2 3; do qemu-img info ov$i.qcow2 | grep -E '^(virtual|backing)'; done
+qemu-io $S --image-opts driver=qcow2,encrypt.key-secret=s1,backing.encrypt.key-secret=s0,file.filename=ov.qcow2 -c 'read -P 0 0 64k' | head -1
+"#,
+    );
+    assert_eq!(out.matches("rc=0").count(), 3, "{out}");
+    assert!(
+        out.contains("Could not open backing file: Could not open"),
+        "{out}"
+    );
+    assert!(out.contains("read 65536/65536"), "{out}");
+}

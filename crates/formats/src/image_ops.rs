@@ -250,8 +250,10 @@ pub trait FormatImage: Send + Sync {
 
     /// Changes the image's options (`amend -o`); checked first with
     /// [`FormatDriver::check_amend_options`](crate::FormatDriver::check_amend_options).
-    fn amend(&self, options: &OptionList) -> Result<()> {
-        let _ = options;
+    /// With `force`, changes qemu-img guards behind `--force` go ahead
+    /// (overwriting or erasing the last LUKS key slots).
+    fn amend(&self, options: &OptionList, force: bool) -> Result<()> {
+        let _ = (options, force);
         Err(unsupported_op(self.format().name(), "option amendment"))
     }
 

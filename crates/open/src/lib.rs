@@ -433,7 +433,7 @@ impl Implied<'_> {
 
 impl ImpliedFiles for Implied<'_> {
     fn backing(&mut self, name: &str, format: Option<&str>) -> Result<(DeviceRef, u64)> {
-        if self.opts.no_backing || self.opts.metadata_only || self.spec.is_null("backing") {
+        if self.opts.no_backing || self.spec.is_null("backing") {
             let none: DeviceRef = Arc::new(diskit_backends::NullDevice::new(0));
             return Ok((none, 0));
         }
@@ -463,7 +463,7 @@ impl ImpliedFiles for Implied<'_> {
             Ok(img) => img,
             // A refused chain is said once, not once per image above.
             Err(e) if self.chain.refused => return Err(e),
-            Err(e) => return Err(e.context(format!("Could not open backing file '{shown}'"))),
+            Err(e) => return Err(e.context("Could not open backing file")),
         };
         let r = (img.device.clone(), img.virtual_size());
         self.below = Some(Box::new(img));

@@ -26,7 +26,8 @@ pub struct Args {
     /// Quiet.
     #[arg(short = 'q', long = "quiet")]
     quiet: bool,
-    /// Allow changes qemu-img guards with --force (none for qcow2).
+    /// Allow the key slot changes qemu-img guards with --force
+    /// (overwriting an active slot, erasing the last ones).
     #[arg(long = "force")]
     force: bool,
     /// The image.
@@ -34,7 +35,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> CmdResult {
-    let _ = (a.cache, a.force);
+    let _ = a.cache;
     if a.options.is_empty() {
         return Err(CliError::usage("amend", "Must specify options (-o)"));
     }
@@ -73,7 +74,7 @@ pub fn run(a: Args) -> CmdResult {
         print!("    (0.00/100%)\r");
         let _ = std::io::stdout().flush();
     }
-    let result = img.ops.amend(&opts).and_then(|_| img.close());
+    let result = img.ops.amend(&opts, a.force).and_then(|_| img.close());
     if progress {
         println!("    (100.00/100%)\r");
     }

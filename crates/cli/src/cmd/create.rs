@@ -122,9 +122,11 @@ fn backing(a: &Args, filename: &Path, new: &mut dyn Creation) -> Result<(), CliE
                 })?),
             };
             // The new image is never made over its own backing file, by
-            // any name.
+            // any name. Only its size is wanted: no key is needed, as in
+            // QEMU (which opens it for no I/O).
             let opts = OpenOptions {
                 source: true,
+                metadata_only: true,
                 ..OpenOptions::default()
             };
             let image = open_image(crate::util::name_of(&full)?, format, opts)

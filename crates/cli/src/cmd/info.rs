@@ -115,6 +115,7 @@ struct Specific {
 fn open_node(path: &Path, format: Option<Format>, image_opts: bool) -> Result<Image, CliError> {
     let opts = OpenOptions {
         metadata_only: true,
+        no_backing: true,
         ..Default::default()
     };
     crate::util::open_name_as(path, format, opts, image_opts)

@@ -485,7 +485,9 @@ pub fn check_amend(options: &OptionList, prefix: &str) -> Result<()> {
 
 /// Applies the key slot change `options` asks for to the volume whose
 /// header is `base` bytes into `storage`; the open's passphrase
-/// (`key_secret`) gives the master key for activating.
+/// (`key_secret`) gives the master key for activating. With `force`, an
+/// active slot is overwritten and the last active slots are erased, as
+/// qemu-img's `--force` allows.
 pub fn amend_slots(
     storage: &dyn Storage,
     base: u64,
@@ -493,6 +495,7 @@ pub fn amend_slots(
     options: &OptionList,
     prefix: &str,
     key_secret: Option<&str>,
+    force: bool,
 ) -> Result<()> {
     let Some(change) = parse_amend(options, prefix)? else {
         return Ok(());
@@ -510,7 +513,7 @@ pub fn amend_slots(
             let new_pass = Secrets::global().get(&new_secret)?;
             let (master, _) = keys::unlock(&h, storage, base, pass.bytes(), None)?;
             let i = match slot {
-                Some(i) if h.slots[i].active => {
+                Some(i) if h.slots[i].active && !force => {
                     return Err(Error::invalid(format!(
                         "Refusing to overwrite active keyslot {i} - please erase it first"
                     )));
@@ -525,6 +528,7 @@ pub fn amend_slots(
             keys::store_slot(&mut h, storage, base, i, new_pass.bytes(), &master, iters)?;
         }
         SlotChange::Erase { slot, old_secret } => {
+            let by_password = old_secret.is_some();
             let chosen: Vec<usize> = match (slot, old_secret) {
                 (Some(i), _) => vec![i],
                 (None, Some(id)) => {
@@ -548,11 +552,19 @@ pub fn amend_slots(
             };
             let active = h.slots.iter().filter(|s| s.active).count();
             let erasing = chosen.iter().filter(|&&i| h.slots[i].active).count();
-            if erasing > 0 && erasing == active {
-                return Err(Error::invalid(format!(
-                    "Attempt to erase the only active keyslot {} which will erase all the data in the image irreversibly - refusing operation",
-                    chosen[0]
-                )));
+            if erasing > 0 && erasing == active && !force {
+                return Err(Error::invalid(if by_password {
+                    "All the active keyslots match the (old) password that was given and \
+                     erasing them will erase all the data in the image irreversibly - \
+                     refusing operation"
+                        .to_string()
+                } else {
+                    format!(
+                        "Attempt to erase the only active keyslot {} which will erase all the \
+                         data in the image irreversibly - refusing operation",
+                        chosen[0]
+                    )
+                }));
             }
             for i in chosen {
                 keys::erase_slot(&mut h, storage, base, i)?;

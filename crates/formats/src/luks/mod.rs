@@ -324,7 +324,7 @@ impl FormatImage for LuksImage {
         self.storage.resize(payload + new_size, mode)
     }
 
-    fn amend(&self, options: &OptionList) -> Result<()> {
+    fn amend(&self, options: &OptionList, force: bool) -> Result<()> {
         create::amend_slots(
             &*self.storage,
             0,
@@ -332,6 +332,7 @@ impl FormatImage for LuksImage {
             options,
             "",
             self.key_secret.as_deref(),
+            force,
         )
     }
 }

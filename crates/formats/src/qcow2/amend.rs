@@ -97,6 +97,8 @@ pub struct Amend {
     /// Key slot changes (`encrypt.state`, `encrypt.keyslot`, ...), for a
     /// LUKS-encrypted image.
     pub encrypt: Option<OptionList>,
+    /// `--force`: key slot changes qemu-img guards go ahead.
+    pub force: bool,
 }
 
 impl Amend {
@@ -190,6 +192,7 @@ impl Qcow2 {
                 list,
                 "encrypt.",
                 self.key_secret(),
+                a.force,
             )?;
         }
         let old_version = h.version;

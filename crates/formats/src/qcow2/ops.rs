@@ -160,8 +160,10 @@ impl FormatImage for Qcow2Image {
         Ok((Arc::new(CompressedWriter::new(self.image.clone())), cs))
     }
 
-    fn amend(&self, options: &OptionList) -> Result<()> {
-        self.image.amend(&Amend::parse(options)?)
+    fn amend(&self, options: &OptionList, force: bool) -> Result<()> {
+        let mut a = Amend::parse(options)?;
+        a.force = force;
+        self.image.amend(&a)
     }
 
     fn check_resize(&self, _new_size: u64, _prealloc: Option<Prealloc>) -> Result<()> {
