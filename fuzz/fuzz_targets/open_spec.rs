@@ -13,6 +13,7 @@ fn check(s: &Spec) {
     let _ = s.check_keys(NodeKind::Format, "qcow2", &["driver", "backing"], &["file"]);
     let _ = s.check_keys(NodeKind::Protocol, "nbd", &["driver", "path"], &["server"]);
     let _ = s.child("file").get("filename");
+    let _ = s.qemu_json_name();
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -24,6 +25,10 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(s) = spec::parse_json(text) {
         check(&s);
+        // QEMU's name for a description reads back as the same keys.
+        let name = s.qemu_json_name();
+        let again = spec::parse_json(&name["json:".len()..]).expect("its own name parses");
+        assert_eq!(again, s, "{name}");
     }
     let _ = diskit_open::name_spec(text, None);
 });

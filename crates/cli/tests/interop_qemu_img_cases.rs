@@ -440,3 +440,28 @@ qemu-io $S --image-opts driver=qcow2,encrypt.key-secret=s1,backing.encrypt.key-s
     );
     assert!(out.contains("read 65536/65536"), "{out}");
 }
+
+/// `map` of a raw file one byte short of 1 MiB shows the one extent
+/// qemu-img shows, and an overlay names a block device as its backing
+/// file with `-F host_device` (when a loop device can be had).
+#[test]
+fn map_of_an_odd_sized_file_and_a_host_device_backing_file() {
+    let out = alike(
+        r#"
+truncate -s 1048575 r.raw; $T map --output=json r.raw; $T map r.raw
+printf x | dd of=r.raw bs=1 seek=1000 conv=notrunc 2>/dev/null; $T map --output=json -f raw r.raw
+run $T create -f qcow2 -b r.raw -F host_device o.qcow2
+truncate -s 1M h.raw
+if L=$(losetup -f --show h.raw 2>/dev/null); then
+  run $T create -f qcow2 -b "$L" -F host_device o.qcow2
+  qemu-img info --backing-chain o.qcow2 | grep -E '^(virtual|file format|backing file format)'
+  losetup -d "$L"
+fi
+"#,
+    );
+    assert_eq!(out.matches("\"start\"").count(), 3, "{out}");
+    assert!(
+        out.contains("driver requires 'r.raw' to be either a character or block device"),
+        "{out}"
+    );
+}
