@@ -110,7 +110,9 @@ impl CowFile {
             o.set("backing_fmt", "raw");
             o.set("cluster_size", &config.block_size.to_string());
             let opts = Qcow2CreateOptions::parse(&o).map_err(ctx)?;
-            create(&path, &opts).map_err(ctx)?;
+            diskit_formats::creation::LocalFiles::new(&path)
+                .run(|t| create(t, &opts))
+                .map_err(ctx)?;
         }
         let file: StorageRef = Arc::new(
             diskit_backends::FileDevice::open(

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use diskit_core::Result;
+use diskit_core::{Result, StorageRef};
 
 /// The creation options of one format, parsed and open to the values the
 /// command line adds (size, backing file).
@@ -41,28 +41,86 @@ pub trait Creation {
     /// (each with its leading space).
     fn summary(&self) -> String;
 
-    /// Makes the image at `path`.
-    fn create(&self, path: &Path) -> Result<()>;
+    /// Makes the image where `target` says, through it.
+    fn create(&self, target: &mut dyn NewFiles) -> Result<()>;
 }
 
-/// Makes a new image file at `path` with `make`, which gets the file
-/// created empty: as QEMU does, a failed creation removes the file it
-/// made (one that existed before stays).
-pub fn create_file(
-    path: &Path,
-    make: impl FnOnce(&diskit_backends::FileDevice) -> Result<()>,
-) -> Result<()> {
-    use diskit_core::BlockDevice;
-    let existed = path.exists();
-    let result = diskit_backends::FileDevice::create(path, 0, diskit_backends::Preallocation::Off)
-        .and_then(|dev| {
-            make(&dev)?;
-            dev.flush()
-        });
-    if result.is_err() && !existed {
-        let _ = std::fs::remove_file(path);
+/// Where a new image is made: the storage for it, and for the files it
+/// names (vmdk extents, a qcow2 data file), each made empty and writable
+/// when asked for. Whoever gives out the target removes what it made if
+/// the creation fails (never what was there before), as QEMU does.
+pub trait NewFiles {
+    /// The name the new image was given.
+    fn name(&self) -> &str;
+
+    /// Makes the storage called `name` (the image's own name, or the name
+    /// of a file it names) empty, writable and locked as a new image's:
+    /// a new file, or existing storage taken over (a block device, an NBD
+    /// export).
+    fn make(&mut self, name: &str) -> Result<StorageRef>;
+
+    /// Makes the image's own storage.
+    fn make_image(&mut self) -> Result<StorageRef> {
+        let name = self.name().to_string();
+        self.make(&name)
     }
-    result
+}
+
+/// New images as local files, by path: [`NewFiles`] for tools and tests
+/// that make images on the local file system only (the opener's targets
+/// reach every storage).
+pub struct LocalFiles {
+    name: String,
+    made: Vec<std::path::PathBuf>,
+}
+
+impl LocalFiles {
+    /// A target for the image at `path`.
+    pub fn new(path: &Path) -> LocalFiles {
+        LocalFiles {
+            name: path.display().to_string(),
+            made: Vec::new(),
+        }
+    }
+
+    /// Runs `make` on this target; if it fails, removes the files made.
+    pub fn run<T>(mut self, make: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let r = make(&mut self);
+        if r.is_err() {
+            for p in &self.made {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        r
+    }
+}
+
+impl NewFiles for LocalFiles {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn make(&mut self, name: &str) -> Result<StorageRef> {
+        let path = Path::new(name);
+        let existed = path.exists();
+        let dev =
+            diskit_backends::FileDevice::create(path, 0, diskit_backends::Preallocation::Off)?;
+        if !existed {
+            self.made.push(path.to_path_buf());
+        }
+        Ok(std::sync::Arc::new(dev))
+    }
+}
+
+/// Makes the image's own storage through `target` and writes it with
+/// `write`, flushed: the usual body of a format's creation.
+pub fn make_image(
+    target: &mut dyn NewFiles,
+    write: impl FnOnce(&dyn diskit_core::Storage) -> Result<()>,
+) -> Result<()> {
+    let storage = target.make_image()?;
+    write(&*storage)?;
+    storage.flush()
 }
 
 /// The "Formatting" line's options after the size: ` key=value` for each.

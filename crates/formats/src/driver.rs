@@ -7,7 +7,6 @@
 //! refused by name and never read as raw.
 
 use std::fmt;
-use std::path::Path;
 use std::sync::Arc;
 
 use diskit_core::{DeviceRef, Error, ErrorKind, Result, Storage, StorageRef};
@@ -121,18 +120,26 @@ pub trait FormatDriver: Sync {
         Err(unsupported_op(self.name(), "backing files"))
     }
 
-    /// Creates a new image at `path` of `size` bytes (or the size in
-    /// `options`); returns the size.
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let _ = (path, size, options);
-        Err(unsupported(self.name()))
+    /// Creates a new image of `size` bytes (or the size in `options`)
+    /// where `target` says; returns the size. The one way in is
+    /// [`parse_create`](Self::parse_create).
+    fn create(
+        &self,
+        target: &mut dyn crate::creation::NewFiles,
+        size: Option<u64>,
+        options: &OptionList,
+    ) -> Result<u64> {
+        let mut new = self.parse_create(options)?;
+        let size = one_size(size, new.size())?;
+        new.set_size(size);
+        new.create(target)?;
+        Ok(size)
     }
 
     /// Checks creation options (`-o`) alone: unknown keys and malformed
     /// values are errors.
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        let _ = options;
-        Err(unsupported(self.name()))
+        self.parse_create(options).map(drop)
     }
 
     /// `create -o help`, with or without a file name given.

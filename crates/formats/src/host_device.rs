@@ -105,14 +105,6 @@ impl FormatDriver for HostDeviceDriver {
         })
     }
 
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let mut c = HostDeviceCreation::parse(options)?;
-        let size = one_size(size, c.size)?;
-        c.size = Some(size);
-        crate::Creation::create(&c, path)?;
-        Ok(size)
-    }
-
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
         HostDeviceCreation::parse(options).map(drop)
     }
@@ -171,7 +163,8 @@ impl crate::Creation for HostDeviceCreation {
     }
 
     /// Checks that the device is there and holds the size; writes nothing.
-    fn create(&self, path: &Path) -> Result<()> {
+    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
+        let path = Path::new(target.name());
         if let Some(p) = self.preallocation.as_deref().filter(|p| *p != "off") {
             return Err(Error::unsupported(format!(
                 "Unsupported preallocation mode '{p}'"

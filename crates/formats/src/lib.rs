@@ -149,5 +149,6 @@ pub fn create_image(
     size: Option<u64>,
     options: &OptionList,
 ) -> Result<u64> {
-    format.driver().create(path, size, options)
+    crate::creation::LocalFiles::new(path)
+        .run(|target| format.driver().create(target, size, options))
 }

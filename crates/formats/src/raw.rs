@@ -1,9 +1,8 @@
 //! The raw format: guest offset = file offset, so a raw image is its file.
 
-use std::path::Path;
+use diskit_core::{Error, ErrorKind, Preallocation, Result, StorageRef};
 
-use diskit_backends::{FileDevice, Preallocation};
-use diskit_core::{Error, ErrorKind, Result, StorageRef};
+use crate::creation::NewFiles;
 
 use crate::image_ops::FormatImage;
 use crate::options::{bool_value, size_value};
@@ -65,15 +64,14 @@ impl RawCreateOptions {
 }
 
 /// Creates a raw image of `size` bytes (rounded up to a whole sector, as
-/// QEMU does). Like qemu-img, the first block is written so that the image
-/// starts allocated; a failed creation removes the file it made.
-pub fn create(path: &Path, size: u64, opts: &RawCreateOptions) -> Result<()> {
+/// QEMU does) where `target` says. Like qemu-img, the first block is
+/// written so that the image starts allocated.
+pub fn create(target: &mut dyn NewFiles, size: u64, opts: &RawCreateOptions) -> Result<()> {
     let prealloc = opts.preallocation_mode()?;
-    let existed = path.exists();
     let size = size
         .checked_next_multiple_of(512)
         .ok_or_else(|| Error::invalid("Could not resize file: Invalid argument"))?;
-    let result = FileDevice::create(path, 0, Preallocation::Off).and_then(|dev| {
+    crate::creation::make_image(target, |dev| {
         dev.resize(size, prealloc).map_err(|e| {
             if e.kind() == ErrorKind::NoSpace && e.detail().contains("too large") {
                 Error::invalid("The image size is too large for file format 'raw'")
@@ -82,14 +80,11 @@ pub fn create(path: &Path, size: u64, opts: &RawCreateOptions) -> Result<()> {
             }
         })?;
         if prealloc != Preallocation::Full && size > 0 {
-            dev.write_first_block()?;
+            let first = vec![0u8; dev.size().min(4096) as usize];
+            dev.write_at(&first, 0, diskit_core::WriteFlags::NONE)?;
         }
         Ok(())
-    });
-    if result.is_err() && !existed {
-        let _ = std::fs::remove_file(path);
-    }
-    result
+    })
 }
 
 /// The raw driver: the image is its storage.
@@ -118,13 +113,6 @@ impl crate::driver::FormatDriver for RawDriver {
             device: storage.clone(),
             image: std::sync::Arc::new(RawImage { storage }),
         })
-    }
-
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let opts = RawCreateOptions::parse(options)?;
-        let size = crate::driver::one_size(size, opts.size)?;
-        create(path, size, &opts)?;
-        Ok(size)
     }
 
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
@@ -231,8 +219,8 @@ impl crate::Creation for RawCreation {
         out
     }
 
-    fn create(&self, path: &Path) -> Result<()> {
+    fn create(&self, target: &mut dyn NewFiles) -> Result<()> {
         let size = crate::driver::one_size(None, self.opts.size)?;
-        create(path, size, &self.opts)
+        create(target, size, &self.opts)
     }
 }

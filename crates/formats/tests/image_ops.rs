@@ -17,7 +17,9 @@ fn image_in_memory(format: Format, options: &str) -> Arc<MemoryDevice> {
     let mut new = format.driver().parse_create(&o).unwrap();
     assert_eq!(new.size(), None);
     new.set_size(4 << 20);
-    new.create(&path).unwrap();
+    diskit_formats::creation::LocalFiles::new(&path)
+        .run(|t| new.create(t))
+        .unwrap();
     let mem = Arc::new(MemoryDevice::new(0));
     mem.write_extend(&std::fs::read(&path).unwrap(), 0).unwrap();
     mem

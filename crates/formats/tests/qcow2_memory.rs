@@ -16,7 +16,9 @@ fn image_in_memory(size: &str) -> Arc<MemoryDevice> {
     o.parse_into(&format!("size={size},cluster_size=4096"))
         .unwrap();
     let opts = qcow2::create::Qcow2CreateOptions::parse(&o).unwrap();
-    qcow2::create::create(&path, &opts).unwrap();
+    diskit_formats::creation::LocalFiles::new(&path)
+        .run(|t| qcow2::create::create(t, &opts))
+        .unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let mem = Arc::new(MemoryDevice::new(0));
     mem.write_extend(&bytes, 0).unwrap();
@@ -80,7 +82,9 @@ fn a_qcow2_that_names_files_is_refused_without_an_opener() {
     o.parse_into("size=1M,backing_file=/etc/hostname,backing_fmt=raw")
         .unwrap();
     let opts = qcow2::create::Qcow2CreateOptions::parse(&o).unwrap();
-    qcow2::create::create(&path, &opts).unwrap();
+    diskit_formats::creation::LocalFiles::new(&path)
+        .run(|t| qcow2::create::create(t, &opts))
+        .unwrap();
     let mem = Arc::new(MemoryDevice::new(0));
     mem.write_extend(&std::fs::read(&path).unwrap(), 0).unwrap();
     let storage: StorageRef = mem;

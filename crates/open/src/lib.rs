@@ -14,6 +14,7 @@
 //! [`Capability`]s, creation and check types) are re-exported here, so
 //! that a tool reaches formats through this crate alone.
 
+pub mod create;
 pub mod gate;
 pub mod objects;
 pub mod protocol;
@@ -76,28 +77,6 @@ pub fn open_storage(name: &str, writable: bool) -> Result<StorageRef> {
             ..Default::default()
         },
     )
-}
-
-/// The local file a creation target names: a path, or `file:PATH` /
-/// `host_device:PATH` (how a name with a colon is given). A protocol
-/// without creation is refused in QEMU's words.
-pub fn creation_path(name: &std::path::Path) -> Result<PathBuf> {
-    let Some(text) = name.to_str() else {
-        return Ok(name.to_path_buf());
-    };
-    let proto = protocol::for_name(text)?;
-    if !proto.local {
-        return Err(Error::unsupported(format!(
-            "Protocol driver '{}' does not support image creation",
-            proto.name
-        )));
-    }
-    let path = proto
-        .prefixes
-        .iter()
-        .find_map(|p| text.strip_prefix(p))
-        .unwrap_or(text);
-    Ok(PathBuf::from(path))
 }
 
 /// Opens the storage under an image description (`--image-opts` text when

@@ -47,6 +47,20 @@ pub struct Protocol {
     pub network: bool,
     /// Opens the storage a node describes.
     pub open: fn(&Spec, ProtocolMode) -> Result<StorageRef>,
+    /// How a new image is made on it.
+    pub made: Made,
+}
+
+/// How a protocol makes the storage of a new image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made {
+    /// A new file (or an existing one emptied, or a block device taken over).
+    NewFile,
+    /// Existing storage of its own size is taken over (QEMU's fallback for
+    /// protocols that cannot create: the NBD export must be there).
+    Existing,
+    /// Never: no image is made on it.
+    Never,
 }
 
 /// Every protocol, the local file first (the one a plain path selects).
@@ -58,6 +72,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         local: true,
         network: false,
         open: open_file,
+        made: Made::NewFile,
     },
     Protocol {
         name: "host_device",
@@ -66,6 +81,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         local: true,
         network: false,
         open: open_file,
+        made: Made::NewFile,
     },
     Protocol {
         name: "nbd",
@@ -74,6 +90,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         local: false,
         network: true,
         open: open_nbd,
+        made: Made::Existing,
     },
     Protocol {
         name: "http",
@@ -82,6 +99,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         local: false,
         network: true,
         open: open_http,
+        made: Made::Never,
     },
     Protocol {
         name: "https",
@@ -90,6 +108,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         local: false,
         network: true,
         open: open_http,
+        made: Made::Never,
     },
     Protocol {
         name: "null-co",
@@ -98,6 +117,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         local: false,
         network: false,
         open: open_null,
+        made: Made::Never,
     },
 ];
 
@@ -121,6 +141,19 @@ pub fn for_name(name: &str) -> Result<&'static Protocol> {
         return Err(Error::invalid(format!("Unknown protocol '{scheme}'")));
     }
     Ok(&PROTOCOLS[0])
+}
+
+/// `name` without the prefix that selected `proto` for it, where the rest
+/// is the path (`file:a:b` is `a:b`); a URI stays whole.
+pub fn strip_prefix<'a>(proto: &Protocol, name: &'a str) -> &'a str {
+    if !proto.local {
+        return name;
+    }
+    proto
+        .prefixes
+        .iter()
+        .find_map(|p| name.strip_prefix(p))
+        .unwrap_or(name)
 }
 
 /// Opens the storage a protocol node describes, refusing keys it does not

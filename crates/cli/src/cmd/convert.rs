@@ -304,7 +304,7 @@ pub fn run(a: Args) -> CmdResult {
         return run_copy(&a, &*src, &null, &how);
     }
     // The file made for the target (none with -n: it exists, as any storage).
-    let mut made: Option<std::path::PathBuf> = None;
+    let mut made: Vec<std::path::PathBuf> = Vec::new();
     if !a.no_create {
         let failed = |e: diskit_core::Error| {
             CliError::new(format!(
@@ -313,13 +313,14 @@ pub fn run(a: Args) -> CmdResult {
                 out_format
             ))
         };
-        let path = diskit_open::creation_path(target).map_err(failed)?;
-        let existed = path.exists();
-        out_format
-            .driver()
-            .create(&path, Some(total), &options)
-            .map_err(failed)?;
-        made = (!existed).then_some(path);
+        let (_, files) = diskit_open::create::create_image(
+            crate::util::name_of(target)?,
+            out_format,
+            Some(total),
+            &options,
+        )
+        .map_err(failed)?;
+        made = files;
     }
     let created = !a.no_create;
     // A target with a backing file (-B, or -o backing_file) gets only what
@@ -337,12 +338,12 @@ pub fn run(a: Args) -> CmdResult {
         skip_backing,
         bitmaps,
     );
-    if result.is_err()
-        && let Some(path) = made
-    {
+    if result.is_err() {
         // Leave no half-written target behind (never a device, never a
         // file that was there before).
-        let _ = std::fs::remove_file(path);
+        for path in made {
+            let _ = std::fs::remove_file(path);
+        }
     }
     result
 }

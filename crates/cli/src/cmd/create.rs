@@ -73,9 +73,8 @@ pub fn run(a: Args) -> CmdResult {
         (None, Some(s)) => new.set_size(s),
         _ => {}
     }
-    let path = diskit_open::creation_path(filename).map_err(|e| at(e.to_string()))?;
     if with_backing {
-        backing(&a, &path, &mut *new)?;
+        backing(&a, filename, &mut *new)?;
     }
     if new.size().is_none() {
         return Err(at("Image creation needs a size parameter".into()));
@@ -83,7 +82,8 @@ pub fn run(a: Args) -> CmdResult {
     if !a.quiet {
         println!("Formatting '{name}', fmt={format}{}", new.summary());
     }
-    new.create(&path).map_err(|e| at(e.to_string()))?;
+    diskit_open::create::create_planned(crate::util::name_of(filename)?, &*new)
+        .map_err(|e| at(e.to_string()))?;
     Ok(0)
 }
 

@@ -98,12 +98,7 @@ pub fn run(a: Args) -> CmdResult {
     let skip_bytes = skip.checked_mul(bs).filter(|&b| b <= size);
     let out_size = skip_bytes.map_or(0, |b| size - b);
     let out_path = PathBuf::from(output);
-    diskit_open::creation_path(&out_path)
-        .and_then(|path| {
-            out_format
-                .driver()
-                .create(&path, Some(out_size), &OptionList::new())
-        })
+    diskit_open::create::create_image(output, out_format, Some(out_size), &OptionList::new())
         .map_err(|e| CliError::new(format!("{output}: error while creating output image: {e}")))?;
     let dst = open(
         &out_path,

@@ -6,7 +6,6 @@
 //! iterations are measured on this machine to take `iter-time`
 //! milliseconds (QEMU's default 2000), at least 1000.
 
-use std::path::Path;
 use std::time::Duration;
 
 use diskit_backends::Preallocation;
@@ -261,7 +260,11 @@ pub fn write_header(storage: &dyn Storage, base: u64, h: &Header) -> Result<()> 
 
 /// Makes a LUKS volume of `size` bytes at `path` (the size rounded up to
 /// whole sectors).
-pub fn create(path: &Path, size: u64, opts: &LuksCreateOptions) -> Result<()> {
+pub fn create(
+    target: &mut dyn crate::creation::NewFiles,
+    size: u64,
+    opts: &LuksCreateOptions,
+) -> Result<()> {
     let plan = opts.plan()?;
     let pass = opts.passphrase()?;
     let prealloc = match opts.preallocation.as_deref() {
@@ -270,7 +273,7 @@ pub fn create(path: &Path, size: u64, opts: &LuksCreateOptions) -> Result<()> {
             .map_err(|_| Error::invalid(format!("invalid parameter value: {p}")))?,
     };
     let size = size.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
-    crate::creation::create_file(path, |dev| {
+    crate::creation::make_image(target, |dev| {
         format_volume(&dev, 0, &plan, pass.bytes())?;
         dev.resize(payload_offset(&plan) + size, prealloc)?;
         Ok(())
@@ -296,9 +299,9 @@ impl crate::Creation for LuksCreation {
         crate::creation::summary_of(self.opts.size, &self.opts.given)
     }
 
-    fn create(&self, path: &Path) -> Result<()> {
+    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
         let size = crate::driver::one_size(None, self.opts.size)?;
-        create(path, size, &self.opts)
+        create(target, size, &self.opts)
     }
 }
 

@@ -194,22 +194,6 @@ impl FormatDriver for LuksDriver {
         matches!(what, Capability::Amend)
     }
 
-    fn create(
-        &self,
-        path: &std::path::Path,
-        size: Option<u64>,
-        options: &OptionList,
-    ) -> Result<u64> {
-        let opts = create::LuksCreateOptions::parse(options)?;
-        let size = crate::driver::one_size(size, opts.size)?;
-        create::create(path, size, &opts)?;
-        Ok(size)
-    }
-
-    fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        create::LuksCreateOptions::parse(options).map(|_| ())
-    }
-
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
         Ok(Box::new(create::LuksCreation {
             opts: create::LuksCreateOptions::parse(options)?,

@@ -13,9 +13,6 @@
 //!    header last. Nothing is touched before every check has passed, and a
 //!    failure while writing removes the files it made.
 
-use std::path::Path;
-
-use diskit_backends::FileDevice;
 use diskit_core::{Error, ErrorKind, Preallocation, Result, Storage, WriteFlags};
 
 use super::create_layout::{Geometry, HeaderSpec, Plan, PlanError, Prealloc};
@@ -694,81 +691,41 @@ fn prepare(spec: &CreateSpec) -> Result<Prepared> {
     Ok(Prepared { plan, header })
 }
 
-/// Creates a qcow2 image at `path` (and its external data file, if any)
-/// exactly as `qemu-img create -f qcow2` would with these options. The
-/// options must carry the size.
-pub fn create(path: &Path, opts: &Qcow2CreateOptions) -> Result<()> {
+/// Creates a qcow2 image (and its external data file, if any) where
+/// `target` says, exactly as `qemu-img create -f qcow2` would with these
+/// options. The options must carry the size.
+pub fn create(target: &mut dyn crate::creation::NewFiles, opts: &Qcow2CreateOptions) -> Result<()> {
     let spec = opts.validate()?;
     let prepared = prepare(&spec)?;
-    // As QEMU does, a failed creation removes the files it made, never a
-    // file that was there before.
-    let existed = path.exists();
-    let data_existed = spec
-        .header
-        .data_file
-        .as_ref()
-        .is_some_and(|d| Path::new(d).exists());
-    let image = FileDevice::create(path, 0, Preallocation::Off)?;
+    let image = target.make_image()?;
     let data = match &spec.header.data_file {
         None => None,
-        Some(name) => {
-            let p = Path::new(name);
-            match FileDevice::create(p, 0, Preallocation::Off) {
-                Ok(d) => Some((p, d)),
-                Err(e) => {
-                    drop(image);
-                    if !existed {
-                        let _ = std::fs::remove_file(path);
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        Some(name) => Some(target.make(name)?),
     };
     let mode = prealloc_of(spec.prealloc);
-    let result = data
-        .as_ref()
-        .map_or(Ok(()), |(_, d)| write_data_file(&prepared.plan, d, mode))
-        .and_then(|()| write_image(&prepared, &image, mode))
-        .and_then(|()| match &spec.encrypt {
-            Some(luks) => set_up_luks(path, data.as_ref().map(|(p, _)| *p), luks),
-            None => Ok(()),
-        });
-    if result.is_err() {
-        drop(image);
-        if !existed {
-            let _ = std::fs::remove_file(path);
-        }
-        if let Some((p, d)) = data {
-            drop(d);
-            if !data_existed {
-                let _ = std::fs::remove_file(p);
-            }
-        }
+    if let Some(d) = &data {
+        write_data_file(&prepared.plan, &**d, mode)?;
     }
-    result
+    write_image(&prepared, &*image, mode)?;
+    if let Some(luks) = &spec.encrypt {
+        set_up_luks(image.clone(), data.clone(), luks)?;
+    }
+    if let Some(d) = &data {
+        d.flush()?;
+    }
+    image.flush()
 }
 
 /// Encrypts the new, empty image with LUKS, as QEMU does once the image
 /// exists: the LUKS header and key slots in new clusters, then the header
 /// marked.
 fn set_up_luks(
-    path: &Path,
-    data_path: Option<&Path>,
+    file: diskit_core::StorageRef,
+    data: Option<diskit_core::StorageRef>,
     luks: &crate::luks::create::LuksCreateOptions,
 ) -> Result<()> {
-    use diskit_backends::FileOptions;
     let plan = luks.plan()?;
     let pass = luks.passphrase()?;
-    let rw = FileOptions {
-        writable: true,
-        ..Default::default()
-    };
-    let file: diskit_core::StorageRef = std::sync::Arc::new(FileDevice::open(path, rw)?);
-    let data: Option<diskit_core::StorageRef> = match data_path {
-        Some(p) => Some(std::sync::Arc::new(FileDevice::open(p, rw)?)),
-        None => None,
-    };
     let image = super::open::open(
         file,
         super::open::Qcow2Options {

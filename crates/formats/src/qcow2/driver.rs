@@ -1,6 +1,5 @@
 //! qcow2's row in the format table.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use diskit_core::{BlockDevice, Result, Storage, StorageRef};
@@ -11,7 +10,7 @@ use super::measure::{Measurement, Source};
 use super::ops::Qcow2Image;
 use crate::check::{CheckReport, Repair};
 use crate::creation::Creation;
-use crate::driver::{FormatDriver, Opened, one_size};
+use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::Capability;
 use crate::implied::ImpliedFiles;
 use crate::{Format, Image, OpenOptions, OptionList};
@@ -116,17 +115,6 @@ impl FormatDriver for Qcow2Driver {
         super::backing::change_backing_file(storage, name, format)
     }
 
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let mut opts = Qcow2CreateOptions::parse(options)?;
-        let given = size;
-        let size = one_size(size, opts.size)?;
-        if given.is_some() {
-            opts.set_size(size);
-        }
-        super::create::create(path, &opts)?;
-        Ok(size)
-    }
-
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
         Qcow2CreateOptions::parse(options).map(drop)
     }
@@ -182,7 +170,7 @@ impl Creation for Qcow2CreateOptions {
         format!(" {}", Qcow2CreateOptions::summary(self))
     }
 
-    fn create(&self, path: &Path) -> Result<()> {
-        super::create::create(path, self)
+    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
+        super::create::create(target, self)
     }
 }

@@ -10,7 +10,6 @@
 pub mod device;
 pub mod header;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use diskit_core::{BlockDevice, Error, Result, Storage, StorageRef, WriteFlags};
@@ -94,7 +93,11 @@ impl QedCreateOptions {
 }
 
 /// Makes a QED image at `path`, as `qemu-img create -f qed` does.
-pub fn create(path: &Path, size: u64, o: &QedCreateOptions) -> Result<()> {
+pub fn create(
+    target: &mut dyn crate::creation::NewFiles,
+    size: u64,
+    o: &QedCreateOptions,
+) -> Result<()> {
     let cs = o.cluster_size.unwrap_or(65536);
     let ts = o.table_size.unwrap_or(4);
     if !cs.is_power_of_two() || !(MIN_CLUSTER as u64..=MAX_CLUSTER as u64).contains(&cs) {
@@ -137,7 +140,7 @@ pub fn create(path: &Path, size: u64, o: &QedCreateOptions) -> Result<()> {
             return Err(Error::invalid("No space left in the file header"));
         }
     }
-    crate::creation::create_file(path, |dev| {
+    crate::creation::make_image(target, |dev| {
         dev.write_extend(&h.to_bytes(), 0)?;
         if let Some(b) = &o.backing_file {
             dev.write_extend(b.as_bytes(), HEADER_LEN as u64)?;
@@ -226,9 +229,9 @@ impl crate::Creation for QedCreation {
         }
         out
     }
-    fn create(&self, path: &Path) -> Result<()> {
+    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
         let size = crate::driver::one_size(None, self.opts.size)?;
-        create(path, size, &self.opts)
+        create(target, size, &self.opts)
     }
 }
 
@@ -427,17 +430,6 @@ impl FormatDriver for QedDriver {
         format: Option<&str>,
     ) -> Result<()> {
         change_backing_file(storage, name, format)
-    }
-
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let o = QedCreateOptions::parse(options)?;
-        let size = crate::driver::one_size(size, o.size)?;
-        create(path, size, &o)?;
-        Ok(size)
-    }
-
-    fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        QedCreateOptions::parse(options).map(|_| ())
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {

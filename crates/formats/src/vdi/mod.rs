@@ -10,7 +10,6 @@
 pub mod device;
 pub mod header;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use diskit_backends::Preallocation;
@@ -87,7 +86,11 @@ fn new_uuid() -> Result<[u8; 16]> {
 
 /// Makes a VDI image of `size` bytes at `path`, as `qemu-img create -f
 /// vdi` does (a failed creation removes the file it made).
-pub fn create(path: &Path, size: u64, o: &VdiCreateOptions) -> Result<()> {
+pub fn create(
+    target: &mut dyn crate::creation::NewFiles,
+    size: u64,
+    o: &VdiCreateOptions,
+) -> Result<()> {
     let size = size.div_ceil(512) * 512;
     if size > MAX_SIZE {
         return Err(Error::invalid(format!(
@@ -104,7 +107,7 @@ pub fn create(path: &Path, size: u64, o: &VdiCreateOptions) -> Result<()> {
         Some(p) => Preallocation::parse(p)
             .map_err(|_| Error::invalid(format!("invalid parameter value: {p}")))?,
     };
-    crate::creation::create_file(path, |dev| {
+    crate::creation::make_image(target, |dev| {
         let h = Header::new(size, o.static_image, [new_uuid()?, new_uuid()?]);
         let mut bmap = vec![0u8; h.bmap_len() as usize];
         for i in 0..h.blocks_in_image {
@@ -153,9 +156,9 @@ impl crate::Creation for VdiCreation {
         out
     }
 
-    fn create(&self, path: &Path) -> Result<()> {
+    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
         let size = crate::driver::one_size(None, self.opts.size)?;
-        create(path, size, &self.opts)
+        create(target, size, &self.opts)
     }
 }
 
@@ -229,17 +232,6 @@ impl FormatDriver for VdiDriver {
 
     fn supports(&self, what: Capability) -> bool {
         matches!(what, Capability::Check)
-    }
-
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let o = VdiCreateOptions::parse(options)?;
-        let size = crate::driver::one_size(size, o.size)?;
-        create(path, size, &o)?;
-        Ok(size)
-    }
-
-    fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        VdiCreateOptions::parse(options).map(|_| ())
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {

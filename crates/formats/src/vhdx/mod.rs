@@ -22,7 +22,6 @@ pub mod device;
 pub mod header;
 pub mod log;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use diskit_core::{Error, Preallocation, Result, Storage, StorageRef};
@@ -252,9 +251,13 @@ impl Plan {
 
 /// Makes a VHDX image of `size` bytes at `path`, as `qemu-img create -f
 /// vhdx` does (a failed creation removes the file it made).
-pub fn create(path: &Path, size: u64, o: &VhdxCreateOptions) -> Result<()> {
+pub fn create(
+    target: &mut dyn crate::creation::NewFiles,
+    size: u64,
+    o: &VhdxCreateOptions,
+) -> Result<()> {
     let plan = Plan::new(size, o)?;
-    crate::creation::create_file(path, |dev| plan.write(dev))
+    crate::creation::make_image(target, |dev| plan.write(dev))
 }
 
 /// A VHDX image planned by `create` or `convert`.
@@ -291,9 +294,9 @@ impl crate::Creation for VhdxCreation {
         out
     }
 
-    fn create(&self, path: &Path) -> Result<()> {
+    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
         let size = crate::driver::one_size(None, self.opts.size)?;
-        create(path, size, &self.opts)
+        create(target, size, &self.opts)
     }
 }
 
@@ -354,17 +357,6 @@ impl FormatDriver for VhdxDriver {
 
     fn supports(&self, what: Capability) -> bool {
         matches!(what, Capability::Check)
-    }
-
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let o = VhdxCreateOptions::parse(options)?;
-        let size = crate::driver::one_size(size, o.size)?;
-        create(path, size, &o)?;
-        Ok(size)
-    }
-
-    fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        VhdxCreateOptions::parse(options).map(|_| ())
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {

@@ -208,7 +208,7 @@ pub fn sparse_header(capacity: u64, stream: bool, zeroed: bool) -> SparseHeader 
 /// the file grown to its overhead (the grain tables are holes), both
 /// directories pointing at their tables, and the embedded descriptor.
 fn write_sparse(
-    dev: &diskit_backends::FileDevice,
+    dev: &dyn diskit_core::Storage,
     h: &SparseHeader,
     descriptor: Option<&str>,
 ) -> Result<()> {
@@ -274,9 +274,14 @@ fn cid_of(path: &Path) -> Result<u32> {
         .map_err(|_| Error::invalid("Failed to read parent CID"))
 }
 
-/// Makes a VMDK disk of `size` bytes at `path` as `qemu-img create -f
-/// vmdk` does (files made are removed on failure).
-pub fn create(path: &Path, size: u64, o: &VmdkCreateOptions) -> Result<()> {
+/// Makes a VMDK disk of `size` bytes where `target` says, as `qemu-img
+/// create -f vmdk` does (its extents beside it).
+pub fn create(
+    target: &mut dyn crate::creation::NewFiles,
+    size: u64,
+    o: &VmdkCreateOptions,
+) -> Result<()> {
+    let path = &PathBuf::from(target.name());
     let sub = match o.subformat.as_deref() {
         None => Subformat::MonolithicSparse,
         Some(s) => Subformat::parse(s)
@@ -394,46 +399,28 @@ pub fn create(path: &Path, size: u64, o: &VmdkCreateOptions) -> Result<()> {
             ));
         }
         let h = sparse_header(size / SECTOR, stream, o.zeroed_grain);
-        return crate::creation::create_file(path, |dev| write_sparse(dev, &h, Some(&text)));
+        return crate::creation::make_image(target, |dev| write_sparse(dev, &h, Some(&text)));
     }
-    // A descriptor file and its extents; those made here go on failure
-    // (never a file that was there before).
-    let mut made: Vec<PathBuf> = Vec::new();
-    let r = (|| -> Result<()> {
-        let existed = path.exists();
-        crate::creation::create_file(path, |_| Ok(()))?;
-        if !existed {
-            made.push(path.to_path_buf());
-        }
-        for (p, _, bytes) in &parts {
-            let existed = p.exists();
-            crate::creation::create_file(p, |dev| {
-                if sub.flat() {
-                    dev.resize(*bytes, diskit_backends::Preallocation::Off)?;
-                    // QEMU's file driver writes the first block of a new
-                    // file (so that its allocation is probed cheaply).
-                    let first = (*bytes).min(4096) as usize;
-                    if first > 0 {
-                        dev.write_extend(&vec![0u8; first], 0)?;
-                    }
-                    Ok(())
-                } else {
-                    let h = sparse_header(bytes / SECTOR, false, o.zeroed_grain);
-                    write_sparse(dev, &h, None)
-                }
-            })?;
-            if !existed {
-                made.push(p.clone());
+    // The descriptor file first, then its extents, then its text.
+    let descriptor = target.make_image()?;
+    for (p, _, bytes) in &parts {
+        let dev = target.make(&p.display().to_string())?;
+        if sub.flat() {
+            dev.resize(*bytes, diskit_core::Preallocation::Off)?;
+            // QEMU's file driver writes the first block of a new file (so
+            // that its allocation is probed cheaply).
+            let first = (*bytes).min(4096) as usize;
+            if first > 0 {
+                dev.write_extend(&vec![0u8; first], 0)?;
             }
+        } else {
+            let h = sparse_header(bytes / SECTOR, false, o.zeroed_grain);
+            write_sparse(&*dev, &h, None)?;
         }
-        crate::creation::create_file(path, |dev| dev.write_extend(text.as_bytes(), 0))
-    })();
-    if r.is_err() {
-        for p in made {
-            let _ = std::fs::remove_file(p);
-        }
+        dev.flush()?;
     }
-    r
+    descriptor.write_extend(text.as_bytes(), 0)?;
+    descriptor.flush()
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ pub mod header;
 pub mod sesparse;
 pub mod sparse;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use diskit_core::{Error, Result, StorageRef};
@@ -302,17 +301,6 @@ impl FormatDriver for VmdkDriver {
         true
     }
 
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let o = VmdkCreateOptions::parse(options)?;
-        let size = crate::driver::one_size(size, o.size)?;
-        create::create(path, size, &o)?;
-        Ok(size)
-    }
-
-    fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        VmdkCreateOptions::parse(options).map(|_| ())
-    }
-
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
         Ok(Box::new(VmdkCreation {
             opts: VmdkCreateOptions::parse(options)?,
@@ -369,9 +357,9 @@ impl crate::Creation for VmdkCreation {
         self.opts.summary()
     }
 
-    fn create(&self, path: &Path) -> Result<()> {
+    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
         let size = crate::driver::one_size(None, self.opts.size)?;
-        create::create(path, size, &self.opts)
+        create::create(target, size, &self.opts)
     }
 }
 

@@ -14,7 +14,6 @@
 pub mod device;
 pub mod footer;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use diskit_backends::Preallocation;
@@ -130,7 +129,11 @@ pub fn plan_size(size: u64, force_size: bool) -> Result<(Chs, u64)> {
 
 /// Makes a VHD of `size` bytes at `path` as `qemu-img create -f vpc`
 /// does (a failed creation removes the file it made).
-pub fn create(path: &Path, size: u64, o: &VpcCreateOptions) -> Result<()> {
+pub fn create(
+    target: &mut dyn crate::creation::NewFiles,
+    size: u64,
+    o: &VpcCreateOptions,
+) -> Result<()> {
     let fixed = match o.subformat.as_deref() {
         None | Some("dynamic") => false,
         Some("fixed") => true,
@@ -161,7 +164,7 @@ pub fn create(path: &Path, size: u64, o: &VpcCreateOptions) -> Result<()> {
         footer::TYPE_DYNAMIC
     };
     let f = Footer::new(bytes, chs, disk_type, o.force_size, uuid, now);
-    crate::creation::create_file(path, |dev| {
+    crate::creation::make_image(target, |dev| {
         if fixed {
             dev.resize(bytes, prealloc)?;
             dev.write_extend(f.to_bytes(), bytes)?;
@@ -198,9 +201,9 @@ impl crate::Creation for VpcCreation {
         crate::creation::summary_of(self.opts.size, &self.opts.given)
     }
 
-    fn create(&self, path: &Path) -> Result<()> {
+    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
         let size = crate::driver::one_size(None, self.opts.size)?;
-        create(path, size, &self.opts)
+        create(target, size, &self.opts)
     }
 }
 
@@ -240,17 +243,6 @@ impl FormatDriver for VpcDriver {
             device: vpc.clone(),
             image: Arc::new(VpcImage { vpc }),
         })
-    }
-
-    fn create(&self, path: &Path, size: Option<u64>, options: &OptionList) -> Result<u64> {
-        let o = VpcCreateOptions::parse(options)?;
-        let size = crate::driver::one_size(size, o.size)?;
-        create(path, size, &o)?;
-        Ok(size)
-    }
-
-    fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        VpcCreateOptions::parse(options).map(|_| ())
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {

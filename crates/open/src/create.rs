@@ -1,0 +1,129 @@
+//! New images wherever a name says: the creation targets of `create`,
+//! `convert` and `dd`, through the protocol table. A local file is made
+//! (and removed again if the creation fails, never one that was there
+//! before); existing storage that cannot be made (an NBD export) is taken
+//! over as QEMU's fallback does: opened for writing, its first sector
+//! zeroed so that no old header shows through.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use diskit_backends::{FileDevice, Preallocation};
+use diskit_core::{Error, Result, StorageRef, ZeroFlags};
+use diskit_formats::creation::NewFiles;
+use diskit_formats::{Creation, Format, OptionList};
+
+use crate::protocol::{self, Made, ProtocolMode};
+use crate::spec::{Spec, Value};
+
+/// The storage a new image and the files it names are made on, by name.
+pub struct Targets {
+    name: String,
+    made: Vec<PathBuf>,
+}
+
+impl Targets {
+    /// Targets for a new image called `name`.
+    pub fn new(name: &str) -> Targets {
+        Targets {
+            name: name.to_string(),
+            made: Vec::new(),
+        }
+    }
+
+    /// The local files made so far (none that existed before).
+    pub fn made(&self) -> &[PathBuf] {
+        &self.made
+    }
+
+    /// Removes the files made.
+    pub fn remove_made(&mut self) {
+        for p in self.made.drain(..) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// Runs `make` with these targets; if it fails, removes what it made.
+    fn run<T>(&mut self, make: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let r = make(self);
+        if r.is_err() {
+            self.remove_made();
+        }
+        r
+    }
+}
+
+impl NewFiles for Targets {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn make(&mut self, name: &str) -> Result<StorageRef> {
+        let proto = protocol::for_name(name)?;
+        match proto.made {
+            Made::NewFile => {
+                let path = protocol::strip_prefix(proto, name);
+                let existed = std::path::Path::new(path).exists();
+                let dev = FileDevice::create(path, 0, Preallocation::Off)?;
+                if !existed {
+                    self.made.push(PathBuf::from(path));
+                }
+                Ok(Arc::new(dev))
+            }
+            Made::Existing => {
+                let mut node = Spec::default();
+                node.set("filename", Value::Str(name.to_string()));
+                let mode = ProtocolMode {
+                    writable: true,
+                    ..Default::default()
+                };
+                let storage = protocol::open(proto, &node, mode).map_err(|e| {
+                    Error::new(
+                        e.kind(),
+                        format!(
+                            "Protocol driver '{}' does not support creating new images, so an \
+                             existing image must be selected as the target; however, opening \
+                             the given target as an existing image failed: {e}",
+                            proto.name
+                        ),
+                    )
+                })?;
+                let first = storage.size().min(512);
+                if first > 0 {
+                    storage.write_zeroes(
+                        0,
+                        first,
+                        ZeroFlags {
+                            may_trim: true,
+                            ..Default::default()
+                        },
+                    )?;
+                }
+                Ok(storage)
+            }
+            Made::Never => Err(Error::unsupported(format!(
+                "Protocol driver '{}' does not support image creation",
+                proto.name
+            ))),
+        }
+    }
+}
+
+/// Creates a new image of `format` called `name`, of `size` bytes (or the
+/// size in `options`); returns the size and the local files made (which a
+/// caller that fails later removes: `convert`).
+pub fn create_image(
+    name: &str,
+    format: Format,
+    size: Option<u64>,
+    options: &OptionList,
+) -> Result<(u64, Vec<PathBuf>)> {
+    let mut targets = Targets::new(name);
+    let size = targets.run(|t| format.driver().create(t, size, options))?;
+    Ok((size, targets.made))
+}
+
+/// Makes the image `new` plans, called `name`.
+pub fn create_planned(name: &str, new: &dyn Creation) -> Result<()> {
+    Targets::new(name).run(|t| new.create(t))
+}
