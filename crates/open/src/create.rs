@@ -101,12 +101,22 @@ impl NewFiles for Targets {
                 }
                 Ok(storage)
             }
-            Made::Never => Err(Error::unsupported(format!(
-                "Protocol driver '{}' does not support image creation",
-                proto.name
-            ))),
+            Made::Never => Err(check_target(name).expect_err("never made")),
         }
     }
+}
+
+/// Checks that an image can be made on what `name` names at all (before
+/// anything is said or done about it), in QEMU's words when not.
+pub fn check_target(name: &str) -> Result<()> {
+    let proto = protocol::for_name(name)?;
+    if proto.made == Made::Never {
+        return Err(Error::unsupported(format!(
+            "Protocol driver '{}' does not support image creation",
+            proto.name
+        )));
+    }
+    Ok(())
 }
 
 /// Creates a new image of `format` called `name`, of `size` bytes (or the

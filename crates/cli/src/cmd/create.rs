@@ -49,6 +49,8 @@ pub fn run(a: Args) -> CmdResult {
     let size = a.size.as_deref().map(parse_image_size).transpose()?;
     let format = Format::from_name(format_name)
         .map_err(|_| at(format!("Unknown file format '{format_name}'")))?;
+    diskit_open::create::check_target(crate::util::name_of(filename)?)
+        .map_err(|e| at(e.to_string()))?;
     let with_backing = format.supports(Capability::BackingFile);
     if !with_backing {
         if a.backing.is_some() || options.get("backing_file").is_some() {

@@ -136,13 +136,13 @@ pub fn connect_stream(uri: &NbdUri) -> Result<Stream> {
                 widen_buffers(&s);
                 Stream::Unix(s)
             })
-            .map_err(|e| Error::from(e).context(format!("connecting to '{path}'"))),
+            .map_err(|e| Error::from(e).context(format!("Failed to connect to '{path}'"))),
         Address::Tcp { host, port } => std::net::TcpStream::connect((host.as_str(), *port))
             .map(|s| {
                 let _ = s.set_nodelay(true);
                 Stream::Tcp(s)
             })
-            .map_err(|e| Error::from(e).context(format!("connecting to {host}:{port}"))),
+            .map_err(|e| Error::from(e).context(format!("Failed to connect to '{host}:{port}'"))),
     }
 }
 
