@@ -69,6 +69,31 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The bytes of the device the request covers: `(offset, length)`.
+    pub fn span(&self) -> (u64, u64) {
+        match self {
+            Request::Read { offset, len, .. } | Request::ReadTo { offset, len, .. } => {
+                (*offset, *len as u64)
+            }
+            Request::Write { offset, range, .. } => (*offset, range.len() as u64),
+            Request::Zero { offset, len, .. } => (*offset, *len),
+        }
+    }
+
+    /// The request finished, unstarted, with `result` (an error): its
+    /// buffer is given back.
+    pub fn fail(self, tag: u64, result: Result<()>) -> Completion {
+        let buf = match self {
+            Request::Read { buf, .. }
+            | Request::ReadTo { buf, .. }
+            | Request::Write { buf, .. } => Some(buf),
+            Request::Zero { .. } => None,
+        };
+        Completion { tag, result, buf }
+    }
+}
+
 /// Takes the bytes of a [`Request::ReadTo`] as they arrive, in whatever
 /// thread receives them; calls for different parts of one read, and for
 /// different reads, may come at once from several threads.
