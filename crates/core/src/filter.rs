@@ -130,6 +130,15 @@ pub trait Filter: Send + Sync {
             None
         }
     }
+    /// Whether the layer boundary ([`Filtered`]) refuses a request outside
+    /// the filter's size before the filter sees it: true by default, so
+    /// that filters check only the ranges they make themselves. A filter
+    /// that must see every request as it came, and passes it on to the
+    /// layer below unchanged, which refuses it (log, which logs the
+    /// refusal), says false.
+    fn checks_ranges(&self) -> bool {
+        true
+    }
     /// Whether requests submitted through the filter
     /// ([`BlockDevice::submit`]) go on to the layer below, where they stay
     /// in flight, as [`route`](Self::route) sends them: then the filter's
@@ -202,6 +211,9 @@ impl<F: Filter> Filtered<F> {
     /// Refuses `offset..offset+len` outside the filter's size: the check
     /// at the layer boundary.
     fn check(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.filter.checks_ranges() {
+            return Ok(());
+        }
         check_range(self.filter.size(&*self.next), offset, len)
     }
 }

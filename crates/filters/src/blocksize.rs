@@ -37,9 +37,20 @@ use diskit_core::{
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["minblock", "maxdata", "maxlen"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "blocksize",
+    keys: KEYS,
+    help: "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)",
+    reads_only_below: false,
+    parse: |p| boxed(BlocksizeConfig::from_params(p)),
+};
 
 /// The largest `minblock`.
 pub const MAX_MINBLOCK: u32 = 64 * 1024;
@@ -446,6 +457,12 @@ impl Filter for Blocksize {
             out.push(e);
         }
         Ok(clip(out, len))
+    }
+}
+
+impl FilterConfig for BlocksizeConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Blocksize::new(&*next, self)?, next))
     }
 }
 

@@ -37,7 +37,9 @@ use diskit_core::{
 };
 
 use crate::blockmap::{self, BlockMap};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
 use crate::{overlay, params};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -48,6 +50,15 @@ pub const KEYS: &[&str] = &[
     "cache-high-threshold",
     "cache-low-threshold",
 ];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "cache",
+    keys: KEYS,
+    help: "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)",
+    reads_only_below: false,
+    parse: |p| boxed(CacheConfig::from_params(p)),
+};
 
 /// Bytes read below in one go when filling a run of blocks.
 const FILL_CHUNK: u64 = 8 << 20;
@@ -707,6 +718,12 @@ impl Filter for Cache {
         });
         let closed = next.close();
         written.and(closed)
+    }
+}
+
+impl FilterConfig for CacheConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Cache::new(&*next, self)?, next))
     }
 }
 

@@ -41,10 +41,21 @@ use diskit_core::{
 };
 
 use crate::blockmap::{self, BlockMap};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
 use crate::{overlay, params};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache", "cow-file"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "cow",
+    keys: KEYS,
+    help: "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)",
+    reads_only_below: true,
+    parse: |p| boxed(CowConfig::from_params(p)),
+};
 
 /// The default overlay block: nbdkit's.
 const DEFAULT_BLOCK: u64 = 64 << 10;
@@ -543,6 +554,15 @@ impl Filter for Cow {
             pos = run_end;
         }
         Ok(out)
+    }
+}
+
+impl FilterConfig for CowConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        if self.file.is_some() {
+            return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
+        }
+        Ok(over(Cow::new(&*next, self)?, next))
     }
 }
 

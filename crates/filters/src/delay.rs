@@ -26,10 +26,13 @@
 use std::time::Duration;
 
 use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, Filter, Request, Result, Route,
+    WriteFlags, ZeroFlags,
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -52,6 +55,15 @@ pub const KEYS: &[&str] = &[
     "delay-open",
     "delay-close",
 ];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "delay",
+    keys: KEYS,
+    help: "delays requests (rdelay= wdelay= delay-read= delay-write= delay-zero= delay-trim= delay-extents= delay-cache= delay-fast-zero=)",
+    reads_only_below: false,
+    parse: |p| boxed(Delay::from_params(p)),
+};
 
 /// The filter: one delay per kind of request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +189,29 @@ impl Filter for Delay {
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         sleep(self.extents);
         next.extents(offset, len)
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Submitted requests wait in the submitter's thread, then go below,
+    /// where they stay in flight; a fast zero that fails at once fails
+    /// here.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        match &req {
+            Request::Read { .. } | Request::ReadTo { .. } => sleep(self.read),
+            Request::Write { .. } => sleep(self.write),
+            Request::Zero { flags, .. } if flags.fast && self.fails_fast_zero() => {
+                return Route::Here(req);
+            }
+            Request::Zero { .. } => sleep(self.zero),
+        }
+        Route::Below(req)
+    }
+}
+
+impl FilterConfig for Delay {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(*self, next))
     }
 }
 

@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use diskit_core::{BlockDevice, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -46,6 +48,15 @@ pub const KEYS: &[&str] = &[
     "error-cache-rate",
     "error-cache-file",
 ];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "error",
+    keys: KEYS,
+    help: "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)",
+    reads_only_below: false,
+    parse: |p| boxed(ErrorConfig::from_params(p)),
+};
 
 /// The kinds of request the filter can fail, as nbdkit names them.
 const OPS: [&str; 6] = ["pread", "pwrite", "trim", "zero", "extents", "cache"];
@@ -252,6 +263,12 @@ impl Filter for ErrorFilter {
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
         self.check(5)?;
         next.cache(offset, len)
+    }
+}
+
+impl FilterConfig for ErrorConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(ErrorFilter::new(self.clone()), next))
     }
 }
 

@@ -21,9 +21,20 @@
 use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["fuamode"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "fua",
+    keys: KEYS,
+    help: "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)",
+    reads_only_below: false,
+    parse: |p| boxed(Fua::from_params(p)),
+};
 
 /// How FUA and flush are offered and done.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -168,6 +179,15 @@ impl Filter for Fua {
             FuaMode::Force | FuaMode::Discard => Ok(()),
             _ => next.flush(),
         }
+    }
+}
+
+impl FilterConfig for Fua {
+    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
+        if !ctx.read_only {
+            self.check(&*next)?;
+        }
+        Ok(over(*self, next))
     }
 }
 

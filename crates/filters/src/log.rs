@@ -34,9 +34,19 @@ use diskit_core::{
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["logfile", "logappend", "logscript"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "log",
+    keys: KEYS,
+    help: "logs every request, its flags and result, and every connection, in nbdkit's format (logfile=FILE logappend=BOOL logscript=SCRIPT)",
+    reads_only_below: false,
+    parse: |p| boxed(LogConfig::from_params(p)),
+};
 
 /// The parameters, as given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -236,6 +246,10 @@ impl Drop for Log {
 }
 
 impl Filter for Log {
+    /// Requests out of range too are logged, with the refusal from below.
+    fn checks_ranges(&self) -> bool {
+        false
+    }
     fn name(&self) -> &str {
         "log"
     }
@@ -432,6 +446,12 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     let y = yoe + era * 400 + i64::from(m <= 2);
     (y, m, d)
+}
+
+impl FilterConfig for LogConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Log::new(self)?, next))
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ use diskit_core::{
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -38,6 +39,15 @@ pub const KEYS: &[&str] = &[
     "multi-conn-exportname",
     "multi-conn-export-name",
 ];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "multi-conn",
+    keys: KEYS,
+    help: "advertises, emulates (a flush reaches every connection) or hides multi-conn, and skips flushes nothing made necessary (multi-conn-mode=auto|emulate|plugin|unsafe|disable multi-conn-track-dirty=connection|fast|off multi-conn-exportname=BOOL)",
+    reads_only_below: false,
+    parse: |p| boxed(MultiConnConfig::from_params(p)),
+};
 
 /// `multi-conn-mode=`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -372,6 +382,12 @@ impl Filter for MultiConn {
         // Reads only mark the connection; a view that skips the mark
         // would let a flush be skipped that a read made necessary.
         self.config.track == Track::Off
+    }
+}
+
+impl FilterConfig for MultiConnConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(MultiConn::new(*self), next))
     }
 }
 

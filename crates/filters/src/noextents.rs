@@ -7,11 +7,21 @@
 //! where SEEK_DATA is slow (tmpfs), or to make a client copy every byte.
 //! It takes no parameters.
 
-use diskit_core::device::check_range;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 use diskit_core::{BlockDevice, Capabilities, Extent, Filter, Result};
 
 /// The keys the filter takes: none.
 pub const KEYS: &[&str] = &[];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "noextents",
+    keys: KEYS,
+    help: "hides allocation: the whole disk reads as data in block status",
+    reads_only_below: false,
+    parse: |_| boxed(Ok(Noextents)),
+};
 
 /// The filter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,15 +35,24 @@ impl Filter for Noextents {
         // Reads are untouched.
         true
     }
+    fn submits_below(&self) -> bool {
+        // So are writes and zeroes: submitted, they stay in flight below.
+        true
+    }
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         Capabilities {
             can_extents: false,
             ..next.capabilities()
         }
     }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(next.size(), offset, len)?;
+    fn extents(&self, _next: &dyn BlockDevice, _offset: u64, len: u64) -> Result<Vec<Extent>> {
         Ok(vec![Extent::data(len)])
+    }
+}
+
+impl FilterConfig for Noextents {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(*self, next))
     }
 }
 

@@ -26,10 +26,21 @@
 use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 use diskit_core::device::write_zero_buffer;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["zeromode", "fastzeromode"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "nozero",
+    keys: KEYS,
+    help: "hides or degrades write-zeroes (zeromode=none|emulate|notrim|plugin fastzeromode=default|none|slow|ignore)",
+    reads_only_below: false,
+    parse: |p| boxed(Nozero::from_params(p)),
+};
 
 /// How write-zeroes is offered and done.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -184,6 +195,15 @@ impl Filter for Nozero {
             ),
             ZeroMode::Plugin => next.write_zeroes(offset, len, flags),
         }
+    }
+}
+
+impl FilterConfig for Nozero {
+    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
+        if !ctx.read_only {
+            self.check(&*next)?;
+        }
+        Ok(over(*self, next))
     }
 }
 

@@ -15,9 +15,20 @@ use diskit_core::extent::clip;
 use diskit_core::{BlockDevice, Error, Extent, FileView, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["offset", "range"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "offset",
+    keys: KEYS,
+    help: "serves a window of the disk (offset= range=)",
+    reads_only_below: false,
+    parse: |p| boxed(OffsetConfig::from_params(p)),
+};
 
 /// The parameters, as given.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -139,6 +150,12 @@ impl Filter for Offset {
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         Ok(clip(next.extents(self.map(offset, len)?, len)?, len))
+    }
+}
+
+impl FilterConfig for OffsetConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Offset::new(&*next, self)?, next))
     }
 }
 

@@ -17,9 +17,20 @@
 use diskit_core::{BlockDevice, Error, Result};
 
 use crate::offset::{Offset, OffsetConfig};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["partition"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "partition",
+    keys: KEYS,
+    help: "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)",
+    reads_only_below: false,
+    parse: |p| boxed(PartitionConfig::from_params(p)),
+};
 
 /// Bytes per sector of the tables.
 const SECTOR: u64 = 512;
@@ -269,6 +280,12 @@ pub fn window(next: &dyn BlockDevice, config: &PartitionConfig) -> Result<Offset
         },
     )?
     .named("partition"))
+}
+
+impl FilterConfig for PartitionConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(window(&*next, self)?, next))
+    }
 }
 
 #[cfg(test)]

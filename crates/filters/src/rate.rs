@@ -21,9 +21,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Result, Session, WriteFlags};
+use diskit_core::{
+    BlockDevice, DeviceRef, Error, Filter, Request, Result, Route, Session, WriteFlags,
+};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -33,6 +36,15 @@ pub const KEYS: &[&str] = &[
     "connection-rate-file",
     "burstiness",
 ];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "rate",
+    keys: KEYS,
+    help: "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)",
+    reads_only_below: false,
+    parse: |p| boxed(RateConfig::from_params(p)),
+};
 
 /// How often a rate file is looked at for a change, at most.
 const FILE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
@@ -226,15 +238,27 @@ impl Limiter {
         }
     }
 
-    /// Waits until `bytes` may pass.
+    /// Waits until `bytes` may pass. A request larger than the bucket
+    /// takes its bits a bucketful at a time, so that none of the time it
+    /// waits is lost to a bucket already full.
     fn wait(&self, bytes: usize) {
         let now = Instant::now();
         self.adjust(now);
-        let mut bits = bytes as u64 * 8;
+        let mut bits = (bytes as u64).saturating_mul(8);
         while bits > 0 {
-            let (missing, sleep) = lock(&self.state).bucket.take(bits, Instant::now());
-            bits = missing;
-            if bits > 0 {
+            let (taken, missing, sleep) = {
+                let mut st = lock(&self.state);
+                let b = &mut st.bucket;
+                let chunk = if b.rate == 0 {
+                    bits
+                } else {
+                    bits.min(b.capacity.max(1))
+                };
+                let (missing, sleep) = b.take(chunk, Instant::now());
+                (chunk - missing, missing, sleep)
+            };
+            bits -= taken;
+            if missing > 0 {
                 std::thread::sleep(sleep);
             }
         }
@@ -284,6 +308,26 @@ impl Rate {
     }
 }
 
+/// Which bucket a request takes its bits from.
+#[derive(Debug, Clone, Copy)]
+enum Dir {
+    Read,
+    Write,
+}
+
+impl Rate {
+    /// Waits until `bytes` may pass in direction `dir`, over all
+    /// connections and on this one.
+    fn pass(&self, dir: Dir, bytes: usize) {
+        for pair in [&*self.global, &self.connection] {
+            match dir {
+                Dir::Read => pair.read.wait(bytes),
+                Dir::Write => pair.write.wait(bytes),
+            }
+        }
+    }
+}
+
 impl Filter for Rate {
     fn name(&self) -> &str {
         "rate"
@@ -297,8 +341,7 @@ impl Filter for Rate {
         }))
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.global.read.wait(buf.len());
-        self.connection.read.wait(buf.len());
+        self.pass(Dir::Read, buf.len());
         next.read_at(buf, offset)
     }
     fn write_at(
@@ -308,9 +351,21 @@ impl Filter for Rate {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        self.global.write.wait(buf.len());
-        self.connection.write.wait(buf.len());
+        self.pass(Dir::Write, buf.len());
         next.write_at(buf, offset, flags)
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Submitted reads and writes wait for their bits in the submitter's
+    /// thread, then go below, where they stay in flight.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        match &req {
+            Request::Read { len, .. } | Request::ReadTo { len, .. } => self.pass(Dir::Read, *len),
+            Request::Write { range, .. } => self.pass(Dir::Write, range.len()),
+            Request::Zero { .. } => {}
+        }
+        Route::Below(req)
     }
     // Reads keep their bytes: a view may skip the filter only where there
     // is no limit at all.
@@ -320,6 +375,12 @@ impl Filter for Rate {
             && c.connection_rate == 0
             && c.rate_file.is_none()
             && c.connection_rate_file.is_none()
+    }
+}
+
+impl FilterConfig for RateConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Rate::new(self), next))
     }
 }
 

@@ -30,6 +30,7 @@ use diskit_core::{
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -38,6 +39,15 @@ pub const KEYS: &[&str] = &[
     "retry-exponential",
     "retry-readonly",
 ];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "retry",
+    keys: KEYS,
+    help: "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)",
+    reads_only_below: false,
+    parse: |p| boxed(RetryConfig::from_params(p)),
+};
 
 /// The parameters, as given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,6 +245,12 @@ impl Filter for Retry {
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.ranged(next, offset, len, || next.extents(offset, len))
+    }
+}
+
+impl FilterConfig for RetryConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Retry::new(*self), next))
     }
 }
 

@@ -32,9 +32,20 @@ use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, Error, Extent, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["statsfile", "statsappend", "statsthreshold"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "stats",
+    keys: KEYS,
+    help: "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)",
+    reads_only_below: false,
+    parse: |p| boxed(StatsConfig::from_params(p)),
+};
 
 /// The parameters, as given.
 #[derive(Debug, Clone, PartialEq)]
@@ -369,6 +380,12 @@ impl Filter for Stats {
         };
         let closed = next.close();
         written.and(closed)
+    }
+}
+
+impl FilterConfig for StatsConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Stats::new(self)?, next))
     }
 }
 

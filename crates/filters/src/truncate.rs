@@ -22,9 +22,20 @@ use diskit_core::{
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["truncate", "round-up", "round-down"];
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo {
+    name: "truncate",
+    keys: KEYS,
+    help: "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
+    reads_only_below: false,
+    parse: |p| boxed(TruncateConfig::from_params(p)),
+};
 
 /// The parameters, as given.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -213,6 +224,12 @@ impl Filter for Truncate {
             // Only the part on the device: the caller asks again for the rest.
             n => Ok(clip(next.extents(offset, n)?, n)),
         }
+    }
+}
+
+impl FilterConfig for TruncateConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Truncate::new(&*next, self)?, next))
     }
 }
 
