@@ -29,7 +29,7 @@
 
 use std::ops::Range;
 
-use diskit_core::device::{check_range, split_fua};
+use diskit_core::device::split_fua;
 use diskit_core::extent::{clip, push_merged};
 use diskit_core::range_lock::RangeLock;
 use diskit_core::{
@@ -346,7 +346,6 @@ impl Filter for Blocksize {
         }
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         let mb = self.minblock;
         let mut pos = offset;
         let mut rest = buf;
@@ -377,7 +376,6 @@ impl Filter for Blocksize {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         self.write_pieces(
             next,
             offset..offset + buf.len() as u64,
@@ -394,7 +392,6 @@ impl Filter for Blocksize {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, len)?;
         if flags.fast && (!(offset | len).is_multiple_of(self.minblock) || len > self.maxlen) {
             return Err(Error::from_kind(ErrorKind::NotSupported));
         }
@@ -408,7 +405,6 @@ impl Filter for Blocksize {
         )
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
         let mb = self.minblock;
         // Only whole blocks are trimmed: the partial head and tail are dropped.
         let mut pos = round_up(offset, mb);
@@ -426,7 +422,6 @@ impl Filter for Blocksize {
         if flush { next.flush() } else { Ok(()) }
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
         let mut pos = round_down(offset, self.minblock);
         let end = round_up(offset + len, self.minblock);
         while pos < end {
@@ -437,7 +432,6 @@ impl Filter for Blocksize {
         Ok(())
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
         let start = round_down(offset, self.minblock);
         let end = round_up(offset + len, self.minblock).min(start + self.maxlen);
         let aligned = self.aligned_extents(next, start, end)?;

@@ -28,7 +28,6 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use diskit_core::device::check_range;
 use diskit_core::range_lock::RangeLock;
 use diskit_core::sync::lock;
 use diskit_core::{
@@ -459,7 +458,6 @@ impl Cache {
 
     /// Writes `data` at `offset` as the mode says.
     fn write(&self, next: &dyn BlockDevice, data: &[u8], offset: u64, fua: bool) -> Result<()> {
-        check_range(self.size, offset, data.len() as u64)?;
         // unsafe ignores FUA as it ignores flushes.
         let fua = fua && self.config.mode != Mode::Unsafe;
         let through = self.config.mode == Mode::Writethrough || fua;
@@ -549,7 +547,6 @@ impl Filter for Cache {
     }
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         let end = offset + buf.len() as u64;
         let mut pos = offset;
         while pos < end {
@@ -593,7 +590,6 @@ impl Filter for Cache {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, len)?;
         if flags.fast {
             return Err(Error::from_kind(diskit_core::ErrorKind::NotSupported));
         }
@@ -630,7 +626,6 @@ impl Filter for Cache {
     }
 
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
         // Trimmed bytes may read as anything: the cache lets go of whole
         // blocks (dirty ones too) and the trim goes below.
         let first = offset.div_ceil(self.block);
@@ -663,7 +658,6 @@ impl Filter for Cache {
     }
 
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -675,7 +669,6 @@ impl Filter for Cache {
     }
 
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
         let end = offset + len;
         let mut out = Vec::new();
         let mut pos = offset;

@@ -33,7 +33,6 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
-use diskit_core::device::check_range;
 use diskit_core::range_lock::RangeLock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Result,
@@ -313,7 +312,6 @@ impl Cow {
     /// Makes `offset..offset+len` read as zeros: whole blocks are marked,
     /// partial ones rewritten.
     fn zero_range(&self, next: &dyn BlockDevice, offset: u64, len: u64, fast: bool) -> Result<()> {
-        check_range(self.size, offset, len)?;
         let end = offset + len;
         let first_whole = offset.div_ceil(self.block);
         let last_whole = end / self.block;
@@ -421,7 +419,6 @@ impl Filter for Cow {
     }
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         let end = offset + buf.len() as u64;
         let mut pos = offset;
         while pos < end {
@@ -451,7 +448,6 @@ impl Filter for Cow {
         offset: u64,
         _flags: WriteFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         self.written.store(true, Ordering::Relaxed);
         let end = offset + buf.len() as u64;
         let mut pos = offset;
@@ -503,7 +499,6 @@ impl Filter for Cow {
     }
 
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -521,7 +516,6 @@ impl Filter for Cow {
     }
 
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
         let end = offset + len;
         let mut out: Vec<Extent> = Vec::new();
         let mut pos = offset;

@@ -10,7 +10,6 @@
 //! shifted, so nothing outside it is ever reached; extents come back from
 //! the device below cut to the window.
 
-use diskit_core::device::check_range;
 use diskit_core::extent::clip;
 use diskit_core::{BlockDevice, Error, Extent, FileView, Filter, Result, WriteFlags, ZeroFlags};
 
@@ -100,9 +99,10 @@ impl Offset {
 }
 
 impl Offset {
-    /// Where `offset..offset+len` of the window lies on the device below.
-    fn map(&self, offset: u64, len: u64) -> Result<u64> {
-        check_range(self.size, offset, len).map(|()| offset + self.offset)
+    /// Where `offset` of the window lies on the device below (the layer
+    /// boundary has checked the request lies in the window).
+    fn map(&self, offset: u64) -> u64 {
+        offset + self.offset
     }
 }
 
@@ -116,13 +116,13 @@ impl Filter for Offset {
         offset: u64,
         len: u64,
     ) -> Option<FileView<'a>> {
-        next.file_view(self.map(offset, len).ok()?, len)
+        next.file_view(self.map(offset), len)
     }
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.size
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        next.read_at(buf, self.map(offset, buf.len() as u64)?)
+        next.read_at(buf, self.map(offset))
     }
     fn write_at(
         &self,
@@ -131,7 +131,7 @@ impl Filter for Offset {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        next.write_at(buf, self.map(offset, buf.len() as u64)?, flags)
+        next.write_at(buf, self.map(offset), flags)
     }
     fn write_zeroes(
         &self,
@@ -140,16 +140,16 @@ impl Filter for Offset {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        next.write_zeroes(self.map(offset, len)?, len, flags)
+        next.write_zeroes(self.map(offset), len, flags)
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        next.trim(self.map(offset, len)?, len, flags)
+        next.trim(self.map(offset), len, flags)
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        next.cache(self.map(offset, len)?, len)
+        next.cache(self.map(offset), len)
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        Ok(clip(next.extents(self.map(offset, len)?, len)?, len))
+        Ok(clip(next.extents(self.map(offset), len)?, len))
     }
 }
 

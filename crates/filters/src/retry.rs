@@ -22,8 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use diskit_core::device::check_range;
-
 use diskit_core::{
     BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Result, Session, WriteFlags,
     ZeroFlags,
@@ -153,19 +151,6 @@ impl Retry {
         Err(err)
     }
 
-    /// [`run`](Self::run) for a request on `offset..offset+len`: one
-    /// outside the device fails at once, which no reopen would cure.
-    fn ranged<T>(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        op: impl FnMut() -> Result<T>,
-    ) -> Result<T> {
-        check_range(next.size(), offset, len)?;
-        self.run(next, op)
-    }
-
     /// Whether writes are refused (`retry-readonly` after a failure).
     fn writable(&self) -> Result<()> {
         if self.config.readonly && self.failed.load(Ordering::Relaxed) {
@@ -190,8 +175,7 @@ impl Filter for Retry {
         }))
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let len = buf.len() as u64;
-        self.ranged(next, offset, len, || next.read_at(buf, offset))
+        self.run(next, || next.read_at(buf, offset))
     }
     fn write_at(
         &self,
@@ -201,7 +185,7 @@ impl Filter for Retry {
         flags: WriteFlags,
     ) -> Result<()> {
         self.writable()?;
-        self.ranged(next, offset, buf.len() as u64, || {
+        self.run(next, || {
             self.writable()?;
             next.write_at(buf, offset, flags)
         })
@@ -219,20 +203,20 @@ impl Filter for Retry {
             return match next.write_zeroes(offset, len, flags) {
                 Err(e) if e.kind() == ErrorKind::NotSupported => Err(e),
                 Ok(()) => Ok(()),
-                Err(_) => self.ranged(next, offset, len, || {
+                Err(_) => self.run(next, || {
                     self.writable()?;
                     next.write_zeroes(offset, len, flags)
                 }),
             };
         }
-        self.ranged(next, offset, len, || {
+        self.run(next, || {
             self.writable()?;
             next.write_zeroes(offset, len, flags)
         })
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.writable()?;
-        self.ranged(next, offset, len, || {
+        self.run(next, || {
             self.writable()?;
             next.trim(offset, len, flags)
         })
@@ -241,10 +225,10 @@ impl Filter for Retry {
         self.run(next, || next.flush())
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.ranged(next, offset, len, || next.cache(offset, len))
+        self.run(next, || next.cache(offset, len))
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.ranged(next, offset, len, || next.extents(offset, len))
+        self.run(next, || next.extents(offset, len))
     }
 }
 

@@ -13,7 +13,6 @@
 //! nbdkit, the filter reports extents even when the device below cannot
 //! (the tail is known), and fast zeroing, which is free on the tail.
 
-use diskit_core::device::check_range;
 use diskit_core::extent::clip;
 use diskit_core::zero::is_zero;
 use diskit_core::{
@@ -157,7 +156,6 @@ impl Filter for Truncate {
         }
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         let n = self.inside(offset, buf.len() as u64) as usize;
         if n > 0 {
             next.read_at(&mut buf[..n], offset)?;
@@ -172,7 +170,6 @@ impl Filter for Truncate {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         let n = self.inside(offset, buf.len() as u64) as usize;
         if !is_zero(&buf[n..]) {
             return Err(Error::new(
@@ -192,7 +189,6 @@ impl Filter for Truncate {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, len)?;
         let n = self.inside(offset, len);
         if n == 0 {
             return Ok(());
@@ -203,21 +199,18 @@ impl Filter for Truncate {
         next.write_zeroes(offset, n, flags)
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
         match self.inside(offset, len) {
             0 => Ok(()),
             n => next.trim(offset, n, flags),
         }
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
         match self.inside(offset, len) {
             0 => Ok(()),
             n => next.cache(offset, n),
         }
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
         match self.inside(offset, len) {
             // Beyond the device below: one hole to the end of the request.
             0 => Ok(vec![Extent::hole(len)]),
