@@ -22,22 +22,20 @@
 //! ask the device below for the rest.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use diskit_core::range_lock::RangeLock;
 use diskit_core::sync::lock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, FileView, Filter, Result,
     WriteFlags, ZeroFlags,
 };
 
-use crate::blockmap::{self, BlockMap};
+use crate::overlay::{BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
+use crate::params;
 use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
-use crate::{overlay, params};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -59,8 +57,8 @@ pub const FILTER: FilterInfo = FilterInfo {
     parse: |p| boxed(CacheConfig::from_params(p)),
 };
 
-/// Bytes read below in one go when filling a run of blocks.
-const FILL_CHUNK: u64 = 8 << 20;
+/// Dirty blocks written below in one go at most.
+const WRITE_BACK_CHUNK: u64 = 8 << 20;
 
 /// When writes reach the device below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,30 +174,16 @@ impl CacheConfig {
     }
 }
 
-const MISSING: u8 = 0;
-const CLEAN: u8 = 1;
-const DIRTY: u8 = 2;
-/// Not held: the device below reports the block as zeros.
-const ZERO: u8 = 3;
-
-/// Whether a block in `state` takes room in the cache.
-fn held(state: u8) -> bool {
-    state == CLEAN || state == DIRTY
-}
-
 /// The filter.
 pub struct Cache {
     config: CacheConfig,
-    block: u64,
-    size: u64,
-    file: File,
-    states: BlockMap,
+    /// The blocks: missing, clean, dirty, or zeros below (taking no
+    /// room).
+    ov: Overlay,
     /// Blocks used since the clock hand last passed (a bit each).
     used: Vec<AtomicU64>,
     /// Blocks held in the cache.
     held: AtomicU64,
-    /// Blocks being filled or changed.
-    busy: RangeLock,
     /// The held blocks in the order the clock hand meets them.
     clock: Mutex<VecDeque<u64>>,
     /// A reclaim is running.
@@ -219,20 +203,14 @@ impl std::fmt::Debug for Cache {
 impl Cache {
     /// An empty cache over `next`.
     pub fn new(next: &dyn BlockDevice, config: &CacheConfig) -> Result<Cache> {
-        let size = next.size();
-        let block = config.block_size;
-        let blocks = size.div_ceil(block);
+        let blocks = next.size().div_ceil(config.block_size);
         Ok(Cache {
             config: config.clone(),
-            block,
-            size,
-            file: overlay::temp_file("cache", blocks * block)?,
-            states: BlockMap::new("cache", blocks)?,
+            ov: Overlay::new("cache", next.size(), config.block_size)?,
             used: (0..blocks.div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             held: AtomicU64::new(0),
-            busy: RangeLock::new(),
             clock: Mutex::new(VecDeque::new()),
             reclaiming: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
@@ -253,9 +231,9 @@ impl Cache {
 
     /// Sets block `b` to `state`, keeping the count of held blocks.
     fn put(&self, b: u64, state: u8) {
-        let was = self.states.get(b);
-        self.states.set(b, state);
-        match (!held(was), !held(state)) {
+        let was = self.ov.get(b);
+        self.ov.set(b, state);
+        match (!is_held(was), !is_held(state)) {
             (true, false) => {
                 self.held.fetch_add(1, Ordering::Relaxed);
                 if self.config.max_size.is_some() {
@@ -273,60 +251,10 @@ impl Cache {
         self.touch(b);
     }
 
-    fn run_end(&self, b: u64, state: u8, end: u64) -> u64 {
-        self.states.run_end(b, state, self.block, end)
-    }
-
-    fn read_below(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        blockmap::read_below(next, self.size, buf, offset)
-    }
-
     /// Reads blocks `first..last` still missing into the cache, clean,
     /// one read below per run; the blocks are held meanwhile.
     fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
-        {
-            let _held = self.busy.lock(first * self.block, last * self.block, true);
-            let mut b = first;
-            let mut buf = Vec::new();
-            while b < last {
-                if self.states.get(b) != MISSING {
-                    b += 1;
-                    continue;
-                }
-                let mut end = b + 1;
-                while end < last
-                    && (end - b) * self.block < FILL_CHUNK
-                    && self.states.get(end) == MISSING
-                {
-                    end += 1;
-                }
-                // Blocks below that read as zeros are marked, not read.
-                let zeros = blockmap::zero_blocks_below(next, self.block, self.size, b, end);
-                let mut i = b;
-                while i < end {
-                    let zero = zeros[(i - b) as usize];
-                    let mut j = i + 1;
-                    while j < end && zeros[(j - b) as usize] == zero {
-                        j += 1;
-                    }
-                    if zero {
-                        for k in i..j {
-                            self.put(k, ZERO);
-                        }
-                    } else {
-                        let (start, len) = (i * self.block, (j - i) * self.block);
-                        buf.resize(len as usize, 0);
-                        self.read_below(next, &mut buf, start)?;
-                        self.file.write_all_at(&buf, start)?;
-                        for k in i..j {
-                            self.put(k, CLEAN);
-                        }
-                    }
-                    i = j;
-                }
-                b = end;
-            }
-        }
+        self.ov.fill(next, first, last, &|b, s| self.put(b, s))?;
         self.reclaim();
         Ok(())
     }
@@ -339,7 +267,7 @@ impl Cache {
         let Some(max) = self.config.max_size else {
             return;
         };
-        let max_blocks = (max / self.block).max(1);
+        let max_blocks = (max / self.ov.block).max(1);
         let high = (max_blocks as f64 * self.config.high) as u64;
         if self.held.load(Ordering::Relaxed) <= high
             || self.reclaiming.swap(true, Ordering::Acquire)
@@ -357,7 +285,7 @@ impl Cache {
             };
             let word = &self.used[(b / 64) as usize];
             let bit = 1u64 << (b % 64);
-            let state = self.states.get(b);
+            let state = self.ov.get(b);
             if state == MISSING {
                 continue; // trimmed meanwhile
             }
@@ -365,12 +293,12 @@ impl Cache {
                 lock(&self.clock).push_back(b);
                 continue;
             }
-            let start = b * self.block;
-            let _held = self.busy.lock(start, start + self.block, true);
-            if self.states.get(b) == CLEAN {
+            let start = b * self.ov.block;
+            let _held = self.ov.busy.lock(start, start + self.ov.block, true);
+            if self.ov.get(b) == CLEAN {
                 self.put(b, MISSING);
-                overlay::punch(&self.file, start, self.block);
-            } else if self.states.get(b) != MISSING {
+                self.ov.punch(b, b + 1);
+            } else if self.ov.get(b) != MISSING {
                 lock(&self.clock).push_back(b);
             }
         }
@@ -383,30 +311,33 @@ impl Cache {
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let blocks = self.size.div_ceil(self.block);
+        let blocks = self.ov.size.div_ceil(self.ov.block);
         let mut b = 0;
         let mut buf = Vec::new();
         let result = (|| {
             while b < blocks {
-                if self.states.get(b) != DIRTY {
+                if self.ov.get(b) != DIRTY {
                     b += 1;
                     continue;
                 }
                 let mut end = b + 1;
                 while end < blocks
-                    && (end - b) * self.block < FILL_CHUNK
-                    && self.states.get(end) == DIRTY
+                    && (end - b) * self.ov.block < WRITE_BACK_CHUNK
+                    && self.ov.get(end) == DIRTY
                 {
                     end += 1;
                 }
-                let _held = self.busy.lock(b * self.block, end * self.block, true);
-                let start = b * self.block;
-                let len = ((end * self.block).min(self.size) - start) as usize;
+                let _held = self
+                    .ov
+                    .busy
+                    .lock(b * self.ov.block, end * self.ov.block, true);
+                let start = b * self.ov.block;
+                let len = ((end * self.ov.block).min(self.ov.size) - start) as usize;
                 buf.resize(len, 0);
-                self.file.read_exact_at(&mut buf, start)?;
+                self.ov.file.read_exact_at(&mut buf, start)?;
                 next.write_at(&buf, start, WriteFlags::NONE)?;
                 for i in b..end {
-                    if self.states.get(i) == DIRTY {
+                    if self.ov.get(i) == DIRTY {
                         self.put(i, CLEAN);
                     }
                 }
@@ -421,41 +352,6 @@ impl Cache {
         result
     }
 
-    /// Puts `data` at `offset` within block `b` into the cache (all of the
-    /// block or part of it, read from below first if missing), as `state`.
-    fn store(
-        &self,
-        next: &dyn BlockDevice,
-        b: u64,
-        data: &[u8],
-        offset: u64,
-        state: u8,
-    ) -> Result<()> {
-        let start = b * self.block;
-        let _held = self.busy.lock(start, start + self.block, true);
-        let whole = offset == start
-            && (data.len() as u64 == self.block || offset + data.len() as u64 == self.size);
-        let now = self.states.get(b);
-        if !held(now) && !whole {
-            let mut block = vec![0u8; self.block as usize];
-            if now == MISSING {
-                self.read_below(next, &mut block, start)?;
-            }
-            let at = (offset - start) as usize;
-            block[at..at + data.len()].copy_from_slice(data);
-            self.file.write_all_at(&block, start)?;
-        } else {
-            self.file.write_all_at(data, offset)?;
-        }
-        let state = if self.states.get(b) == DIRTY {
-            DIRTY
-        } else {
-            state
-        };
-        self.put(b, state);
-        Ok(())
-    }
-
     /// Writes `data` at `offset` as the mode says.
     fn write(&self, next: &dyn BlockDevice, data: &[u8], offset: u64, fua: bool) -> Result<()> {
         // unsafe ignores FUA as it ignores flushes.
@@ -467,16 +363,16 @@ impl Cache {
         let end = offset + data.len() as u64;
         let mut pos = offset;
         while pos < end {
-            let b = pos / self.block;
-            let n = (((b + 1) * self.block).min(end) - pos) as usize;
+            let b = pos / self.ov.block;
+            let n = (((b + 1) * self.ov.block).min(end) - pos) as usize;
             let part = &data[(pos - offset) as usize..][..n];
             if through {
                 // Keep cached blocks right; do not cache new ones.
-                let start = b * self.block;
-                let _held = self.busy.lock(start, start + self.block, true);
-                match self.states.get(b) {
+                let start = b * self.ov.block;
+                let _held = self.ov.busy.lock(start, start + self.ov.block, true);
+                match self.ov.get(b) {
                     CLEAN | DIRTY => {
-                        self.file.write_all_at(part, pos)?;
+                        self.ov.file.write_all_at(part, pos)?;
                         self.touch(b);
                     }
                     // No longer zeros below.
@@ -484,7 +380,8 @@ impl Cache {
                     _ => {}
                 }
             } else {
-                self.store(next, b, part, pos, DIRTY)?;
+                self.ov
+                    .store(next, b, part, pos, DIRTY, &|b, s| self.put(b, s))?;
             }
             pos += n as u64;
         }
@@ -510,23 +407,10 @@ impl Filter for Cache {
         offset: u64,
         len: u64,
     ) -> Option<FileView<'a>> {
-        let end = offset.checked_add(len)?;
-        if len == 0 || end > self.size || self.config.max_size.is_some() {
+        if self.config.max_size.is_some() {
             return None;
         }
-        let mut b = offset / self.block;
-        while b * self.block < end {
-            let state = self.states.get(b);
-            if state != CLEAN && state != DIRTY {
-                return None;
-            }
-            b += 1;
-        }
-        use std::os::fd::AsFd;
-        Some(FileView {
-            fd: self.file.as_fd(),
-            offset,
-        })
+        self.ov.file_view(offset, len)
     }
 
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
@@ -543,34 +427,15 @@ impl Filter for Cache {
     }
 
     fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
-        blockmap::block_limits(next.block_size(), self.block)
+        self.ov.block_size(next)
     }
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let end = offset + buf.len() as u64;
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let state = self.states.get(b);
-            let run_end = self.run_end(b, state, end);
-            let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
-            if state == ZERO {
-                out.fill(0);
-            } else if state == MISSING {
-                if self.on_read() {
-                    self.fill(next, b, run_end.div_ceil(self.block))?;
-                    continue;
-                }
-                next.read_at(out, pos)?;
-            } else {
-                self.file.read_exact_at(out, pos)?;
-                for i in b..run_end.div_ceil(self.block) {
-                    self.touch(i);
-                }
-            }
-            pos = run_end;
-        }
-        Ok(())
+        let fill = |first, last| self.fill(next, first, last);
+        let fill = self.on_read().then_some(&fill as Fill<'_>);
+        self.ov.read(next, buf, offset, fill, &|first, last| {
+            (first..last).for_each(|b| self.touch(b))
+        })
     }
 
     fn write_at(
@@ -597,28 +462,31 @@ impl Filter for Cache {
         {
             next.write_zeroes(offset, len, flags)?;
             // Cached blocks in the range are zeroed too.
-            let zeros = vec![0u8; self.block as usize];
+            let zeros = vec![0u8; self.ov.block as usize];
             let end = offset + len;
             let mut pos = offset;
             while pos < end {
-                let b = pos / self.block;
-                let n = ((b + 1) * self.block).min(end) - pos;
-                let start = b * self.block;
-                let _held = self.busy.lock(start, start + self.block, true);
-                if held(self.states.get(b)) {
-                    self.file.write_all_at(&zeros[..n as usize], pos)?;
+                let b = pos / self.ov.block;
+                let n = ((b + 1) * self.ov.block).min(end) - pos;
+                let start = b * self.ov.block;
+                let _held = self.ov.busy.lock(start, start + self.ov.block, true);
+                if is_held(self.ov.get(b)) {
+                    self.ov.file.write_all_at(&zeros[..n as usize], pos)?;
                 }
                 pos += n;
             }
             return Ok(());
         }
-        let zeros = vec![0u8; (self.block as usize).min(len as usize)];
+        let zeros = vec![0u8; (self.ov.block as usize).min(len as usize)];
         let end = offset + len;
         let mut pos = offset;
         while pos < end {
-            let b = pos / self.block;
-            let n = ((b + 1) * self.block).min(end) - pos;
-            self.store(next, b, &zeros[..n as usize], pos, DIRTY)?;
+            let b = pos / self.ov.block;
+            let n = ((b + 1) * self.ov.block).min(end) - pos;
+            self.ov
+                .store(next, b, &zeros[..n as usize], pos, DIRTY, &|b, s| {
+                    self.put(b, s)
+                })?;
             pos += n;
         }
         self.reclaim();
@@ -628,18 +496,18 @@ impl Filter for Cache {
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         // Trimmed bytes may read as anything: the cache lets go of whole
         // blocks (dirty ones too) and the trim goes below.
-        let first = offset.div_ceil(self.block);
+        let first = offset.div_ceil(self.ov.block);
         let end = offset + len;
         let mut b = first;
-        while (b + 1) * self.block <= end || ((b * self.block) < end && end == self.size) {
-            let start = b * self.block;
-            let _held = self.busy.lock(start, start + self.block, true);
-            if self.states.get(b) != MISSING {
+        while (b + 1) * self.ov.block <= end || ((b * self.ov.block) < end && end == self.ov.size) {
+            let start = b * self.ov.block;
+            let _held = self.ov.busy.lock(start, start + self.ov.block, true);
+            if self.ov.get(b) != MISSING {
                 self.put(b, MISSING);
-                overlay::punch(&self.file, start, self.block);
+                self.ov.punch(b, b + 1);
             }
             b += 1;
-            if b * self.block >= self.size {
+            if b * self.ov.block >= self.ov.size {
                 break;
             }
         }
@@ -663,41 +531,16 @@ impl Filter for Cache {
         }
         self.fill(
             next,
-            offset / self.block,
-            (offset + len).div_ceil(self.block),
+            offset / self.ov.block,
+            (offset + len).div_ceil(self.ov.block),
         )
     }
 
+    /// Dirty blocks are data; below has the rest right.
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let end = offset + len;
-        let mut out = Vec::new();
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let state = self.states.get(b);
-            let run_end = self.run_end(b, if state == DIRTY { DIRTY } else { state }, end);
-            if state == DIRTY {
-                out.push(Extent::data(run_end - pos));
-            } else {
-                let mut at = pos;
-                while at < run_end {
-                    let below = next.extents(at, run_end - at)?;
-                    if below.iter().all(|e| e.length == 0) {
-                        return Err(Error::io("cache: the device below reported no extents"));
-                    }
-                    for e in below {
-                        let n = e.length.min(run_end - at);
-                        if n == 0 {
-                            break;
-                        }
-                        out.push(Extent { length: n, ..e });
-                        at += n;
-                    }
-                }
-            }
-            pos = run_end;
-        }
-        Ok(out)
+        self.ov.extents(next, offset, len, |state, n| {
+            (state == DIRTY).then(|| Extent::data(n))
+        })
     }
 
     fn close(&self, next: &dyn BlockDevice) -> Result<()> {

@@ -28,20 +28,18 @@
 //! in nbdkit. The export is writable, trims, zeroes (fast), caches and
 //! allows multi-conn whatever the device below does.
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use diskit_core::range_lock::RangeLock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Result,
     WriteFlags, ZeroFlags,
 };
 
-use crate::blockmap::{self, BlockMap};
+use crate::overlay::{BELOW, Fill, HELD, Overlay, ZERO};
+use crate::params;
 use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
-use crate::{overlay, params};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -58,8 +56,6 @@ pub const FILTER: FilterInfo = FilterInfo {
 
 /// The default overlay block: nbdkit's.
 const DEFAULT_BLOCK: u64 = 64 << 10;
-/// Bytes read below in one go when filling a run of blocks.
-const FILL_CHUNK: u64 = 8 << 20;
 
 /// When reads from below are kept in the overlay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,57 +137,21 @@ impl CowConfig {
     }
 }
 
-/// A block's state in the overlay, two bits each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Not in the overlay: read from below.
-    Below = 0,
-    /// In the overlay file.
-    Data = 1,
-    /// Zeroed or trimmed: reads as zeros, nothing stored.
-    Zero = 3,
-}
-
-/// The block map: [`State`] per block.
-struct States(BlockMap);
-
-impl States {
-    fn new(blocks: u64) -> Result<States> {
-        Ok(States(BlockMap::new("cow", blocks)?))
-    }
-
-    fn get(&self, b: u64) -> State {
-        match self.0.get(b) {
-            1 => State::Data,
-            3 => State::Zero,
-            _ => State::Below,
-        }
-    }
-
-    fn set(&self, b: u64, s: State) {
-        self.0.set(b, s as u8);
-    }
-}
-
-/// The filter: the overlay and its block map.
+/// The filter: the overlay, in which [`HELD`] blocks are the client's
+/// data and [`ZERO`] blocks were zeroed or trimmed.
 pub struct Cow {
-    block: u64,
-    size: u64,
-    overlay: File,
-    states: States,
-    /// Blocks being filled or changed.
-    busy: RangeLock,
+    ov: Overlay,
     on_read: OnRead,
     on_cache: bool,
     /// A client has written data (the overlay may hold non-zeros).
-    written: std::sync::atomic::AtomicBool,
+    written: AtomicBool,
 }
 
 impl std::fmt::Debug for Cow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cow")
-            .field("block", &self.block)
-            .field("size", &self.size)
+            .field("block", &self.ov.block)
+            .field("size", &self.ov.size)
             .finish()
     }
 }
@@ -199,88 +159,21 @@ impl std::fmt::Debug for Cow {
 impl Cow {
     /// An empty overlay over `next`, in a new temporary file.
     pub fn new(next: &dyn BlockDevice, config: &CowConfig) -> Result<Cow> {
-        let size = next.size();
-        let block = config.block_size;
-        let overlay = overlay::temp_file("cow", size.div_ceil(block) * block)?;
         Ok(Cow {
-            block,
-            size,
-            overlay,
-            states: States::new(size.div_ceil(block))?,
-            busy: RangeLock::new(),
+            ov: Overlay::new("cow", next.size(), config.block_size)?,
             on_read: config.on_read.clone(),
             on_cache: config.on_cache,
-            written: std::sync::atomic::AtomicBool::new(false),
+            written: AtomicBool::new(false),
         })
     }
 
-    fn cow_on_read(&self) -> bool {
-        self.on_read.now()
-    }
-
-    /// The end of the run of blocks in state `s` from block `b`, in bytes,
-    /// at most `end`.
-    fn run_end(&self, b: u64, s: State, end: u64) -> u64 {
-        self.states.0.run_end(b, s as u8, self.block, end)
-    }
-
-    /// Reads `buf.len()` bytes at `offset` of the device below, zeros
-    /// past its end (the last block may run past it).
-    fn read_below(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        blockmap::read_below(next, self.size, buf, offset)
-    }
-
-    /// Copies blocks `first..last` into the overlay, those still below:
-    /// one read below per run of them, the blocks held meanwhile so that
-    /// other requests for them wait and then find them filled.
+    /// Copies blocks `first..last` still below into the overlay.
     fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
-        let _held = self.busy.lock(first * self.block, last * self.block, true);
-        let mut b = first;
-        let mut buf = Vec::new();
-        while b < last {
-            if self.states.get(b) != State::Below {
-                b += 1;
-                continue;
-            }
-            let mut end = b + 1;
-            while end < last
-                && (end - b) * self.block < FILL_CHUNK
-                && self.states.get(end) == State::Below
-            {
-                end += 1;
-            }
-            // Blocks the device below reports as zeros are marked, not
-            // read: the device below never changes under the overlay.
-            let zeros = blockmap::zero_blocks_below(next, self.block, self.size, b, end);
-            let mut i = b;
-            while i < end {
-                let zero = zeros[(i - b) as usize];
-                let mut j = i + 1;
-                while j < end && zeros[(j - b) as usize] == zero {
-                    j += 1;
-                }
-                if zero {
-                    for k in i..j {
-                        self.states.set(k, State::Zero);
-                    }
-                } else {
-                    let (start, len) = (i * self.block, (j - i) * self.block);
-                    buf.resize(len as usize, 0);
-                    self.read_below(next, &mut buf, start)?;
-                    self.overlay.write_all_at(&buf, start)?;
-                    for k in i..j {
-                        self.states.set(k, State::Data);
-                    }
-                }
-                i = j;
-            }
-            b = end;
-        }
-        Ok(())
+        self.ov.fill(next, first, last, &|b, s| self.ov.set(b, s))
     }
 
     /// Puts `data` at `offset`, inside block `b` but not all of it: the rest
-    /// of the block comes from what it holds now. The block is held.
+    /// of the block comes from what it holds now.
     fn write_partial(
         &self,
         next: &dyn BlockDevice,
@@ -291,63 +184,48 @@ impl Cow {
         if data.iter().any(|&x| x != 0) {
             self.written.store(true, Ordering::Relaxed);
         }
-        let start = b * self.block;
-        let _held = self.busy.lock(start, start + self.block, true);
-        match self.states.get(b) {
-            State::Data => self.overlay.write_all_at(data, offset)?,
-            s => {
-                let mut block = vec![0u8; self.block as usize];
-                if s == State::Below {
-                    self.read_below(next, &mut block, start)?;
-                }
-                let at = (offset - start) as usize;
-                block[at..at + data.len()].copy_from_slice(data);
-                self.overlay.write_all_at(&block, start)?;
-                self.states.set(b, State::Data);
-            }
-        }
-        Ok(())
+        self.ov
+            .store(next, b, data, offset, HELD, &|b, s| self.ov.set(b, s))
     }
 
     /// Makes `offset..offset+len` read as zeros: whole blocks are marked,
     /// partial ones rewritten.
     fn zero_range(&self, next: &dyn BlockDevice, offset: u64, len: u64, fast: bool) -> Result<()> {
+        let (block, size) = (self.ov.block, self.ov.size);
         let end = offset + len;
-        let first_whole = offset.div_ceil(self.block);
-        let last_whole = end / self.block;
-        let partial_head = !offset.is_multiple_of(self.block);
-        let partial_tail = !end.is_multiple_of(self.block) && end != self.size;
+        let first_whole = offset.div_ceil(block);
+        let last_whole = end / block;
+        let partial_head = !offset.is_multiple_of(block);
+        let partial_tail = !end.is_multiple_of(block) && end != size;
         if fast && (partial_head || partial_tail || first_whole >= last_whole) {
             // A partial block may need a read below: not fast.
-            let cheap = |b: u64| self.states.get(b) != State::Below;
-            let head_ok = !partial_head || cheap(offset / self.block);
-            let tail_ok = !partial_tail || cheap(end / self.block);
+            let cheap = |b: u64| self.ov.get(b) != BELOW;
+            let head_ok = !partial_head || cheap(offset / block);
+            let tail_ok = !partial_tail || cheap(end / block);
             if !(head_ok && tail_ok) {
                 return Err(Error::from_kind(ErrorKind::NotSupported));
             }
         }
         let mut pos = offset;
         while pos < end {
-            let b = pos / self.block;
-            let block_start = b * self.block;
-            let block_end = (block_start + self.block).min(self.size);
+            let b = pos / block;
+            let block_start = b * block;
+            let block_end = (block_start + block).min(size);
             if pos == block_start && block_end <= end {
                 // Whole blocks (the last one whole up to the device's
                 // end): marked, their overlay space freed.
                 let mut last = b + 1;
-                while last * self.block < end
-                    && (last * self.block + self.block).min(self.size) <= end
-                {
+                while last * block < end && (last * block + block).min(size) <= end {
                     last += 1;
                 }
                 {
-                    let _held = self.busy.lock(block_start, last * self.block, true);
+                    let _held = self.ov.busy.lock(block_start, last * block, true);
                     for i in b..last {
-                        self.states.set(i, State::Zero);
+                        self.ov.set(i, ZERO);
                     }
                 }
-                overlay::punch(&self.overlay, block_start, (last - b) * self.block);
-                pos = (last * self.block).min(self.size);
+                self.ov.punch(b, last);
+                pos = (last * block).min(size);
             } else {
                 let n = block_end.min(end) - pos;
                 let zeros = vec![0u8; n as usize];
@@ -375,23 +253,11 @@ impl Filter for Cow {
         offset: u64,
         len: u64,
     ) -> Option<FileView<'a>> {
-        let end = offset.checked_add(len)?;
-        if len == 0 || end > self.size {
-            return None;
-        }
-        let b = offset / self.block;
-        if self.states.get(b) != State::Data || self.run_end(b, State::Data, end) < end {
-            return None;
-        }
-        use std::os::fd::AsFd;
-        Some(FileView {
-            fd: self.overlay.as_fd(),
-            offset,
-        })
+        self.ov.file_view(offset, len)
     }
 
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
-        self.size
+        self.ov.size
     }
 
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
@@ -411,7 +277,7 @@ impl Filter for Cow {
     }
 
     fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
-        blockmap::block_limits(next.block_size(), self.block)
+        self.ov.block_size(next)
     }
 
     fn is_known_zero(&self, next: &dyn BlockDevice) -> bool {
@@ -419,26 +285,9 @@ impl Filter for Cow {
     }
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let end = offset + buf.len() as u64;
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let state = self.states.get(b);
-            let run_end = self.run_end(b, state, end);
-            let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
-            match state {
-                State::Data => self.overlay.read_exact_at(out, pos)?,
-                State::Zero => out.fill(0),
-                State::Below if self.cow_on_read() => {
-                    // Filled, then read from the overlay on the next turn.
-                    self.fill(next, b, run_end.div_ceil(self.block))?;
-                    continue;
-                }
-                State::Below => next.read_at(out, pos)?,
-            }
-            pos = run_end;
-        }
-        Ok(())
+        let fill = |first, last| self.fill(next, first, last);
+        let fill = self.on_read.now().then_some(&fill as Fill<'_>);
+        self.ov.read(next, buf, offset, fill, &|_, _| {})
     }
 
     fn write_at(
@@ -449,23 +298,24 @@ impl Filter for Cow {
         _flags: WriteFlags,
     ) -> Result<()> {
         self.written.store(true, Ordering::Relaxed);
+        let block = self.ov.block;
         let end = offset + buf.len() as u64;
         let mut pos = offset;
         while pos < end {
-            let b = pos / self.block;
-            let block_start = b * self.block;
+            let b = pos / block;
+            let block_start = b * block;
             let data = &buf[(pos - offset) as usize..];
-            if pos == block_start && end >= block_start + self.block {
+            if pos == block_start && end >= block_start + block {
                 // Whole blocks: written as they are.
-                let whole = (end - pos) / self.block * self.block;
-                let _held = self.busy.lock(pos, pos + whole, true);
-                self.overlay.write_all_at(&data[..whole as usize], pos)?;
-                for i in b..b + whole / self.block {
-                    self.states.set(i, State::Data);
+                let whole = (end - pos) / block * block;
+                let _held = self.ov.busy.lock(pos, pos + whole, true);
+                self.ov.file.write_all_at(&data[..whole as usize], pos)?;
+                for i in b..b + whole / block {
+                    self.ov.set(i, HELD);
                 }
                 pos += whole;
             } else {
-                let n = ((block_start + self.block).min(end) - pos) as usize;
+                let n = ((block_start + block).min(end) - pos) as usize;
                 self.write_partial(next, b, &data[..n], pos)?;
                 pos += n as u64;
             }
@@ -503,11 +353,8 @@ impl Filter for Cow {
             return Ok(());
         }
         if self.on_cache {
-            return self.fill(
-                next,
-                offset / self.block,
-                (offset + len).div_ceil(self.block),
-            );
+            let block = self.ov.block;
+            return self.fill(next, offset / block, (offset + len).div_ceil(block));
         }
         if next.capabilities().can_cache {
             return next.cache(offset, len);
@@ -516,38 +363,11 @@ impl Filter for Cow {
     }
 
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let end = offset + len;
-        let mut out: Vec<Extent> = Vec::new();
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let state = self.states.get(b);
-            let run_end = self.run_end(b, state, end);
-            match state {
-                State::Data => out.push(Extent::data(run_end - pos)),
-                State::Zero => out.push(Extent::hole(run_end - pos)),
-                State::Below => {
-                    // The device below, for the whole run at once.
-                    let mut at = pos;
-                    while at < run_end {
-                        let below = next.extents(at, run_end - at)?;
-                        if below.iter().all(|e| e.length == 0) {
-                            return Err(Error::io("cow: the device below reported no extents"));
-                        }
-                        for e in below {
-                            let n = e.length.min(run_end - at);
-                            if n == 0 {
-                                break;
-                            }
-                            out.push(Extent { length: n, ..e });
-                            at += n;
-                        }
-                    }
-                }
-            }
-            pos = run_end;
-        }
-        Ok(out)
+        self.ov.extents(next, offset, len, |state, n| match state {
+            HELD => Some(Extent::data(n)),
+            ZERO => Some(Extent::hole(n)),
+            _ => None,
+        })
     }
 }
 
