@@ -35,7 +35,7 @@ use diskit_core::{
 
 use crate::overlay::{BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -47,15 +47,6 @@ pub const KEYS: &[&str] = &[
     "cache-high-threshold",
     "cache-low-threshold",
 ];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "cache",
-    keys: KEYS,
-    help: "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)",
-    reads_only_below: false,
-    parse: |p| boxed(CacheConfig::from_params(p)),
-};
 
 /// Dirty blocks written below in one go at most.
 const WRITE_BACK_CHUNK: u64 = 8 << 20;
@@ -98,79 +89,6 @@ impl Default for CacheConfig {
             high: 0.95,
             low: 0.80,
         }
-    }
-}
-
-impl CacheConfig {
-    /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<CacheConfig> {
-        let mut c = CacheConfig::default();
-        let percent = |k: &str, v: &str| -> Result<f64> {
-            let n: u32 = v
-                .trim()
-                .trim_end_matches('%')
-                .parse()
-                .map_err(|_| Error::invalid(format!("cache: {k}: could not parse '{v}'")))?;
-            if !(1..=100).contains(&n) {
-                return Err(Error::invalid(format!(
-                    "cache: {k} must be between 1 and 100"
-                )));
-            }
-            Ok(f64::from(n) / 100.0)
-        };
-        for (k, v) in list {
-            match k.as_str() {
-                "cache" => {
-                    c.mode = params::choice(
-                        "cache",
-                        k,
-                        v,
-                        &[
-                            ("writeback", Mode::Writeback),
-                            ("writethrough", Mode::Writethrough),
-                            ("unsafe", Mode::Unsafe),
-                        ],
-                    )?
-                }
-                "cache-min-block-size" => {
-                    let n = params::size("cache", k, v)?;
-                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
-                        return Err(Error::invalid(format!(
-                            "cache: cache-min-block-size must be a power of 2 from 4096 to 64M: '{v}'"
-                        )));
-                    }
-                    c.block_size = n;
-                }
-                "cache-on-read" => {
-                    c.on_read = if v.starts_with('/') {
-                        Some(Some(PathBuf::from(v)))
-                    } else if params::boolean("cache", k, v)? {
-                        Some(None)
-                    } else {
-                        None
-                    }
-                }
-                "cache-max-size" => {
-                    let n = params::size("cache", k, v)?;
-                    // As nbdkit: smaller would thrash.
-                    if n < 1 << 20 {
-                        return Err(Error::invalid(format!(
-                            "cache: cache-max-size is too small (at least 1M): '{v}'"
-                        )));
-                    }
-                    c.max_size = Some(n);
-                }
-                "cache-high-threshold" => c.high = percent(k, v)?,
-                "cache-low-threshold" => c.low = percent(k, v)?,
-                _ => return Err(Error::invalid(format!("cache: unknown parameter '{k}'"))),
-            }
-        }
-        if c.low > c.high {
-            return Err(Error::invalid(
-                "cache: cache-low-threshold must not be above cache-high-threshold",
-            ));
-        }
-        Ok(c)
     }
 }
 
@@ -557,9 +475,85 @@ impl Filter for Cache {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<CacheConfig>("cache", KEYS, HELP);
+
 impl FilterConfig for CacheConfig {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         Ok(over(Cache::new(&*next, self)?, next))
+    }
+    /// Reads the parameters.
+    fn from_params(list: &Params) -> Result<CacheConfig> {
+        let mut c = CacheConfig::default();
+        let percent = |k: &str, v: &str| -> Result<f64> {
+            let n: u32 = v
+                .trim()
+                .trim_end_matches('%')
+                .parse()
+                .map_err(|_| Error::invalid(format!("cache: {k}: could not parse '{v}'")))?;
+            if !(1..=100).contains(&n) {
+                return Err(Error::invalid(format!(
+                    "cache: {k} must be between 1 and 100"
+                )));
+            }
+            Ok(f64::from(n) / 100.0)
+        };
+        for (k, v) in list {
+            match k.as_str() {
+                "cache" => {
+                    c.mode = params::choice(
+                        "cache",
+                        k,
+                        v,
+                        &[
+                            ("writeback", Mode::Writeback),
+                            ("writethrough", Mode::Writethrough),
+                            ("unsafe", Mode::Unsafe),
+                        ],
+                    )?
+                }
+                "cache-min-block-size" => {
+                    let n = params::size("cache", k, v)?;
+                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
+                        return Err(Error::invalid(format!(
+                            "cache: cache-min-block-size must be a power of 2 from 4096 to 64M: '{v}'"
+                        )));
+                    }
+                    c.block_size = n;
+                }
+                "cache-on-read" => {
+                    c.on_read = if v.starts_with('/') {
+                        Some(Some(PathBuf::from(v)))
+                    } else if params::boolean("cache", k, v)? {
+                        Some(None)
+                    } else {
+                        None
+                    }
+                }
+                "cache-max-size" => {
+                    let n = params::size("cache", k, v)?;
+                    // As nbdkit: smaller would thrash.
+                    if n < 1 << 20 {
+                        return Err(Error::invalid(format!(
+                            "cache: cache-max-size is too small (at least 1M): '{v}'"
+                        )));
+                    }
+                    c.max_size = Some(n);
+                }
+                "cache-high-threshold" => c.high = percent(k, v)?,
+                "cache-low-threshold" => c.low = percent(k, v)?,
+                _ => return Err(Error::invalid(format!("cache: unknown parameter '{k}'"))),
+            }
+        }
+        if c.low > c.high {
+            return Err(Error::invalid(
+                "cache: cache-low-threshold must not be above cache-high-threshold",
+            ));
+        }
+        Ok(c)
     }
 }
 

@@ -39,20 +39,11 @@ use diskit_core::{
 
 use crate::overlay::{BELOW, Fill, HELD, Overlay, ZERO};
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache", "cow-file"];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "cow",
-    keys: KEYS,
-    help: "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)",
-    reads_only_below: true,
-    parse: |p| boxed(CowConfig::from_params(p)),
-};
 
 /// The default overlay block: nbdkit's.
 const DEFAULT_BLOCK: u64 = 64 << 10;
@@ -101,39 +92,6 @@ impl OnRead {
             OnRead::Always => true,
             OnRead::WhileExists(p) => p.exists(),
         }
-    }
-}
-
-impl CowConfig {
-    /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<CowConfig> {
-        let mut c = CowConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "cow-block-size" => {
-                    let n = params::size("cow", k, v)?;
-                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
-                        return Err(Error::invalid(format!(
-                            "cow: cow-block-size must be a power of 2 from 4096 to 64M: '{v}'"
-                        )));
-                    }
-                    c.block_size = n;
-                }
-                "cow-on-read" => {
-                    c.on_read = if v.starts_with('/') {
-                        OnRead::WhileExists(PathBuf::from(v))
-                    } else if params::boolean("cow", k, v)? {
-                        OnRead::Always
-                    } else {
-                        OnRead::Never
-                    }
-                }
-                "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
-                "cow-file" => c.file = Some(PathBuf::from(v)),
-                _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 
@@ -371,12 +329,48 @@ impl Filter for Cow {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<CowConfig>("cow", KEYS, HELP).reads_only_below();
+
 impl FilterConfig for CowConfig {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         if self.file.is_some() {
             return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
         }
         Ok(over(Cow::new(&*next, self)?, next))
+    }
+    /// Reads the parameters.
+    fn from_params(list: &Params) -> Result<CowConfig> {
+        let mut c = CowConfig::default();
+        for (k, v) in list {
+            match k.as_str() {
+                "cow-block-size" => {
+                    let n = params::size("cow", k, v)?;
+                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
+                        return Err(Error::invalid(format!(
+                            "cow: cow-block-size must be a power of 2 from 4096 to 64M: '{v}'"
+                        )));
+                    }
+                    c.block_size = n;
+                }
+                "cow-on-read" => {
+                    c.on_read = if v.starts_with('/') {
+                        OnRead::WhileExists(PathBuf::from(v))
+                    } else if params::boolean("cow", k, v)? {
+                        OnRead::Always
+                    } else {
+                        OnRead::Never
+                    }
+                }
+                "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
+                "cow-file" => c.file = Some(PathBuf::from(v)),
+                _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 

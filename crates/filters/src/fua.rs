@@ -21,20 +21,11 @@
 use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["fuamode"];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "fua",
-    keys: KEYS,
-    help: "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)",
-    reads_only_below: false,
-    parse: |p| boxed(Fua::from_params(p)),
-};
 
 /// How FUA and flush are offered and done.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,30 +66,6 @@ pub struct Fua {
 }
 
 impl Fua {
-    /// Reads `fuamode=`.
-    pub fn from_params(params: &[(String, String)]) -> Result<Fua> {
-        let mut f = Fua::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "fuamode" => {
-                    let modes = [
-                        FuaMode::None,
-                        FuaMode::Emulate,
-                        FuaMode::Native,
-                        FuaMode::Force,
-                        FuaMode::Pass,
-                        FuaMode::Discard,
-                    ];
-                    let choices: Vec<(&str, FuaMode)> =
-                        modes.iter().map(|&m| (m.name(), m)).collect();
-                    f.mode = params::choice("fua", k, v, &choices)?;
-                }
-                _ => return Err(Error::invalid(format!("fua: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(f)
-    }
-
     /// Checks that the device below can do what the mode relies on (for a
     /// device that will be written to).
     pub fn check(&self, next: &dyn BlockDevice) -> Result<()> {
@@ -182,12 +149,42 @@ impl Filter for Fua {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str =
+    "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<Fua>("fua", KEYS, HELP);
+
 impl FilterConfig for Fua {
     fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
         if !ctx.read_only {
             self.check(&*next)?;
         }
         Ok(over(*self, next))
+    }
+    /// Reads `fuamode=`.
+    fn from_params(params: &Params) -> Result<Fua> {
+        let mut f = Fua::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "fuamode" => {
+                    let modes = [
+                        FuaMode::None,
+                        FuaMode::Emulate,
+                        FuaMode::Native,
+                        FuaMode::Force,
+                        FuaMode::Pass,
+                        FuaMode::Discard,
+                    ];
+                    let choices: Vec<(&str, FuaMode)> =
+                        modes.iter().map(|&m| (m.name(), m)).collect();
+                    f.mode = params::choice("fua", k, v, &choices)?;
+                }
+                _ => return Err(Error::invalid(format!("fua: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(f)
     }
 }
 

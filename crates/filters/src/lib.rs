@@ -88,11 +88,7 @@ mod tests {
     use diskit_core::DeviceRef;
     use std::sync::Arc;
 
-    fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::params::kv;
 
     #[test]
     fn unknown_names_and_keys_are_refused_with_the_choices() {

@@ -7,21 +7,12 @@
 //! where SEEK_DATA is slow (tmpfs), or to make a client copy every byte.
 //! It takes no parameters.
 
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::DeviceRef;
 use diskit_core::{BlockDevice, Capabilities, Extent, Filter, Result};
 
 /// The keys the filter takes: none.
 pub const KEYS: &[&str] = &[];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "noextents",
-    keys: KEYS,
-    help: "hides allocation: the whole disk reads as data in block status",
-    reads_only_below: false,
-    parse: |_| boxed(Ok(Noextents)),
-};
 
 /// The filter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,9 +41,18 @@ impl Filter for Noextents {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "hides allocation: the whole disk reads as data in block status";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<Noextents>("noextents", KEYS, HELP);
+
 impl FilterConfig for Noextents {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         Ok(over(*self, next))
+    }
+    fn from_params(_list: &Params) -> Result<Noextents> {
+        Ok(Noextents)
     }
 }
 

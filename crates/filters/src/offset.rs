@@ -14,20 +14,11 @@ use diskit_core::extent::clip;
 use diskit_core::{BlockDevice, Error, Extent, FileView, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["offset", "range"];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "offset",
-    keys: KEYS,
-    help: "serves a window of the disk (offset= range=)",
-    reads_only_below: false,
-    parse: |p| boxed(OffsetConfig::from_params(p)),
-};
 
 /// The parameters, as given.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,21 +27,6 @@ pub struct OffsetConfig {
     pub offset: u64,
     /// Length of the window; `None` reaches the end of the device.
     pub range: Option<u64>,
-}
-
-impl OffsetConfig {
-    /// Reads `offset=` and `range=`.
-    pub fn from_params(params: &[(String, String)]) -> Result<OffsetConfig> {
-        let mut c = OffsetConfig::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "offset" => c.offset = params::size("offset", k, v)?,
-                "range" => c.range = Some(params::size("offset", k, v)?),
-                _ => return Err(Error::invalid(format!("offset: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
 }
 
 /// A window of the device below.
@@ -153,9 +129,27 @@ impl Filter for Offset {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "serves a window of the disk (offset= range=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<OffsetConfig>("offset", KEYS, HELP);
+
 impl FilterConfig for OffsetConfig {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         Ok(over(Offset::new(&*next, self)?, next))
+    }
+    /// Reads `offset=` and `range=`.
+    fn from_params(params: &Params) -> Result<OffsetConfig> {
+        let mut c = OffsetConfig::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "offset" => c.offset = params::size("offset", k, v)?,
+                "range" => c.range = Some(params::size("offset", k, v)?),
+                _ => return Err(Error::invalid(format!("offset: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 

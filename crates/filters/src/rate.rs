@@ -26,7 +26,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -36,15 +36,6 @@ pub const KEYS: &[&str] = &[
     "connection-rate-file",
     "burstiness",
 ];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "rate",
-    keys: KEYS,
-    help: "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)",
-    reads_only_below: false,
-    parse: |p| boxed(RateConfig::from_params(p)),
-};
 
 /// How often a rate file is looked at for a change, at most.
 const FILE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
@@ -73,46 +64,6 @@ impl Default for RateConfig {
             connection_rate_file: None,
             burstiness: 2.0,
         }
-    }
-}
-
-impl RateConfig {
-    /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<RateConfig> {
-        let mut c = RateConfig::default();
-        let rate = |k: &str, v: &str, old: u64| -> Result<u64> {
-            if old > 0 {
-                return Err(Error::invalid(format!(
-                    "rate: {k} set twice on the command line"
-                )));
-            }
-            match params::size("rate", k, v)? {
-                0 => Err(Error::invalid(format!("rate: {k} cannot be set to 0"))),
-                n => Ok(n),
-            }
-        };
-        for (k, v) in list {
-            match k.as_str() {
-                "rate" => c.rate = rate(k, v, c.rate)?,
-                "connection-rate" => c.connection_rate = rate(k, v, c.connection_rate)?,
-                "rate-file" => c.rate_file = Some(absolute(v)?),
-                "connection-rate-file" => c.connection_rate_file = Some(absolute(v)?),
-                "burstiness" => {
-                    c.burstiness = v
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|b| b.is_finite() && *b > 0.0)
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "rate: burstiness must be a positive number of seconds, not '{v}'"
-                            ))
-                        })?
-                }
-                _ => return Err(Error::invalid(format!("rate: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 
@@ -378,9 +329,52 @@ impl Filter for Rate {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<RateConfig>("rate", KEYS, HELP);
+
 impl FilterConfig for RateConfig {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         Ok(over(Rate::new(self), next))
+    }
+    /// Reads the parameters.
+    fn from_params(list: &Params) -> Result<RateConfig> {
+        let mut c = RateConfig::default();
+        let rate = |k: &str, v: &str, old: u64| -> Result<u64> {
+            if old > 0 {
+                return Err(Error::invalid(format!(
+                    "rate: {k} set twice on the command line"
+                )));
+            }
+            match params::size("rate", k, v)? {
+                0 => Err(Error::invalid(format!("rate: {k} cannot be set to 0"))),
+                n => Ok(n),
+            }
+        };
+        for (k, v) in list {
+            match k.as_str() {
+                "rate" => c.rate = rate(k, v, c.rate)?,
+                "connection-rate" => c.connection_rate = rate(k, v, c.connection_rate)?,
+                "rate-file" => c.rate_file = Some(absolute(v)?),
+                "connection-rate-file" => c.connection_rate_file = Some(absolute(v)?),
+                "burstiness" => {
+                    c.burstiness = v
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|b| b.is_finite() && *b > 0.0)
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "rate: burstiness must be a positive number of seconds, not '{v}'"
+                            ))
+                        })?
+                }
+                _ => return Err(Error::invalid(format!("rate: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 
@@ -388,11 +382,7 @@ impl FilterConfig for RateConfig {
 mod tests {
     use super::*;
 
-    fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::params::kv;
 
     #[test]
     fn parameters_are_read_as_nbdkit_reads_them() {

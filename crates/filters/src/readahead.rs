@@ -21,21 +21,12 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Result};
 
 /// The keys the filter takes (none, as nbdkit's).
 pub const KEYS: &[&str] = &[];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "readahead",
-    keys: KEYS,
-    help: "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)",
-    reads_only_below: false,
-    parse: |_| boxed(Ok(ReadaheadConfig)),
-};
 
 /// The first window ahead of a sequential stream.
 const MIN_WINDOW: u64 = 128 << 10;
@@ -249,9 +240,18 @@ impl Filter for Readahead {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReadaheadConfig;
 
+/// What `--help` says of the filter.
+const HELP: &str = "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<ReadaheadConfig>("readahead", KEYS, HELP);
+
 impl FilterConfig for ReadaheadConfig {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         Ok(over(Readahead::new(&next)?, next))
+    }
+    fn from_params(_list: &Params) -> Result<ReadaheadConfig> {
+        Ok(ReadaheadConfig)
     }
 }
 

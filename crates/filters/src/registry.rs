@@ -1,8 +1,8 @@
 //! How a filter is registered: one [`FilterInfo`] row in
 //! [`FILTERS`](crate::FILTERS), which names the filter, lists its keys and
-//! says how its parameters are read. What they are read into (the
-//! filter's configuration) stacks the filter ([`FilterConfig`]), so that
-//! nothing outside the filter's own module knows its types.
+//! names its configuration: a [`FilterConfig`], which reads the
+//! parameters and stacks the filter, so that nothing outside the filter's
+//! own module knows its types.
 
 use std::any::Any;
 use std::fmt;
@@ -26,6 +26,12 @@ pub struct Ctx {
 
 /// A filter's checked parameters, ready to stack.
 pub trait FilterConfig: fmt::Debug + Send + Sync + Any {
+    /// Reads and checks the parameters, in order (a later value of a key
+    /// replaces an earlier one, as in nbdkit).
+    fn from_params(list: &Params) -> Result<Self>
+    where
+        Self: Sized;
+
     /// Stacks the filter so configured on `next`.
     fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef>;
 }
@@ -57,9 +63,35 @@ impl fmt::Debug for FilterInfo {
     }
 }
 
-/// A parsed configuration as a row's [`parse`](FilterInfo::parse) gives it.
-pub fn boxed<C: FilterConfig>(config: Result<C>) -> Result<Arc<dyn FilterConfig>> {
-    Ok(Arc::new(config?))
+impl FilterInfo {
+    /// The row of the filter `name`, which takes `keys` and is configured
+    /// by a `C`.
+    pub const fn new<C: FilterConfig>(
+        name: &'static str,
+        keys: &'static [&'static str],
+        help: &'static str,
+    ) -> FilterInfo {
+        FilterInfo {
+            name,
+            keys,
+            help,
+            reads_only_below: false,
+            parse: parse::<C>,
+        }
+    }
+
+    /// The same row for a filter that never writes below.
+    pub const fn reads_only_below(self) -> FilterInfo {
+        FilterInfo {
+            reads_only_below: true,
+            ..self
+        }
+    }
+}
+
+/// Reads a `C`: what a row's [`parse`](FilterInfo::parse) does.
+fn parse<C: FilterConfig>(list: &Params) -> Result<Arc<dyn FilterConfig>> {
+    Ok(Arc::new(C::from_params(list)?))
 }
 
 /// `filter` stacked on `next`.

@@ -28,7 +28,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -37,15 +37,6 @@ pub const KEYS: &[&str] = &[
     "retry-exponential",
     "retry-readonly",
 ];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "retry",
-    keys: KEYS,
-    help: "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)",
-    reads_only_below: false,
-    parse: |p| boxed(RetryConfig::from_params(p)),
-};
 
 /// The parameters, as given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,32 +59,6 @@ impl Default for RetryConfig {
             exponential: true,
             readonly: false,
         }
-    }
-}
-
-impl RetryConfig {
-    /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<RetryConfig> {
-        let mut c = RetryConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "retries" => {
-                    c.retries = v.trim().parse().map_err(|_| {
-                        Error::invalid(format!("retry: retries: could not parse '{v}'"))
-                    })?
-                }
-                "retry-delay" => {
-                    c.delay = params::delay("retry", k, v)?;
-                    if c.delay.is_zero() {
-                        return Err(Error::invalid("retry: retry-delay cannot be 0"));
-                    }
-                }
-                "retry-exponential" => c.exponential = params::boolean("retry", k, v)?,
-                "retry-readonly" => c.readonly = params::boolean("retry", k, v)?,
-                _ => return Err(Error::invalid(format!("retry: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 
@@ -232,9 +197,38 @@ impl Filter for Retry {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<RetryConfig>("retry", KEYS, HELP);
+
 impl FilterConfig for RetryConfig {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         Ok(over(Retry::new(*self), next))
+    }
+    /// Reads the parameters.
+    fn from_params(list: &Params) -> Result<RetryConfig> {
+        let mut c = RetryConfig::default();
+        for (k, v) in list {
+            match k.as_str() {
+                "retries" => {
+                    c.retries = v.trim().parse().map_err(|_| {
+                        Error::invalid(format!("retry: retries: could not parse '{v}'"))
+                    })?
+                }
+                "retry-delay" => {
+                    c.delay = params::delay("retry", k, v)?;
+                    if c.delay.is_zero() {
+                        return Err(Error::invalid("retry: retry-delay cannot be 0"));
+                    }
+                }
+                "retry-exponential" => c.exponential = params::boolean("retry", k, v)?,
+                "retry-readonly" => c.readonly = params::boolean("retry", k, v)?,
+                _ => return Err(Error::invalid(format!("retry: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 

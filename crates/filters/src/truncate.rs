@@ -21,20 +21,11 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, boxed, over};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["truncate", "round-up", "round-down"];
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo {
-    name: "truncate",
-    keys: KEYS,
-    help: "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
-    reads_only_below: false,
-    parse: |p| boxed(TruncateConfig::from_params(p)),
-};
 
 /// The parameters, as given.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,20 +59,6 @@ fn round_param(key: &str, value: &str) -> Result<u64> {
 }
 
 impl TruncateConfig {
-    /// Reads `truncate=`, `round-up=` and `round-down=`.
-    pub fn from_params(params: &[(String, String)]) -> Result<TruncateConfig> {
-        let mut c = TruncateConfig::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "truncate" => c.truncate = Some(params::size("truncate", k, v)?),
-                "round-up" => c.round_up = Some(round_param(k, v)?),
-                "round-down" => c.round_down = Some(round_param(k, v)?),
-                _ => return Err(Error::invalid(format!("truncate: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-
     /// The size the filter gives a device of `real` bytes.
     pub fn apply(&self, real: u64) -> Result<u64> {
         let mut size = self.truncate.unwrap_or(real);
@@ -220,9 +197,28 @@ impl Filter for Truncate {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<TruncateConfig>("truncate", KEYS, HELP);
+
 impl FilterConfig for TruncateConfig {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         Ok(over(Truncate::new(&*next, self)?, next))
+    }
+    /// Reads `truncate=`, `round-up=` and `round-down=`.
+    fn from_params(params: &Params) -> Result<TruncateConfig> {
+        let mut c = TruncateConfig::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "truncate" => c.truncate = Some(params::size("truncate", k, v)?),
+                "round-up" => c.round_up = Some(round_param(k, v)?),
+                "round-down" => c.round_down = Some(round_param(k, v)?),
+                _ => return Err(Error::invalid(format!("truncate: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 
