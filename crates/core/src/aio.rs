@@ -81,6 +81,47 @@ impl Request {
         }
     }
 
+    /// The same request at `to` instead (a filter that maps offsets sends
+    /// it on so); the sink of a [`ReadTo`](Request::ReadTo) still gets the
+    /// offsets it asked for.
+    pub fn moved_to(self, to: u64) -> Request {
+        match self {
+            Request::Read { buf, len, .. } => Request::Read {
+                offset: to,
+                buf,
+                len,
+            },
+            Request::Write {
+                buf, range, flags, ..
+            } => Request::Write {
+                offset: to,
+                buf,
+                range,
+                flags,
+            },
+            Request::ReadTo {
+                offset,
+                buf,
+                len,
+                sink,
+            } => Request::ReadTo {
+                offset: to,
+                buf,
+                len,
+                sink: Arc::new(MovedSink {
+                    sink,
+                    asked: offset,
+                    at: to,
+                }),
+            },
+            Request::Zero { len, flags, .. } => Request::Zero {
+                offset: to,
+                len,
+                flags,
+            },
+        }
+    }
+
     /// The request finished, unstarted, with `result` (an error): its
     /// buffer is given back.
     pub fn fail(self, tag: u64, result: Result<()>) -> Completion {
@@ -109,6 +150,32 @@ pub trait ReadSink: Send + Sync {
     /// a device may drop them unseen, without copying them to memory.
     fn discards(&self) -> bool {
         false
+    }
+}
+
+/// A sink that was asked for bytes at `asked` of a device whose layer
+/// below reads them at `at`.
+struct MovedSink {
+    sink: Arc<dyn ReadSink>,
+    asked: u64,
+    at: u64,
+}
+
+impl MovedSink {
+    fn back(&self, offset: u64) -> u64 {
+        offset - self.at + self.asked
+    }
+}
+
+impl ReadSink for MovedSink {
+    fn data(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.sink.data(self.back(offset), data)
+    }
+    fn zeros(&self, offset: u64, len: u64) -> Result<()> {
+        self.sink.zeros(self.back(offset), len)
+    }
+    fn discards(&self) -> bool {
+        self.sink.discards()
     }
 }
 

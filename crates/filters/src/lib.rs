@@ -56,6 +56,8 @@ pub mod readahead;
 mod registry;
 pub mod retry;
 pub mod stats;
+#[cfg(test)]
+mod submit_tests;
 pub mod truncate;
 
 pub use registry::{Ctx, FilterConfig, FilterInfo, FilterSpec, Params, info, stack};

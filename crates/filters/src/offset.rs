@@ -11,7 +11,9 @@
 //! the device below cut to the window.
 
 use diskit_core::extent::clip;
-use diskit_core::{BlockDevice, Error, Extent, FileView, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{
+    BlockDevice, Error, Extent, FileView, Filter, Request, Result, Route, WriteFlags, ZeroFlags,
+};
 
 use crate::params;
 use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
@@ -126,6 +128,18 @@ impl Filter for Offset {
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         Ok(clip(next.extents(self.map(offset), len)?, len))
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Submitted requests go below moved into the window, where they
+    /// stay in flight.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        let to = self.map(req.span().0);
+        Route::Below(req.moved_to(to))
+    }
+    fn prepare_write(&self, next: &dyn BlockDevice, buf: &[u8], offset: u64) {
+        next.prepare_write(buf, self.map(offset))
     }
 }
 

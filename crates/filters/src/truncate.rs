@@ -16,8 +16,8 @@
 use diskit_core::extent::clip;
 use diskit_core::zero::is_zero;
 use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Result, WriteFlags,
-    ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Request, Result, Route,
+    WriteFlags, ZeroFlags,
 };
 
 use crate::params;
@@ -193,6 +193,24 @@ impl Filter for Truncate {
             0 => Ok(vec![Extent::hole(len)]),
             // Only the part on the device: the caller asks again for the rest.
             n => Ok(clip(next.extents(offset, n)?, n)),
+        }
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Reads and writes that lie on the device below go there as they
+    /// are, and stay in flight; the rest, and zeroes, run here.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        let (offset, len) = req.span();
+        match req {
+            Request::Zero { .. } => Route::Here(req),
+            _ if self.inside(offset, len) == len => Route::Below(req),
+            _ => Route::Here(req),
+        }
+    }
+    fn prepare_write(&self, next: &dyn BlockDevice, buf: &[u8], offset: u64) {
+        if self.inside(offset, buf.len() as u64) == buf.len() as u64 {
+            next.prepare_write(buf, offset)
         }
     }
 }
