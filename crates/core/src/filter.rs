@@ -205,9 +205,7 @@ impl<F: Filter> Filtered<F> {
     pub fn next(&self) -> &DeviceRef {
         &self.next
     }
-}
 
-impl<F: Filter> Filtered<F> {
     /// Refuses `offset..offset+len` outside the filter's size: the check
     /// at the layer boundary.
     fn check(&self, offset: u64, len: u64) -> Result<()> {

@@ -32,8 +32,14 @@
 //! `--filter` options.
 //!
 //! A new filter is one module that defines its `KEYS`, its configuration
-//! (a [`FilterConfig`], which stacks it) and its `FILTER` row, plus that
-//! row in [`FILTERS`] (and its `mod` line and a line in the table above).
+//! (a [`FilterConfig`]: `from_params` reads it, `stack` puts the filter
+//! over a device) and its row (`pub const FILTER: FilterInfo =
+//! FilterInfo::new::<Config>(name, KEYS, HELP)`), plus that row in
+//! [`FILTERS`] (and its `mod` line, and a line in the table above). The
+//! filter implements only what it changes; [`diskit_core::Filtered`]
+//! checks ranges and forwards the rest, submission included where the
+//! filter says its requests may go below
+//! ([`diskit_core::Filter::submits_below`]).
 
 mod blockmap;
 pub mod blocksize;

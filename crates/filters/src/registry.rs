@@ -38,7 +38,7 @@ pub trait FilterConfig: fmt::Debug + Send + Sync + Any {
 
 /// A filter's row: its name, the parameter keys it takes, a one-line
 /// description, what it promises and how its parameters are read.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct FilterInfo {
     /// The name given to `--filter=`.
     pub name: &'static str,
@@ -52,15 +52,6 @@ pub struct FilterInfo {
     /// Reads and checks the parameters (only keys of
     /// [`keys`](Self::keys) are given).
     pub parse: fn(&Params) -> Result<Arc<dyn FilterConfig>>,
-}
-
-impl fmt::Debug for FilterInfo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FilterInfo")
-            .field("name", &self.name)
-            .field("keys", &self.keys)
-            .finish_non_exhaustive()
-    }
 }
 
 impl FilterInfo {
