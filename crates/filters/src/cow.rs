@@ -95,8 +95,8 @@ impl OnRead {
     }
 }
 
-/// The filter: the overlay, in which [`HELD`] blocks are the client's
-/// data and [`ZERO`] blocks were zeroed or trimmed.
+/// The filter: the overlay, in which held blocks are the client's
+/// data and zero blocks were zeroed or trimmed.
 pub struct Cow {
     ov: Overlay,
     on_read: OnRead,
