@@ -23,7 +23,6 @@
 
 use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -33,7 +32,8 @@ use diskit_core::{
     WriteFlags, ZeroFlags,
 };
 
-use crate::overlay::{BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
+pub use crate::overlay::OnRead;
+use crate::overlay::{self, BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
 use crate::params;
 use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::DeviceRef;
@@ -70,7 +70,7 @@ pub struct CacheConfig {
     /// The cache's block size.
     pub block_size: u64,
     /// Whether reads fill the cache (a path: while it exists).
-    pub on_read: Option<Option<PathBuf>>,
+    pub on_read: OnRead,
     /// The largest the cache may grow.
     pub max_size: Option<u64>,
     /// Reclaim starts above this share of `max_size`...
@@ -84,7 +84,7 @@ impl Default for CacheConfig {
         CacheConfig {
             mode: Mode::Writeback,
             block_size: 64 << 10,
-            on_read: None,
+            on_read: OnRead::Never,
             max_size: None,
             high: 0.95,
             low: 0.80,
@@ -133,14 +133,6 @@ impl Cache {
             reclaiming: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
         })
-    }
-
-    fn on_read(&self) -> bool {
-        match &self.config.on_read {
-            None => false,
-            Some(None) => true,
-            Some(Some(p)) => p.exists(),
-        }
     }
 
     fn touch(&self, b: u64) {
@@ -350,7 +342,7 @@ impl Filter for Cache {
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
         let fill = |first, last| self.fill(next, first, last);
-        let fill = self.on_read().then_some(&fill as Fill<'_>);
+        let fill = self.config.on_read.now().then_some(&fill as Fill<'_>);
         self.ov.read(next, buf, offset, fill, &|first, last| {
             (first..last).for_each(|b| self.touch(b))
         })
@@ -515,24 +507,8 @@ impl FilterConfig for CacheConfig {
                         ],
                     )?
                 }
-                "cache-min-block-size" => {
-                    let n = params::size("cache", k, v)?;
-                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
-                        return Err(Error::invalid(format!(
-                            "cache: cache-min-block-size must be a power of 2 from 4096 to 64M: '{v}'"
-                        )));
-                    }
-                    c.block_size = n;
-                }
-                "cache-on-read" => {
-                    c.on_read = if v.starts_with('/') {
-                        Some(Some(PathBuf::from(v)))
-                    } else if params::boolean("cache", k, v)? {
-                        Some(None)
-                    } else {
-                        None
-                    }
-                }
+                "cache-min-block-size" => c.block_size = overlay::block_size("cache", k, v)?,
+                "cache-on-read" => c.on_read = OnRead::parse("cache", k, v)?,
                 "cache-max-size" => {
                     let n = params::size("cache", k, v)?;
                     // As nbdkit: smaller would thrash.

@@ -37,7 +37,8 @@ use diskit_core::{
     WriteFlags, ZeroFlags,
 };
 
-use crate::overlay::{BELOW, Fill, HELD, Overlay, ZERO};
+pub use crate::overlay::OnRead;
+use crate::overlay::{self, BELOW, Fill, HELD, Overlay, ZERO};
 use crate::params;
 use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::DeviceRef;
@@ -47,17 +48,6 @@ pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache", "co
 
 /// The default overlay block: nbdkit's.
 const DEFAULT_BLOCK: u64 = 64 << 10;
-
-/// When reads from below are kept in the overlay.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OnRead {
-    /// Never (the default).
-    Never,
-    /// Always.
-    Always,
-    /// While this file exists.
-    WhileExists(PathBuf),
-}
 
 /// The parameters, as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,17 +70,6 @@ impl Default for CowConfig {
             on_read: OnRead::Never,
             on_cache: false,
             file: None,
-        }
-    }
-}
-
-impl OnRead {
-    /// Whether reads fill the overlay now.
-    pub fn now(&self) -> bool {
-        match self {
-            OnRead::Never => false,
-            OnRead::Always => true,
-            OnRead::WhileExists(p) => p.exists(),
         }
     }
 }
@@ -347,24 +326,8 @@ impl FilterConfig for CowConfig {
         let mut c = CowConfig::default();
         for (k, v) in list {
             match k.as_str() {
-                "cow-block-size" => {
-                    let n = params::size("cow", k, v)?;
-                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
-                        return Err(Error::invalid(format!(
-                            "cow: cow-block-size must be a power of 2 from 4096 to 64M: '{v}'"
-                        )));
-                    }
-                    c.block_size = n;
-                }
-                "cow-on-read" => {
-                    c.on_read = if v.starts_with('/') {
-                        OnRead::WhileExists(PathBuf::from(v))
-                    } else if params::boolean("cow", k, v)? {
-                        OnRead::Always
-                    } else {
-                        OnRead::Never
-                    }
-                }
+                "cow-block-size" => c.block_size = overlay::block_size("cow", k, v)?,
+                "cow-on-read" => c.on_read = OnRead::parse("cow", k, v)?,
                 "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
                 "cow-file" => c.file = Some(PathBuf::from(v)),
                 _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),

@@ -20,6 +20,7 @@ use diskit_core::range_lock::RangeLock;
 use diskit_core::{BlockDevice, BlockSizeLimits, Error, Extent, FileView, Result};
 
 use crate::blockmap::BlockMap;
+use crate::params;
 
 /// Not held: the bytes are below.
 pub(crate) const BELOW: u8 = 0;
@@ -30,6 +31,52 @@ pub(crate) const DIRTY: u8 = 2;
 /// Reads as zeros, nothing stored (cow: zeroed by a client; cache: the
 /// device below reports zeros).
 pub(crate) const ZERO: u8 = 3;
+
+/// When reads from below are kept in the overlay (`cow-on-read=`,
+/// `cache-on-read=`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnRead {
+    /// Never (the default).
+    Never,
+    /// Always.
+    Always,
+    /// While this file exists.
+    WhileExists(PathBuf),
+}
+
+impl OnRead {
+    /// `true|false|/PATH`, as `key` of `filter`.
+    pub fn parse(filter: &str, key: &str, value: &str) -> Result<OnRead> {
+        Ok(if value.starts_with('/') {
+            OnRead::WhileExists(PathBuf::from(value))
+        } else if params::boolean(filter, key, value)? {
+            OnRead::Always
+        } else {
+            OnRead::Never
+        })
+    }
+
+    /// Whether reads fill the overlay now.
+    pub fn now(&self) -> bool {
+        match self {
+            OnRead::Never => false,
+            OnRead::Always => true,
+            OnRead::WhileExists(p) => p.exists(),
+        }
+    }
+}
+
+/// An overlay's block size (`cow-block-size=`, `cache-min-block-size=`):
+/// a power of 2 from 4 KiB to 64 MiB.
+pub(crate) fn block_size(filter: &str, key: &str, value: &str) -> Result<u64> {
+    let n = params::size(filter, key, value)?;
+    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
+        return Err(Error::invalid(format!(
+            "{filter}: {key} must be a power of 2 from 4096 to 64M: '{value}'"
+        )));
+    }
+    Ok(n)
+}
 
 /// Bytes read below in one go when filling a run of blocks.
 const FILL_CHUNK: u64 = 8 << 20;
