@@ -432,6 +432,19 @@ mod tests {
     }
 
     #[test]
+    fn a_request_larger_than_the_bucket_waits_only_for_its_bits() {
+        // 10 KB a second, a bucket of 1 KB: 5 KB take 0.4 s once the
+        // bucket is spent, not the sum of waits for refills the full
+        // bucket cannot hold (1 s).
+        let l = Limiter::new(80_000, 0.1, None);
+        let t0 = Instant::now();
+        l.wait(5000);
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(350), "{took:?}");
+        assert!(took < Duration::from_millis(800), "{took:?}");
+    }
+
+    #[test]
     fn a_new_rate_file_changes_the_rate_and_a_missing_one_keeps_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rate");

@@ -26,3 +26,24 @@ pub fn rate_limited(src: DeviceRef, bytes_per_sec: u64) -> DeviceRef {
     };
     Arc::new(Filtered::new(Rate::new(&config), src))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diskit_backends::MemoryDevice;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn bytes_are_read_at_the_rate() {
+        // 64 KiB a second, 100 ms of burst: 32 KiB take 0.4 s.
+        let d = rate_limited(Arc::new(MemoryDevice::new(1 << 20)), 64 << 10);
+        let t0 = Instant::now();
+        let mut buf = vec![0u8; 8 << 10];
+        for i in 0..4 {
+            d.read_at(&mut buf, i * (8 << 10)).unwrap();
+        }
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(350), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+}
