@@ -1848,3 +1848,75 @@ fn an_overlay_that_cannot_be_created_is_a_clear_error() {
         );
     }
 }
+
+/// The most requests of `op` (`Read`, `Write`...) the log filter's lines
+/// show in flight at once: started and not yet returned.
+fn most_in_flight(log: &str, op: &str) -> usize {
+    let (start, end) = (format!(" {op} id="), format!(" ...{op} id="));
+    let (mut now, mut most) = (0usize, 0usize);
+    for line in log.lines() {
+        if line.contains(&end) {
+            now = now.saturating_sub(1);
+        } else if line.contains(&start) {
+            now += 1;
+            most = most.max(now);
+        }
+    }
+    most
+}
+
+#[test]
+fn copies_through_a_filter_keep_requests_in_flight() {
+    // The source goes through a filter in the client (copy --no-extents:
+    // the noextents filter; convert -r: the rate filter) over an NBD
+    // connection; one worker each (-T 1, -m 1), so that only submitted
+    // requests can overlap. The server logs each request as it starts and
+    // ends, and delays reads so that requests in flight overlap there.
+    let dir = workdir();
+    let d = dir.path();
+    let src = d.join("src.raw");
+    sparse_file(&src, 8 << 20, &[(0, 8 << 20, 0xff)]);
+    let diskit = diskit_bin();
+    let clients = [
+        (
+            "copy --no-extents",
+            format!(
+                "{} copy --no-extents -C 1 -T 1 \"$uri\" {}",
+                diskit.display(),
+                s(&d.join("copy.raw"))
+            ),
+            d.join("copy.raw"),
+        ),
+        (
+            "convert -r",
+            format!(
+                "{} convert -r 1G -m 1 -f raw -O raw \"$uri\" {}",
+                diskit.display(),
+                s(&d.join("convert.raw"))
+            ),
+            d.join("convert.raw"),
+        ),
+    ];
+    for (what, cmd, out) in clients {
+        let log = d.join(format!("{}.log", what.replace(' ', "_")));
+        let logfile = format!("logfile={}", s(&log));
+        let o = run(
+            Server::Diskit,
+            &[
+                "--filter=log",
+                "--filter=delay",
+                "file",
+                "FILE",
+                &logfile,
+                "rdelay=10ms",
+            ],
+            Some(&src),
+            &cmd,
+        );
+        assert!(o.status.success(), "{what}: {}", stderr(&o));
+        assert!(same_bytes(&out, &src), "{what}: the copy differs");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let most = most_in_flight(&text, "Read");
+        assert!(most > 1, "{what}: at most {most} read in flight:\n{text}");
+    }
+}

@@ -69,6 +69,72 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The bytes of the device the request covers: `(offset, length)`.
+    pub fn span(&self) -> (u64, u64) {
+        match self {
+            Request::Read { offset, len, .. } | Request::ReadTo { offset, len, .. } => {
+                (*offset, *len as u64)
+            }
+            Request::Write { offset, range, .. } => (*offset, range.len() as u64),
+            Request::Zero { offset, len, .. } => (*offset, *len),
+        }
+    }
+
+    /// The same request at `to` instead (a filter that maps offsets sends
+    /// it on so); the sink of a [`ReadTo`](Request::ReadTo) still gets the
+    /// offsets it asked for.
+    pub fn moved_to(self, to: u64) -> Request {
+        match self {
+            Request::Read { buf, len, .. } => Request::Read {
+                offset: to,
+                buf,
+                len,
+            },
+            Request::Write {
+                buf, range, flags, ..
+            } => Request::Write {
+                offset: to,
+                buf,
+                range,
+                flags,
+            },
+            Request::ReadTo {
+                offset,
+                buf,
+                len,
+                sink,
+            } => Request::ReadTo {
+                offset: to,
+                buf,
+                len,
+                sink: Arc::new(MovedSink {
+                    sink,
+                    asked: offset,
+                    at: to,
+                }),
+            },
+            Request::Zero { len, flags, .. } => Request::Zero {
+                offset: to,
+                len,
+                flags,
+            },
+        }
+    }
+
+    /// The request finished, unstarted, with `result` (an error): its
+    /// buffer is given back.
+    pub fn fail(self, tag: u64, result: Result<()>) -> Completion {
+        let buf = match self {
+            Request::Read { buf, .. }
+            | Request::ReadTo { buf, .. }
+            | Request::Write { buf, .. } => Some(buf),
+            Request::Zero { .. } => None,
+        };
+        Completion { tag, result, buf }
+    }
+}
+
 /// Takes the bytes of a [`Request::ReadTo`] as they arrive, in whatever
 /// thread receives them; calls for different parts of one read, and for
 /// different reads, may come at once from several threads.
@@ -84,6 +150,32 @@ pub trait ReadSink: Send + Sync {
     /// a device may drop them unseen, without copying them to memory.
     fn discards(&self) -> bool {
         false
+    }
+}
+
+/// A sink that was asked for bytes at `asked` of a device whose layer
+/// below reads them at `at`.
+struct MovedSink {
+    sink: Arc<dyn ReadSink>,
+    asked: u64,
+    at: u64,
+}
+
+impl MovedSink {
+    fn back(&self, offset: u64) -> u64 {
+        offset - self.at + self.asked
+    }
+}
+
+impl ReadSink for MovedSink {
+    fn data(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.sink.data(self.back(offset), data)
+    }
+    fn zeros(&self, offset: u64, len: u64) -> Result<()> {
+        self.sink.zeros(self.back(offset), len)
+    }
+    fn discards(&self) -> bool {
+        self.sink.discards()
     }
 }
 

@@ -4,14 +4,33 @@
 //! A [`Filter`] implements only the methods it changes; every default calls
 //! the next layer. [`Filtered`] joins a filter to the device below it and is
 //! itself a [`BlockDevice`], so filters stack over any device.
+//!
+//! [`Filtered`] is the layer boundary, as nbdkit's backend is: it refuses a
+//! request outside the filter's size before the filter sees it (so filters
+//! check only the ranges they make themselves), and it forwards every
+//! method of [`BlockDevice`], submission included: a filter that leaves
+//! reads, writes and zeroes alone, or changes them on their way down
+//! ([`Filter::submits_below`], [`Filter::route`]), keeps the requests of
+//! an asynchronous device below (an NBD connection) in flight.
 
 use std::sync::Arc;
 
+use crate::aio::{CompletionQueue, Request};
 use crate::device::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags,
+    ZeroFlags, check_range,
 };
 use crate::error::Result;
 use crate::extent::Extent;
+
+/// Where a request submitted through a filter goes (see [`Filter::route`]).
+pub enum Route {
+    /// On to the layer below (as it came, or changed), where it stays in
+    /// flight.
+    Below(Request),
+    /// Through the filter's own methods, before `submit` returns.
+    Here(Request),
+}
 
 /// A layer over another device. Every method receives the next layer.
 #[allow(missing_docs)]
@@ -111,6 +130,54 @@ pub trait Filter: Send + Sync {
             None
         }
     }
+    /// Whether the layer boundary ([`Filtered`]) refuses a request outside
+    /// the filter's size before the filter sees it: true by default, so
+    /// that filters check only the ranges they make themselves. A filter
+    /// that must see every request as it came, and passes it on to the
+    /// layer below unchanged, which refuses it (log, which logs the
+    /// refusal), says false.
+    fn checks_ranges(&self) -> bool {
+        true
+    }
+    /// Whether requests submitted through the filter
+    /// ([`BlockDevice::submit`]) go on to the layer below, where they stay
+    /// in flight, as [`route`](Self::route) sends them: then the filter's
+    /// queue depth is the one below. True for a filter that leaves reads,
+    /// writes and zeroes alone (their bytes, offsets and flags, and what
+    /// it records of them), or that changes them in `route`. False by
+    /// default, as for [`reads_unchanged`](Self::reads_unchanged): a
+    /// request sent below would bypass a filter that changes it in its
+    /// methods, so they run there, before `submit` returns.
+    fn submits_below(&self) -> bool {
+        false
+    }
+    /// Where a request submitted through the filter goes: below when
+    /// [`submits_below`](Self::submits_below) says so, else through the
+    /// filter's methods. A filter that changes some requests on their way
+    /// (a wait first, another offset) or runs only some of them itself
+    /// overrides it.
+    fn route(&self, next: &dyn BlockDevice, req: Request) -> Route {
+        let _ = next;
+        if self.submits_below() {
+            Route::Below(req)
+        } else {
+            Route::Here(req)
+        }
+    }
+    /// See [`BlockDevice::discards_writes`]: the answer below, where
+    /// writes go below ([`submits_below`](Self::submits_below)); a filter
+    /// that keeps writes itself says false.
+    fn discards_writes(&self, next: &dyn BlockDevice) -> bool {
+        self.submits_below() && next.discards_writes()
+    }
+    /// See [`BlockDevice::prepare_write`]: passes the hint below where
+    /// writes go below unchanged ([`submits_below`](Self::submits_below));
+    /// a filter whose `route` moves writes overrides it.
+    fn prepare_write(&self, next: &dyn BlockDevice, buf: &[u8], offset: u64) {
+        if self.submits_below() {
+            next.prepare_write(buf, offset);
+        }
+    }
 }
 
 /// A filter stacked on a device. The filter is shared with the
@@ -138,6 +205,15 @@ impl<F: Filter> Filtered<F> {
     pub fn next(&self) -> &DeviceRef {
         &self.next
     }
+
+    /// Refuses `offset..offset+len` outside the filter's size: the check
+    /// at the layer boundary.
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.filter.checks_ranges() {
+            return Ok(());
+        }
+        check_range(self.filter.size(&*self.next), offset, len)
+    }
 }
 
 impl<F: Filter + 'static> BlockDevice for Filtered<F> {
@@ -154,27 +230,34 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
         self.filter.is_known_zero(&*self.next)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
         self.filter.read_at(&*self.next, buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
         self.filter.write_at(&*self.next, buf, offset, flags)
     }
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.check(offset, len)?;
         self.filter.write_zeroes(&*self.next, offset, len, flags)
     }
     fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.check(offset, len)?;
         self.filter.trim(&*self.next, offset, len, flags)
     }
     fn flush(&self) -> Result<()> {
         self.filter.flush(&*self.next)
     }
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len)?;
         self.filter.cache(&*self.next, offset, len)
     }
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.check(offset, len)?;
         self.filter.extents(&*self.next, offset, len)
     }
     fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+        self.check(offset, len).ok()?;
         self.filter.file_view(&*self.next, offset, len)
     }
     fn describe(&self) -> String {
@@ -198,6 +281,29 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
     }
     fn reopen(&self) -> Result<()> {
         self.filter.reopen(&*self.next)
+    }
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        let (offset, len) = req.span();
+        if let Err(e) = self.check(offset, len) {
+            return cq.push(req.fail(tag, Err(e)));
+        }
+        match self.filter.route(&*self.next, req) {
+            Route::Below(req) => self.next.submit(tag, req, cq),
+            Route::Here(req) => cq.push(crate::aio::run(self, tag, req)),
+        }
+    }
+    fn queue_depth(&self) -> usize {
+        if self.filter.submits_below() {
+            self.next.queue_depth()
+        } else {
+            1
+        }
+    }
+    fn discards_writes(&self) -> bool {
+        self.filter.discards_writes(&*self.next)
+    }
+    fn prepare_write(&self, buf: &[u8], offset: u64) {
+        self.filter.prepare_write(&*self.next, buf, offset)
     }
 }
 
@@ -263,5 +369,114 @@ mod tests {
         }
         close_via(&*top).unwrap();
         assert_eq!(dev.0.load(Ordering::SeqCst), 2);
+    }
+
+    /// Keeps requests "in flight": counts what is submitted to it and
+    /// completes it at once; also counts plain reads.
+    #[derive(Default)]
+    struct Queued {
+        submitted: AtomicUsize,
+        reads: AtomicUsize,
+    }
+
+    impl BlockDevice for Queued {
+        fn size(&self) -> u64 {
+            1 << 20
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::IN_MEMORY
+        }
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            buf.fill(7);
+            Ok(())
+        }
+        fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+            self.submitted.fetch_add(1, Ordering::SeqCst);
+            cq.push(crate::aio::run(self, tag, req));
+        }
+        fn queue_depth(&self) -> usize {
+            8
+        }
+        fn discards_writes(&self) -> bool {
+            true
+        }
+    }
+
+    /// Leaves requests alone, and counts the reads it sees.
+    #[derive(Default)]
+    struct Through(AtomicUsize);
+    impl Filter for Through {
+        fn name(&self) -> &str {
+            "through"
+        }
+        fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            next.read_at(buf, offset)
+        }
+        fn submits_below(&self) -> bool {
+            true
+        }
+    }
+
+    fn read_request(offset: u64, len: usize) -> Request {
+        Request::Read {
+            offset,
+            buf: crate::buffer::AlignedBuf::new(len.max(1), 4096).unwrap(),
+            len,
+        }
+    }
+
+    #[test]
+    fn submission_queue_depth_and_discards_pass_through() {
+        let dev = Arc::new(Queued::default());
+        let through = Filtered::new(Through::default(), dev.clone());
+        assert_eq!(through.queue_depth(), 8);
+        assert!(through.discards_writes());
+        let cq = CompletionQueue::new();
+        through.submit(1, read_request(4096, 4096), &cq);
+        let c = cq.wait();
+        assert!(c.result.is_ok() && c.tag == 1);
+        assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "submitted below");
+        assert_eq!(through.filter().0.load(Ordering::SeqCst), 0);
+        // A filter that changes requests in its methods runs them there.
+        let plain = Filtered::new(Plain, dev.clone());
+        assert_eq!(plain.queue_depth(), 1);
+        assert!(!plain.discards_writes());
+        plain.submit(2, read_request(0, 512), &cq);
+        assert!(cq.wait().result.is_ok());
+        assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "run here");
+        assert_eq!(dev.reads.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn requests_out_of_range_are_refused_at_the_boundary() {
+        let dev = Arc::new(Queued::default());
+        let d = Filtered::new(Through::default(), dev.clone());
+        let mut buf = [0u8; 16];
+        let e = d.read_at(&mut buf, (1 << 20) - 8).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidInput, "{e}");
+        assert!(d.write_at(&buf, u64::MAX - 4, WriteFlags::NONE).is_err());
+        assert!(d.write_zeroes(1 << 20, 1, ZeroFlags::default()).is_err());
+        assert!(d.trim(0, (1 << 20) + 1, WriteFlags::NONE).is_err());
+        assert!(d.cache(1 << 20, 1).is_err());
+        assert!(d.extents(1 << 19, 1 << 20).is_err());
+        assert!(d.file_view(1 << 20, 1).is_none());
+        assert_eq!(
+            d.filter().0.load(Ordering::SeqCst),
+            0,
+            "the filter saw none"
+        );
+        // Submitted: completed with the error, its buffer given back,
+        // nothing sent below.
+        let cq = CompletionQueue::new();
+        d.submit(9, read_request(1 << 20, 4096), &cq);
+        let c = cq.wait();
+        assert_eq!((c.tag, c.buf.is_some()), (9, true));
+        assert_eq!(c.result.unwrap_err().kind(), crate::ErrorKind::InvalidInput);
+        assert_eq!(dev.submitted.load(Ordering::SeqCst), 0);
+        assert_eq!(dev.reads.load(Ordering::SeqCst), 0);
+        // At the end exactly is in range.
+        d.read_at(&mut buf, (1 << 20) - 16).unwrap();
     }
 }

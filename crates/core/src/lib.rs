@@ -31,5 +31,5 @@ pub use device::{
 };
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};
-pub use filter::{Filter, Filtered};
+pub use filter::{Filter, Filtered, Route};
 pub use storage::{Preallocation, Storage, StorageRef};

@@ -29,7 +29,7 @@
 
 use std::ops::Range;
 
-use diskit_core::device::{check_range, split_fua};
+use diskit_core::device::split_fua;
 use diskit_core::extent::{clip, push_merged};
 use diskit_core::range_lock::RangeLock;
 use diskit_core::{
@@ -37,6 +37,8 @@ use diskit_core::{
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["minblock", "maxdata", "maxlen"];
@@ -56,44 +58,6 @@ pub struct BlocksizeConfig {
     pub maxdata: Option<u32>,
     /// `maxlen=`.
     pub maxlen: Option<u32>,
-}
-
-impl BlocksizeConfig {
-    /// Reads `minblock=`, `maxdata=` and `maxlen=`, and checks them.
-    pub fn from_params(params: &[(String, String)]) -> Result<BlocksizeConfig> {
-        let mut c = BlocksizeConfig::default();
-        for (k, v) in params {
-            let n = Some(params::size_u32("blocksize", k, v)?);
-            match k.as_str() {
-                "minblock" => c.minblock = n,
-                "maxdata" => c.maxdata = n,
-                "maxlen" => c.maxlen = n,
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "blocksize: unknown parameter '{k}'"
-                    )));
-                }
-            }
-        }
-        if let Some(m) = c.minblock {
-            if !m.is_power_of_two() {
-                return Err(Error::invalid("blocksize: minblock must be a power of 2"));
-            }
-            if m > MAX_MINBLOCK {
-                return Err(Error::invalid(format!(
-                    "blocksize: minblock must not exceed {MAX_MINBLOCK}"
-                )));
-            }
-            for (key, v) in [("maxdata", c.maxdata), ("maxlen", c.maxlen)] {
-                if v.is_some_and(|v| v % m != 0) {
-                    return Err(Error::invalid(format!(
-                        "blocksize: {key} must be a multiple of {m}"
-                    )));
-                }
-            }
-        }
-        Ok(c)
-    }
 }
 
 /// The filter, with its limits resolved against the device below.
@@ -335,7 +299,6 @@ impl Filter for Blocksize {
         }
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         let mb = self.minblock;
         let mut pos = offset;
         let mut rest = buf;
@@ -366,7 +329,6 @@ impl Filter for Blocksize {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         self.write_pieces(
             next,
             offset..offset + buf.len() as u64,
@@ -383,7 +345,6 @@ impl Filter for Blocksize {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, len)?;
         if flags.fast && (!(offset | len).is_multiple_of(self.minblock) || len > self.maxlen) {
             return Err(Error::from_kind(ErrorKind::NotSupported));
         }
@@ -397,7 +358,6 @@ impl Filter for Blocksize {
         )
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
         let mb = self.minblock;
         // Only whole blocks are trimmed: the partial head and tail are dropped.
         let mut pos = round_up(offset, mb);
@@ -415,7 +375,6 @@ impl Filter for Blocksize {
         if flush { next.flush() } else { Ok(()) }
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
         let mut pos = round_down(offset, self.minblock);
         let end = round_up(offset + len, self.minblock);
         while pos < end {
@@ -426,7 +385,6 @@ impl Filter for Blocksize {
         Ok(())
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
         let start = round_down(offset, self.minblock);
         let end = round_up(offset + len, self.minblock).min(start + self.maxlen);
         let aligned = self.aligned_extents(next, start, end)?;
@@ -446,6 +404,54 @@ impl Filter for Blocksize {
             out.push(e);
         }
         Ok(clip(out, len))
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str =
+    "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<BlocksizeConfig>("blocksize", KEYS, HELP);
+
+impl FilterConfig for BlocksizeConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Blocksize::new(&*next, self)?, next))
+    }
+    /// Reads `minblock=`, `maxdata=` and `maxlen=`, and checks them.
+    fn from_params(params: &Params) -> Result<BlocksizeConfig> {
+        let mut c = BlocksizeConfig::default();
+        for (k, v) in params {
+            let n = Some(params::size_u32("blocksize", k, v)?);
+            match k.as_str() {
+                "minblock" => c.minblock = n,
+                "maxdata" => c.maxdata = n,
+                "maxlen" => c.maxlen = n,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "blocksize: unknown parameter '{k}'"
+                    )));
+                }
+            }
+        }
+        if let Some(m) = c.minblock {
+            if !m.is_power_of_two() {
+                return Err(Error::invalid("blocksize: minblock must be a power of 2"));
+            }
+            if m > MAX_MINBLOCK {
+                return Err(Error::invalid(format!(
+                    "blocksize: minblock must not exceed {MAX_MINBLOCK}"
+                )));
+            }
+            for (key, v) in [("maxdata", c.maxdata), ("maxlen", c.maxlen)] {
+                if v.is_some_and(|v| v % m != 0) {
+                    return Err(Error::invalid(format!(
+                        "blocksize: {key} must be a multiple of {m}"
+                    )));
+                }
+            }
+        }
+        Ok(c)
     }
 }
 

@@ -22,22 +22,21 @@
 //! ask the device below for the rest.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use diskit_core::device::check_range;
-use diskit_core::range_lock::RangeLock;
 use diskit_core::sync::lock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, FileView, Filter, Result,
     WriteFlags, ZeroFlags,
 };
 
-use crate::blockmap::{self, BlockMap};
-use crate::{overlay, params};
+pub use crate::overlay::OnRead;
+use crate::overlay::{self, BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
+use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -49,8 +48,8 @@ pub const KEYS: &[&str] = &[
     "cache-low-threshold",
 ];
 
-/// Bytes read below in one go when filling a run of blocks.
-const FILL_CHUNK: u64 = 8 << 20;
+/// Dirty blocks written below in one go at most.
+const WRITE_BACK_CHUNK: u64 = 8 << 20;
 
 /// When writes reach the device below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +70,7 @@ pub struct CacheConfig {
     /// The cache's block size.
     pub block_size: u64,
     /// Whether reads fill the cache (a path: while it exists).
-    pub on_read: Option<Option<PathBuf>>,
+    pub on_read: OnRead,
     /// The largest the cache may grow.
     pub max_size: Option<u64>,
     /// Reclaim starts above this share of `max_size`...
@@ -85,7 +84,7 @@ impl Default for CacheConfig {
         CacheConfig {
             mode: Mode::Writeback,
             block_size: 64 << 10,
-            on_read: None,
+            on_read: OnRead::Never,
             max_size: None,
             high: 0.95,
             low: 0.80,
@@ -93,9 +92,393 @@ impl Default for CacheConfig {
     }
 }
 
-impl CacheConfig {
+/// The filter.
+pub struct Cache {
+    config: CacheConfig,
+    /// The blocks: missing, clean, dirty, or zeros below (taking no
+    /// room).
+    ov: Overlay,
+    /// Blocks used since the clock hand last passed (a bit each).
+    used: Vec<AtomicU64>,
+    /// Blocks held in the cache.
+    held: AtomicU64,
+    /// The held blocks in the order the clock hand meets them.
+    clock: Mutex<VecDeque<u64>>,
+    /// A reclaim is running.
+    reclaiming: AtomicBool,
+    /// Some block may be dirty.
+    dirty: AtomicBool,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Cache {
+    /// An empty cache over `next`.
+    pub fn new(next: &dyn BlockDevice, config: &CacheConfig) -> Result<Cache> {
+        let blocks = next.size().div_ceil(config.block_size);
+        Ok(Cache {
+            config: config.clone(),
+            ov: Overlay::new("cache", next.size(), config.block_size)?,
+            used: (0..blocks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            held: AtomicU64::new(0),
+            clock: Mutex::new(VecDeque::new()),
+            reclaiming: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+        })
+    }
+
+    fn touch(&self, b: u64) {
+        self.used[(b / 64) as usize].fetch_or(1 << (b % 64), Ordering::Relaxed);
+    }
+
+    /// Sets block `b` to `state`, keeping the count of held blocks.
+    fn put(&self, b: u64, state: u8) {
+        let was = self.ov.get(b);
+        self.ov.set(b, state);
+        match (!is_held(was), !is_held(state)) {
+            (true, false) => {
+                self.held.fetch_add(1, Ordering::Relaxed);
+                if self.config.max_size.is_some() {
+                    lock(&self.clock).push_back(b);
+                }
+            }
+            (false, true) => {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        if state == DIRTY {
+            self.dirty.store(true, Ordering::Relaxed);
+        }
+        self.touch(b);
+    }
+
+    /// Reads blocks `first..last` still missing into the cache, clean,
+    /// one read below per run; the blocks are held meanwhile.
+    fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
+        self.ov.fill(next, first, last, &|b, s| self.put(b, s))?;
+        self.reclaim();
+        Ok(())
+    }
+
+    /// Drops clean blocks not used since the clock hand last passed, while
+    /// the cache holds more than the high threshold, down to the low one.
+    /// The hand goes round the held blocks only (never the whole device),
+    /// at most twice; dirty blocks are passed over.
+    fn reclaim(&self) {
+        let Some(max) = self.config.max_size else {
+            return;
+        };
+        let max_blocks = (max / self.ov.block).max(1);
+        let high = (max_blocks as f64 * self.config.high) as u64;
+        if self.held.load(Ordering::Relaxed) <= high
+            || self.reclaiming.swap(true, Ordering::Acquire)
+        {
+            return;
+        }
+        let low = (max_blocks as f64 * self.config.low) as u64;
+        let mut steps = 2 * lock(&self.clock).len();
+        while self.held.load(Ordering::Relaxed) > low && steps > 0 {
+            steps -= 1;
+            // The queue's lock is never held while waiting for a block:
+            // fills hold blocks and then queue them.
+            let Some(b) = lock(&self.clock).pop_front() else {
+                break;
+            };
+            let word = &self.used[(b / 64) as usize];
+            let bit = 1u64 << (b % 64);
+            let state = self.ov.get(b);
+            if state == MISSING {
+                continue; // trimmed meanwhile
+            }
+            if word.fetch_and(!bit, Ordering::Relaxed) & bit != 0 || state == DIRTY {
+                lock(&self.clock).push_back(b);
+                continue;
+            }
+            let start = b * self.ov.block;
+            let _held = self.ov.busy.lock(start, start + self.ov.block, true);
+            if self.ov.get(b) == CLEAN {
+                self.put(b, MISSING);
+                self.ov.punch(b, b + 1);
+            } else if self.ov.get(b) != MISSING {
+                lock(&self.clock).push_back(b);
+            }
+        }
+        self.reclaiming.store(false, Ordering::Release);
+    }
+
+    /// Writes the dirty blocks below (one write per run), then marks them
+    /// clean.
+    fn write_back(&self, next: &dyn BlockDevice) -> Result<()> {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let blocks = self.ov.size.div_ceil(self.ov.block);
+        let mut b = 0;
+        let mut buf = Vec::new();
+        let result = (|| {
+            while b < blocks {
+                if self.ov.get(b) != DIRTY {
+                    b += 1;
+                    continue;
+                }
+                let mut end = b + 1;
+                while end < blocks
+                    && (end - b) * self.ov.block < WRITE_BACK_CHUNK
+                    && self.ov.get(end) == DIRTY
+                {
+                    end += 1;
+                }
+                let _held = self
+                    .ov
+                    .busy
+                    .lock(b * self.ov.block, end * self.ov.block, true);
+                let start = b * self.ov.block;
+                let len = ((end * self.ov.block).min(self.ov.size) - start) as usize;
+                buf.resize(len, 0);
+                self.ov.file.read_exact_at(&mut buf, start)?;
+                next.write_at(&buf, start, WriteFlags::NONE)?;
+                for i in b..end {
+                    if self.ov.get(i) == DIRTY {
+                        self.put(i, CLEAN);
+                    }
+                }
+                b = end;
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            // Some blocks are still dirty.
+            self.dirty.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Writes `data` at `offset` as the mode says.
+    fn write(&self, next: &dyn BlockDevice, data: &[u8], offset: u64, fua: bool) -> Result<()> {
+        // unsafe ignores FUA as it ignores flushes.
+        let fua = fua && self.config.mode != Mode::Unsafe;
+        let through = self.config.mode == Mode::Writethrough || fua;
+        if through {
+            next.write_at(data, offset, WriteFlags { fua })?;
+        }
+        let end = offset + data.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.ov.block;
+            let n = (((b + 1) * self.ov.block).min(end) - pos) as usize;
+            let part = &data[(pos - offset) as usize..][..n];
+            if through {
+                // Keep cached blocks right; do not cache new ones.
+                let start = b * self.ov.block;
+                let _held = self.ov.busy.lock(start, start + self.ov.block, true);
+                match self.ov.get(b) {
+                    CLEAN | DIRTY => {
+                        self.ov.file.write_all_at(part, pos)?;
+                        self.touch(b);
+                    }
+                    // No longer zeros below.
+                    ZERO => self.put(b, MISSING),
+                    _ => {}
+                }
+            } else {
+                self.ov
+                    .store(next, b, part, pos, DIRTY, &|b, s| self.put(b, s))?;
+            }
+            pos += n as u64;
+        }
+        if !through {
+            self.reclaim();
+        }
+        Ok(())
+    }
+}
+
+impl Filter for Cache {
+    fn name(&self) -> &str {
+        "cache"
+    }
+
+    /// Held blocks (clean or dirty) lie in the cache file at their own
+    /// offsets: a range of them is a view of that file, so that the server
+    /// sends it without copying. Not with `cache-max-size`, whose reclaim
+    /// could drop a block while it is being sent.
+    fn file_view<'a>(
+        &'a self,
+        _next: &'a dyn BlockDevice,
+        offset: u64,
+        len: u64,
+    ) -> Option<FileView<'a>> {
+        if self.config.max_size.is_some() {
+            return None;
+        }
+        self.ov.file_view(offset, len)
+    }
+
+    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
+        let below = next.capabilities();
+        Capabilities {
+            can_cache: true,
+            can_flush: below.can_write,
+            can_fua: below.can_write,
+            // Offered, and refused: zeroes are written into the cache as
+            // data (as nbdkit does).
+            can_fast_zero: below.can_write,
+            ..below
+        }
+    }
+
+    fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
+        self.ov.block_size(next)
+    }
+
+    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        let fill = |first, last| self.fill(next, first, last);
+        let fill = self.config.on_read.now().then_some(&fill as Fill<'_>);
+        self.ov.read(next, buf, offset, fill, &|first, last| {
+            (first..last).for_each(|b| self.touch(b))
+        })
+    }
+
+    fn write_at(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        self.write(next, buf, offset, flags.fua)
+    }
+
+    fn write_zeroes(
+        &self,
+        next: &dyn BlockDevice,
+        offset: u64,
+        len: u64,
+        flags: ZeroFlags,
+    ) -> Result<()> {
+        if flags.fast {
+            return Err(Error::from_kind(diskit_core::ErrorKind::NotSupported));
+        }
+        if self.config.mode == Mode::Writethrough || (flags.fua && self.config.mode != Mode::Unsafe)
+        {
+            next.write_zeroes(offset, len, flags)?;
+            // Cached blocks in the range are zeroed too.
+            let zeros = vec![0u8; self.ov.block as usize];
+            let end = offset + len;
+            let mut pos = offset;
+            while pos < end {
+                let b = pos / self.ov.block;
+                let n = ((b + 1) * self.ov.block).min(end) - pos;
+                let start = b * self.ov.block;
+                let _held = self.ov.busy.lock(start, start + self.ov.block, true);
+                if is_held(self.ov.get(b)) {
+                    self.ov.file.write_all_at(&zeros[..n as usize], pos)?;
+                }
+                pos += n;
+            }
+            return Ok(());
+        }
+        let zeros = vec![0u8; (self.ov.block as usize).min(len as usize)];
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / self.ov.block;
+            let n = ((b + 1) * self.ov.block).min(end) - pos;
+            self.ov
+                .store(next, b, &zeros[..n as usize], pos, DIRTY, &|b, s| {
+                    self.put(b, s)
+                })?;
+            pos += n;
+        }
+        self.reclaim();
+        Ok(())
+    }
+
+    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        // Trimmed bytes may read as anything: the cache lets go of whole
+        // blocks (dirty ones too) and the trim goes below.
+        let first = offset.div_ceil(self.ov.block);
+        let end = offset + len;
+        let mut b = first;
+        while (b + 1) * self.ov.block <= end || ((b * self.ov.block) < end && end == self.ov.size) {
+            let start = b * self.ov.block;
+            let _held = self.ov.busy.lock(start, start + self.ov.block, true);
+            if self.ov.get(b) != MISSING {
+                self.put(b, MISSING);
+                self.ov.punch(b, b + 1);
+            }
+            b += 1;
+            if b * self.ov.block >= self.ov.size {
+                break;
+            }
+        }
+        if next.capabilities().can_trim {
+            next.trim(offset, len, flags)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
+        if self.config.mode == Mode::Unsafe {
+            return Ok(());
+        }
+        self.write_back(next)?;
+        next.flush()
+    }
+
+    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.fill(
+            next,
+            offset / self.ov.block,
+            (offset + len).div_ceil(self.ov.block),
+        )
+    }
+
+    /// Dirty blocks are data; below has the rest right.
+    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.ov.extents(next, offset, len, |state, n| {
+            (state == DIRTY).then(|| Extent::data(n))
+        })
+    }
+
+    fn close(&self, next: &dyn BlockDevice) -> Result<()> {
+        // Dirty blocks are not lost when the server stops.
+        let written = self.write_back(next).and_then(|()| {
+            if next.capabilities().can_flush {
+                next.flush()
+            } else {
+                Ok(())
+            }
+        });
+        let closed = next.close();
+        written.and(closed)
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<CacheConfig>("cache", KEYS, HELP);
+
+impl FilterConfig for CacheConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Cache::new(&*next, self)?, next))
+    }
     /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<CacheConfig> {
+    fn from_params(list: &Params) -> Result<CacheConfig> {
         let mut c = CacheConfig::default();
         let percent = |k: &str, v: &str| -> Result<f64> {
             let n: u32 = v
@@ -124,24 +507,8 @@ impl CacheConfig {
                         ],
                     )?
                 }
-                "cache-min-block-size" => {
-                    let n = params::size("cache", k, v)?;
-                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
-                        return Err(Error::invalid(format!(
-                            "cache: cache-min-block-size must be a power of 2 from 4096 to 64M: '{v}'"
-                        )));
-                    }
-                    c.block_size = n;
-                }
-                "cache-on-read" => {
-                    c.on_read = if v.starts_with('/') {
-                        Some(Some(PathBuf::from(v)))
-                    } else if params::boolean("cache", k, v)? {
-                        Some(None)
-                    } else {
-                        None
-                    }
-                }
+                "cache-min-block-size" => c.block_size = overlay::block_size("cache", k, v)?,
+                "cache-on-read" => c.on_read = OnRead::parse("cache", k, v)?,
                 "cache-max-size" => {
                     let n = params::size("cache", k, v)?;
                     // As nbdkit: smaller would thrash.
@@ -163,550 +530,6 @@ impl CacheConfig {
             ));
         }
         Ok(c)
-    }
-}
-
-const MISSING: u8 = 0;
-const CLEAN: u8 = 1;
-const DIRTY: u8 = 2;
-/// Not held: the device below reports the block as zeros.
-const ZERO: u8 = 3;
-
-/// Whether a block in `state` takes room in the cache.
-fn held(state: u8) -> bool {
-    state == CLEAN || state == DIRTY
-}
-
-/// The filter.
-pub struct Cache {
-    config: CacheConfig,
-    block: u64,
-    size: u64,
-    file: File,
-    states: BlockMap,
-    /// Blocks used since the clock hand last passed (a bit each).
-    used: Vec<AtomicU64>,
-    /// Blocks held in the cache.
-    held: AtomicU64,
-    /// Blocks being filled or changed.
-    busy: RangeLock,
-    /// The held blocks in the order the clock hand meets them.
-    clock: Mutex<VecDeque<u64>>,
-    /// A reclaim is running.
-    reclaiming: AtomicBool,
-    /// Some block may be dirty.
-    dirty: AtomicBool,
-}
-
-impl std::fmt::Debug for Cache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cache")
-            .field("config", &self.config)
-            .finish()
-    }
-}
-
-impl Cache {
-    /// An empty cache over `next`.
-    pub fn new(next: &dyn BlockDevice, config: &CacheConfig) -> Result<Cache> {
-        let size = next.size();
-        let block = config.block_size;
-        let blocks = size.div_ceil(block);
-        Ok(Cache {
-            config: config.clone(),
-            block,
-            size,
-            file: overlay::temp_file("cache", blocks * block)?,
-            states: BlockMap::new("cache", blocks)?,
-            used: (0..blocks.div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            held: AtomicU64::new(0),
-            busy: RangeLock::new(),
-            clock: Mutex::new(VecDeque::new()),
-            reclaiming: AtomicBool::new(false),
-            dirty: AtomicBool::new(false),
-        })
-    }
-
-    fn on_read(&self) -> bool {
-        match &self.config.on_read {
-            None => false,
-            Some(None) => true,
-            Some(Some(p)) => p.exists(),
-        }
-    }
-
-    fn touch(&self, b: u64) {
-        self.used[(b / 64) as usize].fetch_or(1 << (b % 64), Ordering::Relaxed);
-    }
-
-    /// Sets block `b` to `state`, keeping the count of held blocks.
-    fn put(&self, b: u64, state: u8) {
-        let was = self.states.get(b);
-        self.states.set(b, state);
-        match (!held(was), !held(state)) {
-            (true, false) => {
-                self.held.fetch_add(1, Ordering::Relaxed);
-                if self.config.max_size.is_some() {
-                    lock(&self.clock).push_back(b);
-                }
-            }
-            (false, true) => {
-                self.held.fetch_sub(1, Ordering::Relaxed);
-            }
-            _ => {}
-        }
-        if state == DIRTY {
-            self.dirty.store(true, Ordering::Relaxed);
-        }
-        self.touch(b);
-    }
-
-    fn run_end(&self, b: u64, state: u8, end: u64) -> u64 {
-        self.states.run_end(b, state, self.block, end)
-    }
-
-    fn read_below(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        blockmap::read_below(next, self.size, buf, offset)
-    }
-
-    /// Reads blocks `first..last` still missing into the cache, clean,
-    /// one read below per run; the blocks are held meanwhile.
-    fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
-        {
-            let _held = self.busy.lock(first * self.block, last * self.block, true);
-            let mut b = first;
-            let mut buf = Vec::new();
-            while b < last {
-                if self.states.get(b) != MISSING {
-                    b += 1;
-                    continue;
-                }
-                let mut end = b + 1;
-                while end < last
-                    && (end - b) * self.block < FILL_CHUNK
-                    && self.states.get(end) == MISSING
-                {
-                    end += 1;
-                }
-                // Blocks below that read as zeros are marked, not read.
-                let zeros = blockmap::zero_blocks_below(next, self.block, self.size, b, end);
-                let mut i = b;
-                while i < end {
-                    let zero = zeros[(i - b) as usize];
-                    let mut j = i + 1;
-                    while j < end && zeros[(j - b) as usize] == zero {
-                        j += 1;
-                    }
-                    if zero {
-                        for k in i..j {
-                            self.put(k, ZERO);
-                        }
-                    } else {
-                        let (start, len) = (i * self.block, (j - i) * self.block);
-                        buf.resize(len as usize, 0);
-                        self.read_below(next, &mut buf, start)?;
-                        self.file.write_all_at(&buf, start)?;
-                        for k in i..j {
-                            self.put(k, CLEAN);
-                        }
-                    }
-                    i = j;
-                }
-                b = end;
-            }
-        }
-        self.reclaim();
-        Ok(())
-    }
-
-    /// Drops clean blocks not used since the clock hand last passed, while
-    /// the cache holds more than the high threshold, down to the low one.
-    /// The hand goes round the held blocks only (never the whole device),
-    /// at most twice; dirty blocks are passed over.
-    fn reclaim(&self) {
-        let Some(max) = self.config.max_size else {
-            return;
-        };
-        let max_blocks = (max / self.block).max(1);
-        let high = (max_blocks as f64 * self.config.high) as u64;
-        if self.held.load(Ordering::Relaxed) <= high
-            || self.reclaiming.swap(true, Ordering::Acquire)
-        {
-            return;
-        }
-        let low = (max_blocks as f64 * self.config.low) as u64;
-        let mut steps = 2 * lock(&self.clock).len();
-        while self.held.load(Ordering::Relaxed) > low && steps > 0 {
-            steps -= 1;
-            // The queue's lock is never held while waiting for a block:
-            // fills hold blocks and then queue them.
-            let Some(b) = lock(&self.clock).pop_front() else {
-                break;
-            };
-            let word = &self.used[(b / 64) as usize];
-            let bit = 1u64 << (b % 64);
-            let state = self.states.get(b);
-            if state == MISSING {
-                continue; // trimmed meanwhile
-            }
-            if word.fetch_and(!bit, Ordering::Relaxed) & bit != 0 || state == DIRTY {
-                lock(&self.clock).push_back(b);
-                continue;
-            }
-            let start = b * self.block;
-            let _held = self.busy.lock(start, start + self.block, true);
-            if self.states.get(b) == CLEAN {
-                self.put(b, MISSING);
-                overlay::punch(&self.file, start, self.block);
-            } else if self.states.get(b) != MISSING {
-                lock(&self.clock).push_back(b);
-            }
-        }
-        self.reclaiming.store(false, Ordering::Release);
-    }
-
-    /// Writes the dirty blocks below (one write per run), then marks them
-    /// clean.
-    fn write_back(&self, next: &dyn BlockDevice) -> Result<()> {
-        if !self.dirty.swap(false, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let blocks = self.size.div_ceil(self.block);
-        let mut b = 0;
-        let mut buf = Vec::new();
-        let result = (|| {
-            while b < blocks {
-                if self.states.get(b) != DIRTY {
-                    b += 1;
-                    continue;
-                }
-                let mut end = b + 1;
-                while end < blocks
-                    && (end - b) * self.block < FILL_CHUNK
-                    && self.states.get(end) == DIRTY
-                {
-                    end += 1;
-                }
-                let _held = self.busy.lock(b * self.block, end * self.block, true);
-                let start = b * self.block;
-                let len = ((end * self.block).min(self.size) - start) as usize;
-                buf.resize(len, 0);
-                self.file.read_exact_at(&mut buf, start)?;
-                next.write_at(&buf, start, WriteFlags::NONE)?;
-                for i in b..end {
-                    if self.states.get(i) == DIRTY {
-                        self.put(i, CLEAN);
-                    }
-                }
-                b = end;
-            }
-            Ok(())
-        })();
-        if result.is_err() {
-            // Some blocks are still dirty.
-            self.dirty.store(true, Ordering::Release);
-        }
-        result
-    }
-
-    /// Puts `data` at `offset` within block `b` into the cache (all of the
-    /// block or part of it, read from below first if missing), as `state`.
-    fn store(
-        &self,
-        next: &dyn BlockDevice,
-        b: u64,
-        data: &[u8],
-        offset: u64,
-        state: u8,
-    ) -> Result<()> {
-        let start = b * self.block;
-        let _held = self.busy.lock(start, start + self.block, true);
-        let whole = offset == start
-            && (data.len() as u64 == self.block || offset + data.len() as u64 == self.size);
-        let now = self.states.get(b);
-        if !held(now) && !whole {
-            let mut block = vec![0u8; self.block as usize];
-            if now == MISSING {
-                self.read_below(next, &mut block, start)?;
-            }
-            let at = (offset - start) as usize;
-            block[at..at + data.len()].copy_from_slice(data);
-            self.file.write_all_at(&block, start)?;
-        } else {
-            self.file.write_all_at(data, offset)?;
-        }
-        let state = if self.states.get(b) == DIRTY {
-            DIRTY
-        } else {
-            state
-        };
-        self.put(b, state);
-        Ok(())
-    }
-
-    /// Writes `data` at `offset` as the mode says.
-    fn write(&self, next: &dyn BlockDevice, data: &[u8], offset: u64, fua: bool) -> Result<()> {
-        check_range(self.size, offset, data.len() as u64)?;
-        // unsafe ignores FUA as it ignores flushes.
-        let fua = fua && self.config.mode != Mode::Unsafe;
-        let through = self.config.mode == Mode::Writethrough || fua;
-        if through {
-            next.write_at(data, offset, WriteFlags { fua })?;
-        }
-        let end = offset + data.len() as u64;
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let n = (((b + 1) * self.block).min(end) - pos) as usize;
-            let part = &data[(pos - offset) as usize..][..n];
-            if through {
-                // Keep cached blocks right; do not cache new ones.
-                let start = b * self.block;
-                let _held = self.busy.lock(start, start + self.block, true);
-                match self.states.get(b) {
-                    CLEAN | DIRTY => {
-                        self.file.write_all_at(part, pos)?;
-                        self.touch(b);
-                    }
-                    // No longer zeros below.
-                    ZERO => self.put(b, MISSING),
-                    _ => {}
-                }
-            } else {
-                self.store(next, b, part, pos, DIRTY)?;
-            }
-            pos += n as u64;
-        }
-        if !through {
-            self.reclaim();
-        }
-        Ok(())
-    }
-}
-
-impl Filter for Cache {
-    fn name(&self) -> &str {
-        "cache"
-    }
-
-    /// Held blocks (clean or dirty) lie in the cache file at their own
-    /// offsets: a range of them is a view of that file, so that the server
-    /// sends it without copying. Not with `cache-max-size`, whose reclaim
-    /// could drop a block while it is being sent.
-    fn file_view<'a>(
-        &'a self,
-        _next: &'a dyn BlockDevice,
-        offset: u64,
-        len: u64,
-    ) -> Option<FileView<'a>> {
-        let end = offset.checked_add(len)?;
-        if len == 0 || end > self.size || self.config.max_size.is_some() {
-            return None;
-        }
-        let mut b = offset / self.block;
-        while b * self.block < end {
-            let state = self.states.get(b);
-            if state != CLEAN && state != DIRTY {
-                return None;
-            }
-            b += 1;
-        }
-        use std::os::fd::AsFd;
-        Some(FileView {
-            fd: self.file.as_fd(),
-            offset,
-        })
-    }
-
-    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
-        let below = next.capabilities();
-        Capabilities {
-            can_cache: true,
-            can_flush: below.can_write,
-            can_fua: below.can_write,
-            // Offered, and refused: zeroes are written into the cache as
-            // data (as nbdkit does).
-            can_fast_zero: below.can_write,
-            ..below
-        }
-    }
-
-    fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
-        blockmap::block_limits(next.block_size(), self.block)
-    }
-
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
-        let end = offset + buf.len() as u64;
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let state = self.states.get(b);
-            let run_end = self.run_end(b, state, end);
-            let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
-            if state == ZERO {
-                out.fill(0);
-            } else if state == MISSING {
-                if self.on_read() {
-                    self.fill(next, b, run_end.div_ceil(self.block))?;
-                    continue;
-                }
-                next.read_at(out, pos)?;
-            } else {
-                self.file.read_exact_at(out, pos)?;
-                for i in b..run_end.div_ceil(self.block) {
-                    self.touch(i);
-                }
-            }
-            pos = run_end;
-        }
-        Ok(())
-    }
-
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.write(next, buf, offset, flags.fua)
-    }
-
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        check_range(self.size, offset, len)?;
-        if flags.fast {
-            return Err(Error::from_kind(diskit_core::ErrorKind::NotSupported));
-        }
-        if self.config.mode == Mode::Writethrough || (flags.fua && self.config.mode != Mode::Unsafe)
-        {
-            next.write_zeroes(offset, len, flags)?;
-            // Cached blocks in the range are zeroed too.
-            let zeros = vec![0u8; self.block as usize];
-            let end = offset + len;
-            let mut pos = offset;
-            while pos < end {
-                let b = pos / self.block;
-                let n = ((b + 1) * self.block).min(end) - pos;
-                let start = b * self.block;
-                let _held = self.busy.lock(start, start + self.block, true);
-                if held(self.states.get(b)) {
-                    self.file.write_all_at(&zeros[..n as usize], pos)?;
-                }
-                pos += n;
-            }
-            return Ok(());
-        }
-        let zeros = vec![0u8; (self.block as usize).min(len as usize)];
-        let end = offset + len;
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let n = ((b + 1) * self.block).min(end) - pos;
-            self.store(next, b, &zeros[..n as usize], pos, DIRTY)?;
-            pos += n;
-        }
-        self.reclaim();
-        Ok(())
-    }
-
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
-        // Trimmed bytes may read as anything: the cache lets go of whole
-        // blocks (dirty ones too) and the trim goes below.
-        let first = offset.div_ceil(self.block);
-        let end = offset + len;
-        let mut b = first;
-        while (b + 1) * self.block <= end || ((b * self.block) < end && end == self.size) {
-            let start = b * self.block;
-            let _held = self.busy.lock(start, start + self.block, true);
-            if self.states.get(b) != MISSING {
-                self.put(b, MISSING);
-                overlay::punch(&self.file, start, self.block);
-            }
-            b += 1;
-            if b * self.block >= self.size {
-                break;
-            }
-        }
-        if next.capabilities().can_trim {
-            next.trim(offset, len, flags)?;
-        }
-        Ok(())
-    }
-
-    fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
-        if self.config.mode == Mode::Unsafe {
-            return Ok(());
-        }
-        self.write_back(next)?;
-        next.flush()
-    }
-
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        self.fill(
-            next,
-            offset / self.block,
-            (offset + len).div_ceil(self.block),
-        )
-    }
-
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
-        let end = offset + len;
-        let mut out = Vec::new();
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let state = self.states.get(b);
-            let run_end = self.run_end(b, if state == DIRTY { DIRTY } else { state }, end);
-            if state == DIRTY {
-                out.push(Extent::data(run_end - pos));
-            } else {
-                let mut at = pos;
-                while at < run_end {
-                    let below = next.extents(at, run_end - at)?;
-                    if below.iter().all(|e| e.length == 0) {
-                        return Err(Error::io("cache: the device below reported no extents"));
-                    }
-                    for e in below {
-                        let n = e.length.min(run_end - at);
-                        if n == 0 {
-                            break;
-                        }
-                        out.push(Extent { length: n, ..e });
-                        at += n;
-                    }
-                }
-            }
-            pos = run_end;
-        }
-        Ok(out)
-    }
-
-    fn close(&self, next: &dyn BlockDevice) -> Result<()> {
-        // Dirty blocks are not lost when the server stops.
-        let written = self.write_back(next).and_then(|()| {
-            if next.capabilities().can_flush {
-                next.flush()
-            } else {
-                Ok(())
-            }
-        });
-        let closed = next.close();
-        written.and(closed)
     }
 }
 

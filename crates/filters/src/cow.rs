@@ -28,39 +28,26 @@
 //! in nbdkit. The export is writable, trims, zeroes (fast), caches and
 //! allows multi-conn whatever the device below does.
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use diskit_core::device::check_range;
-use diskit_core::range_lock::RangeLock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Result,
     WriteFlags, ZeroFlags,
 };
 
-use crate::blockmap::{self, BlockMap};
-use crate::{overlay, params};
+pub use crate::overlay::OnRead;
+use crate::overlay::{self, BELOW, Fill, HELD, Overlay, ZERO};
+use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache", "cow-file"];
 
 /// The default overlay block: nbdkit's.
 const DEFAULT_BLOCK: u64 = 64 << 10;
-/// Bytes read below in one go when filling a run of blocks.
-const FILL_CHUNK: u64 = 8 << 20;
-
-/// When reads from below are kept in the overlay.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OnRead {
-    /// Never (the default).
-    Never,
-    /// Always.
-    Always,
-    /// While this file exists.
-    WhileExists(PathBuf),
-}
 
 /// The parameters, as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,101 +74,21 @@ impl Default for CowConfig {
     }
 }
 
-impl OnRead {
-    /// Whether reads fill the overlay now.
-    pub fn now(&self) -> bool {
-        match self {
-            OnRead::Never => false,
-            OnRead::Always => true,
-            OnRead::WhileExists(p) => p.exists(),
-        }
-    }
-}
-
-impl CowConfig {
-    /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<CowConfig> {
-        let mut c = CowConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "cow-block-size" => {
-                    let n = params::size("cow", k, v)?;
-                    if !n.is_power_of_two() || !(4096..=64 << 20).contains(&n) {
-                        return Err(Error::invalid(format!(
-                            "cow: cow-block-size must be a power of 2 from 4096 to 64M: '{v}'"
-                        )));
-                    }
-                    c.block_size = n;
-                }
-                "cow-on-read" => {
-                    c.on_read = if v.starts_with('/') {
-                        OnRead::WhileExists(PathBuf::from(v))
-                    } else if params::boolean("cow", k, v)? {
-                        OnRead::Always
-                    } else {
-                        OnRead::Never
-                    }
-                }
-                "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
-                "cow-file" => c.file = Some(PathBuf::from(v)),
-                _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-}
-
-/// A block's state in the overlay, two bits each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Not in the overlay: read from below.
-    Below = 0,
-    /// In the overlay file.
-    Data = 1,
-    /// Zeroed or trimmed: reads as zeros, nothing stored.
-    Zero = 3,
-}
-
-/// The block map: [`State`] per block.
-struct States(BlockMap);
-
-impl States {
-    fn new(blocks: u64) -> Result<States> {
-        Ok(States(BlockMap::new("cow", blocks)?))
-    }
-
-    fn get(&self, b: u64) -> State {
-        match self.0.get(b) {
-            1 => State::Data,
-            3 => State::Zero,
-            _ => State::Below,
-        }
-    }
-
-    fn set(&self, b: u64, s: State) {
-        self.0.set(b, s as u8);
-    }
-}
-
-/// The filter: the overlay and its block map.
+/// The filter: the overlay, in which held blocks are the client's
+/// data and zero blocks were zeroed or trimmed.
 pub struct Cow {
-    block: u64,
-    size: u64,
-    overlay: File,
-    states: States,
-    /// Blocks being filled or changed.
-    busy: RangeLock,
+    ov: Overlay,
     on_read: OnRead,
     on_cache: bool,
     /// A client has written data (the overlay may hold non-zeros).
-    written: std::sync::atomic::AtomicBool,
+    written: AtomicBool,
 }
 
 impl std::fmt::Debug for Cow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cow")
-            .field("block", &self.block)
-            .field("size", &self.size)
+            .field("block", &self.ov.block)
+            .field("size", &self.ov.size)
             .finish()
     }
 }
@@ -189,88 +96,21 @@ impl std::fmt::Debug for Cow {
 impl Cow {
     /// An empty overlay over `next`, in a new temporary file.
     pub fn new(next: &dyn BlockDevice, config: &CowConfig) -> Result<Cow> {
-        let size = next.size();
-        let block = config.block_size;
-        let overlay = overlay::temp_file("cow", size.div_ceil(block) * block)?;
         Ok(Cow {
-            block,
-            size,
-            overlay,
-            states: States::new(size.div_ceil(block))?,
-            busy: RangeLock::new(),
+            ov: Overlay::new("cow", next.size(), config.block_size)?,
             on_read: config.on_read.clone(),
             on_cache: config.on_cache,
-            written: std::sync::atomic::AtomicBool::new(false),
+            written: AtomicBool::new(false),
         })
     }
 
-    fn cow_on_read(&self) -> bool {
-        self.on_read.now()
-    }
-
-    /// The end of the run of blocks in state `s` from block `b`, in bytes,
-    /// at most `end`.
-    fn run_end(&self, b: u64, s: State, end: u64) -> u64 {
-        self.states.0.run_end(b, s as u8, self.block, end)
-    }
-
-    /// Reads `buf.len()` bytes at `offset` of the device below, zeros
-    /// past its end (the last block may run past it).
-    fn read_below(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        blockmap::read_below(next, self.size, buf, offset)
-    }
-
-    /// Copies blocks `first..last` into the overlay, those still below:
-    /// one read below per run of them, the blocks held meanwhile so that
-    /// other requests for them wait and then find them filled.
+    /// Copies blocks `first..last` still below into the overlay.
     fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
-        let _held = self.busy.lock(first * self.block, last * self.block, true);
-        let mut b = first;
-        let mut buf = Vec::new();
-        while b < last {
-            if self.states.get(b) != State::Below {
-                b += 1;
-                continue;
-            }
-            let mut end = b + 1;
-            while end < last
-                && (end - b) * self.block < FILL_CHUNK
-                && self.states.get(end) == State::Below
-            {
-                end += 1;
-            }
-            // Blocks the device below reports as zeros are marked, not
-            // read: the device below never changes under the overlay.
-            let zeros = blockmap::zero_blocks_below(next, self.block, self.size, b, end);
-            let mut i = b;
-            while i < end {
-                let zero = zeros[(i - b) as usize];
-                let mut j = i + 1;
-                while j < end && zeros[(j - b) as usize] == zero {
-                    j += 1;
-                }
-                if zero {
-                    for k in i..j {
-                        self.states.set(k, State::Zero);
-                    }
-                } else {
-                    let (start, len) = (i * self.block, (j - i) * self.block);
-                    buf.resize(len as usize, 0);
-                    self.read_below(next, &mut buf, start)?;
-                    self.overlay.write_all_at(&buf, start)?;
-                    for k in i..j {
-                        self.states.set(k, State::Data);
-                    }
-                }
-                i = j;
-            }
-            b = end;
-        }
-        Ok(())
+        self.ov.fill(next, first, last, &|b, s| self.ov.set(b, s))
     }
 
     /// Puts `data` at `offset`, inside block `b` but not all of it: the rest
-    /// of the block comes from what it holds now. The block is held.
+    /// of the block comes from what it holds now.
     fn write_partial(
         &self,
         next: &dyn BlockDevice,
@@ -281,64 +121,48 @@ impl Cow {
         if data.iter().any(|&x| x != 0) {
             self.written.store(true, Ordering::Relaxed);
         }
-        let start = b * self.block;
-        let _held = self.busy.lock(start, start + self.block, true);
-        match self.states.get(b) {
-            State::Data => self.overlay.write_all_at(data, offset)?,
-            s => {
-                let mut block = vec![0u8; self.block as usize];
-                if s == State::Below {
-                    self.read_below(next, &mut block, start)?;
-                }
-                let at = (offset - start) as usize;
-                block[at..at + data.len()].copy_from_slice(data);
-                self.overlay.write_all_at(&block, start)?;
-                self.states.set(b, State::Data);
-            }
-        }
-        Ok(())
+        self.ov
+            .store(next, b, data, offset, HELD, &|b, s| self.ov.set(b, s))
     }
 
     /// Makes `offset..offset+len` read as zeros: whole blocks are marked,
     /// partial ones rewritten.
     fn zero_range(&self, next: &dyn BlockDevice, offset: u64, len: u64, fast: bool) -> Result<()> {
-        check_range(self.size, offset, len)?;
+        let (block, size) = (self.ov.block, self.ov.size);
         let end = offset + len;
-        let first_whole = offset.div_ceil(self.block);
-        let last_whole = end / self.block;
-        let partial_head = !offset.is_multiple_of(self.block);
-        let partial_tail = !end.is_multiple_of(self.block) && end != self.size;
+        let first_whole = offset.div_ceil(block);
+        let last_whole = end / block;
+        let partial_head = !offset.is_multiple_of(block);
+        let partial_tail = !end.is_multiple_of(block) && end != size;
         if fast && (partial_head || partial_tail || first_whole >= last_whole) {
             // A partial block may need a read below: not fast.
-            let cheap = |b: u64| self.states.get(b) != State::Below;
-            let head_ok = !partial_head || cheap(offset / self.block);
-            let tail_ok = !partial_tail || cheap(end / self.block);
+            let cheap = |b: u64| self.ov.get(b) != BELOW;
+            let head_ok = !partial_head || cheap(offset / block);
+            let tail_ok = !partial_tail || cheap(end / block);
             if !(head_ok && tail_ok) {
                 return Err(Error::from_kind(ErrorKind::NotSupported));
             }
         }
         let mut pos = offset;
         while pos < end {
-            let b = pos / self.block;
-            let block_start = b * self.block;
-            let block_end = (block_start + self.block).min(self.size);
+            let b = pos / block;
+            let block_start = b * block;
+            let block_end = (block_start + block).min(size);
             if pos == block_start && block_end <= end {
                 // Whole blocks (the last one whole up to the device's
                 // end): marked, their overlay space freed.
                 let mut last = b + 1;
-                while last * self.block < end
-                    && (last * self.block + self.block).min(self.size) <= end
-                {
+                while last * block < end && (last * block + block).min(size) <= end {
                     last += 1;
                 }
                 {
-                    let _held = self.busy.lock(block_start, last * self.block, true);
+                    let _held = self.ov.busy.lock(block_start, last * block, true);
                     for i in b..last {
-                        self.states.set(i, State::Zero);
+                        self.ov.set(i, ZERO);
                     }
                 }
-                overlay::punch(&self.overlay, block_start, (last - b) * self.block);
-                pos = (last * self.block).min(self.size);
+                self.ov.punch(b, last);
+                pos = (last * block).min(size);
             } else {
                 let n = block_end.min(end) - pos;
                 let zeros = vec![0u8; n as usize];
@@ -366,23 +190,11 @@ impl Filter for Cow {
         offset: u64,
         len: u64,
     ) -> Option<FileView<'a>> {
-        let end = offset.checked_add(len)?;
-        if len == 0 || end > self.size {
-            return None;
-        }
-        let b = offset / self.block;
-        if self.states.get(b) != State::Data || self.run_end(b, State::Data, end) < end {
-            return None;
-        }
-        use std::os::fd::AsFd;
-        Some(FileView {
-            fd: self.overlay.as_fd(),
-            offset,
-        })
+        self.ov.file_view(offset, len)
     }
 
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
-        self.size
+        self.ov.size
     }
 
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
@@ -402,7 +214,7 @@ impl Filter for Cow {
     }
 
     fn block_size(&self, next: &dyn BlockDevice) -> BlockSizeLimits {
-        blockmap::block_limits(next.block_size(), self.block)
+        self.ov.block_size(next)
     }
 
     fn is_known_zero(&self, next: &dyn BlockDevice) -> bool {
@@ -410,27 +222,9 @@ impl Filter for Cow {
     }
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
-        let end = offset + buf.len() as u64;
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let state = self.states.get(b);
-            let run_end = self.run_end(b, state, end);
-            let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
-            match state {
-                State::Data => self.overlay.read_exact_at(out, pos)?,
-                State::Zero => out.fill(0),
-                State::Below if self.cow_on_read() => {
-                    // Filled, then read from the overlay on the next turn.
-                    self.fill(next, b, run_end.div_ceil(self.block))?;
-                    continue;
-                }
-                State::Below => next.read_at(out, pos)?,
-            }
-            pos = run_end;
-        }
-        Ok(())
+        let fill = |first, last| self.fill(next, first, last);
+        let fill = self.on_read.now().then_some(&fill as Fill<'_>);
+        self.ov.read(next, buf, offset, fill, &|_, _| {})
     }
 
     fn write_at(
@@ -440,25 +234,25 @@ impl Filter for Cow {
         offset: u64,
         _flags: WriteFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         self.written.store(true, Ordering::Relaxed);
+        let block = self.ov.block;
         let end = offset + buf.len() as u64;
         let mut pos = offset;
         while pos < end {
-            let b = pos / self.block;
-            let block_start = b * self.block;
+            let b = pos / block;
+            let block_start = b * block;
             let data = &buf[(pos - offset) as usize..];
-            if pos == block_start && end >= block_start + self.block {
+            if pos == block_start && end >= block_start + block {
                 // Whole blocks: written as they are.
-                let whole = (end - pos) / self.block * self.block;
-                let _held = self.busy.lock(pos, pos + whole, true);
-                self.overlay.write_all_at(&data[..whole as usize], pos)?;
-                for i in b..b + whole / self.block {
-                    self.states.set(i, State::Data);
+                let whole = (end - pos) / block * block;
+                let _held = self.ov.busy.lock(pos, pos + whole, true);
+                self.ov.file.write_all_at(&data[..whole as usize], pos)?;
+                for i in b..b + whole / block {
+                    self.ov.set(i, HELD);
                 }
                 pos += whole;
             } else {
-                let n = ((block_start + self.block).min(end) - pos) as usize;
+                let n = ((block_start + block).min(end) - pos) as usize;
                 self.write_partial(next, b, &data[..n], pos)?;
                 pos += n as u64;
             }
@@ -492,16 +286,12 @@ impl Filter for Cow {
     }
 
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
         if len == 0 {
             return Ok(());
         }
         if self.on_cache {
-            return self.fill(
-                next,
-                offset / self.block,
-                (offset + len).div_ceil(self.block),
-            );
+            let block = self.ov.block;
+            return self.fill(next, offset / block, (offset + len).div_ceil(block));
         }
         if next.capabilities().can_cache {
             return next.cache(offset, len);
@@ -510,39 +300,40 @@ impl Filter for Cow {
     }
 
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
-        let end = offset + len;
-        let mut out: Vec<Extent> = Vec::new();
-        let mut pos = offset;
-        while pos < end {
-            let b = pos / self.block;
-            let state = self.states.get(b);
-            let run_end = self.run_end(b, state, end);
-            match state {
-                State::Data => out.push(Extent::data(run_end - pos)),
-                State::Zero => out.push(Extent::hole(run_end - pos)),
-                State::Below => {
-                    // The device below, for the whole run at once.
-                    let mut at = pos;
-                    while at < run_end {
-                        let below = next.extents(at, run_end - at)?;
-                        if below.iter().all(|e| e.length == 0) {
-                            return Err(Error::io("cow: the device below reported no extents"));
-                        }
-                        for e in below {
-                            let n = e.length.min(run_end - at);
-                            if n == 0 {
-                                break;
-                            }
-                            out.push(Extent { length: n, ..e });
-                            at += n;
-                        }
-                    }
-                }
-            }
-            pos = run_end;
+        self.ov.extents(next, offset, len, |state, n| match state {
+            HELD => Some(Extent::data(n)),
+            ZERO => Some(Extent::hole(n)),
+            _ => None,
+        })
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<CowConfig>("cow", KEYS, HELP).reads_only_below();
+
+impl FilterConfig for CowConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        if self.file.is_some() {
+            return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
         }
-        Ok(out)
+        Ok(over(Cow::new(&*next, self)?, next))
+    }
+    /// Reads the parameters.
+    fn from_params(list: &Params) -> Result<CowConfig> {
+        let mut c = CowConfig::default();
+        for (k, v) in list {
+            match k.as_str() {
+                "cow-block-size" => c.block_size = overlay::block_size("cow", k, v)?,
+                "cow-on-read" => c.on_read = OnRead::parse("cow", k, v)?,
+                "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
+                "cow-file" => c.file = Some(PathBuf::from(v)),
+                _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 

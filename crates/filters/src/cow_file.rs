@@ -25,11 +25,8 @@ use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, Filter,
     Result, StorageRef, WriteFlags, ZeroFlags,
 };
-use diskit_formats::OptionList;
-use diskit_formats::implied::ImpliedFiles;
-use diskit_formats::qcow2::create::{Qcow2CreateOptions, create};
-use diskit_formats::qcow2::device::Qcow2;
-use diskit_formats::qcow2::open::{Qcow2Options, open, read_header};
+use diskit_formats::implied::{ImpliedFiles, Role};
+use diskit_formats::{Format, OpenOptions, OptionList};
 
 use crate::cow::{CowConfig, OnRead};
 
@@ -38,7 +35,8 @@ const MAX_CLUSTER: u64 = 2 << 20;
 
 /// The filter.
 pub struct CowFile {
-    image: Arc<Qcow2>,
+    /// The overlay, opened by the qcow2 driver.
+    image: DeviceRef,
     path: PathBuf,
     cluster: u64,
     /// The source's size.
@@ -103,15 +101,15 @@ impl CowFile {
                 config.block_size
             )));
         }
+        let qcow2 = Format::QCOW2.driver();
         if !path.exists() {
             let mut o = OptionList::new();
             o.set("size", &next.size().to_string());
             o.set("backing_file", &backing);
             o.set("backing_fmt", "raw");
             o.set("cluster_size", &config.block_size.to_string());
-            let opts = Qcow2CreateOptions::parse(&o).map_err(ctx)?;
             diskit_formats::creation::LocalFiles::new(&path)
-                .run(|t| create(t, &opts))
+                .run(|t| qcow2.create(t, None, &o))
                 .map_err(ctx)?;
         }
         let file: StorageRef = Arc::new(
@@ -124,25 +122,37 @@ impl CowFile {
             )
             .map_err(ctx)?,
         );
-        let header = read_header(&*file).map_err(ctx)?;
-        if header.backing_file.as_deref() != Some(backing.as_str()) {
+        // Looked at read-only first: an overlay of another source is
+        // refused before anything is written to it.
+        let looked = qcow2
+            .open(
+                file.clone(),
+                &OpenOptions::default(),
+                &mut Source(next.clone()),
+            )
+            .map_err(ctx)?;
+        let recorded = looked
+            .image
+            .implied_names()
+            .into_iter()
+            .find(|n| matches!(n.role, Role::Backing))
+            .map(|n| n.name);
+        if recorded.as_deref() != Some(backing.as_str()) {
             return Err(ctx(Error::invalid(format!(
                 "the overlay's backing file is {}, not the source {backing}",
-                header
-                    .backing_file
-                    .as_deref()
-                    .map_or("missing".to_string(), |b| format!("'{b}'"))
+                recorded.map_or("missing".to_string(), |b| format!("'{b}'"))
             ))));
         }
-        let image = open(
-            file,
-            Qcow2Options {
-                writable: true,
-                ..Qcow2Options::default()
-            },
-            &mut Source(next.clone()),
-        )
-        .map_err(ctx)?;
+        let cluster = looked.image.cluster_size().unwrap_or(config.block_size);
+        drop(looked);
+        let writable = OpenOptions {
+            writable: true,
+            ..OpenOptions::default()
+        };
+        let image = qcow2
+            .open(file, &writable, &mut Source(next.clone()))
+            .map_err(ctx)?
+            .device;
         // qcow2 sizes are whole sectors: the overlay may end up to 511
         // bytes after the source, which the filter does not show.
         if image.size() != next.size().div_ceil(512) * 512 {
@@ -152,9 +162,8 @@ impl CowFile {
                 next.size()
             ))));
         }
-        let cluster = header.cluster_size();
         Ok(CowFile {
-            image: Arc::new(image),
+            image,
             path,
             cluster,
             size: next.size(),

@@ -26,10 +26,13 @@
 use std::time::Duration;
 
 use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, Filter, Request, Result, Route,
+    WriteFlags, ZeroFlags,
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -87,35 +90,6 @@ impl Default for Delay {
 }
 
 impl Delay {
-    /// Reads the delays, in order.
-    pub fn from_params(params: &[(String, String)]) -> Result<Delay> {
-        let mut d = Delay::default();
-        for (k, v) in params {
-            let t = || params::delay("delay", k, v);
-            match k.as_str() {
-                "rdelay" | "delay-read" | "delay-reads" => d.read = t()?,
-                "wdelay" => {
-                    d.write = t()?;
-                    d.zero = d.write;
-                    d.trim = d.write;
-                }
-                "delay-write" | "delay-writes" => d.write = t()?,
-                "delay-zero" | "delay-zeroes" => d.zero = t()?,
-                "delay-trim" | "delay-trims" | "delay-discard" | "delay-discards" => d.trim = t()?,
-                "delay-extent" | "delay-extents" => d.extents = t()?,
-                "delay-cache" => d.cache = t()?,
-                "delay-fast-zero" => d.fast_zero = params::boolean("delay", k, v)?,
-                "delay-open" | "delay-close" => {
-                    return Err(Error::unsupported(format!(
-                        "delay: {k} is not supported (diskit has no per-connection open or close to delay)"
-                    )));
-                }
-                _ => return Err(Error::invalid(format!("delay: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(d)
-    }
-
     /// Whether fast zeros fail at once rather than wait.
     fn fails_fast_zero(&self) -> bool {
         !self.zero.is_zero() && !self.fast_zero
@@ -177,6 +151,63 @@ impl Filter for Delay {
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         sleep(self.extents);
         next.extents(offset, len)
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Submitted requests wait in the submitter's thread, then go below,
+    /// where they stay in flight; a fast zero that fails at once fails
+    /// here.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        match &req {
+            Request::Read { .. } | Request::ReadTo { .. } => sleep(self.read),
+            Request::Write { .. } => sleep(self.write),
+            Request::Zero { flags, .. } if flags.fast && self.fails_fast_zero() => {
+                return Route::Here(req);
+            }
+            Request::Zero { .. } => sleep(self.zero),
+        }
+        Route::Below(req)
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "delays requests (rdelay= wdelay= delay-read= delay-write= delay-zero= delay-trim= delay-extents= delay-cache= delay-fast-zero=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<Delay>("delay", KEYS, HELP);
+
+impl FilterConfig for Delay {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(*self, next))
+    }
+    /// Reads the delays, in order.
+    fn from_params(params: &Params) -> Result<Delay> {
+        let mut d = Delay::default();
+        for (k, v) in params {
+            let t = || params::delay("delay", k, v);
+            match k.as_str() {
+                "rdelay" | "delay-read" | "delay-reads" => d.read = t()?,
+                "wdelay" => {
+                    d.write = t()?;
+                    d.zero = d.write;
+                    d.trim = d.write;
+                }
+                "delay-write" | "delay-writes" => d.write = t()?,
+                "delay-zero" | "delay-zeroes" => d.zero = t()?,
+                "delay-trim" | "delay-trims" | "delay-discard" | "delay-discards" => d.trim = t()?,
+                "delay-extent" | "delay-extents" => d.extents = t()?,
+                "delay-cache" => d.cache = t()?,
+                "delay-fast-zero" => d.fast_zero = params::boolean("delay", k, v)?,
+                "delay-open" | "delay-close" => {
+                    return Err(Error::unsupported(format!(
+                        "delay: {k} is not supported (diskit has no per-connection open or close to delay)"
+                    )));
+                }
+                _ => return Err(Error::invalid(format!("delay: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(d)
     }
 }
 

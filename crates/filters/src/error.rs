@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use diskit_core::{BlockDevice, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -87,45 +89,6 @@ impl Default for Injection {
 pub struct ErrorConfig {
     /// Reads, writes, trims, zeroes, extents, cache.
     pub ops: [Injection; 6],
-}
-
-impl ErrorConfig {
-    /// Reads the parameters in order.
-    pub fn from_params(list: &[(String, String)]) -> Result<ErrorConfig> {
-        let mut c = ErrorConfig::default();
-        for (k, v) in list {
-            let rest = k
-                .strip_prefix("error")
-                .ok_or_else(|| Error::invalid(format!("error: unknown parameter '{k}'")))?;
-            // "error", "error-rate", "error-file", "error-OP", "error-OP-rate", ...
-            let (op, what) = match rest.strip_prefix('-') {
-                None if rest.is_empty() => (None, ""),
-                Some(r) => match r.split_once('-') {
-                    Some((op, what)) if OPS.contains(&op) => (Some(op), what),
-                    None if OPS.contains(&r) => (Some(r), ""),
-                    None => (None, r),
-                    Some(_) => {
-                        return Err(Error::invalid(format!("error: unknown parameter '{k}'")));
-                    }
-                },
-                None => return Err(Error::invalid(format!("error: unknown parameter '{k}'"))),
-            };
-            let targets: Vec<usize> = match op {
-                Some(op) => vec![OPS.iter().position(|o| *o == op).expect("checked")],
-                None => (0..OPS.len()).collect(),
-            };
-            for i in targets {
-                let inj = &mut c.ops[i];
-                match what {
-                    "" => inj.error = params::choice("error", k, v, ERRORS)?,
-                    "rate" => inj.rate = rate(k, v)?,
-                    "file" => inj.file = Some(PathBuf::from(v)),
-                    _ => return Err(Error::invalid(format!("error: unknown parameter '{k}'"))),
-                }
-            }
-        }
-        Ok(c)
-    }
 }
 
 /// A rate as nbdkit reads it: `N%`, a fraction `0.N`, or `1:N`.
@@ -255,6 +218,54 @@ impl Filter for ErrorFilter {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<ErrorConfig>("error", KEYS, HELP);
+
+impl FilterConfig for ErrorConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(ErrorFilter::new(self.clone()), next))
+    }
+    /// Reads the parameters in order.
+    fn from_params(list: &Params) -> Result<ErrorConfig> {
+        let mut c = ErrorConfig::default();
+        for (k, v) in list {
+            let rest = k
+                .strip_prefix("error")
+                .ok_or_else(|| Error::invalid(format!("error: unknown parameter '{k}'")))?;
+            // "error", "error-rate", "error-file", "error-OP", "error-OP-rate", ...
+            let (op, what) = match rest.strip_prefix('-') {
+                None if rest.is_empty() => (None, ""),
+                Some(r) => match r.split_once('-') {
+                    Some((op, what)) if OPS.contains(&op) => (Some(op), what),
+                    None if OPS.contains(&r) => (Some(r), ""),
+                    None => (None, r),
+                    Some(_) => {
+                        return Err(Error::invalid(format!("error: unknown parameter '{k}'")));
+                    }
+                },
+                None => return Err(Error::invalid(format!("error: unknown parameter '{k}'"))),
+            };
+            let targets: Vec<usize> = match op {
+                Some(op) => vec![OPS.iter().position(|o| *o == op).expect("checked")],
+                None => (0..OPS.len()).collect(),
+            };
+            for i in targets {
+                let inj = &mut c.ops[i];
+                match what {
+                    "" => inj.error = params::choice("error", k, v, ERRORS)?,
+                    "rate" => inj.rate = rate(k, v)?,
+                    "file" => inj.file = Some(PathBuf::from(v)),
+                    _ => return Err(Error::invalid(format!("error: unknown parameter '{k}'"))),
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,11 +273,7 @@ mod tests {
     use diskit_core::Filtered;
     use std::sync::Arc;
 
-    fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::params::kv;
 
     #[test]
     fn parameters_apply_in_order() {

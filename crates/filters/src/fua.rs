@@ -21,6 +21,8 @@
 use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["fuamode"];
@@ -64,30 +66,6 @@ pub struct Fua {
 }
 
 impl Fua {
-    /// Reads `fuamode=`.
-    pub fn from_params(params: &[(String, String)]) -> Result<Fua> {
-        let mut f = Fua::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "fuamode" => {
-                    let modes = [
-                        FuaMode::None,
-                        FuaMode::Emulate,
-                        FuaMode::Native,
-                        FuaMode::Force,
-                        FuaMode::Pass,
-                        FuaMode::Discard,
-                    ];
-                    let choices: Vec<(&str, FuaMode)> =
-                        modes.iter().map(|&m| (m.name(), m)).collect();
-                    f.mode = params::choice("fua", k, v, &choices)?;
-                }
-                _ => return Err(Error::invalid(format!("fua: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(f)
-    }
-
     /// Checks that the device below can do what the mode relies on (for a
     /// device that will be written to).
     pub fn check(&self, next: &dyn BlockDevice) -> Result<()> {
@@ -168,6 +146,45 @@ impl Filter for Fua {
             FuaMode::Force | FuaMode::Discard => Ok(()),
             _ => next.flush(),
         }
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str =
+    "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<Fua>("fua", KEYS, HELP);
+
+impl FilterConfig for Fua {
+    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
+        if !ctx.read_only {
+            self.check(&*next)?;
+        }
+        Ok(over(*self, next))
+    }
+    /// Reads `fuamode=`.
+    fn from_params(params: &Params) -> Result<Fua> {
+        let mut f = Fua::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "fuamode" => {
+                    let modes = [
+                        FuaMode::None,
+                        FuaMode::Emulate,
+                        FuaMode::Native,
+                        FuaMode::Force,
+                        FuaMode::Pass,
+                        FuaMode::Discard,
+                    ];
+                    let choices: Vec<(&str, FuaMode)> =
+                        modes.iter().map(|&m| (m.name(), m)).collect();
+                    f.mode = params::choice("fua", k, v, &choices)?;
+                }
+                _ => return Err(Error::invalid(format!("fua: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(f)
     }
 }
 

@@ -3,7 +3,7 @@
 //! Each module is one filter: a [`diskit_core::Filter`] that changes only
 //! what it must and lets everything else (capabilities included) pass
 //! through to the device below. Any tool can stack them over any
-//! [`BlockDevice`]; `diskit serve --filter=NAME` is one user.
+//! [`BlockDevice`](diskit_core::BlockDevice); `diskit serve --filter=NAME` is one user.
 //!
 //! | filter | parameters | what it does |
 //! |---|---|---|
@@ -30,6 +30,16 @@
 //! checked configuration; [`stack`] puts a list of them over a device, the
 //! first of the list outermost (closest to the client), as nbdkit orders
 //! `--filter` options.
+//!
+//! A new filter is one module that defines its `KEYS`, its configuration
+//! (a [`FilterConfig`]: `from_params` reads it, `stack` puts the filter
+//! over a device) and its row (`pub const FILTER: FilterInfo =
+//! FilterInfo::new::<Config>(name, KEYS, HELP)`), plus that row in
+//! [`FILTERS`] (and its `mod` line, and a line in the table above). The
+//! filter implements only what it changes; [`diskit_core::Filtered`]
+//! checks ranges and forwards the rest, submission included where the
+//! filter says its requests may go below
+//! ([`diskit_core::Filter::submits_below`]).
 
 mod blockmap;
 pub mod blocksize;
@@ -49,285 +59,44 @@ pub mod params;
 pub mod partition;
 pub mod rate;
 pub mod readahead;
+mod registry;
 pub mod retry;
 pub mod stats;
+#[cfg(test)]
+mod submit_tests;
 pub mod truncate;
 
-use std::sync::Arc;
+pub use registry::{Ctx, FilterConfig, FilterInfo, FilterSpec, Params, info, stack};
 
-use diskit_core::{DeviceRef, Error, Filtered, Result};
-
-/// A filter's name, the parameter keys it takes and a one-line description.
-#[derive(Debug, Clone, Copy)]
-pub struct FilterInfo {
-    /// The name given to `--filter=`.
-    pub name: &'static str,
-    /// Every key the filter takes.
-    pub keys: &'static [&'static str],
-    /// One line for `--help`.
-    pub help: &'static str,
-}
-
-/// Every filter, by name.
+/// Every filter, by name: each module's row.
 pub const FILTERS: &[FilterInfo] = &[
-    FilterInfo {
-        name: "blocksize",
-        keys: blocksize::KEYS,
-        help: "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)",
-    },
-    FilterInfo {
-        name: "cache",
-        keys: cache::KEYS,
-        help: "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)",
-    },
-    FilterInfo {
-        name: "cow",
-        keys: cow::KEYS,
-        help: "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)",
-    },
-    FilterInfo {
-        name: "delay",
-        keys: delay::KEYS,
-        help: "delays requests (rdelay= wdelay= delay-read= delay-write= delay-zero= delay-trim= delay-extents= delay-cache= delay-fast-zero=)",
-    },
-    FilterInfo {
-        name: "error",
-        keys: error::KEYS,
-        help: "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)",
-    },
-    FilterInfo {
-        name: "fua",
-        keys: fua::KEYS,
-        help: "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)",
-    },
-    FilterInfo {
-        name: "log",
-        keys: log::KEYS,
-        help: "logs every request, its flags and result, and every connection, in nbdkit's format (logfile=FILE logappend=BOOL logscript=SCRIPT)",
-    },
-    FilterInfo {
-        name: "multi-conn",
-        keys: multi_conn::KEYS,
-        help: "advertises, emulates (a flush reaches every connection) or hides multi-conn, and skips flushes nothing made necessary (multi-conn-mode=auto|emulate|plugin|unsafe|disable multi-conn-track-dirty=connection|fast|off multi-conn-exportname=BOOL)",
-    },
-    FilterInfo {
-        name: "noextents",
-        keys: noextents::KEYS,
-        help: "hides allocation: the whole disk reads as data in block status",
-    },
-    FilterInfo {
-        name: "nozero",
-        keys: nozero::KEYS,
-        help: "hides or degrades write-zeroes (zeromode=none|emulate|notrim|plugin fastzeromode=default|none|slow|ignore)",
-    },
-    FilterInfo {
-        name: "offset",
-        keys: offset::KEYS,
-        help: "serves a window of the disk (offset= range=)",
-    },
-    FilterInfo {
-        name: "partition",
-        keys: partition::KEYS,
-        help: "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)",
-    },
-    FilterInfo {
-        name: "rate",
-        keys: rate::KEYS,
-        help: "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)",
-    },
-    FilterInfo {
-        name: "readahead",
-        keys: readahead::KEYS,
-        help: "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)",
-    },
-    FilterInfo {
-        name: "retry",
-        keys: retry::KEYS,
-        help: "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)",
-    },
-    FilterInfo {
-        name: "stats",
-        keys: stats::KEYS,
-        help: "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)",
-    },
-    FilterInfo {
-        name: "truncate",
-        keys: truncate::KEYS,
-        help: "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
-    },
+    blocksize::FILTER,
+    cache::FILTER,
+    cow::FILTER,
+    delay::FILTER,
+    error::FILTER,
+    fua::FILTER,
+    log::FILTER,
+    multi_conn::FILTER,
+    noextents::FILTER,
+    nozero::FILTER,
+    offset::FILTER,
+    partition::FILTER,
+    rate::FILTER,
+    readahead::FILTER,
+    retry::FILTER,
+    stats::FILTER,
+    truncate::FILTER,
 ];
-
-/// The filter called `name`; an unknown name is an error listing the
-/// filters there are.
-pub fn info(name: &str) -> Result<&'static FilterInfo> {
-    FILTERS.iter().find(|f| f.name == name).ok_or_else(|| {
-        let names: Vec<&str> = FILTERS.iter().map(|f| f.name).collect();
-        Error::invalid(format!(
-            "unknown filter '{name}' (filters: {})",
-            names.join(", ")
-        ))
-    })
-}
-
-/// A filter chosen by name with its parameters checked, ready to stack.
-#[derive(Debug, Clone, PartialEq)]
-pub enum FilterSpec {
-    /// [`blocksize`].
-    Blocksize(blocksize::BlocksizeConfig),
-    /// [`cache`].
-    Cache(cache::CacheConfig),
-    /// [`cow`].
-    Cow(cow::CowConfig),
-    /// [`delay`].
-    Delay(delay::Delay),
-    /// [`error`].
-    Error(error::ErrorConfig),
-    /// [`fua`].
-    Fua(fua::Fua),
-    /// [`log`].
-    Log(log::LogConfig),
-    /// [`multi_conn`].
-    MultiConn(multi_conn::MultiConnConfig),
-    /// [`noextents`].
-    Noextents,
-    /// [`nozero`].
-    Nozero(nozero::Nozero),
-    /// [`offset`].
-    Offset(offset::OffsetConfig),
-    /// [`partition`].
-    Partition(partition::PartitionConfig),
-    /// [`rate`].
-    Rate(rate::RateConfig),
-    /// [`readahead`].
-    Readahead,
-    /// [`retry`].
-    Retry(retry::RetryConfig),
-    /// [`stats`].
-    Stats(stats::StatsConfig),
-    /// [`truncate`].
-    Truncate(truncate::TruncateConfig),
-}
-
-impl FilterSpec {
-    /// The filter `name` with `params` (key, value), applied in order (a
-    /// later value of a key replaces an earlier one, as in nbdkit).
-    pub fn parse(name: &str, params: &[(String, String)]) -> Result<FilterSpec> {
-        let f = info(name)?;
-        if let Some((k, _)) = params.iter().find(|(k, _)| !f.keys.contains(&k.as_str())) {
-            return Err(Error::invalid(format!("{name}: unknown parameter '{k}'")));
-        }
-        Ok(match f.name {
-            "blocksize" => FilterSpec::Blocksize(blocksize::BlocksizeConfig::from_params(params)?),
-            "cache" => FilterSpec::Cache(cache::CacheConfig::from_params(params)?),
-            "cow" => FilterSpec::Cow(cow::CowConfig::from_params(params)?),
-            "delay" => FilterSpec::Delay(delay::Delay::from_params(params)?),
-            "error" => FilterSpec::Error(error::ErrorConfig::from_params(params)?),
-            "fua" => FilterSpec::Fua(fua::Fua::from_params(params)?),
-            "log" => FilterSpec::Log(log::LogConfig::from_params(params)?),
-            "multi-conn" => {
-                FilterSpec::MultiConn(multi_conn::MultiConnConfig::from_params(params)?)
-            }
-            "noextents" => FilterSpec::Noextents,
-            "nozero" => FilterSpec::Nozero(nozero::Nozero::from_params(params)?),
-            "offset" => FilterSpec::Offset(offset::OffsetConfig::from_params(params)?),
-            "partition" => FilterSpec::Partition(partition::PartitionConfig::from_params(params)?),
-            "rate" => FilterSpec::Rate(rate::RateConfig::from_params(params)?),
-            "readahead" => FilterSpec::Readahead,
-            "retry" => FilterSpec::Retry(retry::RetryConfig::from_params(params)?),
-            "stats" => FilterSpec::Stats(stats::StatsConfig::from_params(params)?),
-            "truncate" => FilterSpec::Truncate(truncate::TruncateConfig::from_params(params)?),
-            other => unreachable!("filter {other} is in FILTERS but not here"),
-        })
-    }
-
-    /// The filter's name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            FilterSpec::Blocksize(_) => "blocksize",
-            FilterSpec::Cache(_) => "cache",
-            FilterSpec::Cow(_) => "cow",
-            FilterSpec::Delay(_) => "delay",
-            FilterSpec::Error(_) => "error",
-            FilterSpec::Fua(_) => "fua",
-            FilterSpec::Log(_) => "log",
-            FilterSpec::MultiConn(_) => "multi-conn",
-            FilterSpec::Noextents => "noextents",
-            FilterSpec::Nozero(_) => "nozero",
-            FilterSpec::Offset(_) => "offset",
-            FilterSpec::Partition(_) => "partition",
-            FilterSpec::Rate(_) => "rate",
-            FilterSpec::Readahead => "readahead",
-            FilterSpec::Retry(_) => "retry",
-            FilterSpec::Stats(_) => "stats",
-            FilterSpec::Truncate(_) => "truncate",
-        }
-    }
-
-    /// Whether the filter never writes to the device below (cow), so that
-    /// the device below may be opened read-only, as nbdkit opens it.
-    pub fn reads_only_below(&self) -> bool {
-        matches!(self, FilterSpec::Cow(_))
-    }
-
-    /// Stacks the filter on `next`. `read_only`: the stack will be served
-    /// read-only, so the checks of write capabilities that some filters
-    /// make (fua, nozero) are skipped, as nbdkit skips them.
-    pub fn stack(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef> {
-        fn wrap<F: diskit_core::Filter + 'static>(f: F, next: DeviceRef) -> DeviceRef {
-            Arc::new(Filtered::new(f, next))
-        }
-        Ok(match self {
-            FilterSpec::Blocksize(c) => wrap(blocksize::Blocksize::new(&*next, c)?, next),
-            FilterSpec::Cache(c) => wrap(cache::Cache::new(&*next, c)?, next),
-            FilterSpec::Cow(c) if c.file.is_some() => wrap(cow_file::CowFile::new(&next, c)?, next),
-            FilterSpec::Cow(c) => wrap(cow::Cow::new(&*next, c)?, next),
-            FilterSpec::Delay(d) => wrap(*d, next),
-            FilterSpec::Error(c) => wrap(error::ErrorFilter::new(c.clone()), next),
-            FilterSpec::Fua(f) => {
-                if !read_only {
-                    f.check(&*next)?;
-                }
-                wrap(*f, next)
-            }
-            FilterSpec::Log(c) => wrap(log::Log::new(c)?, next),
-            FilterSpec::MultiConn(c) => wrap(multi_conn::MultiConn::new(*c), next),
-            FilterSpec::Noextents => wrap(noextents::Noextents, next),
-            FilterSpec::Nozero(z) => {
-                if !read_only {
-                    z.check(&*next)?;
-                }
-                wrap(*z, next)
-            }
-            FilterSpec::Offset(c) => wrap(offset::Offset::new(&*next, c)?, next),
-            FilterSpec::Partition(c) => wrap(partition::window(&*next, c)?, next),
-            FilterSpec::Rate(c) => wrap(rate::Rate::new(c), next),
-            FilterSpec::Readahead => wrap(readahead::Readahead::new(&next)?, next),
-            FilterSpec::Retry(c) => wrap(retry::Retry::new(*c), next),
-            FilterSpec::Stats(c) => wrap(stats::Stats::new(c)?, next),
-            FilterSpec::Truncate(c) => wrap(truncate::Truncate::new(&*next, c)?, next),
-        })
-    }
-}
-
-/// Stacks `filters` over `device`: the first is the outermost (closest to
-/// the client), the last sits directly on `device`.
-pub fn stack(filters: &[FilterSpec], device: DeviceRef, read_only: bool) -> Result<DeviceRef> {
-    filters
-        .iter()
-        .rev()
-        .try_fold(device, |next, f| f.stack(next, read_only))
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
+    use diskit_core::DeviceRef;
+    use std::sync::Arc;
 
-    fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::params::kv;
 
     #[test]
     fn unknown_names_and_keys_are_refused_with_the_choices() {

@@ -34,6 +34,7 @@ use diskit_core::{
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["logfile", "logappend", "logscript"];
@@ -47,22 +48,6 @@ pub struct LogConfig {
     pub append: bool,
     /// A shell script run for every line.
     pub script: Option<String>,
-}
-
-impl LogConfig {
-    /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<LogConfig> {
-        let mut c = LogConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "logfile" => c.file = Some(PathBuf::from(v)),
-                "logappend" => c.append = params::boolean("log", k, v)?,
-                "logscript" => c.script = Some(v.clone()),
-                _ => return Err(Error::invalid(format!("log: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
 }
 
 /// Which half of a logged call a line is.
@@ -236,6 +221,10 @@ impl Drop for Log {
 }
 
 impl Filter for Log {
+    /// Requests out of range too are logged, with the refusal from below.
+    fn checks_ranges(&self) -> bool {
+        false
+    }
     fn name(&self) -> &str {
         "log"
     }
@@ -432,6 +421,31 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     let y = yoe + era * 400 + i64::from(m <= 2);
     (y, m, d)
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "logs every request, its flags and result, and every connection, in nbdkit's format (logfile=FILE logappend=BOOL logscript=SCRIPT)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<LogConfig>("log", KEYS, HELP);
+
+impl FilterConfig for LogConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Log::new(self)?, next))
+    }
+    /// Reads the parameters.
+    fn from_params(list: &Params) -> Result<LogConfig> {
+        let mut c = LogConfig::default();
+        for (k, v) in list {
+            match k.as_str() {
+                "logfile" => c.file = Some(PathBuf::from(v)),
+                "logappend" => c.append = params::boolean("log", k, v)?,
+                "logscript" => c.script = Some(v.clone()),
+                _ => return Err(Error::invalid(format!("log: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
+    }
 }
 
 #[cfg(test)]

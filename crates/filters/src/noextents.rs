@@ -7,7 +7,8 @@
 //! where SEEK_DATA is slow (tmpfs), or to make a client copy every byte.
 //! It takes no parameters.
 
-use diskit_core::device::check_range;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 use diskit_core::{BlockDevice, Capabilities, Extent, Filter, Result};
 
 /// The keys the filter takes: none.
@@ -25,15 +26,33 @@ impl Filter for Noextents {
         // Reads are untouched.
         true
     }
+    fn submits_below(&self) -> bool {
+        // So are writes and zeroes: submitted, they stay in flight below.
+        true
+    }
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         Capabilities {
             can_extents: false,
             ..next.capabilities()
         }
     }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(next.size(), offset, len)?;
+    fn extents(&self, _next: &dyn BlockDevice, _offset: u64, len: u64) -> Result<Vec<Extent>> {
         Ok(vec![Extent::data(len)])
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "hides allocation: the whole disk reads as data in block status";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<Noextents>("noextents", KEYS, HELP);
+
+impl FilterConfig for Noextents {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(*self, next))
+    }
+    fn from_params(_list: &Params) -> Result<Noextents> {
+        Ok(Noextents)
     }
 }
 

@@ -26,6 +26,8 @@
 use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 use diskit_core::device::write_zero_buffer;
 
 /// The keys the filter takes.
@@ -69,43 +71,6 @@ pub struct Nozero {
 }
 
 impl Nozero {
-    /// Reads `zeromode=` and `fastzeromode=`.
-    pub fn from_params(params: &[(String, String)]) -> Result<Nozero> {
-        let mut n = Nozero::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "zeromode" => {
-                    n.zero = params::choice(
-                        "nozero",
-                        k,
-                        v,
-                        &[
-                            ("none", ZeroMode::None),
-                            ("emulate", ZeroMode::Emulate),
-                            ("notrim", ZeroMode::Notrim),
-                            ("plugin", ZeroMode::Plugin),
-                        ],
-                    )?
-                }
-                "fastzeromode" => {
-                    n.fast = params::choice(
-                        "nozero",
-                        k,
-                        v,
-                        &[
-                            ("default", FastZeroMode::Default),
-                            ("none", FastZeroMode::None),
-                            ("slow", FastZeroMode::Slow),
-                            ("ignore", FastZeroMode::Ignore),
-                        ],
-                    )?
-                }
-                _ => return Err(Error::invalid(format!("nozero: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(n)
-    }
-
     /// Checks that the device below can do what the mode passes down to it
     /// (for a device that will be written to).
     pub fn check(&self, next: &dyn BlockDevice) -> Result<()> {
@@ -184,6 +149,57 @@ impl Filter for Nozero {
             ),
             ZeroMode::Plugin => next.write_zeroes(offset, len, flags),
         }
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "hides or degrades write-zeroes (zeromode=none|emulate|notrim|plugin fastzeromode=default|none|slow|ignore)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<Nozero>("nozero", KEYS, HELP);
+
+impl FilterConfig for Nozero {
+    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
+        if !ctx.read_only {
+            self.check(&*next)?;
+        }
+        Ok(over(*self, next))
+    }
+    /// Reads `zeromode=` and `fastzeromode=`.
+    fn from_params(params: &Params) -> Result<Nozero> {
+        let mut n = Nozero::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "zeromode" => {
+                    n.zero = params::choice(
+                        "nozero",
+                        k,
+                        v,
+                        &[
+                            ("none", ZeroMode::None),
+                            ("emulate", ZeroMode::Emulate),
+                            ("notrim", ZeroMode::Notrim),
+                            ("plugin", ZeroMode::Plugin),
+                        ],
+                    )?
+                }
+                "fastzeromode" => {
+                    n.fast = params::choice(
+                        "nozero",
+                        k,
+                        v,
+                        &[
+                            ("default", FastZeroMode::Default),
+                            ("none", FastZeroMode::None),
+                            ("slow", FastZeroMode::Slow),
+                            ("ignore", FastZeroMode::Ignore),
+                        ],
+                    )?
+                }
+                _ => return Err(Error::invalid(format!("nozero: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(n)
     }
 }
 

@@ -10,11 +10,14 @@
 //! shifted, so nothing outside it is ever reached; extents come back from
 //! the device below cut to the window.
 
-use diskit_core::device::check_range;
 use diskit_core::extent::clip;
-use diskit_core::{BlockDevice, Error, Extent, FileView, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{
+    BlockDevice, Error, Extent, FileView, Filter, Request, Result, Route, WriteFlags, ZeroFlags,
+};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["offset", "range"];
@@ -26,21 +29,6 @@ pub struct OffsetConfig {
     pub offset: u64,
     /// Length of the window; `None` reaches the end of the device.
     pub range: Option<u64>,
-}
-
-impl OffsetConfig {
-    /// Reads `offset=` and `range=`.
-    pub fn from_params(params: &[(String, String)]) -> Result<OffsetConfig> {
-        let mut c = OffsetConfig::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "offset" => c.offset = params::size("offset", k, v)?,
-                "range" => c.range = Some(params::size("offset", k, v)?),
-                _ => return Err(Error::invalid(format!("offset: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
 }
 
 /// A window of the device below.
@@ -89,9 +77,10 @@ impl Offset {
 }
 
 impl Offset {
-    /// Where `offset..offset+len` of the window lies on the device below.
-    fn map(&self, offset: u64, len: u64) -> Result<u64> {
-        check_range(self.size, offset, len).map(|()| offset + self.offset)
+    /// Where `offset` of the window lies on the device below (the layer
+    /// boundary has checked the request lies in the window).
+    fn map(&self, offset: u64) -> u64 {
+        offset + self.offset
     }
 }
 
@@ -105,13 +94,13 @@ impl Filter for Offset {
         offset: u64,
         len: u64,
     ) -> Option<FileView<'a>> {
-        next.file_view(self.map(offset, len).ok()?, len)
+        next.file_view(self.map(offset), len)
     }
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.size
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        next.read_at(buf, self.map(offset, buf.len() as u64)?)
+        next.read_at(buf, self.map(offset))
     }
     fn write_at(
         &self,
@@ -120,7 +109,7 @@ impl Filter for Offset {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        next.write_at(buf, self.map(offset, buf.len() as u64)?, flags)
+        next.write_at(buf, self.map(offset), flags)
     }
     fn write_zeroes(
         &self,
@@ -129,16 +118,52 @@ impl Filter for Offset {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        next.write_zeroes(self.map(offset, len)?, len, flags)
+        next.write_zeroes(self.map(offset), len, flags)
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        next.trim(self.map(offset, len)?, len, flags)
+        next.trim(self.map(offset), len, flags)
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        next.cache(self.map(offset, len)?, len)
+        next.cache(self.map(offset), len)
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        Ok(clip(next.extents(self.map(offset, len)?, len)?, len))
+        Ok(clip(next.extents(self.map(offset), len)?, len))
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Submitted requests go below moved into the window, where they
+    /// stay in flight.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        let to = self.map(req.span().0);
+        Route::Below(req.moved_to(to))
+    }
+    fn prepare_write(&self, next: &dyn BlockDevice, buf: &[u8], offset: u64) {
+        next.prepare_write(buf, self.map(offset))
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "serves a window of the disk (offset= range=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<OffsetConfig>("offset", KEYS, HELP);
+
+impl FilterConfig for OffsetConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Offset::new(&*next, self)?, next))
+    }
+    /// Reads `offset=` and `range=`.
+    fn from_params(params: &Params) -> Result<OffsetConfig> {
+        let mut c = OffsetConfig::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "offset" => c.offset = params::size("offset", k, v)?,
+                "range" => c.range = Some(params::size("offset", k, v)?),
+                _ => return Err(Error::invalid(format!("offset: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 

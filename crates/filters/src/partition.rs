@@ -17,6 +17,8 @@
 use diskit_core::{BlockDevice, Error, Result};
 
 use crate::offset::{Offset, OffsetConfig};
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["partition"];
@@ -38,28 +40,6 @@ pub struct PartitionConfig {
 }
 
 impl PartitionConfig {
-    /// Reads `partition=`.
-    pub fn from_params(list: &[(String, String)]) -> Result<PartitionConfig> {
-        let mut c = PartitionConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "partition" => {
-                    c.partition = v.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                        Error::invalid(format!(
-                            "partition: partition: invalid partition number '{v}'"
-                        ))
-                    })?
-                }
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "partition: unknown parameter '{k}'"
-                    )));
-                }
-            }
-        }
-        Ok(c)
-    }
-
     /// Checks that the parameters are complete.
     pub fn check(&self) -> Result<()> {
         if self.partition == 0 {
@@ -269,6 +249,39 @@ pub fn window(next: &dyn BlockDevice, config: &PartitionConfig) -> Result<Offset
         },
     )?
     .named("partition"))
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<PartitionConfig>("partition", KEYS, HELP);
+
+impl FilterConfig for PartitionConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(window(&*next, self)?, next))
+    }
+    /// Reads `partition=`.
+    fn from_params(list: &Params) -> Result<PartitionConfig> {
+        let mut c = PartitionConfig::default();
+        for (k, v) in list {
+            match k.as_str() {
+                "partition" => {
+                    c.partition = v.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                        Error::invalid(format!(
+                            "partition: partition: invalid partition number '{v}'"
+                        ))
+                    })?
+                }
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "partition: unknown parameter '{k}'"
+                    )));
+                }
+            }
+        }
+        Ok(c)
+    }
 }
 
 #[cfg(test)]

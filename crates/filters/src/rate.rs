@@ -21,9 +21,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Result, Session, WriteFlags};
+use diskit_core::{
+    BlockDevice, DeviceRef, Error, Filter, Request, Result, Route, Session, WriteFlags,
+};
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -61,46 +64,6 @@ impl Default for RateConfig {
             connection_rate_file: None,
             burstiness: 2.0,
         }
-    }
-}
-
-impl RateConfig {
-    /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<RateConfig> {
-        let mut c = RateConfig::default();
-        let rate = |k: &str, v: &str, old: u64| -> Result<u64> {
-            if old > 0 {
-                return Err(Error::invalid(format!(
-                    "rate: {k} set twice on the command line"
-                )));
-            }
-            match params::size("rate", k, v)? {
-                0 => Err(Error::invalid(format!("rate: {k} cannot be set to 0"))),
-                n => Ok(n),
-            }
-        };
-        for (k, v) in list {
-            match k.as_str() {
-                "rate" => c.rate = rate(k, v, c.rate)?,
-                "connection-rate" => c.connection_rate = rate(k, v, c.connection_rate)?,
-                "rate-file" => c.rate_file = Some(absolute(v)?),
-                "connection-rate-file" => c.connection_rate_file = Some(absolute(v)?),
-                "burstiness" => {
-                    c.burstiness = v
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|b| b.is_finite() && *b > 0.0)
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "rate: burstiness must be a positive number of seconds, not '{v}'"
-                            ))
-                        })?
-                }
-                _ => return Err(Error::invalid(format!("rate: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 
@@ -226,15 +189,27 @@ impl Limiter {
         }
     }
 
-    /// Waits until `bytes` may pass.
+    /// Waits until `bytes` may pass. A request larger than the bucket
+    /// takes its bits a bucketful at a time, so that none of the time it
+    /// waits is lost to a bucket already full.
     fn wait(&self, bytes: usize) {
         let now = Instant::now();
         self.adjust(now);
-        let mut bits = bytes as u64 * 8;
+        let mut bits = (bytes as u64).saturating_mul(8);
         while bits > 0 {
-            let (missing, sleep) = lock(&self.state).bucket.take(bits, Instant::now());
-            bits = missing;
-            if bits > 0 {
+            let (taken, missing, sleep) = {
+                let mut st = lock(&self.state);
+                let b = &mut st.bucket;
+                let chunk = if b.rate == 0 {
+                    bits
+                } else {
+                    bits.min(b.capacity.max(1))
+                };
+                let (missing, sleep) = b.take(chunk, Instant::now());
+                (chunk - missing, missing, sleep)
+            };
+            bits -= taken;
+            if missing > 0 {
                 std::thread::sleep(sleep);
             }
         }
@@ -284,6 +259,26 @@ impl Rate {
     }
 }
 
+/// Which bucket a request takes its bits from.
+#[derive(Debug, Clone, Copy)]
+enum Dir {
+    Read,
+    Write,
+}
+
+impl Rate {
+    /// Waits until `bytes` may pass in direction `dir`, over all
+    /// connections and on this one.
+    fn pass(&self, dir: Dir, bytes: usize) {
+        for pair in [&*self.global, &self.connection] {
+            match dir {
+                Dir::Read => pair.read.wait(bytes),
+                Dir::Write => pair.write.wait(bytes),
+            }
+        }
+    }
+}
+
 impl Filter for Rate {
     fn name(&self) -> &str {
         "rate"
@@ -297,8 +292,7 @@ impl Filter for Rate {
         }))
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.global.read.wait(buf.len());
-        self.connection.read.wait(buf.len());
+        self.pass(Dir::Read, buf.len());
         next.read_at(buf, offset)
     }
     fn write_at(
@@ -308,9 +302,21 @@ impl Filter for Rate {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        self.global.write.wait(buf.len());
-        self.connection.write.wait(buf.len());
+        self.pass(Dir::Write, buf.len());
         next.write_at(buf, offset, flags)
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Submitted reads and writes wait for their bits in the submitter's
+    /// thread, then go below, where they stay in flight.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        match &req {
+            Request::Read { len, .. } | Request::ReadTo { len, .. } => self.pass(Dir::Read, *len),
+            Request::Write { range, .. } => self.pass(Dir::Write, range.len()),
+            Request::Zero { .. } => {}
+        }
+        Route::Below(req)
     }
     // Reads keep their bytes: a view may skip the filter only where there
     // is no limit at all.
@@ -323,15 +329,60 @@ impl Filter for Rate {
     }
 }
 
+/// What `--help` says of the filter.
+const HELP: &str = "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<RateConfig>("rate", KEYS, HELP);
+
+impl FilterConfig for RateConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Rate::new(self), next))
+    }
+    /// Reads the parameters.
+    fn from_params(list: &Params) -> Result<RateConfig> {
+        let mut c = RateConfig::default();
+        let rate = |k: &str, v: &str, old: u64| -> Result<u64> {
+            if old > 0 {
+                return Err(Error::invalid(format!(
+                    "rate: {k} set twice on the command line"
+                )));
+            }
+            match params::size("rate", k, v)? {
+                0 => Err(Error::invalid(format!("rate: {k} cannot be set to 0"))),
+                n => Ok(n),
+            }
+        };
+        for (k, v) in list {
+            match k.as_str() {
+                "rate" => c.rate = rate(k, v, c.rate)?,
+                "connection-rate" => c.connection_rate = rate(k, v, c.connection_rate)?,
+                "rate-file" => c.rate_file = Some(absolute(v)?),
+                "connection-rate-file" => c.connection_rate_file = Some(absolute(v)?),
+                "burstiness" => {
+                    c.burstiness = v
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|b| b.is_finite() && *b > 0.0)
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "rate: burstiness must be a positive number of seconds, not '{v}'"
+                            ))
+                        })?
+                }
+                _ => return Err(Error::invalid(format!("rate: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::params::kv;
 
     #[test]
     fn parameters_are_read_as_nbdkit_reads_them() {
@@ -378,6 +429,19 @@ mod tests {
         // No limit.
         let mut free = Bucket::new(0, 2.0, t0);
         assert_eq!(free.take(u64::MAX / 2, t0), (0, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_request_larger_than_the_bucket_waits_only_for_its_bits() {
+        // 10 KB a second, a bucket of 1 KB: 5 KB take 0.4 s once the
+        // bucket is spent, not the sum of waits for refills the full
+        // bucket cannot hold (1 s).
+        let l = Limiter::new(80_000, 0.1, None);
+        let t0 = Instant::now();
+        l.wait(5000);
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(350), "{took:?}");
+        assert!(took < Duration::from_millis(800), "{took:?}");
     }
 
     #[test]

@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Result};
 
@@ -232,6 +233,25 @@ impl Filter for Readahead {
         }
         self.shared.work.notify_all();
         next.close()
+    }
+}
+
+/// The filter's configuration: it takes no parameters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadaheadConfig;
+
+/// What `--help` says of the filter.
+const HELP: &str = "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<ReadaheadConfig>("readahead", KEYS, HELP);
+
+impl FilterConfig for ReadaheadConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Readahead::new(&next)?, next))
+    }
+    fn from_params(_list: &Params) -> Result<ReadaheadConfig> {
+        Ok(ReadaheadConfig)
     }
 }
 

@@ -22,14 +22,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use diskit_core::device::check_range;
-
 use diskit_core::{
     BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Result, Session, WriteFlags,
     ZeroFlags,
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -60,32 +59,6 @@ impl Default for RetryConfig {
             exponential: true,
             readonly: false,
         }
-    }
-}
-
-impl RetryConfig {
-    /// Reads the parameters.
-    pub fn from_params(list: &[(String, String)]) -> Result<RetryConfig> {
-        let mut c = RetryConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "retries" => {
-                    c.retries = v.trim().parse().map_err(|_| {
-                        Error::invalid(format!("retry: retries: could not parse '{v}'"))
-                    })?
-                }
-                "retry-delay" => {
-                    c.delay = params::delay("retry", k, v)?;
-                    if c.delay.is_zero() {
-                        return Err(Error::invalid("retry: retry-delay cannot be 0"));
-                    }
-                }
-                "retry-exponential" => c.exponential = params::boolean("retry", k, v)?,
-                "retry-readonly" => c.readonly = params::boolean("retry", k, v)?,
-                _ => return Err(Error::invalid(format!("retry: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 
@@ -143,19 +116,6 @@ impl Retry {
         Err(err)
     }
 
-    /// [`run`](Self::run) for a request on `offset..offset+len`: one
-    /// outside the device fails at once, which no reopen would cure.
-    fn ranged<T>(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        op: impl FnMut() -> Result<T>,
-    ) -> Result<T> {
-        check_range(next.size(), offset, len)?;
-        self.run(next, op)
-    }
-
     /// Whether writes are refused (`retry-readonly` after a failure).
     fn writable(&self) -> Result<()> {
         if self.config.readonly && self.failed.load(Ordering::Relaxed) {
@@ -180,8 +140,7 @@ impl Filter for Retry {
         }))
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let len = buf.len() as u64;
-        self.ranged(next, offset, len, || next.read_at(buf, offset))
+        self.run(next, || next.read_at(buf, offset))
     }
     fn write_at(
         &self,
@@ -191,7 +150,7 @@ impl Filter for Retry {
         flags: WriteFlags,
     ) -> Result<()> {
         self.writable()?;
-        self.ranged(next, offset, buf.len() as u64, || {
+        self.run(next, || {
             self.writable()?;
             next.write_at(buf, offset, flags)
         })
@@ -209,20 +168,20 @@ impl Filter for Retry {
             return match next.write_zeroes(offset, len, flags) {
                 Err(e) if e.kind() == ErrorKind::NotSupported => Err(e),
                 Ok(()) => Ok(()),
-                Err(_) => self.ranged(next, offset, len, || {
+                Err(_) => self.run(next, || {
                     self.writable()?;
                     next.write_zeroes(offset, len, flags)
                 }),
             };
         }
-        self.ranged(next, offset, len, || {
+        self.run(next, || {
             self.writable()?;
             next.write_zeroes(offset, len, flags)
         })
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.writable()?;
-        self.ranged(next, offset, len, || {
+        self.run(next, || {
             self.writable()?;
             next.trim(offset, len, flags)
         })
@@ -231,10 +190,45 @@ impl Filter for Retry {
         self.run(next, || next.flush())
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.ranged(next, offset, len, || next.cache(offset, len))
+        self.run(next, || next.cache(offset, len))
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.ranged(next, offset, len, || next.extents(offset, len))
+        self.run(next, || next.extents(offset, len))
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<RetryConfig>("retry", KEYS, HELP);
+
+impl FilterConfig for RetryConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Retry::new(*self), next))
+    }
+    /// Reads the parameters.
+    fn from_params(list: &Params) -> Result<RetryConfig> {
+        let mut c = RetryConfig::default();
+        for (k, v) in list {
+            match k.as_str() {
+                "retries" => {
+                    c.retries = v.trim().parse().map_err(|_| {
+                        Error::invalid(format!("retry: retries: could not parse '{v}'"))
+                    })?
+                }
+                "retry-delay" => {
+                    c.delay = params::delay("retry", k, v)?;
+                    if c.delay.is_zero() {
+                        return Err(Error::invalid("retry: retry-delay cannot be 0"));
+                    }
+                }
+                "retry-exponential" => c.exponential = params::boolean("retry", k, v)?,
+                "retry-readonly" => c.readonly = params::boolean("retry", k, v)?,
+                _ => return Err(Error::invalid(format!("retry: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 

@@ -13,15 +13,16 @@
 //! nbdkit, the filter reports extents even when the device below cannot
 //! (the tail is known), and fast zeroing, which is free on the tail.
 
-use diskit_core::device::check_range;
 use diskit_core::extent::clip;
 use diskit_core::zero::is_zero;
 use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Result, WriteFlags,
-    ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Filter, Request, Result, Route,
+    WriteFlags, ZeroFlags,
 };
 
 use crate::params;
+use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["truncate", "round-up", "round-down"];
@@ -58,20 +59,6 @@ fn round_param(key: &str, value: &str) -> Result<u64> {
 }
 
 impl TruncateConfig {
-    /// Reads `truncate=`, `round-up=` and `round-down=`.
-    pub fn from_params(params: &[(String, String)]) -> Result<TruncateConfig> {
-        let mut c = TruncateConfig::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "truncate" => c.truncate = Some(params::size("truncate", k, v)?),
-                "round-up" => c.round_up = Some(round_param(k, v)?),
-                "round-down" => c.round_down = Some(round_param(k, v)?),
-                _ => return Err(Error::invalid(format!("truncate: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-
     /// The size the filter gives a device of `real` bytes.
     pub fn apply(&self, real: u64) -> Result<u64> {
         let mut size = self.truncate.unwrap_or(real);
@@ -146,7 +133,6 @@ impl Filter for Truncate {
         }
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         let n = self.inside(offset, buf.len() as u64) as usize;
         if n > 0 {
             next.read_at(&mut buf[..n], offset)?;
@@ -161,7 +147,6 @@ impl Filter for Truncate {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, buf.len() as u64)?;
         let n = self.inside(offset, buf.len() as u64) as usize;
         if !is_zero(&buf[n..]) {
             return Err(Error::new(
@@ -181,7 +166,6 @@ impl Filter for Truncate {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        check_range(self.size, offset, len)?;
         let n = self.inside(offset, len);
         if n == 0 {
             return Ok(());
@@ -192,27 +176,67 @@ impl Filter for Truncate {
         next.write_zeroes(offset, n, flags)
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        check_range(self.size, offset, len)?;
         match self.inside(offset, len) {
             0 => Ok(()),
             n => next.trim(offset, n, flags),
         }
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        check_range(self.size, offset, len)?;
         match self.inside(offset, len) {
             0 => Ok(()),
             n => next.cache(offset, n),
         }
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        check_range(self.size, offset, len)?;
         match self.inside(offset, len) {
             // Beyond the device below: one hole to the end of the request.
             0 => Ok(vec![Extent::hole(len)]),
             // Only the part on the device: the caller asks again for the rest.
             n => Ok(clip(next.extents(offset, n)?, n)),
         }
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Reads and writes that lie on the device below go there as they
+    /// are, and stay in flight; the rest, and zeroes, run here.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        let (offset, len) = req.span();
+        match req {
+            Request::Zero { .. } => Route::Here(req),
+            _ if self.inside(offset, len) == len => Route::Below(req),
+            _ => Route::Here(req),
+        }
+    }
+    fn prepare_write(&self, next: &dyn BlockDevice, buf: &[u8], offset: u64) {
+        if self.inside(offset, buf.len() as u64) == buf.len() as u64 {
+            next.prepare_write(buf, offset)
+        }
+    }
+}
+
+/// What `--help` says of the filter.
+const HELP: &str = "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)";
+
+/// The filter's row in [`FILTERS`](crate::FILTERS).
+pub const FILTER: FilterInfo = FilterInfo::new::<TruncateConfig>("truncate", KEYS, HELP);
+
+impl FilterConfig for TruncateConfig {
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Truncate::new(&*next, self)?, next))
+    }
+    /// Reads `truncate=`, `round-up=` and `round-down=`.
+    fn from_params(params: &Params) -> Result<TruncateConfig> {
+        let mut c = TruncateConfig::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "truncate" => c.truncate = Some(params::size("truncate", k, v)?),
+                "round-up" => c.round_up = Some(round_param(k, v)?),
+                "round-down" => c.round_down = Some(round_param(k, v)?),
+                _ => return Err(Error::invalid(format!("truncate: unknown parameter '{k}'"))),
+            }
+        }
+        Ok(c)
     }
 }
 

@@ -279,8 +279,7 @@ pub fn run(a: Args) -> CmdResult {
         src = Arc::new(Filtered::new(crate::cmd::convert_io::salvage::Salvage, src));
     }
     if let Some(rate) = rate {
-        let limit = crate::cmd::convert_io::rate::RateLimited::new(rate);
-        src = Arc::new(Filtered::new(limit, src));
+        src = crate::cmd::convert_io::rate_limited(src, rate);
     }
     let total = src.size();
 

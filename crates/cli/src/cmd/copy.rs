@@ -17,10 +17,8 @@ use crate::progress::{CopyProgressTo, ProgressPrinter};
 use crate::util::CliError;
 use diskit_backends::{FileDevice, FileOptions, NullDevice};
 use diskit_copy::{CopyOptions, Progress, copy};
-use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, CompletionQueue, DeviceRef, Extent, Request,
-    WriteFlags, ZeroFlags,
-};
+use diskit_core::{BlockDevice, DeviceRef, Filtered, WriteFlags, ZeroFlags};
+use diskit_filters::noextents::Noextents;
 use diskit_nbd::client::NbdClient;
 
 /// Arguments of `copy`.
@@ -338,43 +336,6 @@ fn parse_pow2(s: &str, what: &str, min: u64, max: u64) -> Result<u64, CliError> 
     Ok(n)
 }
 
-/// The source with its allocation hidden (`--no-extents`): every range
-/// reads as data; everything else passes through, submission included.
-struct AllData(Box<dyn BlockDevice>);
-
-impl BlockDevice for AllData {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            can_extents: false,
-            ..self.0.capabilities()
-        }
-    }
-    fn block_size(&self) -> BlockSizeLimits {
-        self.0.block_size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn extents(&self, _offset: u64, len: u64) -> diskit_core::Result<Vec<Extent>> {
-        Ok(vec![Extent::data(len)])
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-    fn close(&self) -> diskit_core::Result<()> {
-        self.0.close()
-    }
-    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
-        self.0.submit(tag, req, cq)
-    }
-    fn queue_depth(&self) -> usize {
-        self.0.queue_depth()
-    }
-}
-
 /// Runs `diskit copy`.
 pub fn run(a: Args) -> CmdResult {
     let (src_side, dst_side) = parse_sides(&a.sides)?;
@@ -516,8 +477,11 @@ fn copy_devices(
             "error: destination size is smaller than source size",
         ));
     }
+    // --no-extents: the noextents filter, which keeps requests in flight
+    // (the source is named as it was opened).
+    let src_name = src.describe();
     let src: Box<dyn BlockDevice> = if a.no_extents {
-        Box::new(AllData(src))
+        Box::new(Filtered::new(Noextents, Arc::from(src)))
     } else {
         src
     };
@@ -558,7 +522,7 @@ fn copy_devices(
     };
     let requests = if a.synchronous { 1 } else { a.requests.max(1) };
     if a.verbose {
-        eprintln!("diskit copy: src: {} size={}", src.describe(), src.size());
+        eprintln!("diskit copy: src: {src_name} size={}", src.size());
         eprintln!("diskit copy: dst: {} size={}", dst.describe(), dst.size());
         eprintln!(
             "diskit copy: connections={connections} requests={requests} threads={threads} synchronous={}",

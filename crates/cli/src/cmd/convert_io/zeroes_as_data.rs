@@ -3,7 +3,7 @@
 //! zero ranges into buffers of zeros and writes them: the target ends up
 //! allocated everywhere, whatever its format does with zero requests.
 
-use diskit_core::{BlockDevice, Filter, Result, ZeroFlags};
+use diskit_core::{BlockDevice, Filter, Request, Result, Route, ZeroFlags};
 
 /// A layer over the target that writes zero requests as zero data.
 pub struct ZeroesAsData;
@@ -26,5 +26,16 @@ impl Filter for ZeroesAsData {
             ));
         }
         diskit_core::device::write_zero_buffer(next, offset, len, flags.fua)
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Reads and writes go below as they are, where they stay in flight;
+    /// zero requests become writes here.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        match req {
+            Request::Zero { .. } => Route::Here(req),
+            _ => Route::Below(req),
+        }
     }
 }

@@ -104,14 +104,15 @@ mod tests {
         .unwrap();
         assert_eq!(r.plugin_args, strings(&["disk.img", "file=x"]));
         assert_eq!(r.filters.len(), 3);
-        let want = diskit_filters::offset::OffsetConfig {
+        use diskit_filters::offset::OffsetConfig;
+        let want = OffsetConfig {
             offset: 1 << 20,
             range: Some(2 << 20),
         };
-        assert_eq!(r.filters[0], FilterSpec::Offset(want));
+        assert_eq!(r.filters[0].config::<OffsetConfig>(), Some(&want));
         assert_eq!(
-            r.filters[2],
-            FilterSpec::Offset(diskit_filters::offset::OffsetConfig::default())
+            r.filters[2].config::<OffsetConfig>(),
+            Some(&OffsetConfig::default())
         );
     }
 

@@ -1,0 +1,157 @@
+//! How a filter is registered: one [`FilterInfo`] row in
+//! [`FILTERS`](crate::FILTERS), which names the filter, lists its keys and
+//! names its configuration: a [`FilterConfig`], which reads the
+//! parameters and stacks the filter, so that nothing outside the filter's
+//! own module knows its types.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use diskit_core::{DeviceRef, Error, Filter, Filtered, Result};
+
+use crate::FILTERS;
+
+/// `key=value` parameters, in the order given.
+pub type Params = [(String, String)];
+
+/// What a filter learns of the stack it joins.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ctx {
+    /// The stack will be served read-only: the checks of write
+    /// capabilities that some filters make (fua, nozero) are skipped, as
+    /// nbdkit skips them.
+    pub read_only: bool,
+}
+
+/// A filter's checked parameters, ready to stack.
+pub trait FilterConfig: fmt::Debug + Send + Sync + Any {
+    /// Reads and checks the parameters, in order (a later value of a key
+    /// replaces an earlier one, as in nbdkit).
+    fn from_params(list: &Params) -> Result<Self>
+    where
+        Self: Sized;
+
+    /// Stacks the filter so configured on `next`.
+    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef>;
+}
+
+/// A filter's row: its name, the parameter keys it takes, a one-line
+/// description, what it promises and how its parameters are read.
+#[derive(Debug, Clone, Copy)]
+pub struct FilterInfo {
+    /// The name given to `--filter=`.
+    pub name: &'static str,
+    /// Every key the filter takes.
+    pub keys: &'static [&'static str],
+    /// One line for `--help`.
+    pub help: &'static str,
+    /// The filter never writes to the device below (cow), so that the
+    /// device below may be opened read-only, as nbdkit opens it.
+    pub reads_only_below: bool,
+    /// Reads and checks the parameters (only keys of
+    /// [`keys`](Self::keys) are given).
+    pub parse: fn(&Params) -> Result<Arc<dyn FilterConfig>>,
+}
+
+impl FilterInfo {
+    /// The row of the filter `name`, which takes `keys` and is configured
+    /// by a `C`.
+    pub const fn new<C: FilterConfig>(
+        name: &'static str,
+        keys: &'static [&'static str],
+        help: &'static str,
+    ) -> FilterInfo {
+        FilterInfo {
+            name,
+            keys,
+            help,
+            reads_only_below: false,
+            parse: parse::<C>,
+        }
+    }
+
+    /// The same row for a filter that never writes below.
+    pub const fn reads_only_below(self) -> FilterInfo {
+        FilterInfo {
+            reads_only_below: true,
+            ..self
+        }
+    }
+}
+
+/// Reads a `C`: what a row's [`parse`](FilterInfo::parse) does.
+fn parse<C: FilterConfig>(list: &Params) -> Result<Arc<dyn FilterConfig>> {
+    Ok(Arc::new(C::from_params(list)?))
+}
+
+/// `filter` stacked on `next`.
+pub fn over<F: Filter + 'static>(filter: F, next: DeviceRef) -> DeviceRef {
+    Arc::new(Filtered::new(filter, next))
+}
+
+/// The filter called `name`; an unknown name is an error listing the
+/// filters there are.
+pub fn info(name: &str) -> Result<&'static FilterInfo> {
+    FILTERS.iter().find(|f| f.name == name).ok_or_else(|| {
+        let names: Vec<&str> = FILTERS.iter().map(|f| f.name).collect();
+        Error::invalid(format!(
+            "unknown filter '{name}' (filters: {})",
+            names.join(", ")
+        ))
+    })
+}
+
+/// A filter chosen by name with its parameters checked, ready to stack.
+#[derive(Debug, Clone)]
+pub struct FilterSpec {
+    info: &'static FilterInfo,
+    config: Arc<dyn FilterConfig>,
+}
+
+impl FilterSpec {
+    /// The filter `name` with `params` (key, value), applied in order (a
+    /// later value of a key replaces an earlier one, as in nbdkit).
+    pub fn parse(name: &str, params: &Params) -> Result<FilterSpec> {
+        let info = info(name)?;
+        if let Some((k, _)) = params
+            .iter()
+            .find(|(k, _)| !info.keys.contains(&k.as_str()))
+        {
+            return Err(Error::invalid(format!("{name}: unknown parameter '{k}'")));
+        }
+        let config = (info.parse)(params)?;
+        Ok(FilterSpec { info, config })
+    }
+
+    /// The filter's name.
+    pub fn name(&self) -> &'static str {
+        self.info.name
+    }
+
+    /// See [`FilterInfo::reads_only_below`].
+    pub fn reads_only_below(&self) -> bool {
+        self.info.reads_only_below
+    }
+
+    /// The configuration, when it is a `C` (the filter module's type).
+    pub fn config<C: FilterConfig>(&self) -> Option<&C> {
+        let any: &dyn Any = &*self.config;
+        any.downcast_ref()
+    }
+
+    /// Stacks the filter on `next`. `read_only`: the stack will be served
+    /// read-only (see [`Ctx`]).
+    pub fn stack(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef> {
+        self.config.stack(next, Ctx { read_only })
+    }
+}
+
+/// Stacks `filters` over `device`: the first is the outermost (closest to
+/// the client), the last sits directly on `device`.
+pub fn stack(filters: &[FilterSpec], device: DeviceRef, read_only: bool) -> Result<DeviceRef> {
+    filters
+        .iter()
+        .rev()
+        .try_fold(device, |next, f| f.stack(next, read_only))
+}
