@@ -161,6 +161,16 @@ pub fn open_policy() -> OpenPolicy {
     OPEN_POLICY.get().copied().unwrap_or_default()
 }
 
+/// The options every open starts from under the command's policy
+/// (`--untrusted`, `-U`).
+pub fn policy_options() -> OpenOptions {
+    OpenOptions {
+        untrusted: open_policy().untrusted,
+        force_share: FORCE_SHARE.load(std::sync::atomic::Ordering::Relaxed),
+        ..OpenOptions::default()
+    }
+}
+
 /// Opens the image a command-line name stands for, under the policy.
 pub fn open_name(
     path: &Path,

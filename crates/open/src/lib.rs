@@ -16,7 +16,9 @@
 
 pub mod create;
 pub mod gate;
+mod nbd_plugin;
 pub mod objects;
+pub mod plugin;
 pub mod protocol;
 pub mod spec;
 
@@ -66,17 +68,22 @@ pub fn open_image_opts(text: &str, opts: OpenOptions) -> Result<Image> {
 /// Opens the storage called `name` (a path or a protocol URI) with no
 /// format over it: for tools that work on an image's own bytes (check).
 pub fn open_storage(name: &str, writable: bool) -> Result<StorageRef> {
-    let proto = protocol::for_name(name)?;
-    let mut node = Spec::default();
-    node.set("filename", Value::Str(name.to_string()));
-    protocol::open(
-        proto,
-        &node,
+    open_storage_with(
+        name,
         ProtocolMode {
             writable,
             ..Default::default()
         },
     )
+}
+
+/// Opens the storage called `name` as `mode` says (a copy's sides: over
+/// several connections where the storage allows).
+pub fn open_storage_with(name: &str, mode: ProtocolMode) -> Result<StorageRef> {
+    let proto = protocol::for_name(name)?;
+    let mut node = Spec::default();
+    node.set("filename", Value::Str(name.to_string()));
+    protocol::open(proto, &node, mode)
 }
 
 /// Opens the storage under an image description (`--image-opts` text when
@@ -259,11 +266,8 @@ impl Chain {
             opts.no_flush = true;
         }
         let mode = ProtocolMode {
-            writable: opts.writable,
-            direct: opts.direct,
-            no_flush: opts.no_flush,
             sector_size: format.is_some_and(|f| f.driver().sector_sized()),
-            host_zeros: opts.host_zeros,
+            ..mode_of(&opts, opts.writable)
         };
         let storage = protocol::open(file_proto, &file_node, mode)?;
         self.note(&storage, display)?;
@@ -466,18 +470,8 @@ impl ImpliedFiles for Implied<'_> {
             (given, proto)
         };
         let shown = node.get("filename").unwrap_or(name).to_string();
-        let storage = protocol::open(
-            proto,
-            &node,
-            ProtocolMode {
-                writable,
-                direct: self.opts.direct,
-                sector_size: false,
-                no_flush: self.opts.no_flush,
-                host_zeros: self.opts.host_zeros,
-            },
-        )
-        .context(format!("Could not open data file '{shown}'"))?;
+        let storage = protocol::open(proto, &node, mode_of(self.opts, writable))
+            .context(format!("Could not open data file '{shown}'"))?;
         // QEMU's image locks on the data file too: a writer's while the
         // image is written, a reader's otherwise (none with -U on a
         // read-only open).
@@ -506,13 +500,7 @@ impl Implied<'_> {
         let storage = protocol::open(
             protocol::for_name(&path)?,
             &node,
-            ProtocolMode {
-                writable,
-                direct: self.opts.direct,
-                sector_size: false,
-                no_flush: self.opts.no_flush,
-                host_zeros: self.opts.host_zeros,
-            },
+            mode_of(self.opts, writable),
         )
         .context(format!("Could not open '{path}'"))?;
         guard(
@@ -554,6 +542,18 @@ fn guard(
         diskit_backends::image_lock::hold_as_source(fd, storage.location())?;
     }
     Ok(())
+}
+
+/// How the files of an image opened with `opts` are opened (`writable`
+/// or not).
+fn mode_of(opts: &OpenOptions, writable: bool) -> ProtocolMode {
+    ProtocolMode {
+        writable,
+        direct: opts.direct,
+        no_flush: opts.no_flush,
+        host_zeros: opts.host_zeros,
+        ..ProtocolMode::default()
+    }
 }
 
 /// Refuses a child given as a string: in QEMU's descriptions that is a

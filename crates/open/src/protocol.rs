@@ -1,9 +1,13 @@
 //! Protocols: the table of ways to reach storage (QEMU's protocol drivers).
 //!
-//! A row names a driver (`file`, `host_device`, `null-co`), the prefixes by
-//! which a plain name selects it (`null-co://`, `file:`), the keys it takes
-//! and the function that opens it. A new protocol (the NBD client's
-//! `nbd://`, an http source) is one row.
+//! One table of sources, with two faces each. QEMU's face: the driver
+//! name a description gives (`file`, `host_device`, `null-co`, `nbd`,
+//! `http`), the prefixes by which a plain name selects it (`null-co://`,
+//! `file:`, `nbd+unix://`), its keys and the function that opens it, for
+//! `info`, `convert`, `copy` and every other command. nbdkit's face: the
+//! plugins that serve it with nbdkit's keys (`diskit serve file|nbd|
+//! http|curl|null|memory|pattern`). And how an image is made on it. A new
+//! source is one module and one row here.
 
 use std::sync::Arc;
 
@@ -12,6 +16,7 @@ use diskit_core::storage::has_protocol;
 use diskit_core::{Error, Result, StorageRef};
 use diskit_formats::options::{bool_value, size_value};
 
+use crate::plugin::{self, Plugin, PluginOpen};
 use crate::spec::{NodeKind, Spec};
 
 /// How the storage is opened.
@@ -29,6 +34,11 @@ pub struct ProtocolMode {
     /// a reader pulled it into the page cache (a copier's source; see
     /// `OpenOptions::host_zeros`).
     pub host_zeros: bool,
+    /// Connections to keep to storage reached over a network (0: its
+    /// default): an NBD export that allows multi-conn gets up to this
+    /// many, an http source a pool of four range requests per connection
+    /// asked for (what nbdcopy keeps in flight).
+    pub connections: usize,
 }
 
 /// A protocol driver.
@@ -45,10 +55,14 @@ pub struct Protocol {
     /// Whether its requests travel over a network, where each waits for a
     /// round trip and keeping many in flight pays.
     pub network: bool,
-    /// Opens the storage a node describes.
-    pub open: fn(&Spec, ProtocolMode) -> Result<StorageRef>,
+    /// Opens the storage a node describes (QEMU's face: a name or a
+    /// description selects it); `None` for sources only nbdkit's face
+    /// reaches.
+    pub open: Option<fn(&Spec, ProtocolMode) -> Result<StorageRef>>,
     /// How a new image is made on it.
     pub made: Made,
+    /// nbdkit's face: the plugins that serve it (`diskit serve NAME`).
+    pub plugins: &'static [Plugin],
 }
 
 /// How a protocol makes the storage of a new image.
@@ -71,8 +85,17 @@ pub const PROTOCOLS: &[Protocol] = &[
         keys: &["filename"],
         local: true,
         network: false,
-        open: open_file,
+        open: Some(open_file),
         made: Made::NewFile,
+        plugins: &[Plugin {
+            name: "file",
+            magic: "file",
+            magic_required: true,
+            keys: &["file"],
+            lists: &[],
+            help: "a file or block device (file=PATH)",
+            open: PluginOpen::Source(plugin::open_file),
+        }],
     },
     Protocol {
         name: "host_device",
@@ -80,8 +103,9 @@ pub const PROTOCOLS: &[Protocol] = &[
         keys: &["filename"],
         local: true,
         network: false,
-        open: open_file,
+        open: Some(open_file),
         made: Made::NewFile,
+        plugins: &[],
     },
     Protocol {
         name: "nbd",
@@ -89,8 +113,21 @@ pub const PROTOCOLS: &[Protocol] = &[
         keys: NBD_KEYS,
         local: false,
         network: true,
-        open: open_nbd,
+        open: Some(open_nbd),
         made: Made::Existing,
+        plugins: &[Plugin {
+            name: "nbd",
+            magic: "uri",
+            magic_required: false,
+            keys: crate::nbd_plugin::KEYS,
+            lists: &["arg"],
+            help: "proxies another NBD server, as nbdkit's nbd plugin \
+                   ([uri=]NBD_URI | socket=PATH | hostname=HOST [port=PORT] | \
+                   command=PROGRAM [arg=ARG]... | socket-fd=FD; [export=NAME] \
+                   [retry=N] [shared=BOOL] [tls=off|require] [tls-certificates=DIR] \
+                   [tls-verify=BOOL] [tls-username=NAME] [tls-psk=FILE])",
+            open: PluginOpen::Source(crate::nbd_plugin::open),
+        }],
     },
     Protocol {
         name: "http",
@@ -98,8 +135,32 @@ pub const PROTOCOLS: &[Protocol] = &[
         keys: HTTP_KEYS,
         local: false,
         network: true,
-        open: open_http,
+        open: Some(open_http),
         made: Made::Never,
+        plugins: &[
+            Plugin {
+                name: "http",
+                magic: "url",
+                magic_required: true,
+                keys: diskit_http::PLUGIN_KEYS,
+                lists: &["header"],
+                help: "an http:// or https:// URL, read-only, by range requests over a \
+                       pool of connections (url=URL [cainfo=FILE] [capath=DIR] [sslverify=BOOL] \
+                       [user=NAME] [password=PASSWORD|+FILE] [header='NAME: VALUE']... \
+                       [cookie=C|+FILE] [user-agent=UA] [timeout=SECS] [followlocation=BOOL] \
+                       [connections=N] [retries=N])",
+                open: PluginOpen::Source(plugin::open_http),
+            },
+            Plugin {
+                name: "curl",
+                magic: "url",
+                magic_required: true,
+                keys: diskit_http::PLUGIN_KEYS,
+                lists: &["header"],
+                help: "the http plugin under nbdkit's name for it",
+                open: PluginOpen::Source(plugin::open_http),
+            },
+        ],
     },
     Protocol {
         name: "https",
@@ -107,8 +168,9 @@ pub const PROTOCOLS: &[Protocol] = &[
         keys: HTTP_KEYS,
         local: false,
         network: true,
-        open: open_http,
+        open: Some(open_http),
         made: Made::Never,
+        plugins: &[],
     },
     Protocol {
         name: "null-co",
@@ -116,14 +178,62 @@ pub const PROTOCOLS: &[Protocol] = &[
         keys: &["filename", "size", "read-zeroes"],
         local: false,
         network: false,
-        open: open_null,
+        open: Some(open_null),
         made: Made::Never,
+        plugins: &[Plugin {
+            name: "null",
+            magic: "size",
+            magic_required: false,
+            keys: &["size"],
+            lists: &[],
+            help: "reads zeros, discards writes (size=SIZE, default 0 as in nbdkit)",
+            open: PluginOpen::Source(plugin::open_null),
+        }],
+    },
+    Protocol {
+        name: "memory",
+        prefixes: &[],
+        keys: &[],
+        local: false,
+        network: false,
+        open: None,
+        made: Made::Never,
+        plugins: &[Plugin {
+            name: "memory",
+            magic: "size",
+            magic_required: true,
+            keys: &["size"],
+            lists: &[],
+            help: "a sparse RAM disk (size=SIZE)",
+            open: PluginOpen::Source(plugin::open_memory),
+        }],
+    },
+    Protocol {
+        name: "pattern",
+        prefixes: &[],
+        keys: &[],
+        local: false,
+        network: false,
+        open: None,
+        made: Made::Never,
+        plugins: &[Plugin {
+            name: "pattern",
+            magic: "size",
+            magic_required: true,
+            keys: &["size"],
+            lists: &[],
+            help: "read-only test data: each 8-byte word holds its offset (size=SIZE)",
+            open: PluginOpen::Source(plugin::open_pattern),
+        }],
     },
 ];
 
-/// The protocol driver called `name`.
+/// The protocol driver called `name` (QEMU's face: one a description
+/// can name).
 pub fn by_name(name: &str) -> Option<&'static Protocol> {
-    PROTOCOLS.iter().find(|p| p.name == name)
+    PROTOCOLS
+        .iter()
+        .find(|p| p.name == name && p.open.is_some())
 }
 
 /// The protocol a plain name selects: by prefix, else the local file.
@@ -165,7 +275,10 @@ pub fn open(proto: &Protocol, node: &Spec, mode: ProtocolMode) -> Result<Storage
         &with_driver(proto.keys),
         &[],
     )?;
-    (proto.open)(node, mode)
+    let open = proto
+        .open
+        .ok_or_else(|| Error::invalid(format!("Unknown protocol driver '{}'", proto.name)))?;
+    open(node, mode)
 }
 
 fn with_driver(keys: &[&'static str]) -> Vec<&'static str> {
@@ -221,7 +334,7 @@ const NBD_KEYS: &[&str] = &[
 ];
 
 /// An NBD export, by URI or by structure.
-fn open_nbd(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
+fn open_nbd(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
     use diskit_nbd::client::NbdClient;
     let mut uri = nbd_address(node)?;
     if let Some(id) = node.get("tls-creds") {
@@ -231,6 +344,7 @@ fn open_nbd(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
     }
     Ok(Arc::new(match node.get("x-dirty-bitmap") {
         Some(context) => NbdClient::connect_reporting(uri, context)?,
+        None if mode.connections > 1 => NbdClient::connect_multi_to(uri, mode.connections)?,
         None => NbdClient::connect_to(uri, &[diskit_nbd::client::BASE_ALLOCATION])?,
     }))
 }
@@ -356,7 +470,7 @@ const HTTP_KEYS: &[&str] = &[
 
 /// A URL (read-only), as QEMU's curl drivers: `url` (or the whole name),
 /// `sslverify`, `cookie`, `timeout` (seconds), `username`.
-fn open_http(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
+fn open_http(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
     let url = match node.get("url") {
         Some(u) => u.to_string(),
         None => filename(node, "http")?,
@@ -371,6 +485,9 @@ fn open_http(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
         if let Some(v) = node.get(key) {
             opts.set(ours, v)?;
         }
+    }
+    if mode.connections > 0 {
+        opts.connections = (mode.connections * 4).clamp(4, 64);
     }
     Ok(Arc::new(diskit_http::HttpDevice::open(&url, &opts)?))
 }

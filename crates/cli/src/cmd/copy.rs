@@ -162,7 +162,7 @@ fn parse_sides(words: &[String]) -> Result<(Side, Side), CliError> {
 /// An opened side.
 enum Opened {
     /// A device with a size.
-    Device(Box<dyn BlockDevice>),
+    Device(DeviceRef),
     /// A pipe, socket or character device: bytes in order, size unknown.
     Stream(std::fs::File),
     /// A regular file the destination truncated (it grows as written
@@ -179,31 +179,32 @@ fn nbd_err(e: diskit_core::Error) -> CliError {
     CliError::new(e.to_string())
 }
 
-fn open_nbd(side: &Side, connections: usize) -> Result<Option<Box<dyn BlockDevice>>, CliError> {
+/// A side the opener's table of sources reaches (an NBD URI, an http
+/// URL), over up to `connections` connections; or a server command.
+fn open_network(
+    side: &Side,
+    connections: usize,
+    writable: bool,
+) -> Result<Option<DeviceRef>, CliError> {
     Ok(match side {
-        Side::Uri(uri) => Some(Box::new(
-            NbdClient::connect_multi(uri, connections).map_err(nbd_err)?,
-        )),
-        Side::Command(argv) => Some(Box::new(NbdClient::connect_command(argv).map_err(nbd_err)?)),
+        Side::Uri(name) | Side::Http(name) => {
+            let mode = diskit_open::protocol::ProtocolMode {
+                writable,
+                connections,
+                ..Default::default()
+            };
+            Some(diskit_open::open_storage_with(name, mode).map_err(nbd_err)?)
+        }
+        Side::Command(argv) => Some(Arc::new(NbdClient::connect_command(argv).map_err(nbd_err)?)),
         _ => None,
     })
 }
 
 fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
-    if let Some(d) = open_nbd(side, connections)? {
+    if let Some(d) = open_network(side, connections, false)? {
         return Ok(Opened::Device(d));
     }
     match side {
-        Side::Http(url) => {
-            // Range requests in flight: as many as nbdcopy keeps on its
-            // connections by default, at least.
-            let opts = diskit_http::HttpOptions {
-                connections: (connections * 4).clamp(4, 64),
-                ..Default::default()
-            };
-            let dev = diskit_http::HttpDevice::open(url, &opts).map_err(nbd_err)?;
-            Ok(Opened::Device(Box::new(dev)))
-        }
         Side::Pipe => Ok(Opened::Stream(stdin_file()?)),
         Side::Local(path) => {
             let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
@@ -215,7 +216,7 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
                     diskit_backends::image_lock::hold_as_source(fd, path)
                         .map_err(|e| CliError::new(format!("{path}: {e}")))?;
                 }
-                Ok(Opened::Device(Box::new(dev)))
+                Ok(Opened::Device(Arc::new(dev)))
             } else {
                 let f = std::fs::File::open(path).map_err(|e| io_error(path, &e))?;
                 Ok(Opened::Stream(f))
@@ -263,12 +264,12 @@ fn open_destination(
     connections: usize,
     src_size: Option<u64>,
 ) -> Result<(Opened, bool), CliError> {
-    if let Some(d) = open_nbd(side, connections)? {
+    if let Some(d) = open_network(side, connections, true)? {
         return Ok((Opened::Device(d), false));
     }
     match side {
         Side::Null => Ok((
-            Opened::Device(Box::new(NullDevice::new(src_size.unwrap_or(u64::MAX >> 1)))),
+            Opened::Device(Arc::new(NullDevice::new(src_size.unwrap_or(u64::MAX >> 1)))),
             true,
         )),
         Side::Pipe => {
@@ -316,7 +317,7 @@ fn open_destination(
                     .map_err(|e| CliError::new(format!("{path}: truncate: {e}")))?;
                 Ok((Opened::File(dev), true))
             } else {
-                Ok((Opened::Device(Box::new(dev)), false))
+                Ok((Opened::Device(Arc::new(dev)), false))
             }
         }
         Side::Uri(_) | Side::Command(_) => unreachable!("opened above"),
@@ -425,9 +426,7 @@ pub fn run(a: Args) -> CmdResult {
         .and_then(|()| dst.close().map_err(nbd_err))
     };
     let result = match (src, dst) {
-        (Opened::Device(src), Opened::Device(dst)) => {
-            into_device(src, Arc::from(dst), &mut sparse, opts_base)
-        }
+        (Opened::Device(src), Opened::Device(dst)) => into_device(src, dst, &mut sparse, opts_base),
         (Opened::Device(src), Opened::File(dst)) => {
             into_device(src, Arc::new(dst), &mut sparse, opts_base)
         }
@@ -457,7 +456,7 @@ pub fn run(a: Args) -> CmdResult {
 #[allow(clippy::too_many_arguments)]
 fn copy_devices(
     a: &Args,
-    src: Box<dyn BlockDevice>,
+    src: DeviceRef,
     dst: &DeviceRef,
     connections: usize,
     asked_request_size: Option<u64>,
@@ -480,8 +479,8 @@ fn copy_devices(
     // --no-extents: the noextents filter, which keeps requests in flight
     // (the source is named as it was opened).
     let src_name = src.describe();
-    let src: Box<dyn BlockDevice> = if a.no_extents {
-        Box::new(Filtered::new(Noextents, Arc::from(src)))
+    let src: DeviceRef = if a.no_extents {
+        Arc::new(Filtered::new(Noextents, src))
     } else {
         src
     };

@@ -230,7 +230,12 @@ impl NbdClient {
     /// connection then sees the others' writes, and a flush on one covers
     /// all). Requests are spread over the connections.
     pub fn connect_multi(uri: &str, connections: usize) -> Result<NbdClient> {
-        let client = Self::connect(uri)?;
+        Self::connect_multi_to(NbdUri::parse(uri)?, connections)
+    }
+
+    /// [`connect_multi`](Self::connect_multi) to a parsed URI.
+    pub fn connect_multi_to(parsed: NbdUri, connections: usize) -> Result<NbdClient> {
+        let client = Self::connect_to(parsed, &[BASE_ALLOCATION])?;
         let more = client.open_more(connections.saturating_sub(1))?;
         {
             let mut guard = client.links.write().unwrap_or_else(|p| p.into_inner());

@@ -19,7 +19,6 @@ mod filters;
 pub mod introspect;
 mod lifecycle;
 mod listen;
-mod nbd_plugin;
 mod plugin;
 mod tls;
 

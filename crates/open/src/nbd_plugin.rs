@@ -12,8 +12,9 @@ use diskit_nbd::client::NbdClient;
 use diskit_nbd::client::conn::Stream;
 use diskit_nbd::client::uri::{Address, DEFAULT_PORT, NbdUri};
 
-use super::plugin::{LIST_SEPARATOR, Opened, PluginArgs};
-use crate::util::CliError;
+use diskit_core::{DeviceRef, Error, Result};
+
+use crate::plugin::{LIST_SEPARATOR, PluginArgs, boolean};
 
 /// The keys the plugin takes.
 pub const KEYS: &[&str] = &[
@@ -47,11 +48,11 @@ enum Target {
     Fd(RawFd),
 }
 
-fn err(msg: impl std::fmt::Display) -> CliError {
-    CliError::new(format!("nbd: {msg}"))
+fn err(msg: impl std::fmt::Display) -> Error {
+    Error::invalid(format!("nbd: {msg}"))
 }
 
-fn target(kv: &PluginArgs) -> Result<Target, CliError> {
+fn target(kv: &PluginArgs) -> Result<Target> {
     if kv.contains_key("port") && !kv.contains_key("hostname") {
         return Err(err("port= goes with hostname="));
     }
@@ -117,7 +118,7 @@ struct TlsKeys {
     psk: Option<String>,
 }
 
-fn tls_keys(kv: &PluginArgs) -> Result<TlsKeys, CliError> {
+fn tls_keys(kv: &PluginArgs) -> Result<TlsKeys> {
     let require = match kv.get("tls").map(String::as_str) {
         None | Some("off") => false,
         Some("require") => true,
@@ -135,10 +136,7 @@ fn tls_keys(kv: &PluginArgs) -> Result<TlsKeys, CliError> {
         }
     };
     let verify = match kv.get("tls-verify") {
-        Some(v) => Some(
-            diskit_filters::params::boolean("nbd", "tls-verify", v)
-                .map_err(|e| CliError::new(e.to_string()))?,
-        ),
+        Some(v) => Some(boolean("nbd", "tls-verify", v)?),
         None => None,
     };
     let keys = TlsKeys {
@@ -160,14 +158,13 @@ fn tls_keys(kv: &PluginArgs) -> Result<TlsKeys, CliError> {
 
 /// Opens the server below (the plugin's `open`). With `-r` the export is
 /// served read-only whatever the server below allows.
-pub fn open(kv: &PluginArgs, _readonly: bool) -> Result<Opened, CliError> {
+pub fn open(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
     let target = target(kv)?;
     let tls = tls_keys(kv)?;
     let export = kv.get("export").cloned().unwrap_or_default();
     if let Some(v) = kv.get("shared") {
         // One client below serves every client of this server either way.
-        diskit_filters::params::boolean("nbd", "shared", v)
-            .map_err(|e| CliError::new(e.to_string()))?;
+        boolean("nbd", "shared", v)?;
     }
     let retries = match kv.get("retry") {
         Some(v) => v
@@ -215,18 +212,12 @@ pub fn open(kv: &PluginArgs, _readonly: bool) -> Result<Opened, CliError> {
                 .map_err(|e| err(e.to_string()))?
         }
     };
-    Ok(Opened {
-        device: Arc::new(client),
-        image: None,
-    })
+    Ok(Arc::new(client))
 }
 
 /// Connects, trying again `retries` more times a second apart (nbdkit's
 /// `retry=`) when the connection itself fails.
-fn with_retries(
-    retries: u32,
-    mut connect: impl FnMut() -> diskit_core::Result<NbdClient>,
-) -> Result<NbdClient, CliError> {
+fn with_retries(retries: u32, mut connect: impl FnMut() -> Result<NbdClient>) -> Result<NbdClient> {
     let mut left = retries;
     loop {
         match connect() {
@@ -242,7 +233,7 @@ fn with_retries(
 }
 
 /// The connected stream socket `fd`, checked to be one.
-fn inherited_socket(fd: RawFd) -> Result<UnixStream, CliError> {
+fn inherited_socket(fd: RawFd) -> Result<UnixStream> {
     let mut ty: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `ty`.

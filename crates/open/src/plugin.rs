@@ -1,0 +1,340 @@
+//! nbdkit's face of the sources: a source is served by `diskit serve
+//! NAME ARGS` (and named by nbdkit's introspection) through its row's
+//! [`Plugin`], with nbdkit's keys; the `image` plugin opens any image
+//! through the opener. Arguments are `key=value` pairs or bare values for
+//! the plugin's "magic" key.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use diskit_backends::{FileDevice, FileOptions, MemoryDevice, NullDevice, PatternDevice};
+use diskit_core::size::parse_size;
+use diskit_core::{DeviceRef, Error, Result};
+
+use crate::protocol::PROTOCOLS;
+use crate::{Format, Image, OpenOptions};
+
+/// Parsed `key=value` arguments of a plugin.
+pub type PluginArgs = BTreeMap<String, String>;
+
+/// Joins the values of a key given more than once (a NUL: no command-line
+/// argument holds one).
+pub const LIST_SEPARATOR: char = '\0';
+
+/// How a plugin opens what it serves.
+#[derive(Debug, Clone, Copy)]
+pub enum PluginOpen {
+    /// A source: its storage (read-only when the flag says so).
+    Source(fn(&PluginArgs, bool) -> Result<DeviceRef>),
+    /// An image of any format over any source, with its backing chain.
+    Image,
+}
+
+/// One plugin: the name nbdkit's command line gives it and its keys.
+#[derive(Debug)]
+pub struct Plugin {
+    /// Its name on the command line.
+    pub name: &'static str,
+    /// The key a bare value is given to.
+    pub magic: &'static str,
+    /// Whether the magic key must be given.
+    pub magic_required: bool,
+    /// Every key it takes.
+    pub keys: &'static [&'static str],
+    /// The keys that may be given more than once: their values are kept in
+    /// order, joined by [`LIST_SEPARATOR`].
+    pub lists: &'static [&'static str],
+    /// One line of help.
+    pub help: &'static str,
+    /// Opens it.
+    pub open: PluginOpen,
+}
+
+/// What a plugin opened: the device to serve, and the image behind it, if
+/// any, to close (write back its metadata) when the server stops.
+pub struct Opened {
+    /// The device to serve.
+    pub device: DeviceRef,
+    /// The image behind it, for `image`.
+    pub image: Option<Image>,
+}
+
+/// The `image` plugin: every format, over every source the opener knows.
+pub const IMAGE: Plugin = Plugin {
+    name: "image",
+    magic: "file",
+    magic_required: true,
+    keys: &["file", "format", "l2-cache-size", "cache"],
+    lists: &[],
+    help: "a disk image of any format diskit reads, with its backing chain \
+           (file=NAME: a path, a protocol URI or json:{...} [format=FORMAT] \
+           [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's] \
+           [cache=none|writeback|unsafe: as qemu-nbd's --cache; none bypasses \
+           the page cache (O_DIRECT) for the image and its backing chain])",
+    open: PluginOpen::Image,
+};
+
+/// Every plugin: the sources' faces in the table's order, then `image`.
+pub fn all() -> impl Iterator<Item = &'static Plugin> {
+    PROTOCOLS
+        .iter()
+        .flat_map(|p| p.plugins.iter())
+        .chain(std::iter::once(&IMAGE))
+}
+
+/// The plugin called `name`, or an error listing the plugins.
+pub fn find(name: &str) -> Result<&'static Plugin> {
+    all().find(|p| p.name == name).ok_or_else(|| {
+        let names: Vec<&str> = all().map(|p| p.name).collect();
+        Error::invalid(format!(
+            "unknown plugin '{name}' (plugins: {})",
+            names.join(", ")
+        ))
+    })
+}
+
+/// Whether `s` is a key as nbdkit defines them: a letter, then letters,
+/// digits, '.', '_' or '-'.
+pub fn is_key(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// A boolean as nbdkit reads one, with its message.
+pub fn boolean(plugin: &str, key: &str, value: &str) -> Result<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(Error::invalid(format!(
+            "{plugin}: {key}: could not decipher boolean '{value}'"
+        ))),
+    }
+}
+
+/// Sorts a plugin's arguments into keys, bare values going to its magic key.
+pub fn parse_args(name: &str, args: &[String]) -> Result<PluginArgs> {
+    let Plugin {
+        magic,
+        magic_required,
+        keys,
+        lists,
+        ..
+    } = find(name)?;
+    let mut out = BTreeMap::new();
+    for a in args {
+        let (k, v) = match a.split_once('=') {
+            Some((k, v)) if is_key(k) => (k.to_string(), v.to_string()),
+            _ => (magic.to_string(), a.clone()),
+        };
+        if !keys.contains(&k.as_str()) {
+            return Err(Error::invalid(format!(
+                "{name}: unknown parameter '{k}' (parameters: {})",
+                keys.join(", ")
+            )));
+        }
+        if lists.contains(&k.as_str()) {
+            let all = out.entry(k).or_insert_with(String::new);
+            if !all.is_empty() {
+                all.push(LIST_SEPARATOR);
+            }
+            all.push_str(&v);
+            continue;
+        }
+        if out.insert(k.clone(), v).is_some() {
+            return Err(Error::invalid(format!(
+                "{name}: parameter '{k}' given twice"
+            )));
+        }
+    }
+    if *magic_required && !out.contains_key(*magic) {
+        return Err(Error::invalid(format!(
+            "{name}: missing parameter '{magic}'"
+        )));
+    }
+    Ok(out)
+}
+
+/// Opens what plugin `name` describes with `args`; images are opened with
+/// `base` (the caller's policy: untrusted, force-share).
+pub fn open_plugin(
+    name: &str,
+    args: &[String],
+    readonly: bool,
+    base: &OpenOptions,
+) -> Result<Opened> {
+    let kv = parse_args(name, args)?;
+    match find(name)?.open {
+        PluginOpen::Source(open) => Ok(Opened {
+            device: open(&kv, readonly)?,
+            image: None,
+        }),
+        PluginOpen::Image => open_image_plugin(&kv, readonly, base),
+    }
+}
+
+/// The plugin list for --help.
+pub fn help() -> String {
+    let mut s = String::from("Plugins:\n");
+    for p in all() {
+        s.push_str(&format!("  {:<8} {}\n", p.name, p.help));
+    }
+    let formats: Vec<&str> = Format::all()
+        .filter(|f| f.driver().supported())
+        .map(|f| f.name())
+        .collect();
+    s.push_str(&format!("Image formats: {}\n", formats.join(", ")));
+    s
+}
+
+/// A size argument, with the plugin's name in the message.
+pub fn size_arg(plugin: &str, v: &str) -> Result<u64> {
+    parse_size(v).map_err(|_| Error::invalid(format!("{plugin}: invalid size '{v}'")))
+}
+
+/// nbdkit's file plugin: a file or block device, locked as a writer when
+/// served writable.
+pub fn open_file(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
+    let path = Path::new(&kv["file"]);
+    // nbdkit's file plugin resolves the name first, with this message.
+    std::fs::canonicalize(path).map_err(|e| {
+        let e = Error::from(e);
+        Error::new(
+            e.kind(),
+            format!("realpath: {}: {}", path.display(), e.detail()),
+        )
+    })?;
+    let opts = FileOptions {
+        writable: !readonly,
+        ..FileOptions::default()
+    };
+    let fail = |e: Error| Error::new(e.kind(), format!("file: {}: {e}", path.display()));
+    let f = FileDevice::open(path, opts).map_err(fail)?;
+    if !readonly {
+        // A file served writable is written: QEMU's locks say so, and a
+        // file another process keeps from writers is refused.
+        let (perm, unshare) = diskit_core::storage::lock::for_image(true, false);
+        diskit_core::Storage::lock_image(&f, perm, unshare).map_err(fail)?;
+    }
+    Ok(Arc::new(f))
+}
+
+/// nbdkit's memory plugin: a sparse RAM disk.
+pub fn open_memory(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
+    Ok(Arc::new(MemoryDevice::new(size_arg(
+        "memory",
+        &kv["size"],
+    )?)))
+}
+
+/// nbdkit's null plugin: reads zeros, discards writes (size 0 by default).
+pub fn open_null(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
+    let size = kv.get("size").map_or(Ok(0), |s| size_arg("null", s))?;
+    Ok(Arc::new(NullDevice::new(size)))
+}
+
+/// nbdkit's pattern plugin: each 8-byte word holds its offset.
+pub fn open_pattern(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
+    Ok(Arc::new(PatternDevice::new(size_arg(
+        "pattern",
+        &kv["size"],
+    )?)))
+}
+
+/// nbdkit's curl plugin (as `http` and `curl`): a URL by range requests.
+pub fn open_http(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
+    let mut opts = diskit_http::HttpOptions::default();
+    for (k, v) in kv.iter().filter(|(k, _)| *k != "url") {
+        for value in v.split(LIST_SEPARATOR) {
+            opts.set(k, value)?;
+        }
+    }
+    Ok(Arc::new(diskit_http::HttpDevice::open(&kv["url"], &opts)?))
+}
+
+fn open_image_plugin(kv: &PluginArgs, readonly: bool, base: &OpenOptions) -> Result<Opened> {
+    let name = &kv["file"];
+    let format = kv.get("format").map(|f| Format::from_name(f)).transpose()?;
+    let l2_cache_size = match kv.get("l2-cache-size") {
+        Some(v) => Some(size_arg("image", v)?),
+        None => None,
+    };
+    // qemu-nbd's --cache modes that mean something here: the page cache
+    // or not, and flushes kept or dropped.
+    let (direct, no_flush) = match kv.get("cache").map(String::as_str) {
+        None | Some("writeback") => (false, false),
+        Some("none") => (true, false),
+        Some("unsafe") => (false, true),
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "image: cache={other}: expected none, writeback or unsafe"
+            )));
+        }
+    };
+    let opts = OpenOptions {
+        writable: !readonly,
+        l2_cache_size,
+        direct,
+        no_flush,
+        ..base.clone()
+    };
+    let image = crate::open_image(name, format, opts)
+        .map_err(|e| Error::new(e.kind(), format!("Could not open '{name}': {e}")))?;
+    Ok(Opened {
+        device: image.device.clone(),
+        image: Some(image),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn magic_keys_and_errors() {
+        let kv = parse_args("image", &args(&["disk.qcow2", "format=qcow2"])).unwrap();
+        assert_eq!(kv["file"], "disk.qcow2");
+        assert_eq!(kv["format"], "qcow2");
+        let kv = parse_args("file", &args(&["/tmp/a=b"])).unwrap();
+        assert_eq!(kv["file"], "/tmp/a=b", "not a key: bare value");
+        assert_eq!(
+            parse_args("memory", &args(&["size=1M"])).unwrap()["size"],
+            "1M"
+        );
+        assert!(parse_args("memory", &args(&[])).is_err());
+        assert!(parse_args("memory", &args(&["1M", "2M"])).is_err());
+        assert!(parse_args("memory", &args(&["colour=red"])).is_err());
+        assert!(parse_args("nope", &args(&[])).is_err());
+        let kv = parse_args("image", &args(&["d.qcow2", "l2-cache-size=1M"])).unwrap();
+        assert_eq!(kv["l2-cache-size"], "1M");
+        let base = OpenOptions::default();
+        assert!(
+            open_plugin(
+                "image",
+                &args(&["d.qcow2", "l2-cache-size=lots"]),
+                true,
+                &base
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn every_plugin_is_found_once_by_its_name() {
+        let names: Vec<&str> = all().map(|p| p.name).collect();
+        for n in [
+            "file", "memory", "null", "pattern", "nbd", "http", "curl", "image",
+        ] {
+            assert_eq!(
+                names.iter().filter(|m| **m == n).count(),
+                1,
+                "{n}: {names:?}"
+            );
+        }
+    }
+}
