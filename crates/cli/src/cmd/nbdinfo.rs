@@ -8,12 +8,12 @@ use std::process::{Command, Stdio};
 use crate::CmdResult;
 use crate::util::CliError;
 use diskit_core::BlockDevice;
+use diskit_nbd::client::NbdClient;
 use diskit_nbd::client::command::{self, Subprocess};
-use diskit_nbd::client::conn::Stream;
-use diskit_nbd::client::handshake::{self, ExportInfo, Greeting};
+use diskit_nbd::client::handshake::ExportInfo;
+use diskit_nbd::client::probe::{Probe, ProbeError};
 use diskit_nbd::client::tls::ClientTls;
 use diskit_nbd::client::uri::{Address, NbdUri};
-use diskit_nbd::client::{NbdClient, connect_stream};
 use diskit_nbd::proto::consts::*;
 
 /// Arguments of `nbdinfo`.
@@ -98,70 +98,27 @@ fn export_uri(u: &NbdUri, export: &str) -> String {
     }
 }
 
-/// Connects, with STARTTLS first when `tls` (a server that cannot do it
-/// is an error); returns the stream, encrypted with `tls`, and the
-/// greeting.
-fn open(u: &NbdUri, tls: Option<&ClientTls>) -> Result<(Stream, Greeting), CliError> {
-    // libnbd's words for a server that cannot be reached.
-    let mut s: Stream = connect_stream(u)
-        .map_err(|e| CliError::new(format!("nbdinfo: nbd_connect_uri: connect: {}", e.detail())))?;
-    let greeting = handshake::hello(&mut s).map_err(err)?;
-    let Some(tls) = tls else {
-        return Ok((s, greeting));
-    };
-    if !matches!(greeting, Greeting::Newstyle { fixed: true, .. }) {
-        return Err(CliError::new(format!(
-            "nbdinfo: TLS needs a server that speaks fixed newstyle; this one speaks {}",
-            greeting.protocol()
-        )));
-    }
-    Ok((tls.start(s).map_err(err)?, greeting))
+/// Connects and greets (TLS started when the URI asks), in libnbd's
+/// words for a server that cannot be reached.
+fn open(u: &NbdUri, tls: Option<&ClientTls>) -> Result<Probe, CliError> {
+    Probe::connect(u, tls).map_err(|e| match e {
+        ProbeError::Connect(e) => {
+            CliError::new(format!("nbdinfo: nbd_connect_uri: connect: {}", e.detail()))
+        }
+        ProbeError::Talk(e) => err(e),
+    })
 }
 
 /// Connects and negotiates up to GO on `export`, listing its contexts.
 fn inspect(u: &NbdUri, tls: Option<&ClientTls>, export: &str) -> Result<Export, CliError> {
-    let (mut s, greeting) = open(u, tls)?;
-    let (info, structured, contexts) = match &greeting {
-        Greeting::Oldstyle(info) => (info.clone(), false, Vec::new()),
-        Greeting::Newstyle {
-            fixed: false,
-            no_zeroes,
-        } => (
-            handshake::export_name(&mut s, export, *no_zeroes).map_err(err)?,
-            false,
-            Vec::new(),
-        ),
-        Greeting::Newstyle { no_zeroes, .. } => {
-            let structured = handshake::structured_replies(&mut s).map_err(err)?;
-            let contexts = if structured {
-                handshake::list_meta_contexts(&mut s, export).map_err(err)?
-            } else {
-                Vec::new()
-            };
-            let info = handshake::go(&mut s, export, *no_zeroes).map_err(err)?;
-            (info, structured, contexts)
-        }
-    };
-    // Leave politely: NBD_CMD_DISC.
-    let disc = diskit_nbd::proto::request::RequestHeader {
-        flags: 0,
-        command: CMD_DISC,
-        cookie: 0,
-        offset: 0,
-        length: 0,
-        extended: false,
-    };
-    let _ = s.write_all(&disc.encode());
-    let _ = s.flush();
-    let tls = s.is_tls();
-    s.close();
+    let r = open(u, tls)?.inspect(export).map_err(err)?;
     Ok(Export {
-        name: export.to_string(),
-        protocol: greeting.protocol(),
-        tls,
-        info,
-        structured,
-        contexts,
+        name: r.name,
+        protocol: r.protocol,
+        tls: r.tls,
+        info: r.info,
+        structured: r.structured,
+        contexts: r.contexts,
         content: None,
         uri: export_uri(u, export),
     })
@@ -499,16 +456,7 @@ pub fn run(mut a: Args) -> CmdResult {
         return Ok(if yes { 0 } else { 2 });
     }
     let names = if a.list {
-        let (mut s, greeting) = open(&u, tls.as_ref())?;
-        if !matches!(greeting, Greeting::Newstyle { fixed: true, .. }) {
-            return Err(CliError::new(format!(
-                "nbdinfo: a server that speaks {} cannot list its exports",
-                greeting.protocol()
-            )));
-        }
-        let list = handshake::list_exports(&mut s).map_err(err)?;
-        handshake::abort(&mut s);
-        s.close();
+        let list = open(&u, tls.as_ref())?.list_exports().map_err(err)?;
         list.into_iter().map(|(n, _)| n).collect()
     } else {
         vec![u.export.clone()]

@@ -12,6 +12,7 @@
 pub mod command;
 pub mod conn;
 pub mod handshake;
+pub mod probe;
 mod splice;
 pub mod tls;
 pub mod uri;
