@@ -16,6 +16,7 @@
 
 pub mod create;
 pub mod gate;
+pub mod local;
 mod nbd_plugin;
 pub mod objects;
 pub mod plugin;

@@ -290,7 +290,7 @@ pub fn run(a: Args) -> CmdResult {
                 "Protocol driver 'null-co' does not support image creation",
             ));
         }
-        let null: DeviceRef = Arc::new(diskit_backends::NullDevice::new(total));
+        let null: DeviceRef = diskit_open::local::null_sink(total);
         let how = How {
             target_is_zero: a.target_is_zero,
             zeros_from: u64::MAX,

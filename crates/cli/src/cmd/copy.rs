@@ -15,7 +15,6 @@ use std::sync::Arc;
 use crate::CmdResult;
 use crate::progress::{CopyProgressTo, ProgressPrinter};
 use crate::util::CliError;
-use diskit_backends::{FileDevice, FileOptions, NullDevice};
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::{BlockDevice, DeviceRef, Filtered, WriteFlags, ZeroFlags};
 use diskit_filters::noextents::Noextents;
@@ -167,7 +166,7 @@ enum Opened {
     Stream(std::fs::File),
     /// A regular file the destination truncated (it grows as written
     /// when the source's size is unknown).
-    File(FileDevice),
+    File(diskit_core::StorageRef),
 }
 
 /// An I/O error on `what`, as nbdcopy words it (`PATH: strerror`).
@@ -210,13 +209,10 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
             let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
             let ft = meta.file_type();
             if ft.is_file() || ft.is_block_device() {
-                let dev = open_file(path, false)?;
                 // The copy never writes its own source, by any name.
-                if let Some(fd) = diskit_core::Storage::fd(&dev) {
-                    diskit_backends::image_lock::hold_as_source(fd, path)
-                        .map_err(|e| CliError::new(format!("{path}: {e}")))?;
-                }
-                Ok(Opened::Device(Arc::new(dev)))
+                let dev = diskit_open::local::open_source(path)
+                    .map_err(|e| CliError::new(format!("{path}: {e}")))?;
+                Ok(Opened::Device(dev))
             } else {
                 let f = std::fs::File::open(path).map_err(|e| io_error(path, &e))?;
                 Ok(Opened::Stream(f))
@@ -224,18 +220,6 @@ fn open_source(side: &Side, connections: usize) -> Result<Opened, CliError> {
         }
         _ => unreachable!("sources are pipes, files or NBD"),
     }
-}
-
-/// A regular file or block device, as raw bytes.
-fn open_file(path: &str, writable: bool) -> Result<FileDevice, CliError> {
-    FileDevice::open(
-        path,
-        FileOptions {
-            writable,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| CliError::new(format!("{path}: {e}")))
 }
 
 fn stdin_file() -> Result<std::fs::File, CliError> {
@@ -269,7 +253,9 @@ fn open_destination(
     }
     match side {
         Side::Null => Ok((
-            Opened::Device(Arc::new(NullDevice::new(src_size.unwrap_or(u64::MAX >> 1)))),
+            Opened::Device(diskit_open::local::null_sink(
+                src_size.unwrap_or(u64::MAX >> 1),
+            )),
             true,
         )),
         Side::Pipe => {
@@ -303,21 +289,15 @@ fn open_destination(
             // Not the source under another name, and not a file another
             // process uses (QEMU's locks, held until the copy ends); only
             // then emptied.
-            let rw = FileOptions {
-                writable: true,
-                ..Default::default()
-            };
-            let dev = FileDevice::adopt(file, std::path::Path::new(path), rw).map_err(at)?;
-            let (perm, unshare) = diskit_core::storage::lock::for_image(true, false);
-            diskit_core::Storage::lock_image(&dev, perm, unshare).map_err(at)?;
+            let dev = diskit_open::local::adopt_destination(file, path).map_err(at)?;
             if ft.is_file() {
                 use diskit_core::Preallocation::Off;
-                diskit_core::Storage::resize(&dev, 0, Off)
-                    .and_then(|()| diskit_core::Storage::resize(&dev, src_size.unwrap_or(0), Off))
+                dev.resize(0, Off)
+                    .and_then(|()| dev.resize(src_size.unwrap_or(0), Off))
                     .map_err(|e| CliError::new(format!("{path}: truncate: {e}")))?;
                 Ok((Opened::File(dev), true))
             } else {
-                Ok((Opened::Device(Arc::new(dev)), false))
+                Ok((Opened::Device(dev), false))
             }
         }
         Side::Uri(_) | Side::Command(_) => unreachable!("opened above"),
@@ -427,9 +407,7 @@ pub fn run(a: Args) -> CmdResult {
     };
     let result = match (src, dst) {
         (Opened::Device(src), Opened::Device(dst)) => into_device(src, dst, &mut sparse, opts_base),
-        (Opened::Device(src), Opened::File(dst)) => {
-            into_device(src, Arc::new(dst), &mut sparse, opts_base)
-        }
+        (Opened::Device(src), Opened::File(dst)) => into_device(src, dst, &mut sparse, opts_base),
         (Opened::Device(src), Opened::Stream(out)) => {
             let r = to_stream(&*src, out, request_size, &progress);
             let _ = src.close();
