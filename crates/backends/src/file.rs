@@ -22,32 +22,11 @@ use diskit_core::error::ResultExt;
 use crate::image_lock;
 use diskit_core::sync;
 use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Result, Storage, WriteFlags,
-    ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Extent, FileView, Result, Storage, StorageOptions,
+    WriteFlags, ZeroFlags,
 };
 
 use crate::sys;
-
-/// How a file is opened.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FileOptions {
-    /// Open for writing.
-    pub writable: bool,
-    /// Bypass the page cache (O_DIRECT); unaligned requests go through
-    /// aligned bounce buffers.
-    pub direct: bool,
-    /// Report the size rounded up to a whole 512-byte sector, the tail
-    /// reading as zeros (what QEMU's block layer shows of a raw file).
-    pub sector_size: bool,
-    /// Flushes do nothing (QEMU's cache=unsafe, `cache.no-flush`): for a
-    /// copy whose result is worthless if the host crashes before it ends.
-    pub no_flush: bool,
-    /// Extents of a read-only file come from its extent map (FIEMAP) when
-    /// it holds reserved space never written, which then reads as a hole
-    /// even after a reader pulled it into the page cache (where seeks, and
-    /// so qemu-img, call it data): what a copier's source wants.
-    pub unwritten_map: bool,
-}
 
 /// Seeks slower than this turn SEEK_DATA/SEEK_HOLE off for the file.
 const SLOW_SEEK: Duration = Duration::from_millis(50);
@@ -86,7 +65,7 @@ pub struct FileDevice {
     rotational: bool,
     /// SEEK_DATA/SEEK_HOLE still worth asking.
     seek_ok: AtomicBool,
-    /// See [`FileOptions::unwritten_map`].
+    /// See [`StorageOptions::host_zeros`].
     unwritten_map: bool,
     /// Whether a file whose blocks cover its length holds no unwritten
     /// (preallocated) ranges, which read as zeros although allocated:
@@ -135,7 +114,7 @@ fn could_not_create(e: std::io::Error, path: &Path) -> Error {
 
 impl FileDevice {
     /// Opens an existing file or block device.
-    pub fn open(path: impl AsRef<Path>, opts: FileOptions) -> Result<FileDevice> {
+    pub fn open(path: impl AsRef<Path>, opts: StorageOptions) -> Result<FileDevice> {
         let path = path.as_ref();
         // Refuse FIFOs, sockets and character devices before opening: opening
         // a FIFO would wait for a writer forever.
@@ -160,7 +139,7 @@ impl FileDevice {
     /// when `opts.writable`). It must be a regular file or a block device;
     /// a writable one must not be a source of the running command
     /// ([`image_lock::hold_as_source`]).
-    pub fn adopt(file: File, path: &Path, opts: FileOptions) -> Result<FileDevice> {
+    pub fn adopt(file: File, path: &Path, opts: StorageOptions) -> Result<FileDevice> {
         let meta = file.metadata()?;
         if !(meta.is_file() || meta.file_type().is_block_device()) {
             return Err(not_regular(path));
@@ -218,7 +197,7 @@ impl FileDevice {
         let dev = Self::from_file(
             file,
             path,
-            FileOptions {
+            StorageOptions {
                 writable: true,
                 ..Default::default()
             },
@@ -227,7 +206,7 @@ impl FileDevice {
         Ok(dev)
     }
 
-    fn from_file(file: File, path: &Path, opts: FileOptions) -> Result<FileDevice> {
+    fn from_file(file: File, path: &Path, opts: StorageOptions) -> Result<FileDevice> {
         let meta = file.metadata()?;
         let ft = meta.file_type();
         let block_device = ft.is_block_device();
@@ -248,7 +227,7 @@ impl FileDevice {
             meta.dev()
         };
         let unwritten_map =
-            opts.unwritten_map && !opts.writable && sys::extent_map_trusted(file.as_fd());
+            opts.host_zeros && !opts.writable && sys::extent_map_trusted(file.as_fd());
         Ok(FileDevice {
             rotational: is_rotational(rdev),
             file,
@@ -991,7 +970,7 @@ mod tests {
     fn rw(path: &Path) -> FileDevice {
         FileDevice::open(
             path,
-            FileOptions {
+            StorageOptions {
                 writable: true,
                 ..Default::default()
             },
@@ -1063,7 +1042,7 @@ mod tests {
         // Data still in the page cache only, over reserved space, is data.
         dev.write_at(&[5u8; 4096], 3 * MIB, WriteFlags::NONE)
             .unwrap();
-        let ro = FileDevice::open(&p, FileOptions::default()).unwrap();
+        let ro = FileDevice::open(&p, StorageOptions::default()).unwrap();
         let expect = vec![
             (false, MIB),
             (true, MIB),
@@ -1077,8 +1056,8 @@ mod tests {
         std::fs::read(&p).unwrap();
         let ro = FileDevice::open(
             &p,
-            FileOptions {
-                unwritten_map: true,
+            StorageOptions {
+                host_zeros: true,
                 ..Default::default()
             },
         )
@@ -1130,7 +1109,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r.raw");
         FileDevice::create(&p, 4096, Preallocation::Off).unwrap();
-        let dev = FileDevice::open(&p, FileOptions::default()).unwrap();
+        let dev = FileDevice::open(&p, StorageOptions::default()).unwrap();
         let e = dev.write_at(&[1], 0, WriteFlags::NONE).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::PermissionDenied);
         assert!(!dev.capabilities().can_write);
@@ -1140,7 +1119,7 @@ mod tests {
     /// `p` opened writable with O_DIRECT, or None where the file system
     /// refuses it (tmpfs and some others).
     fn open_direct(p: &Path) -> Option<FileDevice> {
-        let opts = FileOptions {
+        let opts = StorageOptions {
             writable: true,
             direct: true,
             ..Default::default()

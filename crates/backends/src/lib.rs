@@ -13,7 +13,7 @@ pub mod null;
 pub mod pattern;
 mod sys;
 
-pub use file::{FileDevice, FileOptions, Preallocation};
+pub use file::{FileDevice, Preallocation};
 pub use memory::MemoryDevice;
 pub use null::NullDevice;
 pub use pattern::PatternDevice;

@@ -231,31 +231,12 @@ pub fn local_copy_workers() -> usize {
     cores.clamp(2, 8)
 }
 
-/// What a cache mode asks for.
-pub struct CacheMode {
-    /// Bypass the host page cache.
-    pub direct: bool,
-    /// Flush when done.
-    pub flush: bool,
-}
+pub use diskit_core::CacheMode;
 
 /// Parses a cache mode (`-t`/`-T`), `default` when absent.
 pub fn cache_mode(s: Option<&str>, default: &str) -> Result<CacheMode, CliError> {
-    match s.unwrap_or(default) {
-        "unsafe" => Ok(CacheMode {
-            direct: false,
-            flush: false,
-        }),
-        "writeback" | "writethrough" => Ok(CacheMode {
-            direct: false,
-            flush: true,
-        }),
-        "none" | "directsync" => Ok(CacheMode {
-            direct: true,
-            flush: true,
-        }),
-        other => Err(CliError::new(format!("Invalid cache option: {other}"))),
-    }
+    let name = s.unwrap_or(default);
+    CacheMode::parse(name).ok_or_else(|| CliError::new(format!("Invalid cache option: {name}")))
 }
 
 /// A number as qemu-img's `cvtnum` reads it: digits with an optional

@@ -32,4 +32,4 @@ pub use device::{
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};
 pub use filter::{Filter, Filtered, Route};
-pub use storage::{Preallocation, Storage, StorageRef};
+pub use storage::{CacheMode, Preallocation, Storage, StorageOptions, StorageRef};

@@ -50,6 +50,78 @@ impl Preallocation {
     }
 }
 
+/// How storage is opened: one value from the command line (`-t`/`-T`,
+/// `cache.*` keys, serve's `cache=`) down to the bytes, whatever the
+/// storage (a file, an NBD export, an http source).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageOptions {
+    /// Open for writing.
+    pub writable: bool,
+    /// Bypass the host page cache (O_DIRECT; unaligned requests go
+    /// through aligned bounce buffers).
+    pub direct: bool,
+    /// Flushes do nothing (QEMU's cache=unsafe, `cache.no-flush`): for a
+    /// copy whose result is worthless if the host crashes before it ends.
+    pub no_flush: bool,
+    /// Report the size rounded up to a whole 512-byte sector, the tail
+    /// reading as zeros (what QEMU's raw format shows of a file).
+    pub sector_size: bool,
+    /// Space reserved and never written is reported as zeros even after a
+    /// reader pulled it into the page cache (where seeks, and so
+    /// qemu-img, call it data): what a copier's source wants. Read-only
+    /// opens only.
+    pub host_zeros: bool,
+    /// Connections to keep to storage reached over a network (0: its
+    /// default): an NBD export that allows multi-conn gets up to this
+    /// many, an http source a pool of four range requests per connection
+    /// asked for (what nbdcopy keeps in flight).
+    pub connections: usize,
+}
+
+impl StorageOptions {
+    /// Options for reading (`writable` false) or writing, nothing else.
+    pub fn writable(writable: bool) -> StorageOptions {
+        StorageOptions {
+            writable,
+            ..StorageOptions::default()
+        }
+    }
+
+    /// These options with `mode`'s page cache and flush behaviour.
+    pub fn with_cache(self, mode: CacheMode) -> StorageOptions {
+        StorageOptions {
+            direct: mode.direct,
+            no_flush: mode.no_flush,
+            ..self
+        }
+    }
+}
+
+/// A cache mode as QEMU names them (qemu-img's `-t`/`-T`, qemu-nbd's
+/// `--cache`, serve's `cache=`): whether the host page cache is bypassed
+/// and whether flushes reach the storage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheMode {
+    /// Bypass the host page cache.
+    pub direct: bool,
+    /// Flushes do nothing.
+    pub no_flush: bool,
+}
+
+impl CacheMode {
+    /// The mode called `name` (`none`, `directsync`, `writeback`,
+    /// `writethrough`, `unsafe`), or `None`.
+    pub fn parse(name: &str) -> Option<CacheMode> {
+        let (direct, no_flush) = match name {
+            "none" | "directsync" => (true, false),
+            "writeback" | "writethrough" => (false, false),
+            "unsafe" => (false, true),
+            _ => return None,
+        };
+        Some(CacheMode { direct, no_flush })
+    }
+}
+
 /// The bytes under an image format. Every [`BlockDevice`] operation works
 /// as on any device (writes within `0..size()`); the methods here add what
 /// formats need beyond that. Defaults suit storage of a fixed size.

@@ -115,7 +115,7 @@ impl CowFile {
         let file: StorageRef = Arc::new(
             diskit_backends::FileDevice::open(
                 &path,
-                diskit_backends::FileOptions {
+                diskit_core::StorageOptions {
                     writable: true,
                     ..Default::default()
                 },

@@ -137,12 +137,14 @@ mod tests {
 
     #[test]
     fn file_views_pass_only_through_filters_that_keep_reads() {
-        use diskit_backends::{FileDevice, FileOptions};
+        use diskit_backends::FileDevice;
+        use diskit_core::StorageOptions;
         use std::os::unix::fs::FileExt;
         let f = tempfile::NamedTempFile::new().unwrap();
         let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 253) as u8).collect();
         std::fs::write(f.path(), &data).unwrap();
-        let file: DeviceRef = Arc::new(FileDevice::open(f.path(), FileOptions::default()).unwrap());
+        let file: DeviceRef =
+            Arc::new(FileDevice::open(f.path(), StorageOptions::default()).unwrap());
         let one = |name: &str, params: &[(&str, &str)]| {
             let spec = FilterSpec::parse(name, &kv(params)).unwrap();
             stack(&[spec], file.clone(), false).unwrap()

@@ -13,7 +13,7 @@ use diskit_core::{Error, Result, StorageRef, ZeroFlags};
 use diskit_formats::creation::NewFiles;
 use diskit_formats::{Creation, Format, OptionList};
 
-use crate::protocol::{self, Made, ProtocolMode};
+use crate::protocol::{self, Made, StorageOptions};
 use crate::spec::{Spec, Value};
 
 /// The storage a new image and the files it names are made on, by name.
@@ -73,7 +73,7 @@ impl NewFiles for Targets {
             Made::Existing => {
                 let mut node = Spec::default();
                 node.set("filename", Value::Str(name.to_string()));
-                let mode = ProtocolMode {
+                let mode = StorageOptions {
                     writable: true,
                     ..Default::default()
                 };

@@ -44,7 +44,7 @@ pub use diskit_formats::{
 pub use objects::define_object;
 
 use gate::{Role, Trust};
-use protocol::{Protocol, ProtocolMode};
+use protocol::{Protocol, StorageOptions};
 use spec::{Spec, Value};
 
 /// Backing chains deeper than this are refused (a loop that escaped
@@ -71,7 +71,7 @@ pub fn open_image_opts(text: &str, opts: OpenOptions) -> Result<Image> {
 pub fn open_storage(name: &str, writable: bool) -> Result<StorageRef> {
     open_storage_with(
         name,
-        ProtocolMode {
+        StorageOptions {
             writable,
             ..Default::default()
         },
@@ -80,7 +80,7 @@ pub fn open_storage(name: &str, writable: bool) -> Result<StorageRef> {
 
 /// Opens the storage called `name` as `mode` says (a copy's sides: over
 /// several connections where the storage allows).
-pub fn open_storage_with(name: &str, mode: ProtocolMode) -> Result<StorageRef> {
+pub fn open_storage_with(name: &str, mode: StorageOptions) -> Result<StorageRef> {
     let proto = protocol::for_name(name)?;
     let mut node = Spec::default();
     node.set("filename", Value::Str(name.to_string()));
@@ -118,7 +118,7 @@ pub fn open_described_storage(
     let storage = protocol::open(
         proto,
         &node,
-        ProtocolMode {
+        StorageOptions {
             writable,
             ..Default::default()
         },
@@ -266,7 +266,7 @@ impl Chain {
         {
             opts.no_flush = true;
         }
-        let mode = ProtocolMode {
+        let mode = StorageOptions {
             sector_size: format.is_some_and(|f| f.driver().sector_sized()),
             ..mode_of(&opts, opts.writable)
         };
@@ -306,7 +306,7 @@ impl Chain {
             protocol::open(
                 file_proto,
                 &file_node,
-                ProtocolMode {
+                StorageOptions {
                     sector_size: true,
                     ..mode
                 },
@@ -547,13 +547,13 @@ fn guard(
 
 /// How the files of an image opened with `opts` are opened (`writable`
 /// or not).
-fn mode_of(opts: &OpenOptions, writable: bool) -> ProtocolMode {
-    ProtocolMode {
+fn mode_of(opts: &OpenOptions, writable: bool) -> StorageOptions {
+    StorageOptions {
         writable,
         direct: opts.direct,
         no_flush: opts.no_flush,
         host_zeros: opts.host_zeros,
-        ..ProtocolMode::default()
+        ..StorageOptions::default()
     }
 }
 

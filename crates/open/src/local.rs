@@ -7,13 +7,14 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_backends::{FileDevice, FileOptions, NullDevice};
+use diskit_backends::{FileDevice, NullDevice};
+use diskit_core::StorageOptions;
 use diskit_core::{DeviceRef, Result, StorageRef};
 
 /// A regular file or block device read as raw bytes, noted as a source
 /// of the running command.
 pub fn open_source(path: &str) -> Result<StorageRef> {
-    let dev = FileDevice::open(path, FileOptions::default())?;
+    let dev = FileDevice::open(path, StorageOptions::default())?;
     if let Some(fd) = diskit_core::Storage::fd(&dev) {
         diskit_backends::image_lock::hold_as_source(fd, path)?;
     }
@@ -24,7 +25,7 @@ pub fn open_source(path: &str) -> Result<StorageRef> {
 /// refused if it is a source of the command, then locked as a writer
 /// (QEMU's locks, held while it is open).
 pub fn adopt_destination(file: File, path: &str) -> Result<StorageRef> {
-    let rw = FileOptions {
+    let rw = StorageOptions {
         writable: true,
         ..Default::default()
     };

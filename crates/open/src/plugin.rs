@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_backends::{FileDevice, FileOptions, MemoryDevice, NullDevice, PatternDevice};
+use diskit_backends::{FileDevice, MemoryDevice, NullDevice, PatternDevice};
+use diskit_core::StorageOptions;
 use diskit_core::size::parse_size;
 use diskit_core::{DeviceRef, Error, Result};
 
@@ -205,9 +206,9 @@ pub fn open_file(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
             format!("realpath: {}: {}", path.display(), e.detail()),
         )
     })?;
-    let opts = FileOptions {
+    let opts = StorageOptions {
         writable: !readonly,
-        ..FileOptions::default()
+        ..StorageOptions::default()
     };
     let fail = |e: Error| Error::new(e.kind(), format!("file: {}: {e}", path.display()));
     let f = FileDevice::open(path, opts).map_err(fail)?;
@@ -262,16 +263,21 @@ fn open_image_plugin(kv: &PluginArgs, readonly: bool, base: &OpenOptions) -> Res
     };
     // qemu-nbd's --cache modes that mean something here: the page cache
     // or not, and flushes kept or dropped.
-    let (direct, no_flush) = match kv.get("cache").map(String::as_str) {
-        None | Some("writeback") => (false, false),
-        Some("none") => (true, false),
-        Some("unsafe") => (false, true),
-        Some(other) => {
-            return Err(Error::invalid(format!(
-                "image: cache={other}: expected none, writeback or unsafe"
-            )));
-        }
-    };
+    // (qemu-nbd's --cache takes these three.)
+    let cache = match kv.get("cache").map(String::as_str) {
+        None => Some(diskit_core::CacheMode::default()),
+        Some(m) => ["none", "writeback", "unsafe"]
+            .contains(&m)
+            .then(|| diskit_core::CacheMode::parse(m))
+            .flatten(),
+    }
+    .ok_or_else(|| {
+        Error::invalid(format!(
+            "image: cache={}: expected none, writeback or unsafe",
+            kv["cache"]
+        ))
+    })?;
+    let (direct, no_flush) = (cache.direct, cache.no_flush);
     let opts = OpenOptions {
         writable: !readonly,
         l2_cache_size,

@@ -11,35 +11,14 @@
 
 use std::sync::Arc;
 
-use diskit_backends::{FileDevice, FileOptions, NullDevice};
+use diskit_backends::{FileDevice, NullDevice};
+pub use diskit_core::StorageOptions;
 use diskit_core::storage::has_protocol;
 use diskit_core::{Error, Result, StorageRef};
 use diskit_formats::options::{bool_value, size_value};
 
 use crate::plugin::{self, Plugin, PluginOpen};
 use crate::spec::{NodeKind, Spec};
-
-/// How the storage is opened.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProtocolMode {
-    /// Open for writing.
-    pub writable: bool,
-    /// Bypass the host page cache.
-    pub direct: bool,
-    /// Round the size up to whole sectors (what QEMU's raw shows of a file).
-    pub sector_size: bool,
-    /// Flushes do nothing (cache=unsafe, `cache.no-flush`).
-    pub no_flush: bool,
-    /// Space reserved and never written is reported as zeros even after
-    /// a reader pulled it into the page cache (a copier's source; see
-    /// `OpenOptions::host_zeros`).
-    pub host_zeros: bool,
-    /// Connections to keep to storage reached over a network (0: its
-    /// default): an NBD export that allows multi-conn gets up to this
-    /// many, an http source a pool of four range requests per connection
-    /// asked for (what nbdcopy keeps in flight).
-    pub connections: usize,
-}
 
 /// A protocol driver.
 #[derive(Debug)]
@@ -58,7 +37,7 @@ pub struct Protocol {
     /// Opens the storage a node describes (QEMU's face: a name or a
     /// description selects it); `None` for sources only nbdkit's face
     /// reaches.
-    pub open: Option<fn(&Spec, ProtocolMode) -> Result<StorageRef>>,
+    pub open: Option<fn(&Spec, StorageOptions) -> Result<StorageRef>>,
     /// How a new image is made on it.
     pub made: Made,
     /// nbdkit's face: the plugins that serve it (`diskit serve NAME`).
@@ -268,7 +247,7 @@ pub fn strip_prefix<'a>(proto: &Protocol, name: &'a str) -> &'a str {
 
 /// Opens the storage a protocol node describes, refusing keys it does not
 /// take.
-pub fn open(proto: &Protocol, node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
+pub fn open(proto: &Protocol, node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     node.check_keys(
         NodeKind::Protocol,
         proto.name,
@@ -295,23 +274,13 @@ fn filename(node: &Spec, driver: &str) -> Result<String> {
     })
 }
 
-fn open_file(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
+fn open_file(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     let name = filename(node, "file")?;
     let path = name
         .strip_prefix("file:")
         .or_else(|| name.strip_prefix("host_device:"))
         .unwrap_or(&name);
-    let dev = FileDevice::open(
-        path,
-        FileOptions {
-            writable: mode.writable,
-            direct: mode.direct,
-            sector_size: mode.sector_size,
-            no_flush: mode.no_flush,
-            unwritten_map: mode.host_zeros && !mode.writable,
-        },
-    )?;
-    Ok(Arc::new(dev))
+    Ok(Arc::new(FileDevice::open(path, mode)?))
 }
 
 /// The keys of QEMU's nbd driver that diskit takes: a URI
@@ -334,7 +303,7 @@ const NBD_KEYS: &[&str] = &[
 ];
 
 /// An NBD export, by URI or by structure.
-fn open_nbd(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
+fn open_nbd(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     use diskit_nbd::client::NbdClient;
     let mut uri = nbd_address(node)?;
     if let Some(id) = node.get("tls-creds") {
@@ -470,7 +439,7 @@ const HTTP_KEYS: &[&str] = &[
 
 /// A URL (read-only), as QEMU's curl drivers: `url` (or the whole name),
 /// `sslverify`, `cookie`, `timeout` (seconds), `username`.
-fn open_http(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
+fn open_http(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     let url = match node.get("url") {
         Some(u) => u.to_string(),
         None => filename(node, "http")?,
@@ -494,7 +463,7 @@ fn open_http(node: &Spec, mode: ProtocolMode) -> Result<StorageRef> {
 
 /// QEMU's null-co: `size` (default 1 GiB) and `read-zeroes` (default off:
 /// its contents are reported unknown, though diskit reads zeros anyway).
-fn open_null(node: &Spec, _mode: ProtocolMode) -> Result<StorageRef> {
+fn open_null(node: &Spec, _mode: StorageOptions) -> Result<StorageRef> {
     let size = match node.get("size") {
         Some(s) => size_value("size", s)?,
         None => 1 << 30,

@@ -135,7 +135,7 @@ pub fn run(a: Args) -> CmdResult {
         OpenOptions {
             writable: a.write,
             direct: cache.direct,
-            no_flush: !cache.flush,
+            no_flush: cache.no_flush,
             ..OpenOptions::default()
         },
     )?;

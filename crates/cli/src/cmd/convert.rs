@@ -374,7 +374,7 @@ fn copy_into(
     let opts = OpenOptions {
         writable: true,
         direct: cache.direct,
-        no_flush: !cache.flush,
+        no_flush: cache.no_flush,
         key_secret: created_secret,
         ..Default::default()
     };
@@ -450,7 +450,7 @@ fn copy_into(
         let done = crate::cmd::convert_io::offload::copy(src, &*dst.device, fd, how.target_is_zero)
             .map_err(|e| CliError::new(e.to_string()))?;
         if done {
-            if cache.flush {
+            if !cache.no_flush {
                 dst.device
                     .flush()
                     .map_err(|e| CliError::new(e.to_string()))?;
@@ -473,7 +473,7 @@ fn copy_into(
     } else {
         run_copy(a, src, &device, &how)?;
     }
-    if cache.flush {
+    if !cache.no_flush {
         dst.device
             .flush()
             .map_err(|e| CliError::new(e.to_string()))?;

@@ -187,7 +187,7 @@ fn open_network(
 ) -> Result<Option<DeviceRef>, CliError> {
     Ok(match side {
         Side::Uri(name) | Side::Http(name) => {
-            let mode = diskit_open::protocol::ProtocolMode {
+            let mode = diskit_open::protocol::StorageOptions {
                 writable,
                 connections,
                 ..Default::default()

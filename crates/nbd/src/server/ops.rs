@@ -676,7 +676,8 @@ mod tests {
     /// A connection to a raw file holding 300 KiB of data, a 200 KiB hole
     /// and 100 KiB of data.
     fn file_conn(style: ReplyStyle) -> (Conn, tempfile::NamedTempFile, Vec<u8>) {
-        use diskit_backends::{FileDevice, FileOptions};
+        use diskit_backends::FileDevice;
+        use diskit_core::StorageOptions;
         let f = tempfile::NamedTempFile::new().unwrap();
         let mut want = vec![0u8; 600 << 10];
         for (i, b) in want.iter_mut().enumerate() {
@@ -698,7 +699,7 @@ mod tests {
                 200 << 10,
             );
         }
-        let dev = FileDevice::open(f.path(), FileOptions::default()).unwrap();
+        let dev = FileDevice::open(f.path(), StorageOptions::default()).unwrap();
         let export = Arc::new(Export::new("", Arc::new(dev)));
         let conn = Conn {
             device: export.device().clone(),

@@ -1,6 +1,7 @@
 use std::process::Command;
 
-use diskit_backends::{FileDevice, FileOptions};
+use diskit_backends::FileDevice;
+use diskit_core::StorageOptions;
 
 use super::*;
 
@@ -26,7 +27,7 @@ fn bitmap_space_is_what_qemu_img_measures() {
     let open = || {
         FileDevice::open(
             &img,
-            FileOptions {
+            StorageOptions {
                 writable: false,
                 ..Default::default()
             },
@@ -82,7 +83,7 @@ fn bitmap_space_is_what_qemu_img_measures() {
         v2.to_str().unwrap(),
         "1M",
     ]);
-    let dev = FileDevice::open(&v2, FileOptions::default()).unwrap();
+    let dev = FileDevice::open(&v2, StorageOptions::default()).unwrap();
     assert_eq!(source_bitmaps_size(&dev, 1 << 20, 65536).unwrap(), None);
 }
 

@@ -1,7 +1,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use diskit_backends::{FileDevice, FileOptions};
+use diskit_backends::FileDevice;
+use diskit_core::StorageOptions;
 
 use super::*;
 use crate::qcow2::open::read_header;
@@ -19,7 +20,7 @@ fn run(tool: &str, args: &[&str]) {
 }
 
 fn open(p: &Path) -> (FileDevice, Header) {
-    let f = FileDevice::open(p, FileOptions::default()).unwrap();
+    let f = FileDevice::open(p, StorageOptions::default()).unwrap();
     let h = read_header(&f).unwrap();
     (f, h)
 }
