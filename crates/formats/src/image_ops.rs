@@ -17,8 +17,7 @@ use crate::implied::Named;
 use crate::info::{FormatInfo, SnapshotInfo};
 use crate::{Format, OptionList, Prealloc};
 
-pub use crate::qcow2::bitmap_bits::Bits;
-pub use crate::qcow2::bitmap_store::NewBitmap;
+pub use crate::bits::Bits;
 
 /// An operation a format may offer beyond reading and writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,4 +280,14 @@ pub trait FormatImage: Send + Sync {
     fn make_empty(&self) -> Result<Option<AfterClose>> {
         Err(unsupported_op(self.format().name(), "emptying"))
     }
+}
+
+/// A request to add a bitmap (`convert --bitmaps`).
+pub struct NewBitmap {
+    /// Name.
+    pub name: String,
+    /// Whether it tracks writes.
+    pub enabled: bool,
+    /// Its bits.
+    pub bits: Bits,
 }

@@ -7,6 +7,7 @@
 //! lives in its own module; raw is the identity mapping, so a raw image is
 //! its storage.
 
+pub mod bits;
 mod chain;
 pub mod check;
 pub mod creation;
@@ -24,6 +25,7 @@ pub mod probe;
 pub mod qcow2;
 pub mod qed;
 pub mod raw;
+pub mod table;
 pub mod vdi;
 pub mod vhdx;
 pub mod vmdk;

@@ -2,7 +2,7 @@
 //!
 //! Every format QEMU recognises has a probe here, scored as QEMU scores it
 //! (the highest score wins; raw scores 1), and a row in
-//! [`FORMATS`](crate::driver::FORMATS). A format diskit recognises but does
+//! [`FORMATS`](crate::table::FORMATS). A format diskit recognises but does
 //! not read yet is refused by name: a container is never read as raw
 //! because its driver is missing.
 

@@ -142,13 +142,13 @@ impl crate::driver::FormatDriver for RawDriver {
         options: &OptionList,
         size: Option<u64>,
         source: Option<&crate::Image>,
-    ) -> Result<crate::qcow2::measure::Measurement> {
+    ) -> Result<crate::driver::Measurement> {
         options.check_known(CREATE_OPTIONS)?;
         let v = match (source, size) {
             (Some(img), _) => img.virtual_size(),
             (None, s) => s.unwrap_or(0).div_ceil(512) * 512,
         };
-        Ok(crate::qcow2::measure::Measurement {
+        Ok(crate::driver::Measurement {
             required: v,
             fully_allocated: v,
             bitmaps: None,

@@ -217,7 +217,7 @@ impl FormatDriver for LuksDriver {
         options: &OptionList,
         size: Option<u64>,
         source: Option<&crate::Image>,
-    ) -> Result<crate::qcow2::measure::Measurement> {
+    ) -> Result<crate::driver::Measurement> {
         let opts = create::LuksCreateOptions::parse(options)?;
         let v = match (source, size) {
             (Some(img), _) => img.virtual_size(),
@@ -225,7 +225,7 @@ impl FormatDriver for LuksDriver {
         };
         let v = v.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
         let total = create::payload_offset(&opts.plan()?) + v;
-        Ok(crate::qcow2::measure::Measurement {
+        Ok(crate::driver::Measurement {
             required: total,
             fully_allocated: total,
             bitmaps: None,

@@ -21,6 +21,7 @@ use super::layout::{HostCluster, HostOffset};
 use super::meta::Meta;
 use super::open::read_header;
 use super::table::{read_u64_table, u64_table_bytes};
+use crate::image_ops::NewBitmap;
 
 /// The bitmaps of an image open for writing.
 #[derive(Debug, Default)]
@@ -63,16 +64,6 @@ pub enum Plan {
         /// Its bits (granularity and size included).
         bits: Bits,
     },
-}
-
-/// A request to add a bitmap (`convert --bitmaps`).
-pub struct NewBitmap {
-    /// Name.
-    pub name: String,
-    /// Whether it tracks writes.
-    pub enabled: bool,
-    /// Its bits.
-    pub bits: Bits,
 }
 
 impl Qcow2 {

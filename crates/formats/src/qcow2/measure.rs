@@ -11,16 +11,7 @@ use diskit_core::{BlockDevice, Error, Result};
 use super::create::{Qcow2CreateOptions, Version, invalid};
 use super::create_layout::{Geometry, Prealloc, refcount_metadata_size};
 
-/// The result of a measurement, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Measurement {
-    /// Space needed for the image as converted (allocated data only).
-    pub required: u64,
-    /// Space needed with every cluster allocated.
-    pub fully_allocated: u64,
-    /// Space for persistent bitmaps, when both sides support them.
-    pub bitmaps: Option<u64>,
-}
+pub use crate::driver::Measurement;
 
 /// Total bytes of a fully allocated image of `size` bytes
 /// (`qcow2_calc_prealloc_size`).
