@@ -138,7 +138,7 @@ static SOURCES: Mutex<Vec<(FileId, String)>> = Mutex::new(Vec::new());
 /// sources until it exits.
 pub fn hold_as_source(fd: BorrowedFd<'_>, location: &str) -> Result<()> {
     let id = FileId::of(fd)?;
-    let mut sources = SOURCES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut sources = diskit_core::sync::lock(&SOURCES);
     if !sources.iter().any(|(s, _)| *s == id) {
         sources.push((id, location.to_string()));
     }
@@ -152,12 +152,12 @@ pub fn hold_as_source(fd: BorrowedFd<'_>, location: &str) -> Result<()> {
 pub fn refuse_if_source(file: &File, location: &str) -> Result<()> {
     // Commands without sources (servers, create without a backing file)
     // pay nothing.
-    if SOURCES.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+    if diskit_core::sync::lock(&SOURCES).is_empty() {
         return Ok(());
     }
     let id = FileId::of(file.as_fd())?;
     let source = {
-        let sources = SOURCES.lock().unwrap_or_else(|p| p.into_inner());
+        let sources = diskit_core::sync::lock(&SOURCES);
         match sources.iter().find(|(s, _)| *s == id) {
             None => return Ok(()),
             Some((_, name)) => name.clone(),

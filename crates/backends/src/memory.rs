@@ -63,7 +63,7 @@ impl MemoryDevice {
 
     fn zero_range(&self, offset: u64, len: u64) {
         Self::pieces(offset, len, |page, in_page, _, n| {
-            let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
+            let mut shard = diskit_core::sync::write(self.shard(page));
             if n as u64 == PAGE {
                 shard.remove(&page);
             } else if let Some(p) = shard.get_mut(&page) {
@@ -89,7 +89,7 @@ impl BlockDevice for MemoryDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.size(), offset, buf.len() as u64)?;
         Self::pieces(offset, buf.len() as u64, |page, in_page, at, n| {
-            let shard = self.shard(page).read().unwrap_or_else(|p| p.into_inner());
+            let shard = diskit_core::sync::read(self.shard(page));
             match shard.get(&page) {
                 Some(p) => buf[at..at + n].copy_from_slice(&p[in_page..in_page + n]),
                 None => buf[at..at + n].fill(0),
@@ -101,7 +101,7 @@ impl BlockDevice for MemoryDevice {
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
         check_range(self.size(), offset, buf.len() as u64)?;
         Self::pieces(offset, buf.len() as u64, |page, in_page, at, n| {
-            let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
+            let mut shard = diskit_core::sync::write(self.shard(page));
             let p = shard
                 .entry(page)
                 .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());

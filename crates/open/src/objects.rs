@@ -165,7 +165,7 @@ pub fn define_object(text: &str) -> Result<()> {
         verify_peer,
         username: get("username").unwrap_or("qemu").to_string(),
     };
-    let mut objects = tls_objects().write().unwrap_or_else(|p| p.into_inner());
+    let mut objects = diskit_core::sync::write(tls_objects());
     if objects.contains_key(id) {
         return Err(Error::invalid(format!(
             "attempt to add duplicate property '{id}' to object (type 'container')"

@@ -189,7 +189,7 @@ pub fn run(a: Args) -> CmdResult {
                             "request past the end of the image",
                         ))
                     } else {
-                        let _shared = drain.read().unwrap_or_else(|p| p.into_inner());
+                        let _shared = diskit_core::sync::read(&drain);
                         if a.write {
                             dev.write_at(&buf, at, WriteFlags::NONE)
                         } else {
@@ -202,7 +202,7 @@ pub fn run(a: Args) -> CmdResult {
                             if a.no_drain {
                                 dev.flush()
                             } else {
-                                let _alone = drain.write().unwrap_or_else(|p| p.into_inner());
+                                let _alone = diskit_core::sync::write(&drain);
                                 dev.flush()
                             }
                         } else {
@@ -211,7 +211,7 @@ pub fn run(a: Args) -> CmdResult {
                     });
                     if let Err(e) = r {
                         failed.store(true, Ordering::Relaxed);
-                        let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut slot = diskit_core::sync::lock(&first_error);
                         slot.get_or_insert(e);
                         return;
                     }

@@ -239,7 +239,7 @@ impl NbdClient {
         let client = Self::connect_to(parsed, &[BASE_ALLOCATION])?;
         let more = client.open_more(connections.saturating_sub(1))?;
         {
-            let mut guard = client.links.write().unwrap_or_else(|p| p.into_inner());
+            let mut guard = diskit_core::sync::write(&client.links);
             let links = Arc::get_mut(&mut guard).expect("a new client's links are its own");
             links.conns.extend(more);
             // Asked for explicitly: no more connections later.
@@ -309,7 +309,7 @@ impl NbdClient {
 
     /// The connections there are now.
     fn links(&self) -> Arc<Links> {
-        self.links.read().unwrap_or_else(|p| p.into_inner()).clone()
+        diskit_core::sync::read(&self.links).clone()
     }
 
     /// The next connection, round robin.
@@ -836,7 +836,7 @@ impl BlockDevice for NbdClient {
             ));
         }
         let conn = Connection::start_with(stream, neg.structured, neg.extended)?;
-        *self.links.write().unwrap_or_else(|p| p.into_inner()) = Links::new(vec![conn]);
+        *diskit_core::sync::write(&self.links) = Links::new(vec![conn]);
         Ok(())
     }
 

@@ -43,7 +43,7 @@ impl Cleanup {
     /// Closes the device stack and removes the files; later calls do
     /// nothing.
     pub fn run(&self) {
-        let parts = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let parts = diskit_core::sync::lock(&self.inner).take();
         let Some(mut p) = parts else { return };
         if let Some(f) = p.on_stop.take() {
             f();
