@@ -4,8 +4,8 @@
 //! storage, which is a [`BlockDevice`] that can also grow, be resized, read
 //! past its end as zeros (formats do not pad their metadata), and resolve
 //! the names an image stores (backing files, data files) against its own
-//! location. A local file is storage; so are memory and null devices, and
-//! an NBD export will be.
+//! location. A local file is storage; so are memory and null devices, an
+//! NBD export and an http source.
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;

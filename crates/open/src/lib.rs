@@ -1,9 +1,9 @@
 //! diskit-open: one opener that turns a name into storage → format →
 //! backing chain, for every tool.
 //!
-//! A name is a path, a protocol URI (`null-co://`, and the NBD client's
-//! `nbd://` to come), `json:{...}`, or qemu-img's `--image-opts` text. All
-//! of them become one [`spec::Spec`]; the protocol table
+//! A name is a path, a protocol URI (`nbd://`, `nbd+unix://`, `http://`,
+//! `null-co://`), `json:{...}`, or qemu-img's `--image-opts` text. All of
+//! them become one [`spec::Spec`]; the table of sources
 //! ([`protocol::PROTOCOLS`]) opens the storage, the probe table
 //! (`diskit_formats::probe`) picks the format, and the files an image names
 //! come back here through [`diskit_formats::implied::ImpliedFiles`], where
