@@ -223,7 +223,9 @@ fn run_single(tool: Tool, sub: &str, args: &[OsString]) -> u8 {
         Err(e) => return parse_failed(&e, Some(sub)),
     };
     let result = match sub {
-        "serve" => cmd::serve::Args::from_arg_matches(&matches).map(cmd::serve::run),
+        // nbdkit has no --untrusted or --image-opts: the default policy.
+        "serve" => cmd::serve::Args::from_arg_matches(&matches)
+            .map(|a| cmd::serve::run(a, util::OpenPolicy::default())),
         "copy" => cmd::copy::Args::from_arg_matches(&matches).map(cmd::copy::run),
         _ => cmd::nbdinfo::Args::from_arg_matches(&matches).map(cmd::nbdinfo::run),
     };
@@ -296,29 +298,30 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
             return 1;
         }
     }
-    util::set_open_policy(util::OpenPolicy {
+    let policy = util::OpenPolicy {
         image_opts: cli.image_opts,
         untrusted: cli.untrusted,
-    });
+        force_share: false,
+    };
     finish(match cli.command {
         Command::Create(a) => cmd::create::run(a),
-        Command::Info(a) => cmd::info::run(a),
-        Command::Map(a) => cmd::map::run(a),
-        Command::Compare(a) => cmd::compare::run(a),
-        Command::Convert(a) => cmd::convert::run(a),
-        Command::Resize(a) => cmd::resize::run(a),
-        Command::Measure(a) => cmd::measure::run(a),
-        Command::Amend(a) => cmd::amend::run(a),
-        Command::Check(a) => cmd::check::run(a),
-        Command::Snapshot(a) => cmd::snapshot::run(a),
-        Command::Commit(a) => cmd::commit::run(a),
-        Command::Rebase(a) => cmd::rebase::run(a),
-        Command::Serve(a) => cmd::serve::run(a),
+        Command::Info(a) => cmd::info::run(a, policy),
+        Command::Map(a) => cmd::map::run(a, policy),
+        Command::Compare(a) => cmd::compare::run(a, policy),
+        Command::Convert(a) => cmd::convert::run(a, policy),
+        Command::Resize(a) => cmd::resize::run(a, policy),
+        Command::Measure(a) => cmd::measure::run(a, policy),
+        Command::Amend(a) => cmd::amend::run(a, policy),
+        Command::Check(a) => cmd::check::run(a, policy),
+        Command::Snapshot(a) => cmd::snapshot::run(a, policy),
+        Command::Commit(a) => cmd::commit::run(a, policy),
+        Command::Rebase(a) => cmd::rebase::run(a, policy),
+        Command::Serve(a) => cmd::serve::run(a, policy),
         Command::Nbdinfo(a) => cmd::nbdinfo::run(a),
         Command::Copy(a) => cmd::copy::run(a),
-        Command::Dd(a) => cmd::dd::run(a),
-        Command::Bitmap(a) => cmd::bitmap::run(a),
-        Command::Bench(a) => cmd::bench::run(a),
+        Command::Dd(a) => cmd::dd::run(a, policy),
+        Command::Bitmap(a) => cmd::bitmap::run(a, policy),
+        Command::Bench(a) => cmd::bench::run(a, policy),
     })
 }
 

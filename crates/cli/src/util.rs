@@ -130,85 +130,84 @@ pub fn output_is_json(s: &str, cmd: &str) -> Result<bool, CliError> {
     }
 }
 
-/// How the command line opens the images it names, for the whole run
-/// (the global `--image-opts` and `--untrusted` flags).
+/// How the command line opens the images it names: the global flags
+/// (`--image-opts`, `--untrusted`), and the command's `-U`. A value each
+/// command is given and passes down, never process state.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenPolicy {
     /// Names are `--image-opts` descriptions.
     pub image_opts: bool,
     /// Images are untrusted (see `diskit_open::gate`).
     pub untrusted: bool,
+    /// `-U`/`--force-share`: read-only opens take no image locks.
+    pub force_share: bool,
 }
 
-static OPEN_POLICY: std::sync::OnceLock<OpenPolicy> = std::sync::OnceLock::new();
-
-/// `-U`/`--force-share` of the command running: read-only opens take no
-/// image locks.
-static FORCE_SHARE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Records the command's `-U`.
-pub fn set_force_share(on: bool) {
-    FORCE_SHARE.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Sets the policy, once, before any subcommand runs.
-pub fn set_open_policy(p: OpenPolicy) {
-    let _ = OPEN_POLICY.set(p);
-}
-
-/// The policy in force.
-pub fn open_policy() -> OpenPolicy {
-    OPEN_POLICY.get().copied().unwrap_or_default()
-}
-
-/// The options every open starts from under the command's policy
-/// (`--untrusted`, `-U`).
-pub fn policy_options() -> OpenOptions {
-    OpenOptions {
-        untrusted: open_policy().untrusted,
-        force_share: FORCE_SHARE.load(std::sync::atomic::Ordering::Relaxed),
-        ..OpenOptions::default()
-    }
-}
-
-/// Opens the image a command-line name stands for, under the policy.
-pub fn open_name(
-    path: &Path,
-    format: Option<Format>,
-    opts: OpenOptions,
-) -> diskit_core::Result<Image> {
-    open_name_as(path, format, opts, open_policy().image_opts)
-}
-
-/// Opens a command-line name, read as an `--image-opts` description or
-/// not as `image_opts` says (convert's target has its own flag).
-pub fn open_name_as(
-    path: &Path,
-    format: Option<Format>,
-    mut opts: OpenOptions,
-    image_opts: bool,
-) -> diskit_core::Result<Image> {
-    opts.untrusted |= open_policy().untrusted;
-    opts.force_share |= FORCE_SHARE.load(std::sync::atomic::Ordering::Relaxed);
-    let name = path
-        .to_str()
-        .ok_or_else(|| Error::invalid("the name is not valid UTF-8"))?;
-    if image_opts {
-        if format.is_some() {
-            return Err(Error::invalid(
-                "--image-opts and a format (-f) cannot be used together",
-            ));
+impl OpenPolicy {
+    /// This policy with the command's `-U` (given or not).
+    pub fn sharing(self, force_share: bool) -> OpenPolicy {
+        OpenPolicy {
+            force_share: self.force_share || force_share,
+            ..self
         }
-        open_image_opts(name, opts)
-    } else {
-        open_image(name, format, opts)
     }
-}
 
-/// Opens an image, with qemu-img's "Could not open" message on failure.
-pub fn open(path: &Path, format: Option<Format>, opts: OpenOptions) -> Result<Image, CliError> {
-    open_name(path, format, opts)
-        .map_err(|e| CliError::new(format!("Could not open '{}': {e}", path.display())))
+    /// The options every open starts from under this policy.
+    pub fn options(&self) -> OpenOptions {
+        OpenOptions {
+            untrusted: self.untrusted,
+            force_share: self.force_share,
+            ..OpenOptions::default()
+        }
+    }
+
+    /// Opens the image a command-line name stands for.
+    pub fn open_name(
+        &self,
+        path: &Path,
+        format: Option<Format>,
+        opts: OpenOptions,
+    ) -> diskit_core::Result<Image> {
+        self.open_name_as(path, format, opts, self.image_opts)
+    }
+
+    /// Opens a command-line name, read as an `--image-opts` description
+    /// or not as `image_opts` says (convert's target has its own flag).
+    pub fn open_name_as(
+        &self,
+        path: &Path,
+        format: Option<Format>,
+        mut opts: OpenOptions,
+        image_opts: bool,
+    ) -> diskit_core::Result<Image> {
+        opts.untrusted |= self.untrusted;
+        opts.force_share |= self.force_share;
+        let name = path
+            .to_str()
+            .ok_or_else(|| Error::invalid("the name is not valid UTF-8"))?;
+        if image_opts {
+            if format.is_some() {
+                return Err(Error::invalid(
+                    "--image-opts and a format (-f) cannot be used together",
+                ));
+            }
+            open_image_opts(name, opts)
+        } else {
+            open_image(name, format, opts)
+        }
+    }
+
+    /// Opens an image, with qemu-img's "Could not open" message on
+    /// failure.
+    pub fn open(
+        &self,
+        path: &Path,
+        format: Option<Format>,
+        opts: OpenOptions,
+    ) -> Result<Image, CliError> {
+        self.open_name(path, format, opts)
+            .map_err(|e| CliError::new(format!("Could not open '{}': {e}", path.display())))
+    }
 }
 
 /// An image name given on the command line as text (names are paths,

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use crate::CmdResult;
-use crate::util::{CliError, open, parse_options, parse_source_format};
+use crate::util::{CliError, OpenPolicy, parse_options, parse_source_format};
 use diskit_open::{Capability, OpenOptions};
 
 /// Arguments of `amend`.
@@ -34,7 +34,7 @@ pub struct Args {
     filename: PathBuf,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let _ = a.cache;
     if a.options.is_empty() {
         return Err(CliError::usage("amend", "Must specify options (-o)"));
@@ -47,7 +47,7 @@ pub fn run(a: Args) -> CmdResult {
         print!("{help}");
         return Ok(0);
     }
-    let img = open(
+    let img = policy.open(
         &a.filename,
         format,
         OpenOptions {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::CmdResult;
-use crate::util::{CliError, cache_mode, cvtnum, open, parse_source_format};
+use crate::util::{CliError, OpenPolicy, cache_mode, cvtnum, parse_source_format};
 use diskit_core::{Error, ErrorKind, WriteFlags};
 use diskit_open::OpenOptions;
 
@@ -65,9 +65,9 @@ pub struct Args {
     filename: PathBuf,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let _ = a.quiet;
-    crate::util::set_force_share(a.force_share);
+    let policy = policy.sharing(a.force_share);
     let int_max = i128::from(i32::MAX);
     let count = match &a.count {
         Some(v) => cvtnum("request count", v, 1, int_max)?,
@@ -129,7 +129,7 @@ pub fn run(a: Args) -> CmdResult {
         )));
     }
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    let image = open(
+    let image = policy.open(
         &a.filename,
         format,
         OpenOptions {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use crate::CmdResult;
-use crate::util::{CliError, open, parse_format, parse_size_arg, parse_source_format};
+use crate::util::{CliError, OpenPolicy, parse_format, parse_size_arg, parse_source_format};
 use diskit_open::{BitmapEdit, OpenOptions};
 
 /// Arguments of `bitmap`, parsed in order by [`parse`] (the order of the
@@ -109,7 +109,7 @@ fn parse(args: &[String]) -> Result<Parsed, CliError> {
     Ok(p)
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let p = match parse(&a.args) {
         Err(e) if e.code == 0 => {
             println!("{}", e.message);
@@ -155,8 +155,9 @@ pub fn run(a: Args) -> CmdResult {
         writable: true,
         ..OpenOptions::default()
     };
-    let image_opts = p.image_opts || crate::util::open_policy().image_opts;
-    let image = crate::util::open_name_as(&path, format, opts, image_opts)
+    let image_opts = p.image_opts || policy.image_opts;
+    let image = policy
+        .open_name_as(&path, format, opts, image_opts)
         .map_err(|e| CliError::new(format!("Could not open '{}': {e}", path.display())))?;
     // The merge sources: bitmaps of this image, or of -b's.
     let source_image = match &p.source_file {
@@ -173,7 +174,7 @@ pub fn run(a: Args) -> CmdResult {
                 no_backing: true,
                 ..OpenOptions::default()
             };
-            Some(open(&sp, sf, opts)?)
+            Some(policy.open(&sp, sf, opts)?)
         }
         None => None,
     };

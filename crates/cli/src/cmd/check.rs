@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
+use crate::util::OpenPolicy;
 use crate::util::{CliError, output_is_json, parse_source_format};
 use diskit_open::{Capability, CheckReport, Repair, probe_format};
 
@@ -32,7 +33,7 @@ pub struct Args {
     filename: PathBuf,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let json = output_is_json(&a.output, "check")?;
     let repair = match a.repair.as_deref() {
         None => Repair::None,
@@ -52,7 +53,7 @@ pub fn run(a: Args) -> CmdResult {
     // format (a key-secret in it is not needed: check reads metadata).
     let (described, file) = diskit_open::open_described_storage(
         crate::util::name_of(&a.filename)?,
-        crate::util::open_policy().image_opts,
+        policy.image_opts,
         repair != Repair::None,
     )
     .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?;
@@ -88,7 +89,7 @@ pub fn run(a: Args) -> CmdResult {
         } else {
             // The format checks the files the image names too (vmdk
             // extents): the image is opened, without its backing file.
-            let img = crate::util::open(
+            let img = policy.open(
                 &a.filename,
                 Some(format),
                 diskit_open::OpenOptions {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
-use crate::util::{CliError, cache_mode, open, parse_size_arg, parse_source_format};
+use crate::util::{CliError, OpenPolicy, cache_mode, parse_size_arg, parse_source_format};
 use diskit_copy::Progress;
 use diskit_copy::commit::{RateLimit, commit};
 use diskit_open::{Capability, Image, OpenOptions, Prealloc};
@@ -39,7 +39,7 @@ pub struct Args {
     filename: PathBuf,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
     let cache = cache_mode(a.cache.as_deref(), "writeback")?;
     let rate = a
@@ -62,10 +62,10 @@ pub fn run(a: Args) -> CmdResult {
             force_share: true,
             ..opts.clone()
         };
-        let img = open(&a.filename, format, look)?;
+        let img = policy.open(&a.filename, format, look)?;
         base_depth(&img, &a)?
     };
-    let img = open(
+    let img = policy.open(
         &a.filename,
         format,
         OpenOptions {

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use crate::CmdResult;
+use crate::util::OpenPolicy;
 use crate::util::{CliError, parse_format};
 use diskit_core::zero::is_zero;
 use diskit_core::{BlockDevice, Extent};
@@ -49,9 +50,9 @@ enum Verdict {
     Differ(String),
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let _ = a.progress;
-    crate::util::set_force_share(a.force_share);
+    let policy = policy.sharing(a.force_share);
     let cache = crate::util::cache_mode(a.cache.as_deref(), "writeback").map_err(|_| {
         CliError::new(format!(
             "Invalid source cache option: {}",
@@ -65,7 +66,7 @@ pub fn run(a: Args) -> CmdResult {
             direct: cache.direct,
             ..OpenOptions::default()
         };
-        crate::util::open(p, fmt, opts).map_err(|e| e.code(2))
+        policy.open(p, fmt, opts).map_err(|e| e.code(2))
     };
     let i1 = open(&a.image1, &a.format1)?;
     let i2 = open(&a.image2, &a.format2)?;

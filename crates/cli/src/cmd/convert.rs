@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
+use crate::util::OpenPolicy;
 use crate::util::{
     CacheMode, CliError, cache_mode, parse_format, parse_options, parse_size_arg,
     parse_source_format,
@@ -100,7 +101,7 @@ pub struct Args {
     files: Vec<PathBuf>,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     if a.files.len() < 2 {
         return Err(CliError::new("Must specify image file name"));
     }
@@ -210,7 +211,7 @@ pub fn run(a: Args) -> CmdResult {
     }
     let src_cache = cache_mode(a.src_cache.as_deref(), "writeback")?;
     let dst_cache = cache_mode(a.cache.as_deref(), "unsafe")?;
-    crate::util::set_force_share(a.force_share);
+    let policy = policy.sharing(a.force_share);
 
     if a.skip_broken_bitmaps && !a.bitmaps {
         return Err(CliError::new("--skip-broken-bitmaps requires --bitmaps"));
@@ -223,30 +224,31 @@ pub fn run(a: Args) -> CmdResult {
     let mut bitmaps = Vec::new();
     let mut devices: Vec<DeviceRef> = Vec::new();
     for s in sources {
-        let img = crate::util::open_name_as(
-            s,
-            src_format,
-            OpenOptions {
-                writable: false,
-                // qemu-img's sources: no one writes them while they are
-                // read, the target included, by any name.
-                source: true,
-                no_share: true,
-                direct: src_cache.direct,
-                snapshot: a.snapshot.clone(),
-                // Preallocated space never written is skipped, not read.
-                host_zeros: true,
-                ..Default::default()
-            },
-            a.source_image_opts || crate::util::open_policy().image_opts,
-        )
-        .map_err(|e| {
-            if e.kind() == diskit_core::ErrorKind::NotFound && a.snapshot.is_some() {
-                CliError::new(format!("Failed to load snapshot: {e}"))
-            } else {
-                CliError::new(format!("Could not open '{}': {e}", s.display()))
-            }
-        })?;
+        let img = policy
+            .open_name_as(
+                s,
+                src_format,
+                OpenOptions {
+                    writable: false,
+                    // qemu-img's sources: no one writes them while they are
+                    // read, the target included, by any name.
+                    source: true,
+                    no_share: true,
+                    direct: src_cache.direct,
+                    snapshot: a.snapshot.clone(),
+                    // Preallocated space never written is skipped, not read.
+                    host_zeros: true,
+                    ..Default::default()
+                },
+                a.source_image_opts || policy.image_opts,
+            )
+            .map_err(|e| {
+                if e.kind() == diskit_core::ErrorKind::NotFound && a.snapshot.is_some() {
+                    CliError::new(format!("Failed to load snapshot: {e}"))
+                } else {
+                    CliError::new(format!("Could not open '{}': {e}", s.display()))
+                }
+            })?;
         if a.snapshot.is_some() && !img.format.supports(Capability::Snapshots) {
             return Err(CliError::new(format!(
                 "Failed to load snapshot: Block format '{}' used by device '' does not support \
@@ -336,6 +338,7 @@ pub fn run(a: Args) -> CmdResult {
         &dst_cache,
         skip_backing,
         bitmaps,
+        &policy,
     );
     if result.is_err() {
         // Leave no half-written target behind (never a device, never a
@@ -359,6 +362,7 @@ fn copy_into(
     cache: &CacheMode,
     skip_backing: bool,
     bitmaps: Vec<NewBitmap>,
+    policy: &OpenPolicy,
 ) -> CmdResult {
     // cache=unsafe: no flush reaches the target file, the format's own
     // (qcow2's metadata ordering, its close) included, as in qemu-img.
@@ -384,7 +388,8 @@ fn copy_into(
         true => (None, true),
         false => (Some(out_format), false),
     };
-    let dst = crate::util::open_name_as(target, format, opts, image_opts)
+    let dst = policy
+        .open_name_as(target, format, opts, image_opts)
         .map_err(|e| CliError::new(format!("Could not open '{}': {e}", target.display())))?;
     if dst.virtual_size() < src.size() {
         return Err(CliError::new("output file is smaller than input file"));

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use crate::CmdResult;
-use crate::util::{CliError, cvtnum, open, parse_format, parse_source_format};
+use crate::util::{CliError, OpenPolicy, cvtnum, parse_format, parse_source_format};
 use diskit_open::{Format, OpenOptions, OptionList};
 
 /// Arguments of `dd`.
@@ -64,8 +64,8 @@ fn parse_operands(list: &[String]) -> Result<Operands, CliError> {
     Ok(o)
 }
 
-pub fn run(a: Args) -> CmdResult {
-    crate::util::set_force_share(a.force_share);
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
+    let policy = policy.sharing(a.force_share);
     let o = parse_operands(&a.operands)?;
     let (Some(input), Some(output)) = (&o.input, &o.output) else {
         return Err(CliError::usage(
@@ -77,7 +77,7 @@ pub fn run(a: Args) -> CmdResult {
     let in_path = PathBuf::from(input);
     let in_format = parse_source_format(a.format.as_deref(), &in_path)?;
     // The output is never the input, by any name.
-    let src = open(
+    let src = policy.open(
         &in_path,
         in_format,
         OpenOptions {
@@ -100,7 +100,7 @@ pub fn run(a: Args) -> CmdResult {
     let out_path = PathBuf::from(output);
     diskit_open::create::create_image(output, out_format, Some(out_size), &OptionList::new())
         .map_err(|e| CliError::new(format!("{output}: error while creating output image: {e}")))?;
-    let dst = open(
+    let dst = policy.open(
         &out_path,
         Some(out_format),
         OpenOptions {

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::CmdResult;
 use crate::cmd::snapshot;
 use crate::qjson::QJson;
+use crate::util::OpenPolicy;
 use crate::util::{CliError, output_is_json, parse_source_format};
 use diskit_core::size::human_size;
 use diskit_core::{BlockDevice, Storage};
@@ -36,16 +37,16 @@ pub struct Args {
     filename: PathBuf,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let json = output_is_json(&a.output, "info")?;
     let mut format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    crate::util::set_force_share(a.force_share);
+    let policy = policy.sharing(a.force_share);
     let mut nodes = Vec::new();
     let mut seen = HashSet::new();
     let mut next = Some(a.filename.display().to_string());
     // The first name is read as the command line says (--image-opts or
     // not); the backing files below by the names the images give.
-    let mut image_opts = crate::util::open_policy().image_opts;
+    let mut image_opts = policy.image_opts;
     while let Some(name) = next.take() {
         // Loops are caught by name, as qemu-img does.
         if !seen.insert(name.clone()) {
@@ -53,7 +54,7 @@ pub fn run(a: Args) -> CmdResult {
                 "Backing file '{name}' creates an infinite loop."
             )));
         }
-        let node = Node::collect(&name, format, image_opts)?;
+        let node = Node::collect(&name, format, image_opts, &policy)?;
         image_opts = false;
         if a.backing_chain
             && let Some(refused) = node.refused()
@@ -112,13 +113,19 @@ struct Specific {
 }
 
 /// Opens one image without its backing file (nor any file it names).
-fn open_node(path: &Path, format: Option<Format>, image_opts: bool) -> Result<Image, CliError> {
+fn open_node(
+    path: &Path,
+    format: Option<Format>,
+    image_opts: bool,
+    policy: &OpenPolicy,
+) -> Result<Image, CliError> {
     let opts = OpenOptions {
         metadata_only: true,
         no_backing: true,
         ..Default::default()
     };
-    crate::util::open_name_as(path, format, opts, image_opts)
+    policy
+        .open_name_as(path, format, opts, image_opts)
         .map_err(|e| CliError::new(format!("Could not open '{}': {e}", path.display())))
 }
 
@@ -137,9 +144,14 @@ fn full_backing_filename(image: &str, backing: &str) -> String {
 }
 
 impl Node {
-    fn collect(name: &str, format: Option<Format>, image_opts: bool) -> Result<Node, CliError> {
+    fn collect(
+        name: &str,
+        format: Option<Format>,
+        image_opts: bool,
+        policy: &OpenPolicy,
+    ) -> Result<Node, CliError> {
         let path = Path::new(name);
-        let image = open_node(path, format, image_opts)?;
+        let image = open_node(path, format, image_opts, policy)?;
         let specific = Specific::collect(name, &image)?;
         // The disk size counts the files the image keeps its data in too
         // (vmdk extents), once per extent as QEMU counts them.
@@ -158,9 +170,7 @@ impl Node {
         } else {
             image.file.location().to_string()
         };
-        let implied = crate::util::open_policy()
-            .untrusted
-            .then(|| diskit_open::audit(&image));
+        let implied = policy.untrusted.then(|| diskit_open::audit(&image));
         Ok(Node {
             image,
             filename,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
-use crate::util::{CliError, open, output_is_json, parse_size_arg, parse_source_format};
+use crate::util::{CliError, OpenPolicy, output_is_json, parse_size_arg, parse_source_format};
 use diskit_core::extent;
 use diskit_core::{BlockDevice, Extent};
 use diskit_open::OpenOptions;
@@ -52,13 +52,13 @@ pub fn collect_extents(
     Ok(out)
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let json = output_is_json(&a.output, "map")?;
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
-    crate::util::set_force_share(a.force_share);
+    let policy = policy.sharing(a.force_share);
     let start = offset_arg(a.start_offset.as_deref(), "start offset")?.unwrap_or(0);
     let max_len = offset_arg(a.max_length.as_deref(), "max length")?;
-    let img = open(&a.filename, format, OpenOptions::default())?;
+    let img = policy.open(&a.filename, format, OpenOptions::default())?;
     let size = img.virtual_size();
     let end = match max_len {
         Some(l) => start.saturating_add(l).min(size),

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
+use crate::util::OpenPolicy;
 use crate::util::{CliError, parse_format, parse_image_size, parse_options};
 use diskit_open::{Format, OpenOptions};
 
@@ -35,11 +36,11 @@ pub struct Args {
     filename: Option<PathBuf>,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let json = crate::util::output_is_json(&a.output, "measure")?;
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::RAW);
     let options = parse_options(&a.options)?;
-    crate::util::set_force_share(a.force_share);
+    let policy = policy.sharing(a.force_share);
     let (size, image) = match (&a.size, &a.filename) {
         (Some(_), Some(_)) => {
             return Err(CliError::new(
@@ -56,21 +57,22 @@ pub fn run(a: Args) -> CmdResult {
         (None, Some(f)) => (
             None,
             Some(
-                crate::util::open_name(
-                    f,
-                    parse_format(a.format.as_deref())?,
-                    OpenOptions {
-                        snapshot: a.snapshot.clone(),
-                        ..OpenOptions::default()
-                    },
-                )
-                .map_err(|e| {
-                    if e.kind() == diskit_core::ErrorKind::NotFound && a.snapshot.is_some() {
-                        CliError::new(format!("Failed to load snapshot: {e}"))
-                    } else {
-                        CliError::new(format!("Could not open '{}': {e}", f.display()))
-                    }
-                })?,
+                policy
+                    .open_name(
+                        f,
+                        parse_format(a.format.as_deref())?,
+                        OpenOptions {
+                            snapshot: a.snapshot.clone(),
+                            ..OpenOptions::default()
+                        },
+                    )
+                    .map_err(|e| {
+                        if e.kind() == diskit_core::ErrorKind::NotFound && a.snapshot.is_some() {
+                            CliError::new(format!("Failed to load snapshot: {e}"))
+                        } else {
+                            CliError::new(format!("Could not open '{}': {e}", f.display()))
+                        }
+                    })?,
             ),
         ),
     };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
-use crate::util::{CliError, cache_mode, open, parse_source_format};
+use crate::util::{CliError, OpenPolicy, cache_mode, parse_source_format};
 use diskit_copy::Progress;
 use diskit_copy::rebase::{Backings, copy_differences, copy_differences_into};
 use diskit_core::storage::resolve_relative;
@@ -51,7 +51,7 @@ pub struct Args {
     filename: PathBuf,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     if !a.unsafe_mode && a.backing.is_none() {
         return Err(CliError::usage(
             "rebase",
@@ -66,8 +66,8 @@ pub fn run(a: Args) -> CmdResult {
             a.src_cache.as_deref().unwrap_or_default()
         ))
     })?;
-    crate::util::set_force_share(a.force_share);
-    let img = open(
+    let policy = policy.sharing(a.force_share);
+    let img = policy.open(
         &a.filename,
         format,
         OpenOptions {

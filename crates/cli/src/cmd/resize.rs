@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::CmdResult;
-use crate::util::{CliError, open, parse_option_size, parse_source_format};
+use crate::util::{CliError, OpenPolicy, parse_option_size, parse_source_format};
 use diskit_open::{Format, OpenOptions, Prealloc};
 
 /// Arguments of `resize`.
@@ -29,7 +29,7 @@ pub struct Args {
     size: String,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let format = parse_source_format(a.format.as_deref(), &a.filename)?;
     let prealloc = match a.preallocation.as_deref() {
         None => None,
@@ -45,7 +45,7 @@ pub fn run(a: Args) -> CmdResult {
     };
     // The size is checked before the image is opened.
     let n = parse_option_size(digits, "size")?;
-    let img = open(
+    let img = policy.open(
         &a.filename,
         format,
         OpenOptions {

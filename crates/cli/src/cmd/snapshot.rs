@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::CmdResult;
-use crate::util::{CliError, open, parse_source_format};
+use crate::util::{CliError, OpenPolicy, parse_source_format};
 use diskit_core::size::human_size;
 use diskit_core::{Error, ErrorKind};
 use diskit_open::{Capability, Format, OpenOptions, SnapshotInfo};
@@ -38,7 +38,7 @@ pub struct Args {
     filename: PathBuf,
 }
 
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let ops = a.list as usize + a.apply.len() + a.create.len() + a.delete.len();
     if ops > 1 {
         return Err(CliError::usage(
@@ -56,12 +56,12 @@ pub fn run(a: Args) -> CmdResult {
         a.delete.first().map(|name| Change::Delete(name))
     };
     if let Some(change) = change {
-        crate::util::set_force_share(a.force_share);
-        return modify(&a.filename, format, change);
+        let policy = policy.sharing(a.force_share);
+        return modify(&a.filename, format, change, &policy);
     }
     // Like qemu-img, the whole chain is opened (a missing backing file is
     // an error), and formats without snapshots list nothing.
-    let img = open(&a.filename, format, OpenOptions::default())?;
+    let img = policy.open(&a.filename, format, OpenOptions::default())?;
     let snaps = img
         .ops
         .snapshots()
@@ -80,8 +80,13 @@ enum Change<'a> {
 }
 
 /// Creates, applies or deletes a snapshot, with qemu-img's messages.
-fn modify(path: &Path, format: Option<Format>, change: Change<'_>) -> CmdResult {
-    let img = open(
+fn modify(
+    path: &Path,
+    format: Option<Format>,
+    change: Change<'_>,
+    policy: &OpenPolicy,
+) -> CmdResult {
+    let img = policy.open(
         path,
         format,
         OpenOptions {

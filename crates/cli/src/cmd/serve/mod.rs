@@ -136,7 +136,7 @@ pub fn command(cmd: clap::Command) -> clap::Command {
 }
 
 /// Runs `serve`.
-pub fn run(a: Args) -> CmdResult {
+pub fn run(a: Args, policy: crate::util::OpenPolicy) -> CmdResult {
     if a.unix.is_some() && a.port.is_some() {
         return Err(CliError::usage(
             "serve",
@@ -157,7 +157,7 @@ pub fn run(a: Args) -> CmdResult {
     lifecycle::ignore_sigpipe();
 
     if a.single {
-        let (server, stack) = build(&a, &routed)?;
+        let (server, stack) = build(&a, &routed, &policy)?;
         let r = serve_stdio(&server, &stack);
         if a.verbose {
             report_exports(&server);
@@ -228,7 +228,7 @@ pub fn run(a: Args) -> CmdResult {
     };
     // Stop signals wait for the cleanup in every thread, the plugin's too.
     lifecycle::block_signals();
-    let (server, stack) = build(&a, &routed).inspect_err(|_| remove_socket())?;
+    let (server, stack) = build(&a, &routed, &policy).inspect_err(|_| remove_socket())?;
     let cleanup = Arc::new(Cleanup::new(Parts {
         device: Some(stack),
         socket,
@@ -287,12 +287,16 @@ pub fn run(a: Args) -> CmdResult {
 /// Opens the plugin, stacks the filters over it and makes the server;
 /// returns the stack's top, to close when the server stops (filters
 /// finalize, then the plugin's device: an image writes back its metadata).
-fn build(a: &Args, routed: &filters::Routed) -> Result<(Arc<Server>, DeviceRef), CliError> {
+fn build(
+    a: &Args,
+    routed: &filters::Routed,
+    policy: &crate::util::OpenPolicy,
+) -> Result<(Arc<Server>, DeviceRef), CliError> {
     let tls = a.tls.config()?;
     // Under a filter that never writes below (cow) the plugin opens
     // read-only, as nbdkit opens it: a read-only file serves.
     let plugin_readonly = a.readonly || routed.filters.iter().any(FilterSpec::reads_only_below);
-    let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, plugin_readonly)?;
+    let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, plugin_readonly, policy)?;
     let device = match filters::stack(&routed.filters, opened.device.clone(), a.readonly) {
         Ok(d) => d,
         Err(e) => {

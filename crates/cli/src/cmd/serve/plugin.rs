@@ -23,9 +23,14 @@ pub fn keys(name: &str) -> Result<&'static [&'static str], CliError> {
 }
 
 /// Opens the device a plugin describes (an image under the command's
-/// policy: `--untrusted`, `-U`).
-pub fn open_plugin(name: &str, args: &[String], readonly: bool) -> Result<Opened, CliError> {
-    plugin::open_plugin(name, args, readonly, &crate::util::policy_options()).map_err(cli)
+/// policy: `--untrusted`).
+pub fn open_plugin(
+    name: &str,
+    args: &[String],
+    readonly: bool,
+    policy: &crate::util::OpenPolicy,
+) -> Result<Opened, CliError> {
+    plugin::open_plugin(name, args, readonly, &policy.options()).map_err(cli)
 }
 
 /// The plugin list for --help.
