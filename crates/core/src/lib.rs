@@ -16,6 +16,7 @@ pub mod aio;
 pub mod buffer;
 pub mod concat;
 pub mod device;
+pub mod dynlib;
 pub mod error;
 pub mod extent;
 pub mod filter;

@@ -16,10 +16,38 @@ use diskit_formats::{Creation, Format, OptionList};
 use crate::protocol::{self, Made, StorageOptions};
 use crate::spec::{Spec, Value};
 
+/// What a creation made, to take back if a later step fails.
+pub enum Undo {
+    /// A local file that was not there before.
+    File(PathBuf),
+    /// Storage a source made (an RBD image), removed by its row's function.
+    Storage {
+        /// Its name.
+        name: String,
+        /// Removes it.
+        remove: fn(&str) -> Result<()>,
+    },
+}
+
+impl Undo {
+    /// Takes it back (best effort: the error that led here is the one to
+    /// report).
+    pub fn undo(self) {
+        match self {
+            Undo::File(p) => {
+                let _ = std::fs::remove_file(p);
+            }
+            Undo::Storage { name, remove } => {
+                let _ = remove(&name);
+            }
+        }
+    }
+}
+
 /// The storage a new image and the files it names are made on, by name.
 pub struct Targets {
     name: String,
-    made: Vec<PathBuf>,
+    made: Vec<Undo>,
 }
 
 impl Targets {
@@ -31,15 +59,10 @@ impl Targets {
         }
     }
 
-    /// The local files made so far (none that existed before).
-    pub fn made(&self) -> &[PathBuf] {
-        &self.made
-    }
-
-    /// Removes the files made.
+    /// Removes what was made (never what was there before).
     pub fn remove_made(&mut self) {
-        for p in self.made.drain(..) {
-            let _ = std::fs::remove_file(p);
+        for u in self.made.drain(..).rev() {
+            u.undo();
         }
     }
 
@@ -66,9 +89,17 @@ impl NewFiles for Targets {
                 let existed = std::path::Path::new(path).exists();
                 let dev = FileDevice::create(path, 0, Preallocation::Off)?;
                 if !existed {
-                    self.made.push(PathBuf::from(path));
+                    self.made.push(Undo::File(PathBuf::from(path)));
                 }
                 Ok(Arc::new(dev))
+            }
+            Made::New { create, remove } => {
+                let storage = create(name)?;
+                self.made.push(Undo::Storage {
+                    name: name.to_string(),
+                    remove,
+                });
+                Ok(storage)
             }
             Made::Existing => {
                 let mut node = Spec::default();
@@ -101,7 +132,7 @@ impl NewFiles for Targets {
                 }
                 Ok(storage)
             }
-            Made::Never => Err(check_target(name).expect_err("never made")),
+            Made::Never => Err(never_made(proto)),
         }
     }
 }
@@ -110,24 +141,28 @@ impl NewFiles for Targets {
 /// anything is said or done about it), in QEMU's words when not.
 pub fn check_target(name: &str) -> Result<()> {
     let proto = protocol::for_name(name)?;
-    if proto.made == Made::Never {
-        return Err(Error::unsupported(format!(
-            "Protocol driver '{}' does not support image creation",
-            proto.name
-        )));
+    match proto.made {
+        Made::Never => Err(never_made(proto)),
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+fn never_made(proto: &protocol::Protocol) -> Error {
+    Error::unsupported(format!(
+        "Protocol driver '{}' does not support image creation",
+        proto.name
+    ))
 }
 
 /// Creates a new image of `format` called `name`, of `size` bytes (or the
-/// size in `options`); returns the size and the local files made (which a
-/// caller that fails later removes: `convert`).
+/// size in `options`); returns the size and what was made (which a caller
+/// that fails later takes back: `convert`).
 pub fn create_image(
     name: &str,
     format: Format,
     size: Option<u64>,
     options: &OptionList,
-) -> Result<(u64, Vec<PathBuf>)> {
+) -> Result<(u64, Vec<Undo>)> {
     let mut targets = Targets::new(name);
     let size = targets.run(|t| format.driver().create(t, size, options))?;
     Ok((size, targets.made))

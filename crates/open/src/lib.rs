@@ -21,6 +21,7 @@ mod nbd_plugin;
 pub mod objects;
 pub mod plugin;
 pub mod protocol;
+mod rbd;
 pub mod spec;
 
 use std::path::PathBuf;

@@ -45,7 +45,7 @@ pub struct Protocol {
 }
 
 /// How a protocol makes the storage of a new image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Made {
     /// A new file (or an existing one emptied, or a block device taken over).
     NewFile,
@@ -54,6 +54,14 @@ pub enum Made {
     Existing,
     /// Never: no image is made on it.
     Never,
+    /// Made by the source itself (an RBD image), empty, and removed by it
+    /// if the creation fails.
+    New {
+        /// Makes the storage called by the name, empty and writable.
+        create: fn(&str) -> Result<StorageRef>,
+        /// Removes it.
+        remove: fn(&str) -> Result<()>,
+    },
 }
 
 /// Every protocol, the local file first (the one a plain path selects).
@@ -203,6 +211,28 @@ pub const PROTOCOLS: &[Protocol] = &[
             lists: &[],
             help: "read-only test data: each 8-byte word holds its offset (size=SIZE)",
             open: PluginOpen::Source(plugin::open_pattern),
+        }],
+    },
+    Protocol {
+        name: "rbd",
+        prefixes: &["rbd:"],
+        keys: crate::rbd::KEYS,
+        local: false,
+        network: true,
+        open: Some(crate::rbd::open),
+        made: Made::New {
+            create: crate::rbd::create,
+            remove: crate::rbd::remove,
+        },
+        plugins: &[Plugin {
+            name: "rbd",
+            magic: "image",
+            magic_required: true,
+            keys: crate::rbd::PLUGIN_KEYS,
+            lists: &[],
+            help: "a Ceph RBD image, through librbd (image=POOL[/NAMESPACE]/IMAGE \
+                   [snap=SNAPSHOT: read-only] [conf=CEPH.CONF] [id=USER])",
+            open: PluginOpen::Source(crate::rbd::open_plugin),
         }],
     },
 ];

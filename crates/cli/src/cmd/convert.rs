@@ -305,7 +305,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
         return run_copy(&a, &*src, &null, &how);
     }
     // The file made for the target (none with -n: it exists, as any storage).
-    let mut made: Vec<std::path::PathBuf> = Vec::new();
+    let mut made: Vec<diskit_open::create::Undo> = Vec::new();
     if !a.no_create {
         let failed = |e: diskit_core::Error| {
             CliError::new(format!(
@@ -343,8 +343,8 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     if result.is_err() {
         // Leave no half-written target behind (never a device, never a
         // file that was there before).
-        for path in made {
-            let _ = std::fs::remove_file(path);
+        for u in made.into_iter().rev() {
+            u.undo();
         }
     }
     result

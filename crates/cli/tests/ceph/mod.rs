@@ -1,0 +1,136 @@
+//! A one-node Ceph cluster for the RBD tests: a monitor and one OSD on
+//! memstore, in a temporary directory, on a free loopback port, with no
+//! authentication; a pool `rbd` ready for images. Stopped (and its
+//! directory removed) when dropped.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The running cluster.
+pub struct Ceph {
+    dir: tempfile::TempDir,
+}
+
+fn run(dir: &Path, program: &str, args: &[&str]) {
+    let o = Command::new("timeout")
+        .arg("60")
+        .arg(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program} ({e}): scripts/test installs Ceph"));
+    assert!(
+        o.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+impl Ceph {
+    /// Starts a cluster with a pool `rbd`.
+    pub fn start() -> Ceph {
+        let dir = tempfile::Builder::new().prefix("ceph").tempdir().unwrap();
+        let d = &dir.path().to_path_buf();
+        let port = super::free_port();
+        let fsid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap();
+        let fsid = fsid.trim();
+        for sub in ["run", "log", "mon.a", "osd.0"] {
+            std::fs::create_dir(d.join(sub)).unwrap();
+        }
+        let conf = format!(
+            "[global]
+fsid = {fsid}
+mon host = v1:127.0.0.1:{port}
+auth cluster required = none
+auth service required = none
+auth client required = none
+osd pool default size = 1
+osd pool default min size = 1
+osd crush chooseleaf type = 0
+mon allow pool size one = true
+mon allow pool delete = true
+run dir = {d}/run
+log file = {d}/log/$name.log
+admin socket = {d}/run/$name.asok
+pid file = {d}/run/$name.pid
+osd objectstore = memstore
+memstore device bytes = 1073741824
+mon data avail crit = 0
+mon data avail warn = 0
+ms bind ipv6 = false
+[mon.a]
+mon data = {d}/mon.a
+public addr = 127.0.0.1:{port}
+[osd.0]
+osd data = {d}/osd.0
+",
+            d = d.display()
+        );
+        std::fs::write(d.join("ceph.conf"), conf).unwrap();
+        let c = d.join("ceph.conf");
+        let c = c.to_str().unwrap();
+        let ceph = Ceph { dir };
+        run(
+            d,
+            "monmaptool",
+            &[
+                "--create",
+                "--fsid",
+                fsid,
+                "--addv",
+                "a",
+                &format!("[v1:127.0.0.1:{port}]"),
+                "monmap",
+            ],
+        );
+        run(
+            d,
+            "ceph-mon",
+            &["-c", c, "--mkfs", "-i", "a", "--monmap", "monmap"],
+        );
+        run(d, "ceph-mon", &["-c", c, "-i", "a"]);
+        run(d, "ceph", &["-c", c, "osd", "create"]);
+        run(d, "ceph-osd", &["-c", c, "-i", "0", "--mkfs"]);
+        run(d, "ceph-osd", &["-c", c, "-i", "0"]);
+        run(d, "ceph", &["-c", c, "osd", "pool", "create", "rbd", "8"]);
+        run(d, "rbd", &["-c", c, "pool", "init", "rbd"]);
+        ceph
+    }
+
+    /// The configuration file clients read.
+    pub fn conf(&self) -> PathBuf {
+        self.dir.path().join("ceph.conf")
+    }
+
+    /// QEMU's name of image `image` in pool `rbd`.
+    pub fn name(&self, image: &str) -> String {
+        format!("rbd:rbd/{image}:conf={}", self.conf().display())
+    }
+
+    /// Runs the `rbd` tool with `args` (the configuration given).
+    pub fn rbd(&self, args: &[&str]) -> std::process::Output {
+        Command::new("rbd")
+            .arg("-c")
+            .arg(self.conf())
+            .args(args)
+            .output()
+            .expect("rbd is installed")
+    }
+}
+
+impl Drop for Ceph {
+    fn drop(&mut self) {
+        for daemon in ["osd.0", "mon.a"] {
+            let pid = self.dir.path().join("run").join(format!("{daemon}.pid"));
+            if let Ok(p) = std::fs::read_to_string(pid)
+                && let Ok(p) = p.trim().parse::<i32>()
+            {
+                // SAFETY: kill(2) on a pid this cluster's daemon wrote.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
+    }
+}

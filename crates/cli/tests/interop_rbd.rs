@@ -1,0 +1,156 @@
+//! Ceph RBD images wherever an image goes, against a one-node Ceph
+//! cluster started by the test, with Ceph's own `rbd` tool as the oracle:
+//! what diskit writes into RBD `rbd export` reads back byte for byte (and
+//! `qemu-img check` passes on a qcow2 kept in RBD), what `rbd import`
+//! wrote diskit reads back, snapshots read as they were, and `serve rbd`
+//! serves an image to nbdinfo and nbdcopy.
+
+mod ceph;
+mod common;
+
+use std::path::Path;
+
+use ceph::Ceph;
+use common::*;
+
+/// A 64 MiB raw source: 1 MiB of 0x33 at 0, 64 KiB of 0x44 at 40 MiB,
+/// the rest holes.
+fn source(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("src.raw");
+    sparse_file(&p, 64 << 20, &[(0, 1 << 20, 0x33), (40 << 20, 65536, 0x44)]);
+    p
+}
+
+#[test]
+fn convert_create_info_map_and_snapshots_through_rbd() {
+    let ceph = Ceph::start();
+    let dir = workdir();
+    let d = dir.path();
+    let src = source(d);
+    // Into RBD, raw: `rbd export` reads the same bytes; only data is
+    // stored (2 objects of 4 MiB, not 16).
+    ok(diskit(&[
+        "convert",
+        "-O",
+        "raw",
+        s(&src),
+        &ceph.name("raw1"),
+    ]));
+    let out = d.join("export.raw");
+    ok(ceph.rbd(&["export", "rbd/raw1", s(&out)]));
+    assert!(same_bytes(&src, &out), "rbd export read other bytes");
+    let du = stdout(&ok(ceph.rbd(&["du", "--format", "json", "rbd/raw1"])));
+    let v: serde_json::Value = serde_json::from_str(&du).unwrap();
+    let used = v["images"][0]["used_size"].as_u64().unwrap();
+    assert!(
+        used <= 8 << 20,
+        "thin stays thin: {used} bytes used of 64 MiB ({du})"
+    );
+    // info and map see the image as qemu-img would.
+    let info = stdout(&ok(diskit(&["info", "--output=json", &ceph.name("raw1")])));
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(v["virtual-size"], 64 << 20, "{info}");
+    assert_eq!(v["format"], "raw", "{info}");
+    let map = stdout(&ok(diskit(&["map", "--output=json", &ceph.name("raw1")])));
+    let data: Vec<serde_json::Value> = serde_json::from_str::<Vec<serde_json::Value>>(&map)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e["data"] == true)
+        .collect();
+    assert!(!data.is_empty() && data.len() <= 2, "{map}");
+    // Out of RBD: the same bytes, holes kept.
+    let back = d.join("back.raw");
+    ok(diskit(&[
+        "convert",
+        "-O",
+        "raw",
+        &ceph.name("raw1"),
+        s(&back),
+    ]));
+    assert!(same_bytes(&src, &back));
+    assert!(allocated(&back) <= 4 << 20, "exported sparse");
+    // A qcow2 kept in RBD: exported, qemu-img checks it and reads it.
+    ok(diskit(&[
+        "convert",
+        "-O",
+        "qcow2",
+        s(&src),
+        &ceph.name("q1"),
+    ]));
+    let q = d.join("export.qcow2");
+    ok(ceph.rbd(&["export", "rbd/q1", s(&q)]));
+    ok(qemu_img(&["check", s(&q)]));
+    let cmp = ok(qemu_img(&["compare", s(&src), s(&q)]));
+    assert!(stdout(&cmp).contains("Images are identical"));
+    ok(diskit(&["compare", s(&src), &ceph.name("q1")]));
+    // create: an empty image of the size asked; an existing name refused.
+    ok(diskit(&[
+        "create",
+        "-q",
+        "-f",
+        "raw",
+        &ceph.name("new1"),
+        "16M",
+    ]));
+    let info = stdout(&ok(ceph.rbd(&["info", "--format", "json", "rbd/new1"])));
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(v["size"], 16 << 20, "{info}");
+    let o = diskit(&["create", "-q", "-f", "raw", &ceph.name("new1"), "16M"]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("File exists"), "{}", stderr(&o));
+    // What `rbd import` wrote, diskit reads; a snapshot reads as it was.
+    ok(ceph.rbd(&["import", s(&src), "rbd/imp"]));
+    ok(ceph.rbd(&["snap", "create", "rbd/imp@s1"]));
+    // The head changes (written through diskit, -n: the image exists).
+    let other = d.join("other.raw");
+    sparse_file(&other, 64 << 20, &[(0, 1 << 20, 0x55)]);
+    ok(diskit(&[
+        "convert",
+        "-n",
+        "-O",
+        "raw",
+        s(&other),
+        &ceph.name("imp"),
+    ]));
+    let head = d.join("head.raw");
+    ok(ceph.rbd(&["export", "rbd/imp", s(&head)]));
+    assert!(same_bytes(&other, &head), "the head holds the new bytes");
+    let snap = d.join("snap.raw");
+    ok(diskit(&[
+        "convert",
+        "-O",
+        "raw",
+        &format!("rbd:rbd/imp@s1:conf={}", ceph.conf().display()),
+        s(&snap),
+    ]));
+    assert!(same_bytes(&src, &snap), "the snapshot reads as it was");
+    let o = diskit(&[
+        "resize",
+        &format!("rbd:rbd/imp@s1:conf={}", ceph.conf().display()),
+        "128M",
+    ]);
+    assert_ne!(code(&o), 0, "a snapshot is read-only");
+}
+
+#[test]
+fn serve_rbd_serves_an_image_to_nbd_clients() {
+    let ceph = Ceph::start();
+    let dir = workdir();
+    let d = dir.path();
+    let src = source(d);
+    ok(ceph.rbd(&["import", s(&src), "rbd/img"]));
+    let copy = d.join("copy.raw");
+    let conf = format!("conf={}", ceph.conf().display());
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "-r",
+        "rbd",
+        "rbd/img",
+        &conf,
+        "--run",
+        &format!("nbdinfo --size \"$uri\" && nbdcopy \"$uri\" {}", s(&copy)),
+    ]));
+    assert_eq!(stdout(&o).trim(), (64u64 << 20).to_string());
+    assert!(same_bytes(&src, &copy));
+}

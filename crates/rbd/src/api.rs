@@ -1,0 +1,112 @@
+//! librbd and librados, loaded at the first use: `librbd.so.1` is opened
+//! with dlopen() (it brings `librados.so.2` with it) and the functions
+//! diskit calls are looked up once, each checked. diskit does not link
+//! Ceph's libraries, so a machine without them runs everything but RBD.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+use diskit_core::dynlib::Library;
+use diskit_core::{Error, ErrorKind, Result};
+
+/// The library loaded at the first RBD use.
+const LIBRBD: &CStr = c"librbd.so.1";
+
+/// `rados_t`, `rados_ioctx_t`, `rbd_image_t`: opaque handles.
+pub type Handle = *mut c_void;
+
+/// `rbd_image_info_t` (librbd.h), whose size and object size are read.
+#[repr(C)]
+pub struct ImageInfo {
+    /// Bytes.
+    pub size: u64,
+    /// Bytes per object.
+    pub obj_size: u64,
+    /// Objects.
+    pub num_objs: u64,
+    /// log2 of the object size.
+    pub order: c_int,
+    block_name_prefix: [c_char; 24],
+    parent_pool: i64,
+    parent_name: [c_char; 96],
+}
+
+impl Default for ImageInfo {
+    fn default() -> ImageInfo {
+        ImageInfo {
+            size: 0,
+            obj_size: 0,
+            num_objs: 0,
+            order: 0,
+            block_name_prefix: [0; 24],
+            parent_pool: 0,
+            parent_name: [0; 96],
+        }
+    }
+}
+
+/// `rbd_diff_iterate2`'s callback: offset, length, whether the extent
+/// exists (1) or is a hole (0), and the caller's argument.
+pub type DiffCb = unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
+
+diskit_core::functions! {
+    /// The functions of librados and librbd diskit calls.
+    pub struct Api {
+        rados_create: fn(*mut Handle, *const c_char) -> c_int;
+        rados_conf_read_file: fn(Handle, *const c_char) -> c_int;
+        rados_conf_set: fn(Handle, *const c_char, *const c_char) -> c_int;
+        rados_connect: fn(Handle) -> c_int;
+        rados_shutdown: fn(Handle);
+        rados_ioctx_create: fn(Handle, *const c_char, *mut Handle) -> c_int;
+        rados_ioctx_destroy: fn(Handle);
+        rados_ioctx_set_namespace: fn(Handle, *const c_char);
+        rbd_create: fn(Handle, *const c_char, u64, *mut c_int) -> c_int;
+        rbd_remove: fn(Handle, *const c_char) -> c_int;
+        rbd_open: fn(Handle, *const c_char, *mut Handle, *const c_char) -> c_int;
+        rbd_open_read_only: fn(Handle, *const c_char, *mut Handle, *const c_char) -> c_int;
+        rbd_close: fn(Handle) -> c_int;
+        rbd_stat: fn(Handle, *mut ImageInfo, usize) -> c_int;
+        rbd_get_size: fn(Handle, *mut u64) -> c_int;
+        rbd_resize: fn(Handle, u64) -> c_int;
+        rbd_read2: fn(Handle, u64, usize, *mut c_char, c_int) -> isize;
+        rbd_write2: fn(Handle, u64, usize, *const c_char, c_int) -> isize;
+        rbd_discard: fn(Handle, u64, u64) -> c_int;
+        rbd_write_zeroes: fn(Handle, u64, usize, c_int, c_int) -> isize;
+        rbd_flush: fn(Handle) -> c_int;
+        rbd_diff_iterate2: fn(Handle, *const c_char, u64, u64, u8, u8, Option<DiffCb>, *mut c_void) -> c_int;
+    }
+}
+
+/// librbd, loaded at the first call (from any thread; later calls wait
+/// for the first and share its result).
+pub fn api() -> Result<&'static Api> {
+    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+    API.get_or_init(|| {
+        // SAFETY: librbd's and librados's initialisers are made to run in
+        // multi-threaded programs (QEMU loads them as a module).
+        let lib = unsafe { Library::open(LIBRBD) }?;
+        // SAFETY: `lib` is librbd by its soname; its functions and
+        // librados's (a dependency it brings) have the signatures of
+        // librbd.h and librados.h declared above.
+        unsafe { Api::resolve(&lib) }
+    })
+    .as_ref()
+    .map_err(|why| {
+        Error::new(
+            ErrorKind::NotSupported,
+            format!(
+                "RBD needs Ceph's librbd ({}): {why}",
+                LIBRBD.to_string_lossy()
+            ),
+        )
+    })
+}
+
+/// An error for librbd's or librados's return value `r` (a negative
+/// errno), with `what` failed.
+pub fn failed(r: i64, what: impl std::fmt::Display) -> Error {
+    let errno = i32::try_from(-r).unwrap_or(libc::EIO);
+    let text = std::io::Error::from_raw_os_error(errno).to_string();
+    let text = text.split(" (os error").next().unwrap_or(&text).to_string();
+    Error::new(ErrorKind::from_errno(errno), format!("{what}: {text}"))
+}

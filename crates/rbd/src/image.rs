@@ -1,0 +1,511 @@
+//! An RBD image as [`Storage`]: reads, writes, zeroes, discards, flushes
+//! and resizes go to librbd; extents come from `rbd_diff_iterate2`, so
+//! holes are known both ways. librbd serialises what it must inside: any
+//! number of threads may have requests in flight on one image.
+
+use std::ffi::{CString, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use diskit_core::{
+    BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, Preallocation, Result, Storage,
+    WriteFlags, ZeroFlags,
+};
+
+use crate::api::{self, Api, Handle, ImageInfo, failed};
+use crate::name::RbdName;
+
+/// Largest request handed to librbd at once (its lengths are `size_t`,
+/// and huge requests only hold memory longer).
+const MAX_REQUEST: usize = 64 << 20;
+
+/// A connection to a cluster with an I/O context on one pool (and
+/// namespace), closed when dropped.
+struct Pool {
+    api: &'static Api,
+    cluster: Handle,
+    ioctx: Handle,
+}
+
+// SAFETY: librados's cluster and I/O context handles may be used from any
+// thread (librados is thread-safe; QEMU shares them between threads).
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+fn c_string(s: &str, what: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
+}
+
+impl Pool {
+    /// Connects as `name` says and opens its pool.
+    fn connect(name: &RbdName) -> Result<Pool> {
+        let api = api::api()?;
+        let user = name
+            .user
+            .as_deref()
+            .map(|u| c_string(u, "the user"))
+            .transpose()?;
+        let mut cluster: Handle = std::ptr::null_mut();
+        // SAFETY: `cluster` is written on success; `user` is NUL-terminated
+        // or null (librados's default user).
+        let r = unsafe {
+            (api.rados_create)(
+                &mut cluster,
+                user.as_ref().map_or(std::ptr::null(), |u| u.as_ptr()),
+            )
+        };
+        if r < 0 {
+            return Err(failed(r.into(), "error initializing"));
+        }
+        // From here `pool` shuts the cluster down when dropped.
+        let mut pool = Pool {
+            api,
+            cluster,
+            ioctx: std::ptr::null_mut(),
+        };
+        let conf = name
+            .conf
+            .as_deref()
+            .map(|c| c_string(c, "conf"))
+            .transpose()?;
+        // SAFETY: `cluster` is live; the path is NUL-terminated or null
+        // (Ceph's default search).
+        let r = unsafe {
+            (api.rados_conf_read_file)(
+                cluster,
+                conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+            )
+        };
+        if r < 0 && name.conf.is_some() {
+            return Err(failed(r.into(), "error reading conf file"));
+        }
+        for (k, v) in &name.options {
+            let (ck, cv) = (c_string(k, "an option")?, c_string(v, "an option")?);
+            // SAFETY: `cluster` is live; both strings are NUL-terminated.
+            let r = unsafe { (api.rados_conf_set)(cluster, ck.as_ptr(), cv.as_ptr()) };
+            if r < 0 {
+                return Err(failed(r.into(), format!("invalid conf option {k}")));
+            }
+        }
+        // SAFETY: `cluster` is live and configured.
+        let r = unsafe { (api.rados_connect)(cluster) };
+        if r < 0 {
+            return Err(failed(r.into(), "error connecting"));
+        }
+        let cpool = c_string(&name.pool, "the pool")?;
+        // SAFETY: `cluster` is connected; `ioctx` is written on success.
+        let r = unsafe { (api.rados_ioctx_create)(cluster, cpool.as_ptr(), &mut pool.ioctx) };
+        if r < 0 {
+            return Err(failed(
+                r.into(),
+                format!("error opening pool {}", name.pool),
+            ));
+        }
+        let ns = c_string(name.namespace.as_deref().unwrap_or(""), "the namespace")?;
+        // SAFETY: `ioctx` is live; the namespace is NUL-terminated.
+        unsafe { (api.rados_ioctx_set_namespace)(pool.ioctx, ns.as_ptr()) };
+        Ok(pool)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: the handles are live and used by nothing else now (the
+        // image on them is closed first: it is dropped before its pool).
+        unsafe {
+            if !self.ioctx.is_null() {
+                (self.api.rados_ioctx_destroy)(self.ioctx);
+            }
+            (self.api.rados_shutdown)(self.cluster);
+        }
+    }
+}
+
+/// An open RBD image.
+pub struct RbdImage {
+    image: Handle,
+    /// The connection the image is open on: closed after the image (the
+    /// image is closed in `drop`, before the fields are dropped).
+    pool: Pool,
+    size: AtomicU64,
+    object_size: u64,
+    writable: bool,
+    location: String,
+}
+
+// SAFETY: an `rbd_image_t` may be used from several threads at once for
+// I/O (librbd serialises inside; QEMU issues requests from any thread).
+unsafe impl Send for RbdImage {}
+// SAFETY: as above.
+unsafe impl Sync for RbdImage {}
+
+/// Creates the image `name` of `size` bytes (Ceph's default object size
+/// and features).
+pub fn create(name: &RbdName, size: u64) -> Result<()> {
+    let pool = Pool::connect(name)?;
+    let image = c_string(&name.image, "the image")?;
+    let mut order: c_int = 0;
+    // SAFETY: `ioctx` is live; `order` 0 asks for the default.
+    let r = unsafe { (pool.api.rbd_create)(pool.ioctx, image.as_ptr(), size, &mut order) };
+    if r < 0 {
+        return Err(failed(r.into(), "error rbd create"));
+    }
+    Ok(())
+}
+
+/// Removes the image `name` (a failed creation's undo).
+pub fn remove(name: &RbdName) -> Result<()> {
+    let pool = Pool::connect(name)?;
+    let image = c_string(&name.image, "the image")?;
+    // SAFETY: `ioctx` is live; the name is NUL-terminated.
+    let r = unsafe { (pool.api.rbd_remove)(pool.ioctx, image.as_ptr()) };
+    if r < 0 {
+        return Err(failed(r.into(), "error rbd remove"));
+    }
+    Ok(())
+}
+
+impl RbdImage {
+    /// Opens the image `name` (read-only at a snapshot, or when not
+    /// `writable`).
+    pub fn open(name: &RbdName, writable: bool) -> Result<RbdImage> {
+        let writable = writable && name.snapshot.is_none();
+        let pool = Pool::connect(name)?;
+        let api = pool.api;
+        let cimage = c_string(&name.image, "the image")?;
+        let snap = name
+            .snapshot
+            .as_deref()
+            .map(|s| c_string(s, "the snapshot"))
+            .transpose()?;
+        let snap_ptr = snap.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+        let mut image: Handle = std::ptr::null_mut();
+        // SAFETY: `ioctx` is live; `image` is written on success; the
+        // names are NUL-terminated (the snapshot null for the head).
+        let r = unsafe {
+            if writable {
+                (api.rbd_open)(pool.ioctx, cimage.as_ptr(), &mut image, snap_ptr)
+            } else {
+                (api.rbd_open_read_only)(pool.ioctx, cimage.as_ptr(), &mut image, snap_ptr)
+            }
+        };
+        if r < 0 {
+            return Err(failed(
+                r.into(),
+                format!("error reading header from {}", name.image),
+            ));
+        }
+        let mut info = ImageInfo::default();
+        // SAFETY: `image` is open; `info` is an `rbd_image_info_t`.
+        let r = unsafe { (api.rbd_stat)(image, &mut info, std::mem::size_of::<ImageInfo>()) };
+        if r < 0 {
+            // SAFETY: `image` is open and used by nothing else.
+            unsafe { (api.rbd_close)(image) };
+            return Err(failed(r.into(), "error getting image info"));
+        }
+        Ok(RbdImage {
+            image,
+            pool,
+            size: AtomicU64::new(info.size),
+            object_size: info.obj_size.max(512),
+            writable,
+            location: name.canonical(),
+        })
+    }
+
+    fn api(&self) -> &'static Api {
+        self.pool.api
+    }
+
+    fn read_only() -> Error {
+        Error::new(
+            diskit_core::ErrorKind::PermissionDenied,
+            "the image is read-only",
+        )
+    }
+
+    /// Calls `op(offset, len)` over `[offset, offset+len)` in pieces.
+    fn pieces(
+        &self,
+        offset: u64,
+        len: usize,
+        mut op: impl FnMut(u64, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(MAX_REQUEST);
+            op(offset + done as u64, done, n)?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RbdImage {
+    fn drop(&mut self) {
+        // SAFETY: the image is open and no request is in flight (they are
+        // synchronous and borrow `self`).
+        unsafe { (self.api().rbd_close)(self.image) };
+    }
+}
+
+/// What `rbd_diff_iterate2` reports, gathered.
+struct Diff {
+    start: u64,
+    end: u64,
+    /// Allocated ranges, in order.
+    runs: Vec<(u64, u64)>,
+}
+
+unsafe extern "C" fn collect_diff(
+    offset: u64,
+    len: usize,
+    exists: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: `arg` is the `Diff` the caller passed, alive for the call.
+    let diff = unsafe { &mut *arg.cast::<Diff>() };
+    if exists != 0 {
+        let s = offset.max(diff.start);
+        let e = (offset + len as u64).min(diff.end);
+        if s < e {
+            match diff.runs.last_mut() {
+                Some(last) if last.1 >= s => last.1 = last.1.max(e),
+                _ => diff.runs.push((s, e)),
+            }
+        }
+    }
+    0
+}
+
+impl BlockDevice for RbdImage {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            can_write: self.writable,
+            can_flush: self.writable,
+            can_fua: self.writable,
+            can_trim: self.writable,
+            can_write_zeroes: self.writable,
+            can_zero: self.writable,
+            can_fast_zero: false,
+            can_extents: true,
+            can_multi_conn: false,
+            can_cache: false,
+            is_rotational: false,
+        }
+    }
+
+    fn block_size(&self) -> BlockSizeLimits {
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: self.object_size.min(4 << 20) as u32,
+            maximum: MAX_REQUEST as u32,
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        diskit_core::device::check_range(self.size(), offset, buf.len() as u64)?;
+        let len = buf.len();
+        let ptr = buf.as_mut_ptr();
+        self.pieces(offset, len, |at, skip, n| {
+            // SAFETY: `ptr[skip..skip+n]` lies in `buf`, which outlives the
+            // call; the image is open.
+            let r = unsafe { (self.api().rbd_read2)(self.image, at, n, ptr.add(skip).cast(), 0) };
+            if r < 0 {
+                return Err(failed(r as i64, format!("error reading {}", self.location)));
+            }
+            if (r as usize) < n {
+                // Past the end of a shrunk image: zeros.
+                // SAFETY: as above.
+                unsafe { std::ptr::write_bytes(ptr.add(skip + r as usize), 0, n - r as usize) };
+            }
+            Ok(())
+        })
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        if !self.writable {
+            return Err(Self::read_only());
+        }
+        diskit_core::device::check_range(self.size(), offset, buf.len() as u64)?;
+        self.pieces(offset, buf.len(), |at, skip, n| {
+            let piece = &buf[skip..skip + n];
+            // SAFETY: `piece` outlives the call; the image is open.
+            let r = unsafe { (self.api().rbd_write2)(self.image, at, n, piece.as_ptr().cast(), 0) };
+            if r < 0 {
+                return Err(failed(r as i64, format!("error writing {}", self.location)));
+            }
+            Ok(())
+        })?;
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        if !self.writable {
+            return Err(Self::read_only());
+        }
+        if flags.fast {
+            return Err(Error::from_kind(diskit_core::ErrorKind::NotSupported));
+        }
+        diskit_core::device::check_range(self.size(), offset, len)?;
+        // Without may_trim the range must stay allocated: librbd's thick
+        // provisioning flag.
+        let zflags: c_int = if flags.may_trim { 0 } else { 1 };
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(MAX_REQUEST as u64) as usize;
+            // SAFETY: the image is open.
+            let r = unsafe { (self.api().rbd_write_zeroes)(self.image, at, n, zflags, 0) };
+            if r < 0 {
+                return Err(failed(r as i64, format!("error zeroing {}", self.location)));
+            }
+            at += n as u64;
+        }
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        if !self.writable {
+            return Err(Self::read_only());
+        }
+        diskit_core::device::check_range(self.size(), offset, len)?;
+        // SAFETY: the image is open.
+        let r = unsafe { (self.api().rbd_discard)(self.image, offset, len) };
+        if r < 0 {
+            return Err(failed(
+                r.into(),
+                format!("error discarding {}", self.location),
+            ));
+        }
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        // SAFETY: the image is open.
+        let r = unsafe { (self.api().rbd_flush)(self.image) };
+        if r < 0 {
+            return Err(failed(
+                r.into(),
+                format!("error flushing {}", self.location),
+            ));
+        }
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        diskit_core::device::check_range(self.size(), offset, len)?;
+        let mut diff = Diff {
+            start: offset,
+            end: offset + len,
+            runs: Vec::new(),
+        };
+        // SAFETY: the image is open; `diff` outlives the call, which runs
+        // the callback on this thread only.
+        let r = unsafe {
+            (self.api().rbd_diff_iterate2)(
+                self.image,
+                std::ptr::null(),
+                offset,
+                len,
+                1,
+                0,
+                Some(collect_diff),
+                (&mut diff as *mut Diff).cast(),
+            )
+        };
+        if r < 0 {
+            return Err(failed(
+                r.into(),
+                format!("error reading the allocation of {}", self.location),
+            ));
+        }
+        let mut out = Vec::new();
+        let mut at = offset;
+        for (s, e) in diff.runs {
+            if s > at {
+                out.push(Extent::hole(s - at));
+            }
+            out.push(Extent::data(e - s));
+            at = e;
+        }
+        if at < offset + len {
+            out.push(Extent::hole(offset + len - at));
+        }
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        self.location.clone()
+    }
+}
+
+impl Storage for RbdImage {
+    fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn resolve(&self, name: &str) -> String {
+        // Names an image on RBD stores stand as they are (QEMU does not
+        // resolve them against an rbd: name).
+        name.to_string()
+    }
+
+    fn write_extend(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| Error::invalid("write past the largest offset"))?;
+        if end > self.size() {
+            self.resize(end, Preallocation::Off)?;
+        }
+        self.write_at(buf, offset, WriteFlags::NONE)
+    }
+
+    fn resize(&self, new_len: u64, prealloc: Preallocation) -> Result<()> {
+        if !self.writable {
+            return Err(Self::read_only());
+        }
+        if prealloc != Preallocation::Off {
+            return Err(Error::unsupported(format!(
+                "Unsupported preallocation mode '{}'",
+                prealloc.name()
+            )));
+        }
+        // SAFETY: the image is open.
+        let r = unsafe { (self.api().rbd_resize)(self.image, new_len) };
+        if r < 0 {
+            return Err(failed(r.into(), "error resizing the image"));
+        }
+        let mut size = 0u64;
+        // SAFETY: the image is open; `size` is written on success.
+        let r = unsafe { (self.api().rbd_get_size)(self.image, &mut size) };
+        if r < 0 {
+            return Err(failed(r.into(), "error getting the image size"));
+        }
+        self.size.store(size, Ordering::Release);
+        Ok(())
+    }
+
+    fn protocol(&self) -> &'static str {
+        "rbd"
+    }
+
+    fn is_fixed_size(&self) -> bool {
+        false
+    }
+}
