@@ -8,6 +8,8 @@
 //! dlclose()d), so the function pointers are valid for `'static`.
 
 use std::ffi::{CStr, c_char, c_int, c_long, c_uint, c_ulong, c_void};
+
+use diskit_core::dynlib::Library;
 use std::sync::OnceLock;
 
 /// The library loaded at the first PSK use.
@@ -40,52 +42,9 @@ pub(super) type PskClientCb = unsafe extern "C" fn(
     max_psk_len: c_uint,
 ) -> c_uint;
 
-/// Declares the function table and its loader: each entry is an OpenSSL
-/// function by its C name, with its C signature.
-macro_rules! functions {
-    ($($name:ident: fn($($arg:ty),*) $(-> $ret:ty)?;)*) => {
-        /// The OpenSSL functions the PSK engine calls, resolved at load.
-        #[allow(non_snake_case)]
-        pub(super) struct Api {
-            $(
-                #[doc = concat!("`", stringify!($name), "`")]
-                pub(super) $name: unsafe extern "C" fn($($arg),*) $(-> $ret)?,
-            )*
-        }
-
-        impl Api {
-            /// Looks every function up in `handle`.
-            ///
-            /// # Safety
-            ///
-            /// `handle` is a live handle from dlopen() of an OpenSSL 3
-            /// libssl, never closed: the symbols must have the C
-            /// signatures declared here.
-            unsafe fn resolve(handle: *mut c_void, library: &CStr) -> Result<Api, String> {
-                Ok(Api {
-                    $(
-                        $name: {
-                            let p = symbol(handle, library, concat!(stringify!($name), "\0"))?;
-                            // SAFETY: `p` is the non-null address of the
-                            // OpenSSL 3 function of that name, whose C
-                            // signature is the one declared above; a
-                            // function pointer has the size of a data
-                            // pointer on the platforms with dlsym().
-                            unsafe {
-                                std::mem::transmute::<
-                                    *mut c_void,
-                                    unsafe extern "C" fn($($arg),*) $(-> $ret)?,
-                                >(p)
-                            }
-                        },
-                    )*
-                })
-            }
-        }
-    };
-}
-
-functions! {
+diskit_core::functions! {
+    /// The OpenSSL functions the PSK engine calls, resolved at load.
+    pub(super) struct Api {
     TLS_server_method: fn() -> *const Opaque;
     TLS_client_method: fn() -> *const Opaque;
     SSL_CTX_new: fn(*const Opaque) -> *mut Opaque;
@@ -123,59 +82,27 @@ functions! {
     ERR_clear_error: fn();
     ERR_reason_error_string: fn(c_ulong) -> *const c_char;
     ERR_error_string_n: fn(c_ulong, *mut c_char, usize);
-}
-
-/// The address of `name` (NUL-terminated) in `handle`, or dlerror()'s
-/// explanation.
-fn symbol(handle: *mut c_void, library: &CStr, name: &str) -> Result<*mut c_void, String> {
-    let name = CStr::from_bytes_with_nul(name.as_bytes())
-        .map_err(|_| format!("{}: bad symbol name", library.to_string_lossy()))?;
-    // SAFETY: dlerror() has no preconditions; calling it clears any
-    // earlier error so that the one read below is dlsym()'s.
-    unsafe { libc::dlerror() };
-    // SAFETY: `handle` is a live dlopen() handle and `name` is
-    // NUL-terminated.
-    let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
-    if p.is_null() {
-        return Err(failure(library));
     }
-    Ok(p)
-}
-
-/// The message for a library that cannot be used, with dlerror()'s text.
-fn failure(library: &CStr) -> String {
-    // SAFETY: dlerror() returns null or a NUL-terminated string that stays
-    // valid until the next dl* call on this thread; it is copied at once.
-    let why = unsafe {
-        let e = libc::dlerror();
-        if e.is_null() {
-            "unknown error".to_owned()
-        } else {
-            CStr::from_ptr(e).to_string_lossy().into_owned()
-        }
-    };
-    format!(
-        "TLS-PSK needs OpenSSL 3 ({}): {why}",
-        library.to_string_lossy()
-    )
 }
 
 /// Opens `library` and resolves every function of [`Api`] in it (and in
 /// the libraries it depends on: libcrypto for `BIO_*` and `ERR_*`). The
-/// handle is never closed.
-pub(super) fn load(library: &CStr) -> Result<Api, String> {
-    // SAFETY: `library` is NUL-terminated. Loading runs the library's
-    // initialisers, which OpenSSL 3 and its dependencies make safe to run
-    // in a multi-threaded process.
-    let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if handle.is_null() {
-        return Err(failure(library));
-    }
-    // SAFETY: `handle` is live and is never closed; `library` is the
-    // OpenSSL 3 libssl by its soname, whose functions have the declared
-    // signatures. A library that is not OpenSSL 3 lacks some of them and
-    // fails here (OpenSSL 1.1 has no `SSL_CTX_set_options`, a macro there).
-    unsafe { Api::resolve(handle, library) }
+/// library is never closed.
+pub(super) fn load(library: &'static CStr) -> Result<Api, String> {
+    let why = |e: String| {
+        format!(
+            "TLS-PSK needs OpenSSL 3 ({}): {e}",
+            library.to_string_lossy()
+        )
+    };
+    // SAFETY: loading runs the library's initialisers, which OpenSSL 3 and
+    // its dependencies make safe to run in a multi-threaded process.
+    let lib = unsafe { Library::open(library) }.map_err(why)?;
+    // SAFETY: `library` is the OpenSSL 3 libssl by its soname, whose
+    // functions have the declared signatures. A library that is not
+    // OpenSSL 3 lacks some of them and fails here (OpenSSL 1.1 has no
+    // `SSL_CTX_set_options`, a macro there).
+    unsafe { Api::resolve(&lib) }.map_err(why)
 }
 
 /// OpenSSL, loaded at the first call (from any thread; later calls wait
