@@ -130,6 +130,42 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         "128M",
     ]);
     assert_ne!(code(&o), 0, "a snapshot is read-only");
+    // Growing an image in RBD, and names that lead nowhere.
+    ok(diskit(&["resize", &ceph.name("new1"), "32M"]));
+    let info = stdout(&ok(ceph.rbd(&["info", "--format", "json", "rbd/new1"])));
+    assert!(info.contains(&format!("\"size\":{}", 32 << 20)), "{info}");
+    let conf = ceph.conf();
+    for (name, why) in [
+        (
+            ceph.name("missing"),
+            "error reading header from missing: No such file or directory",
+        ),
+        (
+            format!("rbd:nopool/x:conf={}", conf.display()),
+            "error opening pool nopool: No such file or directory",
+        ),
+    ] {
+        let o = diskit(&["info", &name]);
+        assert_eq!(code(&o), 1, "{name}");
+        assert!(stderr(&o).contains(why), "{}", stderr(&o));
+    }
+}
+
+/// A cluster that does not answer is an error after the timeout, never a
+/// hang (librados waits forever by default; diskit sets 30 s, and the
+/// name may say less).
+#[test]
+fn an_unreachable_cluster_is_a_clear_error() {
+    let port = free_port();
+    let name =
+        format!("rbd:rbd/x:mon_host=127.0.0.1\\:{port}:auth_supported=none:client_mount_timeout=2");
+    let o = diskit(&["info", &name]);
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains("error connecting: Connection timed out"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

@@ -18,6 +18,14 @@ use crate::name::RbdName;
 /// and huge requests only hold memory longer).
 const MAX_REQUEST: usize = 64 << 20;
 
+/// How long (seconds) a monitor and an OSD may take to answer before a
+/// request fails with ETIMEDOUT, unless the configuration says otherwise.
+const DEFAULT_TIMEOUTS: &[(&str, &str)] = &[
+    ("client_mount_timeout", "30"),
+    ("rados_mon_op_timeout", "30"),
+    ("rados_osd_op_timeout", "120"),
+];
+
 /// A connection to a cluster with an I/O context on one pool (and
 /// namespace), closed when dropped.
 struct Pool {
@@ -63,6 +71,15 @@ impl Pool {
             cluster,
             ioctx: std::ptr::null_mut(),
         };
+        // A cluster that does not answer is an error after a while, not a
+        // hang (librados waits forever for a monitor or an OSD by default):
+        // set before the configuration file and the name's options, which
+        // may say otherwise.
+        for (k, v) in DEFAULT_TIMEOUTS {
+            let (ck, cv) = (c_string(k, "an option")?, c_string(v, "an option")?);
+            // SAFETY: `cluster` is live; both strings are NUL-terminated.
+            unsafe { (api.rados_conf_set)(cluster, ck.as_ptr(), cv.as_ptr()) };
+        }
         let conf = name
             .conf
             .as_deref()

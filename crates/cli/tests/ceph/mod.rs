@@ -34,7 +34,23 @@ impl Ceph {
     pub fn start() -> Ceph {
         let dir = tempfile::Builder::new().prefix("ceph").tempdir().unwrap();
         let d = &dir.path().to_path_buf();
-        let port = super::free_port();
+        // A loopback address of its own: clusters of tests running side by
+        // side never meet on one port.
+        let seed = std::process::id() as u64
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.subsec_nanos() as u64);
+        let ip = format!(
+            "127.{}.{}.{}",
+            1 + seed % 250,
+            (seed >> 8) % 256,
+            1 + (seed >> 16) % 250
+        );
+        let port = std::net::TcpListener::bind((ip.as_str(), 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let fsid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap();
         let fsid = fsid.trim();
         for sub in ["run", "log", "mon.a", "osd.0"] {
@@ -43,7 +59,7 @@ impl Ceph {
         let conf = format!(
             "[global]
 fsid = {fsid}
-mon host = v1:127.0.0.1:{port}
+mon host = v1:{ip}:{port}
 auth cluster required = none
 auth service required = none
 auth client required = none
@@ -63,11 +79,11 @@ mon data avail warn = 0
 ms bind ipv6 = false
 [mon.a]
 mon data = {d}/mon.a
-public addr = 127.0.0.1:{port}
+public addr = {ip}:{port}
 [osd.0]
 osd data = {d}/osd.0
 ",
-            d = d.display()
+            d = d.display(),
         );
         std::fs::write(d.join("ceph.conf"), conf).unwrap();
         let c = d.join("ceph.conf");
@@ -82,7 +98,7 @@ osd data = {d}/osd.0
                 fsid,
                 "--addv",
                 "a",
-                &format!("[v1:127.0.0.1:{port}]"),
+                &format!("[v1:{ip}:{port}]"),
                 "monmap",
             ],
         );
