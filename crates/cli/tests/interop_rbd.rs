@@ -130,11 +130,36 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         "128M",
     ]);
     assert_ne!(code(&o), 0, "a snapshot is read-only");
+    // QEMU's keys: --image-opts and json: name the same image.
+    let conf = ceph.conf();
+    let opts = format!(
+        "driver=raw,file.driver=rbd,file.pool=rbd,file.image=raw1,file.conf={}",
+        conf.display()
+    );
+    let json = format!(
+        r#"json:{{"driver":"raw","file":{{"driver":"rbd","pool":"rbd","image":"raw1","conf":"{}"}}}}"#,
+        conf.display()
+    );
+    for args in [
+        vec!["compare", "--image-opts", &opts, "driver=file,filename=SRC"],
+        vec!["compare", &json, "SRC"],
+    ] {
+        let src_opt = format!("driver=file,filename={}", s(&src));
+        let args: Vec<&str> = args
+            .into_iter()
+            .map(|a| match a {
+                "driver=file,filename=SRC" => src_opt.as_str(),
+                "SRC" => s(&src),
+                a => a,
+            })
+            .collect();
+        let o = ok(diskit(&args));
+        assert!(stdout(&o).contains("Images are identical"), "{args:?}");
+    }
     // Growing an image in RBD, and names that lead nowhere.
     ok(diskit(&["resize", &ceph.name("new1"), "32M"]));
     let info = stdout(&ok(ceph.rbd(&["info", "--format", "json", "rbd/new1"])));
     assert!(info.contains(&format!("\"size\":{}", 32 << 20)), "{info}");
-    let conf = ceph.conf();
     for (name, why) in [
         (
             ceph.name("missing"),

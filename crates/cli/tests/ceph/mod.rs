@@ -11,6 +11,24 @@ use std::process::Command;
 /// The running cluster.
 pub struct Ceph {
     dir: tempfile::TempDir,
+    /// Held while the cluster runs: one test cluster at a time on the
+    /// machine (two started side by side confuse each other's OSD
+    /// registration, "wrong fsid", whatever their addresses).
+    _turn: std::fs::File,
+}
+
+/// Waits for the machine-wide turn to run a test cluster.
+fn take_turn() -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(std::env::temp_dir().join("diskit-test-ceph.lock"))
+        .unwrap();
+    // SAFETY: flock(2) on a descriptor this process owns.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(r, 0, "flock: {}", std::io::Error::last_os_error());
+    f
 }
 
 fn run(dir: &Path, program: &str, args: &[&str]) {
@@ -32,6 +50,7 @@ fn run(dir: &Path, program: &str, args: &[&str]) {
 impl Ceph {
     /// Starts a cluster with a pool `rbd`.
     pub fn start() -> Ceph {
+        let turn = take_turn();
         let dir = tempfile::Builder::new().prefix("ceph").tempdir().unwrap();
         let d = &dir.path().to_path_buf();
         // A loopback address of its own: clusters of tests running side by
@@ -88,7 +107,7 @@ osd data = {d}/osd.0
         std::fs::write(d.join("ceph.conf"), conf).unwrap();
         let c = d.join("ceph.conf");
         let c = c.to_str().unwrap();
-        let ceph = Ceph { dir };
+        let ceph = Ceph { dir, _turn: turn };
         run(
             d,
             "monmaptool",
