@@ -817,7 +817,7 @@ impl BlockDevice for Qcow2 {
             self.write_range(buf, offset)?;
         }
         if flags.fua {
-            self.flush()?;
+            BlockDevice::flush(self)?;
         }
         Ok(())
     }
@@ -860,7 +860,7 @@ impl BlockDevice for Qcow2 {
             }
         }
         if flags.fua {
-            self.flush()?;
+            BlockDevice::flush(self)?;
         }
         Ok(())
     }
@@ -892,7 +892,7 @@ impl BlockDevice for Qcow2 {
             }
         }
         if flags.fua {
-            self.flush()?;
+            BlockDevice::flush(self)?;
         }
         Ok(())
     }
@@ -1066,5 +1066,13 @@ impl MappedFormat for Qcow2 {
 
     fn data_may_be_sparse(&self) -> bool {
         !self.data_is_external() && (self.host_zeros || self.looks_preallocated())
+    }
+
+    fn unit(&self) -> u64 {
+        self.geo.cluster_size()
+    }
+
+    fn describe(&self) -> String {
+        self.file.describe()
     }
 }

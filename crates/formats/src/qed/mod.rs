@@ -488,7 +488,7 @@ impl FormatDriver for QedDriver {
 
 /// An open QED image.
 pub struct QedImage {
-    qed: Arc<Qed>,
+    qed: Arc<crate::mapped::Mapped<Qed>>,
     storage: StorageRef,
 }
 
@@ -540,7 +540,7 @@ impl FormatImage for QedImage {
         // cannot promise: refused as QEMU refuses it, before anything else.
         let old = self.qed.header().image_size;
         if new_size > old
-            && crate::mapped::MappedFormat::backing(&*self.qed).is_some_and(|b| b.size > old)
+            && crate::mapped::MappedFormat::backing(self.qed.format()).is_some_and(|b| b.size > old)
         {
             return Err(Error::unsupported(
                 "Block driver does not support requested flags",

@@ -280,4 +280,16 @@ impl MappedFormat for SeSparseExtent {
     fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
         Err(Error::io("seSparse has no compressed grains"))
     }
+
+    fn unit(&self) -> u64 {
+        GRAIN
+    }
+
+    fn writable(&self) -> bool {
+        false
+    }
+
+    fn describe(&self) -> String {
+        format!("vmdk seSparse extent {}", self.file.location())
+    }
 }
