@@ -7,6 +7,7 @@
 //! lives in its own module; raw is the identity mapping, so a raw image is
 //! its storage.
 
+mod bytes;
 mod chain;
 pub mod check;
 pub mod creation;

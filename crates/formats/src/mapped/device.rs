@@ -87,8 +87,10 @@ impl<F: MappedFormat> Mapped<F> {
     /// written in place).
     fn write_step(&self, buf: &[u8], g: u64) -> Result<usize> {
         let f = &self.format;
+        if let Some(r) = f.write_own(buf, g) {
+            return r;
+        }
         let u = f.unit();
-        // One unit at a time: a unit is mapped whole.
         let max = (buf.len() as u64).min(MAX_STEP);
         let (n, place, held) = f.lookup(g, max, f.mappings_change())?;
         if let Some(h) = f.write_in_place(g, place)? {
@@ -193,7 +195,9 @@ impl<F: MappedFormat> BlockDevice for Mapped<F> {
         let end = offset + len;
         let mut pos = offset;
         while pos < end {
-            let n = (end - pos).min(MAX_STEP);
+            // Steps end on multiples of MAX_STEP, and so on unit
+            // boundaries: a format sees aligned ends as aligned.
+            let n = (end - pos).min(MAX_STEP - pos % MAX_STEP);
             let units = self.hold_units(pos, n);
             match self.format.zero(pos, n, flags)? {
                 Zeroed::Done(k) => pos += k,

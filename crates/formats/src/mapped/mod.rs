@@ -80,13 +80,20 @@ pub trait MappedFormat: Send + Sync {
     /// The storage that [`Place::Data`] offsets point into.
     fn data(&self) -> &StorageRef;
 
-    /// The image below, if any.
-    fn backing(&self) -> Option<&Backing>;
+    /// The image below, if any (none by default).
+    fn backing(&self) -> Option<&Backing> {
+        None
+    }
 
-    /// Whether mappings can change while the image is open (it is
-    /// writable): reads then hold their mapping, and no file view is given
-    /// out (it would outlive the hold).
-    fn mappings_change(&self) -> bool;
+    /// Whether the image takes writes.
+    fn writable(&self) -> bool;
+
+    /// Whether mappings can change while the image is open (by default:
+    /// it is writable): reads then hold their mapping, and no file view is
+    /// given out (it would outlive the hold).
+    fn mappings_change(&self) -> bool {
+        self.writable()
+    }
 
     /// Where guest byte `g` lives: the place of a prefix of `[g, g+max)`
     /// (`max > 0`) and its length (> 0, at most `max`). With `hold`, the
@@ -94,8 +101,15 @@ pub trait MappedFormat: Send + Sync {
     fn lookup(&self, g: u64, max: u64, hold: bool) -> Result<(u64, Place, Option<Self::Hold<'_>>)>;
 
     /// Reads `buf.len()` bytes `skip` bytes into the compressed unit at
-    /// `offset` (of at most `size` bytes).
-    fn read_compressed(&self, offset: u64, size: u64, skip: u64, buf: &mut [u8]) -> Result<()>;
+    /// `offset` (of at most `size` bytes); a format without compressed
+    /// units never maps to one.
+    fn read_compressed(&self, offset: u64, size: u64, skip: u64, buf: &mut [u8]) -> Result<()> {
+        let _ = (offset, size, skip, buf);
+        Err(Error::io(format!(
+            "{}: no compressed units",
+            self.describe()
+        )))
+    }
 
     /// A cipher whose IVs are guest sectors (qcow2's legacy AES): data read
     /// from [`Place::Data`] is decrypted with it. Encryption keyed by host
@@ -117,12 +131,6 @@ pub trait MappedFormat: Send + Sync {
     /// multiples, and new space maps whole units, each held exclusively
     /// by the generic layer while it is allocated.
     fn unit(&self) -> u64;
-
-    /// Whether the image takes writes (by default: whether its mappings
-    /// can change).
-    fn writable(&self) -> bool {
-        self.mappings_change()
-    }
 
     /// What the image can do: by default writes, flushes, FUA and extents,
     /// zeroing cheaper than writing zeros but never promised fast, no trim
@@ -160,6 +168,20 @@ pub trait MappedFormat: Send + Sync {
             Place::Data(h) => Some(h),
             _ => None,
         })
+    }
+
+    /// A format with metadata locking of its own (qcow2: copied flags,
+    /// subclusters, compressed clusters, runs of new clusters allocated
+    /// at once) writes a prefix of `buf` at guest `g` itself and says how
+    /// many bytes; `None`, the default, leaves the step to the generic
+    /// layer (lookup, the unit hold, [`allocate`] and [`commit`]). The
+    /// guard, range check, split, zeroing and FUA stay generic.
+    ///
+    /// [`allocate`]: MappedFormat::allocate
+    /// [`commit`]: MappedFormat::commit
+    fn write_own(&self, buf: &[u8], g: u64) -> Option<Result<usize>> {
+        let _ = (buf, g);
+        None
     }
 
     /// Reserves new space for guest `g` on, where `lookup` finds no data

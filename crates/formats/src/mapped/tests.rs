@@ -51,7 +51,7 @@ impl MappedFormat for Toy {
         self.backing.as_ref()
     }
 
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 
@@ -62,10 +62,6 @@ impl MappedFormat for Toy {
             None => Place::Unallocated { alloc: None },
         };
         Ok((n, place, None))
-    }
-
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        unreachable!("no compressed units")
     }
 
     fn unit(&self) -> u64 {

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use diskit_core::sync::lock;
+use diskit_core::sync::{self, lock};
 use diskit_core::{
     BlockSizeLimits, Capabilities, Error, ErrorKind, Result, StorageRef, WriteFlags, ZeroFlags,
 };
@@ -39,10 +39,7 @@ pub struct Qed {
 fn read_table(file: &StorageRef, offset: u64, h: &Header) -> Result<Vec<u64>> {
     let mut raw = vec![0u8; h.table_bytes() as usize];
     file.read_at(&mut raw, offset)?;
-    Ok(raw
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect())
+    Ok(crate::bytes::le64s(&raw))
 }
 
 fn table_bytes(t: &[u64]) -> Vec<u8> {
@@ -98,7 +95,7 @@ impl Qed {
     /// The L2 entry of guest `g`: None when its L2 table is not allocated.
     fn l2_entry(&self, g: u64, h: &Header) -> Result<(Option<Arc<Vec<u64>>>, u64)> {
         let span = h.l2_span();
-        let l1e = self.l1.read().unwrap_or_else(|p| p.into_inner())[(g / span) as usize];
+        let l1e = sync::read(&self.l1)[(g / span) as usize];
         let idx = (g % span) / h.cluster_size as u64;
         if l1e == 0 {
             return Ok((None, idx));
@@ -161,7 +158,7 @@ impl Qed {
         let mut cache = lock(&self.l2);
         let l1_index = (g / h.l2_span()) as usize;
         let idx0 = ((g % h.l2_span()) / h.cluster_size as u64) as usize;
-        let had_table = self.l1.read().unwrap_or_else(|p| p.into_inner())[l1_index];
+        let had_table = sync::read(&self.l1)[l1_index];
         let mut table: Vec<u64> = match (had_table, cache.get(&had_table)) {
             (0, _) => vec![0; h.table_entries() as usize],
             (_, Some(t)) => t.as_ref().clone(),
@@ -174,7 +171,7 @@ impl Qed {
             let at = self.file_end.fetch_add(h.table_bytes(), Ordering::AcqRel);
             self.file.write_extend(&table_bytes(&table), at)?;
             self.file.flush()?;
-            let mut l1 = self.l1.write().unwrap_or_else(|p| p.into_inner());
+            let mut l1 = sync::write(&self.l1);
             l1[l1_index] = at;
             let first = l1_index / 64 * 64;
             let sector: Vec<u64> = l1.iter().skip(first).take(64).copied().collect();
@@ -227,7 +224,7 @@ impl MappedFormat for Qed {
         self.backing.as_ref()
     }
 
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 
@@ -262,10 +259,6 @@ impl MappedFormat for Qed {
             i += 1;
         }
         Ok((n, place, None))
-    }
-
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        Err(Error::io("QED has no compressed clusters"))
     }
 
     fn unit(&self) -> u64 {

@@ -287,10 +287,7 @@ fn walk(storage: &StorageRef, h: &Header, fix: bool) -> Result<CheckReport> {
     let read = |off: u64| -> Result<Vec<u64>> {
         let mut raw = vec![0u8; h.table_bytes() as usize];
         storage.read_at(&mut raw, off)?;
-        Ok(raw
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect())
+        Ok(crate::bytes::le64s(&raw))
     };
     let write = |off: u64, t: &[u64]| -> Result<()> {
         let b: Vec<u8> = t.iter().flat_map(|e| e.to_le_bytes()).collect();
@@ -494,7 +491,7 @@ pub struct QedImage {
 
 impl FormatImage for QedImage {
     fn format(&self) -> Format {
-        Format::known("qed").expect("qed is in the table")
+        Format::QED
     }
 
     fn implied_names(&self) -> Vec<Named> {

@@ -5,11 +5,11 @@
 
 use std::sync::{Mutex, RwLock};
 
-use diskit_core::sync::lock;
+use diskit_core::sync::{self, lock};
 use diskit_core::{Capabilities, Error, ErrorKind, Result, StorageRef};
 
 use super::header::{BLOCK_SIZE, DISCARDED, HEADER_LEN, Header};
-use crate::mapped::{self, Allocation, Backing, Fill, Mapped, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place};
 
 /// An open VDI image.
 pub struct Vdi {
@@ -45,11 +45,8 @@ impl Vdi {
         }
         let mut raw = vec![0u8; len as usize];
         file.read_at(&mut raw, header.offset_bmap as u64)?;
-        let bmap = raw
-            .chunks_exact(4)
-            .take(header.blocks_in_image as usize)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
+        let mut bmap = crate::bytes::le32s(&raw);
+        bmap.truncate(header.blocks_in_image as usize);
         Ok(Mapped::new(Vdi {
             file,
             header: Mutex::new(header),
@@ -65,7 +62,7 @@ impl Vdi {
 
     /// The block map as it is now.
     pub fn block_map(&self) -> Vec<u32> {
-        self.bmap.read().unwrap_or_else(|p| p.into_inner()).clone()
+        sync::read(&self.bmap).clone()
     }
 
     /// Reserves the next data block (its host offset): the header's count
@@ -95,18 +92,14 @@ impl MappedFormat for Vdi {
         &self.file
     }
 
-    fn backing(&self) -> Option<&Backing> {
-        None
-    }
-
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
         // A block's entry changes only from unallocated to allocated, and
         // only once its data is written: nothing to hold.
-        let map = self.bmap.read().unwrap_or_else(|p| p.into_inner());
+        let map = sync::read(&self.bmap);
         let offset_data = lock(&self.header).offset_data as u64;
         let block = g / BLOCK_SIZE;
         let first = map[block as usize];
@@ -133,10 +126,6 @@ impl MappedFormat for Vdi {
             Place::Zero { alloc: None }
         };
         Ok((n, place, None))
-    }
-
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        Err(Error::io("VDI has no compressed blocks"))
     }
 
     fn data_may_be_sparse(&self) -> bool {
@@ -177,7 +166,7 @@ impl MappedFormat for Vdi {
         let index = ((a.host - h.offset_data as u64) / BLOCK_SIZE) as u32;
         self.file.write_extend(&h.to_bytes(), 0)?;
         let sector = {
-            let mut map = self.bmap.write().unwrap_or_else(|p| p.into_inner());
+            let mut map = sync::write(&self.bmap);
             map[block as usize] = index;
             let first = (block as usize / 128) * 128;
             let mut bytes = vec![0u8; 512];

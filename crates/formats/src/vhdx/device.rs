@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use diskit_core::sync::lock;
+use diskit_core::sync::{self, lock};
 use diskit_core::{Capabilities, Error, ErrorKind, Preallocation, Result, StorageRef, WriteFlags};
 
 use super::header::{
@@ -27,7 +27,7 @@ use super::header::{
     RegionTable, Regions, SIGNATURE, TABLE_LEN, entry_offset, entry_state, invalid, reads_as_zero,
 };
 use super::log::{self, Log};
-use crate::mapped::{self, Allocation, Backing, Fill, Mapped, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place};
 
 /// How an image is opened.
 #[derive(Debug, Clone, Copy, Default)]
@@ -266,7 +266,7 @@ impl Vhdx {
     /// BAT or metadata (`first_only`: the first, as an open stops there).
     pub fn bat_errors(&self, first_only: bool) -> Result<Vec<String>> {
         let file_len = self.file.file_len()?;
-        let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
+        let bat = sync::read(&self.bat);
         let bs = self.geo.block_size;
         let mut out = Vec::new();
         for b in 0..self.geo.blocks {
@@ -362,7 +362,7 @@ impl Vhdx {
         let h = st.header.clone();
         for chunk in sectors.chunks(self.capacity as usize) {
             let contents: Vec<(u64, Vec<u8>)> = {
-                let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
+                let bat = sync::read(&self.bat);
                 chunk
                     .iter()
                     .map(|&s| (self.rt.bat.offset + s * log::SECTOR, bat.sector(s)))
@@ -407,18 +407,14 @@ impl MappedFormat for Vhdx {
         &self.file
     }
 
-    fn backing(&self) -> Option<&Backing> {
-        None
-    }
-
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.mode.writable
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
         // An entry changes only from zeros to a block whose data is
         // written, and a block never moves: nothing to hold.
-        let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
+        let bat = sync::read(&self.bat);
         let bs = self.geo.block_size;
         let b = g / bs;
         let first = bat[self.geo.bat_index(Block(b))];
@@ -449,10 +445,6 @@ impl MappedFormat for Vhdx {
             _ => Place::Zero { alloc: None },
         };
         Ok((n, place, None))
-    }
-
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        Err(Error::io("VHDX has no compressed blocks"))
     }
 
     fn data_may_be_sparse(&self) -> bool {
@@ -506,10 +498,7 @@ impl MappedFormat for Vhdx {
     fn commit(&self, a: Allocation) -> Result<()> {
         let i = self.geo.bat_index(Block(a.guest / self.geo.block_size));
         let mut st = self.lock();
-        self.bat
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .set(i, a.host | PAYLOAD_FULLY_PRESENT);
+        sync::write(&self.bat).set(i, a.host | PAYLOAD_FULLY_PRESENT);
         st.pending.insert(i.0 / ENTRIES_PER_SECTOR);
         if st.pending.len() as u64 >= self.capacity {
             self.commit_log(&mut st)?;

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use diskit_core::device::check_range;
+use diskit_core::sync::lock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
     StorageRef, WriteFlags, ZeroFlags,
@@ -177,7 +178,7 @@ impl Vmdk {
     /// Gives the disk a new content ID, once per open, before its first
     /// change.
     fn touch(&self) -> Result<()> {
-        let mut done = self.cid_changed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = lock(&self.cid_changed);
         if *done {
             return Ok(());
         }

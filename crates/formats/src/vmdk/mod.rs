@@ -387,7 +387,7 @@ impl VmdkImage {
 
 impl FormatImage for VmdkImage {
     fn format(&self) -> Format {
-        Format::known("vmdk").expect("vmdk is in the table")
+        Format::VMDK
     }
 
     fn implied_names(&self) -> Vec<Named> {

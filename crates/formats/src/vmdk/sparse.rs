@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use diskit_core::sync::lock;
+use diskit_core::sync::{self, lock};
 use diskit_core::{DeviceRef, Error, ErrorKind, Result, StorageRef, ZeroFlags};
 
 use super::header::{
@@ -128,10 +128,7 @@ pub struct SparseExtent {
 fn read_dir(file: &StorageRef, at: u64, n: u64) -> Result<Vec<u32>> {
     let mut raw = vec![0u8; (n * 4) as usize];
     file.read_padded(&mut raw, at)?;
-    Ok(raw
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect())
+    Ok(crate::bytes::le32s(&raw))
 }
 
 impl SparseExtent {
@@ -234,18 +231,13 @@ impl SparseExtent {
 
     /// The grain table at directory index `l1`, if it has one.
     fn table(&self, l1: u64) -> Result<Option<Arc<Vec<u32>>>> {
-        let sector = match self
-            .gd
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(l1 as usize)
-        {
+        let sector = match sync::read(&self.gd).get(l1 as usize) {
             Some(&s) if s != 0 => s,
             _ => return Ok(None),
         };
         loop {
             let generation = {
-                let c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+                let c = lock(&self.tables);
                 if let Some(t) = c.map.get(&l1) {
                     return Ok(Some(t.clone()));
                 }
@@ -256,7 +248,7 @@ impl SparseExtent {
                 u64::from(sector) * SECTOR,
                 self.geo.gtes,
             )?);
-            let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = lock(&self.tables);
             if c.generation != generation {
                 // A table changed while this one was read: it may be the
                 // one, and the copy read may be older than the change.
@@ -336,10 +328,7 @@ impl SparseExtent {
     /// Reads a compressed grain's bytes `skip` into it.
     fn read_grain(&self, offset: u64, skip: u64, buf: &mut [u8]) -> Result<()> {
         let grain = self.geo.grain;
-        let cached = self
-            .last_grain
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let cached = lock(&self.last_grain)
             .as_ref()
             .filter(|(at, _)| *at == offset)
             .map(|(_, d)| d.clone());
@@ -366,8 +355,7 @@ impl SparseExtent {
                 let n = self.inflate_grain(offset, &mut out)?;
                 out.truncate(n);
                 let d = Arc::new(out);
-                *self.last_grain.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((offset, d.clone()));
+                *lock(&self.last_grain) = Some((offset, d.clone()));
                 d
             }
         };
@@ -446,7 +434,7 @@ impl SparseExtent {
         {
             return Ok(false);
         }
-        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = lock(&self.next);
         let mut pos = g;
         while pos < g + len {
             let span = self.geo.table_span();
@@ -511,32 +499,21 @@ impl SparseExtent {
         let span = self.geo.table_span();
         let l1 = g / span;
         let first = (g % span) / self.geo.grain;
-        let gt = self
-            .gd
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(l1 as usize)
-            .copied()
-            .unwrap_or(0);
+        let gt = sync::read(&self.gd).get(l1 as usize).copied().unwrap_or(0);
         let gt = if gt == 0 {
             self.new_table(next, l1)?
         } else {
             gt
         };
         let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
-        let rgt = self
-            .rgd
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(l1 as usize)
-            .copied();
+        let rgt = sync::read(&self.rgd).get(l1 as usize).copied();
         if let Some(r) = rgt.filter(|&r| r != 0) {
             self.file
                 .write_extend(&bytes, u64::from(r) * SECTOR + first * 4)?;
         }
         self.file
             .write_extend(&bytes, u64::from(gt) * SECTOR + first * 4)?;
-        let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = lock(&self.tables);
         let table = match c.map.get(&l1) {
             Some(t) => {
                 let mut t = (**t).clone();
@@ -546,7 +523,7 @@ impl SparseExtent {
             None => {
                 drop(c);
                 let t = read_dir(&self.file, u64::from(gt) * SECTOR, self.geo.gtes)?;
-                c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+                c = lock(&self.tables);
                 t
             }
         };
@@ -581,19 +558,11 @@ impl SparseExtent {
         };
         if let (Some(at), Some(r)) = (self.geo.rgd_at, rgt) {
             self.file.write_extend(&r.to_le_bytes(), at + l1 * 4)?;
-            set_entry(
-                &mut self.rgd.write().unwrap_or_else(|p| p.into_inner()),
-                l1,
-                r,
-            );
+            set_entry(&mut sync::write(&self.rgd), l1, r);
         }
         self.file
             .write_extend(&gt.to_le_bytes(), self.geo.gd_at + l1 * 4)?;
-        set_entry(
-            &mut self.gd.write().unwrap_or_else(|p| p.into_inner()),
-            l1,
-            gt,
-        );
+        set_entry(&mut sync::write(&self.gd), l1, gt);
         Ok(gt)
     }
 }
@@ -623,7 +592,7 @@ impl MappedFormat for SparseExtent {
         self.backing.as_ref()
     }
 
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 

@@ -7,11 +7,11 @@
 
 use std::sync::{Mutex, RwLock};
 
-use diskit_core::sync::lock;
+use diskit_core::sync::{self, lock};
 use diskit_core::{Capabilities, Error, ErrorKind, Result, StorageRef};
 
 use super::footer::{DYN_LEN, DynHeader, FOOTER_LEN, Footer, MAX_SECTORS, SizeCalc, too_large};
-use crate::mapped::{self, Allocation, Backing, Fill, Mapped, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place};
 
 /// A BAT entry for a block never written.
 const FREE: u32 = 0xFFFF_FFFF;
@@ -155,11 +155,7 @@ impl MappedFormat for Vpc {
         &self.file
     }
 
-    fn backing(&self) -> Option<&Backing> {
-        None
-    }
-
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 
@@ -172,7 +168,7 @@ impl MappedFormat for Vpc {
                 bat,
                 ..
             } => {
-                let bat = bat.read().unwrap_or_else(|p| p.into_inner());
+                let bat = sync::read(bat);
                 let block = g / block_size;
                 let e = bat[block as usize];
                 let mut n = (block_size - g % block_size).min(max);
@@ -189,10 +185,6 @@ impl MappedFormat for Vpc {
                 Ok((n, Place::Zero { alloc: None }, None))
             }
         }
-    }
-
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        Err(Error::io("VHD has no compressed blocks"))
     }
 
     fn data_may_be_sparse(&self) -> bool {
@@ -261,7 +253,7 @@ impl MappedFormat for Vpc {
         let entry = ((a.host - bitmap_size) / 512) as u32;
         self.file
             .write_extend(&entry.to_be_bytes(), table_offset + block * 4)?;
-        bat.write().unwrap_or_else(|p| p.into_inner())[block as usize] = entry;
+        sync::write(bat)[block as usize] = entry;
         Ok(())
     }
 }

@@ -274,7 +274,7 @@ pub struct VpcImage {
 
 impl FormatImage for VpcImage {
     fn format(&self) -> Format {
-        Format::known("vpc").expect("vpc is in the table")
+        Format::VPC
     }
 
     fn info(&self) -> Result<Option<FormatInfo>> {
