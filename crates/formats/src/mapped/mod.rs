@@ -215,12 +215,7 @@ pub trait MappedFormat: Send + Sync {
     /// zeros already, the rest is written.
     fn zero(&self, g: u64, len: u64, flags: ZeroFlags) -> Result<Zeroed> {
         let _ = flags;
-        let (n, place, _) = self.lookup(g, len, false)?;
-        Ok(match place {
-            Place::Zero { .. } => Zeroed::Done(n),
-            Place::Unallocated { .. } if self.backing().is_none() => Zeroed::Done(n),
-            _ => Zeroed::Write(n),
-        })
+        zero_where_zeros(self, g, len)
     }
 
     /// Drops the data of `[g, g+len)` where the format can (a hint: the
@@ -292,6 +287,18 @@ pub enum Zeroed {
     Done(u64),
     /// These bytes need zeros written.
     Write(u64),
+}
+
+/// [`MappedFormat::zero`] for a format that cannot mark zeros: a prefix of
+/// `[g, g+len)` that reads as zeros already (zeros, or unallocated without
+/// a backing image) is done, any other needs zeros written.
+pub fn zero_where_zeros<F: MappedFormat + ?Sized>(f: &F, g: u64, len: u64) -> Result<Zeroed> {
+    let (n, place, _) = f.lookup(g, len, false)?;
+    Ok(match place {
+        Place::Zero { .. } => Zeroed::Done(n),
+        Place::Unallocated { .. } if f.backing().is_none() => Zeroed::Done(n),
+        _ => Zeroed::Write(n),
+    })
 }
 
 /// Reads what `place` holds for `buf.len()` bytes at guest `g`.

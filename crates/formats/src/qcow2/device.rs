@@ -763,6 +763,18 @@ impl Qcow2Format {
     fn zero_granularity(&self) -> u64 {
         self.geo.subcluster_size()
     }
+
+    /// The whole granules of `gran` bytes inside `[g, end)`, as a range
+    /// (empty when `a >= b`); an unaligned end at the very end of the
+    /// image counts as aligned.
+    fn whole(&self, g: u64, end: u64, gran: u64) -> (u64, u64) {
+        let b = if end == self.size() {
+            end
+        } else {
+            end / gran * gran
+        };
+        (g.div_ceil(gran) * gran, b)
+    }
 }
 
 impl Drop for Qcow2Format {
@@ -947,15 +959,8 @@ impl MappedFormat for Qcow2Format {
     /// cluster kept unless the range may be trimmed); unaligned edges, and
     /// what the format cannot mark, are written.
     fn zero(&self, g: u64, len: u64, flags: ZeroFlags) -> Result<Zeroed> {
-        let gran = self.zero_granularity();
         let end = g + len;
-        let a = g.div_ceil(gran) * gran;
-        // Unaligned edges at the very end of the image count as aligned.
-        let b = if end == self.size() {
-            end
-        } else {
-            end / gran * gran
-        };
+        let (a, b) = self.whole(g, end, self.zero_granularity());
         // Only whole (sub)clusters of a v3 image are cheap to zero.
         if flags.fast && (self.header.version < 3 || a != g || b != end) {
             return Err(Error::from_kind(ErrorKind::NotSupported));
@@ -978,14 +983,7 @@ impl MappedFormat for Qcow2Format {
     /// file shows through); discard is advisory, so what cannot be dropped
     /// cheaply stays.
     fn discard(&self, g: u64, len: u64) -> Result<()> {
-        let cs = self.geo.cluster_size();
-        let end = g + len;
-        let a = g.div_ceil(cs) * cs;
-        let b = if end == self.size() {
-            end
-        } else {
-            end / cs * cs
-        };
+        let (a, b) = self.whole(g, g + len, self.geo.cluster_size());
         if a < b && !(self.header.version < 3 && self.backing.is_some()) {
             match self.zero_aligned(a, b - a, false, true) {
                 Err(e) if e.kind() == ErrorKind::NotSupported => {}

@@ -8,10 +8,10 @@
 use std::sync::{Mutex, RwLock};
 
 use diskit_core::sync::{self, lock};
-use diskit_core::{Capabilities, Error, ErrorKind, Result, StorageRef};
+use diskit_core::{Capabilities, Error, ErrorKind, Result, StorageRef, ZeroFlags};
 
 use super::footer::{DYN_LEN, DynHeader, FOOTER_LEN, Footer, MAX_SECTORS, SizeCalc, too_large};
-use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place, Zeroed};
 
 /// A BAT entry for a block never written.
 const FREE: u32 = 0xFFFF_FFFF;
@@ -205,6 +205,14 @@ impl MappedFormat for Vpc {
 
     fn describe(&self) -> String {
         format!("vpc {}", self.file.location())
+    }
+
+    /// Zeros are written, never marked: a fast zero is refused.
+    fn zero(&self, g: u64, len: u64, flags: ZeroFlags) -> Result<Zeroed> {
+        if flags.fast {
+            return Err(Error::new(ErrorKind::NotSupported, "VHD zeroes by writing"));
+        }
+        mapped::zero_where_zeros(self, g, len)
     }
 
     /// A new block where the footer is: its bitmap (every sector present,
