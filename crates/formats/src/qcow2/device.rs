@@ -922,19 +922,21 @@ impl MappedFormat for Qcow2Format {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let w = self.writable;
-        Capabilities {
-            can_write: w,
-            can_flush: w,
-            can_fua: w,
-            can_trim: w,
-            can_write_zeroes: w,
-            can_zero: w,
-            can_fast_zero: w && self.header.version >= 3,
-            can_extents: true,
-            can_multi_conn: true,
+        // The mapped image's, with trim, fast zeroing on v3 and cache; a
+        // read-only image flushes nothing either.
+        let caps = Capabilities {
+            can_trim: true,
+            can_fast_zero: self.header.version >= 3,
             can_cache: true,
-            is_rotational: false,
+            ..mapped::image_capabilities(true, true, false)
+        };
+        if self.writable {
+            caps
+        } else {
+            Capabilities {
+                can_flush: false,
+                ..caps.read_only()
+            }
         }
     }
 
