@@ -8,6 +8,7 @@
 //! its storage.
 
 pub mod bits;
+mod bytes;
 mod chain;
 pub mod check;
 pub mod creation;

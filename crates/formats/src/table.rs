@@ -71,6 +71,18 @@ impl Format {
     /// An existing block or character device, named as QEMU's protocol
     /// driver (`-f host_device`): its raw bytes.
     pub const HOST_DEVICE: Format = Format(&crate::host_device::HostDeviceDriver);
+    /// VirtualBox's disk image.
+    pub const VDI: Format = Format(&crate::vdi::VdiDriver);
+    /// Virtual PC's VHD.
+    pub const VPC: Format = Format(&crate::vpc::VpcDriver);
+    /// Hyper-V's VHDX.
+    pub const VHDX: Format = Format(&crate::vhdx::VhdxDriver);
+    /// QEMU enhanced disk.
+    pub const QED: Format = Format(&crate::qed::QedDriver);
+    /// VMware's disk.
+    pub const VMDK: Format = Format(&crate::vmdk::VmdkDriver);
+    /// A LUKS volume.
+    pub const LUKS: Format = Format(&crate::luks::LuksDriver);
 
     /// The format called `name` (`-f`, `-O`, a backing format), refusing
     /// one diskit only recognises by name.

@@ -264,7 +264,7 @@ pub struct LuksImage {
 
 impl FormatImage for LuksImage {
     fn format(&self) -> Format {
-        Format::known("luks").expect("luks is in the table")
+        Format::LUKS
     }
 
     fn created_reads_as_zeros(&self) -> bool {

@@ -13,9 +13,9 @@ use std::sync::atomic::Ordering;
 
 use diskit_core::{BlockDevice, Error, Result};
 
-use super::Qcow2;
 use super::bitmap::{self, Bitmap, BitmapsExt, BitmapsState, flags};
 use super::bitmap_bits::{Bits, DirtyRanges, ENTRY_OFFSET_MASK, bytes_for, read_bits};
+use super::device::Qcow2Format;
 use super::header::{HeaderExtension, autoclear, ext};
 use super::layout::{HostCluster, HostOffset};
 use super::meta::Meta;
@@ -66,7 +66,7 @@ pub enum Plan {
     },
 }
 
-impl Qcow2 {
+impl Qcow2Format {
     /// Loads the bitmap directory of an image opened for writing, so that
     /// writes are tracked (see the module documentation).
     pub(super) fn track_bitmaps(&self) -> Result<()> {

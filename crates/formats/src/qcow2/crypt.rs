@@ -175,7 +175,7 @@ fn rename_key(e: Error, key: &str) -> Error {
     }
 }
 
-impl super::Qcow2 {
+impl super::device::Qcow2Format {
     /// Encrypts a new, empty image with LUKS as QEMU does once the image
     /// exists: the LUKS header and its key slots in newly allocated,
     /// zeroed clusters, then the image header marked (crypt_method 2, the

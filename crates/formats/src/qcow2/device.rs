@@ -12,11 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use diskit_core::buffer::{ReusedBuf, with_reused};
-use diskit_core::device::check_range;
 use diskit_core::zero::is_zero;
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
-    WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, Result, ZeroFlags,
 };
 use diskit_core::{Storage, StorageRef};
 
@@ -25,12 +23,16 @@ use super::header::Header;
 use super::l2::{COPIED, ClusterKind, L2Entry, Mapping, ZERO, map_in_cluster};
 use super::layout::{Geometry, GuestOffset, HostOffset};
 use super::meta::{Meta, RangeTicket};
-use crate::mapped::{self, MappedFormat, Place};
+use crate::mapped::{self, Mapped, MappedFormat, Place, Zeroed};
 
 pub use crate::mapped::Backing;
 
-/// An open qcow2 image.
-pub struct Qcow2 {
+/// An open qcow2 image as a block device: the generic mapped layer over
+/// the format.
+pub type Qcow2 = Mapped<Qcow2Format>;
+
+/// An open qcow2 image's format: metadata, mappings, allocation.
+pub struct Qcow2Format {
     pub(super) file: StorageRef,
     data: StorageRef,
     backing: Option<Backing>,
@@ -73,7 +75,7 @@ thread_local! {
     static COW_BUFFER: ReusedBuf = const { std::cell::RefCell::new(None) };
 }
 
-impl Qcow2 {
+impl Qcow2Format {
     /// Assembles an image from its opened parts (see [`super::open`]).
     pub fn new(
         file: StorageRef,
@@ -82,10 +84,10 @@ impl Qcow2 {
         header: Header,
         meta: Meta,
         writable: bool,
-    ) -> Qcow2 {
+    ) -> Qcow2Format {
         let pending =
             writable && header.autoclear_features & !super::header::autoclear::RAW_EXTERNAL != 0;
-        Qcow2 {
+        Qcow2Format {
             geo: Geometry::of(&header),
             size: AtomicU64::new(header.size),
             file,
@@ -131,6 +133,11 @@ impl Qcow2 {
     /// Whether the guest data is encrypted (LUKS or legacy AES).
     pub fn encrypted(&self) -> bool {
         self.header.crypt_method != super::crypt::NONE
+    }
+
+    /// The virtual size (changed by resize).
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
     }
 
     /// The header as opened.
@@ -756,9 +763,21 @@ impl Qcow2 {
     fn zero_granularity(&self) -> u64 {
         self.geo.subcluster_size()
     }
+
+    /// The whole granules of `gran` bytes inside `[g, end)`, as a range
+    /// (empty when `a >= b`); an unaligned end at the very end of the
+    /// image counts as aligned.
+    fn whole(&self, g: u64, end: u64, gran: u64) -> (u64, u64) {
+        let b = if end == self.size() {
+            end
+        } else {
+            end / gran * gran
+        };
+        (g.div_ceil(gran) * gran, b)
+    }
 }
 
-impl Drop for Qcow2 {
+impl Drop for Qcow2Format {
     fn drop(&mut self) {
         if let Err(e) = self.close() {
             eprintln!("diskit: error writing qcow2 metadata on close: {e}");
@@ -766,181 +785,7 @@ impl Drop for Qcow2 {
     }
 }
 
-impl BlockDevice for Qcow2 {
-    fn size(&self) -> u64 {
-        self.size.load(Ordering::Acquire)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        let w = self.writable;
-        Capabilities {
-            can_write: w,
-            can_flush: w,
-            can_fua: w,
-            can_trim: w,
-            can_write_zeroes: w,
-            can_zero: w,
-            can_fast_zero: w && self.header.version >= 3,
-            can_extents: true,
-            can_multi_conn: true,
-            can_cache: true,
-            is_rotational: false,
-        }
-    }
-
-    fn block_size(&self) -> BlockSizeLimits {
-        BlockSizeLimits {
-            minimum: 1,
-            preferred: self.geo.cluster_size().min(1 << 20) as u32,
-            maximum: 64 << 20,
-        }
-    }
-
-    fn is_known_zero(&self) -> bool {
-        false
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        mapped::read(self, buf, offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "image is read-only",
-            ));
-        }
-        check_range(self.size(), offset, buf.len() as u64)?;
-        if !buf.is_empty() {
-            self.changing(offset, buf.len() as u64)?;
-            self.write_range(buf, offset)?;
-        }
-        if flags.fua {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "image is read-only",
-            ));
-        }
-        check_range(self.size(), offset, len)?;
-        let gran = self.zero_granularity();
-        let end = offset + len;
-        let a = offset.div_ceil(gran) * gran;
-        let b = end / gran * gran;
-        // Unaligned edges at the very end of the image count as aligned.
-        let b = if end == self.size() { end } else { b };
-        // Only whole (sub)clusters of a v3 image are cheap to zero.
-        if flags.fast && (self.header.version < 3 || a != offset || b != end) {
-            return Err(Error::from_kind(ErrorKind::NotSupported));
-        }
-        if len > 0 {
-            self.changing(offset, len)?;
-        }
-        if a >= b {
-            diskit_core::device::write_zero_buffer(self, offset, len, false)?;
-        } else {
-            if a > offset {
-                diskit_core::device::write_zero_buffer(self, offset, a - offset, false)?;
-            }
-            match self.zero_aligned(a, b - a, !flags.may_trim, false) {
-                Err(e) if e.kind() == ErrorKind::NotSupported && !flags.fast => {
-                    diskit_core::device::write_zero_buffer(self, a, b - a, false)?;
-                }
-                r => r?,
-            }
-            if b < end {
-                diskit_core::device::write_zero_buffer(self, b, end - b, false)?;
-            }
-        }
-        if flags.fua {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "image is read-only",
-            ));
-        }
-        check_range(self.size(), offset, len)?;
-        if len > 0 {
-            self.changing(offset, len)?;
-        }
-        let cs = self.geo.cluster_size();
-        let end = offset + len;
-        let a = offset.div_ceil(cs) * cs;
-        let b = if end == self.size() {
-            end
-        } else {
-            end / cs * cs
-        };
-        if a < b && !(self.header.version < 3 && self.backing.is_some()) {
-            // Discard is advisory: what cannot be dropped cheaply stays.
-            match self.zero_aligned(a, b - a, false, true) {
-                Err(e) if e.kind() == ErrorKind::NotSupported => {}
-                r => r?,
-            }
-        }
-        if flags.fua {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    fn flush(&self) -> Result<()> {
-        if !self.writable {
-            return Ok(());
-        }
-        let mut meta = self.lock();
-        meta.write_back()?;
-        drop(meta);
-        self.data.flush()?;
-        if self.data_is_external() {
-            self.file.flush()?;
-        }
-        Ok(())
-    }
-
-    fn cache(&self, _offset: u64, _len: u64) -> Result<()> {
-        Ok(())
-    }
-
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let mut v = mapped::extents(self, offset, len)?;
-        if self.encrypted() {
-            // Encrypted bytes are not the guest's: no host offset is shown
-            // for them, as in QEMU.
-            for e in &mut v {
-                e.host_offset = None;
-            }
-        }
-        Ok(v)
-    }
-
-    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
-        mapped::file_view(self, offset, len)
-    }
-
-    fn describe(&self) -> String {
-        self.file.describe()
-    }
-
-    fn close(&self) -> Result<()> {
-        Qcow2::close(self)
-    }
-}
-
-impl Qcow2 {
+impl Qcow2Format {
     /// QEMU's test for metadata preallocation: many more clusters have a
     /// reference than the file has allocated on disk. Only then are data
     /// clusters worth asking the file about (their unwritten parts read as
@@ -996,7 +841,7 @@ fn place(m: Mapping) -> Place {
 
 /// Guest clusters held shared while a read moves their bytes.
 pub struct ReadHold<'a> {
-    image: &'a Qcow2,
+    image: &'a Qcow2Format,
     ticket: Option<RangeTicket>,
 }
 
@@ -1006,7 +851,7 @@ impl Drop for ReadHold<'_> {
     }
 }
 
-impl MappedFormat for Qcow2 {
+impl MappedFormat for Qcow2Format {
     type Hold<'a> = ReadHold<'a>;
 
     fn guest_size(&self) -> u64 {
@@ -1025,7 +870,7 @@ impl MappedFormat for Qcow2 {
         self.backing.as_ref()
     }
 
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 
@@ -1066,5 +911,117 @@ impl MappedFormat for Qcow2 {
 
     fn data_may_be_sparse(&self) -> bool {
         !self.data_is_external() && (self.host_zeros || self.looks_preallocated())
+    }
+
+    fn unit(&self) -> u64 {
+        self.geo.cluster_size()
+    }
+
+    fn describe(&self) -> String {
+        self.file.describe()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // The mapped image's, with trim, fast zeroing on v3 and cache; a
+        // read-only image flushes nothing either.
+        let caps = Capabilities {
+            can_trim: true,
+            can_fast_zero: self.header.version >= 3,
+            can_cache: true,
+            ..mapped::image_capabilities(true, true, false)
+        };
+        if self.writable {
+            caps
+        } else {
+            Capabilities {
+                can_flush: false,
+                ..caps.read_only()
+            }
+        }
+    }
+
+    fn block_size(&self) -> BlockSizeLimits {
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: self.geo.cluster_size().min(1 << 20) as u32,
+            maximum: 64 << 20,
+        }
+    }
+
+    fn before_change(&self, g: u64, len: u64) -> Result<()> {
+        self.changing(g, len)
+    }
+
+    /// qcow2 locks its own metadata: the step is [`Qcow2Format::write_step`].
+    fn write_own(&self, buf: &[u8], g: u64) -> Option<Result<usize>> {
+        Some(self.write_step(buf, g).map(|n| n as usize))
+    }
+
+    /// Whole (sub)clusters of a v3 image become zero clusters (the host
+    /// cluster kept unless the range may be trimmed); unaligned edges, and
+    /// what the format cannot mark, are written.
+    fn zero(&self, g: u64, len: u64, flags: ZeroFlags) -> Result<Zeroed> {
+        let end = g + len;
+        let (a, b) = self.whole(g, end, self.zero_granularity());
+        // Only whole (sub)clusters of a v3 image are cheap to zero.
+        if flags.fast && (self.header.version < 3 || a != g || b != end) {
+            return Err(Error::from_kind(ErrorKind::NotSupported));
+        }
+        if a >= b {
+            return Ok(Zeroed::Write(len));
+        }
+        if a > g {
+            return Ok(Zeroed::Write(a - g));
+        }
+        match self.zero_aligned(a, b - a, !flags.may_trim, false) {
+            Err(e) if e.kind() == ErrorKind::NotSupported && !flags.fast => {
+                Ok(Zeroed::Write(b - a))
+            }
+            r => r.map(|()| Zeroed::Done(b - a)),
+        }
+    }
+
+    /// Whole clusters are dropped where the format allows it (the backing
+    /// file shows through); discard is advisory, so what cannot be dropped
+    /// cheaply stays.
+    fn discard(&self, g: u64, len: u64) -> Result<()> {
+        let (a, b) = self.whole(g, g + len, self.geo.cluster_size());
+        if a < b && !(self.header.version < 3 && self.backing.is_some()) {
+            match self.zero_aligned(a, b - a, false, true) {
+                Err(e) if e.kind() == ErrorKind::NotSupported => {}
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        let mut meta = self.lock();
+        meta.write_back()?;
+        drop(meta);
+        self.data.flush()?;
+        if self.data_is_external() {
+            self.file.flush()?;
+        }
+        Ok(())
+    }
+
+    fn close(&self) -> Result<()> {
+        Qcow2Format::close(self)
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        let mut v = mapped::extents(self, offset, len)?;
+        if self.encrypted() {
+            // Encrypted bytes are not the guest's: no host offset is shown
+            // for them, as in QEMU.
+            for e in &mut v {
+                e.host_offset = None;
+            }
+        }
+        Ok(v)
     }
 }

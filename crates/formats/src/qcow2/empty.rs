@@ -6,10 +6,10 @@
 //! refcount block, a zeroed L1 table) and the file truncated; any other
 //! image has every cluster discarded.
 
-use diskit_core::{BlockDevice, Result};
+use diskit_core::Result;
 use diskit_core::{Preallocation, Storage};
 
-use super::Qcow2;
+use super::device::Qcow2Format;
 use super::header::{Header, ext, incompat};
 use super::open::read_header;
 use super::refcount::set_entry;
@@ -74,7 +74,7 @@ pub fn empty_completely(file: &dyn Storage) -> Result<()> {
     file.flush()
 }
 
-impl Qcow2 {
+impl Qcow2Format {
     /// Discards every cluster: all of the image reads from the backing file
     /// (or as zeros without one). Works on any image, with snapshots too.
     pub fn discard_everything(&self) -> Result<()> {
@@ -82,6 +82,6 @@ impl Qcow2 {
         if size > 0 {
             self.discard_clusters(0, size)?;
         }
-        self.flush()
+        crate::mapped::MappedFormat::flush(self)
     }
 }

@@ -2,13 +2,14 @@
 
 use diskit_core::{Error, ErrorKind, Result, Storage, StorageRef};
 
-use super::device::{Backing, Qcow2};
+use super::device::{Backing, Qcow2, Qcow2Format};
 use super::header::{Header, autoclear, ext, incompat};
 use super::l2::DecodeContext;
 use super::layout::Geometry;
 use super::meta::Meta;
 use super::refcount::Refcounts;
 use crate::implied::ImpliedFiles;
+use crate::mapped::Mapped;
 
 /// The default L2 cache: enough for 256 GiB at 64 KiB clusters (32 MiB), or
 /// the whole image when it needs less.
@@ -183,12 +184,12 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
         super::bitmap::read(&file, &header)?;
     }
     let path = super::crypt::data_path(&file, data, &header, &opts)?;
-    let mut image = Qcow2::new(file, path.data, backing, header, meta, opts.writable);
+    let mut image = Qcow2Format::new(file, path.data, backing, header, meta, opts.writable);
     image.set_guest_cipher(path.guest_cipher);
     image.set_key_secret(opts.key_secret.clone());
     image.set_host_zeros(opts.host_zeros && !image.encrypted());
     if opts.writable {
         image.track_bitmaps()?;
     }
-    Ok(image)
+    Ok(Mapped::new(image))
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 
 use diskit_core::{BlockDevice, Error, ErrorKind, Result};
 
-use super::Qcow2;
+use super::device::Qcow2Format;
 use super::header::{Header, incompat};
 use super::layout::{Geometry, HostCluster};
 use super::meta::Meta;
@@ -93,7 +93,7 @@ fn read_l1(meta: &Meta, sn: &Snapshot) -> Result<Vec<u64>> {
     read_u64_table(&meta.file, sn.l1_table_offset, sn.l1_size as u64)
 }
 
-impl Qcow2 {
+impl Qcow2Format {
     fn snapshot_state(&self) -> Result<(Header, Vec<Snapshot>)> {
         if !self.writable {
             return Err(Error::new(

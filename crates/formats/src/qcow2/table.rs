@@ -32,17 +32,5 @@ pub fn u64_table_bytes(entries: &[u64], len: usize) -> Vec<u8> {
     raw
 }
 
-/// The big-endian u16 at `at` (the caller checked the bounds).
-pub fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-/// The big-endian u32 at `at` (the caller checked the bounds).
-pub fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-/// The big-endian u64 at `at` (the caller checked the bounds).
-pub fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
+pub(crate) use crate::bytes::be16;
+pub use crate::bytes::{be32, be64};

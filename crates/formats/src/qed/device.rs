@@ -1,10 +1,10 @@
 //! An open QED image: two levels of tables say where each cluster lives
 //! (0: not here, the backing file answers; 1: zeros; else the cluster's
 //! offset in the file); the generic mapped layer moves the bytes.
-//! Allocating writes run one at a time, as in QEMU: data clusters at the
-//! end of the file (the copy-on-write around the data filled from what
-//! the range read as before), then a new L2 table if one is needed, then
-//! the table entries. Without a backing file the image is marked as
+//! New data clusters go at the end of the file, written whole (the
+//! generic layer copies what the range read as before around the data),
+//! then a new L2 table if one is needed, then the table entries (table
+//! changes one at a time). Without a backing file the image is marked as
 //! needing a check while allocations may be in flight, and unmarked at
 //! flush and close; with one, the data is flushed before any table
 //! points at it.
@@ -13,14 +13,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use diskit_core::device::check_range;
+use diskit_core::sync::{self, lock};
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
-    StorageRef, WriteFlags, ZeroFlags,
+    BlockSizeLimits, Capabilities, Error, ErrorKind, Result, StorageRef, WriteFlags, ZeroFlags,
 };
 
 use super::header::{F_NEED_CHECK, Header};
-use crate::mapped::{self, Backing, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Backing, Fill, Mapped, MappedFormat, Place, Zeroed};
 
 /// An L2 entry for a cluster that reads as zeros.
 pub const ZERO_CLUSTER: u64 = 1;
@@ -33,8 +32,6 @@ pub struct Qed {
     l2: Mutex<HashMap<u64, Arc<Vec<u64>>>>,
     backing: Option<Backing>,
     writable: bool,
-    /// Allocating writes run one at a time.
-    alloc: Mutex<()>,
     /// Where the next cluster goes (the end of the file, whole clusters).
     file_end: AtomicU64,
 }
@@ -42,10 +39,7 @@ pub struct Qed {
 fn read_table(file: &StorageRef, offset: u64, h: &Header) -> Result<Vec<u64>> {
     let mut raw = vec![0u8; h.table_bytes() as usize];
     file.read_at(&mut raw, offset)?;
-    Ok(raw
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect())
+    Ok(crate::bytes::le64s(&raw))
 }
 
 fn table_bytes(t: &[u64]) -> Vec<u8> {
@@ -59,29 +53,25 @@ impl Qed {
         header: Header,
         backing: Option<Backing>,
         writable: bool,
-    ) -> Result<Qed> {
+    ) -> Result<Mapped<Qed>> {
         let l1 = read_table(&file, header.l1_table_offset, &header)
             .map_err(|e| e.context("Failed to read L1 table"))?;
         let cs = header.cluster_size as u64;
         let file_end = file.file_len()? / cs * cs;
-        Ok(Qed {
+        Ok(Mapped::new(Qed {
             file,
             header: Mutex::new(header),
             l1: RwLock::new(l1),
             l2: Mutex::new(HashMap::new()),
             backing,
             writable,
-            alloc: Mutex::new(()),
             file_end: AtomicU64::new(file_end),
-        })
+        }))
     }
 
     /// The header as it is now.
     pub fn header(&self) -> Header {
-        self.header
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        lock(&self.header).clone()
     }
 
     fn file_size(&self) -> u64 {
@@ -90,27 +80,22 @@ impl Qed {
 
     /// The L2 table at `offset` (cached).
     fn l2_table(&self, offset: u64, h: &Header) -> Result<Arc<Vec<u64>>> {
-        if let Some(t) = self
-            .l2
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&offset)
-        {
+        if let Some(t) = lock(&self.l2).get(&offset) {
             return Ok(t.clone());
         }
         let t = Arc::new(read_table(&self.file, offset, h)?);
-        let mut cache = self.l2.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = lock(&self.l2);
         if cache.len() >= 64 {
             cache.clear();
         }
-        cache.insert(offset, t.clone());
-        Ok(t)
+        // A table changed meanwhile is newer than the one read.
+        Ok(cache.entry(offset).or_insert(t).clone())
     }
 
     /// The L2 entry of guest `g`: None when its L2 table is not allocated.
     fn l2_entry(&self, g: u64, h: &Header) -> Result<(Option<Arc<Vec<u64>>>, u64)> {
         let span = h.l2_span();
-        let l1e = self.l1.read().unwrap_or_else(|p| p.into_inner())[(g / span) as usize];
+        let l1e = sync::read(&self.l1)[(g / span) as usize];
         let idx = (g % span) / h.cluster_size as u64;
         if l1e == 0 {
             return Ok((None, idx));
@@ -140,14 +125,14 @@ impl Qed {
     /// Grows the virtual size (the header rewritten; the tables already
     /// cover it).
     pub fn set_image_size(&self, size: u64) -> Result<()> {
-        let mut h = self.header.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = lock(&self.header);
         h.image_size = size;
         self.file.write_at(&h.to_bytes(), 0, WriteFlags::NONE)?;
         self.file.flush()
     }
 
     fn set_need_check(&self, on: bool) -> Result<()> {
-        let mut h = self.header.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = lock(&self.header);
         let has = h.features & F_NEED_CHECK != 0;
         if has == on {
             return Ok(());
@@ -165,103 +150,28 @@ impl Qed {
         Ok(())
     }
 
-    /// Writes `buf` at `g` inside one L2 table's range.
-    fn write_in_table(&self, buf: &[u8], g: u64) -> Result<()> {
-        let h = self.header();
-        let cs = h.cluster_size as u64;
-        // Clusters already allocated take the data in place.
-        let (t, idx) = self.l2_entry(g, &h)?;
-        if let Some(t) = t {
-            let e = t[idx as usize];
-            if e > ZERO_CLUSTER
-                && let Place::Data(at) = self.place_of(e, g % cs, &h)?
-            {
-                let first = (cs - g % cs).min(buf.len() as u64) as usize;
-                self.file.write_at(&buf[..first], at, WriteFlags::NONE)?;
-                if first < buf.len() {
-                    return self.write_in_table(&buf[first..], g + first as u64);
-                }
-                return Ok(());
-            }
-        }
-        self.allocating_write(g, buf.len() as u64, Some(buf), &h)
-    }
-
-    /// An allocating write of `data` at `g` (`None`: whole clusters made
-    /// zero clusters), `len` bytes inside one L2 table's range.
-    fn allocating_write(&self, g: u64, len: u64, data: Option<&[u8]>, h: &Header) -> Result<()> {
-        let zero = data.is_none();
-        let cs = h.cluster_size as u64;
-        let _one_at_a_time = self.alloc.lock().unwrap_or_else(|p| p.into_inner());
-        // Look again under the allocation lock.
-        let (table, idx0) = self.l2_entry(g, h)?;
-        let mut table: Vec<u64> = match &table {
-            Some(t) => t.as_ref().clone(),
-            None => vec![0; h.table_entries() as usize],
-        };
-        let had_table =
-            self.l1.read().unwrap_or_else(|p| p.into_inner())[(g / h.l2_span()) as usize];
-        if self.backing.is_none() {
-            self.set_need_check(true)?;
-        }
-        let start = g - g % cs;
-        let end = (g + len).div_ceil(cs) * cs;
-        let n = ((end - start) / cs) as usize;
-        let old: Vec<u64> = (0..n).map(|i| table[idx0 as usize + i]).collect();
-        let mut changed = Vec::new();
-        if zero {
-            for (i, &e) in old.iter().enumerate() {
-                if e == ZERO_CLUSTER {
-                    continue;
-                }
-                if e > ZERO_CLUSTER {
-                    // Allocated: zeros in place, the cluster stays.
-                    let zeros = vec![0u8; cs as usize];
-                    self.file.write_at(&zeros, e, WriteFlags::NONE)?;
-                    continue;
-                }
-                table[idx0 as usize + i] = ZERO_CLUSTER;
-                changed.push(idx0 as usize + i);
-            }
-        } else if let Some(buf) = data {
-            // The clusters assembled: what they read as before, the data
-            // over it.
-            let mut region = vec![0u8; (end - start) as usize];
-            for (i, &e) in old.iter().enumerate() {
-                let at = i * cs as usize;
-                let piece = &mut region[at..at + cs as usize];
-                let pg = start + i as u64 * cs;
-                let head_or_tail = pg < g || pg + cs > g + len;
-                if head_or_tail && e != ZERO_CLUSTER {
-                    let place = self.place_of(e, 0, h)?;
-                    mapped::read_place(self, place, pg, piece)?;
-                }
-            }
-            let d = (g - start) as usize;
-            region[d..d + buf.len()].copy_from_slice(buf);
-            let at = self.file_size();
-            self.file.write_extend(&region, at)?;
-            self.file_end.store(at + n as u64 * cs, Ordering::Release);
-            if self.backing.is_some() {
-                self.file.flush()?;
-            }
-            for i in 0..n {
-                table[idx0 as usize + i] = at + i as u64 * cs;
-                changed.push(idx0 as usize + i);
-            }
-        }
-        if changed.is_empty() {
-            return Ok(());
-        }
+    /// Sets the L2 entries from guest `g` (inside one table) to `entries`
+    /// and writes them: the changed sectors of the table, or a new table
+    /// after the data and then the L1 sector that points at it. Table
+    /// changes run one at a time (under the table cache's lock).
+    fn set_entries(&self, g: u64, entries: &[u64], h: &Header) -> Result<()> {
+        let mut cache = lock(&self.l2);
         let l1_index = (g / h.l2_span()) as usize;
+        let idx0 = ((g % h.l2_span()) / h.cluster_size as u64) as usize;
+        let had_table = sync::read(&self.l1)[l1_index];
+        let mut table: Vec<u64> = match (had_table, cache.get(&had_table)) {
+            (0, _) => vec![0; h.table_entries() as usize],
+            (_, Some(t)) => t.as_ref().clone(),
+            (at, None) => read_table(&self.file, at, h)?,
+        };
+        table[idx0..idx0 + entries.len()].copy_from_slice(entries);
         let table_at = if had_table == 0 {
             // A new L2 table after the data, written whole, then the L1
             // sector that points at it.
-            let at = self.file_size();
+            let at = self.file_end.fetch_add(h.table_bytes(), Ordering::AcqRel);
             self.file.write_extend(&table_bytes(&table), at)?;
-            self.file_end.store(at + h.table_bytes(), Ordering::Release);
             self.file.flush()?;
-            let mut l1 = self.l1.write().unwrap_or_else(|p| p.into_inner());
+            let mut l1 = sync::write(&self.l1);
             l1[l1_index] = at;
             let first = l1_index / 64 * 64;
             let sector: Vec<u64> = l1.iter().skip(first).take(64).copied().collect();
@@ -273,8 +183,8 @@ impl Qed {
             at
         } else {
             // The sectors of the table holding the changed entries.
-            let lo = changed[0] / 64 * 64;
-            let hi = (changed[changed.len() - 1] / 64 + 1) * 64;
+            let lo = idx0 / 64 * 64;
+            let hi = ((idx0 + entries.len() - 1) / 64 + 1) * 64;
             let hi = hi.min(table.len());
             self.file.write_at(
                 &table_bytes(&table[lo..hi]),
@@ -283,24 +193,10 @@ impl Qed {
             )?;
             had_table
         };
-        self.l2
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(table_at, Arc::new(table));
-        Ok(())
-    }
-
-    fn each_table<F>(&self, offset: u64, len: u64, mut f: F) -> Result<()>
-    where
-        F: FnMut(u64, u64) -> Result<()>,
-    {
-        let span = self.header().l2_span();
-        let mut pos = offset;
-        while pos < offset + len {
-            let n = (span - pos % span).min(offset + len - pos);
-            f(pos, n)?;
-            pos += n;
+        if cache.len() >= 64 {
+            cache.clear();
         }
+        cache.insert(table_at, Arc::new(table));
         Ok(())
     }
 }
@@ -317,10 +213,7 @@ impl MappedFormat for Qed {
     type Hold<'a> = ();
 
     fn guest_size(&self) -> u64 {
-        self.header
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .image_size
+        lock(&self.header).image_size
     }
 
     fn data(&self) -> &StorageRef {
@@ -331,7 +224,7 @@ impl MappedFormat for Qed {
         self.backing.as_ref()
     }
 
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 
@@ -368,14 +261,8 @@ impl MappedFormat for Qed {
         Ok((n, place, None))
     }
 
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        Err(Error::io("QED has no compressed clusters"))
-    }
-}
-
-impl BlockDevice for Qed {
-    fn size(&self) -> u64 {
-        self.guest_size()
+    fn unit(&self) -> u64 {
+        self.header().cluster_size as u64
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -390,62 +277,87 @@ impl BlockDevice for Qed {
         }
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        mapped::read(self, buf, offset)
+    fn describe(&self) -> String {
+        format!("qed {}", self.file.location())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "image is read-only",
-            ));
+    /// New clusters at the end of the file for the run from `g` (inside
+    /// one L2 table), written whole.
+    fn allocate(&self, g: u64, data: &[u8]) -> Result<Allocation> {
+        let h = self.header();
+        let cs = h.cluster_size as u64;
+        let span = h.l2_span();
+        let start = g / cs * cs;
+        let end = (g + data.len() as u64)
+            .div_ceil(cs)
+            .saturating_mul(cs)
+            .min((g / span + 1) * span);
+        if self.backing.is_none() {
+            self.set_need_check(true)?;
         }
-        check_range(self.size(), offset, buf.len() as u64)?;
-        self.each_table(offset, buf.len() as u64, |pos, n| {
-            let a = (pos - offset) as usize;
-            self.write_in_table(&buf[a..a + n as usize], pos)
-        })?;
-        if flags.fua {
-            self.flush()?;
-        }
-        Ok(())
+        let len = end - start;
+        Ok(Allocation {
+            guest: start,
+            len,
+            host: self.file_end.fetch_add(len, Ordering::AcqRel),
+            fill: Fill::Whole,
+        })
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "image is read-only",
-            ));
+    /// The table entries, once the data is written (and flushed, with a
+    /// backing file).
+    fn commit(&self, a: Allocation) -> Result<()> {
+        if self.backing.is_some() {
+            self.file.flush()?;
         }
-        check_range(self.size(), offset, len)?;
-        let cs = self.header().cluster_size as u64;
-        // Whole clusters become zero clusters; the edges get zeros written.
-        let a = offset.div_ceil(cs) * cs;
-        let b = ((offset + len) / cs * cs).max(a);
-        if flags.fast && (a != offset || b != offset + len) {
+        let h = self.header();
+        let cs = h.cluster_size as u64;
+        let entries: Vec<u64> = (0..a.len / cs).map(|i| a.host + i * cs).collect();
+        self.set_entries(a.guest, &entries, &h)
+    }
+
+    /// Whole clusters become zero clusters (those allocated get zeros
+    /// written in place and stay); partial ones are written.
+    fn zero(&self, g: u64, len: u64, flags: ZeroFlags) -> Result<Zeroed> {
+        let h = self.header();
+        let cs = h.cluster_size as u64;
+        if flags.fast && (!g.is_multiple_of(cs) || !(g + len).is_multiple_of(cs)) {
             return Err(Error::new(
                 ErrorKind::NotSupported,
                 "partial clusters are written",
             ));
         }
-        let edges = [(offset, a.min(offset + len)), (b.max(offset), offset + len)];
-        for (s, e) in edges {
-            if e > s {
-                let zeros = vec![0u8; (e - s) as usize];
-                self.write_at(&zeros, s, WriteFlags::NONE)?;
+        if !g.is_multiple_of(cs) {
+            return Ok(Zeroed::Write(len.min(cs - g % cs)));
+        }
+        if len < cs {
+            return Ok(Zeroed::Write(len));
+        }
+        let span = h.l2_span();
+        let n = (len / cs * cs).min(span - g % span);
+        let (table, idx) = self.l2_entry(g, &h)?;
+        let mut entries = Vec::with_capacity((n / cs) as usize);
+        let mut changed = false;
+        for i in 0..n / cs {
+            let e = table.as_ref().map_or(0, |t| t[(idx + i) as usize]);
+            if e > ZERO_CLUSTER {
+                // Allocated: zeros in place, the cluster stays.
+                if let Place::Data(at) = self.place_of(e, 0, &h)? {
+                    self.file
+                        .write_at(&vec![0u8; cs as usize], at, WriteFlags::NONE)?;
+                }
+            } else {
+                changed |= e != ZERO_CLUSTER;
             }
+            entries.push(e.max(ZERO_CLUSTER));
         }
-        if b > a {
-            self.each_table(a, b - a, |pos, n| {
-                self.allocating_write(pos, n, None, &self.header())
-            })?;
+        if changed {
+            if self.backing.is_none() {
+                self.set_need_check(true)?;
+            }
+            self.set_entries(g, &entries, &h)?;
         }
-        if flags.fua {
-            self.flush()?;
-        }
-        Ok(())
+        Ok(Zeroed::Done(n))
     }
 
     fn flush(&self) -> Result<()> {
@@ -454,17 +366,5 @@ impl BlockDevice for Qed {
             self.set_need_check(false)?;
         }
         Ok(())
-    }
-
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        mapped::extents(self, offset, len)
-    }
-
-    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
-        mapped::file_view(self, offset, len)
-    }
-
-    fn describe(&self) -> String {
-        format!("qed {}", self.file.location())
     }
 }

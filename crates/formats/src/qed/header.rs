@@ -50,12 +50,7 @@ pub struct Header {
     pub backing_filename_size: u32,
 }
 
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
+use crate::bytes::{le32, le64};
 
 /// The largest virtual size for a geometry, computed as QEMU computes it
 /// (in 64 bits, wrapping: large clusters give 0, and no size at all).

@@ -287,10 +287,7 @@ fn walk(storage: &StorageRef, h: &Header, fix: bool) -> Result<CheckReport> {
     let read = |off: u64| -> Result<Vec<u64>> {
         let mut raw = vec![0u8; h.table_bytes() as usize];
         storage.read_at(&mut raw, off)?;
-        Ok(raw
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect())
+        Ok(crate::bytes::le64s(&raw))
     };
     let write = |off: u64, t: &[u64]| -> Result<()> {
         let b: Vec<u8> = t.iter().flat_map(|e| e.to_le_bytes()).collect();
@@ -488,13 +485,13 @@ impl FormatDriver for QedDriver {
 
 /// An open QED image.
 pub struct QedImage {
-    qed: Arc<Qed>,
+    qed: Arc<crate::mapped::Mapped<Qed>>,
     storage: StorageRef,
 }
 
 impl FormatImage for QedImage {
     fn format(&self) -> Format {
-        Format::known("qed").expect("qed is in the table")
+        Format::QED
     }
 
     fn implied_names(&self) -> Vec<Named> {
@@ -540,7 +537,7 @@ impl FormatImage for QedImage {
         // cannot promise: refused as QEMU refuses it, before anything else.
         let old = self.qed.header().image_size;
         if new_size > old
-            && crate::mapped::MappedFormat::backing(&*self.qed).is_some_and(|b| b.size > old)
+            && crate::mapped::MappedFormat::backing(self.qed.format()).is_some_and(|b| b.size > old)
         {
             return Err(Error::unsupported(
                 "Block driver does not support requested flags",

@@ -50,13 +50,7 @@ pub struct Header {
     pub blocks_allocated: u32,
 }
 
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
+use crate::bytes::{le32, le64};
 
 fn unsupported(what: String) -> Error {
     Error::new(

@@ -273,7 +273,7 @@ pub struct VdiImage;
 
 impl FormatImage for VdiImage {
     fn format(&self) -> Format {
-        Format::known("vdi").expect("vdi is in the table")
+        Format::VDI
     }
 
     fn info(&self) -> Result<Option<FormatInfo>> {

@@ -16,22 +16,18 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, RwLock};
+use std::sync::{Mutex, RwLock};
 
-use diskit_core::device::check_range;
-use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Preallocation,
-    Result, StorageRef, WriteFlags, ZeroFlags,
-};
+use diskit_core::sync::{self, lock};
+use diskit_core::{Capabilities, Error, ErrorKind, Preallocation, Result, StorageRef, WriteFlags};
 
 use super::header::{
-    self, Bat, BatIndex, Block, ENTRIES_PER_SECTOR, Geometry, Guid, HEADER_BLOCK, HEADER_OFFSETS,
-    Header, MIB, Metadata, NULL_GUID, PAYLOAD_FULLY_PRESENT, PAYLOAD_NOT_PRESENT,
-    REGION_TABLE_OFFSET, RegionTable, Regions, SIGNATURE, TABLE_LEN, entry_offset, entry_state,
-    invalid, reads_as_zero,
+    self, Bat, Block, ENTRIES_PER_SECTOR, Geometry, Guid, HEADER_BLOCK, HEADER_OFFSETS, Header,
+    MIB, Metadata, NULL_GUID, PAYLOAD_FULLY_PRESENT, PAYLOAD_NOT_PRESENT, REGION_TABLE_OFFSET,
+    RegionTable, Regions, SIGNATURE, TABLE_LEN, entry_offset, entry_state, invalid, reads_as_zero,
 };
 use super::log::{self, Log};
-use crate::mapped::{self, Backing, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place};
 
 /// How an image is opened.
 #[derive(Debug, Clone, Copy, Default)]
@@ -101,9 +97,6 @@ pub struct Vhdx {
     regions: Regions,
     bat: RwLock<Bat>,
     state: Mutex<State>,
-    /// Payload blocks being allocated (their writers hold them).
-    allocating: Mutex<Vec<Block>>,
-    allocated: Condvar,
     /// Where the file ends (new blocks go after, 1 MiB aligned).
     file_end: AtomicU64,
     /// BAT sectors one log entry can carry (0: the image cannot be written).
@@ -130,7 +123,7 @@ fn inside(file: &StorageRef, offset: u64, len: u64, what: &str) -> Result<()> {
 impl Vhdx {
     /// Opens the image in `file`: headers, log (replayed if writable,
     /// refused if not), region table, metadata, BAT.
-    pub fn open(file: StorageRef, mode: Mode) -> Result<Vhdx> {
+    pub fn open(file: StorageRef, mode: Mode) -> Result<Mapped<Vhdx>> {
         let mut sig = [0u8; 8];
         file.read_padded(&mut sig, 0)?;
         if &sig != SIGNATURE {
@@ -235,8 +228,6 @@ impl Vhdx {
             regions,
             bat: RwLock::new(bat),
             state: Mutex::new(st),
-            allocating: Mutex::new(Vec::new()),
-            allocated: Condvar::new(),
             capacity,
             replayed,
             written: AtomicBool::new(false),
@@ -247,7 +238,7 @@ impl Vhdx {
                 return Err(invalid(errors.join("\n")));
             }
         }
-        Ok(v)
+        Ok(Mapped::new(v))
     }
 
     /// Whether a log was replayed when the image was opened.
@@ -275,7 +266,7 @@ impl Vhdx {
     /// BAT or metadata (`first_only`: the first, as an open stops there).
     pub fn bat_errors(&self, first_only: bool) -> Result<Vec<String>> {
         let file_len = self.file.file_len()?;
-        let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
+        let bat = sync::read(&self.bat);
         let bs = self.geo.block_size;
         let mut out = Vec::new();
         for b in 0..self.geo.blocks {
@@ -316,16 +307,8 @@ impl Vhdx {
         Ok(out)
     }
 
-    fn entry(&self, i: BatIndex) -> u64 {
-        self.bat.read().unwrap_or_else(|p| p.into_inner())[i]
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn read_only() -> Error {
-        Error::new(ErrorKind::PermissionDenied, "image is read-only")
+        lock(&self.state)
     }
 
     fn bad_state(&self, b: Block, e: u64) -> Error {
@@ -351,79 +334,24 @@ impl Vhdx {
         Ok(())
     }
 
-    /// Writes `buf` at guest `g`, inside one payload block.
-    fn write_in_block(&self, buf: &[u8], g: u64) -> Result<()> {
+    /// The new block for guest `g`: at the end of the file, 1 MiB
+    /// aligned, the file grown over it (it reads as zeros).
+    fn new_block(&self) -> Result<u64> {
         let bs = self.geo.block_size;
-        let b = Block(g / bs);
-        let i = self.geo.bat_index(b);
-        let within = g % bs;
-        loop {
-            let e = self.entry(i);
-            match entry_state(e) {
-                PAYLOAD_FULLY_PRESENT => {
-                    let off = entry_offset(e);
-                    if off < MIB {
-                        return Err(Error::io(format!(
-                            "VHDX payload block {} is at offset {off}, inside the file header: not written",
-                            b.0
-                        )));
-                    }
-                    return self.file.write_extend(buf, off + within);
-                }
-                s if !reads_as_zero(s) => return Err(self.bad_state(b, e)),
-                _ => {}
-            }
-            let mut busy = self.allocating.lock().unwrap_or_else(|p| p.into_inner());
-            if busy.contains(&b) {
-                let _unused = self.allocated.wait(busy).unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
-            if !reads_as_zero(entry_state(self.entry(i))) {
-                continue;
-            }
-            busy.push(b);
-            drop(busy);
-            let r = self.allocate(i, buf, within);
-            let mut busy = self.allocating.lock().unwrap_or_else(|p| p.into_inner());
-            busy.retain(|x| *x != b);
-            drop(busy);
-            self.allocated.notify_all();
-            return r;
-        }
-    }
-
-    /// A new block for BAT entry `i` at the end of the file (1 MiB
-    /// aligned, a whole block, zeros but for `buf` at `within`); its entry
-    /// changes in memory and waits for the next commit.
-    fn allocate(&self, i: BatIndex, buf: &[u8], within: u64) -> Result<()> {
-        let bs = self.geo.block_size;
-        let at = {
-            let _st = self.lock();
-            let at = self
-                .file_end
-                .load(Ordering::Acquire)
-                .checked_next_multiple_of(MIB)
-                .filter(|a| a.checked_add(bs).is_some())
-                .ok_or_else(|| Error::new(ErrorKind::NoSpace, "VHDX file offsets overflow"))?;
-            self.file.resize(at + bs, Preallocation::Off)?;
-            self.file_end.store(at + bs, Ordering::Release);
-            at
-        };
-        self.file.write_at(buf, at + within, WriteFlags::NONE)?;
-        let mut st = self.lock();
-        self.bat
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .set(i, at | PAYLOAD_FULLY_PRESENT);
-        st.pending.insert(i.0 / ENTRIES_PER_SECTOR);
-        if st.pending.len() as u64 >= self.capacity {
-            self.commit(&mut st)?;
-        }
-        Ok(())
+        let _st = self.lock();
+        let at = self
+            .file_end
+            .load(Ordering::Acquire)
+            .checked_next_multiple_of(MIB)
+            .filter(|a| a.checked_add(bs).is_some())
+            .ok_or_else(|| Error::new(ErrorKind::NoSpace, "VHDX file offsets overflow"))?;
+        self.file.resize(at + bs, Preallocation::Off)?;
+        self.file_end.store(at + bs, Ordering::Release);
+        Ok(at)
     }
 
     /// Puts the BAT changes waiting in memory on disk through the log.
-    fn commit(&self, st: &mut State) -> Result<()> {
+    fn commit_log(&self, st: &mut State) -> Result<()> {
         if st.pending.is_empty() {
             return Ok(());
         }
@@ -434,7 +362,7 @@ impl Vhdx {
         let h = st.header.clone();
         for chunk in sectors.chunks(self.capacity as usize) {
             let contents: Vec<(u64, Vec<u8>)> = {
-                let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
+                let bat = sync::read(&self.bat);
                 chunk
                     .iter()
                     .map(|&s| (self.rt.bat.offset + s * log::SECTOR, bat.sector(s)))
@@ -461,7 +389,7 @@ impl Drop for Vhdx {
     fn drop(&mut self) {
         if self.mode.writable {
             let mut st = self.lock();
-            let _ = self.commit(&mut st);
+            let _ = self.commit_log(&mut st);
             drop(st);
             let _ = self.file.flush();
         }
@@ -479,18 +407,14 @@ impl MappedFormat for Vhdx {
         &self.file
     }
 
-    fn backing(&self) -> Option<&Backing> {
-        None
-    }
-
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.mode.writable
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
         // An entry changes only from zeros to a block whose data is
         // written, and a block never moves: nothing to hold.
-        let bat = self.bat.read().unwrap_or_else(|p| p.into_inner());
+        let bat = sync::read(&self.bat);
         let bs = self.geo.block_size;
         let b = g / bs;
         let first = bat[self.geo.bat_index(Block(b))];
@@ -523,93 +447,61 @@ impl MappedFormat for Vhdx {
         Ok((n, place, None))
     }
 
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        Err(Error::io("VHDX has no compressed blocks"))
-    }
-
     fn data_may_be_sparse(&self) -> bool {
         // Fixed images are preallocated sparse; convert asks about every
         // block.
         self.md.leave_allocated || self.mode.host_zeros
     }
-}
 
-impl BlockDevice for Vhdx {
-    fn size(&self) -> u64 {
-        self.geo.virtual_size
+    fn unit(&self) -> u64 {
+        self.geo.block_size
     }
 
     fn capabilities(&self) -> Capabilities {
         mapped::image_capabilities(self.mode.writable, true, true)
     }
 
-    fn block_size(&self) -> BlockSizeLimits {
-        BlockSizeLimits {
-            minimum: 1,
-            preferred: 4096,
-            maximum: 32 << 20,
-        }
+    fn describe(&self) -> String {
+        format!("vhdx {}", self.file.location())
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        mapped::read(self, buf, offset)
+    fn before_change(&self, _g: u64, _len: u64) -> Result<()> {
+        self.begin_write()
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        if !self.mode.writable {
-            return Err(Self::read_only());
+    fn write_in_place(&self, g: u64, place: Place) -> Result<Option<u64>> {
+        let Place::Data(h) = place else {
+            return Ok(None);
+        };
+        let off = h - g % self.geo.block_size;
+        if off < MIB {
+            return Err(Error::io(format!(
+                "VHDX payload block {} is at offset {off}, inside the file header: not written",
+                g / self.geo.block_size
+            )));
         }
-        check_range(self.size(), offset, buf.len() as u64)?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.begin_write()?;
+        Ok(Some(h))
+    }
+
+    /// A new block at the end of the file; the data alone is written.
+    fn allocate(&self, g: u64, _data: &[u8]) -> Result<Allocation> {
         let bs = self.geo.block_size;
-        let mut done = 0usize;
-        while done < buf.len() {
-            let g = offset + done as u64;
-            let n = ((bs - g % bs) as usize).min(buf.len() - done);
-            self.write_in_block(&buf[done..done + n], g)?;
-            done += n;
-        }
-        if flags.fua {
-            self.flush()?;
-        }
-        Ok(())
+        Ok(Allocation {
+            guest: g / bs * bs,
+            len: bs,
+            host: self.new_block()?,
+            fill: Fill::DataOnly,
+        })
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        if !self.mode.writable {
-            return Err(Self::read_only());
-        }
-        check_range(self.size(), offset, len)?;
-        // Blocks that read as zeros stay as they are; blocks in the file
-        // get zeros written (QEMU never frees a block).
-        let bs = self.geo.block_size;
-        let mut pos = offset;
-        while pos < offset + len {
-            let n = (bs - pos % bs).min(offset + len - pos);
-            let b = Block(pos / bs);
-            let e = self.entry(self.geo.bat_index(b));
-            match entry_state(e) {
-                s if reads_as_zero(s) => {}
-                PAYLOAD_FULLY_PRESENT => {
-                    if flags.fast {
-                        return Err(Error::new(
-                            ErrorKind::NotSupported,
-                            "zeroing a VHDX block in the file writes zeros",
-                        ));
-                    }
-                    self.begin_write()?;
-                    let zeros = vec![0u8; n as usize];
-                    self.write_in_block(&zeros, pos)?;
-                }
-                _ => return Err(self.bad_state(b, e)),
-            }
-            pos += n;
-        }
-        if flags.fua {
-            self.flush()?;
+    /// The BAT entry changes in memory and waits for the next commit.
+    fn commit(&self, a: Allocation) -> Result<()> {
+        let i = self.geo.bat_index(Block(a.guest / self.geo.block_size));
+        let mut st = self.lock();
+        sync::write(&self.bat).set(i, a.host | PAYLOAD_FULLY_PRESENT);
+        st.pending.insert(i.0 / ENTRIES_PER_SECTOR);
+        if st.pending.len() as u64 >= self.capacity {
+            self.commit_log(&mut st)?;
         }
         Ok(())
     }
@@ -617,24 +509,12 @@ impl BlockDevice for Vhdx {
     fn flush(&self) -> Result<()> {
         if self.mode.writable {
             let mut st = self.lock();
-            self.commit(&mut st)?;
+            self.commit_log(&mut st)?;
         }
         self.file.flush()
     }
 
     fn close(&self) -> Result<()> {
-        self.flush()
-    }
-
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        mapped::extents(self, offset, len)
-    }
-
-    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
-        mapped::file_view(self, offset, len)
-    }
-
-    fn describe(&self) -> String {
-        format!("vhdx {}", self.file.location())
+        MappedFormat::flush(self)
     }
 }

@@ -156,17 +156,7 @@ pub fn set_checksum(b: &mut [u8], at: usize) {
     b[at..at + 4].copy_from_slice(&c.to_le_bytes());
 }
 
-pub(crate) fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-pub(crate) fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-pub(crate) fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
+pub(crate) use crate::bytes::{le16, le32, le64};
 
 pub(crate) fn guid_at(b: &[u8], at: usize) -> Guid {
     b[at..at + 16].try_into().expect("16 bytes")

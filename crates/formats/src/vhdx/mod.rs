@@ -394,7 +394,7 @@ pub struct VhdxImage {
 
 impl FormatImage for VhdxImage {
     fn format(&self) -> Format {
-        Format::known("vhdx").expect("vhdx is in the table")
+        Format::VHDX
     }
 
     fn info(&self) -> Result<Option<FormatInfo>> {

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use diskit_core::device::check_range;
+use diskit_core::sync::lock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
     StorageRef, WriteFlags, ZeroFlags,
@@ -14,7 +15,7 @@ use diskit_core::{
 use super::header::SECTOR;
 use super::sesparse::SeSparseExtent;
 use super::sparse::SparseExtent;
-use crate::mapped::{self, Backing, Place};
+use crate::mapped::{self, Backing, Mapped, Place};
 
 /// What one extent is.
 pub enum ExtentData {
@@ -26,7 +27,7 @@ pub enum ExtentData {
         offset: u64,
     },
     /// Grains mapped through tables.
-    Sparse(Arc<SparseExtent>),
+    Sparse(Arc<Mapped<SparseExtent>>),
     /// A space-efficient sparse extent (read only).
     SeSparse(Arc<SeSparseExtent>),
 }
@@ -177,7 +178,7 @@ impl Vmdk {
     /// Gives the disk a new content ID, once per open, before its first
     /// change.
     fn touch(&self) -> Result<()> {
-        let mut done = self.cid_changed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = lock(&self.cid_changed);
         if *done {
             return Ok(());
         }
@@ -224,7 +225,7 @@ impl Vmdk {
 fn read_extent(e: &VmdkExtent, buf: &mut [u8], at: u64) -> Result<()> {
     match &e.data {
         ExtentData::Flat { file, offset } => file.read_padded(buf, offset + at),
-        ExtentData::Sparse(s) => mapped::read(&**s, buf, at),
+        ExtentData::Sparse(s) => s.read_at(buf, at),
         ExtentData::SeSparse(s) => mapped::read(&**s, buf, at),
     }
 }
@@ -258,7 +259,7 @@ impl BlockDevice for Vmdk {
         self.touch()?;
         self.pieces(offset, buf.len() as u64, |e, at, o, n| match &e.data {
             ExtentData::Flat { file, offset } => file.write_extend(&buf[o..o + n], offset + at),
-            ExtentData::Sparse(s) => s.write(&buf[o..o + n], at),
+            ExtentData::Sparse(s) => s.write_at(&buf[o..o + n], at, WriteFlags::NONE),
             ExtentData::SeSparse(_) => Err(read_only_extent()),
         })?;
         if flags.fua {
@@ -296,7 +297,14 @@ impl BlockDevice for Vmdk {
                         Ok(())
                     }
                 }
-                ExtentData::Sparse(s) => zero_sparse(s, at, n, flags.fast),
+                ExtentData::Sparse(s) => s.write_zeroes(
+                    at,
+                    n,
+                    ZeroFlags {
+                        fua: false,
+                        ..flags
+                    },
+                ),
                 ExtentData::SeSparse(_) => Err(read_only_extent()),
             }
         })?;
@@ -347,7 +355,7 @@ impl BlockDevice for Vmdk {
                 }
                 Ok(v)
             }
-            ExtentData::Sparse(s) => mapped::extents(&**s, at, n),
+            ExtentData::Sparse(s) => s.extents(at, n),
             ExtentData::SeSparse(s) => mapped::extents(&**s, at, n),
         }
     }
@@ -368,7 +376,7 @@ impl BlockDevice for Vmdk {
                 }
                 file.file_view(base + at, len)
             }
-            ExtentData::Sparse(s) => mapped::file_view(&**s, at, len),
+            ExtentData::Sparse(s) => s.file_view(at, len),
             ExtentData::SeSparse(s) => mapped::file_view(&**s, at, len),
         }
     }
@@ -388,50 +396,4 @@ impl BlockDevice for Vmdk {
 /// Writing to a seSparse extent (never opened writable).
 fn read_only_extent() -> Error {
     Error::unsupported("No write support for seSparse images available")
-}
-
-/// Zeros `n` bytes at `at` of a sparse extent: grains that read as zeros
-/// already are left alone, whole grains become zero grains where the
-/// extent has them, the rest is written.
-fn zero_sparse(s: &SparseExtent, at: u64, n: u64, fast: bool) -> Result<()> {
-    let grain = s.geometry().grain;
-    let mut pos = at;
-    let end = at + n;
-    while pos < end {
-        let (m, place) = s.locate(pos, end - pos)?;
-        let zero_already = match place {
-            Place::Zero { .. } => true,
-            Place::Unallocated { .. } => mapped::MappedFormat::backing(s).is_none(),
-            _ => false,
-        };
-        if !zero_already {
-            // Whole grains inside the run become zero grains where the
-            // extent has them; the partial grains at its ends are written.
-            let whole_from = pos.div_ceil(grain) * grain;
-            let whole_to = (pos + m) / grain * grain;
-            let (head_end, tail_start) =
-                if whole_from < whole_to && s.zero_grains(whole_from, whole_to - whole_from)? {
-                    (whole_from, whole_to)
-                } else {
-                    (pos + m, pos + m)
-                };
-            for (from, to) in [(pos, head_end), (tail_start, pos + m)] {
-                if from == to {
-                    continue;
-                }
-                if fast {
-                    return Err(Error::from_kind(ErrorKind::NotSupported));
-                }
-                let zeros = vec![0u8; (to - from).min(4 << 20) as usize];
-                let mut p = from;
-                while p < to {
-                    let k = (to - p).min(zeros.len() as u64);
-                    s.write(&zeros[..k as usize], p)?;
-                    p += k;
-                }
-            }
-        }
-        pos += m;
-    }
-    Ok(())
 }

@@ -25,7 +25,7 @@ use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::{ImpliedFiles, Named, Role};
 use crate::info::{ChildFile, FormatInfo, InfoValue};
-use crate::mapped::{Backing, Place};
+use crate::mapped::{Backing, Mapped, Place};
 use crate::{Format, OpenOptions, OptionList};
 
 use create::VmdkCreateOptions;
@@ -130,7 +130,7 @@ fn open_extent(
             }
             let below = backing.and_then(|b| sparse::shifted_backing(b, start));
             let s = SparseExtent::open(file, &head, writable, below)?;
-            (s.capacity(), ExtentData::Sparse(Arc::new(s)))
+            (s.capacity(), ExtentData::Sparse(Arc::new(Mapped::new(s))))
         }
         ExtentKind::SeSparse => {
             let below = backing.and_then(|b| sparse::shifted_backing(b, start));
@@ -186,7 +186,7 @@ pub fn open(
             size: s.capacity(),
             name: file.location().to_string(),
             kind: "",
-            data: ExtentData::Sparse(Arc::new(s)),
+            data: ExtentData::Sparse(Arc::new(Mapped::new(s))),
         };
         let home = DescriptorHome::Embedded {
             file: file.clone(),
@@ -387,7 +387,7 @@ impl VmdkImage {
 
 impl FormatImage for VmdkImage {
     fn format(&self) -> Format {
-        Format::known("vmdk").expect("vmdk is in the table")
+        Format::VMDK
     }
 
     fn implied_names(&self) -> Vec<Named> {

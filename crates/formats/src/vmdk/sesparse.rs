@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use diskit_core::sync::lock;
 use diskit_core::{Error, Result, StorageRef};
 
 use super::header::SECTOR;
@@ -29,7 +30,7 @@ const MAX_L1_ENTRIES: u64 = 32 << 20;
 const CACHED_TABLES: usize = 512;
 
 fn u64_at(b: &[u8], i: usize) -> u64 {
-    u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+    crate::bytes::le64(b, i * 8)
 }
 
 /// An open seSparse extent.
@@ -132,10 +133,7 @@ impl SeSparseExtent {
         let entries = declared.min(len.saturating_sub(gd_at) / 8);
         let mut raw = vec![0u8; (entries * 8) as usize];
         file.read_padded(&mut raw, gd_at)?;
-        let gd = raw
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
+        let gd = crate::bytes::le64s(&raw);
         Ok(SeSparseExtent {
             file,
             capacity: f(2).saturating_mul(SECTOR),
@@ -172,12 +170,7 @@ impl SeSparseExtent {
                 "seSparse grain directory entry {l1} is invalid: 0x{e:016x}"
             )));
         }
-        if let Some(t) = self
-            .tables
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&l1)
-        {
+        if let Some(t) = lock(&self.tables).get(&l1) {
             return Ok(Some(t.clone()));
         }
         let index = e & 0xFFFF_FFFF;
@@ -186,12 +179,8 @@ impl SeSparseExtent {
             .saturating_add(index * TABLE_SECTORS * SECTOR);
         let mut raw = vec![0u8; (TABLE_ENTRIES * 8) as usize];
         self.file.read_padded(&mut raw, at)?;
-        let t: Arc<Vec<u64>> = Arc::new(
-            raw.chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-        );
-        let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let t = Arc::new(crate::bytes::le64s(&raw));
+        let mut c = lock(&self.tables);
         if c.len() >= CACHED_TABLES {
             c.clear();
         }
@@ -268,16 +257,20 @@ impl MappedFormat for SeSparseExtent {
         self.backing.as_ref()
     }
 
-    fn mappings_change(&self) -> bool {
-        false
-    }
-
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
         let (n, p) = self.locate(g, max)?;
         Ok((n, p, None))
     }
 
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        Err(Error::io("seSparse has no compressed grains"))
+    fn unit(&self) -> u64 {
+        GRAIN
+    }
+
+    fn writable(&self) -> bool {
+        false
+    }
+
+    fn describe(&self) -> String {
+        format!("vmdk seSparse extent {}", self.file.location())
     }
 }

@@ -1,20 +1,22 @@
 //! A sparse extent: guest grains mapped through a grain directory and
 //! grain tables (hosted KDMV extents, streamOptimized ones with
 //! compressed grains, and ESX COWD ones). It answers where a guest range
-//! lives ([`MappedFormat`]); the generic layer reads. Writes allocate
-//! whole grains at the end of the file, data first and the table entries
-//! after (in both directories), so that a crash leaks grains at worst.
+//! lives and where new grains go ([`MappedFormat`]); the generic layer
+//! moves the bytes. New grains are whole grains at the end of the file,
+//! data first and the table entries after (in both directories), so that
+//! a crash leaks grains at worst.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use diskit_core::{DeviceRef, Error, ErrorKind, Result, StorageRef, WriteFlags};
+use diskit_core::sync::{self, lock};
+use diskit_core::{DeviceRef, Error, ErrorKind, Result, StorageRef, ZeroFlags};
 
 use super::header::{
     COWD_GTES, CowdHeader, FLAG_MARKERS, FLAG_RGD, GD_AT_END, GRAIN_MARKER, GTE_ZERO, SECTOR,
     SparseHeader,
 };
-use crate::mapped::{Backing, MappedFormat, Place};
+use crate::mapped::{Allocation, Backing, Fill, MappedFormat, Place, Zeroed};
 
 /// The largest compressed grain read (bytes).
 const MAX_COMPRESSED_GRAIN: u64 = 16 << 20;
@@ -114,7 +116,7 @@ pub struct SparseExtent {
     /// The redundant directory, when kept.
     rgd: RwLock<Vec<u32>>,
     tables: Mutex<Tables>,
-    /// Where the next grain goes (bytes); held while allocating.
+    /// Where the next grain goes (bytes); held while tables change.
     next: Mutex<u64>,
     backing: Option<Backing>,
     writable: bool,
@@ -126,10 +128,7 @@ pub struct SparseExtent {
 fn read_dir(file: &StorageRef, at: u64, n: u64) -> Result<Vec<u32>> {
     let mut raw = vec![0u8; (n * 4) as usize];
     file.read_padded(&mut raw, at)?;
-    Ok(raw
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect())
+    Ok(crate::bytes::le32s(&raw))
 }
 
 impl SparseExtent {
@@ -232,18 +231,13 @@ impl SparseExtent {
 
     /// The grain table at directory index `l1`, if it has one.
     fn table(&self, l1: u64) -> Result<Option<Arc<Vec<u32>>>> {
-        let sector = match self
-            .gd
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(l1 as usize)
-        {
+        let sector = match sync::read(&self.gd).get(l1 as usize) {
             Some(&s) if s != 0 => s,
             _ => return Ok(None),
         };
         loop {
             let generation = {
-                let c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+                let c = lock(&self.tables);
                 if let Some(t) = c.map.get(&l1) {
                     return Ok(Some(t.clone()));
                 }
@@ -254,7 +248,7 @@ impl SparseExtent {
                 u64::from(sector) * SECTOR,
                 self.geo.gtes,
             )?);
-            let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = lock(&self.tables);
             if c.generation != generation {
                 // A table changed while this one was read: it may be the
                 // one, and the copy read may be older than the change.
@@ -334,10 +328,7 @@ impl SparseExtent {
     /// Reads a compressed grain's bytes `skip` into it.
     fn read_grain(&self, offset: u64, skip: u64, buf: &mut [u8]) -> Result<()> {
         let grain = self.geo.grain;
-        let cached = self
-            .last_grain
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let cached = lock(&self.last_grain)
             .as_ref()
             .filter(|(at, _)| *at == offset)
             .map(|(_, d)| d.clone());
@@ -364,8 +355,7 @@ impl SparseExtent {
                 let n = self.inflate_grain(offset, &mut out)?;
                 out.truncate(n);
                 let d = Arc::new(out);
-                *self.last_grain.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((offset, d.clone()));
+                *lock(&self.last_grain) = Some((offset, d.clone()));
                 d
             }
         };
@@ -434,32 +424,6 @@ impl SparseExtent {
         })
     }
 
-    /// Writes `buf` at guest `g` of the extent.
-    pub fn write(&self, buf: &[u8], g: u64) -> Result<()> {
-        let mut done = 0usize;
-        while done < buf.len() {
-            let at = g + done as u64;
-            let (n, place) = self.locate(at, (buf.len() - done) as u64)?;
-            let n = n as usize;
-            done += match place {
-                Place::Data(h) => {
-                    self.file
-                        .write_at(&buf[done..done + n], h, WriteFlags::NONE)?;
-                    n
-                }
-                Place::Compressed { .. } => {
-                    return Err(Error::io(
-                        "Could not write to allocated cluster for streamOptimized",
-                    ));
-                }
-                Place::Zero { .. } | Place::Unallocated { .. } => {
-                    self.allocate(&buf[done..done + n], at)?
-                }
-            };
-        }
-        Ok(())
-    }
-
     /// Makes whole grains of zeros at guest `g` (`len` bytes, grain
     /// aligned) where the extent can say so in its tables (zeroed-grain
     /// extents); false when it cannot.
@@ -470,7 +434,7 @@ impl SparseExtent {
         {
             return Ok(false);
         }
-        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = lock(&self.next);
         let mut pos = g;
         while pos < g + len {
             let span = self.geo.table_span();
@@ -482,81 +446,10 @@ impl SparseExtent {
         Ok(true)
     }
 
-    /// The bytes of the grains around `buf` at guest `g` (one grain table
-    /// at most, unallocated or zero grains): the data, with what the
-    /// grains held before around it (the backing image's, or zeros).
-    fn assemble(&self, buf: &[u8], g: u64) -> Result<(u64, Vec<u8>)> {
-        let grain = self.geo.grain;
-        let start = g / grain * grain;
-        let end = (g + buf.len() as u64).div_ceil(grain) * grain;
-        let mut out = vec![0u8; (end - start) as usize];
-        let head = (g - start) as usize;
-        let tail = head + buf.len();
-        // What the grains held: unallocated ones read from below.
-        let fill = |from: u64, to: u64, out: &mut [u8]| -> Result<()> {
-            let mut pos = from;
-            while pos < to {
-                let (n, place) = self.locate(pos, to - pos)?;
-                if let Place::Unallocated { .. } = place {
-                    let o = (pos - start) as usize;
-                    let m = (n.min(self.geo.capacity.saturating_sub(pos))) as usize;
-                    crate::mapped::read_backing(self.backing.as_ref(), pos, &mut out[o..o + m])?;
-                }
-                pos += n;
-            }
-            Ok(())
-        };
-        if head > 0 {
-            fill(start, g, &mut out)?;
-        }
-        if (tail as u64) < end - start {
-            fill(g + buf.len() as u64, end, &mut out)?;
-        }
-        out[head..tail].copy_from_slice(buf);
-        Ok((start, out))
-    }
-
-    /// Allocates the grains under `buf` at guest `g` (unallocated or zero
-    /// grains of one grain table) and writes them: the data at the end
-    /// of the file, then the table entries. Returns the bytes written (a
-    /// prefix of `buf`; 0 when another writer allocated the first grain
-    /// meanwhile, which is then written in place).
-    fn allocate(&self, buf: &[u8], g: u64) -> Result<usize> {
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "image is read-only",
-            ));
-        }
-        let grain = self.geo.grain;
-        if self.geo.compressed {
-            return self.allocate_compressed(buf, g);
-        }
-        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
-        // Another writer may have allocated meanwhile.
-        let (n, place) = self.locate(g, buf.len() as u64)?;
-        if let Place::Data(_) | Place::Compressed { .. } = place {
-            return Ok(0);
-        }
-        let buf = &buf[..n as usize];
-        let (start, bytes) = self.assemble(buf, g)?;
-        let host = *next;
-        let count = bytes.len() as u64 / grain;
-        if (host + bytes.len() as u64) / SECTOR > u64::from(u32::MAX) {
-            return Err(Error::new(ErrorKind::NoSpace, "VMDK extent is full"));
-        }
-        self.file.write_extend(&bytes, host)?;
-        *next = host + bytes.len() as u64;
-        let first = (host / SECTOR) as u32;
-        let step = (grain / SECTOR) as u32;
-        let entries: Vec<u32> = (0..count as u32).map(|i| first + i * step).collect();
-        self.set_entries(&mut next, start, &entries)?;
-        Ok(buf.len())
-    }
-
-    /// Writes whole grains of a stream, each compressed behind its
-    /// marker, packed at sector boundaries; returns the bytes written.
-    fn allocate_compressed(&self, buf: &[u8], g: u64) -> Result<usize> {
+    /// Compresses the whole grains of `buf` at guest `g`, each behind
+    /// its marker and padded to a sector: the frames end to end, and where
+    /// each starts.
+    fn compress(&self, buf: &[u8], g: u64) -> Result<(Vec<u8>, Vec<u64>)> {
         let grain = self.geo.grain;
         let end = g + buf.len() as u64;
         if !self.geo.markers
@@ -567,50 +460,35 @@ impl SparseExtent {
                 "streamOptimized images take whole grains written once",
             ));
         }
-        // Compress outside the allocation lock.
-        let mut frames = Vec::new();
+        let mut bytes = Vec::new();
+        let mut starts = Vec::new();
         for (i, chunk) in buf.chunks(grain as usize).enumerate() {
             let lba = (g + i as u64 * grain) / SECTOR;
             let mut enc =
                 flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
             std::io::Write::write_all(&mut enc, chunk)?;
             let data = enc.finish()?;
-            let mut f = Vec::with_capacity(GRAIN_MARKER + data.len());
-            f.extend_from_slice(&lba.to_le_bytes());
-            f.extend_from_slice(&(data.len() as u32).to_le_bytes());
-            f.extend_from_slice(&data);
-            f.resize(
-                (f.len() as u64).div_ceil(SECTOR) as usize * SECTOR as usize,
+            starts.push(bytes.len() as u64);
+            bytes.extend_from_slice(&lba.to_le_bytes());
+            bytes.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&data);
+            bytes.resize(
+                (bytes.len() as u64).div_ceil(SECTOR) as usize * SECTOR as usize,
                 0,
             );
-            frames.push(f);
         }
-        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
-        let (n, place) = self.locate(g, buf.len() as u64)?;
-        if !matches!(place, Place::Unallocated { .. } | Place::Zero { .. }) {
-            return Err(Error::io(
-                "Could not write to allocated cluster for streamOptimized",
-            ));
-        }
-        // Only the grains still free in one run (another writer may have
-        // taken some since).
-        let take = (n.div_ceil(grain) as usize).min(frames.len());
-        let frames = &frames[..take];
+        Ok((bytes, starts))
+    }
+
+    /// Takes `len` bytes at the end of the file for new grains.
+    fn take_space(&self, len: u64) -> Result<u64> {
+        let mut next = lock(&self.next);
         let host = *next;
-        let joined: Vec<u8> = frames.concat();
-        if (host + joined.len() as u64) / SECTOR > u64::from(u32::MAX) {
+        if (host + len) / SECTOR > u64::from(u32::MAX) {
             return Err(Error::new(ErrorKind::NoSpace, "VMDK extent is full"));
         }
-        self.file.write_extend(&joined, host)?;
-        *next = host + joined.len() as u64;
-        let mut entries = Vec::with_capacity(frames.len());
-        let mut at = host;
-        for f in frames {
-            entries.push((at / SECTOR) as u32);
-            at += f.len() as u64;
-        }
-        self.set_entries(&mut next, g, &entries)?;
-        Ok((take as u64 * grain).min(buf.len() as u64) as usize)
+        *next = host + len;
+        Ok(host)
     }
 
     /// Sets the table entries of consecutive grains from guest `g` (in
@@ -621,32 +499,21 @@ impl SparseExtent {
         let span = self.geo.table_span();
         let l1 = g / span;
         let first = (g % span) / self.geo.grain;
-        let gt = self
-            .gd
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(l1 as usize)
-            .copied()
-            .unwrap_or(0);
+        let gt = sync::read(&self.gd).get(l1 as usize).copied().unwrap_or(0);
         let gt = if gt == 0 {
             self.new_table(next, l1)?
         } else {
             gt
         };
         let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
-        let rgt = self
-            .rgd
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(l1 as usize)
-            .copied();
+        let rgt = sync::read(&self.rgd).get(l1 as usize).copied();
         if let Some(r) = rgt.filter(|&r| r != 0) {
             self.file
                 .write_extend(&bytes, u64::from(r) * SECTOR + first * 4)?;
         }
         self.file
             .write_extend(&bytes, u64::from(gt) * SECTOR + first * 4)?;
-        let mut c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = lock(&self.tables);
         let table = match c.map.get(&l1) {
             Some(t) => {
                 let mut t = (**t).clone();
@@ -656,7 +523,7 @@ impl SparseExtent {
             None => {
                 drop(c);
                 let t = read_dir(&self.file, u64::from(gt) * SECTOR, self.geo.gtes)?;
-                c = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+                c = lock(&self.tables);
                 t
             }
         };
@@ -691,19 +558,11 @@ impl SparseExtent {
         };
         if let (Some(at), Some(r)) = (self.geo.rgd_at, rgt) {
             self.file.write_extend(&r.to_le_bytes(), at + l1 * 4)?;
-            set_entry(
-                &mut self.rgd.write().unwrap_or_else(|p| p.into_inner()),
-                l1,
-                r,
-            );
+            set_entry(&mut sync::write(&self.rgd), l1, r);
         }
         self.file
             .write_extend(&gt.to_le_bytes(), self.geo.gd_at + l1 * 4)?;
-        set_entry(
-            &mut self.gd.write().unwrap_or_else(|p| p.into_inner()),
-            l1,
-            gt,
-        );
+        set_entry(&mut sync::write(&self.gd), l1, gt);
         Ok(gt)
     }
 }
@@ -733,7 +592,7 @@ impl MappedFormat for SparseExtent {
         self.backing.as_ref()
     }
 
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 
@@ -744,6 +603,82 @@ impl MappedFormat for SparseExtent {
 
     fn read_compressed(&self, offset: u64, _size: u64, skip: u64, buf: &mut [u8]) -> Result<()> {
         self.read_grain(offset, skip, buf)
+    }
+
+    fn unit(&self) -> u64 {
+        self.geo.grain
+    }
+
+    fn describe(&self) -> String {
+        format!("vmdk extent {}", self.file.location())
+    }
+
+    /// Whole grains at the end of the file (what they held before copied
+    /// around the data), or a stream's compressed grains packed there.
+    fn allocate(&self, g: u64, data: &[u8]) -> Result<Allocation> {
+        let grain = self.geo.grain;
+        if let (_, Place::Compressed { .. }) = self.locate(g, 1)? {
+            return Err(Error::io(
+                "Could not write to allocated cluster for streamOptimized",
+            ));
+        }
+        if self.geo.compressed {
+            let (bytes, starts) = self.compress(data, g)?;
+            return Ok(Allocation {
+                guest: g,
+                len: starts.len() as u64 * grain,
+                host: self.take_space(bytes.len() as u64)?,
+                fill: Fill::Encoded { bytes, starts },
+            });
+        }
+        let start = g / grain * grain;
+        let len = (g + data.len() as u64).div_ceil(grain) * grain - start;
+        Ok(Allocation {
+            guest: start,
+            len,
+            host: self.take_space(len)?,
+            fill: Fill::Whole,
+        })
+    }
+
+    /// The table entries (in both directories), once the grains are
+    /// written.
+    fn commit(&self, a: Allocation) -> Result<()> {
+        let entries: Vec<u32> = match &a.fill {
+            Fill::Encoded { starts, .. } => starts
+                .iter()
+                .map(|s| ((a.host + s) / SECTOR) as u32)
+                .collect(),
+            _ => (0..a.len / self.geo.grain)
+                .map(|i| ((a.host + i * self.geo.grain) / SECTOR) as u32)
+                .collect(),
+        };
+        let mut next = lock(&self.next);
+        self.set_entries(&mut next, a.guest, &entries)
+    }
+
+    /// Runs that read as zeros stay; whole grains become zero grains where
+    /// the extent has them; the rest is written.
+    fn zero(&self, g: u64, len: u64, _flags: ZeroFlags) -> Result<Zeroed> {
+        let grain = self.geo.grain;
+        let (m, place) = self.locate(g, len)?;
+        let zero_already = match place {
+            Place::Zero { .. } => true,
+            Place::Unallocated { .. } => self.backing.is_none(),
+            _ => false,
+        };
+        if zero_already {
+            return Ok(Zeroed::Done(m));
+        }
+        if !g.is_multiple_of(grain) {
+            return Ok(Zeroed::Write(m.min(grain - g % grain)));
+        }
+        let whole = m / grain * grain;
+        if whole > 0 && self.zero_grains(g, whole)? {
+            Ok(Zeroed::Done(whole))
+        } else {
+            Ok(Zeroed::Write(m))
+        }
     }
 }
 

@@ -1,20 +1,17 @@
 //! An open VHD image. A fixed disk is its file up to the footer; a
 //! dynamic one maps each block through the block allocation table (BAT)
-//! to a sector bitmap followed by the block's data. The generic mapped
-//! layer moves the bytes; writes to unallocated blocks allocate them as
-//! QEMU does (bitmap, the footer moved past the new block, the BAT entry,
-//! then the data).
+//! to a sector bitmap followed by the block's data. Unallocated blocks
+//! get new space as QEMU gives it (the bitmap where the footer was, the
+//! footer moved past the new block); the data, then the BAT entry, are
+//! written after. The generic mapped layer moves the bytes.
 
-use std::sync::{Condvar, Mutex, RwLock};
+use std::sync::{Mutex, RwLock};
 
-use diskit_core::device::check_range;
-use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
-    StorageRef, WriteFlags, ZeroFlags,
-};
+use diskit_core::sync::{self, lock};
+use diskit_core::{Capabilities, Error, ErrorKind, Result, StorageRef, ZeroFlags};
 
 use super::footer::{DYN_LEN, DynHeader, FOOTER_LEN, Footer, MAX_SECTORS, SizeCalc, too_large};
-use crate::mapped::{self, Backing, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place, Zeroed};
 
 /// A BAT entry for a block never written.
 const FREE: u32 = 0xFFFF_FFFF;
@@ -41,14 +38,21 @@ pub struct Vpc {
     writable: bool,
     /// Ask the file about allocated blocks too ([`crate::OpenOptions::host_zeros`]).
     host_zeros: bool,
-    allocating: Mutex<Vec<u64>>,
-    allocated: Condvar,
 }
 
 impl Vpc {
     /// Opens the image in `file`: the footer copy at 0 (a dynamic disk),
     /// or the footer at the end (a fixed one), as QEMU reads them.
-    pub fn open(file: StorageRef, writable: bool, calc: SizeCalc) -> Result<Vpc> {
+    /// `host_zeros`: ask the file about the bytes of allocated blocks, not
+    /// only a fixed disk's ([`crate::OpenOptions::host_zeros`]): QEMU
+    /// extends the file past a new block without writing it, so most of a
+    /// dynamic disk's block can be a hole in the file.
+    pub fn open(
+        file: StorageRef,
+        writable: bool,
+        calc: SizeCalc,
+        host_zeros: bool,
+    ) -> Result<Mapped<Vpc>> {
         let len = file.file_len()?;
         if len == 0 {
             return Err(Error::invalid("File too small for a VHD header"));
@@ -116,25 +120,14 @@ impl Vpc {
             }
             Layout::Fixed
         };
-        Ok(Vpc {
+        Ok(Mapped::new(Vpc {
             file,
             footer,
             layout,
             size,
             writable,
-            host_zeros: false,
-            allocating: Mutex::new(Vec::new()),
-            allocated: Condvar::new(),
-        })
-    }
-
-    /// Asks the file about the bytes of allocated blocks, not only a fixed
-    /// disk's ([`crate::OpenOptions::host_zeros`]): QEMU extends the file
-    /// past a new block without writing it, so most of a dynamic disk's
-    /// block can be a hole in the file.
-    pub fn with_host_zeros(mut self, on: bool) -> Vpc {
-        self.host_zeros = on;
-        self
+            host_zeros,
+        }))
     }
 
     /// The footer as read.
@@ -147,63 +140,6 @@ impl Vpc {
         match &self.layout {
             Layout::Fixed => None,
             Layout::Dynamic { block_size, .. } => Some(*block_size),
-        }
-    }
-
-    /// Writes `buf` at guest `g` inside one block of a dynamic disk.
-    fn write_dynamic(&self, buf: &[u8], g: u64) -> Result<()> {
-        let Layout::Dynamic {
-            table_offset,
-            block_size,
-            bitmap_size,
-            bat,
-            next_free,
-        } = &self.layout
-        else {
-            unreachable!("dynamic layout");
-        };
-        let block = g / block_size;
-        let within = g % block_size;
-        loop {
-            let e = bat.read().unwrap_or_else(|p| p.into_inner())[block as usize];
-            if e != FREE {
-                let at = e as u64 * 512 + bitmap_size + within;
-                return self.file.write_at(buf, at, WriteFlags::NONE);
-            }
-            let mut busy = self.allocating.lock().unwrap_or_else(|p| p.into_inner());
-            if busy.contains(&block) {
-                let _unused = self.allocated.wait(busy).unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
-            busy.push(block);
-            drop(busy);
-            let r = (|| {
-                let start = {
-                    let mut next = next_free.lock().unwrap_or_else(|p| p.into_inner());
-                    let start = *next;
-                    if start / 512 >= FREE as u64 {
-                        return Err(Error::new(ErrorKind::NoSpace, "VHD image is full"));
-                    }
-                    // The bitmap (every sector present, as QEMU writes it),
-                    // then the footer past the new block.
-                    self.file
-                        .write_extend(&vec![0xFF; *bitmap_size as usize], start)?;
-                    *next = start + bitmap_size + block_size;
-                    self.file.write_extend(self.footer.to_bytes(), *next)?;
-                    start
-                };
-                let entry = (start / 512) as u32;
-                self.file
-                    .write_extend(&entry.to_be_bytes(), table_offset + block * 4)?;
-                self.file.write_extend(buf, start + bitmap_size + within)?;
-                bat.write().unwrap_or_else(|p| p.into_inner())[block as usize] = entry;
-                Ok(())
-            })();
-            let mut busy = self.allocating.lock().unwrap_or_else(|p| p.into_inner());
-            busy.retain(|b| *b != block);
-            drop(busy);
-            self.allocated.notify_all();
-            return r;
         }
     }
 }
@@ -219,11 +155,7 @@ impl MappedFormat for Vpc {
         &self.file
     }
 
-    fn backing(&self) -> Option<&Backing> {
-        None
-    }
-
-    fn mappings_change(&self) -> bool {
+    fn writable(&self) -> bool {
         self.writable
     }
 
@@ -236,7 +168,7 @@ impl MappedFormat for Vpc {
                 bat,
                 ..
             } => {
-                let bat = bat.read().unwrap_or_else(|p| p.into_inner());
+                let bat = sync::read(bat);
                 let block = g / block_size;
                 let e = bat[block as usize];
                 let mut n = (block_size - g % block_size).min(max);
@@ -255,104 +187,81 @@ impl MappedFormat for Vpc {
         }
     }
 
-    fn read_compressed(&self, _o: u64, _s: u64, _k: u64, _b: &mut [u8]) -> Result<()> {
-        Err(Error::io("VHD has no compressed blocks"))
-    }
-
     fn data_may_be_sparse(&self) -> bool {
         // QEMU asks the file about a fixed disk's bytes.
         self.host_zeros || matches!(self.layout, Layout::Fixed)
     }
-}
 
-impl BlockDevice for Vpc {
-    fn size(&self) -> u64 {
-        self.size
+    fn unit(&self) -> u64 {
+        match &self.layout {
+            Layout::Fixed => 1 << 20,
+            Layout::Dynamic { block_size, .. } => *block_size,
+        }
     }
 
     fn capabilities(&self) -> Capabilities {
         mapped::image_capabilities(self.writable, false, false)
     }
 
-    fn block_size(&self) -> BlockSizeLimits {
-        BlockSizeLimits {
-            minimum: 1,
-            preferred: 4096,
-            maximum: 32 << 20,
-        }
+    fn describe(&self) -> String {
+        format!("vpc {}", self.file.location())
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        mapped::read(self, buf, offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "image is read-only",
-            ));
-        }
-        check_range(self.size, offset, buf.len() as u64)?;
-        match &self.layout {
-            Layout::Fixed => self.file.write_at(buf, offset, WriteFlags::NONE)?,
-            Layout::Dynamic { block_size, .. } => {
-                let mut done = 0usize;
-                while done < buf.len() {
-                    let g = offset + done as u64;
-                    let n = ((block_size - g % block_size) as usize).min(buf.len() - done);
-                    self.write_dynamic(&buf[done..done + n], g)?;
-                    done += n;
-                }
-            }
-        }
-        if flags.fua {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+    /// Zeros are written, never marked: a fast zero is refused.
+    fn zero(&self, g: u64, len: u64, flags: ZeroFlags) -> Result<Zeroed> {
         if flags.fast {
             return Err(Error::new(ErrorKind::NotSupported, "VHD zeroes by writing"));
         }
-        if let Layout::Dynamic {
-            block_size, bat, ..
+        mapped::zero_where_zeros(self, g, len)
+    }
+
+    /// A new block where the footer is: its bitmap (every sector present,
+    /// as QEMU writes it), then the footer past it; the data alone is
+    /// written (the file's new space reads as zeros).
+    fn allocate(&self, g: u64, _data: &[u8]) -> Result<Allocation> {
+        let Layout::Dynamic {
+            block_size,
+            bitmap_size,
+            next_free,
+            ..
         } = &self.layout
-        {
-            // Unallocated blocks read as zeros already.
-            check_range(self.size, offset, len)?;
-            let mut pos = offset;
-            let zeros = vec![0u8; len.min(*block_size) as usize];
-            while pos < offset + len {
-                let n = (block_size - pos % block_size).min(offset + len - pos);
-                let e = bat.read().unwrap_or_else(|p| p.into_inner())[(pos / block_size) as usize];
-                if e != FREE {
-                    self.write_at(&zeros[..n as usize], pos, WriteFlags::NONE)?;
-                }
-                pos += n;
-            }
-            if flags.fua {
-                self.flush()?;
-            }
-            return Ok(());
+        else {
+            return Err(Error::io("a fixed VHD allocates nothing"));
+        };
+        let mut next = lock(next_free);
+        let start = *next;
+        if start / 512 >= FREE as u64 {
+            return Err(Error::new(ErrorKind::NoSpace, "VHD image is full"));
         }
-        diskit_core::device::write_zero_buffer(self, offset, len, flags.fua)
+        self.file
+            .write_extend(&vec![0xFF; *bitmap_size as usize], start)?;
+        *next = start + bitmap_size + block_size;
+        self.file.write_extend(self.footer.to_bytes(), *next)?;
+        Ok(Allocation {
+            guest: g / block_size * block_size,
+            len: *block_size,
+            host: start + bitmap_size,
+            fill: Fill::DataOnly,
+        })
     }
 
-    fn flush(&self) -> Result<()> {
-        self.file.flush()
-    }
-
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        mapped::extents(self, offset, len)
-    }
-
-    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
-        mapped::file_view(self, offset, len)
-    }
-
-    fn describe(&self) -> String {
-        format!("vpc {}", self.file.location())
+    /// The BAT entry, on disk and then in memory.
+    fn commit(&self, a: Allocation) -> Result<()> {
+        let Layout::Dynamic {
+            table_offset,
+            block_size,
+            bitmap_size,
+            bat,
+            ..
+        } = &self.layout
+        else {
+            return Ok(());
+        };
+        let block = a.guest / block_size;
+        let entry = ((a.host - bitmap_size) / 512) as u32;
+        self.file
+            .write_extend(&entry.to_be_bytes(), table_offset + block * 4)?;
+        sync::write(bat)[block as usize] = entry;
+        Ok(())
     }
 }

@@ -25,15 +25,7 @@ pub const BLOCK_SIZE: u32 = 2 << 20;
 /// Seconds from the Unix epoch to the VHD one (2000-01-01).
 pub const EPOCH_2000: u64 = 946_684_800;
 
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
+use crate::bytes::{be16, be32, be64};
 
 /// The one's complement of the byte sum, the checksum field counted as
 /// zeros.

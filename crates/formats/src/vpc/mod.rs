@@ -23,6 +23,7 @@ use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::FormatImage;
 use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
+use crate::mapped::Mapped;
 use crate::options::{bool_value, size_value};
 use crate::{Format, OpenOptions, OptionList};
 
@@ -237,8 +238,7 @@ impl FormatDriver for VpcDriver {
             Some((_, v)) => footer::SizeCalc::parse(v)?,
             None => footer::SizeCalc::Auto,
         };
-        let vpc =
-            Arc::new(Vpc::open(storage, opts.writable, calc)?.with_host_zeros(opts.host_zeros));
+        let vpc = Arc::new(Vpc::open(storage, opts.writable, calc, opts.host_zeros)?);
         Ok(Opened {
             device: vpc.clone(),
             image: Arc::new(VpcImage { vpc }),
@@ -269,12 +269,12 @@ impl FormatDriver for VpcDriver {
 
 /// An open VHD.
 pub struct VpcImage {
-    vpc: Arc<Vpc>,
+    vpc: Arc<Mapped<Vpc>>,
 }
 
 impl FormatImage for VpcImage {
     fn format(&self) -> Format {
-        Format::known("vpc").expect("vpc is in the table")
+        Format::VPC
     }
 
     fn info(&self) -> Result<Option<FormatInfo>> {

@@ -7,10 +7,27 @@
 //! a compressed unit). Reading, extents (with the depth of the layer that
 //! answered and the host offset), backing reads past the backing image's
 //! end, and zero-copy file views of data runs are written once, here, for
-//! every format; a format implements its writes and its metadata.
+//! every format.
+//!
+//! The write half asks a format two more things: new space for a guest
+//! range that is not data yet ([`MappedFormat::allocate`], the mapping
+//! published by [`MappedFormat::commit`] once the bytes are written), and
+//! how to make a range read as zeros ([`MappedFormat::zero`]). The
+//! device that moves the bytes, [`Mapped`], holds the read-only guard,
+//! the range checks, the split at the allocation unit, FUA as a flush and
+//! the per-unit allocation lock once for every format (see `device.rs`).
 
 use diskit_core::device::check_range;
-use diskit_core::{BlockDevice, DeviceRef, Extent, FileView, Result, StorageRef};
+use diskit_core::{
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, Extent, FileView, Result,
+    StorageRef, ZeroFlags,
+};
+
+mod device;
+#[cfg(test)]
+mod tests;
+
+pub use device::Mapped;
 
 /// The image below an image.
 #[derive(Clone)]
@@ -63,13 +80,20 @@ pub trait MappedFormat: Send + Sync {
     /// The storage that [`Place::Data`] offsets point into.
     fn data(&self) -> &StorageRef;
 
-    /// The image below, if any.
-    fn backing(&self) -> Option<&Backing>;
+    /// The image below, if any (none by default).
+    fn backing(&self) -> Option<&Backing> {
+        None
+    }
 
-    /// Whether mappings can change while the image is open (it is
-    /// writable): reads then hold their mapping, and no file view is given
-    /// out (it would outlive the hold).
-    fn mappings_change(&self) -> bool;
+    /// Whether the image takes writes.
+    fn writable(&self) -> bool;
+
+    /// Whether mappings can change while the image is open (by default:
+    /// it is writable): reads then hold their mapping, and no file view is
+    /// given out (it would outlive the hold).
+    fn mappings_change(&self) -> bool {
+        self.writable()
+    }
 
     /// Where guest byte `g` lives: the place of a prefix of `[g, g+max)`
     /// (`max > 0`) and its length (> 0, at most `max`). With `hold`, the
@@ -77,8 +101,15 @@ pub trait MappedFormat: Send + Sync {
     fn lookup(&self, g: u64, max: u64, hold: bool) -> Result<(u64, Place, Option<Self::Hold<'_>>)>;
 
     /// Reads `buf.len()` bytes `skip` bytes into the compressed unit at
-    /// `offset` (of at most `size` bytes).
-    fn read_compressed(&self, offset: u64, size: u64, skip: u64, buf: &mut [u8]) -> Result<()>;
+    /// `offset` (of at most `size` bytes); a format without compressed
+    /// units never maps to one.
+    fn read_compressed(&self, offset: u64, size: u64, skip: u64, buf: &mut [u8]) -> Result<()> {
+        let _ = (offset, size, skip, buf);
+        Err(Error::io(format!(
+            "{}: no compressed units",
+            self.describe()
+        )))
+    }
 
     /// A cipher whose IVs are guest sectors (qcow2's legacy AES): data read
     /// from [`Place::Data`] is decrypted with it. Encryption keyed by host
@@ -93,6 +124,181 @@ pub trait MappedFormat: Send + Sync {
     fn data_may_be_sparse(&self) -> bool {
         false
     }
+
+    // The write half: what a format that takes writes adds.
+
+    /// The allocation unit in guest bytes (> 0): writes are split at its
+    /// multiples, and new space maps whole units, each held exclusively
+    /// by the generic layer while it is allocated.
+    fn unit(&self) -> u64;
+
+    /// What the image can do: by default writes, flushes, FUA and extents,
+    /// zeroing cheaper than writing zeros but never promised fast, no trim
+    /// (see [`image_capabilities`]).
+    fn capabilities(&self) -> Capabilities {
+        image_capabilities(self.writable(), true, false)
+    }
+
+    /// Block size constraints.
+    fn block_size(&self) -> BlockSizeLimits {
+        BlockSizeLimits {
+            minimum: 1,
+            preferred: 4096,
+            maximum: 32 << 20,
+        }
+    }
+
+    /// A short description for messages ("vdi /path").
+    fn describe(&self) -> String;
+
+    /// Called before guest bytes `[g, g+len)` change by a write, zeroing
+    /// or discard (`len > 0`): headers a format updates at the first
+    /// change of a session, dirty bitmaps.
+    fn before_change(&self, g: u64, len: u64) -> Result<()> {
+        let _ = (g, len);
+        Ok(())
+    }
+
+    /// Where a write at guest `g` goes in place, given the place `lookup`
+    /// found there: the host offset, or `None` when new space must be
+    /// allocated (by default data places take writes in place).
+    fn write_in_place(&self, g: u64, place: Place) -> Result<Option<u64>> {
+        let _ = g;
+        Ok(match place {
+            Place::Data(h) => Some(h),
+            _ => None,
+        })
+    }
+
+    /// A format with metadata locking of its own (qcow2: copied flags,
+    /// subclusters, compressed clusters, runs of new clusters allocated
+    /// at once) writes a prefix of `buf` at guest `g` itself and says how
+    /// many bytes; `None`, the default, leaves the step to the generic
+    /// layer (lookup, the unit hold, [`allocate`] and [`commit`]). The
+    /// guard, range check, split, zeroing and FUA stay generic.
+    ///
+    /// [`allocate`]: MappedFormat::allocate
+    /// [`commit`]: MappedFormat::commit
+    fn write_own(&self, buf: &[u8], g: u64) -> Option<Result<usize>> {
+        let _ = (buf, g);
+        None
+    }
+
+    /// Reserves new space for guest `g` on, where `lookup` finds no data
+    /// to write in place: the units from the one holding `g` for at most
+    /// `data.len()` bytes past `g` (what the caller will write there),
+    /// which the generic layer holds exclusively until [`commit`]. The
+    /// new mapping must not be visible yet: the generic layer writes the
+    /// bytes first (as [`Allocation::fill`] says), then commits.
+    ///
+    /// [`commit`]: MappedFormat::commit
+    fn allocate(&self, g: u64, data: &[u8]) -> Result<Allocation> {
+        let _ = (g, data);
+        Err(Error::unsupported(format!(
+            "{}: writes are not supported",
+            self.describe()
+        )))
+    }
+
+    /// Points the guest range of `a` at its new space, whose bytes are
+    /// written (the units are still held).
+    fn commit(&self, a: Allocation) -> Result<()> {
+        let _ = a;
+        Ok(())
+    }
+
+    /// Makes a prefix of `[g, g+len)` read as zeros, with its units held
+    /// exclusively: [`Zeroed::Done`] when the metadata says so (or the
+    /// bytes read as zeros already), [`Zeroed::Write`] for a prefix whose
+    /// zeros must be written (refused for fast zeroing). The default asks
+    /// `lookup`: zeros and unallocated ranges without a backing image are
+    /// zeros already, the rest is written.
+    fn zero(&self, g: u64, len: u64, flags: ZeroFlags) -> Result<Zeroed> {
+        let _ = flags;
+        zero_where_zeros(self, g, len)
+    }
+
+    /// Drops the data of `[g, g+len)` where the format can (a hint: the
+    /// contents are unspecified after it); by default nothing is dropped.
+    fn discard(&self, g: u64, len: u64) -> Result<()> {
+        let _ = (g, len);
+        Ok(())
+    }
+
+    /// Makes every completed write durable (by default: the data
+    /// storage's flush).
+    fn flush(&self) -> Result<()> {
+        self.data().flush()
+    }
+
+    /// Writes cached metadata before the image is dropped (see
+    /// [`BlockDevice::close`]); by default nothing.
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The extents of a prefix of `offset..offset+len`: by default the
+    /// generic [`extents`].
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        extents(self, offset, len)
+    }
+}
+
+/// New space a format reserved for a guest range (see
+/// [`MappedFormat::allocate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// The first guest byte the space maps: the start of the unit holding
+    /// the write's first byte.
+    pub guest: u64,
+    /// Guest bytes mapped: whole units (the last may end at the end of the
+    /// image), at least to the write's first byte.
+    pub len: u64,
+    /// Where `guest` lies in the data storage.
+    pub host: u64,
+    /// What the generic layer writes there.
+    pub fill: Fill,
+}
+
+/// What is written into new space.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fill {
+    /// The whole range: the data, and around it what the range read as
+    /// before (the backing image's bytes, or zeros).
+    Whole,
+    /// The data alone: the rest of the new space reads as zeros already,
+    /// and so did the range.
+    DataOnly,
+    /// These bytes at the host offset instead (units the format encoded,
+    /// compressed, from the data); `starts[i]` is where unit `i` begins
+    /// in them.
+    Encoded {
+        /// The encoded units, end to end.
+        bytes: Vec<u8>,
+        /// Each unit's offset in `bytes`.
+        starts: Vec<u64>,
+    },
+}
+
+/// What [`MappedFormat::zero`] did with a prefix of its range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zeroed {
+    /// These bytes read as zeros now.
+    Done(u64),
+    /// These bytes need zeros written.
+    Write(u64),
+}
+
+/// [`MappedFormat::zero`] for a format that cannot mark zeros: a prefix of
+/// `[g, g+len)` that reads as zeros already (zeros, or unallocated without
+/// a backing image) is done, any other needs zeros written.
+pub fn zero_where_zeros<F: MappedFormat + ?Sized>(f: &F, g: u64, len: u64) -> Result<Zeroed> {
+    let (n, place, _) = f.lookup(g, len, false)?;
+    Ok(match place {
+        Place::Zero { .. } => Zeroed::Done(n),
+        Place::Unallocated { .. } if f.backing().is_none() => Zeroed::Done(n),
+        _ => Zeroed::Write(n),
+    })
 }
 
 /// Reads what `place` holds for `buf.len()` bytes at guest `g`.

@@ -1,0 +1,271 @@
+//! [`Mapped`]: a format's [`MappedFormat`] as a [`BlockDevice`]. The
+//! parts every format shares live here once: the read-only guard, range
+//! checks, the split of writes at the allocation unit, the per-unit
+//! allocation lock, copy-on-write around new data, zeroing by metadata
+//! where the format can, and FUA as a flush.
+
+use std::ops::Deref;
+
+use diskit_core::buffer::{ReusedBuf, with_reused};
+use diskit_core::device::{check_range, write_zero_buffer};
+use diskit_core::range_lock::RangeLock;
+use diskit_core::{
+    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
+    WriteFlags, ZeroFlags,
+};
+
+use super::{Allocation, Fill, MappedFormat, Zeroed, file_view, read, read_place};
+
+/// The most guest bytes one allocation or one zeroing step covers.
+const MAX_STEP: u64 = 32 << 20;
+
+/// New space assembled (data and what is copied around it) in a buffer
+/// kept per thread up to this size.
+const MAX_KEPT: usize = 4 << 20;
+
+thread_local! {
+    /// Each thread's buffer for assembling new space before it is written.
+    static FILL_BUFFER: ReusedBuf = const { std::cell::RefCell::new(None) };
+}
+
+/// A format as a block device: the format describes, this moves bytes.
+pub struct Mapped<F> {
+    format: F,
+    /// Guest units being allocated or zeroed (held exclusively).
+    units: RangeLock,
+}
+
+impl<F: MappedFormat> Mapped<F> {
+    /// The device of `format`.
+    pub fn new(format: F) -> Mapped<F> {
+        Mapped {
+            format,
+            units: RangeLock::new(),
+        }
+    }
+
+    /// The format.
+    pub fn format(&self) -> &F {
+        &self.format
+    }
+
+    /// Refuses a change to a read-only image and a range past its end.
+    fn check_change(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.format.writable() {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "image is read-only",
+            ));
+        }
+        check_range(self.format.guest_size(), offset, len)
+    }
+
+    /// Keeps FUA's promise: a flush after the request.
+    fn finish(&self, fua: bool) -> Result<()> {
+        if fua { self.format.flush() } else { Ok(()) }
+    }
+
+    /// The units under `[g, g+len)`, held exclusively.
+    fn hold_units(&self, g: u64, len: u64) -> diskit_core::range_lock::RangeGuard<'_> {
+        let u = self.format.unit();
+        let end = g.saturating_add(len).div_ceil(u).saturating_mul(u);
+        self.units.lock(g / u * u, end, true)
+    }
+
+    /// Writes `buf` at guest `offset` (in range).
+    fn write_range(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            done += self.write_step(&buf[done..], offset + done as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a prefix of `buf` at guest `g`: a run writable in place, or
+    /// new space for a run that is not data. Returns the bytes written (0
+    /// when another writer allocated the run meanwhile: it is then
+    /// written in place).
+    fn write_step(&self, buf: &[u8], g: u64) -> Result<usize> {
+        let f = &self.format;
+        if let Some(r) = f.write_own(buf, g) {
+            return r;
+        }
+        let u = f.unit();
+        let max = (buf.len() as u64).min(MAX_STEP);
+        let (n, place, held) = f.lookup(g, max, f.mappings_change())?;
+        if let Some(h) = f.write_in_place(g, place)? {
+            let n = n as usize;
+            f.data().write_extend(&buf[..n], h)?;
+            drop(held);
+            return Ok(n);
+        }
+        drop(held);
+        let _units = self.hold_units(g, n);
+        // Look again under the hold: another writer may have allocated.
+        let (n, place, _) = f.lookup(g, n, false)?;
+        if f.write_in_place(g, place)?.is_some() {
+            return Ok(0);
+        }
+        let a = f.allocate(g, &buf[..n as usize])?;
+        debug_assert!(a.guest <= g && a.guest % u == 0 && a.guest + a.len > g);
+        let m = ((a.guest + a.len).min(g + n) - g) as usize;
+        self.fill(&a, &buf[..m], g)?;
+        f.commit(a)?;
+        Ok(m)
+    }
+
+    /// Writes the bytes of new space `a`: `data` at guest `g`, and what
+    /// [`Allocation::fill`] asks around it.
+    fn fill(&self, a: &Allocation, data: &[u8], g: u64) -> Result<()> {
+        let f = &self.format;
+        match &a.fill {
+            Fill::DataOnly => f.data().write_extend(data, a.host + (g - a.guest)),
+            Fill::Encoded { bytes, .. } => f.data().write_extend(bytes, a.host),
+            Fill::Whole => with_reused(&FILL_BUFFER, a.len as usize, MAX_KEPT, |region| {
+                let d = (g - a.guest) as usize;
+                region[d..d + data.len()].copy_from_slice(data);
+                // What the range read as before, around the data.
+                let (head, tail) = region.split_at_mut(d);
+                self.read_old(a.guest, head)?;
+                self.read_old(g + data.len() as u64, &mut tail[data.len()..])?;
+                f.data().write_extend(region, a.host)
+            }),
+        }
+    }
+
+    /// Reads what `buf.len()` bytes at guest `g` held before new space
+    /// took them (zeros past the end of the image).
+    fn read_old(&self, g: u64, buf: &mut [u8]) -> Result<()> {
+        let f = &self.format;
+        let inside = f.guest_size().saturating_sub(g).min(buf.len() as u64) as usize;
+        let mut done = 0usize;
+        while done < inside {
+            let at = g + done as u64;
+            let (n, place, _) = f.lookup(at, (inside - done) as u64, false)?;
+            read_place(f, place, at, &mut buf[done..done + n as usize])?;
+            done += n as usize;
+        }
+        buf[inside..].fill(0);
+        Ok(())
+    }
+}
+
+impl<F> Deref for Mapped<F> {
+    type Target = F;
+
+    fn deref(&self) -> &F {
+        &self.format
+    }
+}
+
+impl<F: MappedFormat> BlockDevice for Mapped<F> {
+    fn size(&self) -> u64 {
+        self.format.guest_size()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.format.capabilities()
+    }
+
+    fn block_size(&self) -> BlockSizeLimits {
+        self.format.block_size()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        read(&self.format, buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.check_change(offset, buf.len() as u64)?;
+        if !buf.is_empty() {
+            self.format.before_change(offset, buf.len() as u64)?;
+            self.write_range(buf, offset)?;
+        }
+        self.finish(flags.fua)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.check_change(offset, len)?;
+        if flags.fast && !self.format.capabilities().can_fast_zero {
+            return Err(Error::from_kind(ErrorKind::NotSupported));
+        }
+        if len > 0 {
+            self.format.before_change(offset, len)?;
+        }
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            // Steps end on multiples of MAX_STEP, and so on unit
+            // boundaries: a format sees aligned ends as aligned.
+            let n = (end - pos).min(MAX_STEP - pos % MAX_STEP);
+            let units = self.hold_units(pos, n);
+            match self.format.zero(pos, n, flags)? {
+                Zeroed::Done(k) => pos += k,
+                Zeroed::Write(k) => {
+                    drop(units);
+                    if flags.fast {
+                        return Err(Error::new(
+                            ErrorKind::NotSupported,
+                            "zeroing this range writes zeros",
+                        ));
+                    }
+                    write_zero_buffer(&ZeroWriter(self), pos, k, false)?;
+                    pos += k;
+                }
+            }
+        }
+        self.finish(flags.fua)
+    }
+
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.check_change(offset, len)?;
+        if len > 0 {
+            self.format.before_change(offset, len)?;
+            let _units = self.hold_units(offset, len);
+            self.format.discard(offset, len)?;
+        }
+        self.finish(flags.fua)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.format.flush()
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.format.extents(offset, len)
+    }
+
+    fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+        file_view(&self.format, offset, len)
+    }
+
+    fn describe(&self) -> String {
+        self.format.describe()
+    }
+
+    fn close(&self) -> Result<()> {
+        self.format.close()
+    }
+}
+
+/// The device as zero writing sees it: plain writes, no FUA, no checks
+/// again (the request was checked).
+struct ZeroWriter<'a, F>(&'a Mapped<F>);
+
+impl<F: MappedFormat> BlockDevice for ZeroWriter<'_, F> {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.0.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
+        self.0.write_range(buf, offset)
+    }
+}
