@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
     let mem = Arc::new(MemoryDevice::new(0));
     mem.write_extend(data, 0).unwrap();
     let storage: StorageRef = mem;
-    let Ok(v) = Vpc::open(storage, false, Default::default()) else {
+    let Ok(v) = Vpc::open(storage, false, Default::default(), false) else {
         return;
     };
     let len = v.size().min(4 << 20);

@@ -2,8 +2,8 @@
 //! `convert` and `dd`, through the protocol table. A local file is made
 //! (and removed again if the creation fails, never one that was there
 //! before); existing storage that cannot be made (an NBD export) is taken
-//! over as QEMU's fallback does: opened for writing, its first sector
-//! zeroed so that no old header shows through.
+//! over as QEMU's fallback does, opened for writing, and zeroed whole (as
+//! a new file reads), so that no old bytes show through as metadata.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -119,16 +119,29 @@ impl NewFiles for Targets {
                         ),
                     )
                 })?;
-                let first = storage.size().min(512);
-                if first > 0 {
-                    storage.write_zeroes(
-                        0,
-                        first,
-                        ZeroFlags {
-                            may_trim: true,
-                            ..Default::default()
-                        },
-                    )?;
+                // Formats make an image on a new file, whose space reads as
+                // zeros where they wrote nothing (the grain tables of a
+                // vmdk, a vhdx's BAT). An export keeps what it held: all of
+                // it is zeroed first, fast where the server can (QEMU only
+                // zeroes the first sector, and its formats then read the
+                // old bytes as metadata).
+                let size = storage.size();
+                if size > 0 {
+                    let fast = ZeroFlags {
+                        may_trim: true,
+                        fast: true,
+                        ..Default::default()
+                    };
+                    if storage.write_zeroes(0, size, fast).is_err() {
+                        storage.write_zeroes(
+                            0,
+                            size,
+                            ZeroFlags {
+                                may_trim: true,
+                                ..Default::default()
+                            },
+                        )?;
+                    }
                 }
                 Ok(storage)
             }

@@ -42,6 +42,21 @@ fn read_table(file: &StorageRef, offset: u64, h: &Header) -> Result<Vec<u64>> {
     Ok(crate::bytes::le64s(&raw))
 }
 
+/// Where what the image points at ends: its header, L1 table, L2 tables
+/// and data clusters. New clusters go there on storage of a fixed size (an
+/// NBD export, a block device), whose end says nothing.
+fn used_end(file: &StorageRef, h: &Header, l1: &[u64]) -> Result<u64> {
+    let cs = h.cluster_size as u64;
+    let mut end = (h.header_size as u64 * cs).max(h.l1_table_offset + h.table_bytes());
+    for &t in l1.iter().filter(|&&t| t != 0) {
+        end = end.max(t + h.table_bytes());
+        for &e in read_table(file, t, h)?.iter().filter(|&&e| e > 1) {
+            end = end.max(e + cs);
+        }
+    }
+    Ok(end.div_ceil(cs) * cs)
+}
+
 fn table_bytes(t: &[u64]) -> Vec<u8> {
     t.iter().flat_map(|e| e.to_le_bytes()).collect()
 }
@@ -57,7 +72,11 @@ impl Qed {
         let l1 = read_table(&file, header.l1_table_offset, &header)
             .map_err(|e| e.context("Failed to read L1 table"))?;
         let cs = header.cluster_size as u64;
-        let file_end = file.file_len()? / cs * cs;
+        let file_end = if file.is_fixed_size() {
+            used_end(&file, &header, &l1)?
+        } else {
+            file.file_len()? / cs * cs
+        };
         Ok(Mapped::new(Qed {
             file,
             header: Mutex::new(header),

@@ -219,7 +219,22 @@ impl Vhdx {
             ));
         }
         let v = Vhdx {
-            file_end: AtomicU64::new(file.file_len()?),
+            // On storage of a fixed size (an NBD export, a block device)
+            // the end of the storage says nothing: new blocks go after the
+            // regions and blocks the image points at.
+            file_end: AtomicU64::new(if file.is_fixed_size() {
+                bat.entries()
+                    .iter()
+                    .map(|&e| (e >> 20) << 20)
+                    .filter(|&o| o != 0)
+                    .map(|o| o + geo.block_size)
+                    .chain(std::iter::once(regions.end()))
+                    .max()
+                    .unwrap_or(0)
+                    .next_multiple_of(1 << 20)
+            } else {
+                file.file_len()?
+            }),
             file,
             mode,
             geo,

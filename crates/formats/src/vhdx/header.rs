@@ -305,6 +305,11 @@ impl Regions {
         Ok(())
     }
 
+    /// Where the last registered range ends.
+    pub fn end(&self) -> u64 {
+        self.0.iter().map(|r| r.1).max().unwrap_or(0)
+    }
+
     /// Registers a range.
     pub fn add(&mut self, offset: u64, len: u64) {
         self.0.push((offset, offset.saturating_add(len)));
@@ -653,6 +658,11 @@ impl Bat {
             .collect();
         v.resize(len as usize, PAYLOAD_NOT_PRESENT);
         Bat(v)
+    }
+
+    /// Every entry, in order.
+    pub fn entries(&self) -> &[u64] {
+        &self.0
     }
 
     /// Sets entry `i`.

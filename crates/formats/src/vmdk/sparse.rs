@@ -190,14 +190,25 @@ impl SparseExtent {
             }
         }
         // New grains go after everything the extent holds: the end of the
-        // file, and metadata reaching past it (directories, tables).
-        let mut end = len;
+        // file, and metadata reaching past it (directories, tables). On
+        // storage of a fixed size (an NBD export, a block device) the end
+        // of the storage says nothing: the end is where the last table or
+        // grain the extent points at ends.
+        let fixed = file.is_fixed_size();
+        let mut end = if fixed { 0 } else { len };
         for at in std::iter::once(geo.gd_at).chain(geo.rgd_at) {
             end = end.max(at + geo.l1_entries * 4);
         }
         for &t in gd.iter().chain(rgd.iter()) {
             if t != 0 {
                 end = end.max(u64::from(t) * SECTOR + geo.table_bytes());
+                if fixed {
+                    for &g in &read_dir(&file, u64::from(t) * SECTOR, geo.gtes)? {
+                        if g > GTE_ZERO {
+                            end = end.max(u64::from(g) * SECTOR + geo.grain);
+                        }
+                    }
+                }
             }
         }
         let next = end.div_ceil(geo.grain) * geo.grain;
