@@ -32,6 +32,25 @@ fn take_turn() -> std::fs::File {
 }
 
 fn run(dir: &Path, program: &str, args: &[&str]) {
+    if let Err(e) = try_run(dir, program, args) {
+        panic!("{e}");
+    }
+}
+
+fn try_run(dir: &Path, program: &str, args: &[&str]) -> Result<(), String> {
+    let logs = || {
+        let mut out = String::new();
+        for l in ["mon.a", "osd.0"] {
+            if let Ok(t) = std::fs::read_to_string(dir.join("log").join(format!("{l}.log"))) {
+                let tail: Vec<&str> = t.lines().rev().take(15).collect();
+                out += &format!(
+                    "\n--- {l}.log (last lines, newest first)\n{}",
+                    tail.join("\n")
+                );
+            }
+        }
+        out
+    };
     let o = Command::new("timeout")
         .arg("60")
         .arg(program)
@@ -39,12 +58,15 @@ fn run(dir: &Path, program: &str, args: &[&str]) {
         .current_dir(dir)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {program} ({e}): scripts/test installs Ceph"));
-    assert!(
-        o.status.success(),
-        "{program} {args:?}: {}{}",
+    if o.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{program} {args:?}: {}{}{}",
         String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+        String::from_utf8_lossy(&o.stderr),
+        logs()
+    ))
 }
 
 impl Ceph {
@@ -129,7 +151,19 @@ osd data = {d}/osd.0
         run(d, "ceph-mon", &["-c", c, "-i", "a"]);
         run(d, "ceph", &["-c", c, "osd", "create"]);
         run(d, "ceph-osd", &["-c", c, "-i", "0", "--mkfs"]);
-        run(d, "ceph-osd", &["-c", c, "-i", "0"]);
+        // The OSD may ask the monitor before it has the monitor's map,
+        // with a null fsid ("wrong fsid"), and stop: a race in Ceph's
+        // start-up; another start gets past it.
+        let osd = ["-c", c, "-i", "0"];
+        for attempt in 1.. {
+            match try_run(d, "ceph-osd", &osd) {
+                Ok(()) => break,
+                Err(e) if attempt < 5 && e.contains("wrong fsid") => {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
         run(d, "ceph", &["-c", c, "osd", "pool", "create", "rbd", "8"]);
         run(d, "rbd", &["-c", c, "pool", "init", "rbd"]);
         ceph
