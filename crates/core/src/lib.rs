@@ -20,6 +20,7 @@ pub mod dynlib;
 pub mod error;
 pub mod extent;
 pub mod filter;
+pub mod params;
 pub mod range_lock;
 pub mod size;
 pub mod storage;

@@ -24,16 +24,7 @@ pub fn size_u32(filter: &str, key: &str, value: &str) -> Result<u32> {
         .map_err(|_| Error::invalid(format!("{filter}: parameter '{key}' too large: {value}")))
 }
 
-/// A boolean as nbdkit reads them: 1/true/yes/on or 0/false/no/off, any case.
-pub fn boolean(filter: &str, key: &str, value: &str) -> Result<bool> {
-    match value.to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(Error::invalid(format!(
-            "{filter}: {key}: could not decipher boolean '{value}'"
-        ))),
-    }
-}
+pub use diskit_core::params::boolean;
 
 /// One of a fixed set of words.
 pub fn choice<T: Copy>(filter: &str, key: &str, value: &str, choices: &[(&str, T)]) -> Result<T> {

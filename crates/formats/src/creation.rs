@@ -101,15 +101,23 @@ impl NewFiles for LocalFiles {
     }
 
     fn make(&mut self, name: &str) -> Result<StorageRef> {
-        let path = Path::new(name);
-        let existed = path.exists();
-        let dev =
-            diskit_backends::FileDevice::create(path, 0, diskit_backends::Preallocation::Off)?;
-        if !existed {
-            self.made.push(path.to_path_buf());
-        }
-        Ok(std::sync::Arc::new(dev))
+        let (storage, made) = new_file(Path::new(name))?;
+        self.made.extend(made);
+        Ok(storage)
     }
+}
+
+/// Makes the local file at `path` empty and writable, with QEMU's creation
+/// locks held and never over a source of the running command
+/// (`FileDevice::create`); returns it, and its path when it was not there
+/// before (what a failed creation removes).
+pub fn new_file(path: &Path) -> Result<(StorageRef, Option<std::path::PathBuf>)> {
+    let existed = path.exists();
+    let dev = diskit_backends::FileDevice::create(path, 0, diskit_backends::Preallocation::Off)?;
+    Ok((
+        std::sync::Arc::new(dev),
+        (!existed).then(|| path.to_path_buf()),
+    ))
 }
 
 /// Makes the image's own storage through `target` and writes it with

@@ -6,9 +6,7 @@
 //! a new file reads), so that no old bytes show through as metadata.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use diskit_backends::{FileDevice, Preallocation};
 use diskit_core::{Error, Result, StorageRef, ZeroFlags};
 use diskit_formats::creation::NewFiles;
 use diskit_formats::{Creation, Format, OptionList};
@@ -85,13 +83,11 @@ impl NewFiles for Targets {
         let proto = protocol::for_name(name)?;
         match proto.made {
             Made::NewFile => {
-                let path = protocol::strip_prefix(proto, name);
-                let existed = std::path::Path::new(path).exists();
-                let dev = FileDevice::create(path, 0, Preallocation::Off)?;
-                if !existed {
-                    self.made.push(Undo::File(PathBuf::from(path)));
-                }
-                Ok(Arc::new(dev))
+                let path = protocol::local_path(name);
+                let (storage, made) =
+                    diskit_formats::creation::new_file(std::path::Path::new(path))?;
+                self.made.extend(made.map(Undo::File));
+                Ok(storage)
             }
             Made::New { create, remove } => {
                 let storage = create(name)?;

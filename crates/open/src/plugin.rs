@@ -103,16 +103,7 @@ pub fn is_key(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
-/// A boolean as nbdkit reads one, with its message.
-pub fn boolean(plugin: &str, key: &str, value: &str) -> Result<bool> {
-    match value.to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(Error::invalid(format!(
-            "{plugin}: {key}: could not decipher boolean '{value}'"
-        ))),
-    }
-}
+pub use diskit_core::params::boolean;
 
 /// Sorts a plugin's arguments into keys, bare values going to its magic key.
 pub fn parse_args(name: &str, args: &[String]) -> Result<PluginArgs> {

@@ -262,16 +262,11 @@ pub fn for_name(name: &str) -> Result<&'static Protocol> {
     Ok(&PROTOCOLS[0])
 }
 
-/// `name` without the prefix that selected `proto` for it, where the rest
-/// is the path (`file:a:b` is `a:b`); a URI stays whole.
-pub fn strip_prefix<'a>(proto: &Protocol, name: &'a str) -> &'a str {
-    if !proto.local {
-        return name;
-    }
-    proto
-        .prefixes
-        .iter()
-        .find_map(|p| name.strip_prefix(p))
+/// The path a local file's name stands for: without the `file:` or
+/// `host_device:` that may select its protocol (`file:a:b` is `a:b`).
+pub fn local_path(name: &str) -> &str {
+    name.strip_prefix("file:")
+        .or_else(|| name.strip_prefix("host_device:"))
         .unwrap_or(name)
 }
 
@@ -306,11 +301,7 @@ fn filename(node: &Spec, driver: &str) -> Result<String> {
 
 fn open_file(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     let name = filename(node, "file")?;
-    let path = name
-        .strip_prefix("file:")
-        .or_else(|| name.strip_prefix("host_device:"))
-        .unwrap_or(&name);
-    Ok(Arc::new(FileDevice::open(path, mode)?))
+    Ok(Arc::new(FileDevice::open(local_path(&name), mode)?))
 }
 
 /// The keys of QEMU's nbd driver that diskit takes: a URI
