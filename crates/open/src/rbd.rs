@@ -67,8 +67,7 @@ pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
 /// Makes the image `name` (an `rbd:` name), empty.
 pub fn create(name: &str) -> Result<StorageRef> {
     let n = RbdName::parse(name)?;
-    diskit_rbd::create(&n, 0)?;
-    Ok(Arc::new(RbdImage::open(&n, true)?))
+    Ok(Arc::new(diskit_rbd::create(&n, 0)?))
 }
 
 /// Removes the image `name` (a failed creation's undo).

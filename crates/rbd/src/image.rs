@@ -157,8 +157,8 @@ unsafe impl Send for RbdImage {}
 unsafe impl Sync for RbdImage {}
 
 /// Creates the image `name` of `size` bytes (Ceph's default object size
-/// and features).
-pub fn create(name: &RbdName, size: u64) -> Result<()> {
+/// and features) and opens it for writing, on one connection.
+pub fn create(name: &RbdName, size: u64) -> Result<RbdImage> {
     let pool = Pool::connect(name)?;
     let image = c_string(&name.image, "the image")?;
     let mut order: c_int = 0;
@@ -167,7 +167,7 @@ pub fn create(name: &RbdName, size: u64) -> Result<()> {
     if r < 0 {
         return Err(failed(r.into(), "error rbd create"));
     }
-    Ok(())
+    RbdImage::open_on(pool, name, true)
 }
 
 /// Removes the image `name` (a failed creation's undo).
@@ -186,8 +186,12 @@ impl RbdImage {
     /// Opens the image `name` (read-only at a snapshot, or when not
     /// `writable`).
     pub fn open(name: &RbdName, writable: bool) -> Result<RbdImage> {
+        Self::open_on(Pool::connect(name)?, name, writable)
+    }
+
+    /// Opens the image `name` on the connection `pool`.
+    fn open_on(pool: Pool, name: &RbdName, writable: bool) -> Result<RbdImage> {
         let writable = writable && name.snapshot.is_none();
-        let pool = Pool::connect(name)?;
         let api = pool.api;
         let cimage = c_string(&name.image, "the image")?;
         let snap = name
