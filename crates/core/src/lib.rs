@@ -25,6 +25,7 @@ pub mod range_lock;
 pub mod size;
 pub mod storage;
 pub mod sync;
+pub mod workers;
 pub mod zero;
 
 pub use aio::{Completion, CompletionQueue, ReadSink, Request};

@@ -16,28 +16,24 @@
 mod options;
 mod source;
 
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use diskit_core::aio::{self, CompletionQueue, Request};
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::check_range;
-use diskit_core::sync::lock;
+use diskit_core::workers::Workers;
 use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Result};
 
 pub use options::{HttpOptions, KEYS, PLUGIN_KEYS};
 use source::Source;
 pub use source::parse_content_range;
 
-/// A job for the pool's threads.
-type Job = Box<dyn FnOnce(&Source) + Send>;
-
 /// A URL as a read-only block device.
 pub struct HttpDevice {
     source: Arc<Source>,
     connections: usize,
     /// Threads that run submitted requests, started at the first one.
-    pool: OnceLock<Mutex<SyncSender<Job>>>,
+    pool: Workers,
 }
 
 impl std::fmt::Debug for HttpDevice {
@@ -52,39 +48,12 @@ impl HttpDevice {
     /// Opens `url`: learns its size, and checks that the server answers
     /// range requests.
     pub fn open(url: &str, opts: &HttpOptions) -> Result<HttpDevice> {
+        let connections = opts.connections.max(1);
         Ok(HttpDevice {
             source: Arc::new(Source::open(url, opts)?),
-            connections: opts.connections.max(1),
-            pool: OnceLock::new(),
+            connections,
+            pool: Workers::new("diskit-http", connections),
         })
-    }
-
-    /// Sends `job` to the pool, starting it the first time.
-    fn spawn(&self, job: Job) {
-        let tx = self.pool.get_or_init(|| {
-            let (tx, rx) = sync_channel::<Job>(self.connections * 2);
-            let rx = Arc::new(Mutex::new(rx));
-            for _ in 0..self.connections {
-                let rx: Arc<Mutex<Receiver<Job>>> = rx.clone();
-                let source = self.source.clone();
-                std::thread::Builder::new()
-                    .name("diskit-http".into())
-                    .spawn(move || {
-                        loop {
-                            let job = lock(&rx).recv();
-                            match job {
-                                Ok(job) => job(&source),
-                                Err(_) => return,
-                            }
-                        }
-                    })
-                    .expect("start an http pool thread");
-            }
-            Mutex::new(tx)
-        });
-        let tx = lock(tx).clone();
-        // The pool's threads live as long as the device's sender.
-        let _ = tx.send(job);
     }
 }
 
@@ -140,7 +109,8 @@ impl HttpDevice {
     ) {
         let cq = cq.clone();
         let size = self.size();
-        self.spawn(Box::new(move |source: &Source| {
+        let source = self.source.clone();
+        self.pool.run(move || {
             let mut buf = buf;
             let result = match buf.get_mut(..len) {
                 Some(b) => check_range(size, offset, len as u64)
@@ -156,7 +126,7 @@ impl HttpDevice {
                 result,
                 buf: Some(buf),
             });
-        }));
+        });
     }
 }
 

@@ -45,6 +45,21 @@ impl Default for ImageInfo {
     }
 }
 
+/// `rbd_callback_t`: a finished asynchronous request's completion and
+/// the argument given when it was made.
+pub type AioCb = unsafe extern "C" fn(Handle, *mut c_void);
+
+/// `rbd_snap_info_t`: one snapshot, as `rbd_snap_list` fills it.
+#[repr(C)]
+pub struct SnapInfo {
+    /// The snapshot's id.
+    pub id: u64,
+    /// The image's size at the snapshot.
+    pub size: u64,
+    /// Its name (owned by librbd until `rbd_snap_list_end`).
+    pub name: *const c_char,
+}
+
 /// `rbd_diff_iterate2`'s callback: offset, length, whether the extent
 /// exists (1) or is a hole (0), and the caller's argument.
 pub type DiffCb = unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
@@ -73,6 +88,18 @@ diskit_core::functions! {
         rbd_discard: fn(Handle, u64, u64) -> c_int;
         rbd_write_zeroes: fn(Handle, u64, usize, c_int, c_int) -> isize;
         rbd_flush: fn(Handle) -> c_int;
+        rbd_aio_create_completion: fn(*mut c_void, Option<AioCb>, *mut Handle) -> c_int;
+        rbd_aio_get_return_value: fn(Handle) -> isize;
+        rbd_aio_release: fn(Handle);
+        rbd_aio_read2: fn(Handle, u64, usize, *mut c_char, Handle, c_int) -> c_int;
+        rbd_aio_write2: fn(Handle, u64, usize, *const c_char, Handle, c_int) -> c_int;
+        rbd_aio_write_zeroes: fn(Handle, u64, usize, Handle, c_int, c_int) -> c_int;
+        rbd_snap_list: fn(Handle, *mut SnapInfo, *mut c_int) -> c_int;
+        rbd_snap_list_end: fn(*mut SnapInfo);
+        rbd_snap_create: fn(Handle, *const c_char) -> c_int;
+        rbd_snap_remove: fn(Handle, *const c_char) -> c_int;
+        rbd_snap_rollback: fn(Handle, *const c_char) -> c_int;
+        rbd_snap_get_timestamp: fn(Handle, u64, *mut libc::timespec) -> c_int;
         rbd_diff_iterate2: fn(Handle, *const c_char, u64, u64, u8, u8, Option<DiffCb>, *mut c_void) -> c_int;
     }
 }

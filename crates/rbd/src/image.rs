@@ -4,7 +4,11 @@
 //! number of threads may have requests in flight on one image.
 
 use std::ffi::{CString, c_int, c_void};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use diskit_core::aio::{self as core_aio, CompletionQueue, Request};
+use diskit_core::workers::Workers;
 
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, Preallocation, Result, Storage,
@@ -13,6 +17,10 @@ use diskit_core::{
 
 use crate::api::{self, Api, Handle, ImageInfo, failed};
 use crate::name::RbdName;
+
+/// Requests worth keeping in flight on one image from one submitter:
+/// each is an object-sized read or write on its own OSD request.
+const QUEUE_DEPTH: usize = 32;
 
 /// Largest request handed to librbd at once (its lengths are `size_t`,
 /// and huge requests only hold memory longer).
@@ -147,7 +155,9 @@ pub struct RbdImage {
     size: AtomicU64,
     object_size: u64,
     writable: bool,
-    location: String,
+    location: Arc<str>,
+    /// Threads that hand read data on to sinks.
+    workers: Arc<Workers>,
 }
 
 // SAFETY: an `rbd_image_t` may be used from several threads at once for
@@ -230,7 +240,8 @@ impl RbdImage {
             size: AtomicU64::new(info.size),
             object_size: info.obj_size.max(512),
             writable,
-            location: name.canonical(),
+            location: name.canonical().into(),
+            workers: Arc::new(Workers::new("diskit-rbd", 2)),
         })
     }
 
@@ -264,8 +275,9 @@ impl RbdImage {
 
 impl Drop for RbdImage {
     fn drop(&mut self) {
-        // SAFETY: the image is open and no request is in flight (they are
-        // synchronous and borrow `self`).
+        // SAFETY: the image is open; librbd's close waits for the
+        // submitted requests still in flight (their callbacks own all
+        // they use).
         unsafe { (self.api().rbd_close)(self.image) };
     }
 }
@@ -472,7 +484,37 @@ impl BlockDevice for RbdImage {
     }
 
     fn describe(&self) -> String {
-        self.location.clone()
+        self.location.to_string()
+    }
+
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        let (offset, len) = req.span();
+        let writes = matches!(req, Request::Write { .. } | Request::Zero { .. });
+        let synchronous = match &req {
+            // FUA is a flush after the write; fast zeroing is refused.
+            Request::Write { flags, .. } => flags.fua,
+            Request::Zero { flags, .. } => flags.fua || flags.fast,
+            _ => false,
+        };
+        if synchronous || (writes && !self.writable) || len > MAX_REQUEST as u64 {
+            return cq.push(core_aio::run(self, tag, req));
+        }
+        if let Err(e) = diskit_core::device::check_range(self.size(), offset, len) {
+            return cq.push(req.fail(tag, Err(e)));
+        }
+        crate::aio::start(
+            self.api(),
+            self.image,
+            tag,
+            req,
+            cq,
+            &self.location,
+            &self.workers,
+        );
+    }
+
+    fn queue_depth(&self) -> usize {
+        QUEUE_DEPTH
     }
 }
 

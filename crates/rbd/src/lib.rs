@@ -3,6 +3,7 @@
 //! binding (`api`), QEMU's `rbd:` names ([`name`]), and an image as
 //! [`diskit_core::Storage`] ([`image`]).
 
+mod aio;
 mod api;
 pub mod image;
 pub mod name;
