@@ -182,15 +182,15 @@ impl InFlight {
                     let (offset, len) = self.read.expect("a read");
                     let buf = self.buf.as_ref().expect("a read's buffer");
                     let result = aio::hand_over(&*sink, offset, &buf[..len]);
-                    self.post(result);
+                    (*self).post(result);
                 });
             }
-            _ => self.post(result),
+            _ => (*self).post(result),
         }
     }
 
-    fn post(self: Box<Self>, result: Result<()>) {
-        let InFlight { tag, cq, buf, .. } = *self;
+    fn post(self, result: Result<()>) {
+        let InFlight { tag, cq, buf, .. } = self;
         cq.push(Completion { tag, result, buf });
     }
 }
