@@ -51,13 +51,16 @@ mon allow pool size one = true
 mon allow pool delete = true
 run dir = $D/run
 log file = $D/log/\$name.log
-admin socket = $D/run/\$name.asok
 pid file = $D/run/\$name.pid
 osd objectstore = memstore
 memstore device bytes = $bytes
 mon data avail crit = 0
 mon data avail warn = 0
 ms bind ipv6 = false
+[mon]
+admin socket = $D/run/\$name.asok
+[osd]
+admin socket = $D/run/\$name.asok
 [mon.a]
 mon data = $D/mon.a
 public addr = $ip:$port

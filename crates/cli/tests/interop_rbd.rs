@@ -215,3 +215,132 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
     assert_eq!(stdout(&o).trim(), (64u64 << 20).to_string());
     assert!(same_bytes(&src, &copy));
 }
+
+/// A copy whose source fails part way removes the RBD image it created;
+/// an OSD that stops answering mid-copy fails the copy after the
+/// name's `rados_osd_op_timeout`, with a message and exit code 1.
+#[test]
+fn failed_copies_into_rbd_say_so_and_leave_no_image_they_made() {
+    let ceph = Ceph::start();
+    let dir = workdir();
+    let d = dir.path();
+    // A source whose reads fail (nbdkit's error filter, one read in
+    // three): the image convert made is gone afterwards.
+    let sock = d.join("err.sock");
+    let _err = start_server(
+        "nbdkit",
+        &[
+            "-f",
+            "-U",
+            s(&sock),
+            "--filter=error",
+            "pattern",
+            "64M",
+            "error-pread-rate=0.34",
+            "error=EIO",
+        ],
+        || sock.exists(),
+    );
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let o = diskit(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        &uri,
+        &ceph.name("failed"),
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("Input/output error"), "{}", stderr(&o));
+    assert!(
+        !ceph.images().contains(&"failed".to_string()),
+        "the image made is removed: {:?}",
+        ceph.images()
+    );
+    // A slow source (each read waits) and an OSD that stops answering
+    // while the copy runs: the copy fails within the timeouts the name
+    // sets, and says why.
+    let slow = d.join("slow.sock");
+    let _slow = start_server(
+        "nbdkit",
+        &[
+            "-f",
+            "-U",
+            s(&slow),
+            "--filter=delay",
+            "pattern",
+            "64M",
+            "delay-read=300ms",
+        ],
+        || slow.exists(),
+    );
+    let uri = format!("nbd+unix:///?socket={}", s(&slow));
+    let name = format!(
+        "{}:rados_osd_op_timeout=2:rados_mon_op_timeout=2",
+        ceph.name("stalled")
+    );
+    let child = std::process::Command::new(diskit_bin())
+        .args(["convert", "-f", "raw", "-O", "raw", &uri, &name])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The image is made and the copy under way before the OSD stops.
+    let t = std::time::Instant::now();
+    while !ceph.images().contains(&"stalled".to_string()) && t.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    ceph.signal_osd(libc::SIGSTOP);
+    let o = child.wait_with_output().unwrap();
+    ceph.signal_osd(libc::SIGCONT);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("diskit: error while writing at byte ")
+            && stderr(&o).trim_end().ends_with(": Connection timed out"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        t.elapsed().as_secs() < 60,
+        "a stalled cluster fails the copy in bounded time"
+    );
+}
+
+/// What an NBD client wrote and flushed through `serve rbd` is in the
+/// cluster, even if the server dies right after the flush.
+#[test]
+fn a_flushed_write_through_serve_rbd_is_in_the_cluster() {
+    let ceph = Ceph::start();
+    let dir = workdir();
+    let d = dir.path();
+    ok(ceph.rbd(&["create", "--size", "16M", "rbd/w"]));
+    let sock = d.join("w.sock");
+    let conf = format!("conf={}", ceph.conf().display());
+    let server = start_server(
+        diskit_bin().to_str().unwrap(),
+        &["serve", "-f", "-U", s(&sock), "rbd", "rbd/w", &conf],
+        || sock.exists(),
+    );
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    ok(std::process::Command::new("nbdsh")
+        .env("PATH", path_env())
+        .args([
+            "-u",
+            &uri,
+            "-c",
+            "h.pwrite(b'\\x5a' * 65536, 1048576); h.flush(); \
+             h.pwrite(b'\\x6b' * 4096, 4096, nbd.CMD_FLAG_FUA)",
+        ])
+        .output()
+        .unwrap());
+    // No orderly shutdown: the server is killed.
+    drop(server);
+    let out = d.join("w.raw");
+    ok(ceph.rbd(&["export", "rbd/w", s(&out)]));
+    let data = std::fs::read(&out).unwrap();
+    assert!(data[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0x5a));
+    assert!(data[4096..8192].iter().all(|&b| b == 0x6b));
+    assert!(data[..4096].iter().all(|&b| b == 0));
+}

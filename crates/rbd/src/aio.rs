@@ -14,7 +14,7 @@ use diskit_core::buffer::AlignedBuf;
 use diskit_core::workers::Workers;
 use diskit_core::{Error, Result};
 
-use crate::api::{Api, Handle, failed};
+use crate::api::{Api, Handle, failed, request_failed};
 
 /// `RBD_WRITE_ZEROES_FLAG_THICK_PROVISION`: zeroes stay allocated.
 pub const THICK_PROVISION: c_int = 1;
@@ -31,8 +31,6 @@ struct InFlight {
     /// end reads as zeros), and where the bytes go on from there.
     read: Option<(u64, usize)>,
     sink: Option<(Arc<dyn ReadSink>, Arc<Workers>)>,
-    /// What failed, for the message ("error reading rbd:pool/img").
-    what: Arc<str>,
 }
 
 /// What [`start`] is asked to do on the image.
@@ -46,8 +44,7 @@ pub enum Op {
 }
 
 /// Starts `req` on `image` as `op`; its completion reaches `cq` from
-/// librbd's callback. `location` names the image in messages; `workers`
-/// hand read data to a sink. The caller has checked the range and that
+/// librbd's callback; `workers` hand read data to a sink. The caller has checked the range and that
 /// the request fits in one librbd call.
 pub fn start(
     api: &'static Api,
@@ -55,7 +52,6 @@ pub fn start(
     tag: u64,
     req: Request,
     cq: &CompletionQueue,
-    location: &Arc<str>,
     workers: &Arc<Workers>,
 ) {
     let mut f = Box::new(InFlight {
@@ -65,7 +61,6 @@ pub fn start(
         buf: None,
         read: None,
         sink: None,
-        what: location.clone(),
     });
     let (op, offset, len, start) = match req {
         Request::Read { offset, buf, len } => {
@@ -95,12 +90,6 @@ pub fn start(
             (Op::Zero(zflags), offset, len as usize, 0)
         }
     };
-    f.what = match op {
-        Op::Read => format!("error reading {location}"),
-        Op::Write => format!("error writing {location}"),
-        Op::Zero(_) => format!("error zeroing {location}"),
-    }
-    .into();
     let data = f.buf.as_mut().map(|b| b.as_mut_ptr());
     let arg = Box::into_raw(f);
     let mut c: Handle = std::ptr::null_mut();
@@ -120,7 +109,9 @@ pub fn start(
     let r = unsafe {
         match (op, data) {
             (Op::Read, Some(p)) => (api.rbd_aio_read2)(image, offset, len, p.cast(), c, 0),
-            (Op::Write, Some(p)) => (api.rbd_aio_write2)(image, offset, len, p.add(start).cast(), c, 0),
+            (Op::Write, Some(p)) => {
+                (api.rbd_aio_write2)(image, offset, len, p.add(start).cast(), c, 0)
+            }
             (Op::Zero(z), _) => (api.rbd_aio_write_zeroes)(image, offset, len, c, z, 0),
             _ => unreachable!("reads and writes own a buffer"),
         }
@@ -133,8 +124,7 @@ pub fn start(
             (api.rbd_aio_release)(c);
             Box::from_raw(arg)
         };
-        let what = f.what.clone();
-        f.finish(Err(failed(r.into(), what)));
+        f.finish(Err(request_failed(r.into())));
     }
 }
 
@@ -151,7 +141,7 @@ unsafe extern "C" fn finished(c: Handle, arg: *mut c_void) {
         r
     };
     let result = if r < 0 {
-        Err(failed(r as i64, f.what.clone()))
+        Err(request_failed(r as i64))
     } else {
         Ok(r as usize)
     };

@@ -132,8 +132,20 @@ pub fn api() -> Result<&'static Api> {
 /// An error for librbd's or librados's return value `r` (a negative
 /// errno), with `what` failed.
 pub fn failed(r: i64, what: impl std::fmt::Display) -> Error {
+    let (kind, text) = errno(r);
+    Error::new(kind, format!("{what}: {text}"))
+}
+
+/// The error a request's return value `r` (a negative errno) stands for,
+/// said as strerror says it: the caller names the request and where.
+pub fn request_failed(r: i64) -> Error {
+    let (kind, text) = errno(r);
+    Error::new(kind, text)
+}
+
+fn errno(r: i64) -> (ErrorKind, String) {
     let errno = i32::try_from(-r).unwrap_or(libc::EIO);
     let text = std::io::Error::from_raw_os_error(errno).to_string();
     let text = text.split(" (os error").next().unwrap_or(&text).to_string();
-    Error::new(ErrorKind::from_errno(errno), format!("{what}: {text}"))
+    (ErrorKind::from_errno(errno), text)
 }

@@ -15,7 +15,7 @@ use diskit_core::{
     WriteFlags, ZeroFlags,
 };
 
-use crate::api::{self, Api, Handle, ImageInfo, failed};
+use crate::api::{self, Api, Handle, ImageInfo, failed, request_failed};
 use crate::name::RbdName;
 
 /// Requests worth keeping in flight on one image from one submitter:
@@ -349,7 +349,7 @@ impl BlockDevice for RbdImage {
             // call; the image is open.
             let r = unsafe { (self.api().rbd_read2)(self.image, at, n, ptr.add(skip).cast(), 0) };
             if r < 0 {
-                return Err(failed(r as i64, format!("error reading {}", self.location)));
+                return Err(request_failed(r as i64));
             }
             if (r as usize) < n {
                 // Past the end of a shrunk image: zeros.
@@ -370,7 +370,7 @@ impl BlockDevice for RbdImage {
             // SAFETY: `piece` outlives the call; the image is open.
             let r = unsafe { (self.api().rbd_write2)(self.image, at, n, piece.as_ptr().cast(), 0) };
             if r < 0 {
-                return Err(failed(r as i64, format!("error writing {}", self.location)));
+                return Err(request_failed(r as i64));
             }
             Ok(())
         })?;
@@ -397,7 +397,7 @@ impl BlockDevice for RbdImage {
             // SAFETY: the image is open.
             let r = unsafe { (self.api().rbd_write_zeroes)(self.image, at, n, zflags, 0) };
             if r < 0 {
-                return Err(failed(r as i64, format!("error zeroing {}", self.location)));
+                return Err(request_failed(r as i64));
             }
             at += n as u64;
         }
@@ -415,10 +415,7 @@ impl BlockDevice for RbdImage {
         // SAFETY: the image is open.
         let r = unsafe { (self.api().rbd_discard)(self.image, offset, len) };
         if r < 0 {
-            return Err(failed(
-                r.into(),
-                format!("error discarding {}", self.location),
-            ));
+            return Err(request_failed(r.into()));
         }
         if flags.fua {
             self.flush()?;
@@ -502,15 +499,7 @@ impl BlockDevice for RbdImage {
         if let Err(e) = diskit_core::device::check_range(self.size(), offset, len) {
             return cq.push(req.fail(tag, Err(e)));
         }
-        crate::aio::start(
-            self.api(),
-            self.image,
-            tag,
-            req,
-            cq,
-            &self.location,
-            &self.workers,
-        );
+        crate::aio::start(self.api(), self.image, tag, req, cq, &self.workers);
     }
 
     fn queue_depth(&self) -> usize {

@@ -66,9 +66,9 @@ pub struct Args {
     /// Say what is copied how, on standard error.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
-    /// SOURCE DESTINATION: - | FILE | DEVICE | NBD-URI | [ CMD ARGS ... ]
-    /// (and null: as the destination, an http:// or https:// URL as the
-    /// source).
+    /// SOURCE DESTINATION: - | FILE | DEVICE | NBD-URI | RBD-NAME |
+    /// [ CMD ARGS ... ] (and null: as the destination, an http:// or
+    /// https:// URL as the source).
     #[arg(trailing_var_arg = true, num_args = 2.., required = true)]
     sides: Vec<String>,
 }
@@ -98,23 +98,17 @@ enum Side {
     Pipe,
     Null,
     Local(String),
-    Uri(String),
-    Http(String),
+    Network(String),
     Command(Vec<String>),
 }
 
-/// Whether `s` is an NBD URI (the schemes libnbd accepts).
-fn is_nbd_uri(s: &str) -> bool {
-    [
-        "nbd:",
-        "nbds:",
-        "nbd+unix:",
-        "nbds+unix:",
-        "nbd+vsock:",
-        "nbds+vsock:",
-    ]
-    .iter()
-    .any(|p| s.starts_with(p))
+/// The source of the table a name selects when that source is reached
+/// over a network (an NBD URI, an http URL, an RBD image): the opener
+/// opens such a side, over several connections where it allows.
+fn network_source(s: &str) -> Option<&'static diskit_open::protocol::Protocol> {
+    diskit_open::protocol::for_name(s)
+        .ok()
+        .filter(|p| p.network)
 }
 
 /// Splits SOURCE and DESTINATION out of the words after the options.
@@ -140,12 +134,14 @@ fn parse_sides(words: &[String]) -> Result<(Side, Side), CliError> {
         Ok(match w.as_str() {
             "-" => Side::Pipe,
             "null:" if dest => Side::Null,
-            _ if is_nbd_uri(w) => Side::Uri(w.clone()),
-            _ if w.starts_with("http://") || w.starts_with("https://") => {
-                if dest {
-                    return Err(usage(format!("{w}: an http URL can only be a source")));
+            _ if let Some(p) = network_source(w) => {
+                if dest && matches!(p.made, diskit_open::protocol::Made::Never) {
+                    return Err(usage(format!(
+                        "{w}: an {} URL can only be a source",
+                        p.name
+                    )));
                 }
-                Side::Http(w.clone())
+                Side::Network(w.clone())
             }
             _ => Side::Local(w.clone()),
         })
@@ -186,7 +182,7 @@ fn open_network(
     writable: bool,
 ) -> Result<Option<DeviceRef>, CliError> {
     Ok(match side {
-        Side::Uri(name) | Side::Http(name) => {
+        Side::Network(name) => {
             let mode = diskit_open::protocol::StorageOptions {
                 writable,
                 connections,
@@ -300,8 +296,7 @@ fn open_destination(
                 Ok((Opened::Device(dev), false))
             }
         }
-        Side::Uri(_) | Side::Command(_) => unreachable!("opened above"),
-        Side::Http(_) => unreachable!("refused as a destination"),
+        Side::Network(_) | Side::Command(_) => unreachable!("opened above"),
     }
 }
 

@@ -67,6 +67,25 @@ impl Ceph {
         format!("rbd:rbd/{image}:conf={}", self.conf().display())
     }
 
+    /// Sends `signal` to the OSD (SIGSTOP: it stops answering; SIGCONT:
+    /// it goes on).
+    pub fn signal_osd(&self, signal: i32) {
+        let pid = std::fs::read_to_string(self.dir.path().join("run/osd.0.pid")).unwrap();
+        let pid: i32 = pid.trim().parse().unwrap();
+        // SAFETY: kill(2) on the pid this cluster's OSD wrote.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+
+    /// The images in pool `rbd`.
+    pub fn images(&self) -> Vec<String> {
+        let o = self.rbd(&["ls"]);
+        assert!(o.status.success(), "rbd ls: {o:?}");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Runs the `rbd` tool with `args` (the configuration given).
     pub fn rbd(&self, args: &[&str]) -> std::process::Output {
         Command::new("rbd")

@@ -693,8 +693,9 @@ fn read_replies<R: Read>(
                     .remove(&cookie)
                     .ok_or_else(|| proto_err(format!("reply to unknown cookie {cookie}")))?;
                 if error != 0 {
-                    let kind = ErrorKind::from_nbd_code(error);
-                    let e = Error::new(kind, format!("server error {error}"));
+                    // Said as the errno it stands for ("Input/output
+                    // error"), as QEMU's client says it.
+                    let e = Error::from_kind(ErrorKind::from_nbd_code(error));
                     slot.group.finish(1, Some(e));
                     made_room(shared, &slot);
                     continue;
@@ -880,12 +881,11 @@ fn read_chunk<R: Read>(reader: &mut Reader<R>, slot: &Slot, kind: u16, length: u
         }
         Chunk::Error { error, message, .. } => {
             let kind = ErrorKind::from_nbd_code(error);
-            let msg = if message.is_empty() {
-                format!("server error {error}")
+            slot.group.fail(if message.is_empty() {
+                Error::from_kind(kind)
             } else {
-                message
-            };
-            slot.group.fail(Error::new(kind, msg));
+                Error::new(kind, message)
+            });
         }
     }
     Ok(())
