@@ -918,6 +918,10 @@ impl Storage for FileDevice {
         FileDevice::resize(self, new_len, prealloc)
     }
 
+    fn node_info(&self) -> Option<diskit_core::NodeInfo> {
+        Some(diskit_core::NodeInfo::local_file())
+    }
+
     fn allocated_bytes(&self) -> Option<u64> {
         FileDevice::allocated_bytes(self).ok()
     }

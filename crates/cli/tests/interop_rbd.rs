@@ -51,6 +51,15 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
     let v: serde_json::Value = serde_json::from_str(&info).unwrap();
     assert_eq!(v["virtual-size"], 64 << 20, "{info}");
     assert_eq!(v["format"], "raw", "{info}");
+    // As QEMU's rbd driver tells it: the object size as the cluster size
+    // (raw asks its file), a dirty flag, an rbd block, no disk size.
+    assert_eq!(v["cluster-size"], 4 << 20, "{info}");
+    assert_eq!(v["dirty-flag"], false, "{info}");
+    let file = &v["children"][0]["info"];
+    assert_eq!(file["format"], "rbd", "{info}");
+    assert_eq!(file["cluster-size"], 4 << 20, "{info}");
+    assert_eq!(file["format-specific"]["type"], "rbd", "{info}");
+    assert!(file.get("actual-size").is_none(), "{info}");
     let map = stdout(&ok(diskit(&["map", "--output=json", &ceph.name("raw1")])));
     let data: Vec<serde_json::Value> = serde_json::from_str::<Vec<serde_json::Value>>(&map)
         .unwrap()

@@ -35,4 +35,4 @@ pub use device::{
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};
 pub use filter::{Filter, Filtered, Route};
-pub use storage::{CacheMode, Preallocation, Storage, StorageOptions, StorageRef};
+pub use storage::{CacheMode, NodeInfo, Preallocation, Storage, StorageOptions, StorageRef};

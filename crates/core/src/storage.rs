@@ -122,6 +122,27 @@ impl CacheMode {
     }
 }
 
+/// What storage tells of itself for `info` (see [`Storage::node_info`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Its unit of allocation (`cluster-size`), if it has one.
+    pub cluster_size: Option<u64>,
+    /// Its `format-specific` block, if it has one: the type and the
+    /// data's fields, in order.
+    pub specific: Option<(&'static str, Vec<(&'static str, String)>)>,
+}
+
+impl NodeInfo {
+    /// A local file's or block device's (QEMU's file-posix node): a
+    /// format-specific block with no data.
+    pub fn local_file() -> NodeInfo {
+        NodeInfo {
+            cluster_size: None,
+            specific: Some(("file", Vec::new())),
+        }
+    }
+}
+
 /// The bytes under an image format. Every [`BlockDevice`] operation works
 /// as on any device (writes within `0..size()`); the methods here add what
 /// formats need beyond that. Defaults suit storage of a fixed size.
@@ -197,6 +218,14 @@ pub trait Storage: BlockDevice {
 
     /// Bytes the storage occupies (a file's blocks), when known.
     fn allocated_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// What the storage tells of itself beyond its size, as QEMU's
+    /// protocol driver does for `info` (`bdrv_get_info`,
+    /// `bdrv_get_specific_info`); `None` for storage that tells nothing
+    /// (an NBD export).
+    fn node_info(&self) -> Option<NodeInfo> {
         None
     }
 
@@ -329,6 +358,9 @@ macro_rules! forward_storage {
             }
             fn allocated_bytes(&self) -> Option<u64> {
                 (**self).allocated_bytes()
+            }
+            fn node_info(&self) -> Option<NodeInfo> {
+                (**self).node_info()
             }
             fn fd(&self) -> Option<BorrowedFd<'_>> {
                 (**self).fd()

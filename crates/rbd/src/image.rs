@@ -557,6 +557,31 @@ impl Storage for RbdImage {
         "rbd"
     }
 
+    fn node_info(&self) -> Option<diskit_core::NodeInfo> {
+        // As QEMU's rbd driver: the object size as the cluster size, and
+        // the encryption librbd's own header announces (RBD encryption
+        // puts a LUKS header at the image's start).
+        let mut head = [0u8; 8];
+        let format = match self.read_padded(&mut head, 0) {
+            Ok(()) if &head[..6] == b"LUKS\xba\xbe" => match head[6..8] {
+                [0, 1] => Some("luks"),
+                [0, 2] => Some("luks2"),
+                _ => None,
+            },
+            _ => None,
+        };
+        Some(diskit_core::NodeInfo {
+            cluster_size: Some(self.object_size),
+            specific: Some((
+                "rbd",
+                format
+                    .map(|f| ("encryption-format", f.to_string()))
+                    .into_iter()
+                    .collect(),
+            )),
+        })
+    }
+
     fn is_fixed_size(&self) -> bool {
         false
     }

@@ -15,7 +15,7 @@ use crate::qjson::QJson;
 use crate::util::OpenPolicy;
 use crate::util::{CliError, output_is_json, parse_source_format};
 use diskit_core::size::human_size;
-use diskit_core::{BlockDevice, Storage};
+use diskit_core::{BlockDevice, NodeInfo, Storage};
 use diskit_open::{Format, FormatInfo, Image, OpenOptions, SnapshotInfo};
 
 /// Arguments of `info`.
@@ -186,6 +186,15 @@ impl Node {
         matches!(image.file.protocol(), "file" | "host_device")
     }
 
+    /// What the storage tells of itself, when the format is raw, which
+    /// answers QEMU's questions about the node by asking its file (no
+    /// other format does).
+    fn raw_storage_info(&self) -> Option<NodeInfo> {
+        (self.image.driver == "raw")
+            .then(|| self.image.file.node_info())
+            .flatten()
+    }
+
     /// Bytes allocated, as `info` shows them.
     fn actual_human(&self) -> String {
         self.actual
@@ -244,6 +253,7 @@ impl Node {
             return file_node_json(
                 &self.filename,
                 img.file.protocol(),
+                img.file.node_info().as_ref(),
                 self.actual,
                 self.file_length(),
             );
@@ -251,11 +261,12 @@ impl Node {
         let mut v = QJson::dict()
             .with("filename", QJson::Str(self.filename.clone()))
             .with("format", QJson::Str(img.driver.into()));
-        // QEMU knows the dirty flag only of formats that report one and of
-        // local files.
+        // QEMU knows the dirty flag only of formats that report one and,
+        // under raw (which asks its file), of storage that tells it.
+        let storage = self.raw_storage_info();
         let driver_info = match &self.specific {
             Some(q) => q.info.driver_info,
-            None => Self::local(img),
+            None => storage.is_some(),
         };
         if driver_info {
             v = v.with(
@@ -267,6 +278,9 @@ impl Node {
             v = v.with("actual-size", QJson::UInt(a));
         }
         v = v.with("virtual-size", QJson::UInt(img.virtual_size()));
+        if let Some(cs) = storage.and_then(|n| n.cluster_size) {
+            v = v.with("cluster-size", QJson::UInt(cs));
+        }
         if let Some(q) = &self.specific {
             v = q.json_fields(v);
         }
@@ -279,7 +293,13 @@ impl Node {
             .map(|c| {
                 QJson::dict().with("name", QJson::Str(c.name.clone())).with(
                     "info",
-                    file_node_json(&c.filename, c.protocol, c.actual, c.length),
+                    file_node_json(
+                        &c.filename,
+                        c.protocol,
+                        child_node(c.protocol).as_ref(),
+                        c.actual,
+                        c.length,
+                    ),
                 )
             })
             .collect();
@@ -314,6 +334,7 @@ impl Node {
         file_node_json(
             &self.filename,
             self.image.file.protocol(),
+            self.image.file.node_info().as_ref(),
             own,
             self.file_length(),
         )
@@ -330,6 +351,9 @@ impl Node {
             human_size(size),
             self.actual_human(),
         );
+        if let Some(cs) = self.raw_storage_info().and_then(|n| n.cluster_size) {
+            out += &format!("cluster_size: {cs}\n");
+        }
         if let Some(q) = &self.specific {
             out += &q.human();
         }
@@ -346,7 +370,14 @@ impl Node {
         }
         // QEMU lists the children last first.
         for c in self.children().iter().rev() {
-            out += &child_node_human(&c.name, &c.filename, c.protocol, c.actual, c.length);
+            out += &child_node_human(
+                &c.name,
+                &c.filename,
+                c.protocol,
+                child_node(c.protocol).as_ref(),
+                c.actual,
+                c.length,
+            );
         }
         let own = if self.children().is_empty() {
             self.actual
@@ -357,6 +388,7 @@ impl Node {
             "file",
             name,
             self.image.file.protocol(),
+            self.image.file.node_info().as_ref(),
             own,
             self.file_length(),
         );
@@ -365,26 +397,37 @@ impl Node {
 }
 
 /// A protocol node (a file under an image) as QEMU's JSON shows it;
-/// `length` in bytes, shown in whole sectors.
-fn file_node_json(filename: &str, protocol: &str, actual: Option<u64>, length: u64) -> QJson {
-    let local = matches!(protocol, "file" | "host_device");
+/// `length` in bytes, shown in whole sectors. QEMU shows the dirty flag
+/// and the rest of `node`'s fields only of storage that tells them.
+fn file_node_json(
+    filename: &str,
+    protocol: &str,
+    node: Option<&NodeInfo>,
+    actual: Option<u64>,
+    length: u64,
+) -> QJson {
     let mut v = QJson::dict()
         .with("filename", QJson::Str(filename.to_string()))
         .with("format", QJson::Str(protocol.into()));
-    if local {
+    if node.is_some() {
         v = v.with("dirty-flag", QJson::Bool(false));
     }
     if let Some(a) = actual {
         v = v.with("actual-size", QJson::UInt(a));
     }
     v = v.with("virtual-size", QJson::UInt(length.div_ceil(512) * 512));
-    if local {
+    if let Some(cs) = node.and_then(|n| n.cluster_size) {
+        v = v.with("cluster-size", QJson::UInt(cs));
+    }
+    if let Some((kind, fields)) = node.and_then(|n| n.specific.as_ref()) {
+        let data = fields.iter().fold(QJson::dict(), |d, (k, val)| {
+            d.with(k, QJson::Str(val.clone()))
+        });
         v = v.with(
             "format-specific",
             QJson::dict()
-                // QEMU's file-posix driver (file and host_device alike).
-                .with("type", QJson::Str("file".into()))
-                .with("data", QJson::dict()),
+                .with("type", QJson::Str((*kind).into()))
+                .with("data", data),
         );
     }
     v.with("children", QJson::List(vec![]))
@@ -395,16 +438,35 @@ fn child_node_human(
     child: &str,
     filename: &str,
     protocol: &str,
+    node: Option<&NodeInfo>,
     actual: Option<u64>,
     length: u64,
 ) -> String {
     let length = length.div_ceil(512) * 512;
-    format!(
+    let mut out = format!(
         "Child node '/{child}':\n    filename: {filename}\n    protocol type: {protocol}\n    \
          file length: {} ({length} bytes)\n    disk size: {}\n",
         human_size(length),
         actual.map_or_else(|| "unavailable".to_string(), human_size),
-    )
+    );
+    if let Some(cs) = node.and_then(|n| n.cluster_size) {
+        out += &format!("    cluster_size: {cs}\n");
+    }
+    // QEMU leaves out a format-specific block with no data.
+    if let Some((_, fields)) = node.and_then(|n| n.specific.as_ref())
+        && !fields.is_empty()
+    {
+        out += "    Format specific information:\n";
+        for (k, val) in fields {
+            out += &format!("        {}: {val}\n", k.replace('-', " "));
+        }
+    }
+    out
+}
+
+/// What QEMU knows of a child file's node: a local file's, or nothing.
+fn child_node(protocol: &str) -> Option<NodeInfo> {
+    matches!(protocol, "file" | "host_device").then(NodeInfo::local_file)
 }
 
 impl Specific {
