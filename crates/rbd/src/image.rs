@@ -326,7 +326,9 @@ impl BlockDevice for RbdImage {
             can_zero: self.writable,
             can_fast_zero: false,
             can_extents: true,
-            can_multi_conn: false,
+            // One image handle serves every connection of a server: a
+            // flush on any of them flushes what all of them wrote.
+            can_multi_conn: true,
             can_cache: false,
             is_rotational: false,
         }
