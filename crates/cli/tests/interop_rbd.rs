@@ -183,6 +183,59 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         assert_eq!(code(&o), 1, "{name}");
         assert!(stderr(&o).contains(why), "{}", stderr(&o));
     }
+    // qemu-img's snapshot command on an RBD image: its RBD snapshots
+    // (raw keeps none and hands them to its storage, as QEMU does).
+    let n = ceph.name("raw1");
+    ok(diskit(&["snapshot", "-f", "raw", "-c", "before", &n]));
+    let o = diskit(&["snapshot", "-f", "raw", "-c", "before", &n]);
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains("Could not create snapshot 'before': File exists"),
+        "{}",
+        stderr(&o)
+    );
+    let ls = stdout(&ok(
+        ceph.rbd(&["snap", "ls", "--format", "json", "rbd/raw1"])
+    ));
+    assert!(ls.contains("\"name\":\"before\""), "{ls}");
+    let list = stdout(&ok(diskit(&["snapshot", "-f", "raw", "-l", &n])));
+    let row = list
+        .lines()
+        .find(|l| l.starts_with("before "))
+        .expect(&list);
+    assert!(row.contains(" 64 MiB "), "{list}");
+    let info = stdout(&ok(diskit(&["info", "-f", "raw", "--output=json", &n])));
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(v["snapshots"][0]["name"], "before", "{info}");
+    // Overwritten, then rolled back: rbd export reads the old bytes.
+    ok(diskit(&[
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        s(&other),
+        &n,
+    ]));
+    ok(diskit(&["snapshot", "-f", "raw", "-a", "before", &n]));
+    let rolled = d.join("rolled.raw");
+    ok(ceph.rbd(&["export", "rbd/raw1", s(&rolled)]));
+    assert!(same_bytes(&src, &rolled), "rolled back to the snapshot");
+    ok(diskit(&["snapshot", "-f", "raw", "-d", "before", &n]));
+    let o = diskit(&["snapshot", "-f", "raw", "-d", "before", &n]);
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains(
+            "Could not delete snapshot 'before': Failed to remove the snapshot: No such file or directory"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let ls = stdout(&ok(
+        ceph.rbd(&["snap", "ls", "--format", "json", "rbd/raw1"])
+    ));
+    assert_eq!(ls.trim(), "[]");
 }
 
 /// A cluster that does not answer is an error after the timeout, never a

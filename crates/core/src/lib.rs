@@ -35,4 +35,6 @@ pub use device::{
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};
 pub use filter::{Filter, Filtered, Route};
-pub use storage::{CacheMode, NodeInfo, Preallocation, Storage, StorageOptions, StorageRef};
+pub use storage::{
+    CacheMode, NodeInfo, Preallocation, SnapshotChange, Storage, StorageOptions, StorageRef,
+};

@@ -122,6 +122,17 @@ impl CacheMode {
     }
 }
 
+/// A change to the snapshots storage keeps of itself, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotChange<'a> {
+    /// Takes a snapshot of this name.
+    Create(&'a str),
+    /// Removes the snapshot of this name.
+    Delete(&'a str),
+    /// Makes the storage hold what it held at the snapshot of this name.
+    Rollback(&'a str),
+}
+
 /// What storage tells of itself for `info` (see [`Storage::node_info`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -219,6 +230,20 @@ pub trait Storage: BlockDevice {
     /// Bytes the storage occupies (a file's blocks), when known.
     fn allocated_bytes(&self) -> Option<u64> {
         None
+    }
+
+    /// The snapshots the storage keeps of itself (an RBD image's), in
+    /// order: name and the size at each. Storage that keeps none fails
+    /// with [`ErrorKind::NotSupported`].
+    fn snapshots(&self) -> Result<Vec<(String, u64)>> {
+        Err(Error::from_kind(ErrorKind::NotSupported))
+    }
+
+    /// Takes, removes or goes back to a snapshot the storage keeps of
+    /// itself (see [`snapshots`](Self::snapshots)).
+    fn change_snapshot(&self, change: SnapshotChange<'_>) -> Result<()> {
+        let _ = change;
+        Err(Error::from_kind(ErrorKind::NotSupported))
     }
 
     /// What the storage tells of itself beyond its size, as QEMU's
@@ -361,6 +386,12 @@ macro_rules! forward_storage {
             }
             fn node_info(&self) -> Option<NodeInfo> {
                 (**self).node_info()
+            }
+            fn snapshots(&self) -> Result<Vec<(String, u64)>> {
+                (**self).snapshots()
+            }
+            fn change_snapshot(&self, change: SnapshotChange<'_>) -> Result<()> {
+                (**self).change_snapshot(change)
             }
             fn fd(&self) -> Option<BorrowedFd<'_>> {
                 (**self).fd()

@@ -11,11 +11,11 @@ use diskit_core::aio::{self as core_aio, CompletionQueue, Request};
 use diskit_core::workers::Workers;
 
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, Preallocation, Result, Storage,
-    WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, Preallocation, Result,
+    SnapshotChange, Storage, WriteFlags, ZeroFlags,
 };
 
-use crate::api::{self, Api, Handle, ImageInfo, failed, request_failed};
+use crate::api::{self, Api, Handle, ImageInfo, SnapInfo, failed, request_failed};
 use crate::name::RbdName;
 
 /// Requests worth keeping in flight on one image from one submitter:
@@ -247,6 +247,18 @@ impl RbdImage {
 
     fn api(&self) -> &'static Api {
         self.pool.api
+    }
+
+    /// Learns the image's size again (after a resize or a rollback).
+    fn refresh_size(&self) -> Result<()> {
+        let mut size = 0u64;
+        // SAFETY: the image is open; `size` is written on success.
+        let r = unsafe { (self.api().rbd_get_size)(self.image, &mut size) };
+        if r < 0 {
+            return Err(failed(r.into(), "error getting the image size"));
+        }
+        self.size.store(size, Ordering::Release);
+        Ok(())
     }
 
     fn read_only() -> Error {
@@ -545,18 +557,66 @@ impl Storage for RbdImage {
         if r < 0 {
             return Err(failed(r.into(), "error resizing the image"));
         }
-        let mut size = 0u64;
-        // SAFETY: the image is open; `size` is written on success.
-        let r = unsafe { (self.api().rbd_get_size)(self.image, &mut size) };
-        if r < 0 {
-            return Err(failed(r.into(), "error getting the image size"));
-        }
-        self.size.store(size, Ordering::Release);
-        Ok(())
+        self.refresh_size()
     }
 
     fn protocol(&self) -> &'static str {
         "rbd"
+    }
+
+    fn snapshots(&self) -> Result<Vec<(String, u64)>> {
+        let api = self.api();
+        let mut max: c_int = 16;
+        loop {
+            let mut snaps: Vec<SnapInfo> = (0..max)
+                .map(|_| SnapInfo {
+                    id: 0,
+                    size: 0,
+                    name: std::ptr::null(),
+                })
+                .collect();
+            // SAFETY: `snaps` has room for `max` entries (librbd says how
+            // many it needs with ERANGE); the image is open.
+            let r = unsafe { (api.rbd_snap_list)(self.image, snaps.as_mut_ptr(), &mut max) };
+            if r == -libc::ERANGE {
+                continue;
+            }
+            if r < 0 {
+                return Err(request_failed(r.into()));
+            }
+            let list = snaps[..r as usize]
+                .iter()
+                .map(|sn| {
+                    // SAFETY: librbd filled the first `r` entries with
+                    // NUL-terminated names, alive until list_end.
+                    let name = unsafe { std::ffi::CStr::from_ptr(sn.name) };
+                    (name.to_string_lossy().into_owned(), sn.size)
+                })
+                .collect();
+            // SAFETY: the entries librbd filled, released once.
+            unsafe { (api.rbd_snap_list_end)(snaps.as_mut_ptr()) };
+            return Ok(list);
+        }
+    }
+
+    fn change_snapshot(&self, change: SnapshotChange<'_>) -> Result<()> {
+        let api = self.api();
+        let (f, name) = match change {
+            SnapshotChange::Create(n) => (api.rbd_snap_create, n),
+            SnapshotChange::Delete(n) => (api.rbd_snap_remove, n),
+            SnapshotChange::Rollback(n) => (api.rbd_snap_rollback, n),
+        };
+        let cname = c_string(name, "the snapshot")?;
+        // SAFETY: the image is open; the name is NUL-terminated.
+        let r = unsafe { f(self.image, cname.as_ptr()) };
+        if r < 0 {
+            return Err(request_failed(r.into()));
+        }
+        if let SnapshotChange::Rollback(_) = change {
+            // The image has the snapshot's size now.
+            self.refresh_size()?;
+        }
+        Ok(())
     }
 
     fn node_info(&self) -> Option<diskit_core::NodeInfo> {

@@ -103,6 +103,9 @@ struct Node {
     /// With `--untrusted`: the files the image names and what the gate
     /// says of each (none of them opened).
     implied: Option<Vec<diskit_open::Audited>>,
+    /// The snapshots its storage keeps, under a format that keeps none
+    /// (an RBD image's under raw).
+    storage_snapshots: Vec<SnapshotInfo>,
 }
 
 /// What the image's format adds.
@@ -171,12 +174,19 @@ impl Node {
             image.file.location().to_string()
         };
         let implied = policy.untrusted.then(|| diskit_open::audit(&image));
+        let storage_snapshots = if specific.is_none() {
+            snapshot::list(&image)
+                .map_err(|e| CliError::new(format!("Could not open '{name}': {e}")))?
+        } else {
+            Vec::new()
+        };
         Ok(Node {
             image,
             filename,
             actual,
             specific,
             implied,
+            storage_snapshots,
         })
     }
 
@@ -281,6 +291,12 @@ impl Node {
         if let Some(cs) = storage.and_then(|n| n.cluster_size) {
             v = v.with("cluster-size", QJson::UInt(cs));
         }
+        if !self.storage_snapshots.is_empty() {
+            v = v.with(
+                "snapshots",
+                QJson::List(self.storage_snapshots.iter().map(snapshot_json).collect()),
+            );
+        }
         if let Some(q) = &self.specific {
             v = q.json_fields(v);
         }
@@ -353,6 +369,10 @@ impl Node {
         );
         if let Some(cs) = self.raw_storage_info().and_then(|n| n.cluster_size) {
             out += &format!("cluster_size: {cs}\n");
+        }
+        if !self.storage_snapshots.is_empty() {
+            out += "Snapshot list:\n";
+            out += &snapshot::table(&self.storage_snapshots);
         }
         if let Some(q) = &self.specific {
             out += &q.human();

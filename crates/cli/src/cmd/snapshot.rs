@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::CmdResult;
 use crate::util::{CliError, OpenPolicy, parse_source_format};
 use diskit_core::size::human_size;
-use diskit_core::{Error, ErrorKind};
+use diskit_core::{Error, ErrorKind, SnapshotChange, Storage};
 use diskit_open::{Capability, Format, OpenOptions, SnapshotInfo};
 
 /// Arguments of `snapshot`.
@@ -62,14 +62,36 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     // Like qemu-img, the whole chain is opened (a missing backing file is
     // an error), and formats without snapshots list nothing.
     let img = policy.open(&a.filename, format, OpenOptions::default())?;
-    let snaps = img
-        .ops
-        .snapshots()
-        .map_err(|e| CliError::new(format!("Could not list snapshots: {e}")))?;
+    let snaps = list(&img).map_err(|e| CliError::new(format!("Could not list snapshots: {e}")))?;
     if !snaps.is_empty() {
         print!("Snapshot list:\n{}", table(&snaps));
     }
     Ok(0)
+}
+
+/// The snapshots of an image as qemu-img lists them: the format's own,
+/// or, for a format that keeps none, its storage's (an RBD image's
+/// snapshots under raw), with what QEMU's rbd driver shows of each: the
+/// name as the id too, the image's size then as the state size, no date.
+pub fn list(img: &diskit_open::Image) -> diskit_core::Result<Vec<SnapshotInfo>> {
+    if img.format.supports(Capability::Snapshots) {
+        return img.ops.snapshots();
+    }
+    match img.file.snapshots() {
+        Err(e) if e.kind() == ErrorKind::NotSupported => Ok(Vec::new()),
+        r => Ok(r?
+            .into_iter()
+            .map(|(name, size)| SnapshotInfo {
+                id: name.clone(),
+                name,
+                vm_state_size: size,
+                date_sec: 0,
+                date_nsec: 0,
+                vm_clock_nsec: 0,
+                icount: Some(0),
+            })
+            .collect()),
+    }
 }
 
 /// A change to the snapshots of an image.
@@ -111,31 +133,49 @@ fn modify(
         }
     }
     let ops = &img.ops;
-    let has_snapshots = img.format.supports(Capability::Snapshots);
+    // A format that keeps no snapshots hands the change to its storage
+    // (an RBD image keeps its own), as QEMU falls back to the file node.
+    let own = img.format.supports(Capability::Snapshots);
+    let unsupported = |e: &Error| e.kind() == ErrorKind::NotSupported;
     let result = match change {
         Change::Create(name) => {
             let (sec, nsec) = now();
-            let r = if has_snapshots {
+            let r = if own {
                 ops.create_snapshot(name, sec, nsec)
             } else {
-                Err(Error::from_kind(ErrorKind::NotSupported))
+                img.file
+                    .change_snapshot(SnapshotChange::Create(name))
+                    .inspect_err(|e| {
+                        if !unsupported(e) {
+                            // QEMU's rbd driver says so first.
+                            eprintln!("{}: failed to create snap: {e}", crate::names::prog());
+                        }
+                    })
             };
             r.map_err(|e| format!("Could not create snapshot '{name}': {e}"))
         }
         Change::Apply(name) => {
-            let r = if has_snapshots {
+            let r = if own {
                 ops.apply_snapshot(name)
                     .map_err(|e| format!("Failed to load snapshot: {e}"))
             } else {
-                Err("Block driver does not support snapshots".to_string())
+                match img.file.change_snapshot(SnapshotChange::Rollback(name)) {
+                    Err(e) if unsupported(&e) => {
+                        Err("Block driver does not support snapshots".to_string())
+                    }
+                    r => r.map_err(|e| format!("Failed to load snapshot: {e}")),
+                }
             };
             r.map_err(|e| format!("Could not apply snapshot '{name}': {e}"))
         }
         Change::Delete(name) => {
-            let r = if has_snapshots {
-                ops.delete_snapshot(name)
+            let r = if own {
+                ops.delete_snapshot(name).map_err(|e| e.to_string())
             } else {
-                Err(Error::new(ErrorKind::NotFound, "snapshot not found"))
+                match img.file.change_snapshot(SnapshotChange::Delete(name)) {
+                    Err(e) if unsupported(&e) => Err("snapshot not found".to_string()),
+                    r => r.map_err(|e| format!("Failed to remove the snapshot: {e}")),
+                }
             };
             r.map_err(|e| format!("Could not delete snapshot '{name}': {e}"))
         }
