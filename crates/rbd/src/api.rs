@@ -100,6 +100,8 @@ diskit_core::functions! {
         rbd_snap_remove: fn(Handle, *const c_char) -> c_int;
         rbd_snap_rollback: fn(Handle, *const c_char) -> c_int;
         rbd_snap_get_timestamp: fn(Handle, u64, *mut libc::timespec) -> c_int;
+        rbd_get_features: fn(Handle, *mut u64) -> c_int;
+        rbd_get_flags: fn(Handle, *mut u64) -> c_int;
         rbd_diff_iterate2: fn(Handle, *const c_char, u64, u64, u8, u8, Option<DiffCb>, *mut c_void) -> c_int;
     }
 }

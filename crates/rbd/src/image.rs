@@ -155,6 +155,9 @@ pub struct RbdImage {
     size: AtomicU64,
     object_size: u64,
     writable: bool,
+    /// Whether the image keeps a valid fast-diff object map: extents then
+    /// come from it, whole objects at a time, without asking each object.
+    fast_diff: bool,
     location: Arc<str>,
     /// Threads that hand read data on to sinks.
     workers: Arc<Workers>,
@@ -240,6 +243,7 @@ impl RbdImage {
             size: AtomicU64::new(info.size),
             object_size: info.obj_size.max(512),
             writable,
+            fast_diff: Self::has_fast_diff(api, image),
             location: name.canonical().into(),
             workers: Arc::new(Workers::new("diskit-rbd", 2)),
         })
@@ -247,6 +251,22 @@ impl RbdImage {
 
     fn api(&self) -> &'static Api {
         self.pool.api
+    }
+
+    /// Whether the image `image` has the fast-diff feature with a valid
+    /// object map.
+    fn has_fast_diff(api: &Api, image: Handle) -> bool {
+        /// `RBD_FEATURE_FAST_DIFF` (features.h).
+        const FEATURE_FAST_DIFF: u64 = 1 << 4;
+        /// `RBD_FLAG_OBJECT_MAP_INVALID | RBD_FLAG_FAST_DIFF_INVALID`.
+        const MAP_INVALID: u64 = 0b11;
+        let (mut features, mut flags) = (0u64, 0u64);
+        // SAFETY: the image is open; both are written on success.
+        let known = unsafe {
+            (api.rbd_get_features)(image, &mut features) == 0
+                && (api.rbd_get_flags)(image, &mut flags) == 0
+        };
+        known && features & FEATURE_FAST_DIFF != 0 && flags & MAP_INVALID == 0
     }
 
     /// Learns the image's size again (after a resize or a rollback).
@@ -468,7 +488,8 @@ impl BlockDevice for RbdImage {
                 offset,
                 len,
                 1,
-                0,
+                // Whole objects from the object map where it is valid.
+                u8::from(self.fast_diff),
                 Some(collect_diff),
                 (&mut diff as *mut Diff).cast(),
             )
