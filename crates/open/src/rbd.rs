@@ -61,7 +61,13 @@ fn name_of(node: &Spec) -> Result<RbdName> {
 
 /// Opens the image a node names.
 pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
-    Ok(Arc::new(RbdImage::open(&name_of(node)?, mode.writable)?))
+    let mut name = name_of(node)?;
+    if mode.direct {
+        // As QEMU: no librbd cache with cache.direct (`-t none`), whatever
+        // the configuration says.
+        name.options.push(("rbd_cache".into(), "false".into()));
+    }
+    Ok(Arc::new(RbdImage::open(&name, mode.writable)?))
 }
 
 /// Makes the image `name` (an `rbd:` name), empty.
