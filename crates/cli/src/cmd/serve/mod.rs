@@ -120,7 +120,8 @@ pub struct Args {
     /// Worker threads per connection.
     #[arg(short = 't', long = "threads", default_value_t = 16)]
     threads: usize,
-    /// The plugin: file, memory, null, pattern, image.
+    /// The plugin: file, nbd, http, curl, rbd, memory, null, pattern,
+    /// image, and the other sources diskit reaches.
     plugin: String,
     /// The plugin's arguments: a bare value for its main parameter, and key=value pairs.
     args: Vec<String>,
