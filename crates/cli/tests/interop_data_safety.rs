@@ -242,11 +242,7 @@ fn no_command_writes_its_own_source_by_any_name() {
     for target in names {
         let o = tool_in(d, "diskit", &["copy", "a.raw", target]);
         assert_eq!(code(&o), 1, "copy to {target}");
-        assert!(
-            stderr(&o).contains("a source of this command"),
-            "{}",
-            stderr(&o)
-        );
+        assert_stderr_has(&o, "a source of this command");
         assert_eq!(std::fs::read(&src).unwrap(), before, "copy to {target}");
     }
 }

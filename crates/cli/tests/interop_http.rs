@@ -124,7 +124,7 @@ fn a_url_is_an_image_name_for_every_command() {
     // A URL names a source only.
     let o = diskit(&["copy", s(&src), &server.url]);
     assert_ne!(code(&o), 0);
-    assert!(stderr(&o).contains("only be a source"), "{}", stderr(&o));
+    assert_stderr_has(&o, "only be a source");
 }
 
 #[test]
@@ -134,11 +134,7 @@ fn servers_without_ranges_are_refused_with_a_clear_message() {
     let server = RangeServer::start(&src, "norange", None);
     let o = diskit(&["copy", &server.url, "null:"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("does not support range requests"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "does not support range requests");
     for nbdkit in [true, false] {
         let o = run_server(nbdkit, &["curl", &server.url], "nbdinfo --size \"$uri\"");
         assert!(

@@ -279,11 +279,7 @@ fn qcow2_with_luks_both_ways() {
         ],
     );
     assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("Compression and encryption"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "Compression and encryption");
 }
 
 #[test]
@@ -320,7 +316,7 @@ fn legacy_aes_qcow2_reads_as_qemu_reads_it() {
         ],
     );
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("read only"), "{}", stderr(&o));
+    assert_stderr_has(&o, "read only");
     let o = run(
         "diskit",
         d,
@@ -335,7 +331,7 @@ fn legacy_aes_qcow2_reads_as_qemu_reads_it() {
         ],
     );
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("encrypt.format=luks"), "{}", stderr(&o));
+    assert_stderr_has(&o, "encrypt.format=luks");
     assert!(!d.join("b.qcow2").exists());
 }
 
@@ -433,7 +429,7 @@ fn amend_key_slots_are_seen_by_qemu() {
             ],
         );
         assert_eq!(code(&o), 1);
-        assert!(stderr(&o).contains("only active keyslot"), "{}", stderr(&o));
+        assert_stderr_has(&o, "only active keyslot");
         good(
             "qemu-io",
             d,

@@ -443,7 +443,7 @@ fn nbdkit_options_virt_v2v_passes_are_accepted() {
     }
     let o = n.run("nbdkit", &["-o", "null"]);
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("newstyle"), "{}", stderr(&o));
+    assert_stderr_has(&o, "newstyle");
 }
 
 #[test]

@@ -204,18 +204,18 @@ fn bad_uris_and_missing_servers_get_clear_errors() {
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
     let o = diskit(&["info", &uri]);
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("nobody.sock"), "{}", stderr(&o));
+    assert_stderr_has(&o, "nobody.sock");
     let o = diskit(&["info", "nbd+unix:///"]);
-    assert!(stderr(&o).contains("socket"), "{}", stderr(&o));
+    assert_stderr_has(&o, "socket");
     let o = diskit(&["info", "nbd://localhost/?bogus=1"]);
-    assert!(stderr(&o).contains("'bogus'"), "{}", stderr(&o));
+    assert_stderr_has(&o, "'bogus'");
     // An export the server does not have.
     let img = sample(dir.path());
     let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
     let wrong = server.uri.replace(":///", ":///nosuch");
     let o = diskit(&["info", &wrong]);
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("nosuch"), "{}", stderr(&o));
+    assert_stderr_has(&o, "nosuch");
 }
 
 #[test]
@@ -254,11 +254,7 @@ fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
     assert_eq!(stdout(&o).trim(), (7u64 << 20).to_string());
     let o = serve(&["-U", "-", "--run", "true", "nbd", "export=x"]);
     assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("uri, socket, hostname"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "uri, socket, hostname");
 }
 
 /// In a child about to exec: makes `fd` its descriptor 3, kept across exec.
@@ -407,11 +403,7 @@ fn nbd_plugin_forms_match_nbdkit() {
     }
     let o = c.output().unwrap();
     assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("not a connected stream socket"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "not a connected stream socket");
 }
 
 #[test]
@@ -450,7 +442,7 @@ fn server_takes_what_peers_ask_of_it() {
         .output()
         .unwrap();
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("socket activation"), "{}", stderr(&o));
+    assert_stderr_has(&o, "socket activation");
     // --exit-with-parent: the server goes when the shell that started it does.
     let sock = dir.path().join("orphan.sock");
     let o = timed("sh", 30)

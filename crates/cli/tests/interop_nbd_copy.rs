@@ -372,5 +372,5 @@ fn a_server_that_dies_mid_copy_fails_the_copy_with_how_far_it_got() {
     let _ = server.wait();
     let o = copy.wait_with_output().unwrap();
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(stderr(&o).contains("copied"), "{}", stderr(&o));
+    assert_stderr_has(&o, "copied");
 }

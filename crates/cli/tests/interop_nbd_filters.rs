@@ -518,11 +518,7 @@ fn fua_modes_advertise_and_pass_fua_as_nbdkit() {
             assert!(!r.out.status.success(), "{args:?} served");
         }
         let o = run(Server::Diskit, &args, None, "true");
-        assert!(
-            stderr(&o).contains(&format!("requires plugin {missing} support")),
-            "{}",
-            stderr(&o)
-        );
+        assert_stderr_has(&o, &format!("requires plugin {missing} support"));
         let ro = cat(&["-r"], &args);
         same_output(dir.path(), None, &ro, "nbdinfo --size \"$uri\"");
     }
@@ -992,22 +988,14 @@ fn partition_serves_mbr_and_gpt_partitions_as_nbdkit() {
         Some(&f),
         "true",
     );
-    assert!(
-        stderr(&o).contains("must supply the partition parameter"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "must supply the partition parameter");
     let o = run(
         Server::Diskit,
         &cat(&cat(&["--filter=partition"], &FILE), &["partition=2"]),
         Some(&f),
         "true",
     );
-    assert!(
-        stderr(&o).contains("is an extended partition"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "is an extended partition");
 }
 
 #[test]
@@ -1742,7 +1730,7 @@ fn cow_file_keeps_the_overlay_as_a_qcow2_backed_by_the_source() {
     let other = sparse_copy(&src, &dir.path().join("other.raw"));
     let o = run(Server::Diskit, &args, Some(&other), "true");
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("backing file"), "{}", stderr(&o));
+    assert_stderr_has(&o, "backing file");
     // Committed with qemu-img, the source holds what clients saw.
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     ok(qemu_img(&["commit", s(&overlay)]));

@@ -116,11 +116,7 @@ fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
     assert_eq!(v["exports"][0]["export-size"], 4 << 20);
     assert!(same_bytes(&f, &copy), "nbdcopy read other bytes");
     assert!(same_bytes(&f, &conv), "qemu-img read other bytes");
-    assert!(
-        stderr(&o).contains("Images are identical"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "Images are identical");
     let conns = connections(&o);
     // nbdinfo, nbdcopy (one or more connections), convert, compare.
     assert!(conns.len() >= 4, "{conns:?}");
@@ -299,7 +295,7 @@ fn psk_overrides_certificates_with_a_warning() {
         &cmd,
     ]));
     assert_eq!(stdout(&o).trim(), "4194304");
-    assert!(stderr(&o).contains("--tls-psk overrides"), "{}", stderr(&o));
+    assert_stderr_has(&o, "--tls-psk overrides");
 }
 
 #[test]
@@ -324,7 +320,7 @@ fn bad_key_files_stop_the_server_at_startup() {
         ]);
         assert_ne!(code(&o), 0);
         assert!(!stdout(&o).contains("started"));
-        assert!(stderr(&o).contains(&what), "{}", stderr(&o));
+        assert_stderr_has(&o, &what);
         assert!(!stderr(&o).contains(BOB), "the key was shown");
     }
 }

@@ -487,11 +487,7 @@ fn daemon_mode_forks_once_listening_and_stops_by_pid_file() {
     // the caller's stderr, and leaves no socket.
     let o = serve(&["-U", s(&proxy_sock), "nbd", "socket=/nonexistent/nbd.sock"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("/nonexistent/nbd.sock"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "/nonexistent/nbd.sock");
     assert!(!proxy_sock.exists(), "socket left behind");
 
     daemon.stop();
@@ -504,7 +500,7 @@ fn daemon_mode_forks_once_listening_and_stops_by_pid_file() {
     // keeps serving.
     let o = serve(&["-U", s(&sock), "-P", "/nonexistent/dir/pid", "null", "1M"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(stderr(&o).contains("pid file"), "{}", stderr(&o));
+    assert_stderr_has(&o, "pid file");
     assert!(!sock.exists(), "socket left behind");
 }
 

@@ -243,7 +243,7 @@ fn bad_tls_settings_are_refused_at_startup() {
         "true",
     ]);
     assert_ne!(code(&o), 0);
-    assert!(stderr(&o).contains("server-cert.pem"), "{}", stderr(&o));
+    assert_stderr_has(&o, "server-cert.pem");
 }
 
 /// `$tls` in `--run`'s environment: unset, 1 or 2 for off, on and
@@ -417,7 +417,7 @@ fn an_unusable_key_is_named() {
         "true",
     ]);
     assert_ne!(code(&o), 0);
-    assert!(stderr(&o).contains("server-key.pem"), "{}", stderr(&o));
+    assert_stderr_has(&o, "server-key.pem");
 }
 
 /// qemu-img's command lines with `--object tls-creds-x509` and an nbd node

@@ -474,11 +474,7 @@ fn pre_shared_keys_against_diskit_serve() {
         &cmd,
     ]));
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
-    assert!(
-        stderr(&o).contains("PSK identity \"bob\""),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "PSK identity \"bob\"");
 }
 
 /// The nbd plugin's `tls-psk=` (with `tls-username=`): a `diskit serve`
@@ -513,9 +509,5 @@ fn the_nbd_plugin_connects_with_pre_shared_keys() {
         &cmd,
     ]));
     assert!(same_bytes(&f, &copy), "the copy through the plugin differs");
-    assert!(
-        stderr(&o).contains("PSK identity \"bob\""),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "PSK identity \"bob\"");
 }

@@ -113,7 +113,7 @@ fn qcow2_over_null_co_reads_as_qemu_sees_it() {
         "driver=qcow2,file.driver=null-co,file.size=1M",
     ]);
     assert_ne!(code(&ours), 0);
-    assert!(stderr(&ours).contains("qcow2"), "{}", stderr(&ours));
+    assert_stderr_has(&ours, "qcow2");
     assert_ne!(
         code(&qemu_img(&[
             "info",
@@ -162,11 +162,7 @@ fn bad_descriptions_are_named() {
         assert!(stderr(&o).contains("json:"), "{bad}: {}", stderr(&o));
     }
     let o = diskit(&["info", "gopher://x/y"]);
-    assert!(
-        stderr(&o).contains("Unknown protocol 'gopher'"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "Unknown protocol 'gopher'");
 }
 
 #[test]
@@ -206,7 +202,7 @@ fn every_format_qemu_img_creates_is_probed_and_refused_by_name() {
         }
         // Asked for by name with -f, it is refused by name too.
         let o = diskit(&["info", "-f", fmt, s(&p)]);
-        assert!(stderr(&o).contains(&format!("'{fmt}'")), "{}", stderr(&o));
+        assert_stderr_has(&o, &format!("'{fmt}'"));
         // -f raw reads the container's bytes, as qemu-img does.
         same_as_qemu_img(&["map", "--output=json", "-f", "raw", s(&p)], fmt);
     }
@@ -300,7 +296,7 @@ fn untrusted_images_name_only_files_beside_them() {
             s(&top),
         ]);
         assert_eq!(code(&o), 1, "{backing}");
-        assert!(stderr(&o).contains(rule), "{}", stderr(&o));
+        assert_stderr_has(&o, rule);
     }
     // A device reached through a name inside the directory.
     std::os::unix::fs::symlink("/dev/zero", d.join("dev.raw")).unwrap();
@@ -424,7 +420,7 @@ fn convert_takes_descriptions_for_source_and_target() {
         "driver=raw,file.filename=x",
     ]);
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("requires use of -n"), "{}", stderr(&o));
+    assert_stderr_has(&o, "requires use of -n");
     sparse_file(&ours, 4 << 20, &[(0, 4 << 20, 0x33)]);
     let dst = format!("driver=raw,file.driver=file,file.filename={}", s(&ours));
     ok(diskit(&[

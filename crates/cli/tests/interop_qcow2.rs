@@ -432,11 +432,7 @@ fn hostile_images_get_clear_errors() {
     patch(&img, 48, &(1u64 << 40).to_be_bytes());
     let o = diskit(&["convert", "-n", "-O", "qcow2", s(&src), s(&img)]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("refcount table offset"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "refcount table offset");
     // A backing file that is the image itself.
     let looped = d.join("loop.qcow2");
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&looped), "1M"]));
@@ -451,7 +447,7 @@ fn hostile_images_get_clear_errors() {
     ]));
     let o = diskit(&["map", s(&looped)]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(stderr(&o).contains("loop"), "{}", stderr(&o));
+    assert_stderr_has(&o, "loop");
 }
 
 /// `check` reports what qemu-img check reports (exit code, human and JSON
@@ -596,7 +592,7 @@ fn check_matches_qemu_img() {
     std::fs::remove_file(d.join("data.raw")).unwrap();
     same(&with_data, &[], "data file missing");
     let o = diskit(&["check", s(&with_data)]);
-    assert!(stderr(&o).contains("data.raw"), "{}", stderr(&o));
+    assert_stderr_has(&o, "data.raw");
     // Raw images cannot be checked.
     let o = diskit(&["check", "-f", "raw", s(&src)]);
     let t = qemu_img(&["check", "-f", "raw", s(&src)]);

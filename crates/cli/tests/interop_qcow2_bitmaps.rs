@@ -118,11 +118,7 @@ fn inconsistent_bitmaps_fail_or_are_skipped() {
     let q = qemu_img(&args);
     assert_eq!(code(&d), 1);
     assert_eq!(code(&q), 1);
-    assert!(
-        stderr(&d).contains("Cannot copy inconsistent bitmap 'b0'"),
-        "{}",
-        stderr(&d)
-    );
+    assert_stderr_has(&d, "Cannot copy inconsistent bitmap 'b0'");
     assert!(stderr(&q).contains("Cannot copy inconsistent bitmap 'b0'"));
 
     let args = [

@@ -277,11 +277,7 @@ fn shrink_and_delete_with_snapshots_match_qemu_img_byte_for_byte() {
     let img = layered_image(d, "compat=0.10");
     let o = diskit(&["resize", s(&img), "8M"]);
     assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("Can't resize a v2 image which has snapshots"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "Can't resize a v2 image which has snapshots");
 }
 
 #[test]
@@ -377,7 +373,7 @@ fn errors_like_qemu_img() {
     for op in ["-c", "-a", "-d"] {
         let o = fails_like_qemu_img(&img, &["snapshot", op, "s1", "{}"], true);
         assert_eq!(code(&o), 1);
-        assert!(stderr(&o).contains("Permission denied"), "{}", stderr(&o));
+        assert_stderr_has(&o, "Permission denied");
     }
     std::fs::set_permissions(&img, std::fs::Permissions::from_mode(0o644)).unwrap();
 

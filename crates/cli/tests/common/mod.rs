@@ -9,6 +9,11 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod images;
+
+#[allow(unused_imports)]
+pub use images::*;
+
 /// The Python with libnbd's `nbd` module (a pyenv python3 first on PATH
 /// may lack it).
 pub const PYTHON: &str = "/usr/bin/python3";
@@ -85,6 +90,13 @@ pub fn stderr(o: &Output) -> String {
 /// The exit code.
 pub fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
+}
+
+/// Asserts that the standard error of `o` says `msg`, showing it
+/// otherwise.
+#[track_caller]
+pub fn assert_stderr_has(o: &Output, msg: &str) {
+    assert!(stderr(o).contains(msg), "{}", stderr(o));
 }
 
 /// Asserts success, showing stderr otherwise.
