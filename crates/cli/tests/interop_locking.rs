@@ -94,8 +94,7 @@ fn diskit_and_qemu_respect_each_others_locks() {
             &sock,
         );
         let t = qemu_img(&["info", s(&img)]);
-        assert_eq!(code(&t), 1);
-        assert_stderr_has(&t, "Failed to get shared \"write\" lock");
+        assert_fails_with(&t, 1, "Failed to get shared \"write\" lock");
         let w = Command::new("qemu-io")
             .args(["-f", "qcow2", "-c", "write 0 4k", s(&img)])
             .output()

@@ -278,8 +278,7 @@ fn qcow2_with_luks_both_ways() {
             "c.qcow2",
         ],
     );
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "Compression and encryption");
+    assert_fails_with(&o, 1, "Compression and encryption");
 }
 
 #[test]
@@ -315,8 +314,7 @@ fn legacy_aes_qcow2_reads_as_qemu_reads_it() {
             &opts("qcow2", "a.qcow2", "sec0"),
         ],
     );
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "read only");
+    assert_fails_with(&o, 1, "read only");
     let o = run(
         "diskit",
         d,
@@ -330,8 +328,7 @@ fn legacy_aes_qcow2_reads_as_qemu_reads_it() {
             "1M",
         ],
     );
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "encrypt.format=luks");
+    assert_fails_with(&o, 1, "encrypt.format=luks");
     assert!(!d.join("b.qcow2").exists());
 }
 
@@ -428,8 +425,7 @@ fn amend_key_slots_are_seen_by_qemu() {
                 &opts(driver, &file, "sec1"),
             ],
         );
-        assert_eq!(code(&o), 1);
-        assert_stderr_has(&o, "only active keyslot");
+        assert_fails_with(&o, 1, "only active keyslot");
         good(
             "qemu-io",
             d,

@@ -442,8 +442,7 @@ fn nbdkit_options_virt_v2v_passes_are_accepted() {
         assert_eq!(code(&o), code(&theirs), "{args:?}");
     }
     let o = n.run("nbdkit", &["-o", "null"]);
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "newstyle");
+    assert_fails_with(&o, 1, "newstyle");
 }
 
 #[test]

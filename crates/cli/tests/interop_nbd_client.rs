@@ -203,8 +203,7 @@ fn bad_uris_and_missing_servers_get_clear_errors() {
     let sock = dir.path().join("nobody.sock");
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
     let o = diskit(&["info", &uri]);
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "nobody.sock");
+    assert_fails_with(&o, 1, "nobody.sock");
     let o = diskit(&["info", "nbd+unix:///"]);
     assert_stderr_has(&o, "socket");
     let o = diskit(&["info", "nbd://localhost/?bogus=1"]);
@@ -214,8 +213,7 @@ fn bad_uris_and_missing_servers_get_clear_errors() {
     let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
     let wrong = server.uri.replace(":///", ":///nosuch");
     let o = diskit(&["info", &wrong]);
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "nosuch");
+    assert_fails_with(&o, 1, "nosuch");
 }
 
 #[test]
@@ -253,8 +251,7 @@ fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim(), (7u64 << 20).to_string());
     let o = serve(&["-U", "-", "--run", "true", "nbd", "export=x"]);
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "uri, socket, hostname");
+    assert_fails_with(&o, 1, "uri, socket, hostname");
 }
 
 /// In a child about to exec: makes `fd` its descriptor 3, kept across exec.
@@ -402,8 +399,7 @@ fn nbd_plugin_forms_match_nbdkit() {
         c.pre_exec(move || to_fd_3(fd));
     }
     let o = c.output().unwrap();
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "not a connected stream socket");
+    assert_fails_with(&o, 1, "not a connected stream socket");
 }
 
 #[test]
@@ -441,8 +437,7 @@ fn server_takes_what_peers_ask_of_it() {
         ])
         .output()
         .unwrap();
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "socket activation");
+    assert_fails_with(&o, 1, "socket activation");
     // --exit-with-parent: the server goes when the shell that started it does.
     let sock = dir.path().join("orphan.sock");
     let o = timed("sh", 30)

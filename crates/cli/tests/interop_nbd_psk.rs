@@ -93,19 +93,12 @@ fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
         conv = s(&conv),
         f = s(&f),
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "-r", "--tls=require"],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let text = stdout(&o);
     assert!(text.contains("uri=nbds+unix:///?socket="), "{text}");
     assert!(text.contains(" tls=2\n"), "{text}");
@@ -146,18 +139,12 @@ fn gnutls_clients_limited_to_tls12_get_ecdhe_psk() {
         qemu = qemu_psk("alice", client),
         conv = s(&conv),
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "--tls=require"],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert_eq!(stdout(&o).trim(), "4194304");
     assert!(same_bytes(&f, &conv), "qemu-img read other bytes");
     let conns = connections(&o);
@@ -195,18 +182,12 @@ fn unknown_users_wrong_keys_and_plain_clients_are_refused() {
         good = psk_uri("bob", good),
         out = s(&out),
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "--tls=require"],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     for tool in [
         "unknown",
         "wrong",
@@ -280,20 +261,17 @@ fn psk_overrides_certificates_with_a_warning() {
     let server = server_keys(dir.path());
     let client = server.parent().unwrap();
     let cmd = format!("nbdinfo --size \"{}\"", psk_uri("alice", client));
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "--tls-certificates",
-        "/nonexistent",
-        "--tls-verify-peer",
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &[
+            "--tls=require",
+            "--tls-certificates",
+            "/nonexistent",
+            "--tls-verify-peer",
+        ],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert_eq!(stdout(&o).trim(), "4194304");
     assert_stderr_has(&o, "--tls-psk overrides");
 }
@@ -307,17 +285,7 @@ fn bad_key_files_stop_the_server_at_startup() {
         (bad, "keys.psk: line 2: no ':'".to_string()),
         (missing.clone(), format!("{}", missing.display())),
     ] {
-        let o = serve(&[
-            "-U",
-            "-",
-            "--tls=on",
-            "--tls-psk",
-            s(&file),
-            "memory",
-            "1M",
-            "--run",
-            "echo started",
-        ]);
+        let o = serve_psk(&["--tls=on"], &file, &["memory", "1M"], "echo started");
         assert_ne!(code(&o), 0);
         assert!(!stdout(&o).contains("started"));
         assert_stderr_has(&o, &what);
@@ -341,17 +309,12 @@ fn libnbd_checks_over_psk() {
         s(&script),
         psk_uri("alice", server.parent().unwrap())
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["--tls=require"],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
 }
 

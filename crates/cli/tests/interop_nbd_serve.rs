@@ -25,18 +25,11 @@ fn json(o: &Output) -> serde_json::Value {
 
 #[test]
 fn nbdinfo_reports_the_export_and_its_flags() {
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "-e",
-        "disk",
-        "--description",
-        "a test disk",
-        "memory",
-        "size=8M",
-        "--run",
+    let o = ok(serve_run(
+        &["-e", "disk", "--description", "a test disk"],
+        &["memory", "size=8M"],
         "nbdinfo --json \"$uri\"",
-    ]));
+    ));
     let v = json(&o);
     assert_eq!(v["protocol"], "newstyle-fixed");
     assert_eq!(v["structured"], true);
@@ -65,28 +58,17 @@ fn nbdinfo_reports_the_export_and_its_flags() {
 
     let dir = workdir();
     let f = test_file(dir.path());
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "-r",
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_run(
+        &["-r"],
+        &["file", s(&f)],
         "nbdinfo --json \"$uri\"",
-    ]));
+    ));
     let e = &json(&o)["exports"][0];
     assert_eq!(e["is_read_only"], true);
     for flag in ["can_zero", "can_trim", "can_fua", "can_fast_zero"] {
         assert_eq!(e[flag], false, "{flag} on a read-only export");
     }
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "file",
-        s(&f),
-        "--run",
-        "nbdinfo --json \"$uri\"",
-    ]));
+    let o = ok(serve_run(&[], &["file", s(&f)], "nbdinfo --json \"$uri\""));
     let e = &json(&o)["exports"][0];
     assert_eq!(e["can_flush"], true);
     assert_eq!(e["can_cache"], true);
@@ -112,7 +94,7 @@ fn qemu_img_sees_the_same_bytes_and_extents_as_the_file() {
         s(&map_nbd),
         s(&out)
     );
-    ok(serve(&["-U", "-", "-r", "file", s(&src), "--run", &cmd]));
+    ok(serve_run(&["-r"], &["file", s(&src)], &cmd));
     assert!(same_bytes(&src, &out));
     let direct = ok(qemu_img(&["map", "--output=json", "-f", "raw", s(&src)]));
     assert_eq!(std::fs::read_to_string(&map_nbd).unwrap(), stdout(&direct));
@@ -148,7 +130,7 @@ fn qcow2_chain_through_the_image_plugin() {
         "nbdinfo --map=qemu:allocation-depth \"$uri\" && qemu-img convert -O raw \"$uri\" {}",
         s(&out)
     );
-    let o = ok(serve(&["-U", "-", "-r", "image", s(&top), "--run", &cmd]));
+    let o = ok(serve_run(&["-r"], &["image", s(&top)], &cmd));
     let map: Vec<Vec<String>> = stdout(&o)
         .lines()
         .map(|l| l.split_whitespace().take(3).map(String::from).collect())
@@ -172,15 +154,7 @@ fn qcow2_chain_through_the_image_plugin() {
 
     // Writable: qemu-io writes through extended headers land in the qcow2.
     let cmd = "qemu-io -f raw -c 'write -P 0x33 3M 64k' -c 'write -z 0 64k' -c flush \"$uri\"";
-    ok(serve(&[
-        "-U",
-        "-",
-        "image",
-        s(&top),
-        "format=qcow2",
-        "--run",
-        cmd,
-    ]));
+    ok(serve_run(&[], &["image", s(&top), "format=qcow2"], cmd));
     ok(peer(
         "qemu-io",
         &[
@@ -217,7 +191,7 @@ fn nbdcopy_round_trip_with_many_requests_in_flight() {
         src = s(&src),
         out = s(&out)
     );
-    ok(serve(&["-U", "-", "memory", "16M", "--run", &cmd]));
+    ok(serve_run(&[], &["memory", "16M"], &cmd));
     assert!(same_bytes(&src, &out));
 }
 
@@ -250,16 +224,11 @@ fn libnbd_checks_on_memory() {
 
 #[test]
 fn run_sets_the_environment_and_passes_the_exit_status() {
-    let o = serve(&[
-        "-U",
-        "-",
-        "-e",
-        "x",
-        "null",
-        "1M",
-        "--run",
+    let o = serve_run(
+        &["-e", "x"],
+        &["null", "1M"],
         "echo \"$uri|$nbd|$unixsocket|$port|$exportname\"; test -S \"$unixsocket\"; exit 3",
-    ]);
+    );
     assert_eq!(code(&o), 3, "{}", stderr(&o));
     let line = stdout(&o);
     let parts: Vec<&str> = line.trim().split('|').collect();
@@ -575,9 +544,7 @@ fn verbose_logs_one_line_per_connection_and_export_counters() {
                   h.pread(512, 8192)\n\
                   h.shutdown()\n";
     let cmd = format!("{PYTHON} -c \"{script}\" \"$uri\" && nbdinfo --size \"$uri\"");
-    let o = ok(serve(&[
-        "-v", "-U", "-", "-e", "d", "memory", "1M", "--run", &cmd,
-    ]));
+    let o = ok(serve_run(&["-v", "-e", "d"], &["memory", "1M"], &cmd));
     let err = stderr(&o);
     let conns: Vec<&str> = err
         .lines()
@@ -651,7 +618,7 @@ fn qemu_io_aio_reads_and_writes() {
         cmd += &format!(" -c 'aio_read -P {p} {}k 64k'", i * 64);
     }
     cmd += " -c aio_flush \"$uri\"";
-    let o = ok(serve(&["-U", "-", "image", s(&img), "--run", &cmd]));
+    let o = ok(serve_run(&[], &["image", s(&img)], &cmd));
     let out = stdout(&o);
     assert!(!out.contains("fail") && !out.contains("error"), "{out}");
     assert_eq!(out.matches("read 65536/65536 bytes").count(), 8, "{out}");
@@ -686,15 +653,11 @@ fn image_with_a_small_l2_cache() {
         cmd += &format!(" -c 'read -P {} {}k 4k'", 0x20 + i, i * 256 + 3);
     }
     cmd += " \"$uri\"";
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "image",
-        s(&img),
-        "l2-cache-size=1K",
-        "--run",
+    let o = ok(serve_run(
+        &[],
+        &["image", s(&img), "l2-cache-size=1K"],
         &cmd,
-    ]));
+    ));
     let out = stdout(&o);
     assert_eq!(out.matches("read 4096/4096 bytes").count(), 16, "{out}");
     assert!(!out.contains("Pattern verification failed"), "{out}");
@@ -859,15 +822,7 @@ fn image_served_with_cache_none() {
         cmd += &format!(" -c 'read -P {p} {off} {len}'");
     }
     cmd += " -c 'read -P 0x5a 5M 64k' \"$uri\"";
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "image",
-        s(&img),
-        "cache=none",
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(serve_run(&[], &["image", s(&img), "cache=none"], &cmd));
     let out = stdout(&o);
     assert!(!out.contains("Pattern verification failed"), "{out}");
     assert_eq!(out.matches("read ").count(), writes.len() + 1, "{out}");
@@ -888,15 +843,7 @@ fn image_served_with_cache_none() {
         "qemu-io",
         &["-f", "qcow2", "-c", "read -P 0x5a 12k 2036k", s(&img)],
     ));
-    let o = serve(&[
-        "-U",
-        "-",
-        "image",
-        s(&img),
-        "cache=directsync",
-        "--run",
-        "true",
-    ]);
+    let o = serve_run(&[], &["image", s(&img), "cache=directsync"], "true");
     assert!(!o.status.success());
     assert!(
         String::from_utf8_lossy(&o.stderr)

@@ -64,18 +64,12 @@ fn require_serves_nbdinfo_qemu_img_and_qemu_io_over_tls() {
         qemu = qemu_tls(&pki),
         out = s(&out),
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["-r", "--tls=require"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", stdout(&o)));
     assert_eq!(v["TLS"], true, "{v}");
@@ -99,17 +93,12 @@ fn require_gives_plain_clients_nothing() {
          qemu-img convert -f raw \"nbd+unix:///?socket=$unixsocket\" -O raw {out}; echo qemu=$?",
         out = s(&out)
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["--tls=require"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let text = stdout(&o);
     for tool in ["nbdinfo", "list", "qemu"] {
         let line = text
@@ -142,17 +131,7 @@ fn on_serves_plain_and_tls_clients() {
          {{ nbdinfo --is tls \"nbd+unix:///?socket=$unixsocket\"; echo plain-tls=$?; }}",
         uri = tls_uri(&pki)
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=on",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(serve_certs(&["--tls=on"], &pki, &["file", s(&f)], &cmd));
     let text = stdout(&o);
     assert_eq!(text.matches("4194304").count(), 2, "{text}");
     assert!(text.contains("plain-tls=2"), "{text}");
@@ -182,18 +161,12 @@ fn verify_peer_wants_a_client_certificate_from_the_ca() {
         rogue = tls_uri(&rogue),
         qemu = qemu_tls(&pki),
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-verify-peer",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["--tls=require", "--tls-verify-peer"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let text = stdout(&o);
     assert!(text.contains("4194304\ngood=0"), "{text}");
     assert!(text.contains("qemu=0"), "{text}");
@@ -212,17 +185,12 @@ fn libnbd_checks_over_tls() {
     let pki = pki(dir.path());
     let script = nbd_script("checks.py");
     let cmd = format!("{PYTHON} {} rw \"{}\"", s(&script), tls_uri(&pki));
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["--tls=require"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
 }
 
@@ -231,17 +199,7 @@ fn bad_tls_settings_are_refused_at_startup() {
     let dir = workdir();
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let o = serve(&[
-        "-U",
-        "-",
-        "--tls=on",
-        "--tls-certificates",
-        s(&empty),
-        "memory",
-        "1M",
-        "--run",
-        "true",
-    ]);
+    let o = serve_certs(&["--tls=on"], &empty, &["memory", "1M"], "true");
     assert_ne!(code(&o), 0);
     assert_stderr_has(&o, "server-cert.pem");
 }
@@ -379,17 +337,12 @@ fn server_keys_of_any_size_and_kind_load() {
     for kind in kinds {
         let dir = workdir();
         let pki = certtool_pki(dir.path(), kind);
-        let o = serve(&[
-            "-U",
-            "-",
-            "--tls=require",
-            "--tls-certificates",
-            s(&pki),
-            "memory",
-            "1M",
-            "--run",
+        let o = serve_certs(
+            &["--tls=require"],
+            &pki,
+            &["memory", "1M"],
             &format!("nbdinfo --size \"{}\"", tls_uri(&pki)),
-        ]);
+        );
         assert!(o.status.success(), "{kind:?}: {}", stderr(&o));
         assert_eq!(stdout(&o).trim(), "1048576", "{kind:?}");
     }
@@ -405,17 +358,7 @@ fn an_unusable_key_is_named() {
         "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n",
     )
     .unwrap();
-    let o = serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "memory",
-        "1M",
-        "--run",
-        "true",
-    ]);
+    let o = serve_certs(&["--tls=require"], &pki, &["memory", "1M"], "true");
     assert_ne!(code(&o), 0);
     assert_stderr_has(&o, "server-key.pem");
 }

@@ -71,19 +71,12 @@ fn nbdinfo_copy_and_convert_from_diskit_serve_over_tls() {
         copy = s(&copy),
         conv = s(&conv),
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["-v", "-r", "--tls=require"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let text = stdout(&o);
     let json = &text[text.find('{').expect("nbdinfo JSON")..];
     let v: serde_json::Value =
@@ -292,17 +285,12 @@ fn certificates_that_do_not_check_out_are_refused() {
         )),
         empty = q(&format!("tls-certificates={}", s(&empty))),
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "memory",
-        "1M",
-        "--run",
+    let o = ok(serve_certs(
+        &["--tls=require"],
+        &pki,
+        &["memory", "1M"],
         &cmd,
-    ]));
+    ));
     let err = stderr(&o);
     assert_ne!(status(&o, "wrong"), "0");
     assert!(
@@ -460,19 +448,12 @@ fn pre_shared_keys_against_diskit_serve() {
         d = s(&diskit_bin()),
         copy = s(&copy)
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-psk",
-        s(&keys),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "-r", "--tls=require"],
+        &keys,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
     assert_stderr_has(&o, "PSK identity \"bob\"");
 }
@@ -495,19 +476,12 @@ fn the_nbd_plugin_connects_with_pre_shared_keys() {
         k = s(&keys),
         c = s(&copy)
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-psk",
-        s(&keys),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "-r", "--tls=require"],
+        &keys,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert!(same_bytes(&f, &copy), "the copy through the plugin differs");
     assert_stderr_has(&o, "PSK identity \"bob\"");
 }

@@ -419,8 +419,7 @@ fn convert_takes_descriptions_for_source_and_target() {
         s(&p),
         "driver=raw,file.filename=x",
     ]);
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "requires use of -n");
+    assert_fails_with(&o, 1, "requires use of -n");
     sparse_file(&ours, 4 << 20, &[(0, 4 << 20, 0x33)]);
     let dst = format!("driver=raw,file.driver=file,file.filename={}", s(&ours));
     ok(diskit(&[

@@ -11,18 +11,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::*;
-
-/// Runs `tool` with `args` in `dir`.
-fn run_in(tool: &Path, dir: &Path, args: &[&str]) -> Output {
-    Command::new(tool)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} ({e})", tool.display()))
-}
 
 /// Runs qemu-img in `dir`.
 fn qimg(dir: &Path, args: &[&str]) -> Output {
@@ -32,18 +23,6 @@ fn qimg(dir: &Path, args: &[&str]) -> Output {
 /// Runs qemu-io in `dir`, which must succeed.
 fn qio(dir: &Path, args: &[&str]) {
     ok(run_in(Path::new("qemu-io"), dir, args));
-}
-
-/// qemu-img's stderr as diskit prints it.
-fn as_diskit(qemu_stderr: &str) -> String {
-    qemu_stderr
-        .lines()
-        .map(|l| {
-            l.replacen("qemu-img: ", "diskit: ", 1)
-                .replacen("'qemu-img ", "'diskit ", 1)
-                + "\n"
-        })
-        .collect()
 }
 
 /// Two sibling directories holding the same images.

@@ -222,6 +222,5 @@ fn hostile_images_get_clear_errors() {
         .set_len(600)
         .unwrap();
     let o = tool_in(d, "diskit", &["convert", "-O", "raw", "short.vdi", "o.raw"]);
-    assert_eq!(code(&o), 1);
-    assert_stderr_has(&o, "block map");
+    assert_fails_with(&o, 1, "block map");
 }

@@ -2,6 +2,8 @@
 //! threads with requests in flight at once, every command, flags and
 //! extents, errors as the server sends them.
 
+mod common;
+
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -159,21 +161,7 @@ fn a_reply_cut_short_fails_the_request() {
         reply.extend_from_slice(&[7u8; 100]);
         theirs.write_all(&reply).unwrap();
     });
-    let cq = diskit_core::CompletionQueue::new();
-    let group = diskit_nbd::client::conn::Group::new(
-        1,
-        Some(diskit_core::buffer::AlignedBuf::new(4096, 512).unwrap()),
-        Some((cq.clone(), 1)),
-    );
-    let piece = diskit_nbd::client::conn::Piece {
-        command: CMD_READ,
-        flags: 0,
-        offset: 0,
-        length: 4096,
-        at: 0,
-    };
-    conn.send(&group, &[piece], None);
-    group.release(None);
+    let cq = common::send_read(&conn);
     server.join().unwrap();
     let c = cq.wait();
     assert!(c.result.is_err());

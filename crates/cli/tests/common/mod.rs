@@ -63,6 +63,32 @@ pub fn serve(args: &[&str]) -> Output {
         .expect("run timeout diskit serve")
 }
 
+/// Runs `diskit serve -U - OPTS PLUGIN --run CMD` under a timeout: the
+/// server on a private Unix socket, stopping when `cmd` ends.
+pub fn serve_run(opts: &[&str], plugin: &[&str], cmd: &str) -> Output {
+    let mut args = vec!["-U", "-"];
+    args.extend(opts);
+    args.extend(plugin);
+    args.extend(["--run", cmd]);
+    serve(&args)
+}
+
+/// [`serve_run`] with `--tls-certificates DIR` after `opts`.
+pub fn serve_certs(opts: &[&str], dir: &Path, plugin: &[&str], cmd: &str) -> Output {
+    serve_keyed(opts, "--tls-certificates", dir, plugin, cmd)
+}
+
+/// [`serve_run`] with `--tls-psk FILE` (pre-shared keys) after `opts`.
+pub fn serve_psk(opts: &[&str], file: &Path, plugin: &[&str], cmd: &str) -> Output {
+    serve_keyed(opts, "--tls-psk", file, plugin, cmd)
+}
+
+fn serve_keyed(opts: &[&str], flag: &str, keys: &Path, plugin: &[&str], cmd: &str) -> Output {
+    let mut all = opts.to_vec();
+    all.extend([flag, s(keys)]);
+    serve_run(&all, plugin, cmd)
+}
+
 /// Runs a peer tool (qemu-img, ...), failing loudly if it is not installed:
 /// the test command installs the peers, so a missing one is a broken setup.
 pub fn peer(tool: &str, args: &[&str]) -> Output {
@@ -97,6 +123,14 @@ pub fn code(o: &Output) -> i32 {
 #[track_caller]
 pub fn assert_stderr_has(o: &Output, msg: &str) {
     assert!(stderr(o).contains(msg), "{}", stderr(o));
+}
+
+/// Asserts that the run exited with `want` and that its standard error
+/// says `msg`.
+#[track_caller]
+pub fn assert_fails_with(o: &Output, want: i32, msg: &str) {
+    assert_eq!(code(o), want, "{}", stderr(o));
+    assert_stderr_has(o, msg);
 }
 
 /// Asserts success, showing stderr otherwise.
@@ -162,6 +196,27 @@ pub fn same_as_qemu_img(args: &[&str], what: &str) -> Output {
     let theirs = ok(qemu_img(args));
     assert_eq!(stdout(&ours), stdout(&theirs), "{what}: {args:?}");
     ours
+}
+
+/// Runs `tool` (qemu-img, or diskit's binary) in `dir`.
+pub fn run_in(tool: &Path, dir: &Path, args: &[&str]) -> Output {
+    Command::new(tool)
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e})", tool.display()))
+}
+
+/// qemu-img's stderr as diskit prints it: the program prefix replaced.
+pub fn as_diskit(qemu_stderr: &str) -> String {
+    qemu_stderr
+        .lines()
+        .map(|l| {
+            l.replacen("qemu-img: ", "diskit: ", 1)
+                .replacen("'qemu-img ", "'diskit ", 1)
+                + "\n"
+        })
+        .collect()
 }
 
 /// Runs `tool` (`diskit` for the binary under test, else a program on
