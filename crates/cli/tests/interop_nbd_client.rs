@@ -4,56 +4,20 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
 
-/// qemu-nbd serving one file until dropped.
-struct QemuNbd {
-    child: Child,
-    uri: String,
-}
-
-impl QemuNbd {
-    fn start(dir: &Path, format: &str, file: &Path, read_only: bool) -> QemuNbd {
-        let sock = dir.join(format!("qnbd-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&sock);
-        let mut c = Command::new("qemu-nbd");
-        c.args(["-t", "-f", format, "-k", s(&sock)]);
-        if read_only {
-            c.arg("-r");
-        }
-        let child = c
-            .arg(s(file))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("qemu-nbd is installed");
-        let t = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "qemu-nbd did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        QemuNbd {
-            child,
-            uri: format!("nbd+unix:///?socket={}", s(&sock)),
-        }
+/// qemu-nbd serving `file` as `format` until dropped.
+fn qemu_nbd(dir: &Path, format: &str, file: &Path, read_only: bool) -> QemuNbd {
+    let sock = dir.join(format!("qnbd-{}.sock", std::process::id()));
+    let mut args = vec!["-f", format];
+    if read_only {
+        args.push("-r");
     }
-}
-
-impl Drop for QemuNbd {
-    fn drop(&mut self) {
-        // Stopped as a user stops it, so that it writes back its caches.
-        // SAFETY: kill(2) on our own child's pid, which wait() has not reaped.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let _ = self.child.wait();
-    }
+    args.push(s(file));
+    QemuNbd::start(&sock, &args)
 }
 
 /// A qcow2 with data, zeros and holes, written by qemu-io.
@@ -81,7 +45,7 @@ fn sample(dir: &Path) -> std::path::PathBuf {
 fn map_info_and_convert_from_an_export_equal_qemu_img() {
     let dir = workdir();
     let img = sample(dir.path());
-    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let server = qemu_nbd(dir.path(), "qcow2", &img, true);
     let uri = server.uri.as_str();
     same_as_qemu_img(&["map", "--output=json", uri], "map");
     same_as_qemu_img(&["map", uri], "map human");
@@ -104,7 +68,7 @@ fn a_qcow2_on_an_export_reads_as_qemu_reads_it() {
     let dir = workdir();
     let img = sample(dir.path());
     // The export is the qcow2 file's bytes; the format sits on the client.
-    let server = QemuNbd::start(dir.path(), "raw", &img, true);
+    let server = qemu_nbd(dir.path(), "raw", &img, true);
     let uri = server.uri.as_str();
     same_as_qemu_img(&["map", "--output=json", "-f", "qcow2", uri], "qcow2 map");
     let (ours, theirs) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
@@ -152,7 +116,7 @@ fn convert_into_an_export_writes_what_qemu_img_reads_back() {
             "qemu-io",
             &["-f", format, "-c", "write -P 0xee 0 8M", s(&target)],
         ));
-        let server = QemuNbd::start(dir.path(), format, &target, false);
+        let server = qemu_nbd(dir.path(), format, &target, false);
         ok(diskit(&[
             "convert",
             "-n",
@@ -210,7 +174,7 @@ fn bad_uris_and_missing_servers_get_clear_errors() {
     assert_stderr_has(&o, "'bogus'");
     // An export the server does not have.
     let img = sample(dir.path());
-    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let server = qemu_nbd(dir.path(), "qcow2", &img, true);
     let wrong = server.uri.replace(":///", ":///nosuch");
     let o = diskit(&["info", &wrong]);
     assert_fails_with(&o, 1, "nosuch");
@@ -220,7 +184,7 @@ fn bad_uris_and_missing_servers_get_clear_errors() {
 fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
     let dir = workdir();
     let img = sample(dir.path());
-    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let server = qemu_nbd(dir.path(), "qcow2", &img, true);
     let sock = server.uri.split("socket=").nth(1).unwrap().to_string();
     let direct = ok(qemu_img(&["map", "--output=json", &server.uri]));
     // The same export through diskit's proxy, by socket and by URI, and
@@ -278,7 +242,7 @@ fn nbd_plugin_forms_match_nbdkit() {
     use std::os::unix::process::CommandExt;
     let dir = workdir();
     let img = sample(dir.path());
-    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let server = qemu_nbd(dir.path(), "qcow2", &img, true);
     let sock = server.uri.split("socket=").nth(1).unwrap().to_string();
     let direct = ok(qemu_img(&["map", "--output=json", &server.uri]));
     let map = "qemu-img map --output=json \"$uri\"";
@@ -310,34 +274,13 @@ fn nbd_plugin_forms_match_nbdkit() {
         assert_eq!(stdout(&ours), stdout(&theirs), "{form:?}");
     }
     // hostname= and port=: qemu-nbd on loopback TCP.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut tcp = Command::new("qemu-nbd")
-        .args([
-            "-t",
-            "-r",
-            "-f",
-            "qcow2",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            s(&img),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("qemu-nbd is installed");
-    let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "qemu-nbd did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let port = free_port();
+    let qemu_args = ["-t", "-r", "-f", "qcow2", "-b", "127.0.0.1", "-p"];
+    let tcp = start_server(
+        "qemu-nbd",
+        &[&qemu_args[..], &[&port.to_string(), s(&img)]].concat(),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
     let o = serve(&[
         "-U",
         "-",
@@ -347,8 +290,7 @@ fn nbd_plugin_forms_match_nbdkit() {
         "hostname=127.0.0.1",
         &format!("port={port}"),
     ]);
-    let _ = tcp.kill();
-    let _ = tcp.wait();
+    drop(tcp);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), stdout(&direct));
     // socket-fd=3: a connection the parent opened.

@@ -11,8 +11,7 @@ mod common;
 mod certs;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
 use common::*;
 
@@ -144,42 +143,13 @@ fn copy_to_and_from_nbdkit_over_tls_with_a_client_certificate() {
 }
 
 /// qemu-nbd with TLS serving `file` until dropped.
-struct QemuNbd {
-    child: Child,
-    sock: PathBuf,
-}
-
-impl QemuNbd {
-    fn start(dir: &Path, pki: &Path, file: &Path) -> QemuNbd {
-        let sock = dir.join("qemu.sock");
-        let child = Command::new("qemu-nbd")
-            .args(["-t", "-r", "-f", "raw", "-k", s(&sock), "--object"])
-            .arg(format!(
-                "tls-creds-x509,id=tls0,endpoint=server,dir={},verify-peer=off",
-                s(pki)
-            ))
-            .args(["--tls-creds", "tls0", s(file)])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("qemu-nbd is installed");
-        let t = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "qemu-nbd did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        QemuNbd { child, sock }
-    }
-}
-
-impl Drop for QemuNbd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn qemu_nbd_tls(dir: &Path, pki: &Path, file: &Path) -> QemuNbd {
+    let creds = format!(
+        "tls-creds-x509,id=tls0,endpoint=server,dir={},verify-peer=off",
+        s(pki)
+    );
+    let args = ["-r", "-f", "raw", "--object", &creds, "--tls-creds", "tls0"];
+    QemuNbd::start(&dir.join("qemu.sock"), &[&args[..], &[s(file)]].concat())
 }
 
 #[test]
@@ -187,7 +157,7 @@ fn nbdinfo_and_convert_from_qemu_nbd_over_tls() {
     let dir = workdir();
     let f = test_file(dir.path());
     let pki = pki(dir.path(), "pki");
-    let q = QemuNbd::start(dir.path(), &pki, &f);
+    let q = qemu_nbd_tls(dir.path(), &pki, &f);
     let uri = format!(
         "nbds+unix:///?socket={}&tls-certificates={}",
         s(&q.sock),
@@ -205,8 +175,7 @@ fn nbdinfo_and_convert_from_qemu_nbd_over_tls() {
     ok(diskit(&["convert", "-O", "raw", &uri, s(&conv)]));
     assert!(same_bytes(&f, &conv), "diskit convert read other bytes");
     // A plain client gets nothing from it.
-    let plain = format!("nbd+unix:///?socket={}", s(&q.sock));
-    let o = diskit(&["nbdinfo", "--size", &plain]);
+    let o = diskit(&["nbdinfo", "--size", &q.uri]);
     assert_ne!(code(&o), 0, "{}", stdout(&o));
 }
 

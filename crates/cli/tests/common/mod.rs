@@ -315,6 +315,50 @@ impl Drop for ServeGuard {
     }
 }
 
+/// qemu-nbd serving on a Unix socket until dropped; it is stopped as a
+/// user stops it (SIGTERM), so that it writes back its caches.
+pub struct QemuNbd {
+    child: std::process::Child,
+    /// Its socket.
+    pub sock: PathBuf,
+    /// The `nbd+unix://` URI of its export.
+    pub uri: String,
+}
+
+impl QemuNbd {
+    /// Starts `qemu-nbd -t -k SOCK ARGS` and waits for the socket.
+    pub fn start(sock: &Path, args: &[&str]) -> QemuNbd {
+        let _ = std::fs::remove_file(sock);
+        let child = Command::new("qemu-nbd")
+            .args(["-t", "-k", s(sock)])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("qemu-nbd is installed");
+        let t = std::time::Instant::now();
+        while !sock.exists() {
+            assert!(t.elapsed().as_secs() < 10, "qemu-nbd did not listen");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        QemuNbd {
+            child,
+            sock: sock.to_path_buf(),
+            uri: format!("nbd+unix:///?socket={}", s(sock)),
+        }
+    }
+}
+
+impl Drop for QemuNbd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, which wait() has not reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
 /// Starts a server (`program ARGS`, in the foreground) and waits until
 /// `ready` says it listens; the server stops when the guard is dropped.
 pub fn start_server(program: &str, args: &[&str], ready: impl Fn() -> bool) -> ServeGuard {
