@@ -42,13 +42,10 @@ fn dd_writes_what_qemu_img_dd_writes() {
             (999_000, 1000, 0x33),
         ],
     );
-    ok(qemu_img(&[
-        "convert",
-        "-O",
-        "qcow2",
-        s(&d.join("in.raw")),
-        s(&d.join("in.qcow2")),
-    ]));
+    ok(qemu_img(&argv(
+        "convert -O qcow2",
+        &[s(&d.join("in.raw")), s(&d.join("in.qcow2"))],
+    )));
     let cases: &[&[&str]] = &[
         &["if=in.raw", "of=OUT"],
         &["bs=4k", "count=10", "skip=3", "if=in.raw", "of=OUT"],

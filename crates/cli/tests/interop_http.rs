@@ -107,15 +107,10 @@ fn a_url_is_an_image_name_for_every_command() {
     assert!(same_bytes(&src, &out));
     let qcow = dir.path().join("c.qcow2");
     ok(diskit(&["convert", "-O", "qcow2", &server.url, s(&qcow)]));
-    ok(qemu_img(&[
-        "compare",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        s(&qcow),
-        s(&src),
-    ]));
+    ok(qemu_img(&argv(
+        "compare -f qcow2 -F raw",
+        &[s(&qcow), s(&src)],
+    )));
     ok(diskit(&["compare", &server.url, s(&src)]));
     let o = ok(diskit(&["info", "--output=json", &server.url]));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

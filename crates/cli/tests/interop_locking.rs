@@ -153,16 +153,10 @@ fn external_data_files_are_locked_as_qemu_locks_them() {
     let d = dir.path();
     let img = d.join("df.qcow2");
     let data = d.join("df.raw");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        &format!("data_file={}", s(&data)),
-        s(&img),
-        "4M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o",
+        &[&format!("data_file={}", s(&data)), s(&img), "4M"],
+    )));
     let sock = d.join("s");
     for read_only in [false, true] {
         let ro: &[&str] = if read_only { &["-r"] } else { &[] };

@@ -26,17 +26,17 @@ fn sample(dir: &Path) -> std::path::PathBuf {
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&p), "8M"]));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 5 1M 256k",
-            "-c",
-            "write -z 3M 64k",
-            "-c",
-            "write -P 9 7M 4k",
-            s(&p),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &[
+                "write -P 5 1M 256k",
+                "-c",
+                "write -z 3M 64k",
+                "-c",
+                "write -P 9 7M 4k",
+                s(&p),
+            ],
+        ),
     ));
     p
 }
@@ -72,24 +72,11 @@ fn a_qcow2_on_an_export_reads_as_qemu_reads_it() {
     let uri = server.uri.as_str();
     same_as_qemu_img(&["map", "--output=json", "-f", "qcow2", uri], "qcow2 map");
     let (ours, theirs) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
-    ok(diskit(&[
-        "convert",
-        "-f",
-        "qcow2",
-        "-O",
-        "raw",
-        uri,
-        s(&ours),
-    ]));
-    ok(qemu_img(&[
-        "convert",
-        "-f",
-        "qcow2",
-        "-O",
-        "raw",
-        uri,
-        s(&theirs),
-    ]));
+    ok(diskit(&argv("convert -f qcow2 -O raw", &[uri, s(&ours)])));
+    ok(qemu_img(&argv(
+        "convert -f qcow2 -O raw",
+        &[uri, s(&theirs)],
+    )));
     assert!(same_bytes(&ours, &theirs));
     // Probing finds the qcow2 inside the export.
     same_as_qemu_img(&["map", "--output=json", uri], "qcow2 probed");
@@ -117,25 +104,13 @@ fn convert_into_an_export_writes_what_qemu_img_reads_back() {
             &["-f", format, "-c", "write -P 0xee 0 8M", s(&target)],
         ));
         let server = qemu_nbd(dir.path(), format, &target, false);
-        ok(diskit(&[
-            "convert",
-            "-n",
-            "-O",
-            "raw",
-            s(&src),
-            &server.uri,
-        ]));
+        ok(diskit(&argv("convert -n -O raw", &[s(&src), &server.uri])));
         drop(server);
         let back = dir.path().join("back.raw");
-        ok(qemu_img(&[
-            "convert",
-            "-f",
-            format,
-            "-O",
-            "raw",
-            s(&target),
-            s(&back),
-        ]));
+        ok(qemu_img(&argv(
+            "convert -f",
+            &[format, "-O", "raw", s(&target), s(&back)],
+        )));
         assert!(same_bytes(&back, &src), "{format}");
     }
 }
@@ -202,16 +177,15 @@ fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
         assert!(o.status.success(), "{}", stderr(&o));
         assert_eq!(stdout(&o), stdout(&direct));
     }
-    let o = serve(&[
-        "-U",
-        "-",
-        "--filter=offset",
-        "--run",
-        "nbdinfo --size \"$uri\"",
-        "nbd",
-        &format!("socket={sock}"),
-        "offset=1M",
-    ]);
+    let o = serve(&argv(
+        "-U - --filter=offset --run",
+        &[
+            "nbdinfo --size \"$uri\"",
+            "nbd",
+            &format!("socket={sock}"),
+            "offset=1M",
+        ],
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim(), (7u64 << 20).to_string());
     let o = serve(&["-U", "-", "--run", "true", "nbd", "export=x"]);
@@ -281,15 +255,10 @@ fn nbd_plugin_forms_match_nbdkit() {
         &[&qemu_args[..], &[&port.to_string(), s(&img)]].concat(),
         || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
     );
-    let o = serve(&[
-        "-U",
-        "-",
-        "--run",
-        map,
-        "nbd",
-        "hostname=127.0.0.1",
-        &format!("port={port}"),
-    ]);
+    let o = serve(&argv(
+        "-U - --run",
+        &[map, "nbd", "hostname=127.0.0.1", &format!("port={port}")],
+    ));
     drop(tcp);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), stdout(&direct));
@@ -350,23 +319,20 @@ fn server_takes_what_peers_ask_of_it() {
     let src = dir.path().join("src.raw");
     sparse_file(&src, 4 << 20, &[(0, 1 << 20, 0x42)]);
     // nbdcopy --flush against memory (it used to refuse: no flush).
-    let o = serve(&[
-        "-U",
-        "-",
-        "--run",
-        &format!("nbdcopy --flush {} \"$uri\"", s(&src)),
-        "memory",
-        "4M",
-    ]);
+    let o = serve(&argv(
+        "-U - --run",
+        &[
+            &format!("nbdcopy --flush {} \"$uri\"", s(&src)),
+            "memory",
+            "4M",
+        ],
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     // null without a size is empty, as nbdkit's.
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--run",
-        "nbdinfo --size \"$uri\"",
-        "null",
-    ]));
+    let o = ok(serve(&argv(
+        "-U - --run",
+        &["nbdinfo --size \"$uri\"", "null"],
+    )));
     assert_eq!(stdout(&o).trim(), "0");
     // -s with a socket passed by socket activation is refused.
     let o = timed("sh", 30)
@@ -546,18 +512,10 @@ fn nbdinfo_agrees_with_libnbd() {
             assert!(o.status.success(), "{server:?} {m}: {}", stdout(&o));
         }
     }
-    let o = serve(&[
-        "-U",
-        "-",
-        "-e",
-        "disk",
-        "--description",
-        "a test disk",
-        "--run",
-        &both("--json"),
-        "memory",
-        "8M",
-    ]);
+    let o = serve(&argv(
+        "-U - -e disk --description",
+        &["a test disk", "--run", &both("--json"), "memory", "8M"],
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
@@ -570,15 +528,10 @@ fn a_minimum_block_size_is_obeyed() {
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&src), "4M"]));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 3 100k 300k",
-            "-c",
-            "write -P 4 3M 5k",
-            s(&src),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &["write -P 3 100k 300k", "-c", "write -P 4 3M 5k", s(&src)],
+        ),
     ));
     let script = format!(
         "set -e; qemu-img create -q -f qcow2 \"$uri\" 4M; \

@@ -114,17 +114,10 @@ fn pipes_commands_and_null_work_as_in_nbdcopy() {
     assert!(same_bytes(&src, &out));
     let q = dir.path().join("q.qcow2");
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&q), "3M"]));
-    ok(diskit(&[
-        "copy",
-        "--",
-        s(&src),
-        "[",
-        "qemu-nbd",
-        "-f",
-        "qcow2",
-        s(&q),
-        "]",
-    ]));
+    ok(diskit(&argv(
+        "copy --",
+        &[s(&src), "[", "qemu-nbd", "-f", "qcow2", s(&q), "]"],
+    )));
     ok(same_as_qemu_img(
         &["compare", "-f", "raw", "-F", "qcow2", s(&src), s(&q)],
         "compare",
@@ -132,17 +125,10 @@ fn pipes_commands_and_null_work_as_in_nbdcopy() {
 
     // null: reads everything and keeps nothing.
     ok(diskit(&["copy", s(&src), "null:"]));
-    ok(diskit(&[
-        "copy",
-        "--synchronous",
-        "[",
-        "nbdkit",
-        "-r",
-        "file",
-        s(&src),
-        "]",
-        "null:",
-    ]));
+    ok(diskit(&argv(
+        "copy --synchronous",
+        &["[", "nbdkit", "-r", "file", s(&src), "]", "null:"],
+    )));
 }
 
 #[test]

@@ -1889,14 +1889,10 @@ fn copies_through_a_filter_keep_requests_in_flight() {
         let logfile = format!("logfile={}", s(&log));
         let o = run(
             Server::Diskit,
-            &[
-                "--filter=log",
-                "--filter=delay",
-                "file",
-                "FILE",
-                &logfile,
-                "rdelay=10ms",
-            ],
+            &argv(
+                "--filter=log --filter=delay file FILE",
+                &[&logfile, "rdelay=10ms"],
+            ),
             Some(&src),
             &cmd,
         );

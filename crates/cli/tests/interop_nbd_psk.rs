@@ -392,16 +392,10 @@ echo "rc=$?"; test -e "$OUT" || echo "no target"
 "#;
     let ours = alike_under_serve(
         dir.path(),
-        &[
-            "-U",
-            "-",
-            "-r",
-            "--tls=require",
-            "--tls-psk",
-            s(&server),
-            "file",
-            s(&f),
-        ],
+        &argv(
+            "-U - -r --tls=require --tls-psk",
+            &[s(&server), "file", s(&f)],
+        ),
         script,
         &[("K", s(client)), ("F", s(&f)), ("OUT", s(&out))],
     );

@@ -110,17 +110,10 @@ fn qcow2_chain_through_the_image_plugin() {
         "qemu-io",
         &["-f", "qcow2", "-c", "write -P 0x11 0 1M", s(&base)],
     ));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        s(&base),
-        "-F",
-        "qcow2",
-        s(&top),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -b",
+        &[s(&base), "-F", "qcow2", s(&top)],
+    )));
     ok(peer(
         "qemu-io",
         &["-f", "qcow2", "-c", "write -P 0x22 2M 1M", s(&top)],
@@ -142,32 +135,27 @@ fn qcow2_chain_through_the_image_plugin() {
         ["3145728", "1048576", "0"],
     ];
     assert_eq!(map, want.map(|r| r.map(String::from).to_vec()).to_vec());
-    ok(qemu_img(&[
-        "compare",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        s(&top),
-        s(&out),
-    ]));
+    ok(qemu_img(&argv(
+        "compare -f qcow2 -F raw",
+        &[s(&top), s(&out)],
+    )));
 
     // Writable: qemu-io writes through extended headers land in the qcow2.
     let cmd = "qemu-io -f raw -c 'write -P 0x33 3M 64k' -c 'write -z 0 64k' -c flush \"$uri\"";
     ok(serve_run(&[], &["image", s(&top), "format=qcow2"], cmd));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "read -P 0x33 3M 64k",
-            "-c",
-            "read -P 0 0 64k",
-            "-c",
-            "read -P 0x11 64k 64k",
-            s(&top),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &[
+                "read -P 0x33 3M 64k",
+                "-c",
+                "read -P 0 0 64k",
+                "-c",
+                "read -P 0x11 64k 64k",
+                s(&top),
+            ],
+        ),
     ));
     ok(qemu_img(&["check", s(&top)]));
 }
@@ -240,16 +228,10 @@ fn run_sets_the_environment_and_passes_the_exit_status() {
     assert!(!Path::new(parts[2]).exists(), "private socket left behind");
 
     // TCP on loopback, any free port.
-    let o = ok(serve(&[
-        "-p",
-        "0",
-        "-i",
-        "127.0.0.1",
-        "pattern",
-        "1M",
-        "--run",
-        "echo \"$port $unixsocket\"; nbdinfo --size \"$uri\"",
-    ]));
+    let o = ok(serve(&argv(
+        "-p 0 -i 127.0.0.1 pattern 1M --run",
+        &["echo \"$port $unixsocket\"; nbdinfo --size \"$uri\""],
+    )));
     let out = stdout(&o);
     let mut lines = out.lines();
     let port: u16 = lines.next().unwrap().trim().parse().unwrap();
@@ -384,15 +366,10 @@ fn daemon_mode_forks_once_listening_and_stops_by_pid_file() {
     let sock = dir.path().join("nbd.sock");
     let pidfile = dir.path().join("pid");
     let start = Instant::now();
-    let o = serve(&[
-        "--print-uri",
-        "-U",
-        s(&sock),
-        "-P",
-        s(&pidfile),
-        "memory",
-        "1M",
-    ]);
+    let o = serve(&argv(
+        "--print-uri -U",
+        &[s(&sock), "-P", s(&pidfile), "memory", "1M"],
+    ));
     // The command returns once the daemon serves: the pid file and the
     // socket are there, and the URI was printed by the parent.
     let pid: i32 = std::fs::read_to_string(&pidfile)
@@ -635,16 +612,10 @@ fn qemu_io_aio_reads_and_writes() {
 fn image_with_a_small_l2_cache() {
     let dir = workdir();
     let img = dir.path().join("small-cache.qcow2");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=512",
-        s(&img),
-        "4M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o cluster_size=512",
+        &[s(&img), "4M"],
+    )));
     let mut cmd = String::from("qemu-io -f raw");
     for i in 0..16u32 {
         cmd += &format!(" -c 'write -P {} {}k 4k'", 0x20 + i, i * 256 + 3);
@@ -676,38 +647,21 @@ fn qemu_img_map_of_allocation_depth_matches_qemu_nbd() {
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "4M"]));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 0x11 0 1M",
-            "-c",
-            "write -z 3M 512k",
-            s(&base),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &["write -P 0x11 0 1M", "-c", "write -z 3M 512k", s(&base)],
+        ),
     ));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        s(&base),
-        "-F",
-        "qcow2",
-        s(&top),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -b",
+        &[s(&base), "-F", "qcow2", s(&top)],
+    )));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 0x22 2M 1M",
-            "-c",
-            "write -z 512k 64k",
-            s(&top),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &["write -P 0x22 2M 1M", "-c", "write -z 512k 64k", s(&top)],
+        ),
     ));
     let map = |sock: &Path| {
         let opts = format!(
@@ -794,19 +748,10 @@ fn image_served_with_cache_none() {
         "qemu-io",
         &["-f", "raw", "-c", "write -P 0x5a 0 8M", s(&base)],
     ));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=2M",
-        "-b",
-        s(&base),
-        "-F",
-        "raw",
-        s(&img),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o cluster_size=2M -b",
+        &[s(&base), "-F", "raw", s(&img)],
+    )));
     let writes = [
         (0x61, "4k", "4k"),
         (0x62, "2052k", "4k"),
@@ -830,13 +775,10 @@ fn image_served_with_cache_none() {
     for (p, off, len) in writes {
         ok(peer(
             "qemu-io",
-            &[
-                "-f",
-                "qcow2",
-                "-c",
-                &format!("read -P {p} {off} {len}"),
-                s(&img),
-            ],
+            &argv(
+                "-f qcow2 -c",
+                &[&format!("read -P {p} {off} {len}"), s(&img)],
+            ),
         ));
     }
     ok(peer(

@@ -286,32 +286,16 @@ fn certtool_pki(dir: &Path, key_args: &[&str]) -> PathBuf {
     )
     .unwrap();
     run(&["--generate-privkey", "--outfile", "ca-key.pem"]);
-    run(&[
-        "--generate-self-signed",
-        "--load-privkey",
-        "ca-key.pem",
-        "--template",
-        "ca.info",
-        "--outfile",
-        "pki/ca-cert.pem",
-    ]);
+    run(&words(
+        "--generate-self-signed --load-privkey ca-key.pem --template ca.info --outfile pki/ca-cert.pem",
+    ));
     let mut key = vec!["--generate-privkey"];
     key.extend_from_slice(key_args);
     key.extend(["--outfile", "pki/server-key.pem"]);
     run(&key);
-    run(&[
-        "--generate-certificate",
-        "--load-privkey",
-        "pki/server-key.pem",
-        "--load-ca-certificate",
-        "pki/ca-cert.pem",
-        "--load-ca-privkey",
-        "ca-key.pem",
-        "--template",
-        "server.info",
-        "--outfile",
-        "pki/server-cert.pem",
-    ]);
+    run(&words(
+        "--generate-certificate --load-privkey pki/server-key.pem --load-ca-certificate pki/ca-cert.pem --load-ca-privkey ca-key.pem --template server.info --outfile pki/server-cert.pem",
+    ));
     pki
 }
 
@@ -388,16 +372,10 @@ $T info --object "tls-creds-x509,id=tls1,endpoint=server,dir=$PKI" --image-opts 
 "#;
     let ours = alike_under_serve(
         dir.path(),
-        &[
-            "-U",
-            "-",
-            "-r",
-            "--tls=require",
-            "--tls-certificates",
-            s(&pki),
-            "file",
-            s(&f),
-        ],
+        &argv(
+            "-U - -r --tls=require --tls-certificates",
+            &[s(&pki), "file", s(&f)],
+        ),
         script,
         &[("PKI", s(&pki)), ("F", s(&f)), ("OUT", s(&out))],
     );

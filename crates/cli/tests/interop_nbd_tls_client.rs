@@ -121,18 +121,10 @@ fn copy_to_and_from_nbdkit_over_tls_with_a_client_certificate() {
         src = s(&src),
         back = s(&back),
     );
-    let o = ok(nbdkit(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-verify-peer",
-        "--tls-certificates",
-        s(&pki),
-        "memory",
-        &format!("{}", data.len()),
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(nbdkit(&argv(
+        "-U - --tls=require --tls-verify-peer --tls-certificates",
+        &[s(&pki), "memory", &format!("{}", data.len()), "--run", &cmd],
+    )));
     assert_eq!(status(&o, "in"), "0", "{}", stderr(&o));
     assert_eq!(status(&o, "out"), "0", "{}", stderr(&o));
     assert_ne!(status(&o, "anonymous"), "0");
@@ -295,20 +287,10 @@ fn over_tcp_the_certificate_names_the_host() {
         d = s(&diskit_bin()),
         copy = s(&copy),
     );
-    let o = ok(serve(&[
-        "-p",
-        "0",
-        "-i",
-        "127.0.0.1",
-        "-r",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(serve(&argv(
+        "-p 0 -i 127.0.0.1 -r --tls=require --tls-certificates",
+        &[s(&pki), "file", s(&f), "--run", &cmd],
+    )));
     let err = stderr(&o);
     assert_eq!(status(&o, "by-name"), "0", "{err}");
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
@@ -367,16 +349,16 @@ fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
         mallory = psk("mallory", &wrong),
         carol = psk("carol", &server),
     );
-    let o = ok(nbdkit(&[
-        "-U",
-        "-",
-        "--tls=require",
-        &format!("--tls-psk={}", s(&server)),
-        "memory",
-        "4M",
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(nbdkit(&argv(
+        "-U - --tls=require",
+        &[
+            &format!("--tls-psk={}", s(&server)),
+            "memory",
+            "4M",
+            "--run",
+            &cmd,
+        ],
+    )));
     let err = stderr(&o);
     assert_eq!(status(&o, "in"), "0", "{err}");
     assert_eq!(status(&o, "out"), "0", "{err}");

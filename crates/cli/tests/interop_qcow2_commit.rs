@@ -255,18 +255,7 @@ fn commit_grows_a_smaller_raw_base() {
         sparse_file(&dir.join("base.raw"), 1 << 20, &[(4096, 8192, 0xff)]);
         ok(qimg(
             dir,
-            &[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-b",
-                "base.raw",
-                "-F",
-                "raw",
-                "top.qcow2",
-                "3M",
-            ],
+            &words("create -q -f qcow2 -b base.raw -F raw top.qcow2 3M"),
         ));
         qio(
             dir,
@@ -315,41 +304,15 @@ fn unsafe_rebase_rewrites_only_the_header() {
         chain(dir, "");
         ok(qimg(
             dir,
-            &[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                "data_file=ext.raw",
-                "ext.qcow2",
-                "1M",
-            ],
+            &words("create -q -f qcow2 -o data_file=ext.raw ext.qcow2 1M"),
         ));
         ok(qimg(
             dir,
-            &[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                "compat=0.10",
-                "v2.qcow2",
-                "1M",
-            ],
+            &words("create -q -f qcow2 -o compat=0.10 v2.qcow2 1M"),
         ));
     });
     // A missing backing file is fine with -u: only the name changes.
-    p.both(&[
-        "rebase",
-        "-u",
-        "-b",
-        "gone.qcow2",
-        "-F",
-        "qcow2",
-        "top.qcow2",
-    ]);
+    p.both(&words("rebase -u -b gone.qcow2 -F qcow2 top.qcow2"));
     p.same_file("top.qcow2");
     let info = stdout(&ok(run_in(&diskit_bin(), &p.d, &["info", "top.qcow2"])));
     assert!(info.contains("backing file: gone.qcow2"), "{info}");
@@ -363,15 +326,7 @@ fn unsafe_rebase_rewrites_only_the_header() {
     assert!(!info.contains("backing file"), "{info}");
     check_clean(&p.d, "top.qcow2");
     // Other extensions (data file) keep their place; v2 headers get one too.
-    p.both(&[
-        "rebase",
-        "-u",
-        "-b",
-        "base.qcow2",
-        "-F",
-        "qcow2",
-        "ext.qcow2",
-    ]);
+    p.both(&words("rebase -u -b base.qcow2 -F qcow2 ext.qcow2"));
     p.same_file("ext.qcow2");
     p.both(&["rebase", "-u", "-b", "base.qcow2", "-F", "raw", "v2.qcow2"]);
     p.same_file("v2.qcow2");
@@ -461,9 +416,10 @@ fn convert_with_a_backing_file_writes_only_the_top_layer() {
         ("lone.qcow2", "o3.qcow2", "base.qcow2"),
     ];
     for (src, out, backing) in cases {
-        p.both(&[
-            "convert", "-O", "qcow2", "-B", backing, "-F", "qcow2", src, out,
-        ]);
+        p.both(&argv(
+            "convert -O qcow2 -B",
+            &[backing, "-F", "qcow2", src, out],
+        ));
         p.same_file(out);
         p.same_map(out);
         check_clean(&p.d, out);
@@ -544,9 +500,7 @@ fn rebase_c_compresses_what_it_copies_as_qemu_img() {
         );
         ok(qimg(
             d,
-            &[
-                "create", "-q", "-f", "qcow2", "-b", &base, "-F", "qcow2", &top,
-            ],
+            &argv("create -q -f qcow2 -b", &[&base, "-F", "qcow2", &top]),
         ));
         qio(d, &["-c", "write -P 9 512k 4k", &top]);
         ok(qimg(d, &["create", "-q", "-f", "qcow2", &new, "4M"]));

@@ -246,17 +246,10 @@ fn backing_files() {
     for name in [long.as_str(), longer.as_str()] {
         check_create(
             &pair,
-            &[
-                "-u",
-                "-b",
-                name,
-                "-F",
-                "raw",
-                "-o",
-                "cluster_size=512",
-                "t.qcow2",
-                "1M",
-            ],
+            &argv(
+                "-u -b",
+                &[name, "-F", "raw", "-o", "cluster_size=512", "t.qcow2", "1M"],
+            ),
         );
     }
     check_create(&pair, &["-u", "-b", &long, "-F", "raw", "t.qcow2", "1M"]);
@@ -506,9 +499,7 @@ fn measure_of_qcow2_sources() {
             ok(run_in(
                 qemu_img_path(),
                 dir,
-                &[
-                    "convert", "-f", "raw", "-O", "qcow2", "-o", opts, "base.raw", name,
-                ],
+                &argv("convert -f raw -O qcow2 -o", &[opts, "base.raw", name]),
             ));
         }
         ok(run_in(

@@ -126,9 +126,7 @@ fn images_diskit_writes_pass_qemu_img_check() {
     good_in(
         d,
         "diskit",
-        &[
-            "convert", "-n", "-f", "raw", "-O", "vdi", "src.raw", "w.vdi",
-        ],
+        &words("convert -n -f raw -O vdi src.raw w.vdi"),
     );
     qemu_io_over_nbd(
         d,

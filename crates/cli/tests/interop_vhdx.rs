@@ -217,16 +217,7 @@ fn images_diskit_writes_pass_qemu_img_check() {
     good_in(
         d,
         "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "vhdx",
-            "-o",
-            "block_size=1M",
-            "w.vhdx",
-            "24M",
-        ],
+        &words("create -q -f vhdx -o block_size=1M w.vhdx 24M"),
     );
     qemu_io_over_nbd(
         d,
@@ -518,16 +509,7 @@ fn a_writer_killed_at_any_point_leaves_an_image_qemu_img_accepts() {
         good_in(
             d,
             "qemu-img",
-            &[
-                "create",
-                "-q",
-                "-f",
-                "vhdx",
-                "-o",
-                "block_size=1M",
-                "k.vhdx",
-                "256M",
-            ],
+            &words("create -q -f vhdx -o block_size=1M k.vhdx 256M"),
         );
         let server = serve_image(&sock, &d.join("k.vhdx"));
         let uri = format!("nbd+unix:///?socket={}", s(&sock));
@@ -580,16 +562,7 @@ fn concurrent_writers_allocate_each_block_once() {
     good_in(
         d,
         "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "vhdx",
-            "-o",
-            "block_size=1M",
-            "m.vhdx",
-            "32M",
-        ],
+        &words("create -q -f vhdx -o block_size=1M m.vhdx 32M"),
     );
     let sock = d.join("s");
     let server = serve_image(&sock, &d.join("m.vhdx"));

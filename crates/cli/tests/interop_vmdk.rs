@@ -34,15 +34,7 @@ fn reads_like_qemu(dir: &Path, img: &str) {
     good_in(
         dir,
         "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            "theirs.raw",
-            "ours.raw",
-        ],
+        &words("compare -f raw -F raw theirs.raw ours.raw"),
     );
     alike_in(dir, &["info", img]);
     alike_in(dir, &["info", "--output=json", img]);
@@ -191,15 +183,7 @@ fn create_is_qemu_img_but_for_the_content_ids() {
                 good_in(
                     d,
                     "qemu-img",
-                    &[
-                        "compare",
-                        "-f",
-                        "raw",
-                        "-F",
-                        "raw",
-                        s(&q.join(n)),
-                        s(&k.join(n)),
-                    ],
+                    &argv("compare -f raw -F raw", &[s(&q.join(n)), s(&k.join(n))]),
                 );
             } else {
                 assert!(
@@ -683,16 +667,7 @@ fn descriptors_are_probed_as_qemu_img_probes_them() {
     good_in(
         d,
         "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "vmdk",
-            "-o",
-            "subformat=monolithicFlat",
-            "f.vmdk",
-            "1M",
-        ],
+        &words("create -q -f vmdk -o subformat=monolithicFlat f.vmdk 1M"),
     );
     alike_in(d, &["info", "f.vmdk"]);
     // A descriptor whose version line is not first is raw to both.

@@ -30,6 +30,19 @@ pub fn diskit_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_diskit"))
 }
 
+/// The words of a command line written as one string (`"convert -O
+/// raw"`): arguments without spaces or quoting.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// [`words`] of `line`, then `more` (file names, arguments with spaces).
+pub fn argv<'a>(line: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut all = words(line);
+    all.extend(more);
+    all
+}
+
 /// Runs diskit with `args`.
 pub fn diskit(args: &[&str]) -> Output {
     Command::new(diskit_bin())
