@@ -271,7 +271,7 @@ fn nbdinfo_takes_json_after_the_uri() {
     assert_eq!(stdout(&ours), stdout(&theirs));
     // --content after --no-content: the last one wins.
     let o = n.run("nbdinfo", &[&uri, "--no-content", "--content"]);
-    assert!(stdout(&o).contains("content:"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "content:");
     let o = n.run("nbdinfo", &[&uri, "--content", "--no-content"]);
     assert!(!stdout(&o).contains("content:"), "{}", stdout(&o));
 }
@@ -340,12 +340,8 @@ fn nbdkit_plugin_version_and_help_name_the_plugin() {
     assert_eq!(names(&ours), names(&theirs), "{ours}");
     let help = n.run("nbdkit", &["memory", "--help"]);
     assert!(help.status.success());
-    assert!(
-        stdout(&help).contains("plugin: memory"),
-        "{}",
-        stdout(&help)
-    );
-    assert!(stdout(&help).contains("--filter"), "{}", stdout(&help));
+    assert_contains(&stdout(&help), "plugin: memory");
+    assert_contains(&stdout(&help), "--filter");
 }
 
 #[test]

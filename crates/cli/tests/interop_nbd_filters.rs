@@ -614,22 +614,13 @@ fn error_injects_the_errno_asked_for_each_kind_of_request() {
         let out = stdout(&runs[1].out);
         match params[0] {
             "error=ENOSPC" => {
-                assert!(
-                    out.contains(r#"["write", 100, 5000, 8] -> error ENOSPC"#),
-                    "{out}"
-                );
-                assert!(
-                    out.contains(r#"["zero", 65536, 4096] -> error ENOSPC"#),
-                    "{out}"
-                );
-                assert!(out.contains(r#"["read", 0, 70000] -> ok"#), "{out}");
+                assert_contains(&out, r#"["write", 100, 5000, 8] -> error ENOSPC"#);
+                assert_contains(&out, r#"["zero", 65536, 4096] -> error ENOSPC"#);
+                assert_contains(&out, r#"["read", 0, 70000] -> ok"#);
             }
             "error=EPERM" => {
-                assert!(
-                    out.contains(r#"["trim", 2000000, 65536] -> error EPERM"#),
-                    "{out}"
-                );
-                assert!(out.contains(r#"["read", 0, 70000] -> ok"#), "{out}");
+                assert_contains(&out, r#"["trim", 2000000, 65536] -> error EPERM"#);
+                assert_contains(&out, r#"["read", 0, 70000] -> ok"#);
             }
             _ => assert!(!out.contains("error"), "{out}"),
         }
@@ -647,11 +638,8 @@ fn error_injects_the_errno_asked_for_each_kind_of_request() {
     assert_eq!(stdout(&runs[0].out), stdout(&runs[1].out));
     same_files(&runs);
     let out = stdout(&runs[1].out);
-    assert!(
-        out.contains(r#"["read", 0, 70000] -> error ESHUTDOWN"#),
-        "{out}"
-    );
-    assert!(out.contains(r#"["flush"] -> ok"#), "{out}");
+    assert_contains(&out, r#"["read", 0, 70000] -> error ESHUTDOWN"#);
+    assert_contains(&out, r#"["flush"] -> ok"#);
 }
 
 #[test]
@@ -707,7 +695,7 @@ fn cow_keeps_writes_in_the_overlay_as_nbdkit() {
                     .collect()
             };
             assert_eq!(lines(&nb), lines(&dk), "{args:?}");
-            assert!(dk.contains("hole,zero"), "{dk}");
+            assert_contains(&dk, "hole,zero");
         }
     }
     // What clients are offered: writable over a read-only plugin, trim,
@@ -1232,7 +1220,7 @@ fn help_lists_every_filter() {
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("{} ", f.name)))
             .unwrap_or_else(|| panic!("{} missing from --help:\n{help}", f.name));
-        assert!(line.contains(f.help), "{line}");
+        assert_contains(&line, f.help);
     }
 }
 

@@ -100,8 +100,8 @@ fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
         &cmd,
     ));
     let text = stdout(&o);
-    assert!(text.contains("uri=nbds+unix:///?socket="), "{text}");
-    assert!(text.contains(" tls=2\n"), "{text}");
+    assert_contains(&text, "uri=nbds+unix:///?socket=");
+    assert_contains(&text, " tls=2\n");
     let json = &text[text.find('{').expect("nbdinfo JSON")..];
     let v: serde_json::Value =
         serde_json::from_str(json).unwrap_or_else(|e| panic!("bad JSON ({e}): {json}"));
@@ -114,7 +114,7 @@ fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
     // nbdinfo, nbdcopy (one or more connections), convert, compare.
     assert!(conns.len() >= 4, "{conns:?}");
     for c in &conns {
-        assert!(c.contains("TLSv1.3 TLS_"), "{c}");
+        assert_contains(&c, "TLSv1.3 TLS_");
     }
     assert!(conns.iter().any(|c| c.contains("PSK identity \"alice\"")));
     assert!(conns.iter().any(|c| c.contains("PSK identity \"bob\"")));
@@ -200,7 +200,7 @@ fn unknown_users_wrong_keys_and_plain_clients_are_refused() {
     }
     // The server lived on.
     assert_eq!(status(&o, "good"), "0");
-    assert!(stdout(&o).contains("4194304\ngood=0"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "4194304\ngood=0");
     assert!(
         !out.exists() || std::fs::metadata(&out).unwrap().len() == 0,
         "qemu-img got data"
@@ -242,8 +242,8 @@ fn tls_psk_alone_offers_tls_as_nbdkit_does() {
     let bin = diskit_bin();
     let o = ok(run(&[s(&bin), "serve"]));
     let text = stdout(&o);
-    assert!(text.contains("uri=nbd+unix:///?socket="), "{text}");
-    assert!(text.contains(" tls=1\n"), "{text}");
+    assert_contains(&text, "uri=nbd+unix:///?socket=");
+    assert_contains(&text, " tls=1\n");
     assert_eq!(status(&o, "plain"), "0", "{text}");
     assert_eq!(status(&o, "psk"), "0", "{text}");
     // nbdkit, the oracle, agrees on all but the URI's spelling.
@@ -251,7 +251,7 @@ fn tls_psk_alone_offers_tls_as_nbdkit_does() {
     for key in ["plain", "psk"] {
         assert_eq!(status(&n, key), status(&o, key), "{key}");
     }
-    assert!(stdout(&n).contains(" tls=1\n"), "{}", stdout(&n));
+    assert_contains(&stdout(&n), " tls=1\n");
 }
 
 #[test]
@@ -315,7 +315,7 @@ fn libnbd_checks_over_psk() {
         &["file", s(&f)],
         &cmd,
     ));
-    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "ok");
 }
 
 /// Without OpenSSL (libssl.so.3 hidden in a mount namespace of its own,
@@ -358,7 +358,7 @@ fn without_openssl_only_psk_fails_and_says_why() {
         .output()
         .unwrap();
     assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
-    assert!(stdout(&o).contains("plain served"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "plain served");
     assert!(!stdout(&o).contains("psk served"), "{}", stdout(&o));
     let err = stderr(&o);
     let lines: Vec<&str> = err.lines().collect();

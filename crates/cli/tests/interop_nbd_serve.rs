@@ -188,7 +188,7 @@ fn python_checks(mode: &str, serve_args: &[&str]) {
     let mut args = serve_args.to_vec();
     args.extend(["--run", &cmd]);
     let o = ok(serve(&args));
-    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "ok");
 }
 
 #[test]

@@ -134,7 +134,7 @@ fn on_serves_plain_and_tls_clients() {
     let o = ok(serve_certs(&["--tls=on"], &pki, &["file", s(&f)], &cmd));
     let text = stdout(&o);
     assert_eq!(text.matches("4194304").count(), 2, "{text}");
-    assert!(text.contains("plain-tls=2"), "{text}");
+    assert_contains(&text, "plain-tls=2");
 }
 
 #[test]
@@ -168,8 +168,8 @@ fn verify_peer_wants_a_client_certificate_from_the_ca() {
         &cmd,
     ));
     let text = stdout(&o);
-    assert!(text.contains("4194304\ngood=0"), "{text}");
-    assert!(text.contains("qemu=0"), "{text}");
+    assert_contains(&text, "4194304\ngood=0");
+    assert_contains(&text, "qemu=0");
     assert!(!text.contains("anonymous=0"), "{text}");
     assert!(!text.contains("rogue=0"), "{text}");
     assert_eq!(text.matches("4194304").count(), 1, "{text}");
@@ -191,7 +191,7 @@ fn libnbd_checks_over_tls() {
         &["file", s(&f)],
         &cmd,
     ));
-    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "ok");
 }
 
 #[test]
@@ -250,11 +250,7 @@ fn run_sets_tls_as_nbdkit_does() {
         } else {
             "nbd+unix:"
         };
-        assert!(
-            stdout(&d).contains(&format!("uri={scheme}")),
-            "{}",
-            stdout(&d)
-        );
+        assert_contains(&stdout(&d), &format!("uri={scheme}"));
     }
     assert_eq!(tls_of(&run(&diskit, "off", Some("stale"))), "unset");
     assert_eq!(tls_of(&run(&diskit, "on", Some("stale"))), "1");
@@ -380,10 +376,7 @@ $T info --object "tls-creds-x509,id=tls1,endpoint=server,dir=$PKI" --image-opts 
         &[("PKI", s(&pki)), ("F", s(&f)), ("OUT", s(&out))],
     );
     assert_eq!(ours.matches("same").count(), 2, "{ours}");
-    assert!(ours.contains("file format: nbd\n"), "{ours}");
-    assert!(ours.contains("No TLS credentials with id 'nope'"), "{ours}");
-    assert!(
-        ours.contains("Expected TLS credentials for a client endpoint"),
-        "{ours}"
-    );
+    assert_contains(&ours, "file format: nbd\n");
+    assert_contains(&ours, "No TLS credentials with id 'nope'");
+    assert_contains(&ours, "Expected TLS credentials for a client endpoint");
 }

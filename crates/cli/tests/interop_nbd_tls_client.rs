@@ -92,7 +92,7 @@ fn nbdinfo_copy_and_convert_from_diskit_serve_over_tls() {
         .collect();
     assert!(!conns.is_empty(), "{}", stderr(&o));
     for c in conns {
-        assert!(c.contains("TLSv1.3"), "{c}");
+        assert_contains(&c, "TLSv1.3");
     }
 }
 
@@ -158,11 +158,7 @@ fn nbdinfo_and_convert_from_qemu_nbd_over_tls() {
     let o = ok(diskit(&["nbdinfo", "--size", &uri]));
     assert_eq!(stdout(&o).trim(), "4194304");
     let o = ok(diskit(&["nbdinfo", &uri]));
-    assert!(
-        stdout(&o).contains("newstyle-fixed with TLS"),
-        "{}",
-        stdout(&o)
-    );
+    assert_contains(&stdout(&o), "newstyle-fixed with TLS");
     let conv = dir.path().join("conv.raw");
     ok(diskit(&["convert", "-O", "raw", &uri, s(&conv)]));
     assert!(same_bytes(&f, &conv), "diskit convert read other bytes");
@@ -264,9 +260,9 @@ fn certificates_that_do_not_check_out_are_refused() {
     assert_eq!(status(&o, "unchecked"), "0", "{err}");
     assert_eq!(status(&o, "named"), "0", "{err}");
     assert_ne!(status(&o, "misnamed"), "0");
-    assert!(err.contains("elsewhere.example"), "{err}");
+    assert_contains(&err, "elsewhere.example");
     assert_ne!(status(&o, "empty"), "0");
-    assert!(err.contains("no ca-cert.pem"), "{err}");
+    assert_contains(&err, "no ca-cert.pem");
     assert_eq!(stdout(&o).matches("1048576").count(), 2, "{}", stdout(&o));
 }
 
@@ -296,7 +292,7 @@ fn over_tcp_the_certificate_names_the_host() {
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
     assert_eq!(status(&o, "by-address"), "0", "{err}");
     assert_ne!(status(&o, "wrong-name"), "0");
-    assert!(err.contains("wrong.example"), "{err}");
+    assert_contains(&err, "wrong.example");
 }
 
 /// DIR/other holding only the certificate of a CA of its own.
@@ -367,20 +363,13 @@ fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
         "the bytes did not survive the round trip"
     );
     assert_eq!(status(&o, "info"), "0", "{err}");
-    assert!(
-        stdout(&o).contains("newstyle-fixed with TLS"),
-        "{}",
-        stdout(&o)
-    );
+    assert_contains(&stdout(&o), "newstyle-fixed with TLS");
     assert_eq!(status(&o, "logname"), "0", "{err}");
     assert_ne!(status(&o, "wrong"), "0");
     assert_ne!(status(&o, "mallory"), "0");
-    assert!(err.contains("username \"mallory\""), "{err}");
+    assert_contains(&err, "username \"mallory\"");
     assert_ne!(status(&o, "carol"), "0");
-    assert!(
-        err.contains("username \"carol\" is not in the key file"),
-        "{err}"
-    );
+    assert_contains(&err, "username \"carol\" is not in the key file");
 }
 
 #[test]

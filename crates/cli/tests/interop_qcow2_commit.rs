@@ -106,11 +106,7 @@ fn map(dir: &Path, name: &str) -> String {
 fn check_clean(dir: &Path, name: &str) {
     let o = qimg(dir, &["check", name]);
     assert_eq!(code(&o), 0, "check {name}: {}{}", stdout(&o), stderr(&o));
-    assert!(
-        stdout(&o).contains("No errors were found"),
-        "{}",
-        stdout(&o)
-    );
+    assert_contains(&stdout(&o), "No errors were found");
 }
 
 /// qemu-img compare says `a` and `b` show the same content.
@@ -315,10 +311,10 @@ fn unsafe_rebase_rewrites_only_the_header() {
     p.both(&words("rebase -u -b gone.qcow2 -F qcow2 top.qcow2"));
     p.same_file("top.qcow2");
     let info = stdout(&ok(run_in(&diskit_bin(), &p.d, &["info", "top.qcow2"])));
-    assert!(info.contains("backing file: gone.qcow2"), "{info}");
+    assert_contains(&info, "backing file: gone.qcow2");
     let info = stdout(&ok(qimg(&p.d, &["info", "top.qcow2"])));
-    assert!(info.contains("backing file: gone.qcow2"), "{info}");
-    assert!(info.contains("backing file format: qcow2"), "{info}");
+    assert_contains(&info, "backing file: gone.qcow2");
+    assert_contains(&info, "backing file format: qcow2");
     // Without -b, the backing file goes.
     p.both(&["rebase", "-u", "top.qcow2"]);
     p.same_file("top.qcow2");
@@ -424,7 +420,7 @@ fn convert_with_a_backing_file_writes_only_the_top_layer() {
         p.same_map(out);
         check_clean(&p.d, out);
         let info = stdout(&ok(qimg(&p.d, &["info", out])));
-        assert!(info.contains(&format!("backing file: {backing}")), "{info}");
+        assert_contains(&info, &format!("backing file: {backing}"));
     }
     // An overlay converted onto its own backing file: only what the
     // overlay holds is allocated, and it shows the same content.

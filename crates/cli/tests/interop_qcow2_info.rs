@@ -299,7 +299,7 @@ fn a_chain_too_deep_is_said_once() {
     let o = run_in(d, &diskit_bin(), &["map", "--output=json", "c300.qcow2"]);
     assert_eq!(code(&o), 1);
     let err = stderr(&o);
-    assert!(err.contains("too deep"), "{err}");
+    assert_contains(&err, "too deep");
     assert_eq!(
         err.matches("Could not open backing file").count(),
         0,

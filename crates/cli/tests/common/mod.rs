@@ -131,6 +131,12 @@ pub fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
+/// Asserts that `text` contains `needle`, showing `text` otherwise.
+#[track_caller]
+pub fn assert_contains(text: &str, needle: &str) {
+    assert!(text.contains(needle), "{text}");
+}
+
 /// Asserts that the standard error of `o` says `msg`, showing it
 /// otherwise.
 #[track_caller]
