@@ -68,21 +68,13 @@ fn create_is_qemu_img_but_for_the_uuids() {
         assert!(mask(&a) == mask(&b), "{opts} {size}: other bytes");
         assert_ne!(b[0x188..0x198], [0u8; 16], "no image UUID");
     }
-    for args in [
-        &["create", "-f", "vdi", "-o", "help"][..],
-        &["create", "-f", "vdi", "-o", "help", "x.vdi", "1M"],
-        &[
-            "create",
-            "-f",
-            "vdi",
-            "-o",
-            "preallocation=metadata",
-            "x.vdi",
-            "1M",
-        ],
-        &["create", "-f", "vdi", "x.vdi", "600T"],
+    for line in [
+        "create -f vdi -o help",
+        "create -f vdi -o help x.vdi 1M",
+        "create -f vdi -o preallocation=metadata x.vdi 1M",
+        "create -f vdi x.vdi 600T",
     ] {
-        alike_in(d, args);
+        alike_in(d, &words(line));
     }
 }
 

@@ -145,22 +145,14 @@ fn create_is_qemu_img_but_for_time_and_uuid() {
         );
         reads_like_qemu(&d.join("k"), "x.vhd");
     }
-    for args in [
-        &["create", "-f", "vpc", "-o", "help"][..],
-        &["create", "-f", "vpc", "-o", "help", "x.vhd", "1M"],
-        &[
-            "create",
-            "-f",
-            "vpc",
-            "-o",
-            "subformat=bogus",
-            "x.vhd",
-            "1M",
-        ],
-        &["create", "-f", "vpc", "x.vhd", "3T"],
-        &["measure", "-O", "vpc", "--size", "1G"],
+    for line in [
+        "create -f vpc -o help",
+        "create -f vpc -o help x.vhd 1M",
+        "create -f vpc -o subformat=bogus x.vhd 1M",
+        "create -f vpc x.vhd 3T",
+        "measure -O vpc --size 1G",
     ] {
-        alike_in(d, args);
+        alike_in(d, &words(line));
     }
 }
 
