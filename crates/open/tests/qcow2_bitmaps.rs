@@ -3,6 +3,8 @@
 //! dirty bits (read back through qemu-nbd and nbdinfo), and both images
 //! must pass `qemu-img check`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,23 +13,7 @@ use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
 use diskit_formats::{Format, OpenOptions};
 use diskit_open::open_image;
 
-fn run(cmd: &str, args: &[&str]) -> String {
-    let o = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd} is installed (scripts/test installs it): {e}"));
-    assert!(
-        o.status.success(),
-        "{cmd} {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::{run, s};
 
 /// The dirty map of bitmap `name` as QEMU sees it: qemu-nbd exports it as
 /// the `qemu:dirty-bitmap:NAME` context and nbdinfo prints it.

@@ -3,6 +3,8 @@
 //! discards, from several threads), then `qemu-img check` must find no
 //! error and `qemu-img compare` must find them equal to a model.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -11,6 +13,8 @@ use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
 use diskit_formats::{Format, OpenOptions};
 use diskit_open::open_image;
 
+use common::s;
+
 fn qemu_img(args: &[&str]) -> std::process::Output {
     Command::new("qemu-img")
         .args(args)
@@ -18,19 +22,9 @@ fn qemu_img(args: &[&str]) -> std::process::Output {
         .expect("qemu-img is installed (scripts/test installs it)")
 }
 
+/// Runs qemu-img, which must succeed; returns its standard output.
 fn ok(args: &[&str]) -> String {
-    let o = qemu_img(args);
-    assert!(
-        o.status.success(),
-        "qemu-img {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    common::run("qemu-img", args)
 }
 
 /// A small deterministic generator (xorshift64*).

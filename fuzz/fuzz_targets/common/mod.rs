@@ -1,5 +1,8 @@
 //! What the whole-image fuzz targets share: the input as memory storage,
 //! and a bounded walk that reads and maps the start of the opened disk.
+//! (Each target is a binary of its own and uses what it needs.)
+
+#![allow(dead_code)]
 
 use std::sync::Arc;
 
