@@ -10,10 +10,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
-use diskit_formats::{Format, OpenOptions};
-use diskit_open::open_image;
+use diskit_open::OpenOptions;
 
-use common::{run, s};
+use common::{open_qcow2, run, s, writable};
 
 /// The dirty map of bitmap `name` as QEMU sees it: qemu-nbd exports it as
 /// the `qemu:dirty-bitmap:NAME` context and nbdinfo prints it.
@@ -126,15 +125,7 @@ fn qemu_io_cmds(ops: &[Op]) -> Vec<String> {
 }
 
 fn diskit_apply(img: &Path, ops: &[Op]) -> diskit_formats::Image {
-    let image = open_image(
-        img.to_str().unwrap(),
-        Some(Format::QCOW2),
-        OpenOptions {
-            writable: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let image = open_qcow2(s(&img), writable());
     for op in ops {
         match *op {
             Op::Write(o, l) => image
@@ -287,15 +278,13 @@ fn unknown_autoclear_bits_go_at_a_writable_open() {
     std::fs::write(&img, bytes).unwrap();
     assert_eq!(autoclear_bits(&img), 1 | 1 << 5);
     let open = |writable| {
-        open_image(
-            img.to_str().unwrap(),
-            Some(Format::QCOW2),
+        open_qcow2(
+            s(&img),
             OpenOptions {
                 writable,
                 ..Default::default()
             },
         )
-        .unwrap()
     };
     open(false).close().unwrap();
     assert_eq!(

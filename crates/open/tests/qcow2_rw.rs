@@ -10,10 +10,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
-use diskit_formats::{Format, OpenOptions};
-use diskit_open::open_image;
+use diskit_open::OpenOptions;
 
-use common::s;
+use common::{open_qcow2, s, writable};
 
 fn qemu_img(args: &[&str]) -> std::process::Output {
     Command::new("qemu-img")
@@ -173,15 +172,7 @@ fn run_case(dir: &Path, case: &Case, seed: u64) {
     create.push(&size_s);
     ok(&create);
     {
-        let image = open_image(
-            img.to_str().unwrap(),
-            Some(Format::QCOW2),
-            OpenOptions {
-                writable: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let image = open_qcow2(s(&img), writable());
         let list = ops(seed, 300, size, case.cluster);
         apply(&image.device, &mut model, &list, 4);
         if !case.backing {
@@ -308,16 +299,13 @@ fn storm_child() {
     let Ok(path) = std::env::var("DISKIT_STORM_IMAGE") else {
         return; // Only does something when the parent test runs it.
     };
-    let image = open_image(
+    let image = open_qcow2(
         &path,
-        Some(Format::QCOW2),
         OpenOptions {
-            writable: true,
             l2_cache_size: Some(1),
-            ..Default::default()
+            ..writable()
         },
-    )
-    .unwrap();
+    );
     let dev = image.device.clone();
     let size = dev.size();
     std::thread::scope(|sc| {

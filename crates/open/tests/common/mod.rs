@@ -1,8 +1,10 @@
 //! What the library tests with QEMU as the oracle share: running its
-//! tools.
+//! tools, opening qcow2 images.
 
 use std::path::Path;
 use std::process::Command;
+
+use diskit_open::{Format, Image, OpenOptions, open_image};
 
 /// Runs `cmd ARGS`, which must succeed; returns its standard output.
 pub fn run(cmd: &str, args: &[&str]) -> String {
@@ -22,4 +24,17 @@ pub fn run(cmd: &str, args: &[&str]) -> String {
 /// `p` as &str.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// Opens the qcow2 image at `path` with `opts`.
+pub fn open_qcow2(path: &str, opts: OpenOptions) -> Image {
+    open_image(path, Some(Format::QCOW2), opts).unwrap()
+}
+
+/// Options for a read-write open.
+pub fn writable() -> OpenOptions {
+    OpenOptions {
+        writable: true,
+        ..Default::default()
+    }
 }
