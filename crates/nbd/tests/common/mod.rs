@@ -1,10 +1,20 @@
-//! What the client tests share: one asynchronous read sent the way the
-//! block layer sends it.
+//! What the client and server tests share: one asynchronous read sent the
+//! way the block layer sends it, and a server thread on a socket pair.
+//! (Each test binary uses what it needs.)
 
+#![allow(dead_code)]
+
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use diskit_backends::MemoryDevice;
 use diskit_core::CompletionQueue;
 use diskit_core::buffer::AlignedBuf;
 use diskit_nbd::client::conn::{Connection, Group, Piece};
 use diskit_nbd::proto::consts::CMD_READ;
+use diskit_nbd::server::{ConnectionEnd, Server};
 
 /// Sends one 4 KiB READ of offset 0 on `conn`, into a buffer of its own;
 /// its completion arrives on the returned queue.
@@ -25,4 +35,28 @@ pub fn send_read(conn: &Connection) -> CompletionQueue {
     conn.send(&group, &[piece], None);
     group.release(None);
     cq
+}
+
+/// A client's socket with a server thread at the other end.
+pub struct Peer {
+    /// The client's end; its reads time out after 10 s.
+    pub sock: UnixStream,
+    /// The thread serving the connection.
+    pub server: JoinHandle<ConnectionEnd>,
+    /// The memory behind the export the test reads and writes.
+    pub dev: Arc<MemoryDevice>,
+}
+
+/// Runs `server` on one end of a socket pair, in a thread of its own.
+pub fn connect(server: Server, dev: Arc<MemoryDevice>) -> Peer {
+    let (client, srv) = UnixStream::pair().unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let server = std::thread::spawn(move || server.serve(Box::new(srv)));
+    Peer {
+        sock: client,
+        server,
+        dev,
+    }
 }
