@@ -38,24 +38,7 @@ fn connect(read_only: bool) -> (NbdClient, Arc<MemoryDevice>, JoinHandle<Connect
 fn many_threads_in_flight_read_back_what_they_wrote() {
     let (c, dev, server) = connect(false);
     let c = Arc::new(c);
-    let threads: Vec<_> = (0..8u8)
-        .map(|t| {
-            let c = c.clone();
-            std::thread::spawn(move || {
-                for i in 0..32u64 {
-                    let off = (u64::from(t) * 32 + i) * 32768;
-                    let data = vec![t.wrapping_mul(31).wrapping_add(i as u8) | 1; 32768];
-                    c.write_at(&data, off, WriteFlags::NONE).unwrap();
-                    let mut back = vec![0u8; 32768];
-                    c.read_at(&mut back, off).unwrap();
-                    assert_eq!(back, data);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    common::parallel_round_trips(&c, 32, 32768, 32768);
     // What the server's device holds is what was written.
     let mut a = vec![0u8; SIZE as usize];
     let mut b = vec![0u8; SIZE as usize];

@@ -1,5 +1,6 @@
 //! What the client and server tests share: one asynchronous read sent the
-//! way the block layer sends it, and a server thread on a socket pair.
+//! way the block layer sends it, many threads writing and reading back at
+//! once, and a server thread on a socket pair.
 //! (Each test binary uses what it needs.)
 
 #![allow(dead_code)]
@@ -10,8 +11,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use diskit_backends::MemoryDevice;
-use diskit_core::CompletionQueue;
 use diskit_core::buffer::AlignedBuf;
+use diskit_core::{BlockDevice, CompletionQueue, WriteFlags};
 use diskit_nbd::client::conn::{Connection, Group, Piece};
 use diskit_nbd::proto::consts::CMD_READ;
 use diskit_nbd::server::{ConnectionEnd, Server};
@@ -58,5 +59,34 @@ pub fn connect(server: Server, dev: Arc<MemoryDevice>) -> Peer {
         sock: client,
         server,
         dev,
+    }
+}
+
+/// Eight threads at once write `rounds` blocks of `len` bytes each
+/// through `dev` (thread t's block i at `(t * rounds + i) * stride`, all
+/// of one byte of its own) and read each back at once.
+pub fn parallel_round_trips<D: BlockDevice + 'static>(
+    dev: &Arc<D>,
+    rounds: u64,
+    stride: u64,
+    len: usize,
+) {
+    let threads: Vec<_> = (0..8u8)
+        .map(|t| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                for i in 0..rounds {
+                    let off = (u64::from(t) * rounds + i) * stride;
+                    let data = vec![t.wrapping_mul(31).wrapping_add(i as u8) | 1; len];
+                    dev.write_at(&data, off, WriteFlags::NONE).unwrap();
+                    let mut back = vec![0u8; len];
+                    dev.read_at(&mut back, off).unwrap();
+                    assert_eq!(back, data);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
     }
 }
