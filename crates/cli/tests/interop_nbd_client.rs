@@ -235,16 +235,7 @@ fn nbd_plugin_forms_match_nbdkit() {
         let ours = serve(&args);
         assert!(ours.status.success(), "{form:?}: {}", stderr(&ours));
         assert_eq!(stdout(&ours), stdout(&direct), "{form:?}");
-        let theirs = Command::new("nbdkit")
-            .args(["-U", "-", "--run", map, "nbd"])
-            .args(form)
-            .output()
-            .expect("nbdkit is installed");
-        assert!(
-            theirs.status.success(),
-            "nbdkit {form:?}: {}",
-            stderr(&theirs)
-        );
+        let theirs = ok(peer("nbdkit", &args));
         assert_eq!(stdout(&ours), stdout(&theirs), "{form:?}");
     }
     // hostname= and port=: qemu-nbd on loopback TCP.
