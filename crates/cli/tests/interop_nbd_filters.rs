@@ -1220,7 +1220,7 @@ fn help_lists_every_filter() {
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("{} ", f.name)))
             .unwrap_or_else(|| panic!("{} missing from --help:\n{help}", f.name));
-        assert_contains(&line, f.help);
+        assert_contains(line, f.help);
     }
 }
 

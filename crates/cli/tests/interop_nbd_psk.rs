@@ -114,7 +114,7 @@ fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
     // nbdinfo, nbdcopy (one or more connections), convert, compare.
     assert!(conns.len() >= 4, "{conns:?}");
     for c in &conns {
-        assert_contains(&c, "TLSv1.3 TLS_");
+        assert_contains(c, "TLSv1.3 TLS_");
     }
     assert!(conns.iter().any(|c| c.contains("PSK identity \"alice\"")));
     assert!(conns.iter().any(|c| c.contains("PSK identity \"bob\"")));

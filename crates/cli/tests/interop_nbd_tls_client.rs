@@ -92,7 +92,7 @@ fn nbdinfo_copy_and_convert_from_diskit_serve_over_tls() {
         .collect();
     assert!(!conns.is_empty(), "{}", stderr(&o));
     for c in conns {
-        assert_contains(&c, "TLSv1.3");
+        assert_contains(c, "TLSv1.3");
     }
 }
 

@@ -125,7 +125,7 @@ fn qemu_io_cmds(ops: &[Op]) -> Vec<String> {
 }
 
 fn diskit_apply(img: &Path, ops: &[Op]) -> diskit_formats::Image {
-    let image = open_qcow2(s(&img), writable());
+    let image = open_qcow2(s(img), writable());
     for op in ops {
         match *op {
             Op::Write(o, l) => image
