@@ -56,27 +56,14 @@ if ! command -v qemu-img >/dev/null; then
     die "qemu-img not found; install it with: sudo apt-get install qemu-utils"
 fi
 
-log "building diskit (release)"
-(cd "$REPO_ROOT" && cargo build --release -p diskit)
-DISKIT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/diskit
-[[ -x $DISKIT ]] || die "diskit binary not found at $DISKIT"
-# What was built, taken now: others may commit while the benchmark runs.
-commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(git -C "$REPO_ROOT" status --porcelain -- crates Cargo.toml Cargo.lock 2>/dev/null) ]]; then
-    commit="$commit+dirty"   # the measured binary is not exactly that commit
-fi
+build_diskit
 
 # --------------------------------------------------------------------------
 # Scratch directories and cleanup
 # --------------------------------------------------------------------------
 
-mkdir -p "$BENCH_DIR" "$RESULTS_DIR"
-# One private subdirectory per location; only these are removed on exit.
-SHM_WORK=$(mktemp -d /dev/shm/diskit-bench.XXXXXX)
-DISK_WORK=$(mktemp -d "$BENCH_DIR/convert.XXXXXX")
 # Per-run timings (location, kind, tool, round, seconds) and warm-up facts.
-TIMES_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-times.XXXXXX")
-CHECKS_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-checks.XXXXXX")
+scratch_space convert
 
 quiet_vm   # see bench/README.md
 
@@ -195,10 +182,7 @@ done
 for ((round = 0; round < ROUNDS; round++)); do
     # Rotate the tool order: round 0 = diskit qemu-img cp,
     # round 1 = qemu-img cp diskit, round 2 = cp diskit qemu-img, ...
-    order=()
-    for ((i = 0; i < ${#TOOLS[@]}; i++)); do
-        order+=("${TOOLS[(round + i) % ${#TOOLS[@]}]}")
-    done
+    rotate_tools "$round"
     log "round $((round + 1))/$ROUNDS: ${order[*]}"
 
     for loc in "${LOCATIONS[@]}"; do

@@ -28,7 +28,6 @@ WORKLOADS (default randread,nbdcopy).
 Output: the table on stdout and bench/results/filter-overhead-<date>.json.
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -38,6 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import logger, nbdbench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -51,13 +52,8 @@ if "bare" not in FILTERS:
 WORKLOADS = [w for w in os.environ.get("WORKLOADS", "randread,nbdcopy").split(",") if w]
 SERVERS = ["diskit", "nbdkit"]
 
-spec = importlib.util.spec_from_file_location("nbdbench", HERE / "nbd.py")
-nbdbench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(nbdbench)
 
-
-def log(msg):
-    print(f"[filter-overhead.py] {msg}", file=sys.stderr, flush=True)
+log = logger("filter-overhead.py")
 
 
 def filter_args(name, work, server):
@@ -148,11 +144,9 @@ def main():
             summary[f"{name}/{wl}"] = {"unit": unit[wl], "median": med, "share_of_bare": share,
                                        "vs_nbdkit": vs, "runs": by}
     print(f"\ntargets met in every row: {'yes' if all_met else 'no'}")
-    (HERE / "results").mkdir(exist_ok=True)
-    out = HERE / "results" / f"filter-overhead-{time.strftime('%Y-%m-%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"commit": commit, "size_mib": SIZE_MIB, "rounds": ROUNDS,
-                               "runtime_s": RUNTIME, "rows": summary, "met": all_met},
-                              indent=2))
+    out = nbdbench.write_results("filter-overhead", {
+        "commit": commit, "size_mib": SIZE_MIB, "rounds": ROUNDS, "runtime_s": RUNTIME,
+        "rows": summary, "met": all_met})
     log(f"wrote {out}")
 
 

@@ -25,7 +25,6 @@ Environment: SIZE_MIB (default 2048), ROUNDS (default 3), LOCATIONS
 Output: the table on stdout and bench/results/format-matrix-<date>.json.
 """
 
-import importlib.util
 import json
 import os
 import statistics
@@ -33,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchlib import logger, nbdbench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -47,13 +48,8 @@ DATA = os.environ.get("DATA", "sparse,full").split(",")
 TARGETS = os.environ.get("TARGETS", "file,null,qcow2").split(",")
 DISK_DIR = Path(os.environ.get("BENCH_DIR", HERE / ".work"))
 
-spec = importlib.util.spec_from_file_location("nbdbench", HERE / "nbd.py")
-nbdbench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(nbdbench)
 
-
-def log(msg):
-    print(f"[format-matrix.py] {msg}", file=sys.stderr, flush=True)
+log = logger("format-matrix.py")
 
 
 def run(cmd, **kw):

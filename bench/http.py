@@ -21,7 +21,6 @@ Environment: SIZE_MIB (default 1024), ROUNDS (default 5), CONTENDERS
 Output: the table on stdout and bench/results/http-<date>.json.
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -34,20 +33,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import chosen, logger, nbdbench
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SIZE_MIB = int(os.environ.get("SIZE_MIB", "1024"))
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 ALL = ["diskit-copy", "diskit-serve", "nbdkit-curl"]
-CONTENDERS = [c for c in os.environ.get("CONTENDERS", ",".join(ALL)).split(",") if c]
-
-spec = importlib.util.spec_from_file_location("nbdbench", HERE / "nbd.py")
-nbdbench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(nbdbench)
+CONTENDERS = chosen("CONTENDERS", ALL)
 
 
-def log(msg):
-    print(f"[http.py] {msg}", file=sys.stderr, flush=True)
+log = logger("http.py")
 
 
 def ensure_nginx():
@@ -166,10 +162,8 @@ def main():
         if ratio and c.startswith("diskit") and ratio <= 1.0:
             met = False
     print(f"\ntarget (every diskit contender faster than nbdkit curl) met: {'yes' if met else 'no'}")
-    (HERE / "results").mkdir(exist_ok=True)
-    out = HERE / "results" / f"http-{time.strftime('%Y-%m-%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"commit": commit, "size_mib": SIZE_MIB, "rounds": ROUNDS,
-                               "times": times, "median": med, "met": met}, indent=2))
+    out = nbdbench.write_results("http", {"commit": commit, "size_mib": SIZE_MIB, "rounds": ROUNDS,
+                                          "times": times, "median": med, "met": met})
     log(f"wrote {out}")
 
 

@@ -24,6 +24,42 @@ fresh_dst() {
     if [[ $loc == disk ]]; then sync; fi
 }
 
+# build_diskit: builds the release binary (the sourcing script sets
+# REPO_ROOT) and sets DISKIT to it and commit to what was built, taken now:
+# others may commit while the benchmark runs.
+build_diskit() {
+    log "building diskit (release)"
+    (cd "$REPO_ROOT" && cargo build --release -p diskit)
+    DISKIT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/diskit
+    [[ -x $DISKIT ]] || die "diskit binary not found at $DISKIT"
+    commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    if [[ -n $(git -C "$REPO_ROOT" status --porcelain -- crates Cargo.toml Cargo.lock 2>/dev/null) ]]; then
+        commit="$commit+dirty"   # the measured binary is not exactly that commit
+    fi
+}
+
+# scratch_space NAME: makes BENCH_DIR and RESULTS_DIR, a private
+# subdirectory per location (SHM_WORK in /dev/shm, DISK_WORK in BENCH_DIR,
+# named after NAME: only these are removed on exit) and the files
+# TIMES_TSV and CHECKS_TSV.
+scratch_space() {
+    mkdir -p "$BENCH_DIR" "$RESULTS_DIR"
+    SHM_WORK=$(mktemp -d /dev/shm/diskit-bench.XXXXXX)
+    DISK_WORK=$(mktemp -d "$BENCH_DIR/$1.XXXXXX")
+    TIMES_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-times.XXXXXX")
+    CHECKS_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-checks.XXXXXX")
+}
+
+# rotate_tools ROUND: sets order to TOOLS rotated by ROUND places, so that
+# from round to round every tool goes first equally often.
+rotate_tools() {
+    local i
+    order=()
+    for ((i = 0; i < ${#TOOLS[@]}; i++)); do
+        order+=("${TOOLS[($1 + i) % ${#TOOLS[@]}]}")
+    done
+}
+
 allocated() { du -B1 -- "$1" | cut -f 1; }
 fstype() { df --output=fstype -- "$1" | tail -n 1; }
 

@@ -43,7 +43,6 @@ still for the run as in bench/nbd.py. Output: the tables on stdout and
 bench/results/nbd-copy-<date>.json. Targets are reported, not enforced.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -54,16 +53,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import logger
+from benchlib import nbdbench as nb
+
 HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 PARTS = [p for p in os.environ.get("PARTS", "fastzero,from,into").split(",") if p]
 
 # bench/nbd.py's helpers (build, servers, free page reporting), loaded by
 # path: "nbd" is also the name of libnbd's Python module.
-_spec = importlib.util.spec_from_file_location("nbd_bench", HERE / "nbd.py")
-nb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(nb)
-
 NOZERO = [
     "",
     "zeromode=plugin fastzeromode=ignore",
@@ -75,8 +73,7 @@ NOZERO = [
 ]
 
 
-def log(msg):
-    print(f"[nbd-copy.py] {msg}", file=sys.stderr, flush=True)
+log = logger("nbd-copy.py")
 
 
 def rotate(tools, r):

@@ -187,6 +187,15 @@ def run_nbdcopy(uri):
     return SIZE_MIB / (time.monotonic() - start)
 
 
+def write_results(name, data):
+    """Writes `data` as JSON to bench/results/NAME-<date>.json; returns
+    the file's path."""
+    (HERE / "results").mkdir(exist_ok=True)
+    out = HERE / "results" / f"{name}-{time.strftime('%Y-%m-%d-%H%M%S')}.json"
+    out.write_text(json.dumps(data, indent=2))
+    return out
+
+
 def main():
     for tool in ["fio", "nbdkit", "qemu-nbd", "qemu-img", "nbdcopy"]:
         if not shutil.which(tool):
@@ -265,11 +274,8 @@ def main():
     print(f"\ntargets met in every row: {'yes' if all_met else 'no'}")
     versions = {t: subprocess.run([t, "--version"], capture_output=True, text=True)
                 .stdout.splitlines()[0] for t in ["nbdkit", "qemu-nbd", "fio", "nbdcopy"]}
-    (HERE / "results").mkdir(exist_ok=True)
-    out = HERE / "results" / f"nbd-{time.strftime('%Y-%m-%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"commit": commit, "size_mib": SIZE_MIB, "rounds": ROUNDS,
-                               "runtime_s": RUNTIME, "versions": versions, "rows": summary},
-                              indent=2))
+    out = write_results("nbd", {"commit": commit, "size_mib": SIZE_MIB, "rounds": ROUNDS,
+                                "runtime_s": RUNTIME, "versions": versions, "rows": summary})
     log(f"wrote {out}")
 
 

@@ -127,27 +127,14 @@ for tool in qemu-img qemu-io; do
         die "$tool not found; install it with: sudo apt-get install qemu-utils"
 done
 
-log "building diskit (release)"
-(cd "$REPO_ROOT" && cargo build --release -p diskit)
-DISKIT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/diskit
-[[ -x $DISKIT ]] || die "diskit binary not found at $DISKIT"
-# What was built, taken now: others may commit while the benchmark runs.
-commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(git -C "$REPO_ROOT" status --porcelain -- crates Cargo.toml Cargo.lock 2>/dev/null) ]]; then
-    commit="$commit+dirty"   # the measured binary is not exactly that commit
-fi
+build_diskit
 
 # --------------------------------------------------------------------------
 # Scratch directories and cleanup
 # --------------------------------------------------------------------------
 
-mkdir -p "$BENCH_DIR" "$RESULTS_DIR"
-# One private subdirectory per location; only these are removed on exit.
-SHM_WORK=$(mktemp -d /dev/shm/diskit-bench.XXXXXX)
-DISK_WORK=$(mktemp -d "$BENCH_DIR/qcow2-convert.XXXXXX")
 # Per-run timings, warm-up facts and image facts.
-TIMES_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-times.XXXXXX")
-CHECKS_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-checks.XXXXXX")
+scratch_space qcow2-convert
 IMAGES_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-images.XXXXXX")
 
 quiet_vm   # see "Free page reporting" above
@@ -307,10 +294,7 @@ for loc in "${LOCATIONS[@]}"; do
     for ((round = 0; round < ROUNDS; round++)); do
         # Alternate the tool order: diskit first in even rounds, qemu-img
         # first in odd ones (a rotation, for any number of tools).
-        order=()
-        for ((i = 0; i < ${#TOOLS[@]}; i++)); do
-            order+=("${TOOLS[(round + i) % ${#TOOLS[@]}]}")
-        done
+        rotate_tools "$round"
         log "$loc: round $((round + 1))/$ROUNDS: ${order[*]}"
         for c in "${cases[@]}"; do
             IFS=/ read -r kind pre tgt <<<"$c"

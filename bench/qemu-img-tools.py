@@ -29,7 +29,6 @@ the files afterwards).
 Output: the table on stdout and bench/results/qemu-img-tools-<date>.json.
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -38,6 +37,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchlib import chosen, logger, nbdbench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -49,15 +50,10 @@ DISKIT = REPO / "target" / "release" / "diskit"
 SECRET = "bench-passphrase"
 OBJECT = ["--object", f"secret,id=sec0,data={SECRET}"]
 ALL = ["luks-to-raw", "raw-to-luks", "qcow2luks-to-raw", "raw-to-qcow2luks", "dd", "convert-C"]
-CELLS = [c for c in os.environ.get("CELLS", ",".join(ALL)).split(",") if c]
-
-spec = importlib.util.spec_from_file_location("nbdbench", HERE / "nbd.py")
-nbdbench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(nbdbench)
+CELLS = chosen("CELLS", ALL)
 
 
-def log(msg):
-    print(f"[qemu-img-tools.py] {msg}", file=sys.stderr, flush=True)
+log = logger("qemu-img-tools.py")
 
 
 def luks(name):

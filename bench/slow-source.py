@@ -38,7 +38,6 @@ Output: the table and bench/results/slow-source-<date>.json.
 """
 
 import hashlib
-import importlib.util
 import json
 import os
 import random
@@ -50,6 +49,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import chosen, logger
+from benchlib import nbdbench as nb
+
 HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 READS = int(os.environ.get("READS", "2000"))
@@ -57,10 +59,6 @@ DELAY_MS = int(os.environ.get("DELAY_MS", "50"))
 SEED = int(os.environ.get("SEED", "4"))
 SRC_DIR = os.environ.get("SRC_DIR", "/usr/share")
 IMG_MIB = 1024
-
-_spec = importlib.util.spec_from_file_location("nbd_bench", HERE / "nbd.py")
-nb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(nb)
 
 ALL = [
     "nbdkit-nocache",
@@ -74,7 +72,7 @@ ALL = [
     "nbdkit-readahead-cow",
     "diskit-cow-cache",
 ]
-CONTENDERS = [c for c in os.environ.get("CONTENDERS", ",".join(ALL)).split(",") if c]
+CONTENDERS = chosen("CONTENDERS", ALL)
 
 REPLAY = r"""
 import hashlib, json, sys, time
@@ -92,8 +90,7 @@ print(json.dumps({"secs": secs, "digest": d.hexdigest()}))
 """
 
 
-def log(msg):
-    print(f"[slow-source.py] {msg}", file=sys.stderr, flush=True)
+log = logger("slow-source.py")
 
 
 def make_image(work):

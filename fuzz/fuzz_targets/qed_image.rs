@@ -6,10 +6,7 @@
 //! small images qemu-img and qemu-io wrote.
 #![no_main]
 
-use std::sync::Arc;
-
-use diskit_backends::MemoryDevice;
-use diskit_core::{BlockDevice, Storage, StorageRef, WriteFlags};
+use diskit_core::{BlockDevice, WriteFlags};
 use diskit_formats::check::Repair;
 use diskit_formats::driver::FormatDriver;
 use diskit_formats::implied::NoImpliedFiles;
@@ -17,14 +14,14 @@ use diskit_formats::qed::{self, QedDriver};
 use diskit_formats::OpenOptions;
 use libfuzzer_sys::fuzz_target;
 
+mod common;
+
 fuzz_target!(|data: &[u8]| {
     // Tables are read whole: keep what a header can ask for bounded.
     if data.len() > 1 << 20 {
         return;
     }
-    let mem = Arc::new(MemoryDevice::new(0));
-    mem.write_extend(data, 0).unwrap();
-    let storage: StorageRef = mem;
+    let storage = common::memory_storage(data);
     let _ = qed::check(&storage, Repair::None);
     let opts = OpenOptions {
         writable: true,

@@ -47,17 +47,17 @@ fn qcow2_with_data(dir: &Path, name: &str, size: &str) -> PathBuf {
     ok(qemu_img(&["create", "-f", "qcow2", s(&img), size]));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 0x5a 1000 70000",
-            "-c",
-            "write -P 0x33 1M 100k",
-            "-c",
-            "write -z 2M 64k",
-            s(&img),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &[
+                "write -P 0x5a 1000 70000",
+                "-c",
+                "write -P 0x33 1M 100k",
+                "-c",
+                "write -z 2M 64k",
+                s(&img),
+            ],
+        ),
     ));
     img
 }
@@ -283,13 +283,10 @@ fn cinder_rekeys_a_luks_volume_described_by_image_opts() {
         }
     }
     // What QEMU refuses, refused alike.
-    ok(qemu_img(&[
-        "create",
-        "-f",
-        "qcow2",
-        s(&d.join("clear.qcow2")),
-        "1M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -f qcow2",
+        &[s(&d.join("clear.qcow2")), "1M"],
+    )));
     for desc in [
         "encrypt.format=aes,encrypt.key-secret=sec1,file.filename=vol.qcow2",
         "encrypt.format=bogus,encrypt.key-secret=sec1,file.filename=vol.qcow2",
@@ -436,25 +433,10 @@ fn strict_compare_checks_block_status_as_qemu_img() {
     run(&["convert", "-O", "qcow2", "a.raw", "b.qcow2"]);
     run(&["convert", "-c", "-O", "qcow2", "a.raw", "c.qcow2"]);
     run(&["convert", "-S", "0", "-O", "raw", "a.qcow2", "full.raw"]);
-    run(&[
-        "create",
-        "-f",
-        "qcow2",
-        "-b",
-        "a.qcow2",
-        "-F",
-        "qcow2",
-        "over.qcow2",
-    ]);
-    run(&[
-        "convert",
-        "-O",
-        "qcow2",
-        "-o",
-        "preallocation=metadata",
-        "a.raw",
-        "meta.qcow2",
-    ]);
+    run(&words("create -f qcow2 -b a.qcow2 -F qcow2 over.qcow2"));
+    run(&words(
+        "convert -O qcow2 -o preallocation=metadata a.raw meta.qcow2",
+    ));
     for (a, b) in [
         // Same content: unallocated clusters against a file's holes.
         ("a.qcow2", "a.raw"),
@@ -524,16 +506,10 @@ fn compressed_convert_is_reproducible() {
     for m in ["1", "4", "8", "8", "4"] {
         let out = d.join(format!("out-{m}.qcow2"));
         let _ = std::fs::remove_file(&out);
-        ok(diskit(&[
-            "convert",
-            "-c",
-            "-m",
-            m,
-            "-O",
-            "qcow2",
-            s(&src),
-            s(&out),
-        ]));
+        ok(diskit(&argv(
+            "convert -c -m",
+            &[m, "-O", "qcow2", s(&src), s(&out)],
+        )));
         let bytes = std::fs::read(&out).unwrap();
         match &first {
             None => first = Some(bytes),
@@ -542,16 +518,10 @@ fn compressed_convert_is_reproducible() {
     }
     let ours = d.join("out-8.qcow2");
     let theirs = d.join("qemu.qcow2");
-    ok(qemu_img(&[
-        "convert",
-        "-c",
-        "-m",
-        "8",
-        "-O",
-        "qcow2",
-        s(&src),
-        s(&theirs),
-    ]));
+    ok(qemu_img(&argv(
+        "convert -c -m 8 -O qcow2",
+        &[s(&src), s(&theirs)],
+    )));
     for img in [&ours, &theirs] {
         let offsets = compressed_offsets(img);
         assert_eq!(offsets.len(), 512, "{img:?}");
@@ -584,16 +554,7 @@ fn long_options_of_qemu_10_mean_their_short_ones() {
     good_in(
         d,
         "qemu-img",
-        &[
-            "create",
-            "-f",
-            "qcow2",
-            "-b",
-            "a.raw",
-            "-F",
-            "raw",
-            "top.qcow2",
-        ],
+        &words("create -f qcow2 -b a.raw -F raw top.qcow2"),
     );
     let cases: &[Spelled<'_>] = &[
         Spelled {

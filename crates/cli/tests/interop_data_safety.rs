@@ -88,17 +88,10 @@ fn images(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         "qemu-io",
         &["-f", "qcow2", "-c", "write -P 0x11 1M 1M", s(&base)],
     ));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-F",
-        "qcow2",
-        "-b",
-        s(&base),
-        s(&vm),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -F qcow2 -b",
+        &[s(&base), s(&vm)],
+    )));
     ok(peer(
         "qemu-io",
         &["-f", "qcow2", "-c", "write -P 0x55 0 1M", s(&vm)],
@@ -170,17 +163,10 @@ fn no_command_writes_its_own_source_by_any_name() {
     std::fs::hard_link(&src, d.join("hard.raw")).unwrap();
     // An overlay whose backing file is the raw source.
     let ov = d.join("ov.qcow2");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        "-b",
-        "a.raw",
-        s(&ov),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -F raw -b a.raw",
+        &[s(&ov)],
+    )));
     let before = std::fs::read(&src).unwrap();
     let names = ["a.raw", "link.raw", "hard.raw"];
     let mut cases: Vec<Vec<String>> = Vec::new();
@@ -242,11 +228,7 @@ fn no_command_writes_its_own_source_by_any_name() {
     for target in names {
         let o = tool_in(d, "diskit", &["copy", "a.raw", target]);
         assert_eq!(code(&o), 1, "copy to {target}");
-        assert!(
-            stderr(&o).contains("a source of this command"),
-            "{}",
-            stderr(&o)
-        );
+        assert_stderr_has(&o, "a source of this command");
         assert_eq!(std::fs::read(&src).unwrap(), before, "copy to {target}");
     }
 }

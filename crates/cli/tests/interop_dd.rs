@@ -10,17 +10,7 @@ use common::*;
 
 /// Runs `TOOL dd ARGS` in `dir` (the operands name files relatively).
 fn dd(tool: &str, dir: &Path, args: &[&str]) -> std::process::Output {
-    let program = if tool == "diskit" {
-        diskit_bin()
-    } else {
-        "qemu-img".into()
-    };
-    std::process::Command::new(program)
-        .arg("dd")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap()
+    tool_in(dir, tool, &[&["dd"][..], args].concat())
 }
 
 /// The message without the program's name.
@@ -33,8 +23,9 @@ fn dd_writes_what_qemu_img_dd_writes() {
     let dir = workdir();
     let d = dir.path();
     // 1,000,000 bytes: not a whole number of sectors; data and zeros.
+    let input = d.join("in.raw");
     sparse_file(
-        &d.join("in.raw"),
+        &input,
         1_000_000,
         &[
             (0, 70_000, 0x11),
@@ -42,13 +33,10 @@ fn dd_writes_what_qemu_img_dd_writes() {
             (999_000, 1000, 0x33),
         ],
     );
-    ok(qemu_img(&[
-        "convert",
-        "-O",
-        "qcow2",
-        s(&d.join("in.raw")),
-        s(&d.join("in.qcow2")),
-    ]));
+    ok(qemu_img(&argv(
+        "convert -O qcow2",
+        &[s(&input), s(&d.join("in.qcow2"))],
+    )));
     let cases: &[&[&str]] = &[
         &["if=in.raw", "of=OUT"],
         &["bs=4k", "count=10", "skip=3", "if=in.raw", "of=OUT"],

@@ -94,12 +94,7 @@ fn diskit_and_qemu_respect_each_others_locks() {
             &sock,
         );
         let t = qemu_img(&["info", s(&img)]);
-        assert_eq!(code(&t), 1);
-        assert!(
-            stderr(&t).contains("Failed to get shared \"write\" lock"),
-            "{}",
-            stderr(&t)
-        );
+        assert_fails_with(&t, 1, "Failed to get shared \"write\" lock");
         let w = Command::new("qemu-io")
             .args(["-f", "qcow2", "-c", "write 0 4k", s(&img)])
             .output()
@@ -158,16 +153,10 @@ fn external_data_files_are_locked_as_qemu_locks_them() {
     let d = dir.path();
     let img = d.join("df.qcow2");
     let data = d.join("df.raw");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        &format!("data_file={}", s(&data)),
-        s(&img),
-        "4M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o",
+        &[&format!("data_file={}", s(&data)), s(&img), "4M"],
+    )));
     let sock = d.join("s");
     for read_only in [false, true] {
         let ro: &[&str] = if read_only { &["-r"] } else { &[] };

@@ -63,16 +63,17 @@ fn scribble(dir: &Path, desc: &str) {
     good(
         "qemu-io",
         dir,
-        &[
-            "--image-opts",
-            "-c",
-            "write -P 0x5a 1000 70000",
-            "-c",
-            "write -P 0x33 3M 4096",
-            "-c",
-            "write -P 0x77 4190000 4304",
-            desc,
-        ],
+        &argv(
+            "--image-opts -c",
+            &[
+                "write -P 0x5a 1000 70000",
+                "-c",
+                "write -P 0x33 3M 4096",
+                "-c",
+                "write -P 0x77 4190000 4304",
+                desc,
+            ],
+        ),
     );
 }
 
@@ -165,12 +166,13 @@ fn luks_images_diskit_makes_open_in_qemu() {
         good(
             "qemu-img",
             d,
-            &[
-                "compare",
-                "--image-opts",
-                &opts("luks", "c.luks", "sec1"),
-                "driver=raw,file.filename=src.raw",
-            ],
+            &argv(
+                "compare --image-opts",
+                &[
+                    &opts("luks", "c.luks", "sec1"),
+                    "driver=raw,file.filename=src.raw",
+                ],
+            ),
         );
         // ...and create, then writes at unaligned offsets through diskit.
         good(
@@ -181,13 +183,10 @@ fn luks_images_diskit_makes_open_in_qemu() {
         good(
             "diskit",
             d,
-            &[
-                "convert",
-                "-n",
-                "--target-image-opts",
-                "src.raw",
-                &opts("luks", "w.luks", "sec1"),
-            ],
+            &argv(
+                "convert -n --target-image-opts src.raw",
+                &[&opts("luks", "w.luks", "sec1")],
+            ),
         );
         scribble(d, &opts("luks", "w.luks", "sec1"));
         reads_like_qemu(d, &opts("luks", "w.luks", "sec1"), c);
@@ -204,16 +203,9 @@ fn qcow2_with_luks_both_ways() {
     good(
         "qemu-img",
         d,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            "encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10",
-            "q.qcow2",
-            "4M",
-        ],
+        &words(
+            "create -q -f qcow2 -o encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10 q.qcow2 4M",
+        ),
     );
     scribble(d, &opts("qcow2", "q.qcow2", "sec0"));
     info_like_qemu(d, "q.qcow2", "qcow2 luks");
@@ -223,38 +215,32 @@ fn qcow2_with_luks_both_ways() {
     good(
         "diskit",
         d,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            "encrypt.format=luks,encrypt.key-secret=sec1,encrypt.iter-time=10,encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,encrypt.ivgen-alg=essiv",
-            "n.qcow2",
-            "4M",
-        ],
+        &words(
+            "create -q -f qcow2 -o encrypt.format=luks,encrypt.key-secret=sec1,encrypt.iter-time=10,encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,encrypt.ivgen-alg=essiv n.qcow2 4M",
+        ),
     );
     good(
         "diskit",
         d,
-        &[
-            "convert",
-            "-n",
-            "--image-opts",
-            &opts("qcow2", "q.qcow2", "sec0"),
-            "--target-image-opts",
-            &opts("qcow2", "n.qcow2", "sec1"),
-        ],
+        &argv(
+            "convert -n --image-opts",
+            &[
+                &opts("qcow2", "q.qcow2", "sec0"),
+                "--target-image-opts",
+                &opts("qcow2", "n.qcow2", "sec1"),
+            ],
+        ),
     );
     good(
         "qemu-img",
         d,
-        &[
-            "compare",
-            "--image-opts",
-            &opts("qcow2", "q.qcow2", "sec0"),
-            &opts("qcow2", "n.qcow2", "sec1"),
-        ],
+        &argv(
+            "compare --image-opts",
+            &[
+                &opts("qcow2", "q.qcow2", "sec0"),
+                &opts("qcow2", "n.qcow2", "sec1"),
+            ],
+        ),
     );
     good(
         "qemu-img",
@@ -267,23 +253,11 @@ fn qcow2_with_luks_both_ways() {
     let o = run(
         "diskit",
         d,
-        &[
-            "convert",
-            "-c",
-            "-O",
-            "qcow2",
-            "-o",
-            "encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10",
-            "theirs.raw",
-            "c.qcow2",
-        ],
+        &words(
+            "convert -c -O qcow2 -o encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10 theirs.raw c.qcow2",
+        ),
     );
-    assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("Compression and encryption"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 1, "Compression and encryption");
 }
 
 #[test]
@@ -293,16 +267,7 @@ fn legacy_aes_qcow2_reads_as_qemu_reads_it() {
     good(
         "qemu-img",
         d,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            "encrypt.format=aes,encrypt.key-secret=sec0",
-            "a.qcow2",
-            "4M",
-        ],
+        &words("create -q -f qcow2 -o encrypt.format=aes,encrypt.key-secret=sec0 a.qcow2 4M"),
     );
     scribble(d, &opts("qcow2", "a.qcow2", "sec0"));
     info_like_qemu(d, "a.qcow2", "aes");
@@ -311,31 +276,18 @@ fn legacy_aes_qcow2_reads_as_qemu_reads_it() {
     let o = run(
         "diskit",
         d,
-        &[
-            "convert",
-            "-n",
-            "--target-image-opts",
-            "theirs.raw",
-            &opts("qcow2", "a.qcow2", "sec0"),
-        ],
+        &argv(
+            "convert -n --target-image-opts theirs.raw",
+            &[&opts("qcow2", "a.qcow2", "sec0")],
+        ),
     );
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("read only"), "{}", stderr(&o));
+    assert_fails_with(&o, 1, "read only");
     let o = run(
         "diskit",
         d,
-        &[
-            "create",
-            "-f",
-            "qcow2",
-            "-o",
-            "encrypt.format=aes,encrypt.key-secret=sec0",
-            "b.qcow2",
-            "1M",
-        ],
+        &words("create -f qcow2 -o encrypt.format=aes,encrypt.key-secret=sec0 b.qcow2 1M"),
     );
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("encrypt.format=luks"), "{}", stderr(&o));
+    assert_fails_with(&o, 1, "encrypt.format=luks");
     assert!(!d.join("b.qcow2").exists());
 }
 
@@ -353,29 +305,20 @@ fn amend_key_slots_are_seen_by_qemu() {
         good(
             "qemu-img",
             d,
-            &[
-                "create",
-                "-q",
-                "-f",
-                driver,
-                "-o",
-                &create_opts,
-                &file,
-                "1M",
-            ],
+            &argv("create -q -f", &[driver, "-o", &create_opts, &file, "1M"]),
         );
         scribble_small(d, &opts(driver, &file, "sec0"));
         // A second passphrase in slot 3.
         good(
             "diskit",
             d,
-            &[
-                "amend",
-                "--image-opts",
-                "-o",
-                &format!("{p}state=active,{p}new-secret=sec1,{p}keyslot=3,{p}iter-time=10"),
-                &opts(driver, &file, "sec0"),
-            ],
+            &argv(
+                "amend --image-opts -o",
+                &[
+                    &format!("{p}state=active,{p}new-secret=sec1,{p}keyslot=3,{p}iter-time=10"),
+                    &opts(driver, &file, "sec0"),
+                ],
+            ),
         );
         let info = stdout(&good("qemu-img", d, &["info", "--output=json", &file]));
         assert_eq!(
@@ -386,34 +329,30 @@ fn amend_key_slots_are_seen_by_qemu() {
         good(
             "qemu-io",
             d,
-            &[
-                "--image-opts",
-                "-c",
-                "read -P 0x66 0 4096",
-                &opts(driver, &file, "sec1"),
-            ],
+            &argv(
+                "--image-opts -c",
+                &["read -P 0x66 0 4096", &opts(driver, &file, "sec1")],
+            ),
         );
         // Slot 0 erased by its passphrase: the old one no longer opens.
         good(
             "diskit",
             d,
-            &[
-                "amend",
-                "--image-opts",
-                "-o",
-                &format!("{p}state=inactive,{p}old-secret=sec0"),
-                &opts(driver, &file, "sec1"),
-            ],
+            &argv(
+                "amend --image-opts -o",
+                &[
+                    &format!("{p}state=inactive,{p}old-secret=sec0"),
+                    &opts(driver, &file, "sec1"),
+                ],
+            ),
         );
         let o = run(
             "qemu-io",
             d,
-            &[
-                "--image-opts",
-                "-c",
-                "read 0 512",
-                &opts(driver, &file, "sec0"),
-            ],
+            &argv(
+                "--image-opts -c",
+                &["read 0 512", &opts(driver, &file, "sec0")],
+            ),
         );
         assert!(
             stderr(&o).contains("Invalid password"),
@@ -424,25 +363,22 @@ fn amend_key_slots_are_seen_by_qemu() {
         let o = run(
             "diskit",
             d,
-            &[
-                "amend",
-                "--image-opts",
-                "-o",
-                &format!("{p}state=inactive,{p}keyslot=3"),
-                &opts(driver, &file, "sec1"),
-            ],
+            &argv(
+                "amend --image-opts -o",
+                &[
+                    &format!("{p}state=inactive,{p}keyslot=3"),
+                    &opts(driver, &file, "sec1"),
+                ],
+            ),
         );
-        assert_eq!(code(&o), 1);
-        assert!(stderr(&o).contains("only active keyslot"), "{}", stderr(&o));
+        assert_fails_with(&o, 1, "only active keyslot");
         good(
             "qemu-io",
             d,
-            &[
-                "--image-opts",
-                "-c",
-                "read -P 0x66 0 4096",
-                &opts(driver, &file, "sec1"),
-            ],
+            &argv(
+                "--image-opts -c",
+                &["read -P 0x66 0 4096", &opts(driver, &file, "sec1")],
+            ),
         );
     }
 }
@@ -462,16 +398,7 @@ fn wrong_or_missing_secrets_write_nothing() {
     good(
         "qemu-img",
         d,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "luks",
-            "-o",
-            "key-secret=sec0,iter-time=10",
-            "v.luks",
-            "1M",
-        ],
+        &words("create -q -f luks -o key-secret=sec0,iter-time=10 v.luks 1M"),
     );
     sparse_file(&d.join("src.raw"), 1 << 20, &[(0, 4096, 0x44)]);
     let before = std::fs::read(d.join("v.luks")).unwrap();
@@ -522,16 +449,7 @@ fn hostile_luks_headers_get_clear_errors_fast() {
     good(
         "qemu-img",
         d,
-        &[
-            "create",
-            "-q",
-            "-f",
-            "luks",
-            "-o",
-            "key-secret=sec0,iter-time=10",
-            "g.luks",
-            "1M",
-        ],
+        &words("create -q -f luks -o key-secret=sec0,iter-time=10 g.luks 1M"),
     );
     let slot = |i: u64| 208 + i * 48;
     type Mutation = Box<dyn Fn(&Path)>;
@@ -609,14 +527,10 @@ fn hostile_luks_headers_get_clear_errors_fast() {
         let o = run(
             "diskit",
             d,
-            &[
-                "convert",
-                "-O",
-                "raw",
-                "--image-opts",
-                &opts("luks", "bad.luks", "sec0"),
-                "out.raw",
-            ],
+            &argv(
+                "convert -O raw --image-opts",
+                &[&opts("luks", "bad.luks", "sec0"), "out.raw"],
+            ),
         );
         let err = stderr(&o);
         assert_eq!(code(&o), 1, "{msg}: {err}");

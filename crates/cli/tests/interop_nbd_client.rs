@@ -4,56 +4,20 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
 
-/// qemu-nbd serving one file until dropped.
-struct QemuNbd {
-    child: Child,
-    uri: String,
-}
-
-impl QemuNbd {
-    fn start(dir: &Path, format: &str, file: &Path, read_only: bool) -> QemuNbd {
-        let sock = dir.join(format!("qnbd-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&sock);
-        let mut c = Command::new("qemu-nbd");
-        c.args(["-t", "-f", format, "-k", s(&sock)]);
-        if read_only {
-            c.arg("-r");
-        }
-        let child = c
-            .arg(s(file))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("qemu-nbd is installed");
-        let t = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "qemu-nbd did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        QemuNbd {
-            child,
-            uri: format!("nbd+unix:///?socket={}", s(&sock)),
-        }
+/// qemu-nbd serving `file` as `format` until dropped.
+fn qemu_nbd(dir: &Path, format: &str, file: &Path, read_only: bool) -> QemuNbd {
+    let sock = dir.join(format!("qnbd-{}.sock", std::process::id()));
+    let mut args = vec!["-f", format];
+    if read_only {
+        args.push("-r");
     }
-}
-
-impl Drop for QemuNbd {
-    fn drop(&mut self) {
-        // Stopped as a user stops it, so that it writes back its caches.
-        // SAFETY: kill(2) on our own child's pid, which wait() has not reaped.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let _ = self.child.wait();
-    }
+    args.push(s(file));
+    QemuNbd::start(&sock, &args)
 }
 
 /// A qcow2 with data, zeros and holes, written by qemu-io.
@@ -62,17 +26,17 @@ fn sample(dir: &Path) -> std::path::PathBuf {
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&p), "8M"]));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 5 1M 256k",
-            "-c",
-            "write -z 3M 64k",
-            "-c",
-            "write -P 9 7M 4k",
-            s(&p),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &[
+                "write -P 5 1M 256k",
+                "-c",
+                "write -z 3M 64k",
+                "-c",
+                "write -P 9 7M 4k",
+                s(&p),
+            ],
+        ),
     ));
     p
 }
@@ -81,7 +45,7 @@ fn sample(dir: &Path) -> std::path::PathBuf {
 fn map_info_and_convert_from_an_export_equal_qemu_img() {
     let dir = workdir();
     let img = sample(dir.path());
-    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let server = qemu_nbd(dir.path(), "qcow2", &img, true);
     let uri = server.uri.as_str();
     same_as_qemu_img(&["map", "--output=json", uri], "map");
     same_as_qemu_img(&["map", uri], "map human");
@@ -104,28 +68,15 @@ fn a_qcow2_on_an_export_reads_as_qemu_reads_it() {
     let dir = workdir();
     let img = sample(dir.path());
     // The export is the qcow2 file's bytes; the format sits on the client.
-    let server = QemuNbd::start(dir.path(), "raw", &img, true);
+    let server = qemu_nbd(dir.path(), "raw", &img, true);
     let uri = server.uri.as_str();
     same_as_qemu_img(&["map", "--output=json", "-f", "qcow2", uri], "qcow2 map");
     let (ours, theirs) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
-    ok(diskit(&[
-        "convert",
-        "-f",
-        "qcow2",
-        "-O",
-        "raw",
-        uri,
-        s(&ours),
-    ]));
-    ok(qemu_img(&[
-        "convert",
-        "-f",
-        "qcow2",
-        "-O",
-        "raw",
-        uri,
-        s(&theirs),
-    ]));
+    ok(diskit(&argv("convert -f qcow2 -O raw", &[uri, s(&ours)])));
+    ok(qemu_img(&argv(
+        "convert -f qcow2 -O raw",
+        &[uri, s(&theirs)],
+    )));
     assert!(same_bytes(&ours, &theirs));
     // Probing finds the qcow2 inside the export.
     same_as_qemu_img(&["map", "--output=json", uri], "qcow2 probed");
@@ -152,26 +103,14 @@ fn convert_into_an_export_writes_what_qemu_img_reads_back() {
             "qemu-io",
             &["-f", format, "-c", "write -P 0xee 0 8M", s(&target)],
         ));
-        let server = QemuNbd::start(dir.path(), format, &target, false);
-        ok(diskit(&[
-            "convert",
-            "-n",
-            "-O",
-            "raw",
-            s(&src),
-            &server.uri,
-        ]));
+        let server = qemu_nbd(dir.path(), format, &target, false);
+        ok(diskit(&argv("convert -n -O raw", &[s(&src), &server.uri])));
         drop(server);
         let back = dir.path().join("back.raw");
-        ok(qemu_img(&[
-            "convert",
-            "-f",
-            format,
-            "-O",
-            "raw",
-            s(&target),
-            s(&back),
-        ]));
+        ok(qemu_img(&argv(
+            "convert -f",
+            &[format, "-O", "raw", s(&target), s(&back)],
+        )));
         assert!(same_bytes(&back, &src), "{format}");
     }
 }
@@ -203,26 +142,24 @@ fn bad_uris_and_missing_servers_get_clear_errors() {
     let sock = dir.path().join("nobody.sock");
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
     let o = diskit(&["info", &uri]);
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("nobody.sock"), "{}", stderr(&o));
+    assert_fails_with(&o, 1, "nobody.sock");
     let o = diskit(&["info", "nbd+unix:///"]);
-    assert!(stderr(&o).contains("socket"), "{}", stderr(&o));
+    assert_stderr_has(&o, "socket");
     let o = diskit(&["info", "nbd://localhost/?bogus=1"]);
-    assert!(stderr(&o).contains("'bogus'"), "{}", stderr(&o));
+    assert_stderr_has(&o, "'bogus'");
     // An export the server does not have.
     let img = sample(dir.path());
-    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let server = qemu_nbd(dir.path(), "qcow2", &img, true);
     let wrong = server.uri.replace(":///", ":///nosuch");
     let o = diskit(&["info", &wrong]);
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("nosuch"), "{}", stderr(&o));
+    assert_fails_with(&o, 1, "nosuch");
 }
 
 #[test]
 fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
     let dir = workdir();
     let img = sample(dir.path());
-    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let server = qemu_nbd(dir.path(), "qcow2", &img, true);
     let sock = server.uri.split("socket=").nth(1).unwrap().to_string();
     let direct = ok(qemu_img(&["map", "--output=json", &server.uri]));
     // The same export through diskit's proxy, by socket and by URI, and
@@ -240,25 +177,19 @@ fn serve_proxies_another_server_as_nbdkit_nbd_plugin_does() {
         assert!(o.status.success(), "{}", stderr(&o));
         assert_eq!(stdout(&o), stdout(&direct));
     }
-    let o = serve(&[
-        "-U",
-        "-",
-        "--filter=offset",
-        "--run",
-        "nbdinfo --size \"$uri\"",
-        "nbd",
-        &format!("socket={sock}"),
-        "offset=1M",
-    ]);
+    let o = serve(&argv(
+        "-U - --filter=offset --run",
+        &[
+            "nbdinfo --size \"$uri\"",
+            "nbd",
+            &format!("socket={sock}"),
+            "offset=1M",
+        ],
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim(), (7u64 << 20).to_string());
     let o = serve(&["-U", "-", "--run", "true", "nbd", "export=x"]);
-    assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("uri, socket, hostname"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 1, "uri, socket, hostname");
 }
 
 /// In a child about to exec: makes `fd` its descriptor 3, kept across exec.
@@ -285,7 +216,7 @@ fn nbd_plugin_forms_match_nbdkit() {
     use std::os::unix::process::CommandExt;
     let dir = workdir();
     let img = sample(dir.path());
-    let server = QemuNbd::start(dir.path(), "qcow2", &img, true);
+    let server = qemu_nbd(dir.path(), "qcow2", &img, true);
     let sock = server.uri.split("socket=").nth(1).unwrap().to_string();
     let direct = ok(qemu_img(&["map", "--output=json", &server.uri]));
     let map = "qemu-img map --output=json \"$uri\"";
@@ -304,58 +235,22 @@ fn nbd_plugin_forms_match_nbdkit() {
         let ours = serve(&args);
         assert!(ours.status.success(), "{form:?}: {}", stderr(&ours));
         assert_eq!(stdout(&ours), stdout(&direct), "{form:?}");
-        let theirs = Command::new("nbdkit")
-            .args(["-U", "-", "--run", map, "nbd"])
-            .args(form)
-            .output()
-            .expect("nbdkit is installed");
-        assert!(
-            theirs.status.success(),
-            "nbdkit {form:?}: {}",
-            stderr(&theirs)
-        );
+        let theirs = ok(peer("nbdkit", &args));
         assert_eq!(stdout(&ours), stdout(&theirs), "{form:?}");
     }
     // hostname= and port=: qemu-nbd on loopback TCP.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut tcp = Command::new("qemu-nbd")
-        .args([
-            "-t",
-            "-r",
-            "-f",
-            "qcow2",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            s(&img),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("qemu-nbd is installed");
-    let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "qemu-nbd did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = serve(&[
-        "-U",
-        "-",
-        "--run",
-        map,
-        "nbd",
-        "hostname=127.0.0.1",
-        &format!("port={port}"),
-    ]);
-    let _ = tcp.kill();
-    let _ = tcp.wait();
+    let port = free_port();
+    let qemu_args = ["-t", "-r", "-f", "qcow2", "-b", "127.0.0.1", "-p"];
+    let tcp = start_server(
+        "qemu-nbd",
+        &[&qemu_args[..], &[&port.to_string(), s(&img)]].concat(),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
+    let o = serve(&argv(
+        "-U - --run",
+        &[map, "nbd", "hostname=127.0.0.1", &format!("port={port}")],
+    ));
+    drop(tcp);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), stdout(&direct));
     // socket-fd=3: a connection the parent opened.
@@ -406,12 +301,7 @@ fn nbd_plugin_forms_match_nbdkit() {
         c.pre_exec(move || to_fd_3(fd));
     }
     let o = c.output().unwrap();
-    assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("not a connected stream socket"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 1, "not a connected stream socket");
 }
 
 #[test]
@@ -420,23 +310,20 @@ fn server_takes_what_peers_ask_of_it() {
     let src = dir.path().join("src.raw");
     sparse_file(&src, 4 << 20, &[(0, 1 << 20, 0x42)]);
     // nbdcopy --flush against memory (it used to refuse: no flush).
-    let o = serve(&[
-        "-U",
-        "-",
-        "--run",
-        &format!("nbdcopy --flush {} \"$uri\"", s(&src)),
-        "memory",
-        "4M",
-    ]);
+    let o = serve(&argv(
+        "-U - --run",
+        &[
+            &format!("nbdcopy --flush {} \"$uri\"", s(&src)),
+            "memory",
+            "4M",
+        ],
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     // null without a size is empty, as nbdkit's.
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--run",
-        "nbdinfo --size \"$uri\"",
-        "null",
-    ]));
+    let o = ok(serve(&argv(
+        "-U - --run",
+        &["nbdinfo --size \"$uri\"", "null"],
+    )));
     assert_eq!(stdout(&o).trim(), "0");
     // -s with a socket passed by socket activation is refused.
     let o = timed("sh", 30)
@@ -449,8 +336,7 @@ fn server_takes_what_peers_ask_of_it() {
         ])
         .output()
         .unwrap();
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("socket activation"), "{}", stderr(&o));
+    assert_fails_with(&o, 1, "socket activation");
     // --exit-with-parent: the server goes when the shell that started it does.
     let sock = dir.path().join("orphan.sock");
     let o = timed("sh", 30)
@@ -617,18 +503,10 @@ fn nbdinfo_agrees_with_libnbd() {
             assert!(o.status.success(), "{server:?} {m}: {}", stdout(&o));
         }
     }
-    let o = serve(&[
-        "-U",
-        "-",
-        "-e",
-        "disk",
-        "--description",
-        "a test disk",
-        "--run",
-        &both("--json"),
-        "memory",
-        "8M",
-    ]);
+    let o = serve(&argv(
+        "-U - -e disk --description",
+        &["a test disk", "--run", &both("--json"), "memory", "8M"],
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
@@ -641,15 +519,10 @@ fn a_minimum_block_size_is_obeyed() {
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&src), "4M"]));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 3 100k 300k",
-            "-c",
-            "write -P 4 3M 5k",
-            s(&src),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &["write -P 3 100k 300k", "-c", "write -P 4 3M 5k", s(&src)],
+        ),
     ));
     let script = format!(
         "set -e; qemu-img create -q -f qcow2 \"$uri\" 4M; \

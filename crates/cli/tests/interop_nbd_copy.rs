@@ -114,17 +114,10 @@ fn pipes_commands_and_null_work_as_in_nbdcopy() {
     assert!(same_bytes(&src, &out));
     let q = dir.path().join("q.qcow2");
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&q), "3M"]));
-    ok(diskit(&[
-        "copy",
-        "--",
-        s(&src),
-        "[",
-        "qemu-nbd",
-        "-f",
-        "qcow2",
-        s(&q),
-        "]",
-    ]));
+    ok(diskit(&argv(
+        "copy --",
+        &[s(&src), "[", "qemu-nbd", "-f", "qcow2", s(&q), "]"],
+    )));
     ok(same_as_qemu_img(
         &["compare", "-f", "raw", "-F", "qcow2", s(&src), s(&q)],
         "compare",
@@ -132,17 +125,10 @@ fn pipes_commands_and_null_work_as_in_nbdcopy() {
 
     // null: reads everything and keeps nothing.
     ok(diskit(&["copy", s(&src), "null:"]));
-    ok(diskit(&[
-        "copy",
-        "--synchronous",
-        "[",
-        "nbdkit",
-        "-r",
-        "file",
-        s(&src),
-        "]",
-        "null:",
-    ]));
+    ok(diskit(&argv(
+        "copy --synchronous",
+        &["[", "nbdkit", "-r", "file", s(&src), "]", "null:"],
+    )));
 }
 
 #[test]
@@ -343,23 +329,12 @@ fn nbdinfo_runs_servers_and_answers_can_and_is_as_libnbd() {
 fn a_server_that_dies_mid_copy_fails_the_copy_with_how_far_it_got() {
     let dir = workdir();
     let sock = dir.path().join("s.sock");
-    let mut server = Command::new("nbdkit")
-        .args([
-            "-f",
-            "-U",
-            s(&sock),
-            "--filter=delay",
-            "pattern",
-            "256M",
-            "delay-read=50ms",
-        ])
-        .spawn()
-        .expect("nbdkit is installed");
-    let t = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(t.elapsed().as_secs() < 10, "nbdkit did not start");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let args = ["-f", "-U", s(&sock), "--filter=delay", "pattern", "256M"];
+    let server = start_server(
+        "nbdkit",
+        &[&args[..], &["delay-read=50ms"]].concat(),
+        || sock.exists(),
+    );
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
     let out = dir.path().join("out.raw");
     let copy = Command::new(diskit_bin())
@@ -368,9 +343,8 @@ fn a_server_that_dies_mid_copy_fails_the_copy_with_how_far_it_got() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let o = copy.wait_with_output().unwrap();
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(stderr(&o).contains("copied"), "{}", stderr(&o));
+    assert_stderr_has(&o, "copied");
 }

@@ -518,11 +518,7 @@ fn fua_modes_advertise_and_pass_fua_as_nbdkit() {
             assert!(!r.out.status.success(), "{args:?} served");
         }
         let o = run(Server::Diskit, &args, None, "true");
-        assert!(
-            stderr(&o).contains(&format!("requires plugin {missing} support")),
-            "{}",
-            stderr(&o)
-        );
+        assert_stderr_has(&o, &format!("requires plugin {missing} support"));
         let ro = cat(&["-r"], &args);
         same_output(dir.path(), None, &ro, "nbdinfo --size \"$uri\"");
     }
@@ -618,22 +614,13 @@ fn error_injects_the_errno_asked_for_each_kind_of_request() {
         let out = stdout(&runs[1].out);
         match params[0] {
             "error=ENOSPC" => {
-                assert!(
-                    out.contains(r#"["write", 100, 5000, 8] -> error ENOSPC"#),
-                    "{out}"
-                );
-                assert!(
-                    out.contains(r#"["zero", 65536, 4096] -> error ENOSPC"#),
-                    "{out}"
-                );
-                assert!(out.contains(r#"["read", 0, 70000] -> ok"#), "{out}");
+                assert_contains(&out, r#"["write", 100, 5000, 8] -> error ENOSPC"#);
+                assert_contains(&out, r#"["zero", 65536, 4096] -> error ENOSPC"#);
+                assert_contains(&out, r#"["read", 0, 70000] -> ok"#);
             }
             "error=EPERM" => {
-                assert!(
-                    out.contains(r#"["trim", 2000000, 65536] -> error EPERM"#),
-                    "{out}"
-                );
-                assert!(out.contains(r#"["read", 0, 70000] -> ok"#), "{out}");
+                assert_contains(&out, r#"["trim", 2000000, 65536] -> error EPERM"#);
+                assert_contains(&out, r#"["read", 0, 70000] -> ok"#);
             }
             _ => assert!(!out.contains("error"), "{out}"),
         }
@@ -651,11 +638,8 @@ fn error_injects_the_errno_asked_for_each_kind_of_request() {
     assert_eq!(stdout(&runs[0].out), stdout(&runs[1].out));
     same_files(&runs);
     let out = stdout(&runs[1].out);
-    assert!(
-        out.contains(r#"["read", 0, 70000] -> error ESHUTDOWN"#),
-        "{out}"
-    );
-    assert!(out.contains(r#"["flush"] -> ok"#), "{out}");
+    assert_contains(&out, r#"["read", 0, 70000] -> error ESHUTDOWN"#);
+    assert_contains(&out, r#"["flush"] -> ok"#);
 }
 
 #[test]
@@ -711,7 +695,7 @@ fn cow_keeps_writes_in_the_overlay_as_nbdkit() {
                     .collect()
             };
             assert_eq!(lines(&nb), lines(&dk), "{args:?}");
-            assert!(dk.contains("hole,zero"), "{dk}");
+            assert_contains(&dk, "hole,zero");
         }
     }
     // What clients are offered: writable over a read-only plugin, trim,
@@ -992,22 +976,14 @@ fn partition_serves_mbr_and_gpt_partitions_as_nbdkit() {
         Some(&f),
         "true",
     );
-    assert!(
-        stderr(&o).contains("must supply the partition parameter"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "must supply the partition parameter");
     let o = run(
         Server::Diskit,
         &cat(&cat(&["--filter=partition"], &FILE), &["partition=2"]),
         Some(&f),
         "true",
     );
-    assert!(
-        stderr(&o).contains("is an extended partition"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "is an extended partition");
 }
 
 #[test]
@@ -1244,7 +1220,7 @@ fn help_lists_every_filter() {
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("{} ", f.name)))
             .unwrap_or_else(|| panic!("{} missing from --help:\n{help}", f.name));
-        assert!(line.contains(f.help), "{line}");
+        assert_contains(line, f.help);
     }
 }
 
@@ -1741,8 +1717,7 @@ fn cow_file_keeps_the_overlay_as_a_qcow2_backed_by_the_source() {
     // An overlay of another source is refused, naming both.
     let other = sparse_copy(&src, &dir.path().join("other.raw"));
     let o = run(Server::Diskit, &args, Some(&other), "true");
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("backing file"), "{}", stderr(&o));
+    assert_fails_with(&o, 1, "backing file");
     // Committed with qemu-img, the source holds what clients saw.
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     ok(qemu_img(&["commit", s(&overlay)]));
@@ -1902,14 +1877,10 @@ fn copies_through_a_filter_keep_requests_in_flight() {
         let logfile = format!("logfile={}", s(&log));
         let o = run(
             Server::Diskit,
-            &[
-                "--filter=log",
-                "--filter=delay",
-                "file",
-                "FILE",
-                &logfile,
-                "rdelay=10ms",
-            ],
+            &argv(
+                "--filter=log --filter=delay file FILE",
+                &[&logfile, "rdelay=10ms"],
+            ),
             Some(&src),
             &cmd,
         );

@@ -93,22 +93,15 @@ fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
         conv = s(&conv),
         f = s(&f),
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "-r", "--tls=require"],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let text = stdout(&o);
-    assert!(text.contains("uri=nbds+unix:///?socket="), "{text}");
-    assert!(text.contains(" tls=2\n"), "{text}");
+    assert_contains(&text, "uri=nbds+unix:///?socket=");
+    assert_contains(&text, " tls=2\n");
     let json = &text[text.find('{').expect("nbdinfo JSON")..];
     let v: serde_json::Value =
         serde_json::from_str(json).unwrap_or_else(|e| panic!("bad JSON ({e}): {json}"));
@@ -116,16 +109,12 @@ fn nbdinfo_nbdcopy_and_qemu_img_read_the_file_over_tls13() {
     assert_eq!(v["exports"][0]["export-size"], 4 << 20);
     assert!(same_bytes(&f, &copy), "nbdcopy read other bytes");
     assert!(same_bytes(&f, &conv), "qemu-img read other bytes");
-    assert!(
-        stderr(&o).contains("Images are identical"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "Images are identical");
     let conns = connections(&o);
     // nbdinfo, nbdcopy (one or more connections), convert, compare.
     assert!(conns.len() >= 4, "{conns:?}");
     for c in &conns {
-        assert!(c.contains("TLSv1.3 TLS_"), "{c}");
+        assert_contains(c, "TLSv1.3 TLS_");
     }
     assert!(conns.iter().any(|c| c.contains("PSK identity \"alice\"")));
     assert!(conns.iter().any(|c| c.contains("PSK identity \"bob\"")));
@@ -150,18 +139,12 @@ fn gnutls_clients_limited_to_tls12_get_ecdhe_psk() {
         qemu = qemu_psk("alice", client),
         conv = s(&conv),
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "--tls=require"],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert_eq!(stdout(&o).trim(), "4194304");
     assert!(same_bytes(&f, &conv), "qemu-img read other bytes");
     let conns = connections(&o);
@@ -199,18 +182,12 @@ fn unknown_users_wrong_keys_and_plain_clients_are_refused() {
         good = psk_uri("bob", good),
         out = s(&out),
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "--tls=require"],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     for tool in [
         "unknown",
         "wrong",
@@ -223,7 +200,7 @@ fn unknown_users_wrong_keys_and_plain_clients_are_refused() {
     }
     // The server lived on.
     assert_eq!(status(&o, "good"), "0");
-    assert!(stdout(&o).contains("4194304\ngood=0"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "4194304\ngood=0");
     assert!(
         !out.exists() || std::fs::metadata(&out).unwrap().len() == 0,
         "qemu-img got data"
@@ -265,8 +242,8 @@ fn tls_psk_alone_offers_tls_as_nbdkit_does() {
     let bin = diskit_bin();
     let o = ok(run(&[s(&bin), "serve"]));
     let text = stdout(&o);
-    assert!(text.contains("uri=nbd+unix:///?socket="), "{text}");
-    assert!(text.contains(" tls=1\n"), "{text}");
+    assert_contains(&text, "uri=nbd+unix:///?socket=");
+    assert_contains(&text, " tls=1\n");
     assert_eq!(status(&o, "plain"), "0", "{text}");
     assert_eq!(status(&o, "psk"), "0", "{text}");
     // nbdkit, the oracle, agrees on all but the URI's spelling.
@@ -274,7 +251,7 @@ fn tls_psk_alone_offers_tls_as_nbdkit_does() {
     for key in ["plain", "psk"] {
         assert_eq!(status(&n, key), status(&o, key), "{key}");
     }
-    assert!(stdout(&n).contains(" tls=1\n"), "{}", stdout(&n));
+    assert_contains(&stdout(&n), " tls=1\n");
 }
 
 #[test]
@@ -284,22 +261,19 @@ fn psk_overrides_certificates_with_a_warning() {
     let server = server_keys(dir.path());
     let client = server.parent().unwrap();
     let cmd = format!("nbdinfo --size \"{}\"", psk_uri("alice", client));
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "--tls-certificates",
-        "/nonexistent",
-        "--tls-verify-peer",
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &[
+            "--tls=require",
+            "--tls-certificates",
+            "/nonexistent",
+            "--tls-verify-peer",
+        ],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert_eq!(stdout(&o).trim(), "4194304");
-    assert!(stderr(&o).contains("--tls-psk overrides"), "{}", stderr(&o));
+    assert_stderr_has(&o, "--tls-psk overrides");
 }
 
 #[test]
@@ -311,20 +285,10 @@ fn bad_key_files_stop_the_server_at_startup() {
         (bad, "keys.psk: line 2: no ':'".to_string()),
         (missing.clone(), format!("{}", missing.display())),
     ] {
-        let o = serve(&[
-            "-U",
-            "-",
-            "--tls=on",
-            "--tls-psk",
-            s(&file),
-            "memory",
-            "1M",
-            "--run",
-            "echo started",
-        ]);
+        let o = serve_psk(&["--tls=on"], &file, &["memory", "1M"], "echo started");
         assert_ne!(code(&o), 0);
         assert!(!stdout(&o).contains("started"));
-        assert!(stderr(&o).contains(&what), "{}", stderr(&o));
+        assert_stderr_has(&o, &what);
         assert!(!stderr(&o).contains(BOB), "the key was shown");
     }
 }
@@ -345,18 +309,13 @@ fn libnbd_checks_over_psk() {
         s(&script),
         psk_uri("alice", server.parent().unwrap())
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-psk",
-        s(&server),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["--tls=require"],
+        &server,
+        &["file", s(&f)],
         &cmd,
-    ]));
-    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+    ));
+    assert_contains(&stdout(&o), "ok");
 }
 
 /// Without OpenSSL (libssl.so.3 hidden in a mount namespace of its own,
@@ -399,7 +358,7 @@ fn without_openssl_only_psk_fails_and_says_why() {
         .output()
         .unwrap();
     assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
-    assert!(stdout(&o).contains("plain served"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "plain served");
     assert!(!stdout(&o).contains("psk served"), "{}", stdout(&o));
     let err = stderr(&o);
     let lines: Vec<&str> = err.lines().collect();
@@ -433,16 +392,10 @@ echo "rc=$?"; test -e "$OUT" || echo "no target"
 "#;
     let ours = alike_under_serve(
         dir.path(),
-        &[
-            "-U",
-            "-",
-            "-r",
-            "--tls=require",
-            "--tls-psk",
-            s(&server),
-            "file",
-            s(&f),
-        ],
+        &argv(
+            "-U - -r --tls=require --tls-psk",
+            &[s(&server), "file", s(&f)],
+        ),
         script,
         &[("K", s(client)), ("F", s(&f)), ("OUT", s(&out))],
     );

@@ -25,18 +25,11 @@ fn json(o: &Output) -> serde_json::Value {
 
 #[test]
 fn nbdinfo_reports_the_export_and_its_flags() {
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "-e",
-        "disk",
-        "--description",
-        "a test disk",
-        "memory",
-        "size=8M",
-        "--run",
+    let o = ok(serve_run(
+        &["-e", "disk", "--description", "a test disk"],
+        &["memory", "size=8M"],
         "nbdinfo --json \"$uri\"",
-    ]));
+    ));
     let v = json(&o);
     assert_eq!(v["protocol"], "newstyle-fixed");
     assert_eq!(v["structured"], true);
@@ -65,28 +58,17 @@ fn nbdinfo_reports_the_export_and_its_flags() {
 
     let dir = workdir();
     let f = test_file(dir.path());
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "-r",
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_run(
+        &["-r"],
+        &["file", s(&f)],
         "nbdinfo --json \"$uri\"",
-    ]));
+    ));
     let e = &json(&o)["exports"][0];
     assert_eq!(e["is_read_only"], true);
     for flag in ["can_zero", "can_trim", "can_fua", "can_fast_zero"] {
         assert_eq!(e[flag], false, "{flag} on a read-only export");
     }
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "file",
-        s(&f),
-        "--run",
-        "nbdinfo --json \"$uri\"",
-    ]));
+    let o = ok(serve_run(&[], &["file", s(&f)], "nbdinfo --json \"$uri\""));
     let e = &json(&o)["exports"][0];
     assert_eq!(e["can_flush"], true);
     assert_eq!(e["can_cache"], true);
@@ -112,7 +94,7 @@ fn qemu_img_sees_the_same_bytes_and_extents_as_the_file() {
         s(&map_nbd),
         s(&out)
     );
-    ok(serve(&["-U", "-", "-r", "file", s(&src), "--run", &cmd]));
+    ok(serve_run(&["-r"], &["file", s(&src)], &cmd));
     assert!(same_bytes(&src, &out));
     let direct = ok(qemu_img(&["map", "--output=json", "-f", "raw", s(&src)]));
     assert_eq!(std::fs::read_to_string(&map_nbd).unwrap(), stdout(&direct));
@@ -128,17 +110,10 @@ fn qcow2_chain_through_the_image_plugin() {
         "qemu-io",
         &["-f", "qcow2", "-c", "write -P 0x11 0 1M", s(&base)],
     ));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        s(&base),
-        "-F",
-        "qcow2",
-        s(&top),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -b",
+        &[s(&base), "-F", "qcow2", s(&top)],
+    )));
     ok(peer(
         "qemu-io",
         &["-f", "qcow2", "-c", "write -P 0x22 2M 1M", s(&top)],
@@ -148,7 +123,7 @@ fn qcow2_chain_through_the_image_plugin() {
         "nbdinfo --map=qemu:allocation-depth \"$uri\" && qemu-img convert -O raw \"$uri\" {}",
         s(&out)
     );
-    let o = ok(serve(&["-U", "-", "-r", "image", s(&top), "--run", &cmd]));
+    let o = ok(serve_run(&["-r"], &["image", s(&top)], &cmd));
     let map: Vec<Vec<String>> = stdout(&o)
         .lines()
         .map(|l| l.split_whitespace().take(3).map(String::from).collect())
@@ -160,40 +135,27 @@ fn qcow2_chain_through_the_image_plugin() {
         ["3145728", "1048576", "0"],
     ];
     assert_eq!(map, want.map(|r| r.map(String::from).to_vec()).to_vec());
-    ok(qemu_img(&[
-        "compare",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        s(&top),
-        s(&out),
-    ]));
+    ok(qemu_img(&argv(
+        "compare -f qcow2 -F raw",
+        &[s(&top), s(&out)],
+    )));
 
     // Writable: qemu-io writes through extended headers land in the qcow2.
     let cmd = "qemu-io -f raw -c 'write -P 0x33 3M 64k' -c 'write -z 0 64k' -c flush \"$uri\"";
-    ok(serve(&[
-        "-U",
-        "-",
-        "image",
-        s(&top),
-        "format=qcow2",
-        "--run",
-        cmd,
-    ]));
+    ok(serve_run(&[], &["image", s(&top), "format=qcow2"], cmd));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "read -P 0x33 3M 64k",
-            "-c",
-            "read -P 0 0 64k",
-            "-c",
-            "read -P 0x11 64k 64k",
-            s(&top),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &[
+                "read -P 0x33 3M 64k",
+                "-c",
+                "read -P 0 0 64k",
+                "-c",
+                "read -P 0x11 64k 64k",
+                s(&top),
+            ],
+        ),
     ));
     ok(qemu_img(&["check", s(&top)]));
 }
@@ -217,7 +179,7 @@ fn nbdcopy_round_trip_with_many_requests_in_flight() {
         src = s(&src),
         out = s(&out)
     );
-    ok(serve(&["-U", "-", "memory", "16M", "--run", &cmd]));
+    ok(serve_run(&[], &["memory", "16M"], &cmd));
     assert!(same_bytes(&src, &out));
 }
 
@@ -226,7 +188,7 @@ fn python_checks(mode: &str, serve_args: &[&str]) {
     let mut args = serve_args.to_vec();
     args.extend(["--run", &cmd]);
     let o = ok(serve(&args));
-    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "ok");
 }
 
 #[test]
@@ -250,16 +212,11 @@ fn libnbd_checks_on_memory() {
 
 #[test]
 fn run_sets_the_environment_and_passes_the_exit_status() {
-    let o = serve(&[
-        "-U",
-        "-",
-        "-e",
-        "x",
-        "null",
-        "1M",
-        "--run",
+    let o = serve_run(
+        &["-e", "x"],
+        &["null", "1M"],
         "echo \"$uri|$nbd|$unixsocket|$port|$exportname\"; test -S \"$unixsocket\"; exit 3",
-    ]);
+    );
     assert_eq!(code(&o), 3, "{}", stderr(&o));
     let line = stdout(&o);
     let parts: Vec<&str> = line.trim().split('|').collect();
@@ -271,16 +228,10 @@ fn run_sets_the_environment_and_passes_the_exit_status() {
     assert!(!Path::new(parts[2]).exists(), "private socket left behind");
 
     // TCP on loopback, any free port.
-    let o = ok(serve(&[
-        "-p",
-        "0",
-        "-i",
-        "127.0.0.1",
-        "pattern",
-        "1M",
-        "--run",
-        "echo \"$port $unixsocket\"; nbdinfo --size \"$uri\"",
-    ]));
+    let o = ok(serve(&argv(
+        "-p 0 -i 127.0.0.1 pattern 1M --run",
+        &["echo \"$port $unixsocket\"; nbdinfo --size \"$uri\""],
+    )));
     let out = stdout(&o);
     let mut lines = out.lines();
     let port: u16 = lines.next().unwrap().trim().parse().unwrap();
@@ -415,15 +366,10 @@ fn daemon_mode_forks_once_listening_and_stops_by_pid_file() {
     let sock = dir.path().join("nbd.sock");
     let pidfile = dir.path().join("pid");
     let start = Instant::now();
-    let o = serve(&[
-        "--print-uri",
-        "-U",
-        s(&sock),
-        "-P",
-        s(&pidfile),
-        "memory",
-        "1M",
-    ]);
+    let o = serve(&argv(
+        "--print-uri -U",
+        &[s(&sock), "-P", s(&pidfile), "memory", "1M"],
+    ));
     // The command returns once the daemon serves: the pid file and the
     // socket are there, and the URI was printed by the parent.
     let pid: i32 = std::fs::read_to_string(&pidfile)
@@ -487,11 +433,7 @@ fn daemon_mode_forks_once_listening_and_stops_by_pid_file() {
     // the caller's stderr, and leaves no socket.
     let o = serve(&["-U", s(&proxy_sock), "nbd", "socket=/nonexistent/nbd.sock"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("/nonexistent/nbd.sock"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "/nonexistent/nbd.sock");
     assert!(!proxy_sock.exists(), "socket left behind");
 
     daemon.stop();
@@ -504,7 +446,7 @@ fn daemon_mode_forks_once_listening_and_stops_by_pid_file() {
     // keeps serving.
     let o = serve(&["-U", s(&sock), "-P", "/nonexistent/dir/pid", "null", "1M"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(stderr(&o).contains("pid file"), "{}", stderr(&o));
+    assert_stderr_has(&o, "pid file");
     assert!(!sock.exists(), "socket left behind");
 }
 
@@ -579,9 +521,7 @@ fn verbose_logs_one_line_per_connection_and_export_counters() {
                   h.pread(512, 8192)\n\
                   h.shutdown()\n";
     let cmd = format!("{PYTHON} -c \"{script}\" \"$uri\" && nbdinfo --size \"$uri\"");
-    let o = ok(serve(&[
-        "-v", "-U", "-", "-e", "d", "memory", "1M", "--run", &cmd,
-    ]));
+    let o = ok(serve_run(&["-v", "-e", "d"], &["memory", "1M"], &cmd));
     let err = stderr(&o);
     let conns: Vec<&str> = err
         .lines()
@@ -655,7 +595,7 @@ fn qemu_io_aio_reads_and_writes() {
         cmd += &format!(" -c 'aio_read -P {p} {}k 64k'", i * 64);
     }
     cmd += " -c aio_flush \"$uri\"";
-    let o = ok(serve(&["-U", "-", "image", s(&img), "--run", &cmd]));
+    let o = ok(serve_run(&[], &["image", s(&img)], &cmd));
     let out = stdout(&o);
     assert!(!out.contains("fail") && !out.contains("error"), "{out}");
     assert_eq!(out.matches("read 65536/65536 bytes").count(), 8, "{out}");
@@ -672,16 +612,10 @@ fn qemu_io_aio_reads_and_writes() {
 fn image_with_a_small_l2_cache() {
     let dir = workdir();
     let img = dir.path().join("small-cache.qcow2");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=512",
-        s(&img),
-        "4M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o cluster_size=512",
+        &[s(&img), "4M"],
+    )));
     let mut cmd = String::from("qemu-io -f raw");
     for i in 0..16u32 {
         cmd += &format!(" -c 'write -P {} {}k 4k'", 0x20 + i, i * 256 + 3);
@@ -690,15 +624,11 @@ fn image_with_a_small_l2_cache() {
         cmd += &format!(" -c 'read -P {} {}k 4k'", 0x20 + i, i * 256 + 3);
     }
     cmd += " \"$uri\"";
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "image",
-        s(&img),
-        "l2-cache-size=1K",
-        "--run",
+    let o = ok(serve_run(
+        &[],
+        &["image", s(&img), "l2-cache-size=1K"],
         &cmd,
-    ]));
+    ));
     let out = stdout(&o);
     assert_eq!(out.matches("read 4096/4096 bytes").count(), 16, "{out}");
     assert!(!out.contains("Pattern verification failed"), "{out}");
@@ -717,38 +647,21 @@ fn qemu_img_map_of_allocation_depth_matches_qemu_nbd() {
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "4M"]));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 0x11 0 1M",
-            "-c",
-            "write -z 3M 512k",
-            s(&base),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &["write -P 0x11 0 1M", "-c", "write -z 3M 512k", s(&base)],
+        ),
     ));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        s(&base),
-        "-F",
-        "qcow2",
-        s(&top),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -b",
+        &[s(&base), "-F", "qcow2", s(&top)],
+    )));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 0x22 2M 1M",
-            "-c",
-            "write -z 512k 64k",
-            s(&top),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &["write -P 0x22 2M 1M", "-c", "write -z 512k 64k", s(&top)],
+        ),
     ));
     let map = |sock: &Path| {
         let opts = format!(
@@ -835,19 +748,10 @@ fn image_served_with_cache_none() {
         "qemu-io",
         &["-f", "raw", "-c", "write -P 0x5a 0 8M", s(&base)],
     ));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=2M",
-        "-b",
-        s(&base),
-        "-F",
-        "raw",
-        s(&img),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o cluster_size=2M -b",
+        &[s(&base), "-F", "raw", s(&img)],
+    )));
     let writes = [
         (0x61, "4k", "4k"),
         (0x62, "2052k", "4k"),
@@ -863,15 +767,7 @@ fn image_served_with_cache_none() {
         cmd += &format!(" -c 'read -P {p} {off} {len}'");
     }
     cmd += " -c 'read -P 0x5a 5M 64k' \"$uri\"";
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "image",
-        s(&img),
-        "cache=none",
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(serve_run(&[], &["image", s(&img), "cache=none"], &cmd));
     let out = stdout(&o);
     assert!(!out.contains("Pattern verification failed"), "{out}");
     assert_eq!(out.matches("read ").count(), writes.len() + 1, "{out}");
@@ -879,28 +775,17 @@ fn image_served_with_cache_none() {
     for (p, off, len) in writes {
         ok(peer(
             "qemu-io",
-            &[
-                "-f",
-                "qcow2",
-                "-c",
-                &format!("read -P {p} {off} {len}"),
-                s(&img),
-            ],
+            &argv(
+                "-f qcow2 -c",
+                &[&format!("read -P {p} {off} {len}"), s(&img)],
+            ),
         ));
     }
     ok(peer(
         "qemu-io",
         &["-f", "qcow2", "-c", "read -P 0x5a 12k 2036k", s(&img)],
     ));
-    let o = serve(&[
-        "-U",
-        "-",
-        "image",
-        s(&img),
-        "cache=directsync",
-        "--run",
-        "true",
-    ]);
+    let o = serve_run(&[], &["image", s(&img), "cache=directsync"], "true");
     assert!(!o.status.success());
     assert!(
         String::from_utf8_lossy(&o.stderr)

@@ -64,18 +64,12 @@ fn require_serves_nbdinfo_qemu_img_and_qemu_io_over_tls() {
         qemu = qemu_tls(&pki),
         out = s(&out),
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["-r", "--tls=require"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", stdout(&o)));
     assert_eq!(v["TLS"], true, "{v}");
@@ -99,17 +93,12 @@ fn require_gives_plain_clients_nothing() {
          qemu-img convert -f raw \"nbd+unix:///?socket=$unixsocket\" -O raw {out}; echo qemu=$?",
         out = s(&out)
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["--tls=require"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let text = stdout(&o);
     for tool in ["nbdinfo", "list", "qemu"] {
         let line = text
@@ -142,20 +131,10 @@ fn on_serves_plain_and_tls_clients() {
          {{ nbdinfo --is tls \"nbd+unix:///?socket=$unixsocket\"; echo plain-tls=$?; }}",
         uri = tls_uri(&pki)
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=on",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(serve_certs(&["--tls=on"], &pki, &["file", s(&f)], &cmd));
     let text = stdout(&o);
     assert_eq!(text.matches("4194304").count(), 2, "{text}");
-    assert!(text.contains("plain-tls=2"), "{text}");
+    assert_contains(&text, "plain-tls=2");
 }
 
 #[test]
@@ -182,21 +161,15 @@ fn verify_peer_wants_a_client_certificate_from_the_ca() {
         rogue = tls_uri(&rogue),
         qemu = qemu_tls(&pki),
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-verify-peer",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["--tls=require", "--tls-verify-peer"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let text = stdout(&o);
-    assert!(text.contains("4194304\ngood=0"), "{text}");
-    assert!(text.contains("qemu=0"), "{text}");
+    assert_contains(&text, "4194304\ngood=0");
+    assert_contains(&text, "qemu=0");
     assert!(!text.contains("anonymous=0"), "{text}");
     assert!(!text.contains("rogue=0"), "{text}");
     assert_eq!(text.matches("4194304").count(), 1, "{text}");
@@ -212,18 +185,13 @@ fn libnbd_checks_over_tls() {
     let pki = pki(dir.path());
     let script = nbd_script("checks.py");
     let cmd = format!("{PYTHON} {} rw \"{}\"", s(&script), tls_uri(&pki));
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["--tls=require"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
-    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+    ));
+    assert_contains(&stdout(&o), "ok");
 }
 
 #[test]
@@ -231,19 +199,9 @@ fn bad_tls_settings_are_refused_at_startup() {
     let dir = workdir();
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let o = serve(&[
-        "-U",
-        "-",
-        "--tls=on",
-        "--tls-certificates",
-        s(&empty),
-        "memory",
-        "1M",
-        "--run",
-        "true",
-    ]);
+    let o = serve_certs(&["--tls=on"], &empty, &["memory", "1M"], "true");
     assert_ne!(code(&o), 0);
-    assert!(stderr(&o).contains("server-cert.pem"), "{}", stderr(&o));
+    assert_stderr_has(&o, "server-cert.pem");
 }
 
 /// `$tls` in `--run`'s environment: unset, 1 or 2 for off, on and
@@ -292,11 +250,7 @@ fn run_sets_tls_as_nbdkit_does() {
         } else {
             "nbd+unix:"
         };
-        assert!(
-            stdout(&d).contains(&format!("uri={scheme}")),
-            "{}",
-            stdout(&d)
-        );
+        assert_contains(&stdout(&d), &format!("uri={scheme}"));
     }
     assert_eq!(tls_of(&run(&diskit, "off", Some("stale"))), "unset");
     assert_eq!(tls_of(&run(&diskit, "on", Some("stale"))), "1");
@@ -328,32 +282,16 @@ fn certtool_pki(dir: &Path, key_args: &[&str]) -> PathBuf {
     )
     .unwrap();
     run(&["--generate-privkey", "--outfile", "ca-key.pem"]);
-    run(&[
-        "--generate-self-signed",
-        "--load-privkey",
-        "ca-key.pem",
-        "--template",
-        "ca.info",
-        "--outfile",
-        "pki/ca-cert.pem",
-    ]);
+    run(&words(
+        "--generate-self-signed --load-privkey ca-key.pem --template ca.info --outfile pki/ca-cert.pem",
+    ));
     let mut key = vec!["--generate-privkey"];
     key.extend_from_slice(key_args);
     key.extend(["--outfile", "pki/server-key.pem"]);
     run(&key);
-    run(&[
-        "--generate-certificate",
-        "--load-privkey",
-        "pki/server-key.pem",
-        "--load-ca-certificate",
-        "pki/ca-cert.pem",
-        "--load-ca-privkey",
-        "ca-key.pem",
-        "--template",
-        "server.info",
-        "--outfile",
-        "pki/server-cert.pem",
-    ]);
+    run(&words(
+        "--generate-certificate --load-privkey pki/server-key.pem --load-ca-certificate pki/ca-cert.pem --load-ca-privkey ca-key.pem --template server.info --outfile pki/server-cert.pem",
+    ));
     pki
 }
 
@@ -379,17 +317,12 @@ fn server_keys_of_any_size_and_kind_load() {
     for kind in kinds {
         let dir = workdir();
         let pki = certtool_pki(dir.path(), kind);
-        let o = serve(&[
-            "-U",
-            "-",
-            "--tls=require",
-            "--tls-certificates",
-            s(&pki),
-            "memory",
-            "1M",
-            "--run",
+        let o = serve_certs(
+            &["--tls=require"],
+            &pki,
+            &["memory", "1M"],
             &format!("nbdinfo --size \"{}\"", tls_uri(&pki)),
-        ]);
+        );
         assert!(o.status.success(), "{kind:?}: {}", stderr(&o));
         assert_eq!(stdout(&o).trim(), "1048576", "{kind:?}");
     }
@@ -405,19 +338,9 @@ fn an_unusable_key_is_named() {
         "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n",
     )
     .unwrap();
-    let o = serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "memory",
-        "1M",
-        "--run",
-        "true",
-    ]);
+    let o = serve_certs(&["--tls=require"], &pki, &["memory", "1M"], "true");
     assert_ne!(code(&o), 0);
-    assert!(stderr(&o).contains("server-key.pem"), "{}", stderr(&o));
+    assert_stderr_has(&o, "server-key.pem");
 }
 
 /// qemu-img's command lines with `--object tls-creds-x509` and an nbd node
@@ -445,24 +368,15 @@ $T info --object "tls-creds-x509,id=tls1,endpoint=server,dir=$PKI" --image-opts 
 "#;
     let ours = alike_under_serve(
         dir.path(),
-        &[
-            "-U",
-            "-",
-            "-r",
-            "--tls=require",
-            "--tls-certificates",
-            s(&pki),
-            "file",
-            s(&f),
-        ],
+        &argv(
+            "-U - -r --tls=require --tls-certificates",
+            &[s(&pki), "file", s(&f)],
+        ),
         script,
         &[("PKI", s(&pki)), ("F", s(&f)), ("OUT", s(&out))],
     );
     assert_eq!(ours.matches("same").count(), 2, "{ours}");
-    assert!(ours.contains("file format: nbd\n"), "{ours}");
-    assert!(ours.contains("No TLS credentials with id 'nope'"), "{ours}");
-    assert!(
-        ours.contains("Expected TLS credentials for a client endpoint"),
-        "{ours}"
-    );
+    assert_contains(&ours, "file format: nbd\n");
+    assert_contains(&ours, "No TLS credentials with id 'nope'");
+    assert_contains(&ours, "Expected TLS credentials for a client endpoint");
 }

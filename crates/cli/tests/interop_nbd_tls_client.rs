@@ -11,8 +11,7 @@ mod common;
 mod certs;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
 use common::*;
 
@@ -71,19 +70,12 @@ fn nbdinfo_copy_and_convert_from_diskit_serve_over_tls() {
         copy = s(&copy),
         conv = s(&conv),
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_certs(
+        &["-v", "-r", "--tls=require"],
+        &pki,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     let text = stdout(&o);
     let json = &text[text.find('{').expect("nbdinfo JSON")..];
     let v: serde_json::Value =
@@ -100,7 +92,7 @@ fn nbdinfo_copy_and_convert_from_diskit_serve_over_tls() {
         .collect();
     assert!(!conns.is_empty(), "{}", stderr(&o));
     for c in conns {
-        assert!(c.contains("TLSv1.3"), "{c}");
+        assert_contains(c, "TLSv1.3");
     }
 }
 
@@ -129,18 +121,10 @@ fn copy_to_and_from_nbdkit_over_tls_with_a_client_certificate() {
         src = s(&src),
         back = s(&back),
     );
-    let o = ok(nbdkit(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-verify-peer",
-        "--tls-certificates",
-        s(&pki),
-        "memory",
-        &format!("{}", data.len()),
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(nbdkit(&argv(
+        "-U - --tls=require --tls-verify-peer --tls-certificates",
+        &[s(&pki), "memory", &format!("{}", data.len()), "--run", &cmd],
+    )));
     assert_eq!(status(&o, "in"), "0", "{}", stderr(&o));
     assert_eq!(status(&o, "out"), "0", "{}", stderr(&o));
     assert_ne!(status(&o, "anonymous"), "0");
@@ -151,42 +135,13 @@ fn copy_to_and_from_nbdkit_over_tls_with_a_client_certificate() {
 }
 
 /// qemu-nbd with TLS serving `file` until dropped.
-struct QemuNbd {
-    child: Child,
-    sock: PathBuf,
-}
-
-impl QemuNbd {
-    fn start(dir: &Path, pki: &Path, file: &Path) -> QemuNbd {
-        let sock = dir.join("qemu.sock");
-        let child = Command::new("qemu-nbd")
-            .args(["-t", "-r", "-f", "raw", "-k", s(&sock), "--object"])
-            .arg(format!(
-                "tls-creds-x509,id=tls0,endpoint=server,dir={},verify-peer=off",
-                s(pki)
-            ))
-            .args(["--tls-creds", "tls0", s(file)])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("qemu-nbd is installed");
-        let t = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "qemu-nbd did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        QemuNbd { child, sock }
-    }
-}
-
-impl Drop for QemuNbd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn qemu_nbd_tls(dir: &Path, pki: &Path, file: &Path) -> QemuNbd {
+    let creds = format!(
+        "tls-creds-x509,id=tls0,endpoint=server,dir={},verify-peer=off",
+        s(pki)
+    );
+    let args = ["-r", "-f", "raw", "--object", &creds, "--tls-creds", "tls0"];
+    QemuNbd::start(&dir.join("qemu.sock"), &[&args[..], &[s(file)]].concat())
 }
 
 #[test]
@@ -194,7 +149,7 @@ fn nbdinfo_and_convert_from_qemu_nbd_over_tls() {
     let dir = workdir();
     let f = test_file(dir.path());
     let pki = pki(dir.path(), "pki");
-    let q = QemuNbd::start(dir.path(), &pki, &f);
+    let q = qemu_nbd_tls(dir.path(), &pki, &f);
     let uri = format!(
         "nbds+unix:///?socket={}&tls-certificates={}",
         s(&q.sock),
@@ -203,17 +158,12 @@ fn nbdinfo_and_convert_from_qemu_nbd_over_tls() {
     let o = ok(diskit(&["nbdinfo", "--size", &uri]));
     assert_eq!(stdout(&o).trim(), "4194304");
     let o = ok(diskit(&["nbdinfo", &uri]));
-    assert!(
-        stdout(&o).contains("newstyle-fixed with TLS"),
-        "{}",
-        stdout(&o)
-    );
+    assert_contains(&stdout(&o), "newstyle-fixed with TLS");
     let conv = dir.path().join("conv.raw");
     ok(diskit(&["convert", "-O", "raw", &uri, s(&conv)]));
     assert!(same_bytes(&f, &conv), "diskit convert read other bytes");
     // A plain client gets nothing from it.
-    let plain = format!("nbd+unix:///?socket={}", s(&q.sock));
-    let o = diskit(&["nbdinfo", "--size", &plain]);
+    let o = diskit(&["nbdinfo", "--size", &q.uri]);
     assert_ne!(code(&o), 0, "{}", stdout(&o));
 }
 
@@ -292,17 +242,12 @@ fn certificates_that_do_not_check_out_are_refused() {
         )),
         empty = q(&format!("tls-certificates={}", s(&empty))),
     );
-    let o = ok(serve(&[
-        "-U",
-        "-",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "memory",
-        "1M",
-        "--run",
+    let o = ok(serve_certs(
+        &["--tls=require"],
+        &pki,
+        &["memory", "1M"],
         &cmd,
-    ]));
+    ));
     let err = stderr(&o);
     assert_ne!(status(&o, "wrong"), "0");
     assert!(
@@ -315,9 +260,9 @@ fn certificates_that_do_not_check_out_are_refused() {
     assert_eq!(status(&o, "unchecked"), "0", "{err}");
     assert_eq!(status(&o, "named"), "0", "{err}");
     assert_ne!(status(&o, "misnamed"), "0");
-    assert!(err.contains("elsewhere.example"), "{err}");
+    assert_contains(&err, "elsewhere.example");
     assert_ne!(status(&o, "empty"), "0");
-    assert!(err.contains("no ca-cert.pem"), "{err}");
+    assert_contains(&err, "no ca-cert.pem");
     assert_eq!(stdout(&o).matches("1048576").count(), 2, "{}", stdout(&o));
 }
 
@@ -338,26 +283,16 @@ fn over_tcp_the_certificate_names_the_host() {
         d = s(&diskit_bin()),
         copy = s(&copy),
     );
-    let o = ok(serve(&[
-        "-p",
-        "0",
-        "-i",
-        "127.0.0.1",
-        "-r",
-        "--tls=require",
-        "--tls-certificates",
-        s(&pki),
-        "file",
-        s(&f),
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(serve(&argv(
+        "-p 0 -i 127.0.0.1 -r --tls=require --tls-certificates",
+        &[s(&pki), "file", s(&f), "--run", &cmd],
+    )));
     let err = stderr(&o);
     assert_eq!(status(&o, "by-name"), "0", "{err}");
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
     assert_eq!(status(&o, "by-address"), "0", "{err}");
     assert_ne!(status(&o, "wrong-name"), "0");
-    assert!(err.contains("wrong.example"), "{err}");
+    assert_contains(&err, "wrong.example");
 }
 
 /// DIR/other holding only the certificate of a CA of its own.
@@ -410,16 +345,16 @@ fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
         mallory = psk("mallory", &wrong),
         carol = psk("carol", &server),
     );
-    let o = ok(nbdkit(&[
-        "-U",
-        "-",
-        "--tls=require",
-        &format!("--tls-psk={}", s(&server)),
-        "memory",
-        "4M",
-        "--run",
-        &cmd,
-    ]));
+    let o = ok(nbdkit(&argv(
+        "-U - --tls=require",
+        &[
+            &format!("--tls-psk={}", s(&server)),
+            "memory",
+            "4M",
+            "--run",
+            &cmd,
+        ],
+    )));
     let err = stderr(&o);
     assert_eq!(status(&o, "in"), "0", "{err}");
     assert_eq!(status(&o, "out"), "0", "{err}");
@@ -428,20 +363,13 @@ fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
         "the bytes did not survive the round trip"
     );
     assert_eq!(status(&o, "info"), "0", "{err}");
-    assert!(
-        stdout(&o).contains("newstyle-fixed with TLS"),
-        "{}",
-        stdout(&o)
-    );
+    assert_contains(&stdout(&o), "newstyle-fixed with TLS");
     assert_eq!(status(&o, "logname"), "0", "{err}");
     assert_ne!(status(&o, "wrong"), "0");
     assert_ne!(status(&o, "mallory"), "0");
-    assert!(err.contains("username \"mallory\""), "{err}");
+    assert_contains(&err, "username \"mallory\"");
     assert_ne!(status(&o, "carol"), "0");
-    assert!(
-        err.contains("username \"carol\" is not in the key file"),
-        "{err}"
-    );
+    assert_contains(&err, "username \"carol\" is not in the key file");
 }
 
 #[test]
@@ -460,25 +388,14 @@ fn pre_shared_keys_against_diskit_serve() {
         d = s(&diskit_bin()),
         copy = s(&copy)
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-psk",
-        s(&keys),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "-r", "--tls=require"],
+        &keys,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
-    assert!(
-        stderr(&o).contains("PSK identity \"bob\""),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "PSK identity \"bob\"");
 }
 
 /// The nbd plugin's `tls-psk=` (with `tls-username=`): a `diskit serve`
@@ -499,23 +416,12 @@ fn the_nbd_plugin_connects_with_pre_shared_keys() {
         k = s(&keys),
         c = s(&copy)
     );
-    let o = ok(serve(&[
-        "-v",
-        "-U",
-        "-",
-        "-r",
-        "--tls=require",
-        "--tls-psk",
-        s(&keys),
-        "file",
-        s(&f),
-        "--run",
+    let o = ok(serve_psk(
+        &["-v", "-r", "--tls=require"],
+        &keys,
+        &["file", s(&f)],
         &cmd,
-    ]));
+    ));
     assert!(same_bytes(&f, &copy), "the copy through the plugin differs");
-    assert!(
-        stderr(&o).contains("PSK identity \"bob\""),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "PSK identity \"bob\"");
 }

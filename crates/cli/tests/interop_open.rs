@@ -11,15 +11,10 @@ fn qcow2_with_data(dir: &std::path::Path) -> std::path::PathBuf {
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&p), "4M"]));
     ok(peer(
         "qemu-io",
-        &[
-            "-f",
-            "qcow2",
-            "-c",
-            "write -P 7 64k 128k",
-            "-c",
-            "write -z 1M 64k",
-            s(&p),
-        ],
+        &argv(
+            "-f qcow2 -c",
+            &["write -P 7 64k 128k", "-c", "write -z 1M 64k", s(&p)],
+        ),
     ));
     p
 }
@@ -50,17 +45,10 @@ fn map_through_image_opts_and_json_equals_qemu_img() {
     let base = dir.path().join("base.raw");
     sparse_file(&base, 4 << 20, &[(0, 1 << 20, 0x11)]);
     let top = dir.path().join("top.qcow2");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        s(&p),
-        "-F",
-        "qcow2",
-        s(&top),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -b",
+        &[s(&p), "-F", "qcow2", s(&top)],
+    )));
     let opts = format!(
         "driver=qcow2,file.filename={},backing.driver=raw,backing.file.filename={}",
         s(&top),
@@ -107,19 +95,15 @@ fn null_co_maps_as_qemu_img() {
 #[test]
 fn qcow2_over_null_co_reads_as_qemu_sees_it() {
     // null-co reads zeros: there is no qcow2 header, and both refuse.
-    let ours = diskit(&[
-        "info",
-        "--image-opts",
-        "driver=qcow2,file.driver=null-co,file.size=1M",
-    ]);
+    let ours = diskit(&words(
+        "info --image-opts driver=qcow2,file.driver=null-co,file.size=1M",
+    ));
     assert_ne!(code(&ours), 0);
-    assert!(stderr(&ours).contains("qcow2"), "{}", stderr(&ours));
+    assert_stderr_has(&ours, "qcow2");
     assert_ne!(
-        code(&qemu_img(&[
-            "info",
-            "--image-opts",
-            "driver=qcow2,file.driver=null-co,file.size=1M",
-        ])),
+        code(&qemu_img(&words(
+            "info --image-opts driver=qcow2,file.driver=null-co,file.size=1M"
+        ))),
         0
     );
 }
@@ -162,11 +146,7 @@ fn bad_descriptions_are_named() {
         assert!(stderr(&o).contains("json:"), "{bad}: {}", stderr(&o));
     }
     let o = diskit(&["info", "gopher://x/y"]);
-    assert!(
-        stderr(&o).contains("Unknown protocol 'gopher'"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "Unknown protocol 'gopher'");
 }
 
 #[test]
@@ -206,7 +186,7 @@ fn every_format_qemu_img_creates_is_probed_and_refused_by_name() {
         }
         // Asked for by name with -f, it is refused by name too.
         let o = diskit(&["info", "-f", fmt, s(&p)]);
-        assert!(stderr(&o).contains(&format!("'{fmt}'")), "{}", stderr(&o));
+        assert_stderr_has(&o, &format!("'{fmt}'"));
         // -f raw reads the container's bytes, as qemu-img does.
         same_as_qemu_img(&["map", "--output=json", "-f", "raw", s(&p)], fmt);
     }
@@ -236,19 +216,10 @@ fn short_and_garbage_headers_get_clear_errors() {
 fn top_over(dir: &std::path::Path, backing: &str) -> std::path::PathBuf {
     let top = dir.join("top.qcow2");
     let _ = std::fs::remove_file(&top);
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-u",
-        "-b",
-        backing,
-        "-F",
-        "raw",
-        s(&top),
-        "1M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -u -b",
+        &[backing, "-F", "raw", s(&top), "1M"],
+    )));
     top
 }
 
@@ -289,18 +260,9 @@ fn untrusted_images_name_only_files_beside_them() {
         let o = diskit(&["info", "--untrusted", "--backing-chain", s(&top)]);
         assert_eq!(code(&o), 1, "{backing}");
         // serve image goes through the same gate.
-        let o = diskit(&[
-            "serve",
-            "--untrusted",
-            "-U",
-            "-",
-            "--run",
-            "true",
-            "image",
-            s(&top),
-        ]);
+        let o = diskit(&argv("serve --untrusted -U - --run true image", &[s(&top)]));
         assert_eq!(code(&o), 1, "{backing}");
-        assert!(stderr(&o).contains(rule), "{}", stderr(&o));
+        assert_stderr_has(&o, rule);
     }
     // A device reached through a name inside the directory.
     std::os::unix::fs::symlink("/dev/zero", d.join("dev.raw")).unwrap();
@@ -310,26 +272,17 @@ fn untrusted_images_name_only_files_beside_them() {
     // Files beside the image are fine, through links inside too.
     for backing in ["base.raw", "inside.raw", "./base.raw"] {
         let top = top_over(&d, backing);
-        ok(diskit(&[
-            "convert",
-            "--untrusted",
-            "-O",
-            "raw",
-            s(&top),
-            s(&out),
-        ]));
+        ok(diskit(&argv(
+            "convert --untrusted -O raw",
+            &[s(&top), s(&out)],
+        )));
         let o = ok(diskit(&["info", "--untrusted", "--output=json", s(&top)]));
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         assert_eq!(v["implied-files"][0]["allowed"], true);
-        let o = ok(diskit(&[
-            "compare",
-            "-f",
-            "qcow2",
-            "-F",
-            "raw",
-            s(&top),
-            s(&d.join("base.raw")),
-        ]));
+        let o = ok(diskit(&argv(
+            "compare -f qcow2 -F raw",
+            &[s(&top), s(&d.join("base.raw"))],
+        )));
         assert_eq!(code(&o), 0);
     }
 }
@@ -343,24 +296,18 @@ fn untrusted_data_files_too() {
     let secret = d.join("secret.raw");
     // An image whose raw external data file is a host file: amend points
     // an image at it, as an attacker would.
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        &format!("data_file={},data_file_raw=on", s(&d.join("own.raw"))),
-        s(&top),
-        "1M",
-    ]));
-    ok(qemu_img(&[
-        "amend",
-        "-f",
-        "qcow2",
-        "-o",
-        &format!("data_file={}", s(&secret)),
-        s(&top),
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o",
+        &[
+            &format!("data_file={},data_file_raw=on", s(&d.join("own.raw"))),
+            s(&top),
+            "1M",
+        ],
+    )));
+    ok(qemu_img(&argv(
+        "amend -f qcow2 -o",
+        &[&format!("data_file={}", s(&secret)), s(&top)],
+    )));
     let out = d.join("out.raw");
     ok(diskit(&["convert", "-O", "raw", s(&top), s(&out)]));
     assert!(same_bytes(&out, &secret), "trusted: the data file is read");
@@ -372,22 +319,14 @@ fn untrusted_data_files_too() {
         stderr(&o)
     );
     // Beside the image, by a relative name: allowed.
-    ok(qemu_img(&[
-        "amend",
-        "-f",
-        "qcow2",
-        "-o",
-        "data_file=secret.raw",
-        s(&top),
-    ]));
-    ok(diskit(&[
-        "convert",
-        "--untrusted",
-        "-O",
-        "raw",
-        s(&top),
-        s(&out),
-    ]));
+    ok(qemu_img(&argv(
+        "amend -f qcow2 -o data_file=secret.raw",
+        &[s(&top)],
+    )));
+    ok(diskit(&argv(
+        "convert --untrusted -O raw",
+        &[s(&top), s(&out)],
+    )));
     assert!(same_bytes(&out, &secret));
 }
 
@@ -399,40 +338,26 @@ fn convert_takes_descriptions_for_source_and_target() {
     let ours = dir.path().join("ours.raw");
     let theirs = dir.path().join("theirs.raw");
     // --image-opts is for the source; the target stays a plain name.
-    ok(diskit(&[
-        "convert",
-        "--image-opts",
-        &src,
-        "-O",
-        "raw",
-        s(&ours),
-    ]));
-    ok(qemu_img(&[
-        "convert",
-        "--image-opts",
-        &src,
-        "-O",
-        "raw",
-        s(&theirs),
-    ]));
+    ok(diskit(&argv(
+        "convert --image-opts",
+        &[&src, "-O", "raw", s(&ours)],
+    )));
+    ok(qemu_img(&argv(
+        "convert --image-opts",
+        &[&src, "-O", "raw", s(&theirs)],
+    )));
     assert!(same_bytes(&ours, &theirs));
     // --target-image-opts names an existing target, with -n only.
-    let o = diskit(&[
-        "convert",
-        "--target-image-opts",
-        s(&p),
-        "driver=raw,file.filename=x",
-    ]);
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("requires use of -n"), "{}", stderr(&o));
+    let o = diskit(&argv(
+        "convert --target-image-opts",
+        &[s(&p), "driver=raw,file.filename=x"],
+    ));
+    assert_fails_with(&o, 1, "requires use of -n");
     sparse_file(&ours, 4 << 20, &[(0, 4 << 20, 0x33)]);
     let dst = format!("driver=raw,file.driver=file,file.filename={}", s(&ours));
-    ok(diskit(&[
-        "convert",
-        "-n",
-        "--target-image-opts",
-        s(&p),
-        &dst,
-    ]));
+    ok(diskit(&argv(
+        "convert -n --target-image-opts",
+        &[s(&p), &dst],
+    )));
     assert!(same_bytes(&ours, &theirs));
 }

@@ -83,16 +83,10 @@ fn reads_what_qemu_writes() {
     for opts in cases {
         let img = d.join("img.qcow2");
         let size = 5 << 20;
-        ok(qemu_img(&[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            opts,
-            s(&img),
-            &size.to_string(),
-        ]));
+        ok(qemu_img(&argv(
+            "create -q -f qcow2 -o",
+            &[opts, s(&img), &size.to_string()],
+        )));
         scribble(&img, "qcow2", size);
         reads_like_qemu(&img, d, opts);
     }
@@ -117,16 +111,10 @@ fn reads_compressed_clusters_of_both_types() {
         for cs in ["512", "65536", "2M"] {
             let img = d.join(format!("c-{ty}-{cs}.qcow2"));
             let o = format!("compression_type={ty},cluster_size={cs}");
-            ok(qemu_img(&[
-                "convert",
-                "-c",
-                "-O",
-                "qcow2",
-                "-o",
-                &o,
-                s(&src),
-                s(&img),
-            ]));
+            ok(qemu_img(&argv(
+                "convert -c -O qcow2 -o",
+                &[&o, s(&src), s(&img)],
+            )));
             reads_like_qemu(&img, d, &o);
         }
     }
@@ -144,20 +132,10 @@ fn reads_three_deep_chains_with_short_backing() {
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "2M"]));
     qemu_io(&["-c", "write -P 0xa1 0 2M", s(&base)]);
     // Relative backing names resolve against the overlay's directory.
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        "../base.qcow2",
-        "-F",
-        "qcow2",
-        "-o",
-        "extended_l2=on",
-        s(&mid),
-        "6M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -b ../base.qcow2 -F qcow2 -o extended_l2=on",
+        &[s(&mid), "6M"],
+    )));
     qemu_io(&[
         "-c",
         "write -P 0xb2 8k 4k",
@@ -167,18 +145,10 @@ fn reads_three_deep_chains_with_short_backing() {
         "write -P 0xb3 3M 64k",
         s(&mid),
     ]);
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        "mid.qcow2",
-        "-F",
-        "qcow2",
-        s(&top),
-        "8M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -b mid.qcow2 -F qcow2",
+        &[s(&top), "8M"],
+    )));
     qemu_io(&[
         "-c",
         "write -P 0xc3 4k 4k",
@@ -195,18 +165,10 @@ fn reads_three_deep_chains_with_short_backing() {
     let raw = d.join("base.raw");
     sparse_file(&raw, 1 << 20, &[(0, 4096, 0x71), (600_000, 10_000, 0xff)]);
     let over = d.join("over.qcow2");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        s(&raw),
-        "-F",
-        "raw",
-        s(&over),
-        "3M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -b",
+        &[s(&raw), "-F", "raw", s(&over), "3M"],
+    )));
     qemu_io(&["-c", "write -P 0xd1 64k 64k", s(&over)]);
     reads_like_qemu(&over, d, "raw backing");
 }
@@ -243,16 +205,10 @@ fn images_diskit_writes_pass_qemu_check() {
         &data_file_raw_opt,
     ] {
         let img = d.join("w.qcow2");
-        ok(qemu_img(&[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            opts,
-            s(&img),
-            &size.to_string(),
-        ]));
+        ok(qemu_img(&argv(
+            "create -q -f qcow2 -o",
+            &[opts, s(&img), &size.to_string()],
+        )));
         ok(diskit(&["convert", "-n", "-O", "qcow2", s(&src), s(&img)]));
         let check = qemu_img(&["check", s(&img)]);
         assert_eq!(code(&check), 0, "{opts}: {}", stdout(&check));
@@ -260,15 +216,10 @@ fn images_diskit_writes_pass_qemu_check() {
         reads_like_qemu(&img, d, opts);
         if opts.contains("data_file_raw=on") {
             // The data file alone is the disk.
-            ok(qemu_img(&[
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                s(&src),
-                s(&data_file),
-            ]));
+            ok(qemu_img(&argv(
+                "compare -f raw -F raw",
+                &[s(&src), s(&data_file)],
+            )));
         }
     }
 }
@@ -298,14 +249,7 @@ fn hostile_images_get_clear_errors() {
     let comp = d.join("comp.qcow2");
     let src = d.join("c.raw");
     sparse_file(&src, 1 << 20, &[(0, 1 << 20, 0x41)]);
-    ok(qemu_img(&[
-        "convert",
-        "-c",
-        "-O",
-        "qcow2",
-        s(&src),
-        s(&comp),
-    ]));
+    ok(qemu_img(&argv("convert -c -O qcow2", &[s(&src), s(&comp)])));
     let cl1 = read_u64(&comp, 40);
     let cl2 = read_u64(&comp, cl1) & 0x00ff_ffff_ffff_fe00;
     let centry = read_u64(&comp, cl2);
@@ -432,26 +376,17 @@ fn hostile_images_get_clear_errors() {
     patch(&img, 48, &(1u64 << 40).to_be_bytes());
     let o = diskit(&["convert", "-n", "-O", "qcow2", s(&src), s(&img)]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("refcount table offset"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "refcount table offset");
     // A backing file that is the image itself.
     let looped = d.join("loop.qcow2");
     ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&looped), "1M"]));
-    ok(qemu_img(&[
-        "rebase",
-        "-u",
-        "-b",
-        "loop.qcow2",
-        "-F",
-        "qcow2",
-        s(&looped),
-    ]));
+    ok(qemu_img(&argv(
+        "rebase -u -b loop.qcow2 -F qcow2",
+        &[s(&looped)],
+    )));
     let o = diskit(&["map", s(&looped)]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(stderr(&o).contains("loop"), "{}", stderr(&o));
+    assert_stderr_has(&o, "loop");
 }
 
 /// `check` reports what qemu-img check reports (exit code, human and JSON
@@ -483,16 +418,10 @@ fn check_matches_qemu_img() {
     ] {
         let img = d.join("c.qcow2");
         let size = 5 << 20;
-        ok(qemu_img(&[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            opts,
-            s(&img),
-            &size.to_string(),
-        ]));
+        ok(qemu_img(&argv(
+            "create -q -f qcow2 -o",
+            &[opts, s(&img), &size.to_string()],
+        )));
         scribble(&img, "qcow2", size);
         same(&img, &[], opts);
     }
@@ -512,14 +441,7 @@ fn check_matches_qemu_img() {
         &[(0, 1 << 20, 0x41), (1 << 20, 300_000, 0xff)],
     );
     let comp = d.join("comp.qcow2");
-    ok(qemu_img(&[
-        "convert",
-        "-c",
-        "-O",
-        "qcow2",
-        s(&src),
-        s(&comp),
-    ]));
+    ok(qemu_img(&argv("convert -c -O qcow2", &[s(&src), s(&comp)])));
     same(&comp, &[], "compressed");
     // A leak and a refcount too low (corruption), patched in.
     let good = d.join("good.qcow2");
@@ -555,16 +477,10 @@ fn check_matches_qemu_img() {
     // What reading refuses, check reports, as qemu-img: a subcluster
     // both allocated and zero (extended L2)...
     let ext = d.join("ext.qcow2");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "extended_l2=on",
-        s(&ext),
-        "1M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o extended_l2=on",
+        &[s(&ext), "1M"],
+    )));
     qemu_io(&["-c", "write -P 5 0 4k", s(&ext)]);
     let l2 = read_u64(&ext, read_u64(&ext, 40)) & 0x00ff_ffff_ffff_fe00;
     let bitmap = read_u64(&ext, l2 + 8);
@@ -582,21 +498,15 @@ fn check_matches_qemu_img() {
     // cannot be opened).
     let with_data = d.join("with-data.qcow2");
     let data_opt = format!("data_file={}", s(&d.join("data.raw")));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        &data_opt,
-        s(&with_data),
-        "1M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o",
+        &[&data_opt, s(&with_data), "1M"],
+    )));
     same(&with_data, &[], "data file present");
     std::fs::remove_file(d.join("data.raw")).unwrap();
     same(&with_data, &[], "data file missing");
     let o = diskit(&["check", s(&with_data)]);
-    assert!(stderr(&o).contains("data.raw"), "{}", stderr(&o));
+    assert_stderr_has(&o, "data.raw");
     // Raw images cannot be checked.
     let o = diskit(&["check", "-f", "raw", s(&src)]);
     let t = qemu_img(&["check", "-f", "raw", s(&src)]);
@@ -611,16 +521,10 @@ fn dirty_lazy_refcounts_image_is_repaired_on_writable_open() {
     let dir = workdir();
     let d = dir.path();
     let img = d.join("lazy.qcow2");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "lazy_refcounts=on",
-        s(&img),
-        "4M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o lazy_refcounts=on",
+        &[s(&img), "4M"],
+    )));
     // qemu-io kills itself after the write: refcounts stay stale, dirty bit set.
     let _ = peer(
         "qemu-io",
@@ -636,16 +540,10 @@ fn dirty_lazy_refcounts_image_is_repaired_on_writable_open() {
         .unwrap();
     f.write_all_at(&[0x42; 4096], 2 << 20).unwrap();
     drop(f);
-    ok(diskit(&[
-        "convert",
-        "-n",
-        "-O",
-        "qcow2",
-        "-f",
-        "raw",
-        s(&expect),
-        s(&img),
-    ]));
+    ok(diskit(&argv(
+        "convert -n -O qcow2 -f raw",
+        &[s(&expect), s(&img)],
+    )));
     assert_eq!(read_u64(&img, 72) & 1, 0, "the dirty bit is cleared");
     let check = qemu_img(&["check", s(&img)]);
     assert_eq!(code(&check), 0, "{}", stdout(&check));
@@ -686,35 +584,18 @@ fn compressed_writes_qemu_reads() {
             let o = format!("compression_type={ty},cluster_size={cs}");
             let ours = d.join("ours.qcow2");
             let theirs = d.join("theirs.qcow2");
-            ok(qemu_img(&[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                &o,
-                s(&ours),
-                &size.to_string(),
-            ]));
-            ok(diskit(&[
-                "convert",
-                "-n",
-                "-c",
-                "-O",
-                "qcow2",
-                s(&src),
-                s(&ours),
-            ]));
-            ok(qemu_img(&[
-                "convert",
-                "-c",
-                "-O",
-                "qcow2",
-                "-o",
-                &o,
-                s(&src),
-                s(&theirs),
-            ]));
+            ok(qemu_img(&argv(
+                "create -q -f qcow2 -o",
+                &[&o, s(&ours), &size.to_string()],
+            )));
+            ok(diskit(&argv(
+                "convert -n -c -O qcow2",
+                &[s(&src), s(&ours)],
+            )));
+            ok(qemu_img(&argv(
+                "convert -c -O qcow2 -o",
+                &[&o, s(&src), s(&theirs)],
+            )));
             ok(qemu_img(&["compare", s(&src), s(&ours)]));
             assert_eq!(check_stats(&ours), check_stats(&theirs), "{o}");
             // diskit reads its own compressed clusters back too.
@@ -732,16 +613,10 @@ fn resize_matches_qemu_img() {
     for cs in ["512", "65536"] {
         let ours = d.join("ours.qcow2");
         let theirs = d.join("theirs.qcow2");
-        ok(qemu_img(&[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            &format!("cluster_size={cs}"),
-            s(&ours),
-            "1M",
-        ]));
+        ok(qemu_img(&argv(
+            "create -q -f qcow2 -o",
+            &[&format!("cluster_size={cs}"), s(&ours), "1M"],
+        )));
         qemu_io(&["-c", "write -P 9 0 1M", s(&ours)]);
         std::fs::copy(&ours, &theirs).unwrap();
         for (size, flag) in [("+100M", "-q"), ("300k", "--shrink"), ("+5M", "-q")] {
@@ -842,14 +717,10 @@ fn resize_preallocates_and_truncates_like_qemu_img() {
         );
     }
     ok(diskit(&["resize", "-q", "--shrink", s(&ours), "--", "-3M"]));
-    ok(qemu_img(&[
-        "resize",
-        "-q",
-        "--shrink",
-        s(&theirs),
-        "--",
-        "-3M",
-    ]));
+    ok(qemu_img(&argv(
+        "resize -q --shrink",
+        &[s(&theirs), "--", "-3M"],
+    )));
     assert_eq!(
         std::fs::metadata(&ours).unwrap().len(),
         std::fs::metadata(&theirs).unwrap().len()
@@ -880,24 +751,14 @@ fn convert_reads_internal_snapshots() {
         "snapshot.id=2",
         "snapshot.name=first",
     ] {
-        ok(diskit(&[
-            "convert",
-            "-l",
-            l,
-            "-O",
-            "raw",
-            s(&img),
-            s(&ours),
-        ]));
-        ok(qemu_img(&[
-            "convert",
-            "-l",
-            l,
-            "-O",
-            "raw",
-            s(&img),
-            s(&theirs),
-        ]));
+        ok(diskit(&argv(
+            "convert -l",
+            &[l, "-O", "raw", s(&img), s(&ours)],
+        )));
+        ok(qemu_img(&argv(
+            "convert -l",
+            &[l, "-O", "raw", s(&img), s(&theirs)],
+        )));
         assert!(same_bytes(&ours, &theirs), "-l {l}");
     }
     for (args, what) in [
@@ -937,28 +798,17 @@ fn writes_keep_internal_snapshots_intact() {
     let dir = workdir();
     let d = dir.path();
     let img = d.join("sn.qcow2");
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=16k",
-        s(&img),
-        "8M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o cluster_size=16k",
+        &[s(&img), "8M"],
+    )));
     qemu_io(&["-c", "write -P 1 0 3M", "-c", "write -P 2 6M 64k", s(&img)]);
     ok(qemu_img(&["snapshot", "-c", "s1", s(&img)]));
     let before = d.join("before.raw");
-    ok(qemu_img(&[
-        "convert",
-        "-l",
-        "s1",
-        "-O",
-        "raw",
-        s(&img),
-        s(&before),
-    ]));
+    ok(qemu_img(&argv(
+        "convert -l s1 -O raw",
+        &[s(&img), s(&before)],
+    )));
     let src = d.join("src.raw");
     sparse_file(
         &src,
@@ -974,15 +824,10 @@ fn writes_keep_internal_snapshots_intact() {
     assert_eq!(code(&check), 0, "{}", stdout(&check));
     ok(qemu_img(&["compare", s(&src), s(&img)]));
     let after = d.join("after.raw");
-    ok(qemu_img(&[
-        "convert",
-        "-l",
-        "s1",
-        "-O",
-        "raw",
-        s(&img),
-        s(&after),
-    ]));
+    ok(qemu_img(&argv(
+        "convert -l s1 -O raw",
+        &[s(&img), s(&after)],
+    )));
     assert!(same_bytes(&before, &after), "the snapshot is unchanged");
 }
 

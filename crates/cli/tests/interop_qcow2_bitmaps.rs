@@ -5,8 +5,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use common::*;
 
@@ -32,28 +31,14 @@ fn source(dir: &Path) -> PathBuf {
 }
 
 fn dirty_map(img: &Path, name: &str) -> String {
-    let sock = img.with_extension("sock");
-    let _ = std::fs::remove_file(&sock);
-    let mut server = Command::new("qemu-nbd")
-        .args(["-r", "-f", "qcow2", "-B", name, "-k", s(&sock), s(img)])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("qemu-nbd is installed");
-    let start = Instant::now();
-    while !sock.exists() && start.elapsed() < Duration::from_secs(20) {
-        if server.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let server = QemuNbd::start(
+        &img.with_extension("sock"),
+        &["-r", "-f", "qcow2", "-B", name, s(img)],
+    );
     let o = Command::new("nbdinfo")
-        .args([&format!("--map=qemu:dirty-bitmap:{name}"), &uri])
+        .args([&format!("--map=qemu:dirty-bitmap:{name}"), &server.uri])
         .output();
-    let _ = server.kill();
-    let _ = server.wait();
-    let _ = std::fs::remove_file(&sock);
+    drop(server);
     stdout(&ok(o.expect("nbdinfo is installed")))
 }
 
@@ -76,7 +61,7 @@ fn convert_carries_every_bitmap_like_qemu_img() {
         ok(diskit(&[&args[..], &[s(&ours)]].concat()));
         ok(qemu_img(&[&args[..], &[s(&theirs)]].concat()));
         let check = stdout(&ok(qemu_img(&["check", s(&ours)])));
-        assert!(check.contains("No errors were found"), "{check}");
+        assert_contains(&check, "No errors were found");
         ok(qemu_img(&["compare", s(&src), s(&ours)]));
         assert_eq!(bitmaps_json(&ours), bitmaps_json(&theirs), "{extra:?}");
         for name in ["b0", "fine", "frozen"] {
@@ -118,11 +103,7 @@ fn inconsistent_bitmaps_fail_or_are_skipped() {
     let q = qemu_img(&args);
     assert_eq!(code(&d), 1);
     assert_eq!(code(&q), 1);
-    assert!(
-        stderr(&d).contains("Cannot copy inconsistent bitmap 'b0'"),
-        "{}",
-        stderr(&d)
-    );
+    assert_stderr_has(&d, "Cannot copy inconsistent bitmap 'b0'");
     assert!(stderr(&q).contains("Cannot copy inconsistent bitmap 'b0'"));
 
     let args = [

@@ -11,18 +11,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::*;
-
-/// Runs `tool` with `args` in `dir`.
-fn run_in(tool: &Path, dir: &Path, args: &[&str]) -> Output {
-    Command::new(tool)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} ({e})", tool.display()))
-}
 
 /// Runs qemu-img in `dir`.
 fn qimg(dir: &Path, args: &[&str]) -> Output {
@@ -32,18 +23,6 @@ fn qimg(dir: &Path, args: &[&str]) -> Output {
 /// Runs qemu-io in `dir`, which must succeed.
 fn qio(dir: &Path, args: &[&str]) {
     ok(run_in(Path::new("qemu-io"), dir, args));
-}
-
-/// qemu-img's stderr as diskit prints it.
-fn as_diskit(qemu_stderr: &str) -> String {
-    qemu_stderr
-        .lines()
-        .map(|l| {
-            l.replacen("qemu-img: ", "diskit: ", 1)
-                .replacen("'qemu-img ", "'diskit ", 1)
-                + "\n"
-        })
-        .collect()
 }
 
 /// Two sibling directories holding the same images.
@@ -127,11 +106,7 @@ fn map(dir: &Path, name: &str) -> String {
 fn check_clean(dir: &Path, name: &str) {
     let o = qimg(dir, &["check", name]);
     assert_eq!(code(&o), 0, "check {name}: {}{}", stdout(&o), stderr(&o));
-    assert!(
-        stdout(&o).contains("No errors were found"),
-        "{}",
-        stdout(&o)
-    );
+    assert_contains(&stdout(&o), "No errors were found");
 }
 
 /// qemu-img compare says `a` and `b` show the same content.
@@ -276,18 +251,7 @@ fn commit_grows_a_smaller_raw_base() {
         sparse_file(&dir.join("base.raw"), 1 << 20, &[(4096, 8192, 0xff)]);
         ok(qimg(
             dir,
-            &[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-b",
-                "base.raw",
-                "-F",
-                "raw",
-                "top.qcow2",
-                "3M",
-            ],
+            &words("create -q -f qcow2 -b base.raw -F raw top.qcow2 3M"),
         ));
         qio(
             dir,
@@ -336,47 +300,21 @@ fn unsafe_rebase_rewrites_only_the_header() {
         chain(dir, "");
         ok(qimg(
             dir,
-            &[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                "data_file=ext.raw",
-                "ext.qcow2",
-                "1M",
-            ],
+            &words("create -q -f qcow2 -o data_file=ext.raw ext.qcow2 1M"),
         ));
         ok(qimg(
             dir,
-            &[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                "compat=0.10",
-                "v2.qcow2",
-                "1M",
-            ],
+            &words("create -q -f qcow2 -o compat=0.10 v2.qcow2 1M"),
         ));
     });
     // A missing backing file is fine with -u: only the name changes.
-    p.both(&[
-        "rebase",
-        "-u",
-        "-b",
-        "gone.qcow2",
-        "-F",
-        "qcow2",
-        "top.qcow2",
-    ]);
+    p.both(&words("rebase -u -b gone.qcow2 -F qcow2 top.qcow2"));
     p.same_file("top.qcow2");
     let info = stdout(&ok(run_in(&diskit_bin(), &p.d, &["info", "top.qcow2"])));
-    assert!(info.contains("backing file: gone.qcow2"), "{info}");
+    assert_contains(&info, "backing file: gone.qcow2");
     let info = stdout(&ok(qimg(&p.d, &["info", "top.qcow2"])));
-    assert!(info.contains("backing file: gone.qcow2"), "{info}");
-    assert!(info.contains("backing file format: qcow2"), "{info}");
+    assert_contains(&info, "backing file: gone.qcow2");
+    assert_contains(&info, "backing file format: qcow2");
     // Without -b, the backing file goes.
     p.both(&["rebase", "-u", "top.qcow2"]);
     p.same_file("top.qcow2");
@@ -384,15 +322,7 @@ fn unsafe_rebase_rewrites_only_the_header() {
     assert!(!info.contains("backing file"), "{info}");
     check_clean(&p.d, "top.qcow2");
     // Other extensions (data file) keep their place; v2 headers get one too.
-    p.both(&[
-        "rebase",
-        "-u",
-        "-b",
-        "base.qcow2",
-        "-F",
-        "qcow2",
-        "ext.qcow2",
-    ]);
+    p.both(&words("rebase -u -b base.qcow2 -F qcow2 ext.qcow2"));
     p.same_file("ext.qcow2");
     p.both(&["rebase", "-u", "-b", "base.qcow2", "-F", "raw", "v2.qcow2"]);
     p.same_file("v2.qcow2");
@@ -482,14 +412,15 @@ fn convert_with_a_backing_file_writes_only_the_top_layer() {
         ("lone.qcow2", "o3.qcow2", "base.qcow2"),
     ];
     for (src, out, backing) in cases {
-        p.both(&[
-            "convert", "-O", "qcow2", "-B", backing, "-F", "qcow2", src, out,
-        ]);
+        p.both(&argv(
+            "convert -O qcow2 -B",
+            &[backing, "-F", "qcow2", src, out],
+        ));
         p.same_file(out);
         p.same_map(out);
         check_clean(&p.d, out);
         let info = stdout(&ok(qimg(&p.d, &["info", out])));
-        assert!(info.contains(&format!("backing file: {backing}")), "{info}");
+        assert_contains(&info, &format!("backing file: {backing}"));
     }
     // An overlay converted onto its own backing file: only what the
     // overlay holds is allocated, and it shows the same content.
@@ -565,9 +496,7 @@ fn rebase_c_compresses_what_it_copies_as_qemu_img() {
         );
         ok(qimg(
             d,
-            &[
-                "create", "-q", "-f", "qcow2", "-b", &base, "-F", "qcow2", &top,
-            ],
+            &argv("create -q -f qcow2 -b", &[&base, "-F", "qcow2", &top]),
         ));
         qio(d, &["-c", "write -P 9 512k 4k", &top]);
         ok(qimg(d, &["create", "-q", "-f", "qcow2", &new, "4M"]));

@@ -8,33 +8,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::*;
 
-/// Runs `tool` (qemu-img, or diskit's binary) in `dir`.
-fn run_in(tool: &Path, dir: &Path, args: &[&str]) -> Output {
-    Command::new(tool)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} ({e})", tool.display()))
-}
-
 fn qemu_img_path() -> &'static Path {
     Path::new("qemu-img")
-}
-
-/// qemu-img's stderr with its program prefix replaced by diskit's.
-fn as_diskit(qemu_stderr: &str) -> String {
-    qemu_stderr
-        .lines()
-        .map(|l| {
-            l.replacen("qemu-img: ", "diskit: ", 1)
-                .replacen("'qemu-img ", "'diskit ", 1)
-                + "\n"
-        })
-        .collect()
 }
 
 /// Two fresh directories (qemu-img's and diskit's), each with the same
@@ -267,17 +246,10 @@ fn backing_files() {
     for name in [long.as_str(), longer.as_str()] {
         check_create(
             &pair,
-            &[
-                "-u",
-                "-b",
-                name,
-                "-F",
-                "raw",
-                "-o",
-                "cluster_size=512",
-                "t.qcow2",
-                "1M",
-            ],
+            &argv(
+                "-u -b",
+                &[name, "-F", "raw", "-o", "cluster_size=512", "t.qcow2", "1M"],
+            ),
         );
     }
     check_create(&pair, &["-u", "-b", &long, "-F", "raw", "t.qcow2", "1M"]);
@@ -527,9 +499,7 @@ fn measure_of_qcow2_sources() {
             ok(run_in(
                 qemu_img_path(),
                 dir,
-                &[
-                    "convert", "-f", "raw", "-O", "qcow2", "-o", opts, "base.raw", name,
-                ],
+                &argv("convert -f raw -O qcow2 -o", &[opts, "base.raw", name]),
             ));
         }
         ok(run_in(

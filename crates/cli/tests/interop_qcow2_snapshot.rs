@@ -154,16 +154,10 @@ fn diskit_writes_after_a_snapshot_keep_it() {
     snap_ok(&["-c", "keep", s(&img)]);
     let new = d.join("new.raw");
     sparse_file(&new, 4 << 20, &[(0, 96 << 10, 0xff), (2 << 20, 4096, 0x5a)]);
-    ok(diskit(&[
-        "convert",
-        "-n",
-        "-f",
-        "raw",
-        "-O",
-        "qcow2",
-        s(&new),
-        s(&img),
-    ]));
+    ok(diskit(&argv(
+        "convert -n -f raw -O qcow2",
+        &[s(&new), s(&img)],
+    )));
     clean(&img, "after diskit writes");
     assert!(contents(&img, Some("keep"), &d.join("keep.raw")) == before);
     ok(qemu_img(&["compare", "-f", "raw", s(&new), s(&img)]));
@@ -276,12 +270,7 @@ fn shrink_and_delete_with_snapshots_match_qemu_img_byte_for_byte() {
     // v2 images keep their size while they hold snapshots.
     let img = layered_image(d, "compat=0.10");
     let o = diskit(&["resize", s(&img), "8M"]);
-    assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("Can't resize a v2 image which has snapshots"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 1, "Can't resize a v2 image which has snapshots");
 }
 
 #[test]
@@ -376,8 +365,7 @@ fn errors_like_qemu_img() {
     std::fs::set_permissions(&img, std::fs::Permissions::from_mode(0o444)).unwrap();
     for op in ["-c", "-a", "-d"] {
         let o = fails_like_qemu_img(&img, &["snapshot", op, "s1", "{}"], true);
-        assert_eq!(code(&o), 1);
-        assert!(stderr(&o).contains("Permission denied"), "{}", stderr(&o));
+        assert_fails_with(&o, 1, "Permission denied");
     }
     std::fs::set_permissions(&img, std::fs::Permissions::from_mode(0o644)).unwrap();
 
@@ -390,16 +378,10 @@ fn errors_like_qemu_img() {
     }
     let ext = d.join("ext.qcow2");
     let data_opt = format!("data_file={}", s(&d.join("ext.data")));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        &data_opt,
-        s(&ext),
-        "1M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o",
+        &[&data_opt, s(&ext), "1M"],
+    )));
     for op in ["-c", "-a", "-d"] {
         fails_like_qemu_img(&ext, &["snapshot", op, "x", "{}"], false);
     }
@@ -483,16 +465,10 @@ fn amend_every_option() {
     for (create, amend, field, want) in cases {
         let what = format!("{create} -> {amend}");
         let img = d.join("a.qcow2");
-        ok(qemu_img(&[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            create,
-            s(&img),
-            "4M",
-        ]));
+        ok(qemu_img(&argv(
+            "create -q -f qcow2 -o",
+            &[create, s(&img), "4M"],
+        )));
         // Data, zero clusters (plain and allocated) and, where a refcount
         // of 2 fits, a snapshot; compressed data only where it may stay.
         let mut cmds = vec![
@@ -528,14 +504,10 @@ fn amend_every_option() {
     }
     // The size, and several -o merged.
     let img = qemu_image(d, "s.qcow2", "", "4M");
-    ok(diskit(&[
-        "amend",
-        "-o",
-        "size=8M",
-        "-o",
-        "lazy_refcounts=on",
-        s(&img),
-    ]));
+    ok(diskit(&argv(
+        "amend -o size=8M -o lazy_refcounts=on",
+        &[s(&img)],
+    )));
     clean(&img, "size");
     let info = stdout(&ok(qemu_img(&["info", "--output=json", s(&img)])));
     let v: serde_json::Value = serde_json::from_str(&info).unwrap();
@@ -545,16 +517,10 @@ fn amend_every_option() {
     let ext = d.join("e.qcow2");
     let data = d.join("e.data");
     let data_opt = format!("data_file={},data_file_raw=on", s(&data));
-    ok(qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        &data_opt,
-        s(&ext),
-        "1M",
-    ]));
+    ok(qemu_img(&argv(
+        "create -q -f qcow2 -o",
+        &[&data_opt, s(&ext), "1M"],
+    )));
     qemu_io(&ext, &["write -P 0x66 0 64k"]);
     let moved = d.join("moved.data");
     std::fs::copy(&data, &moved).unwrap();

@@ -6,46 +6,20 @@
 
 mod common;
 
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use common::*;
 
-fn reads_like_qemu(dir: &Path, img: &str) {
-    good_in(
-        dir,
-        "qemu-img",
-        &["convert", "-O", "raw", img, "theirs.raw"],
-    );
-    good_in(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
-    assert!(
-        same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
-        "{img}: other bytes"
-    );
-    alike_in(dir, &["info", img]);
-    alike_in(dir, &["info", "--output=json", img]);
-    alike_in(dir, &["map", "--output=json", img]);
-    alike_in(dir, &["map", img]);
-    alike_in(dir, &["check", img]);
-    alike_in(dir, &["check", "--output=json", img]);
-}
-
 fn scribble(dir: &Path, img: &str) {
-    good_in(
+    qemu_io_in(
         dir,
-        "qemu-io",
+        "qed",
+        img,
         &[
-            "-f",
-            "qed",
-            "-c",
             "write -P 0x5a 5M 100k",
-            "-c",
             "write -P 0x33 1000 70000",
-            "-c",
             "write -z 2M 128k",
-            "-c",
             "write -P 0x77 3M 4k",
-            img,
         ],
     );
 }
@@ -95,10 +69,8 @@ fn create_is_qemu_img_byte_for_byte() {
         vec!["1000"],
         vec!["0"],
     ] {
-        let (q, k) = (d.join("q"), d.join("k"));
-        std::fs::create_dir_all(&q).unwrap();
-        std::fs::create_dir_all(&k).unwrap();
-        for dir in [&q, &k] {
+        for dir in [d.join("q"), d.join("k")] {
+            std::fs::create_dir_all(&dir).unwrap();
             std::fs::copy(d.join("base.raw"), dir.join("base.raw")).unwrap();
         }
         let mut full = vec!["create", "-f", "qed"];
@@ -110,31 +82,18 @@ fn create_is_qemu_img_byte_for_byte() {
                 "create", "-f", "qed", "-b", "base.raw", "-F", "raw", "x.qed",
             ];
         }
-        let o1 = good_in(&q, "qemu-img", &full);
-        let o2 = good_in(&k, "diskit", &full);
-        assert_eq!(stdout(&o1), stdout(&o2), "{args:?}");
-        assert!(
-            same_bytes(&q.join("x.qed"), &k.join("x.qed")),
-            "{args:?}: other bytes"
-        );
+        let (a, b) = create_alike(d, &full, "x.qed");
+        assert!(a == b, "{args:?}: other bytes");
     }
-    for args in [
-        &["create", "-f", "qed", "-o", "help"][..],
-        &["create", "-f", "qed", "-o", "help", "x.qed", "1M"],
-        &[
-            "create",
-            "-f",
-            "qed",
-            "-o",
-            "cluster_size=1000",
-            "x.qed",
-            "1M",
-        ],
-        &["create", "-f", "qed", "-o", "table_size=3", "x.qed", "1M"],
-        &["create", "-f", "qed", "x.qed", "65T"],
-        &["measure", "-O", "qed", "--size", "1G"],
+    for line in [
+        "create -f qed -o help",
+        "create -f qed -o help x.qed 1M",
+        "create -f qed -o cluster_size=1000 x.qed 1M",
+        "create -f qed -o table_size=3 x.qed 1M",
+        "create -f qed x.qed 65T",
+        "measure -O qed --size 1G",
     ] {
-        alike_in(d, args);
+        alike_in(d, &words(line));
     }
 }
 
@@ -165,44 +124,26 @@ fn images_diskit_writes_pass_qemu_img_check() {
         }
         create.extend(["-o", "cluster_size=65536", "w.qed", "24M"]);
         good_in(d, "qemu-img", &create);
-        let sock = d.join("s");
-        let server = serve_image(&sock, &d.join("w.qed"));
-        let uri = format!("nbd+unix:///?socket={}", s(&sock));
-        let o = tool_in(
+        qemu_io_over_nbd(
             d,
-            "qemu-io",
+            "w.qed",
             &[
-                "-f",
-                "raw",
-                "-c",
                 "write -P 0x44 7340033 1000",
-                "-c",
                 "write -P 0x45 1000 3",
-                "-c",
                 "write -P 0x46 4194303 2097154",
-                "-c",
                 "write -z 9M 1M",
-                "-c",
                 "write -z 12582913 70000",
-                &uri,
             ],
         );
-        drop(server);
-        assert!(o.status.success(), "{}", stderr(&o));
         good_in(d, "qemu-img", &["check", "w.qed"]);
-        good_in(
+        qemu_io_in(
             d,
-            "qemu-io",
+            "qed",
+            "w.qed",
             &[
-                "-f",
-                "qed",
-                "-c",
                 "read -P 0x44 7340033 1000",
-                "-c",
                 "read -P 0x46 4194303 2097154",
-                "-c",
                 "read -P 0 9M 1M",
-                "w.qed",
             ],
         );
         reads_like_qemu(d, "w.qed");
@@ -215,23 +156,9 @@ fn check_and_repairs_find_what_qemu_img_finds() {
     let dir = workdir();
     let d = dir.path();
     good_in(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
-    good_in(
-        d,
-        "qemu-io",
-        &["-f", "qed", "-c", "write -P 1 0 4k", "g.qed"],
-    );
-    let patch = |p: &Path, at: u64, bytes: &[u8]| {
-        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-        f.write_all_at(bytes, at).unwrap();
-    };
-    let read_u64 = |p: &Path, at: u64| {
-        let f = std::fs::File::open(p).unwrap();
-        let mut b = [0u8; 8];
-        f.read_exact_at(&mut b, at).unwrap();
-        u64::from_le_bytes(b)
-    };
+    qemu_io_in(d, "qed", "g.qed", &["write -P 1 0 4k"]);
+    let read_u64 = |p: &Path, at: u64| u64::from_le_bytes(read_bytes(p, at, 8).try_into().unwrap());
     let l2 = read_u64(&d.join("g.qed"), 65536);
-    type Mutation = Box<dyn Fn(&Path)>;
     let cases: Vec<(&str, Mutation)> = vec![
         (
             "leaks",
@@ -259,8 +186,7 @@ fn check_and_repairs_find_what_qemu_img_finds() {
     ];
     for (what, mutate) in cases {
         for repair in [None, Some("all"), Some("leaks")] {
-            std::fs::copy(d.join("g.qed"), d.join("bad.qed")).unwrap();
-            mutate(&d.join("bad.qed"));
+            mutated(d, "g.qed", "bad.qed", &mutate);
             std::fs::copy(d.join("bad.qed"), d.join("bad2.qed")).unwrap();
             let mut ours = vec!["check"];
             let mut theirs = vec!["check"];
@@ -287,11 +213,6 @@ fn hostile_headers_and_resize_as_qemu_img() {
     let dir = workdir();
     let d = dir.path();
     good_in(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
-    let patch = |p: &Path, at: u64, bytes: &[u8]| {
-        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-        f.write_all_at(bytes, at).unwrap();
-    };
-    type Mutation = Box<dyn Fn(&Path)>;
     let cases: Vec<Mutation> = vec![
         Box::new(move |p| patch(p, 16, &[8])),
         Box::new(move |p| patch(p, 4, &[0, 0x10, 0, 0])),
@@ -304,8 +225,7 @@ fn hostile_headers_and_resize_as_qemu_img() {
         }),
     ];
     for mutate in cases {
-        std::fs::copy(d.join("g.qed"), d.join("bad.qed")).unwrap();
-        mutate(&d.join("bad.qed"));
+        mutated(d, "g.qed", "bad.qed", &mutate);
         alike_in(d, &["info", "bad.qed"]);
     }
     std::fs::copy(d.join("g.qed"), d.join("r.qed")).unwrap();

@@ -56,15 +56,9 @@ for i in 1 2 3 4 7; do qemu-img check -q t$i && echo clean; done
     );
     // What the case is about, said outright: zeros where the backing
     // file has 0x11, and the refusals.
-    assert!(
-        out.contains("read 1572864/1572864 bytes at offset 524288"),
-        "{out}"
-    );
-    assert!(out.contains("Failed to zero out new clusters"), "{out}");
-    assert!(
-        out.contains("Block driver does not support requested flags"),
-        "{out}"
-    );
+    assert_contains(&out, "read 1572864/1572864 bytes at offset 524288");
+    assert_contains(&out, "Failed to zero out new clusters");
+    assert_contains(&out, "Block driver does not support requested flags");
     assert_eq!(out.matches("clean").count(), 5, "{out}");
 }
 
@@ -169,14 +163,8 @@ $T check b 2>&1; echo rc=$?; $T check -r all b 2>&1; echo rc=$?; qemu-img check 
 qemu-img snapshot -a s1 b; qemu-io -f qcow2 -c 'read -P 0x11 0 64k' b | head -1
 "#
     ));
-    assert!(
-        out.contains("ERROR snapshot table entry 0 is incomplete"),
-        "{out}"
-    );
-    assert!(
-        out.contains("Repairing snapshot table entry 0 is incomplete"),
-        "{out}"
-    );
+    assert_contains(&out, "ERROR snapshot table entry 0 is incomplete");
+    assert_contains(&out, "Repairing snapshot table entry 0 is incomplete");
     assert_eq!(out.matches(" extra 24 ").count(), 3, "{out}");
 }
 
@@ -195,11 +183,8 @@ sha1sum d
 mk e; $T check --output=json -r all e 2>&1; echo rc=$?
 "#,
     );
-    assert!(out.contains("Rebuilding refcount structure"), "{out}");
-    assert!(
-        out.contains("ERROR need to rebuild refcount structures"),
-        "{out}"
-    );
+    assert_contains(&out, "Rebuilding refcount structure");
+    assert_contains(&out, "ERROR need to rebuild refcount structures");
 }
 
 #[test]
@@ -225,13 +210,10 @@ done
 cp a l; /usr/bin/python3 poke.py autoclear l; $T check -r leaks l; od -A d -t x1 -j 88 -N 8 l
 "#,
     );
-    assert!(
-        out.contains("Repairing offset=50200: Preallocated cluster"),
-        "{out}"
-    );
-    assert!(
-        out.contains("ERROR offset=50200: Data cluster is not properly aligned"),
-        "{out}"
+    assert_contains(&out, "Repairing offset=50200: Preallocated cluster");
+    assert_contains(
+        &out,
+        "ERROR offset=50200: Data cluster is not properly aligned",
     );
 }
 
@@ -249,10 +231,7 @@ run $T create -q -f qcow2 --object secret,id=s0,file=sec -o encrypt.format=luks,
 ls l.qcow2 2>&1 | head -1
 "#,
     );
-    assert!(
-        out.contains("l.luks: Data from secret s0 is not valid UTF-8"),
-        "{out}"
-    );
+    assert_contains(&out, "l.luks: Data from secret s0 is not valid UTF-8");
     assert!(out.starts_with("rc=0 \n1048576\n"), "{out}");
 }
 
@@ -295,7 +274,10 @@ done
         out.starts_with(r#"[{ "start": 0, "length": 1048576, "depth": 0, "present": true, "zero": false, "data": true"#),
         "{out}"
     );
-    assert!(out.contains(r#"{ "start": 524288, "length": 393216, "depth": 0, "present": false, "zero": true, "data": false"#), "{out}");
+    assert_contains(
+        &out,
+        r#"{ "start": 524288, "length": 393216, "depth": 0, "present": false, "zero": true, "data": false"#,
+    );
 }
 
 #[test]
@@ -371,18 +353,15 @@ for n in 512 4096 65536 100 131072; do
 done
 "#,
     );
-    assert!(out.contains("image: b.qcow2\n"), "{out}");
-    assert!(out.contains("file format: null-co\n"), "{out}");
-    assert!(out.contains("file format: file\n"), "{out}");
-    assert!(out.contains("read 65536/65536 bytes"), "{out}");
+    assert_contains(&out, "image: b.qcow2\n");
+    assert_contains(&out, "file format: null-co\n");
+    assert_contains(&out, "file format: file\n");
+    assert_contains(&out, "read 65536/65536 bytes");
     assert!(
         out.contains("\na:b.qcow2\n") && out.contains("\nc:d.raw\n"),
         "{out}"
     );
-    assert!(
-        out.contains("L2 cache entry size must be a power of two"),
-        "{out}"
-    );
+    assert_contains(&out, "L2 cache entry size must be a power of two");
 }
 
 /// LUKS key slots with and without `--force` (overwriting an active slot,
@@ -407,12 +386,9 @@ run $T amend --force $S -o state=inactive,old-secret=s2 $I
 qemu-img info l.luks | grep -c 'active: true' || true
 "#,
     );
-    assert!(
-        out.contains("Refusing to overwrite active keyslot 0"),
-        "{out}"
-    );
-    assert!(out.contains("All the active keyslots match"), "{out}");
-    assert!(out.contains("read 65536/65536"), "{out}");
+    assert_contains(&out, "Refusing to overwrite active keyslot 0");
+    assert_contains(&out, "All the active keyslots match");
+    assert_contains(&out, "read 65536/65536");
     assert_eq!(out.matches("rc=0").count(), 4, "{out}");
 }
 
@@ -434,11 +410,8 @@ qemu-io $S --image-opts driver=qcow2,encrypt.key-secret=s1,backing.encrypt.key-s
 "#,
     );
     assert_eq!(out.matches("rc=0").count(), 3, "{out}");
-    assert!(
-        out.contains("Could not open backing file: Could not open"),
-        "{out}"
-    );
-    assert!(out.contains("read 65536/65536"), "{out}");
+    assert_contains(&out, "Could not open backing file: Could not open");
+    assert_contains(&out, "read 65536/65536");
 }
 
 /// `map` of a raw file one byte short of 1 MiB shows the one extent
@@ -460,8 +433,8 @@ fi
 "#,
     );
     assert_eq!(out.matches("\"start\"").count(), 3, "{out}");
-    assert!(
-        out.contains("driver requires 'r.raw' to be either a character or block device"),
-        "{out}"
+    assert_contains(
+        &out,
+        "driver requires 'r.raw' to be either a character or block device",
     );
 }

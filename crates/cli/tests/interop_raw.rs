@@ -72,24 +72,11 @@ fn convert_gives_qemu_img_bytes_and_holes() {
         sparse_file(&src, size, &runs);
         let ours = dir.path().join(format!("{name}.diskit"));
         let theirs = dir.path().join(format!("{name}.qemu"));
-        ok(diskit(&[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            s(&src),
-            s(&ours),
-        ]));
-        ok(qemu_img(&[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            s(&src),
-            s(&theirs),
-        ]));
+        ok(diskit(&argv("convert -f raw -O raw", &[s(&src), s(&ours)])));
+        ok(qemu_img(&argv(
+            "convert -f raw -O raw",
+            &[s(&src), s(&theirs)],
+        )));
         assert!(
             same_bytes(&ours, &theirs),
             "{name}: bytes differ from qemu-img's output"
@@ -160,16 +147,10 @@ fn convert_into_existing_target_overwrites_everything() {
     sparse_file(&src, 8 << 20, &[(4096, 4096, 0xff)]);
     let dst = dir.path().join("dst.raw");
     sparse_file(&dst, 10 << 20, &[(0, 10 << 20, 0x55)]);
-    ok(diskit(&[
-        "convert",
-        "-n",
-        "-f",
-        "raw",
-        "-O",
-        "raw",
-        s(&src),
-        s(&dst),
-    ]));
+    ok(diskit(&argv(
+        "convert -n -f raw -O raw",
+        &[s(&src), s(&dst)],
+    )));
     // The first 8 MiB are the source; the rest of the larger target stays.
     let out = std::fs::read(&dst).unwrap();
     assert_eq!(out[..8 << 20], std::fs::read(&src).unwrap()[..]);
@@ -183,12 +164,7 @@ fn convert_into_existing_target_overwrites_everything() {
     let small = dir.path().join("small.raw");
     sparse_file(&small, 1 << 20, &[]);
     let o = diskit(&["convert", "-n", "-O", "raw", s(&src), s(&small)]);
-    assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("output file is smaller than input file"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 1, "output file is smaller than input file");
 }
 
 #[test]
@@ -201,14 +177,10 @@ fn convert_concatenates_sources_like_qemu_img() {
     let ours = dir.path().join("ours.raw");
     let theirs = dir.path().join("theirs.raw");
     ok(diskit(&["convert", "-f", "raw", s(&a), s(&b), s(&ours)]));
-    ok(qemu_img(&[
-        "convert",
-        "-f",
-        "raw",
-        s(&a),
-        s(&b),
-        s(&theirs),
-    ]));
+    ok(qemu_img(&argv(
+        "convert -f raw",
+        &[s(&a), s(&b), s(&theirs)],
+    )));
     assert!(same_bytes(&ours, &theirs));
 }
 
@@ -260,7 +232,7 @@ fn compare_matches_qemu_img_codes_and_messages() {
     let o = diskit(&["compare", s(&base), s(&missing)]);
     assert_eq!(code(&o), 2);
     assert_eq!(code(&qemu_img(&["compare", s(&base), s(&missing)])), 2);
-    assert!(stderr(&o).contains("Could not open"), "{}", stderr(&o));
+    assert_stderr_has(&o, "Could not open");
 }
 
 #[test]
@@ -333,14 +305,10 @@ fn resize_grows_and_shrinks_like_qemu_img() {
     assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 << 20);
     ok(diskit(&["resize", "-f", "raw", "--shrink", s(&p), "-512k"]));
     assert_eq!(std::fs::metadata(&p).unwrap().len(), (3 << 20) / 2);
-    ok(diskit(&[
-        "resize",
-        "-f",
-        "raw",
-        "--preallocation=falloc",
-        s(&p),
-        "4M",
-    ]));
+    ok(diskit(&argv(
+        "resize -f raw --preallocation=falloc",
+        &[s(&p), "4M"],
+    )));
     assert_eq!(std::fs::metadata(&p).unwrap().len(), 4 << 20);
     assert!(allocated(&p) >= (4 << 20) - (3 << 20) / 2);
 }
@@ -410,42 +378,20 @@ fn convert_onto_a_block_device_zeroes_its_holes() {
         args.extend(&extra);
         args.extend([s(&src), dev.path.as_str()]);
         ok(diskit(&args));
-        let o = ok(diskit(&[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            s(&src),
-            &dev.path,
-        ]));
+        let o = ok(diskit(&argv(
+            "compare -f raw -F raw",
+            &[s(&src), &dev.path],
+        )));
         assert_eq!(stdout(&o), "Images are identical.\n");
-        ok(qemu_img(&[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            s(&src),
-            &dev.path,
-        ]));
+        ok(qemu_img(&argv(
+            "compare -f raw -F raw",
+            &[s(&src), &dev.path],
+        )));
     }
     assert!(
         std::path::Path::new(&dev.path).exists(),
         "the device node must survive"
     );
-}
-
-/// qemu-img's stderr with its program prefix replaced by ours.
-fn as_diskit(qemu_stderr: &str) -> String {
-    qemu_stderr
-        .lines()
-        .map(|l| {
-            l.replacen("qemu-img: ", "diskit: ", 1)
-                .replacen("'qemu-img ", "'diskit ", 1)
-                + "\n"
-        })
-        .collect()
 }
 
 #[test]

@@ -6,44 +6,19 @@
 
 mod common;
 
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use common::*;
 
-fn reads_like_qemu(dir: &Path, img: &str) {
-    good_in(
-        dir,
-        "qemu-img",
-        &["convert", "-O", "raw", img, "theirs.raw"],
-    );
-    good_in(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
-    assert!(
-        same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
-        "{img}: other bytes"
-    );
-    alike_in(dir, &["info", img]);
-    alike_in(dir, &["info", "--output=json", img]);
-    alike_in(dir, &["map", "--output=json", img]);
-    alike_in(dir, &["map", img]);
-    alike_in(dir, &["check", img]);
-    alike_in(dir, &["check", "--output=json", img]);
-}
-
 fn scribble(dir: &Path, img: &str) {
-    good_in(
+    qemu_io_in(
         dir,
-        "qemu-io",
+        "vdi",
+        img,
         &[
-            "-f",
-            "vdi",
-            "-c",
             "write -P 0x5a 5M 100k",
-            "-c",
             "write -P 0x33 1000 70000",
-            "-c",
             "write -P 0x77 1536k 4k",
-            img,
         ],
     );
 }
@@ -66,11 +41,7 @@ fn images_qemu_img_makes_read_back_byte_equal() {
         if size != "3000000" {
             scribble(d, img);
         } else {
-            good_in(
-                d,
-                "qemu-io",
-                &["-f", "vdi", "-c", "write -P 1 2M 900000", img],
-            );
+            qemu_io_in(d, "vdi", img, &["write -P 1 2M 900000"]);
         }
         reads_like_qemu(d, img);
     }
@@ -87,18 +58,8 @@ fn create_is_qemu_img_but_for_the_uuids() {
         ("static=on", "16M"),
         ("static=off", "0"),
     ] {
-        let (q, k) = (d.join("q"), d.join("k"));
-        std::fs::create_dir_all(&q).unwrap();
-        std::fs::create_dir_all(&k).unwrap();
         let args = ["create", "-f", "vdi", "-o", opts, "x.vdi", size];
-        let o1 = good_in(&q, "qemu-img", &args);
-        let o2 = good_in(&k, "diskit", &args);
-        assert_eq!(stdout(&o1), stdout(&o2), "{opts} {size}");
-        let (a, b) = (
-            std::fs::read(q.join("x.vdi")).unwrap(),
-            std::fs::read(k.join("x.vdi")).unwrap(),
-        );
-        assert_eq!(a.len(), b.len(), "{opts} {size}: length");
+        let (a, b) = create_alike(d, &args, "x.vdi");
         let mask = |v: &[u8]| {
             let mut v = v.to_vec();
             v[0x188..0x1A8].fill(0);
@@ -107,29 +68,13 @@ fn create_is_qemu_img_but_for_the_uuids() {
         assert!(mask(&a) == mask(&b), "{opts} {size}: other bytes");
         assert_ne!(b[0x188..0x198], [0u8; 16], "no image UUID");
     }
-    for args in [
-        &["create", "-f", "vdi", "-o", "help"][..],
-        &["create", "-f", "vdi", "-o", "help", "x.vdi", "1M"],
-        &[
-            "create",
-            "-f",
-            "vdi",
-            "-o",
-            "preallocation=metadata",
-            "x.vdi",
-            "1M",
-        ],
-        &["create", "-f", "vdi", "x.vdi", "600T"],
+    for line in [
+        "create -f vdi -o help",
+        "create -f vdi -o help x.vdi 1M",
+        "create -f vdi -o preallocation=metadata x.vdi 1M",
+        "create -f vdi x.vdi 600T",
     ] {
-        let ours = tool_in(d, "diskit", args);
-        let theirs = tool_in(d, "qemu-img", args);
-        assert_eq!(stdout(&ours), stdout(&theirs), "{args:?}");
-        assert_eq!(code(&ours), code(&theirs), "{args:?}");
-        assert_eq!(
-            stderr(&ours).replace("diskit: ", ""),
-            stderr(&theirs).replace("qemu-img: ", ""),
-            "{args:?}"
-        );
+        alike_in(d, &words(line));
     }
 }
 
@@ -173,43 +118,23 @@ fn images_diskit_writes_pass_qemu_img_check() {
     good_in(
         d,
         "diskit",
-        &[
-            "convert", "-n", "-f", "raw", "-O", "vdi", "src.raw", "w.vdi",
-        ],
+        &words("convert -n -f raw -O vdi src.raw w.vdi"),
     );
-    let sock = d.join("s");
-    let server = serve_image(&sock, &d.join("w.vdi"));
-    let uri = format!("nbd+unix:///?socket={}", s(&sock));
-    let o = tool_in(
+    qemu_io_over_nbd(
         d,
-        "qemu-io",
+        "w.vdi",
         &[
-            "-f",
-            "raw",
-            "-c",
             "write -P 0x44 7340033 1000",
-            "-c",
             "write -P 0x45 1000 3",
-            "-c",
             "write -P 0x46 23068671 1048577",
-            &uri,
         ],
     );
-    drop(server);
-    assert!(o.status.success(), "{}", stderr(&o));
     good_in(d, "qemu-img", &["check", "w.vdi"]);
-    good_in(
+    qemu_io_in(
         d,
-        "qemu-io",
-        &[
-            "-f",
-            "vdi",
-            "-c",
-            "read -P 0x44 7340033 1000",
-            "-c",
-            "read -P 0x46 23068671 1048577",
-            "w.vdi",
-        ],
+        "vdi",
+        "w.vdi",
+        &["read -P 0x44 7340033 1000", "read -P 0x46 23068671 1048577"],
     );
     scribble(d, "w.vdi");
     good_in(d, "qemu-img", &["check", "w.vdi"]);
@@ -222,24 +147,15 @@ fn check_finds_what_qemu_img_finds() {
     let d = dir.path();
     good_in(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
     scribble(d, "g.vdi");
-    let bmap = |p: &Path, block: u64, value: u32| {
-        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-        f.write_all_at(&value.to_le_bytes(), 0x200 + block * 4)
-            .unwrap();
-    };
-    let header_count = |p: &Path, value: u32| {
-        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-        f.write_all_at(&value.to_le_bytes(), 0x184).unwrap();
-    };
-    type Mutation = Box<dyn Fn(&Path)>;
+    let bmap = |p: &Path, block: u64, value: u32| patch(p, 0x200 + block * 4, &value.to_le_bytes());
+    let header_count = |p: &Path, value: u32| patch(p, 0x184, &value.to_le_bytes());
     let cases: Vec<(&str, Mutation)> = vec![
         ("duplicate", Box::new(move |p| bmap(p, 7, 0))),
         ("too large", Box::new(move |p| bmap(p, 6, 100))),
         ("count", Box::new(move |p| header_count(p, 9))),
     ];
     for (what, mutate) in cases {
-        std::fs::copy(d.join("g.vdi"), d.join("bad.vdi")).unwrap();
-        mutate(&d.join("bad.vdi"));
+        mutated(d, "g.vdi", "bad.vdi", &mutate);
         alike_in(d, &["check", "bad.vdi"]);
         alike_in(d, &["check", "--output=json", "bad.vdi"]);
         let o = tool_in(d, "diskit", &["check", "bad.vdi"]);
@@ -254,11 +170,6 @@ fn hostile_images_get_clear_errors() {
     let dir = workdir();
     let d = dir.path();
     good_in(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
-    let patch = |p: &Path, at: u64, bytes: &[u8]| {
-        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-        f.write_all_at(bytes, at).unwrap();
-    };
-    type Mutation = Box<dyn Fn(&Path)>;
     let cases: Vec<(&str, Mutation)> = vec![
         ("version", Box::new(move |p| patch(p, 0x44, &[0, 0, 2, 0]))),
         (
@@ -284,12 +195,8 @@ fn hostile_images_get_clear_errors() {
         ),
     ];
     for (msg, mutate) in cases {
-        std::fs::copy(d.join("g.vdi"), d.join("bad.vdi")).unwrap();
-        mutate(&d.join("bad.vdi"));
-        let ours = tool_in(d, "diskit", &["info", "bad.vdi"]);
-        let theirs = tool_in(d, "qemu-img", &["info", "bad.vdi"]);
-        assert_eq!(code(&ours), 1, "{msg}");
-        assert!(stderr(&ours).contains(msg), "{msg}: {}", stderr(&ours));
+        mutated(d, "g.vdi", "bad.vdi", &mutate);
+        let (ours, theirs) = info_refused(d, "bad.vdi", msg);
         assert_eq!(
             stderr(&ours).replace("diskit: ", ""),
             stderr(&theirs).replace("qemu-img: ", ""),
@@ -305,6 +212,5 @@ fn hostile_images_get_clear_errors() {
         .set_len(600)
         .unwrap();
     let o = tool_in(d, "diskit", &["convert", "-O", "raw", "short.vdi", "o.raw"]);
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("block map"), "{}", stderr(&o));
+    assert_fails_with(&o, 1, "block map");
 }

@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -18,43 +17,30 @@ use std::time::Duration;
 use common::*;
 
 fn reads_like_qemu(dir: &Path, img: &str) {
-    good_in(
+    converts_alike(dir, &["-f", "vhdx"], img);
+    alike_each(
         dir,
-        "qemu-img",
-        &["convert", "-f", "vhdx", "-O", "raw", img, "theirs.raw"],
+        img,
+        &[
+            &["info", "-f", "vhdx"],
+            &["info", "--output=json"],
+            &["map", "-f", "vhdx", "--output=json"],
+            &["map"],
+            &["check"],
+        ],
     );
-    good_in(
-        dir,
-        "diskit",
-        &["convert", "-f", "vhdx", "-O", "raw", img, "ours.raw"],
-    );
-    assert!(
-        same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
-        "{img}: other bytes"
-    );
-    alike_in(dir, &["info", "-f", "vhdx", img]);
-    alike_in(dir, &["info", "--output=json", img]);
-    alike_in(dir, &["map", "-f", "vhdx", "--output=json", img]);
-    alike_in(dir, &["map", img]);
-    alike_in(dir, &["check", img]);
 }
 
 fn scribble(dir: &Path, img: &str) {
-    good_in(
+    qemu_io_in(
         dir,
-        "qemu-io",
+        "vhdx",
+        img,
         &[
-            "-f",
-            "vhdx",
-            "-c",
             "write -P 0x5a 5M 100k",
-            "-c",
             "write -P 0x33 1000 70000",
-            "-c",
             "write -z 2M 64k",
-            "-c",
             "write -P 0x77 3145727 4099",
-            img,
         ],
     );
 }
@@ -113,16 +99,9 @@ fn create_is_qemu_img_but_for_random_fields() {
         ("subformat=dynamic", "0"),
         ("subformat=dynamic", "64T"),
     ] {
-        let (q, k) = (d.join("q"), d.join("k"));
-        std::fs::create_dir_all(&q).unwrap();
-        std::fs::create_dir_all(&k).unwrap();
         let args = ["create", "-f", "vhdx", "-o", opts, "x.vhdx", size];
-        let o1 = good_in(&q, "qemu-img", &args);
-        let o2 = good_in(&k, "diskit", &args);
-        assert_eq!(stdout(&o1), stdout(&o2), "{opts} {size}");
-        let a = std::fs::read(q.join("x.vhdx")).unwrap();
-        let b = std::fs::read(k.join("x.vhdx")).unwrap();
-        assert_eq!(a.len(), b.len(), "{opts} {size}: length");
+        let (a, b) = create_alike(d, &args, "x.vhdx");
+        let (q, k) = (d.join("q"), d.join("k"));
         assert!(masked(&a) == masked(&b), "{opts} {size}: other bytes");
         if size != "64T" {
             reads_like_qemu(&k, "x.vhdx");
@@ -135,59 +114,27 @@ fn create_is_qemu_img_but_for_random_fields() {
         "qemu-img",
         &["create", "-q", "-f", "vhdx", "e.vhdx", "8M"],
     );
-    for args in [
-        &["create", "-f", "vhdx", "-o", "help"][..],
-        &["create", "-f", "vhdx", "-o", "help", "x.vhdx", "1M"],
-        &[
-            "create",
-            "-f",
-            "vhdx",
-            "-o",
-            "subformat=Fixed",
-            "x.vhdx",
-            "1M",
-        ],
-        &[
-            "create",
-            "-f",
-            "vhdx",
-            "-o",
-            "block_size=3M",
-            "x.vhdx",
-            "1M",
-        ],
-        &["create", "-f", "vhdx", "-o", "log_size=0", "x.vhdx", "1M"],
-        &["create", "-f", "vhdx", "-o", "log_size=4G", "x.vhdx", "1M"],
-        &[
-            "create",
-            "-f",
-            "vhdx",
-            "-o",
-            "block_state_zero=maybe",
-            "x.vhdx",
-            "1M",
-        ],
-        &[
-            "create",
-            "-f",
-            "vhdx",
-            "-o",
-            "cluster_size=1M",
-            "x.vhdx",
-            "1M",
-        ],
-        &["create", "-f", "vhdx", "-b", "e.vhdx", "x.vhdx", "1M"],
-        &["create", "-f", "vhdx", "x.vhdx", "65T"],
-        &["measure", "-O", "vhdx", "--size", "1G"],
-        &["resize", "e.vhdx", "16M"],
-        &["resize", "e.vhdx", "4M"],
-        &["resize", "--shrink", "e.vhdx", "4M"],
-        &["amend", "-o", "block_size=1M", "e.vhdx"],
-        &["snapshot", "-l", "e.vhdx"],
-        &["snapshot", "-c", "s1", "e.vhdx"],
-        &["commit", "e.vhdx"],
+    for line in [
+        "create -f vhdx -o help",
+        "create -f vhdx -o help x.vhdx 1M",
+        "create -f vhdx -o subformat=Fixed x.vhdx 1M",
+        "create -f vhdx -o block_size=3M x.vhdx 1M",
+        "create -f vhdx -o log_size=0 x.vhdx 1M",
+        "create -f vhdx -o log_size=4G x.vhdx 1M",
+        "create -f vhdx -o block_state_zero=maybe x.vhdx 1M",
+        "create -f vhdx -o cluster_size=1M x.vhdx 1M",
+        "create -f vhdx -b e.vhdx x.vhdx 1M",
+        "create -f vhdx x.vhdx 65T",
+        "measure -O vhdx --size 1G",
+        "resize e.vhdx 16M",
+        "resize e.vhdx 4M",
+        "resize --shrink e.vhdx 4M",
+        "amend -o block_size=1M e.vhdx",
+        "snapshot -l e.vhdx",
+        "snapshot -c s1 e.vhdx",
+        "commit e.vhdx",
     ] {
-        alike_in(d, args);
+        alike_in(d, &words(line));
     }
 }
 
@@ -238,55 +185,28 @@ fn images_diskit_writes_pass_qemu_img_check() {
     good_in(
         d,
         "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "vhdx",
-            "-o",
-            "block_size=1M",
-            "w.vhdx",
-            "24M",
-        ],
+        &words("create -q -f vhdx -o block_size=1M w.vhdx 24M"),
     );
-    let sock = d.join("s");
-    let server = serve_image(&sock, &d.join("w.vhdx"));
-    let uri = format!("nbd+unix:///?socket={}", s(&sock));
-    let o = tool_in(
+    qemu_io_over_nbd(
         d,
-        "qemu-io",
+        "w.vhdx",
         &[
-            "-f",
-            "raw",
-            "-c",
             "write -P 0x44 7340033 1000",
-            "-c",
             "write -P 0x45 1000 3",
-            "-c",
             "flush",
-            "-c",
             "write -P 0x46 4194303 2097154",
-            "-c",
             "write -z 16M 1M",
-            &uri,
         ],
     );
-    drop(server);
-    assert!(o.status.success(), "{}", stderr(&o));
     good_in(d, "qemu-img", &["check", "w.vhdx"]);
-    good_in(
+    qemu_io_in(
         d,
-        "qemu-io",
+        "vhdx",
+        "w.vhdx",
         &[
-            "-f",
-            "vhdx",
-            "-c",
             "read -P 0x44 7340033 1000",
-            "-c",
             "read -P 0x45 1000 3",
-            "-c",
             "read -P 0x46 4194303 2097154",
-            "w.vhdx",
         ],
     );
     scribble(d, "w.vhdx");
@@ -309,21 +229,9 @@ fn crc32c(b: &[u8]) -> u32 {
     !c
 }
 
-fn patch(p: &Path, at: u64, bytes: &[u8]) {
-    let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-    f.write_all_at(bytes, at).unwrap();
-}
-
-fn read(p: &Path, at: u64, len: usize) -> Vec<u8> {
-    let f = std::fs::File::open(p).unwrap();
-    let mut b = vec![0u8; len];
-    f.read_exact_at(&mut b, at).unwrap();
-    b
-}
-
 /// Checksums `len` bytes at `at` again (checksum field at `at + 4`).
 fn fix_crc(p: &Path, at: u64, len: usize) {
-    let mut b = read(p, at, len);
+    let mut b = read_bytes(p, at, len);
     b[4..8].fill(0);
     let c = crc32c(&b);
     patch(p, at + 4, &c.to_le_bytes());
@@ -334,9 +242,9 @@ fn fix_crc(p: &Path, at: u64, len: usize) {
 /// current header pointing at the entry, so that it must be replayed.
 fn make_dirty(src: &Path, dst: &Path) {
     std::fs::copy(src, dst).unwrap();
-    let guid = read(dst, (1 << 20) + 32, 16);
+    let guid = read_bytes(dst, (1 << 20) + 32, 16);
     patch(dst, 2 << 20, &2u64.to_le_bytes());
-    let seq = |h: u64| u64::from_le_bytes(read(dst, h + 8, 8).try_into().unwrap());
+    let seq = |h: u64| u64::from_le_bytes(read_bytes(dst, h + 8, 8).try_into().unwrap());
     let cur = if seq(0x10000) > seq(0x20000) {
         0x10000
     } else {
@@ -355,11 +263,7 @@ fn a_log_to_replay_is_refused_read_only_and_replayed_as_qemu() {
         "qemu-img",
         &["create", "-q", "-f", "vhdx", "w.vhdx", "100M"],
     );
-    good_in(
-        d,
-        "qemu-io",
-        &["-f", "vhdx", "-c", "write -P 0x77 4096 64k", "w.vhdx"],
-    );
+    qemu_io_in(d, "vhdx", "w.vhdx", &["write -P 0x77 4096 64k"]);
     make_dirty(&d.join("w.vhdx"), &d.join("dirty.vhdx"));
     // Read-only: QEMU's message, exit 1, for info, check and convert.
     alike_in(d, &["info", "dirty.vhdx"]);
@@ -370,12 +274,7 @@ fn a_log_to_replay_is_refused_read_only_and_replayed_as_qemu() {
         "diskit",
         &["convert", "-O", "raw", "dirty.vhdx", "x.raw"],
     );
-    assert_eq!(code(&o), 1);
-    assert!(
-        stderr(&o).contains("contains a log that needs to be replayed"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 1, "contains a log that needs to be replayed");
     // check -r all replays it (one corruption fixed), as qemu-img.
     for (args, json) in [
         (&["check", "-r", "all"][..], false),
@@ -395,46 +294,22 @@ fn a_log_to_replay_is_refused_read_only_and_replayed_as_qemu() {
             "json {json}"
         );
         alike_in(d, &["check", "a.vhdx"]);
-        good_in(
-            d,
-            "qemu-io",
-            &["-f", "vhdx", "-c", "read -P 0x77 4096 64k", "a.vhdx"],
-        );
+        qemu_io_in(d, "vhdx", "a.vhdx", &["read -P 0x77 4096 64k"]);
         good_in(d, "qemu-img", &["compare", "a.vhdx", "b.vhdx"]);
     }
     // A read-write open (a server) replays it too, and writes after it.
     std::fs::copy(d.join("dirty.vhdx"), d.join("s.vhdx")).unwrap();
-    let sock = d.join("sock");
-    let server = serve_image(&sock, &d.join("s.vhdx"));
-    let uri = format!("nbd+unix:///?socket={}", s(&sock));
-    let o = tool_in(
+    qemu_io_over_nbd(
         d,
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            "-c",
-            "read -P 0x77 4096 64k",
-            "-c",
-            "write -P 0x12 50M 8k",
-            &uri,
-        ],
+        "s.vhdx",
+        &["read -P 0x77 4096 64k", "write -P 0x12 50M 8k"],
     );
-    drop(server);
-    assert!(o.status.success(), "{}", stderr(&o));
     good_in(d, "qemu-img", &["check", "s.vhdx"]);
-    good_in(
+    qemu_io_in(
         d,
-        "qemu-io",
-        &[
-            "-f",
-            "vhdx",
-            "-c",
-            "read -P 0x77 4096 64k",
-            "-c",
-            "read -P 0x12 50M 8k",
-            "s.vhdx",
-        ],
+        "vhdx",
+        "s.vhdx",
+        &["read -P 0x77 4096 64k", "read -P 0x12 50M 8k"],
     );
 }
 
@@ -447,14 +322,9 @@ fn hostile_images_get_clear_errors() {
         "qemu-img",
         &["create", "-q", "-f", "vhdx", "g.vhdx", "16M"],
     );
-    good_in(
-        d,
-        "qemu-io",
-        &["-f", "vhdx", "-c", "write -P 0x77 0 4k", "g.vhdx"],
-    );
+    qemu_io_in(d, "vhdx", "g.vhdx", &["write -P 0x77 0 4k"]);
     make_dirty(&d.join("g.vhdx"), &d.join("dirty.vhdx"));
     const MD: u64 = 3 << 20;
-    type Mutation = Box<dyn Fn(&Path)>;
     let cases: Vec<(&str, Mutation)> = vec![
         (
             "No valid VHDX header found",
@@ -523,13 +393,8 @@ fn hostile_images_get_clear_errors() {
         ),
     ];
     for (msg, mutate) in cases {
-        std::fs::copy(d.join("g.vhdx"), d.join("bad.vhdx")).unwrap();
-        mutate(&d.join("bad.vhdx"));
-        let ours = tool_in(d, "diskit", &["info", "bad.vhdx"]);
-        let theirs = tool_in(d, "qemu-img", &["info", "bad.vhdx"]);
-        assert_eq!(code(&ours), 1, "{msg}");
-        assert!(stderr(&ours).contains(msg), "{msg}: {}", stderr(&ours));
-        assert_eq!(code(&theirs), 1, "{msg}: {}", stderr(&theirs));
+        mutated(d, "g.vhdx", "bad.vhdx", &mutate);
+        info_refused(d, "bad.vhdx", msg);
     }
     // A differencing image: refused as unsupported.
     std::fs::copy(d.join("g.vhdx"), d.join("bad.vhdx")).unwrap();
@@ -545,11 +410,7 @@ fn hostile_images_get_clear_errors() {
     e.extend(4u32.to_le_bytes());
     patch(&p, MD + 32 + 5 * 32, &e);
     let o = tool_in(d, "diskit", &["info", "bad.vhdx"]);
-    assert!(
-        stderr(&o).contains("differencing images (with a parent) are not supported"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "differencing images (with a parent) are not supported");
     assert_eq!(code(&tool_in(d, "qemu-img", &["info", "bad.vhdx"])), 1);
     // A BAT entry past the end of the file: check says so, as qemu-img.
     std::fs::copy(d.join("g.vhdx"), d.join("bad.vhdx")).unwrap();
@@ -574,11 +435,7 @@ fn hostile_images_get_clear_errors() {
     std::fs::copy(d.join("dirty.vhdx"), d.join("bad.vhdx")).unwrap();
     patch(&d.join("bad.vhdx"), (1 << 20) + 64, b"xxxx");
     let o = tool_in(d, "diskit", &["info", "bad.vhdx"]);
-    assert!(
-        stderr(&o).contains("descriptor 0 is corrupt"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "descriptor 0 is corrupt");
     assert_eq!(code(&tool_in(d, "qemu-img", &["info", "bad.vhdx"])), 1);
     std::fs::copy(d.join("dirty.vhdx"), d.join("bad.vhdx")).unwrap();
     patch(
@@ -588,8 +445,7 @@ fn hostile_images_get_clear_errors() {
     );
     fix_crc(&d.join("bad.vhdx"), 1 << 20, 8192);
     let o = tool_in(d, "diskit", &["check", "-r", "all", "bad.vhdx"]);
-    assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("needs a file of"), "{}", stderr(&o));
+    assert_fails_with(&o, 1, "needs a file of");
     let o = tool_in(d, "qemu-img", &["check", "-r", "all", "bad.vhdx"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
 }
@@ -621,16 +477,7 @@ fn a_writer_killed_at_any_point_leaves_an_image_qemu_img_accepts() {
         good_in(
             d,
             "qemu-img",
-            &[
-                "create",
-                "-q",
-                "-f",
-                "vhdx",
-                "-o",
-                "block_size=1M",
-                "k.vhdx",
-                "256M",
-            ],
+            &words("create -q -f vhdx -o block_size=1M k.vhdx 256M"),
         );
         let server = serve_image(&sock, &d.join("k.vhdx"));
         let uri = format!("nbd+unix:///?socket={}", s(&sock));
@@ -683,16 +530,7 @@ fn concurrent_writers_allocate_each_block_once() {
     good_in(
         d,
         "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "vhdx",
-            "-o",
-            "block_size=1M",
-            "m.vhdx",
-            "32M",
-        ],
+        &words("create -q -f vhdx -o block_size=1M m.vhdx 32M"),
     );
     let sock = d.join("s");
     let server = serve_image(&sock, &d.join("m.vhdx"));

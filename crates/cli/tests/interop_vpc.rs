@@ -7,46 +7,33 @@
 
 mod common;
 
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use common::*;
 
 fn reads_like_qemu(dir: &Path, img: &str) {
-    good_in(
+    converts_alike(dir, &["-f", "vpc"], img);
+    alike_each(
         dir,
-        "qemu-img",
-        &["convert", "-f", "vpc", "-O", "raw", img, "theirs.raw"],
+        img,
+        &[
+            &["info", "-f", "vpc"],
+            &["info", "-f", "vpc", "--output=json"],
+            &["map", "-f", "vpc", "--output=json"],
+            &["info"],
+        ],
     );
-    good_in(
-        dir,
-        "diskit",
-        &["convert", "-f", "vpc", "-O", "raw", img, "ours.raw"],
-    );
-    assert!(
-        same_bytes(&dir.join("theirs.raw"), &dir.join("ours.raw")),
-        "{img}: other bytes"
-    );
-    alike_in(dir, &["info", "-f", "vpc", img]);
-    alike_in(dir, &["info", "-f", "vpc", "--output=json", img]);
-    alike_in(dir, &["map", "-f", "vpc", "--output=json", img]);
-    alike_in(dir, &["info", img]);
 }
 
 fn scribble(dir: &Path, img: &str) {
-    good_in(
+    qemu_io_in(
         dir,
-        "qemu-io",
+        "vpc",
+        img,
         &[
-            "-f",
-            "vpc",
-            "-c",
             "write -P 0x5a 5M 100k",
-            "-c",
             "write -P 0x33 1000 70000",
-            "-c",
             "write -P 0x77 3M 4k",
-            img,
         ],
     );
 }
@@ -75,18 +62,12 @@ fn images_qemu_img_makes_read_back_byte_equal() {
 
 /// Sets a footer's creator application and its checksum again.
 fn set_creator(path: &Path, footer_at: u64, app: &[u8; 4]) {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut b = [0u8; 512];
-    f.read_exact_at(&mut b, footer_at).unwrap();
+    let mut b = read_bytes(path, footer_at, 512);
     b[28..32].copy_from_slice(app);
     b[64..68].fill(0);
     let sum = !b.iter().fold(0u32, |s, &x| s.wrapping_add(x as u32));
     b[64..68].copy_from_slice(&sum.to_be_bytes());
-    f.write_all_at(&b, footer_at).unwrap();
+    patch(path, footer_at, &b);
 }
 
 #[test]
@@ -101,12 +82,7 @@ fn the_virtual_size_follows_the_creator_as_in_qemu_10() {
         );
         // qemu-img made it with the geometry's size; a current size other
         // than that shows which one each tool reads.
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(d.join("c.vhd"))
-            .unwrap();
-        f.write_all_at(&(16u64 << 20).to_be_bytes(), 48).unwrap();
-        drop(f);
+        patch(&d.join("c.vhd"), 48, &(16u64 << 20).to_be_bytes());
         set_creator(&d.join("c.vhd"), 0, app);
         alike_in(d, &["info", "--output=json", "c.vhd"]);
         // QEMU's force_size_calc open option overrides the rule.
@@ -125,11 +101,7 @@ fn the_virtual_size_follows_the_creator_as_in_qemu_10() {
             };
             assert_eq!(size(&ours), size(&theirs), "{calc}");
             if calc == "bogus" {
-                assert!(
-                    stderr(&ours).contains("Invalid size calculation mode: 'bogus'"),
-                    "{}",
-                    stderr(&ours)
-                );
+                assert_stderr_has(&ours, "Invalid size calculation mode: 'bogus'");
             }
         }
     }
@@ -164,39 +136,23 @@ fn create_is_qemu_img_but_for_time_and_uuid() {
         ("subformat=fixed,force_size=on", "100M"),
         ("subformat=dynamic,force_size=on", "5M"),
     ] {
-        let (q, k) = (d.join("q"), d.join("k"));
-        std::fs::create_dir_all(&q).unwrap();
-        std::fs::create_dir_all(&k).unwrap();
         let args = ["create", "-f", "vpc", "-o", opts, "x.vhd", size];
-        let o1 = good_in(&q, "qemu-img", &args);
-        let o2 = good_in(&k, "diskit", &args);
-        assert_eq!(stdout(&o1), stdout(&o2), "{opts} {size}");
-        let a = std::fs::read(q.join("x.vhd")).unwrap();
-        let b = std::fs::read(k.join("x.vhd")).unwrap();
-        assert_eq!(a.len(), b.len(), "{opts} {size}: length");
+        let (a, b) = create_alike(d, &args, "x.vhd");
         let dynamic = opts.contains("dynamic");
         assert!(
             masked(&a, dynamic) == masked(&b, dynamic),
             "{opts} {size}: other bytes"
         );
-        reads_like_qemu(&k, "x.vhd");
+        reads_like_qemu(&d.join("k"), "x.vhd");
     }
-    for args in [
-        &["create", "-f", "vpc", "-o", "help"][..],
-        &["create", "-f", "vpc", "-o", "help", "x.vhd", "1M"],
-        &[
-            "create",
-            "-f",
-            "vpc",
-            "-o",
-            "subformat=bogus",
-            "x.vhd",
-            "1M",
-        ],
-        &["create", "-f", "vpc", "x.vhd", "3T"],
-        &["measure", "-O", "vpc", "--size", "1G"],
+    for line in [
+        "create -f vpc -o help",
+        "create -f vpc -o help x.vhd 1M",
+        "create -f vpc -o subformat=bogus x.vhd 1M",
+        "create -f vpc x.vhd 3T",
+        "measure -O vpc --size 1G",
     ] {
-        alike_in(d, args);
+        alike_in(d, &words(line));
     }
 }
 
@@ -242,38 +198,20 @@ fn images_diskit_writes_read_the_same_in_qemu_img() {
         "qemu-img",
         &["create", "-q", "-f", "vpc", "w.vhd", "24M"],
     );
-    let sock = d.join("s");
-    let server = serve_image(&sock, &d.join("w.vhd"));
-    let uri = format!("nbd+unix:///?socket={}", s(&sock));
-    let o = tool_in(
+    qemu_io_over_nbd(
         d,
-        "qemu-io",
+        "w.vhd",
         &[
-            "-f",
-            "raw",
-            "-c",
             "write -P 0x44 7340033 1000",
-            "-c",
             "write -P 0x45 1000 3",
-            "-c",
             "write -P 0x46 4194303 2097154",
-            &uri,
         ],
     );
-    drop(server);
-    assert!(o.status.success(), "{}", stderr(&o));
-    good_in(
+    qemu_io_in(
         d,
-        "qemu-io",
-        &[
-            "-f",
-            "vpc",
-            "-c",
-            "read -P 0x44 7340033 1000",
-            "-c",
-            "read -P 0x46 4194303 2097154",
-            "w.vhd",
-        ],
+        "vpc",
+        "w.vhd",
+        &["read -P 0x44 7340033 1000", "read -P 0x46 4194303 2097154"],
     );
     scribble(d, "w.vhd");
     reads_like_qemu(d, "w.vhd");
@@ -284,11 +222,6 @@ fn hostile_images_get_clear_errors() {
     let dir = workdir();
     let d = dir.path();
     good_in(d, "qemu-img", &["create", "-q", "-f", "vpc", "g.vhd", "8M"]);
-    let patch = |p: &Path, at: u64, bytes: &[u8]| {
-        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-        f.write_all_at(bytes, at).unwrap();
-    };
-    type Mutation = Box<dyn Fn(&Path)>;
     let cases: Vec<(&str, Mutation)> = vec![
         (
             "Incorrect header checksum",
@@ -312,13 +245,8 @@ fn hostile_images_get_clear_errors() {
         ),
     ];
     for (msg, mutate) in cases {
-        std::fs::copy(d.join("g.vhd"), d.join("bad.vhd")).unwrap();
-        mutate(&d.join("bad.vhd"));
-        let ours = tool_in(d, "diskit", &["info", "bad.vhd"]);
-        let theirs = tool_in(d, "qemu-img", &["info", "bad.vhd"]);
-        assert_eq!(code(&ours), 1, "{msg}");
-        assert!(stderr(&ours).contains(msg), "{msg}: {}", stderr(&ours));
-        assert_eq!(code(&theirs), 1, "{msg}");
+        mutated(d, "g.vhd", "bad.vhd", &mutate);
+        info_refused(d, "bad.vhd", msg);
     }
     // A BAT entry pointing past the end of the file: refused at open.
     std::fs::copy(d.join("g.vhd"), d.join("bad.vhd")).unwrap();

@@ -2,6 +2,8 @@
 //! threads with requests in flight at once, every command, flags and
 //! extents, errors as the server sends them.
 
+mod common;
+
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -36,24 +38,7 @@ fn connect(read_only: bool) -> (NbdClient, Arc<MemoryDevice>, JoinHandle<Connect
 fn many_threads_in_flight_read_back_what_they_wrote() {
     let (c, dev, server) = connect(false);
     let c = Arc::new(c);
-    let threads: Vec<_> = (0..8u8)
-        .map(|t| {
-            let c = c.clone();
-            std::thread::spawn(move || {
-                for i in 0..32u64 {
-                    let off = (u64::from(t) * 32 + i) * 32768;
-                    let data = vec![t.wrapping_mul(31).wrapping_add(i as u8) | 1; 32768];
-                    c.write_at(&data, off, WriteFlags::NONE).unwrap();
-                    let mut back = vec![0u8; 32768];
-                    c.read_at(&mut back, off).unwrap();
-                    assert_eq!(back, data);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    common::parallel_round_trips(&c, 32, 32768, 32768);
     // What the server's device holds is what was written.
     let mut a = vec![0u8; SIZE as usize];
     let mut b = vec![0u8; SIZE as usize];
@@ -159,21 +144,7 @@ fn a_reply_cut_short_fails_the_request() {
         reply.extend_from_slice(&[7u8; 100]);
         theirs.write_all(&reply).unwrap();
     });
-    let cq = diskit_core::CompletionQueue::new();
-    let group = diskit_nbd::client::conn::Group::new(
-        1,
-        Some(diskit_core::buffer::AlignedBuf::new(4096, 512).unwrap()),
-        Some((cq.clone(), 1)),
-    );
-    let piece = diskit_nbd::client::conn::Piece {
-        command: CMD_READ,
-        flags: 0,
-        offset: 0,
-        length: 4096,
-        at: 0,
-    };
-    conn.send(&group, &[piece], None);
-    group.release(None);
+    let cq = common::send_read(&conn);
     server.join().unwrap();
     let c = cq.wait();
     assert!(c.result.is_err());

@@ -4,6 +4,7 @@
 //! not check out, a server without TLS, and pre-shared keys.
 
 mod certs;
+mod common;
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -82,25 +83,8 @@ fn many_threads_in_flight_over_one_tls_connection() {
     let query = format!("tls-certificates={}", dir.path().display());
     let (c, dev, server) = connect(Some(x509(dir.path(), false)), &query);
     let c = Arc::new(c.unwrap());
-    let threads: Vec<_> = (0..8u8)
-        .map(|t| {
-            let c = c.clone();
-            std::thread::spawn(move || {
-                for i in 0..24u64 {
-                    let off = (u64::from(t) * 24 + i) * 40960;
-                    // Longer than a TLS record, and not a multiple of one.
-                    let data = vec![t.wrapping_mul(31).wrapping_add(i as u8) | 1; 40000];
-                    c.write_at(&data, off, WriteFlags::NONE).unwrap();
-                    let mut back = vec![0u8; 40000];
-                    c.read_at(&mut back, off).unwrap();
-                    assert_eq!(back, data);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    // Blocks longer than a TLS record, and not a multiple of one.
+    common::parallel_round_trips(&c, 24, 40960, 40000);
     c.write_zeroes(0, 4096, ZeroFlags::default()).unwrap();
     c.flush().unwrap();
     let extents = c.extents(0, SIZE).unwrap();

@@ -2,12 +2,12 @@
 //! every request ends with a clear error naming what the server did, and
 //! nothing hangs or panics.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
-use diskit_core::CompletionQueue;
-use diskit_core::buffer::AlignedBuf;
-use diskit_nbd::client::conn::{Connection, Group, Piece, Stream};
+use diskit_nbd::client::conn::{Connection, Stream};
 use diskit_nbd::proto::consts::*;
 
 /// A structured reply chunk header.
@@ -40,21 +40,7 @@ fn read_through(structured: bool, reply: impl FnOnce(&[u8]) -> Vec<u8> + Send + 
         let _ = theirs.write_all(&reply(&req[8..16]));
         // Hang up: whatever the client still waits for ends.
     });
-    let cq = CompletionQueue::new();
-    let group = Group::new(
-        1,
-        Some(AlignedBuf::new(4096, 512).unwrap()),
-        Some((cq.clone(), 1)),
-    );
-    let piece = Piece {
-        command: CMD_READ,
-        flags: 0,
-        offset: 0,
-        length: 4096,
-        at: 0,
-    };
-    conn.send(&group, &[piece], None);
-    group.release(None);
+    let cq = common::send_read(&conn);
     server.join().unwrap();
     let c = cq.wait();
     assert!(c.buf.is_some(), "the buffer comes back whatever happens");

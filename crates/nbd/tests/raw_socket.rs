@@ -2,11 +2,10 @@
 //! replies, request parsing and the errors the spec names, with compact,
 //! structured and extended headers. Every socket read has a timeout.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use diskit_backends::MemoryDevice;
 use diskit_core::BlockDevice;
@@ -17,14 +16,10 @@ use diskit_nbd::server::{
     ConnectionEnd, End, Export, ExportSet, HandshakeEnd, Server, ServerConfig,
 };
 
+use common::Peer;
+
 const SIZE: u64 = 1 << 20;
 const MAX: u64 = 64 << 20;
-
-struct Peer {
-    sock: UnixStream,
-    server: JoinHandle<ConnectionEnd>,
-    dev: Arc<MemoryDevice>,
-}
 
 fn start(threads: usize) -> Peer {
     let dev = Arc::new(MemoryDevice::new(SIZE));
@@ -38,16 +33,7 @@ fn start(threads: usize) -> Peer {
             ..ServerConfig::default()
         },
     );
-    let (client, srv) = UnixStream::pair().unwrap();
-    client
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let server = std::thread::spawn(move || server.serve(Box::new(srv)));
-    Peer {
-        sock: client,
-        server,
-        dev,
-    }
+    common::connect(server, dev)
 }
 
 impl Peer {

@@ -2,13 +2,13 @@
 //! the reply timeout passes, with an error that says so, instead of
 //! hanging. (A test binary of its own: the timeout is the process's.)
 
+mod common;
+
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use diskit_core::CompletionQueue;
-use diskit_core::buffer::AlignedBuf;
-use diskit_nbd::client::conn::{Connection, Group, Piece, Stream};
+use diskit_nbd::client::conn::{Connection, Stream};
 use diskit_nbd::client::watchdog;
 use diskit_nbd::proto::consts::*;
 
@@ -26,21 +26,7 @@ fn requests_to_a_silent_server_time_out() {
     // An idle connection is left alone however long it stays idle.
     std::thread::sleep(Duration::from_millis(900));
     let start = Instant::now();
-    let cq = CompletionQueue::new();
-    let group = Group::new(
-        1,
-        Some(AlignedBuf::new(4096, 512).unwrap()),
-        Some((cq.clone(), 1)),
-    );
-    let piece = Piece {
-        command: CMD_READ,
-        flags: 0,
-        offset: 0,
-        length: 4096,
-        at: 0,
-    };
-    conn.send(&group, &[piece], None);
-    group.release(None);
+    let cq = common::send_read(&conn);
     let c = cq.wait();
     let waited = start.elapsed();
     assert!(c.buf.is_some(), "the buffer comes back");

@@ -5,13 +5,12 @@
 //! timeout.
 
 mod certs;
+mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use diskit_backends::MemoryDevice;
 use diskit_core::BlockDevice;
@@ -25,13 +24,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConnection, RootCertStore, StreamOwned};
 
-const SIZE: u64 = 1 << 20;
+use common::Peer;
 
-struct Peer {
-    sock: UnixStream,
-    server: JoinHandle<ConnectionEnd>,
-    dev: Arc<MemoryDevice>,
-}
+const SIZE: u64 = 1 << 20;
 
 fn start(tls: TlsConfig) -> Peer {
     let dev = Arc::new(MemoryDevice::new(SIZE));
@@ -45,16 +40,7 @@ fn start(tls: TlsConfig) -> Peer {
         },
     )
     .with_tls(tls);
-    let (client, srv) = UnixStream::pair().unwrap();
-    client
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let server = std::thread::spawn(move || server.serve(Box::new(srv)));
-    Peer {
-        sock: client,
-        server,
-        dev,
-    }
+    common::connect(server, dev)
 }
 
 fn read_n(s: &mut impl Read, n: usize) -> Vec<u8> {

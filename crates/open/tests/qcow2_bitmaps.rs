@@ -3,31 +3,16 @@
 //! dirty bits (read back through qemu-nbd and nbdinfo), and both images
 //! must pass `qemu-img check`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
-use diskit_formats::{Format, OpenOptions};
-use diskit_open::open_image;
+use diskit_open::OpenOptions;
 
-fn run(cmd: &str, args: &[&str]) -> String {
-    let o = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd} is installed (scripts/test installs it): {e}"));
-    assert!(
-        o.status.success(),
-        "{cmd} {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::{open_qcow2, run, s, writable};
 
 /// The dirty map of bitmap `name` as QEMU sees it: qemu-nbd exports it as
 /// the `qemu:dirty-bitmap:NAME` context and nbdinfo prints it.
@@ -140,15 +125,7 @@ fn qemu_io_cmds(ops: &[Op]) -> Vec<String> {
 }
 
 fn diskit_apply(img: &Path, ops: &[Op]) -> diskit_formats::Image {
-    let image = open_image(
-        img.to_str().unwrap(),
-        Some(Format::QCOW2),
-        OpenOptions {
-            writable: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let image = open_qcow2(s(img), writable());
     for op in ops {
         match *op {
             Op::Write(o, l) => image
@@ -301,15 +278,13 @@ fn unknown_autoclear_bits_go_at_a_writable_open() {
     std::fs::write(&img, bytes).unwrap();
     assert_eq!(autoclear_bits(&img), 1 | 1 << 5);
     let open = |writable| {
-        open_image(
-            img.to_str().unwrap(),
-            Some(Format::QCOW2),
+        open_qcow2(
+            s(&img),
             OpenOptions {
                 writable,
                 ..Default::default()
             },
         )
-        .unwrap()
     };
     open(false).close().unwrap();
     assert_eq!(

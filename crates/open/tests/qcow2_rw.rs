@@ -3,13 +3,16 @@
 //! discards, from several threads), then `qemu-img check` must find no
 //! error and `qemu-img compare` must find them equal to a model.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
 use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
-use diskit_formats::{Format, OpenOptions};
-use diskit_open::open_image;
+use diskit_open::OpenOptions;
+
+use common::{open_qcow2, s, writable};
 
 fn qemu_img(args: &[&str]) -> std::process::Output {
     Command::new("qemu-img")
@@ -18,19 +21,9 @@ fn qemu_img(args: &[&str]) -> std::process::Output {
         .expect("qemu-img is installed (scripts/test installs it)")
 }
 
+/// Runs qemu-img, which must succeed; returns its standard output.
 fn ok(args: &[&str]) -> String {
-    let o = qemu_img(args);
-    assert!(
-        o.status.success(),
-        "qemu-img {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    common::run("qemu-img", args)
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -179,15 +172,7 @@ fn run_case(dir: &Path, case: &Case, seed: u64) {
     create.push(&size_s);
     ok(&create);
     {
-        let image = open_image(
-            img.to_str().unwrap(),
-            Some(Format::QCOW2),
-            OpenOptions {
-                writable: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let image = open_qcow2(s(&img), writable());
         let list = ops(seed, 300, size, case.cluster);
         apply(&image.device, &mut model, &list, 4);
         if !case.backing {
@@ -314,16 +299,13 @@ fn storm_child() {
     let Ok(path) = std::env::var("DISKIT_STORM_IMAGE") else {
         return; // Only does something when the parent test runs it.
     };
-    let image = open_image(
+    let image = open_qcow2(
         &path,
-        Some(Format::QCOW2),
         OpenOptions {
-            writable: true,
             l2_cache_size: Some(1),
-            ..Default::default()
+            ..writable()
         },
-    )
-    .unwrap();
+    );
     let dev = image.device.clone();
     let size = dev.size();
     std::thread::scope(|sc| {

@@ -9,6 +9,11 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod images;
+
+#[allow(unused_imports)]
+pub use images::*;
+
 /// The Python with libnbd's `nbd` module (a pyenv python3 first on PATH
 /// may lack it).
 pub const PYTHON: &str = "/usr/bin/python3";
@@ -23,6 +28,19 @@ pub fn nbd_script(name: &str) -> PathBuf {
 /// The diskit binary under test.
 pub fn diskit_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_diskit"))
+}
+
+/// The words of a command line written as one string (`"convert -O
+/// raw"`): arguments without spaces or quoting.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// [`words`] of `line`, then `more` (file names, arguments with spaces).
+pub fn argv<'a>(line: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut all = words(line);
+    all.extend(more);
+    all
 }
 
 /// Runs diskit with `args`.
@@ -58,6 +76,32 @@ pub fn serve(args: &[&str]) -> Output {
         .expect("run timeout diskit serve")
 }
 
+/// Runs `diskit serve -U - OPTS PLUGIN --run CMD` under a timeout: the
+/// server on a private Unix socket, stopping when `cmd` ends.
+pub fn serve_run(opts: &[&str], plugin: &[&str], cmd: &str) -> Output {
+    let mut args = vec!["-U", "-"];
+    args.extend(opts);
+    args.extend(plugin);
+    args.extend(["--run", cmd]);
+    serve(&args)
+}
+
+/// [`serve_run`] with `--tls-certificates DIR` after `opts`.
+pub fn serve_certs(opts: &[&str], dir: &Path, plugin: &[&str], cmd: &str) -> Output {
+    serve_keyed(opts, "--tls-certificates", dir, plugin, cmd)
+}
+
+/// [`serve_run`] with `--tls-psk FILE` (pre-shared keys) after `opts`.
+pub fn serve_psk(opts: &[&str], file: &Path, plugin: &[&str], cmd: &str) -> Output {
+    serve_keyed(opts, "--tls-psk", file, plugin, cmd)
+}
+
+fn serve_keyed(opts: &[&str], flag: &str, keys: &Path, plugin: &[&str], cmd: &str) -> Output {
+    let mut all = opts.to_vec();
+    all.extend([flag, s(keys)]);
+    serve_run(&all, plugin, cmd)
+}
+
 /// Runs a peer tool (qemu-img, ...), failing loudly if it is not installed:
 /// the test command installs the peers, so a missing one is a broken setup.
 pub fn peer(tool: &str, args: &[&str]) -> Output {
@@ -85,6 +129,27 @@ pub fn stderr(o: &Output) -> String {
 /// The exit code.
 pub fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
+}
+
+/// Asserts that `text` contains `needle`, showing `text` otherwise.
+#[track_caller]
+pub fn assert_contains(text: &str, needle: &str) {
+    assert!(text.contains(needle), "{text}");
+}
+
+/// Asserts that the standard error of `o` says `msg`, showing it
+/// otherwise.
+#[track_caller]
+pub fn assert_stderr_has(o: &Output, msg: &str) {
+    assert!(stderr(o).contains(msg), "{}", stderr(o));
+}
+
+/// Asserts that the run exited with `want` and that its standard error
+/// says `msg`.
+#[track_caller]
+pub fn assert_fails_with(o: &Output, want: i32, msg: &str) {
+    assert_eq!(code(o), want, "{}", stderr(o));
+    assert_stderr_has(o, msg);
 }
 
 /// Asserts success, showing stderr otherwise.
@@ -150,6 +215,27 @@ pub fn same_as_qemu_img(args: &[&str], what: &str) -> Output {
     let theirs = ok(qemu_img(args));
     assert_eq!(stdout(&ours), stdout(&theirs), "{what}: {args:?}");
     ours
+}
+
+/// Runs `tool` (qemu-img, or diskit's binary) in `dir`.
+pub fn run_in(tool: &Path, dir: &Path, args: &[&str]) -> Output {
+    Command::new(tool)
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e})", tool.display()))
+}
+
+/// qemu-img's stderr as diskit prints it: the program prefix replaced.
+pub fn as_diskit(qemu_stderr: &str) -> String {
+    qemu_stderr
+        .lines()
+        .map(|l| {
+            l.replacen("qemu-img: ", "diskit: ", 1)
+                .replacen("'qemu-img ", "'diskit ", 1)
+                + "\n"
+        })
+        .collect()
 }
 
 /// Runs `tool` (`diskit` for the binary under test, else a program on
@@ -245,6 +331,50 @@ impl Drop for ServeGuard {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// qemu-nbd serving on a Unix socket until dropped; it is stopped as a
+/// user stops it (SIGTERM), so that it writes back its caches.
+pub struct QemuNbd {
+    child: std::process::Child,
+    /// Its socket.
+    pub sock: PathBuf,
+    /// The `nbd+unix://` URI of its export.
+    pub uri: String,
+}
+
+impl QemuNbd {
+    /// Starts `qemu-nbd -t -k SOCK ARGS` and waits for the socket.
+    pub fn start(sock: &Path, args: &[&str]) -> QemuNbd {
+        let _ = std::fs::remove_file(sock);
+        let child = Command::new("qemu-nbd")
+            .args(["-t", "-k", s(sock)])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("qemu-nbd is installed");
+        let t = std::time::Instant::now();
+        while !sock.exists() {
+            assert!(t.elapsed().as_secs() < 10, "qemu-nbd did not listen");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        QemuNbd {
+            child,
+            sock: sock.to_path_buf(),
+            uri: format!("nbd+unix:///?socket={}", s(sock)),
+        }
+    }
+}
+
+impl Drop for QemuNbd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, which wait() has not reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
     }
 }
 

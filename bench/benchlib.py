@@ -1,0 +1,27 @@
+"""What the Python benchmarks share: bench/nbd.py loaded as a module (by
+path: its name is libnbd's), a logger named after the script, and the
+selection of contenders from the environment."""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("nbdbench", Path(__file__).resolve().parent / "nbd.py")
+nbdbench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nbdbench)
+
+
+def logger(script):
+    """A log function printing to stderr behind `[script]`."""
+
+    def log(msg):
+        print(f"[{script}] {msg}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def chosen(var, names):
+    """The comma-separated names in environment variable `var`; `names`
+    (all of them) when it is unset."""
+    return [c for c in os.environ.get(var, ",".join(names)).split(",") if c]
