@@ -15,6 +15,7 @@
 
 mod options;
 mod source;
+pub mod transport;
 
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Result};
 
 pub use options::{HttpOptions, KEYS, PLUGIN_KEYS};
 use source::Source;
-pub use source::parse_content_range;
+pub use transport::parse_content_range;
 
 /// A URL as a read-only block device.
 pub struct HttpDevice {
@@ -79,55 +80,68 @@ impl BlockDevice for HttpDevice {
         self.source.url().to_string()
     }
     fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
-        match req {
-            Request::Read { offset, buf, len } => self.read_async(tag, offset, buf, len, None, cq),
-            Request::ReadTo {
-                offset,
-                buf,
-                len,
-                sink,
-            } => self.read_async(tag, offset, buf, len, Some(sink), cq),
-            req => cq.push(aio::run(self, tag, req)),
-        }
+        submit_reads(self, &self.pool, &self.source, tag, req, cq);
     }
     fn queue_depth(&self) -> usize {
         self.connections
     }
 }
 
-impl HttpDevice {
-    /// Reads on one of the device's threads, which hands the data to
-    /// `sink` if there is one, and posts the completion to `cq`.
-    fn read_async(
-        &self,
-        tag: u64,
-        offset: u64,
-        buf: AlignedBuf,
-        len: usize,
-        sink: Option<Arc<dyn aio::ReadSink>>,
-        cq: &CompletionQueue,
-    ) {
-        let cq = cq.clone();
-        let size = self.size();
-        let source = self.source.clone();
-        self.pool.run(move || {
-            let mut buf = buf;
-            let result = match buf.get_mut(..len) {
-                Some(b) => check_range(size, offset, len as u64)
-                    .and_then(|()| source.read(b, offset))
-                    .and_then(|()| match &sink {
-                        Some(sink) => aio::hand_over(&**sink, offset, b),
-                        None => Ok(()),
-                    }),
-                None => Err(diskit_core::Error::invalid("read longer than its buffer")),
-            };
-            cq.push(aio::Completion {
-                tag,
-                result,
-                buf: Some(buf),
-            });
-        });
+/// Reads ranges of a resource over the network, from any thread.
+pub trait RangeRead: Send + Sync + 'static {
+    /// Reads `buf.len()` bytes at `offset` (in range).
+    fn read_range(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+}
+
+impl RangeRead for Source {
+    fn read_range(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read(buf, offset)
     }
+}
+
+/// `submit` for a read-only device whose reads `reader` makes: a read
+/// runs on one of `pool`'s threads, which hands the data to the request's
+/// sink if it has one and posts the completion to `cq`, so that as many
+/// reads are in flight as the pool has threads; other requests run at
+/// once on `dev`.
+pub fn submit_reads<R: RangeRead>(
+    dev: &dyn BlockDevice,
+    pool: &Workers,
+    reader: &Arc<R>,
+    tag: u64,
+    req: Request,
+    cq: &CompletionQueue,
+) {
+    let (offset, buf, len, sink) = match req {
+        Request::Read { offset, buf, len } => (offset, buf, len, None),
+        Request::ReadTo {
+            offset,
+            buf,
+            len,
+            sink,
+        } => (offset, buf, len, Some(sink)),
+        req => return cq.push(aio::run(dev, tag, req)),
+    };
+    let cq = cq.clone();
+    let size = dev.size();
+    let reader = reader.clone();
+    pool.run(move || {
+        let mut buf: AlignedBuf = buf;
+        let result = match buf.get_mut(..len) {
+            Some(b) => check_range(size, offset, len as u64)
+                .and_then(|()| reader.read_range(b, offset))
+                .and_then(|()| match &sink {
+                    Some(sink) => aio::hand_over(&**sink, offset, b),
+                    None => Ok(()),
+                }),
+            None => Err(diskit_core::Error::invalid("read longer than its buffer")),
+        };
+        cq.push(aio::Completion {
+            tag,
+            result,
+            buf: Some(buf),
+        });
+    });
 }
 
 impl diskit_core::Storage for HttpDevice {
