@@ -203,7 +203,10 @@ impl Source {
         if (partial && status == StatusCode::PARTIAL_CONTENT) || (!partial && status.is_success()) {
             return None;
         }
-        let e = self.err(transport::status_kind(status), format!("HTTP status {status}"));
+        let e = self.err(
+            transport::status_kind(status),
+            format!("HTTP status {status}"),
+        );
         Some(if transport::status_may_pass(status) {
             Failure::Transient(e)
         } else {

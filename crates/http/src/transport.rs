@@ -27,7 +27,10 @@ pub enum Failure {
 
 /// Runs `f` until it succeeds, fails for good, or `retries` more tries
 /// after the first have failed, waiting longer before each.
-pub fn retrying<T>(retries: u32, mut f: impl FnMut() -> std::result::Result<T, Failure>) -> Result<T> {
+pub fn retrying<T>(
+    retries: u32,
+    mut f: impl FnMut() -> std::result::Result<T, Failure>,
+) -> Result<T> {
     let mut wait = FIRST_BACKOFF;
     let mut tries = 0;
     loop {

@@ -269,10 +269,9 @@ impl Client {
             // S3 may answer 200 and still fail: the body says.
             let body = read_text(&mut r).map_err(|e| c.transient(e))?;
             match xml_text(&body, "Code") {
-                Some(code) => Err(Failure::Permanent(c.err(
-                    ErrorKind::Io,
-                    format!("CompleteMultipartUpload: {code}"),
-                ))),
+                Some(code) => Err(Failure::Permanent(
+                    c.err(ErrorKind::Io, format!("CompleteMultipartUpload: {code}")),
+                )),
                 None => Ok(()),
             }
         })

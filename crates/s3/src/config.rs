@@ -111,15 +111,23 @@ impl Settings {
         let in_credentials = credentials.get(&profile_name).unwrap_or(&empty);
         let in_config = config
             .get(&format!("profile {profile_name}"))
-            .or_else(|| (profile_name == "default").then(|| config.get("default")).flatten())
+            .or_else(|| {
+                (profile_name == "default")
+                    .then(|| config.get("default"))
+                    .flatten()
+            })
             .unwrap_or(&empty);
         if opts.profile.is_some() && in_credentials.is_empty() && in_config.is_empty() {
             return Err(Error::invalid(format!(
                 "s3: the profile '{profile_name}' could not be found"
             )));
         }
-        let from_profile =
-            |key: &str| in_credentials.get(key).or_else(|| in_config.get(key)).cloned();
+        let from_profile = |key: &str| {
+            in_credentials
+                .get(key)
+                .or_else(|| in_config.get(key))
+                .cloned()
+        };
 
         let endpoint_url = opts
             .endpoint_url

@@ -55,7 +55,10 @@ mod tests {
     #[test]
     fn names_split_at_the_first_slash() {
         let n = S3Name::parse("s3://images/vm/disk.qcow2").unwrap();
-        assert_eq!((n.bucket.as_str(), n.key.as_str()), ("images", "vm/disk.qcow2"));
+        assert_eq!(
+            (n.bucket.as_str(), n.key.as_str()),
+            ("images", "vm/disk.qcow2")
+        );
         assert_eq!(n.to_string(), "s3://images/vm/disk.qcow2");
         for bad in ["s3://images", "s3://images/", "s3:///key", "http://a/b"] {
             assert!(S3Name::parse(bad).is_err(), "{bad}");

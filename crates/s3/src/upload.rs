@@ -13,8 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use diskit_core::sync::lock;
 use diskit_core::workers::Workers;
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Preallocation, Result,
-    WriteFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Preallocation, Result, WriteFlags,
 };
 
 use crate::client::Client;
