@@ -156,15 +156,8 @@ fn objects_written_and_read_by_diskit_aws_and_boto3_are_the_same_bytes() {
     let q = d.join("back.qcow2");
     store.download("img.qcow2", &q);
     ok(qemu_img(&["check", s(&q)]));
-    ok(qemu_img(&[
-        "compare",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        s(&q),
-        s(&src),
-    ]));
+    let compare = ["compare", "-f", "qcow2", "-F", "raw"];
+    ok(qemu_img(&[&compare[..], &[s(&q), s(&src)]].concat()));
     // And diskit reads it back from the bucket through the format.
     let info = stdout(&ok(store.diskit(&[
         "info",
@@ -279,22 +272,7 @@ fn s3_errors_are_named_and_a_failed_copy_leaves_nothing() {
 
     // A source whose reads fail part way (nbdkit's error filter): the
     // copy fails, and the upload (with whatever parts went up) is aborted.
-    let sock = d.join("err.sock");
-    let _err = start_server(
-        "nbdkit",
-        &[
-            "-f",
-            "-U",
-            s(&sock),
-            "--filter=error",
-            "pattern",
-            "40M",
-            "error-pread-rate=0.1",
-            "error=EIO",
-        ],
-        || sock.exists(),
-    );
-    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let (uri, _err) = failing_source(d, "40M", "0.1");
     for format in ["raw", "qcow2"] {
         let o = store.diskit(&["convert", "-f", "raw", "-O", format, &uri, &url("failed")]);
         assert_eq!(code(&o), 1, "{}", stderr(&o));

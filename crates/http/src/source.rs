@@ -14,7 +14,7 @@ use crate::transport::{self, Expected, Failure, content_range, header};
 pub(crate) const MAX_REQUEST: usize = 32 << 20;
 
 /// A URL and how to reach it.
-pub(crate) struct Source {
+pub struct Source {
     agent: Agent,
     url: String,
     /// The URL in quotes, as messages name it.

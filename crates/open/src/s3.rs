@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use diskit_core::sync::lock;
 use diskit_core::{Error, ErrorKind, Result, StorageOptions, StorageRef};
-use diskit_s3::{S3Name, S3Object, S3Options, S3Writer};
+use diskit_s3::{S3Name, S3Options, S3Writer};
 
 use crate::spec::Spec;
 
@@ -73,12 +73,12 @@ fn name_of(node: &Spec, mode: &StorageOptions) -> Result<(S3Name, S3Options)> {
 pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     let (name, opts) = name_of(node, &mode)?;
     if !mode.writable {
-        return Ok(Arc::new(S3Object::open(&name, &opts)?));
+        return Ok(Arc::new(diskit_s3::open_object(&name, &opts)?));
     }
     if let Some(w) = take_made(&name) {
         return Ok(w);
     }
-    let size = diskit_core::BlockDevice::size(&S3Object::open(&name, &opts)?);
+    let size = diskit_core::BlockDevice::size(&diskit_s3::open_object(&name, &opts)?);
     Ok(Arc::new(S3Writer::create(&name, &opts, size, size)?))
 }
 

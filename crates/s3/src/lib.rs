@@ -21,5 +21,5 @@ mod upload;
 
 pub use config::{Keys, S3Options, Settings};
 pub use name::{PREFIX, S3Name};
-pub use object::S3Object;
+pub use object::{S3Object, Seen, open as open_object};
 pub use upload::{MAX_PART, MAX_PARTS, MIN_PART, S3Writer, part_size};
