@@ -3,8 +3,14 @@
 # OSD on memstore (data in memory), no authentication, pool size 1, a
 # pool `rbd` ready for images, on a loopback address of its own.
 #
-#   scripts/ceph-cluster.sh start DIR [MEMSTORE_BYTES]   # DIR/ceph.conf
+#   scripts/ceph-cluster.sh start DIR [MEMSTORE_BYTES] [rgw]   # DIR/ceph.conf
 #   scripts/ceph-cluster.sh stop DIR
+#
+# With `rgw` (or CEPH_RGW=1) it also starts radosgw, Ceph's S3 gateway, on
+# the cluster's loopback address and a free port, with a user whose keys
+# are fixed test keys, and writes DIR/s3.env (AWS_ENDPOINT_URL,
+# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, as KEY=VALUE
+# lines a shell can source). radosgw needs no manager.
 #
 # DIR must be empty or missing; `stop` kills the daemons (the caller
 # removes DIR). One cluster starts at a time on the machine (two started
@@ -13,13 +19,13 @@
 # $TMPDIR/diskit-test-ceph.lock while its cluster runs.
 set -euo pipefail
 
-usage() { echo "usage: $0 start DIR [MEMSTORE_BYTES] | stop DIR" >&2; exit 2; }
+usage() { echo "usage: $0 start DIR [MEMSTORE_BYTES] [rgw] | stop DIR" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 cmd=$1
 D=$(realpath -m "$2")
 
 stop() {
-  for daemon in osd.0 mon.a; do
+  for daemon in client.rgw.a osd.0 mon.a; do
     pid=$(cat "$D/run/$daemon.pid" 2>/dev/null || true)
     [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
   done
@@ -31,7 +37,14 @@ start) ;;
 *) usage ;;
 esac
 
-bytes=${3:-1073741824}
+rgw=${CEPH_RGW:-0}
+bytes=1073741824
+for arg in "${@:3}"; do
+  case $arg in
+  rgw) rgw=1 ;;
+  *) bytes=$arg ;;
+  esac
+done
 mkdir -p "$D"/{run,log,mon.a,osd.0}
 # Any address 127.x.y.z is loopback: each cluster picks its own.
 ip="127.$((RANDOM % 250 + 1)).$((RANDOM % 256)).$((RANDOM % 250 + 1))"
@@ -72,7 +85,7 @@ c=$D/ceph.conf
 # A step that fails shows what it said and the daemons' last log lines.
 fail() {
   echo "$1" >&2
-  for l in mon.a osd.0; do
+  for l in mon.a osd.0 client.rgw.a; do
     [ -f "$D/log/$l.log" ] && { echo "--- $l.log (last lines)" >&2; tail -15 "$D/log/$l.log" >&2; }
   done
   exit 1
@@ -103,5 +116,34 @@ for attempt in 1 2 3 4 5; do
 done
 step ceph -c "$c" osd pool create rbd 8
 step rbd -c "$c" pool init rbd
+if [ "$rgw" = 1 ]; then
+  rgw_port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$ip")
+  cat >>"$c" <<EOF
+[client.rgw.a]
+rgw frontends = beast endpoint=$ip:$rgw_port
+rgw data = $D/rgw
+admin socket = $D/run/\$name.asok
+EOF
+  mkdir -p "$D/rgw"
+  step radosgw -c "$c" -n client.rgw.a
+  # radosgw makes its pools before it answers.
+  up=0
+  for _ in $(seq 240); do
+    if python3 -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "http://$ip:$rgw_port/" >/dev/null 2>&1; then
+      up=1
+      break
+    fi
+    sleep 0.25
+  done
+  [ $up = 1 ] || fail "radosgw did not answer on $ip:$rgw_port"
+  step radosgw-admin -c "$c" user create --uid=diskit --display-name=diskit \
+    --access-key=DISKITTESTKEY --secret=diskit-test-secret
+  cat >"$D/s3.env" <<EOF
+AWS_ENDPOINT_URL=http://$ip:$rgw_port
+AWS_ACCESS_KEY_ID=DISKITTESTKEY
+AWS_SECRET_ACCESS_KEY=diskit-test-secret
+AWS_REGION=us-east-1
+EOF
+fi
 trap - EXIT
 echo "$c"

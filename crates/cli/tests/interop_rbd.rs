@@ -288,22 +288,7 @@ fn failed_copies_into_rbd_say_so_and_leave_no_image_they_made() {
     let d = dir.path();
     // A source whose reads fail (nbdkit's error filter, one read in
     // three): the image convert made is gone afterwards.
-    let sock = d.join("err.sock");
-    let _err = start_server(
-        "nbdkit",
-        &[
-            "-f",
-            "-U",
-            s(&sock),
-            "--filter=error",
-            "pattern",
-            "64M",
-            "error-pread-rate=0.34",
-            "error=EIO",
-        ],
-        || sock.exists(),
-    );
-    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let (uri, _err) = failing_source(d, "64M", "0.34");
     let o = diskit(&[
         "convert",
         "-f",

@@ -139,8 +139,12 @@ impl Image {
     }
 
     /// Writes cached metadata and syncs: call before exiting after writes.
+    /// The storage under the format is closed after it (storage that is
+    /// finished only when closed: a new S3 object).
     pub fn close(&self) -> Result<()> {
-        self.device.close()
+        self.device.close()?;
+        let same = std::ptr::addr_eq(Arc::as_ptr(&self.device), Arc::as_ptr(&self.file));
+        if same { Ok(()) } else { self.file.close() }
     }
 }
 

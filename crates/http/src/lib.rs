@@ -15,6 +15,7 @@
 
 mod options;
 mod source;
+pub mod transport;
 
 use std::sync::Arc;
 
@@ -25,41 +26,59 @@ use diskit_core::workers::Workers;
 use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Result};
 
 pub use options::{HttpOptions, KEYS, PLUGIN_KEYS};
-use source::Source;
-pub use source::parse_content_range;
+pub use source::Source;
+pub use transport::parse_content_range;
 
 /// A URL as a read-only block device.
-pub struct HttpDevice {
-    source: Arc<Source>,
-    connections: usize,
-    /// Threads that run submitted requests, started at the first one.
-    pool: Workers,
-}
-
-impl std::fmt::Debug for HttpDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpDevice")
-            .field("url", &self.describe())
-            .finish_non_exhaustive()
-    }
-}
+pub type HttpDevice = RangeDevice<Source>;
 
 impl HttpDevice {
     /// Opens `url`: learns its size, and checks that the server answers
     /// range requests.
     pub fn open(url: &str, opts: &HttpOptions) -> Result<HttpDevice> {
-        let connections = opts.connections.max(1);
-        Ok(HttpDevice {
-            source: Arc::new(Source::open(url, opts)?),
-            connections,
-            pool: Workers::new("diskit-http", connections),
-        })
+        Ok(RangeDevice::new(
+            Source::open(url, opts)?,
+            opts.connections,
+            "diskit-http",
+        ))
     }
 }
 
-impl BlockDevice for HttpDevice {
+/// A resource read by ranges over the network as a read-only device and
+/// storage (a URL, an S3 object): reads from any number of threads, and
+/// `submit` keeps up to `connections` of them in flight without a thread
+/// per request.
+pub struct RangeDevice<R> {
+    reader: Arc<R>,
+    connections: usize,
+    /// Threads that run submitted requests, started at the first one.
+    pool: Workers,
+}
+
+impl<R: RangeRead> std::fmt::Debug for RangeDevice<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RangeDevice")
+            .field("name", &self.reader.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: RangeRead> RangeDevice<R> {
+    /// The device over `reader`, with `connections` threads named
+    /// `thread_name` for submitted reads.
+    pub fn new(reader: R, connections: usize, thread_name: &'static str) -> RangeDevice<R> {
+        let connections = connections.max(1);
+        RangeDevice {
+            reader: Arc::new(reader),
+            connections,
+            pool: Workers::new(thread_name, connections),
+        }
+    }
+}
+
+impl<R: RangeRead> BlockDevice for RangeDevice<R> {
     fn size(&self) -> u64 {
-        self.source.size
+        self.reader.size()
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities::READ_ONLY
@@ -73,73 +92,105 @@ impl BlockDevice for HttpDevice {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.size(), offset, buf.len() as u64)?;
-        self.source.read(buf, offset)
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.reader.read_range(buf, offset)
     }
     fn describe(&self) -> String {
-        self.source.url().to_string()
+        self.reader.name().to_string()
     }
     fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
-        match req {
-            Request::Read { offset, buf, len } => self.read_async(tag, offset, buf, len, None, cq),
-            Request::ReadTo {
-                offset,
-                buf,
-                len,
-                sink,
-            } => self.read_async(tag, offset, buf, len, Some(sink), cq),
-            req => cq.push(aio::run(self, tag, req)),
-        }
+        submit_reads(self, &self.pool, &self.reader, tag, req, cq);
     }
     fn queue_depth(&self) -> usize {
         self.connections
     }
 }
 
-impl HttpDevice {
-    /// Reads on one of the device's threads, which hands the data to
-    /// `sink` if there is one, and posts the completion to `cq`.
-    fn read_async(
-        &self,
-        tag: u64,
-        offset: u64,
-        buf: AlignedBuf,
-        len: usize,
-        sink: Option<Arc<dyn aio::ReadSink>>,
-        cq: &CompletionQueue,
-    ) {
-        let cq = cq.clone();
-        let size = self.size();
-        let source = self.source.clone();
-        self.pool.run(move || {
-            let mut buf = buf;
-            let result = match buf.get_mut(..len) {
-                Some(b) => check_range(size, offset, len as u64)
-                    .and_then(|()| source.read(b, offset))
-                    .and_then(|()| match &sink {
-                        Some(sink) => aio::hand_over(&**sink, offset, b),
-                        None => Ok(()),
-                    }),
-                None => Err(diskit_core::Error::invalid("read longer than its buffer")),
-            };
-            cq.push(aio::Completion {
-                tag,
-                result,
-                buf: Some(buf),
-            });
-        });
-    }
-}
-
-impl diskit_core::Storage for HttpDevice {
+impl<R: RangeRead> diskit_core::Storage for RangeDevice<R> {
     fn location(&self) -> &str {
-        self.source.url()
+        self.reader.name()
     }
 
     fn protocol(&self) -> &'static str {
-        if self.source.url().starts_with("https://") {
+        self.reader.protocol()
+    }
+}
+
+/// A resource read by ranges over the network, from any thread.
+pub trait RangeRead: Send + Sync + 'static {
+    /// Its size.
+    fn size(&self) -> u64;
+    /// Its name (a URL, an `s3://` name).
+    fn name(&self) -> &str;
+    /// The protocol, as `info` names it.
+    fn protocol(&self) -> &'static str;
+    /// Reads `buf.len()` bytes at `offset` (in range), in requests of at
+    /// most 32 MiB.
+    fn read_range(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+}
+
+impl RangeRead for Source {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn name(&self) -> &str {
+        self.url()
+    }
+    fn protocol(&self) -> &'static str {
+        if self.url().starts_with("https://") {
             "https"
         } else {
             "http"
         }
     }
+    fn read_range(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read(buf, offset)
+    }
+}
+
+/// `submit` for a read-only device whose reads `reader` makes: a read
+/// runs on one of `pool`'s threads, which hands the data to the request's
+/// sink if it has one and posts the completion to `cq`, so that as many
+/// reads are in flight as the pool has threads; other requests run at
+/// once on `dev`.
+pub fn submit_reads<R: RangeRead>(
+    dev: &dyn BlockDevice,
+    pool: &Workers,
+    reader: &Arc<R>,
+    tag: u64,
+    req: Request,
+    cq: &CompletionQueue,
+) {
+    let (offset, buf, len, sink) = match req {
+        Request::Read { offset, buf, len } => (offset, buf, len, None),
+        Request::ReadTo {
+            offset,
+            buf,
+            len,
+            sink,
+        } => (offset, buf, len, Some(sink)),
+        req => return cq.push(aio::run(dev, tag, req)),
+    };
+    let cq = cq.clone();
+    let size = dev.size();
+    let reader = reader.clone();
+    pool.run(move || {
+        let mut buf: AlignedBuf = buf;
+        let result = match buf.get_mut(..len) {
+            Some(b) => check_range(size, offset, len as u64)
+                .and_then(|()| reader.read_range(b, offset))
+                .and_then(|()| match &sink {
+                    Some(sink) => aio::hand_over(&**sink, offset, b),
+                    None => Ok(()),
+                }),
+            None => Err(diskit_core::Error::invalid("read longer than its buffer")),
+        };
+        cq.push(aio::Completion {
+            tag,
+            result,
+            buf: Some(buf),
+        });
+    });
 }

@@ -45,6 +45,8 @@ impl Undo {
 /// The storage a new image and the files it names are made on, by name.
 pub struct Targets {
     name: String,
+    /// About how large the new image will be (0 when unknown).
+    size_hint: u64,
     made: Vec<Undo>,
 }
 
@@ -53,7 +55,16 @@ impl Targets {
     pub fn new(name: &str) -> Targets {
         Targets {
             name: name.to_string(),
+            size_hint: 0,
             made: Vec::new(),
+        }
+    }
+
+    /// Targets for a new image called `name` of about `size` bytes.
+    pub fn sized(name: &str, size: Option<u64>) -> Targets {
+        Targets {
+            size_hint: size.unwrap_or(0),
+            ..Targets::new(name)
         }
     }
 
@@ -89,8 +100,8 @@ impl NewFiles for Targets {
                 self.made.extend(made.map(Undo::File));
                 Ok(storage)
             }
-            Made::New { create, remove } => {
-                let storage = create(name)?;
+            Made::New { create, remove, .. } => {
+                let storage = create(name, self.size_hint)?;
                 self.made.push(Undo::Storage {
                     name: name.to_string(),
                     remove,
@@ -172,12 +183,18 @@ pub fn create_image(
     size: Option<u64>,
     options: &OptionList,
 ) -> Result<(u64, Vec<Undo>)> {
-    let mut targets = Targets::new(name);
+    let mut targets = Targets::sized(name, size);
     let size = targets.run(|t| format.driver().create(t, size, options))?;
     Ok((size, targets.made))
 }
 
-/// Makes the image `new` plans, called `name`.
+/// Makes the image `new` plans, called `name`, and finishes it: storage
+/// that is there only once closed (an S3 object) is complete on return.
 pub fn create_planned(name: &str, new: &dyn Creation) -> Result<()> {
-    Targets::new(name).run(|t| new.create(t))
+    let mut targets = Targets::sized(name, new.size());
+    targets.run(|t| new.create(t))?;
+    if let Made::New { finish, .. } = protocol::for_name(name)?.made {
+        targets.run(|_| finish(name))?;
+    }
+    Ok(())
 }

@@ -22,6 +22,7 @@ pub mod objects;
 pub mod plugin;
 pub mod protocol;
 mod rbd;
+mod s3;
 pub mod spec;
 
 use std::path::PathBuf;

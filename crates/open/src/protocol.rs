@@ -54,13 +54,18 @@ pub enum Made {
     Existing,
     /// Never: no image is made on it.
     Never,
-    /// Made by the source itself (an RBD image), empty, and removed by it
-    /// if the creation fails.
+    /// Made by the source itself (an RBD image, an S3 object), empty, and
+    /// removed by it if the creation fails.
     New {
-        /// Makes the storage called by the name, empty and writable.
-        create: fn(&str) -> Result<StorageRef>,
+        /// Makes the storage called by the name, empty and writable, for
+        /// an image of about the size given (S3 sizes its parts by it).
+        create: fn(&str, u64) -> Result<StorageRef>,
         /// Removes it.
         remove: fn(&str) -> Result<()>,
+        /// Makes storage that creation made and no open took since (`create`
+        /// alone) what it will be (an S3 object is there once its upload
+        /// completes).
+        finish: fn(&str) -> Result<()>,
     },
 }
 
@@ -223,6 +228,7 @@ pub const PROTOCOLS: &[Protocol] = &[
         made: Made::New {
             create: crate::rbd::create,
             remove: crate::rbd::remove,
+            finish: crate::rbd::finish,
         },
         plugins: &[Plugin {
             name: "rbd",
@@ -234,6 +240,20 @@ pub const PROTOCOLS: &[Protocol] = &[
                    [snap=SNAPSHOT: read-only] [conf=CEPH.CONF] [id=USER])",
             open: PluginOpen::Source(crate::rbd::open_plugin),
         }],
+    },
+    Protocol {
+        name: "s3",
+        prefixes: &[diskit_s3::PREFIX],
+        keys: crate::s3::KEYS,
+        local: false,
+        network: true,
+        open: Some(crate::s3::open),
+        made: Made::New {
+            create: crate::s3::create,
+            remove: crate::s3::remove,
+            finish: crate::s3::finish,
+        },
+        plugins: &[],
     },
 ];
 
@@ -525,6 +545,7 @@ mod tests {
         assert_eq!(for_name("null-co://").unwrap().name, "null-co");
         assert_eq!(for_name("http://h/x").unwrap().name, "http");
         assert_eq!(for_name("https://h/x").unwrap().name, "https");
+        assert_eq!(for_name("s3://b/k").unwrap().name, "s3");
         let e = for_name("gopher://x").unwrap_err();
         assert!(e.to_string().contains("'gopher'"), "{e}");
     }

@@ -70,8 +70,9 @@ pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     Ok(Arc::new(RbdImage::open(&name, mode.writable)?))
 }
 
-/// Makes the image `name` (an `rbd:` name), empty.
-pub fn create(name: &str) -> Result<StorageRef> {
+/// Makes the image `name` (an `rbd:` name), empty (it grows as written:
+/// the size to come is no matter).
+pub fn create(name: &str, _size_hint: u64) -> Result<StorageRef> {
     let n = RbdName::parse(name)?;
     Ok(Arc::new(diskit_rbd::create(&n, 0)?))
 }
@@ -79,6 +80,11 @@ pub fn create(name: &str) -> Result<StorageRef> {
 /// Removes the image `name` (a failed creation's undo).
 pub fn remove(name: &str) -> Result<()> {
     diskit_rbd::remove(&RbdName::parse(name)?)
+}
+
+/// Nothing to finish: an image is there as soon as it is made.
+pub fn finish(_name: &str) -> Result<()> {
+    Ok(())
 }
 
 /// `serve rbd POOL[/NAMESPACE]/IMAGE [snap=SNAP] [conf=FILE] [id=USER]`.

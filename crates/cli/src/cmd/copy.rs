@@ -243,7 +243,13 @@ fn open_destination(
     side: &Side,
     connections: usize,
     src_size: Option<u64>,
+    made: &mut Option<diskit_open::create::Undo>,
 ) -> Result<(Opened, bool), CliError> {
+    if let (Side::Network(name), Some(size)) = (side, src_size)
+        && let Some(d) = make_network(name, connections, size, made)?
+    {
+        return Ok((Opened::Device(d), true));
+    }
     if let Some(d) = open_network(side, connections, true)? {
         return Ok((Opened::Device(d), false));
     }
@@ -297,6 +303,55 @@ fn open_destination(
             }
         }
         Side::Network(_) | Side::Command(_) => unreachable!("opened above"),
+    }
+}
+
+/// A destination of the table's that the source makes when it is not
+/// there (a new S3 object: its source's row says `Made::New`), made of
+/// `size` bytes and opened; `None` when it is there, or is never made.
+fn make_network(
+    name: &str,
+    connections: usize,
+    size: u64,
+    made: &mut Option<diskit_open::create::Undo>,
+) -> Result<Option<DeviceRef>, CliError> {
+    use diskit_open::protocol::{Made, for_name};
+    let Ok(p) = for_name(name) else {
+        return Ok(None);
+    };
+    let Made::New { create, remove, .. } = p.made else {
+        return Ok(None);
+    };
+    let mode = diskit_open::protocol::StorageOptions {
+        writable: false,
+        ..Default::default()
+    };
+    match diskit_open::open_storage_with(name, mode) {
+        Ok(_) => return Ok(None),
+        Err(e) if e.kind() == diskit_core::ErrorKind::NotFound => {}
+        Err(e) => return Err(nbd_err(e)),
+    }
+    let storage = create(name, size).map_err(nbd_err)?;
+    *made = Some(diskit_open::create::Undo::Storage {
+        name: name.to_string(),
+        remove,
+    });
+    drop(storage);
+    let mode = diskit_open::protocol::StorageOptions {
+        writable: true,
+        connections,
+        ..Default::default()
+    };
+    let opened = diskit_open::open_storage_with(name, mode)
+        .and_then(|s| s.resize(size, diskit_core::Preallocation::Off).map(|()| s));
+    match opened {
+        Ok(s) => Ok(Some(s)),
+        Err(e) => {
+            if let Some(u) = made.take() {
+                u.undo();
+            }
+            Err(nbd_err(e))
+        }
     }
 }
 
@@ -366,13 +421,22 @@ pub fn run(a: Args) -> CmdResult {
         Side::Local(path) if std::fs::symlink_metadata(path).is_err() => Some(path.clone()),
         _ => None,
     };
-    let remove_made = || {
+    // So does storage of the table's that the copy makes (a new S3 object).
+    let mut made_storage = None;
+    let (dst, truncated) = open_destination(&dst_side, connections, src_size, &mut made_storage)
+        .inspect_err(|_| {
+            if let Some(p) = &made {
+                let _ = std::fs::remove_file(p);
+            }
+        })?;
+    let mut remove_made = || {
         if let Some(p) = &made {
             let _ = std::fs::remove_file(p);
         }
+        if let Some(u) = made_storage.take() {
+            diskit_open::create::Undo::undo(u);
+        }
     };
-    let (dst, truncated) =
-        open_destination(&dst_side, connections, src_size).inspect_err(|_| remove_made())?;
     let destination_is_zero = a.destination_is_zero || truncated;
 
     let opts_base = CopyOptions {

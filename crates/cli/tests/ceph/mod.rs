@@ -1,7 +1,8 @@
-//! A one-node Ceph cluster for the RBD tests (scripts/ceph-cluster.sh: a
-//! monitor and one OSD on memstore, on a loopback address of its own,
-//! with no authentication; a pool `rbd` ready for images), in a temporary
-//! directory. Stopped (and its directory removed) when dropped.
+//! A one-node Ceph cluster for the RBD and S3 tests
+//! (scripts/ceph-cluster.sh: a monitor and one OSD on memstore, on a
+//! loopback address of its own, with no authentication; a pool `rbd`
+//! ready for images; radosgw, Ceph's S3 gateway, when asked), in a
+//! temporary directory. Stopped (and its directory removed) when dropped.
 
 #![allow(dead_code)]
 
@@ -40,12 +41,22 @@ fn script() -> PathBuf {
 impl Ceph {
     /// Starts a cluster with a pool `rbd`.
     pub fn start() -> Ceph {
+        Ceph::start_with(&[])
+    }
+
+    /// Starts a cluster with a pool `rbd` and radosgw (see [`Ceph::s3_env`]).
+    pub fn start_with_s3() -> Ceph {
+        Ceph::start_with(&["rgw"])
+    }
+
+    fn start_with(extra: &[&str]) -> Ceph {
         let turn = take_turn();
         let dir = tempfile::Builder::new().prefix("ceph").tempdir().unwrap();
         let ceph = Ceph { dir, _turn: turn };
         let o = Command::new(script())
             .arg("start")
             .arg(ceph.dir.path())
+            .args(extra)
             .output()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
         assert!(
@@ -60,6 +71,18 @@ impl Ceph {
     /// The configuration file clients read.
     pub fn conf(&self) -> PathBuf {
         self.dir.path().join("ceph.conf")
+    }
+
+    /// What an S3 client needs to reach radosgw (a cluster started by
+    /// [`Ceph::start_with_s3`]): `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY` and `AWS_REGION`, as environment variables.
+    pub fn s3_env(&self) -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(self.dir.path().join("s3.env"))
+            .expect("the cluster was started with radosgw");
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     /// QEMU's name of image `image` in pool `rbd`.

@@ -395,6 +395,29 @@ pub fn start_server(program: &str, args: &[&str], ready: impl Fn() -> bool) -> S
     guard
 }
 
+/// nbdkit serving `size` of its pattern plugin on a socket in `dir`, with
+/// the error filter failing that share of reads with EIO: a source that
+/// fails part way. Its NBD URI, and the server (stopped when dropped).
+pub fn failing_source(dir: &Path, size: &str, rate: &str) -> (String, ServeGuard) {
+    let sock = dir.join("err.sock");
+    let rate = format!("error-pread-rate={rate}");
+    let guard = start_server(
+        "nbdkit",
+        &[
+            "-f",
+            "-U",
+            s(&sock),
+            "--filter=error",
+            "pattern",
+            size,
+            &rate,
+            "error=EIO",
+        ],
+        || sock.exists(),
+    );
+    (format!("nbd+unix:///?socket={}", s(&sock)), guard)
+}
+
 /// A TCP port nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

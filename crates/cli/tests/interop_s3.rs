@@ -1,0 +1,285 @@
+//! S3 objects wherever an image goes, against Ceph's radosgw on a
+//! one-node cluster started by the test, with the AWS CLI and boto3 as
+//! peers: what diskit writes into a bucket they read back byte for byte
+//! (and `qemu-img check` passes on a qcow2 kept there), what they wrote
+//! diskit reads back, and a failed copy leaves neither an object nor a
+//! multipart upload behind.
+
+mod ceph;
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ceph::Ceph;
+use common::*;
+
+/// The bucket the tests use.
+const BUCKET: &str = "diskit-tests";
+
+/// radosgw, and the environment that reaches it (no profile files: the
+/// user's own ~/.aws is no part of a test).
+struct Store {
+    ceph: Ceph,
+    env: Vec<(String, String)>,
+}
+
+impl Store {
+    fn start(dir: &Path) -> Store {
+        let ceph = Ceph::start_with_s3();
+        let mut env = ceph.s3_env();
+        for var in ["AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"] {
+            env.push((var.into(), s(&dir.join("no-such-aws-file")).into()));
+        }
+        let store = Store { ceph, env };
+        store.python(&format!(
+            "boto3.client('s3', endpoint_url=E).create_bucket(Bucket='{BUCKET}')"
+        ));
+        store
+    }
+
+    fn var(&self, name: &str) -> &str {
+        &self.env.iter().find(|(k, _)| k == name).unwrap().1
+    }
+
+    fn with_env(&self, mut c: Command) -> Command {
+        c.env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+
+    /// Runs diskit with the store's environment.
+    fn diskit(&self, args: &[&str]) -> Output {
+        let mut c = self.with_env(Command::new(diskit_bin()));
+        c.args(args).output().expect("run diskit")
+    }
+
+    /// Runs the AWS CLI against the store.
+    fn aws(&self, args: &[&str]) -> Output {
+        let aws = if Path::new("/usr/bin/aws").exists() {
+            "/usr/bin/aws"
+        } else {
+            "aws"
+        };
+        let mut c = self.with_env(Command::new(aws));
+        c.args(["--endpoint-url", self.var("AWS_ENDPOINT_URL")])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run aws ({e}): scripts/test installs awscli"))
+    }
+
+    /// Runs Python `code` with boto3 imported and the endpoint as `E`.
+    fn python(&self, code: &str) -> Output {
+        let mut c = self.with_env(Command::new("/usr/bin/python3"));
+        let program = format!("import boto3, os\nE = os.environ['AWS_ENDPOINT_URL']\n{code}\n");
+        ok(c.args(["-c", &program])
+            .output()
+            .expect("scripts/test installs python3-boto3"))
+    }
+
+    /// The keys in the bucket.
+    fn keys(&self) -> Vec<String> {
+        let o = ok(self.aws(&["s3", "ls", &format!("s3://{BUCKET}/")]));
+        stdout(&o)
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3).map(str::to_string))
+            .collect()
+    }
+
+    /// Asserts that no multipart upload is left in the bucket.
+    fn no_uploads_left(&self) {
+        let o = ok(self.aws(&[
+            "s3api",
+            "list-multipart-uploads",
+            "--bucket",
+            BUCKET,
+            "--output",
+            "json",
+        ]));
+        let text = stdout(&o);
+        assert!(!text.contains("UploadId"), "uploads left behind: {text}");
+    }
+
+    /// Downloads `key` with the AWS CLI.
+    fn download(&self, key: &str, to: &Path) {
+        ok(self.aws(&["s3", "cp", &url(key), s(to)]));
+    }
+}
+
+fn url(key: &str) -> String {
+    format!("s3://{BUCKET}/{key}")
+}
+
+/// `len` bytes that differ everywhere (a xorshift stream), with a hole of
+/// zeros in the middle.
+fn random_file(path: &Path, len: usize) -> PathBuf {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut data = Vec::with_capacity(len);
+    while data.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    data.truncate(len);
+    let hole = (len / 4).min(3 << 20);
+    data[len / 3..len / 3 + hole].fill(0);
+    std::fs::write(path, &data).unwrap();
+    path.to_path_buf()
+}
+
+#[test]
+fn objects_written_and_read_by_diskit_aws_and_boto3_are_the_same_bytes() {
+    let dir = workdir();
+    let d = dir.path();
+    let store = Store::start(d);
+    // 20 MiB: three parts of 8 MiB, uploaded while the copy runs.
+    let src = random_file(&d.join("src.raw"), 20 << 20);
+
+    // diskit writes raw; the AWS CLI reads the same bytes.
+    ok(store.diskit(&["convert", "-f", "raw", "-O", "raw", s(&src), &url("raw")]));
+    let back = d.join("back.raw");
+    store.download("raw", &back);
+    assert!(same_bytes(&src, &back), "aws s3 cp read other bytes");
+
+    // diskit writes qcow2: qemu-img checks and compares the download.
+    ok(store.diskit(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        s(&src),
+        &url("img.qcow2"),
+    ]));
+    let q = d.join("back.qcow2");
+    store.download("img.qcow2", &q);
+    ok(qemu_img(&["check", s(&q)]));
+    let compare = ["compare", "-f", "qcow2", "-F", "raw"];
+    ok(qemu_img(&[&compare[..], &[s(&q), s(&src)]].concat()));
+    // And diskit reads it back from the bucket through the format.
+    let info = stdout(&ok(store.diskit(&[
+        "info",
+        "--output=json",
+        &url("img.qcow2"),
+    ])));
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(v["format"], "qcow2", "{info}");
+    assert_eq!(v["virtual-size"], 20 << 20, "{info}");
+    ok(store.diskit(&["compare", &url("img.qcow2"), s(&src)]));
+    let map = stdout(&ok(store.diskit(&[
+        "map",
+        "--output=json",
+        &url("img.qcow2"),
+    ])));
+    assert!(map.contains("\"data\": true"), "{map}");
+    let out = d.join("out.raw");
+    ok(store.diskit(&[
+        "convert",
+        "-f",
+        "qcow2",
+        "-O",
+        "raw",
+        &url("img.qcow2"),
+        s(&out),
+    ]));
+    assert!(same_bytes(&src, &out), "qcow2 read from S3 differs");
+
+    // boto3's transfer manager writes (a multipart upload of its own);
+    // diskit reads the same bytes.
+    store.python(&format!(
+        "boto3.client('s3', endpoint_url=E).upload_file('{}', '{BUCKET}', 'boto')",
+        s(&src)
+    ));
+    ok(store.diskit(&["compare", "-f", "raw", "-F", "raw", &url("boto"), s(&src)]));
+    let out2 = d.join("out2.raw");
+    ok(store.diskit(&["convert", "-f", "raw", "-O", "raw", &url("boto"), s(&out2)]));
+    assert!(
+        same_bytes(&src, &out2),
+        "diskit read other bytes of boto3's object"
+    );
+
+    // diskit copy into a new object and out of it; boto3 reads it.
+    ok(store.diskit(&["copy", s(&src), &url("copied")]));
+    let got = d.join("boto.raw");
+    store.python(&format!(
+        "boto3.client('s3', endpoint_url=E).download_file('{BUCKET}', 'copied', '{}')",
+        s(&got)
+    ));
+    assert!(
+        same_bytes(&src, &got),
+        "boto3 read other bytes of diskit copy's object"
+    );
+    let out3 = d.join("out3.raw");
+    ok(store.diskit(&["copy", &url("copied"), s(&out3)]));
+    assert!(same_bytes(&src, &out3), "diskit copy from S3 differs");
+
+    // `create` alone leaves an object qemu-img reads.
+    ok(store.diskit(&["create", "-f", "qcow2", &url("new.qcow2"), "64M"]));
+    let new = d.join("new.qcow2");
+    store.download("new.qcow2", &new);
+    ok(qemu_img(&["check", s(&new)]));
+
+    let mut keys = store.keys();
+    keys.sort();
+    assert_eq!(keys, ["boto", "copied", "img.qcow2", "new.qcow2", "raw"]);
+    store.no_uploads_left();
+    drop(store.ceph);
+}
+
+#[test]
+fn s3_errors_are_named_and_a_failed_copy_leaves_nothing() {
+    let dir = workdir();
+    let d = dir.path();
+    let store = Store::start(d);
+    let src = random_file(&d.join("src.raw"), 1 << 20);
+    ok(store.aws(&["s3", "cp", s(&src), &url("there")]));
+
+    let with = |var: &str, value: &str, args: &[&str]| {
+        let mut c = store.with_env(Command::new(diskit_bin()));
+        c.env(var, value).args(args).output().unwrap()
+    };
+    for (var, value, says) in [
+        ("AWS_SECRET_ACCESS_KEY", "wrong", "SignatureDoesNotMatch"),
+        ("AWS_ACCESS_KEY_ID", "NOSUCHKEY", "InvalidAccessKeyId"),
+    ] {
+        let o = with(var, value, &["info", &url("there")]);
+        assert_eq!(code(&o), 1, "{}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{var}: {}", stderr(&o));
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    }
+    for (name, says) in [
+        ("s3://no-such-bucket/x".to_string(), "NoSuchBucket"),
+        (url("no-such-key"), "NoSuchKey"),
+    ] {
+        let o = store.diskit(&["info", &name]);
+        assert_eq!(code(&o), 1, "{}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    }
+    // Writing with wrong keys fails, and leaves nothing.
+    let o = with(
+        "AWS_SECRET_ACCESS_KEY",
+        "wrong",
+        &["convert", "-O", "raw", s(&src), &url("denied")],
+    );
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("SignatureDoesNotMatch"),
+        "{}",
+        stderr(&o)
+    );
+
+    // A source whose reads fail part way (nbdkit's error filter): the
+    // copy fails, and the upload (with whatever parts went up) is aborted.
+    let (uri, _err) = failing_source(d, "40M", "0.1");
+    for format in ["raw", "qcow2"] {
+        let o = store.diskit(&["convert", "-f", "raw", "-O", format, &uri, &url("failed")]);
+        assert_eq!(code(&o), 1, "{}", stderr(&o));
+        assert!(stderr(&o).contains("Input/output error"), "{}", stderr(&o));
+    }
+    let o = store.diskit(&["copy", &uri, &url("failed-copy")]);
+    assert_ne!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(store.keys(), ["there"], "only the object that was there");
+    store.no_uploads_left();
+}

@@ -1,0 +1,113 @@
+//! The `s3` source: S3 objects (diskit-s3) by name (`s3://BUCKET/KEY`)
+//! or by keys (`json:`, `--image-opts`: `bucket`, `key`, `endpoint-url`,
+//! `region`, `access-key`, `secret-key`, `session-token`, `profile`).
+//! Read-only opens read the object; a new object is made by a multipart
+//! upload, written front to back and there only once closed.
+//!
+//! Creation and the open that follows are two steps (a format writes its
+//! header through the storage creation makes, then the image is opened
+//! for the copy): an object being written cannot be opened again, so the
+//! writer creation makes waits here, by name, for the open that takes it.
+
+use std::sync::{Arc, Mutex};
+
+use diskit_core::sync::lock;
+use diskit_core::{Error, ErrorKind, Result, StorageOptions, StorageRef};
+use diskit_s3::{S3Name, S3Options, S3Writer};
+
+use crate::spec::Spec;
+
+/// QEMU-style keys of the s3 driver.
+pub const KEYS: &[&str] = &[
+    "filename",
+    "bucket",
+    "key",
+    "endpoint-url",
+    "region",
+    "access-key",
+    "secret-key",
+    "session-token",
+    "profile",
+];
+
+/// New objects made and not yet opened, by name.
+static MADE: Mutex<Vec<(String, Arc<S3Writer>)>> = Mutex::new(Vec::new());
+
+/// Takes the new object `name` that creation made, if it waits.
+fn take_made(name: &S3Name) -> Option<Arc<S3Writer>> {
+    let key = name.to_string();
+    let mut made = lock(&MADE);
+    let at = made.iter().position(|(n, _)| *n == key)?;
+    Some(made.remove(at).1)
+}
+
+/// The object a node names, and the settings its keys give.
+fn name_of(node: &Spec, mode: &StorageOptions) -> Result<(S3Name, S3Options)> {
+    let name = match node.get("filename") {
+        Some(f) => S3Name::parse(f)?,
+        None => {
+            let need = |k: &str| {
+                node.get(k)
+                    .ok_or_else(|| Error::invalid(format!("Parameter '{k}' is missing")))
+            };
+            S3Name::new(need("bucket")?, need("key")?)?
+        }
+    };
+    let mut opts = S3Options::new();
+    let key = |k: &str| node.get(k).map(str::to_string);
+    opts.endpoint_url = key("endpoint-url");
+    opts.region = key("region");
+    opts.access_key = key("access-key");
+    opts.secret_key = key("secret-key");
+    opts.session_token = key("session-token");
+    opts.profile = key("profile");
+    if mode.connections > 0 {
+        opts.connections = (mode.connections * 4).clamp(4, 64);
+    }
+    Ok((name, opts))
+}
+
+/// Opens the object a node names: for reading, or, for writing, the new
+/// object creation made (else the object there, replaced as a whole at
+/// the close).
+pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
+    let (name, opts) = name_of(node, &mode)?;
+    if !mode.writable {
+        return Ok(Arc::new(diskit_s3::open_object(&name, &opts)?));
+    }
+    if let Some(w) = take_made(&name) {
+        return Ok(w);
+    }
+    let size = diskit_core::BlockDevice::size(&diskit_s3::open_object(&name, &opts)?);
+    Ok(Arc::new(S3Writer::create(&name, &opts, size, size)?))
+}
+
+/// Makes the new object `name`, empty, with parts sized for about
+/// `size_hint` bytes; it waits for the open that takes it.
+pub fn create(name: &str, size_hint: u64) -> Result<StorageRef> {
+    let n = S3Name::parse(name)?;
+    let w = Arc::new(S3Writer::create(&n, &S3Options::new(), 0, size_hint)?);
+    lock(&MADE).push((n.to_string(), w.clone()));
+    Ok(w)
+}
+
+/// Gives up the new object `name` (a failed creation's undo): its upload
+/// is aborted, or the object removed if it was completed.
+pub fn remove(name: &str) -> Result<()> {
+    match take_made(&S3Name::parse(name)?) {
+        Some(w) => w.discard(),
+        None => Ok(()),
+    }
+}
+
+/// Completes the new object `name` that no open took (`create` alone).
+pub fn finish(name: &str) -> Result<()> {
+    let n = S3Name::parse(name)?;
+    match take_made(&n) {
+        Some(w) => diskit_core::BlockDevice::close(&*w),
+        None => Err(Error::new(
+            ErrorKind::NotFound,
+            format!("{n}: no new object of that name"),
+        )),
+    }
+}
