@@ -282,4 +282,27 @@ fn s3_errors_are_named_and_a_failed_copy_leaves_nothing() {
     assert_ne!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(store.keys(), ["there"], "only the object that was there");
     store.no_uploads_left();
+
+    // An object that is there is never written in place (S3 replaces it
+    // whole): a writable server, a resize, convert -n and a copy onto it
+    // are refused, and its bytes stay.
+    let other = random_file(&d.join("other.raw"), 1 << 20);
+    for args in [
+        vec!["serve", "-U", "-", "image", &url("there"), "--run", "true"],
+        vec!["resize", "-f", "raw", &url("there"), "2M"],
+        vec!["convert", "-n", "-O", "raw", s(&other), &url("there")],
+        vec!["copy", s(&other), &url("there")],
+    ] {
+        let o = store.diskit(&args);
+        assert_ne!(code(&o), 0, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("cannot be changed in place"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    let back = d.join("there.raw");
+    store.download("there", &back);
+    assert!(same_bytes(&src, &back), "the object is as it was");
+    store.no_uploads_left();
 }

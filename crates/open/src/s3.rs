@@ -68,8 +68,10 @@ fn name_of(node: &Spec, mode: &StorageOptions) -> Result<(S3Name, S3Options)> {
 }
 
 /// Opens the object a node names: for reading, or, for writing, the new
-/// object creation made (else the object there, replaced as a whole at
-/// the close).
+/// object creation made. An object that is there is never opened for
+/// writing: S3 replaces an object whole, so a write in place (a server,
+/// a resize, a bitmap or snapshot change, `convert -n`) would lose every
+/// byte it does not write again.
 pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     let (name, opts) = name_of(node, &mode)?;
     if !mode.writable {
@@ -78,8 +80,13 @@ pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     if let Some(w) = take_made(&name) {
         return Ok(w);
     }
-    let size = diskit_core::BlockDevice::size(&diskit_s3::open_object(&name, &opts)?);
-    Ok(Arc::new(S3Writer::create(&name, &opts, size, size)?))
+    Err(Error::new(
+        ErrorKind::PermissionDenied,
+        format!(
+            "{name}: an S3 object cannot be changed in place (S3 replaces objects whole); \
+             write a new object instead, or open it read-only"
+        ),
+    ))
 }
 
 /// Makes the new object `name`, empty, with parts sized for about
