@@ -24,6 +24,7 @@ pub mod protocol;
 mod rbd;
 mod s3;
 pub mod spec;
+mod waiting;
 
 use std::path::PathBuf;
 use std::sync::Arc;

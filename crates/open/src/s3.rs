@@ -3,19 +3,16 @@
 //! `region`, `access-key`, `secret-key`, `session-token`, `profile`).
 //! Read-only opens read the object; a new object is made by a multipart
 //! upload, written front to back and there only once closed.
-//!
-//! Creation and the open that follows are two steps (a format writes its
-//! header through the storage creation makes, then the image is opened
-//! for the copy): an object being written cannot be opened again, so the
-//! writer creation makes waits here, by name, for the open that takes it.
+//! The writer creation makes waits, by name, for the open that takes it
+//! (an object being written cannot be opened again).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use diskit_core::sync::lock;
 use diskit_core::{Error, ErrorKind, Result, StorageOptions, StorageRef};
 use diskit_s3::{S3Name, S3Options, S3Writer};
 
 use crate::spec::Spec;
+use crate::waiting::Waiting;
 
 /// QEMU-style keys of the s3 driver.
 pub const KEYS: &[&str] = &[
@@ -30,15 +27,12 @@ pub const KEYS: &[&str] = &[
     "profile",
 ];
 
-/// New objects made and not yet opened, by name.
-static MADE: Mutex<Vec<(String, Arc<S3Writer>)>> = Mutex::new(Vec::new());
+/// New objects made and not yet opened.
+static MADE: Waiting<Arc<S3Writer>> = Waiting::new();
 
 /// Takes the new object `name` that creation made, if it waits.
 fn take_made(name: &S3Name) -> Option<Arc<S3Writer>> {
-    let key = name.to_string();
-    let mut made = lock(&MADE);
-    let at = made.iter().position(|(n, _)| *n == key)?;
-    Some(made.remove(at).1)
+    MADE.take(&name.to_string())
 }
 
 /// The object a node names, and the settings its keys give.
@@ -94,7 +88,7 @@ pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
 pub fn create(name: &str, size_hint: u64) -> Result<StorageRef> {
     let n = S3Name::parse(name)?;
     let w = Arc::new(S3Writer::create(&n, &S3Options::new(), 0, size_hint)?);
-    lock(&MADE).push((n.to_string(), w.clone()));
+    MADE.keep(n.to_string(), w.clone());
     Ok(w)
 }
 
