@@ -19,7 +19,8 @@ mod name;
 mod object;
 mod upload;
 
-pub use config::{Keys, S3Options, Settings};
+pub use client::xml_text;
+pub use config::{Keys, S3Options, Settings, parse_ini};
 pub use name::{PREFIX, S3Name};
 pub use object::{S3Object, Seen, open as open_object};
 pub use upload::{MAX_PART, MAX_PARTS, MIN_PART, S3Writer, part_size};
