@@ -37,11 +37,6 @@ pub trait FormatDriver: Sync {
     /// The name, as `-f` and qemu-img spell it.
     fn name(&self) -> &'static str;
 
-    /// Scores the first bytes of an image (at most
-    /// [`PROBE_BYTES`](crate::probe::PROBE_BYTES)) and its name, as QEMU
-    /// scores them: 0 is "not this format", 100 is certain.
-    fn probe(&self, head: &[u8], filename: &str) -> u32;
-
     /// Whether diskit reads the format (false: recognised only).
     fn supported(&self) -> bool {
         true

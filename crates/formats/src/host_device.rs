@@ -40,6 +40,11 @@ The protocol level may support further options.
 Specify the target filename to include those options.
 ";
 
+/// host_device's probe: never probed, only named.
+pub fn probe(_: &[u8], _: &str) -> u32 {
+    0
+}
+
 /// The host_device driver.
 pub struct HostDeviceDriver;
 
@@ -78,11 +83,6 @@ fn device_size(path: &Path) -> Result<u64> {
 impl FormatDriver for HostDeviceDriver {
     fn name(&self) -> &'static str {
         NAME
-    }
-
-    /// Never probed: only named.
-    fn probe(&self, _head: &[u8], _filename: &str) -> u32 {
-        0
     }
 
     fn open(

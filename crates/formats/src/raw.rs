@@ -87,16 +87,17 @@ pub fn create(target: &mut dyn NewFiles, size: u64, opts: &RawCreateOptions) -> 
     })
 }
 
+/// raw's probe: anything could be a raw image, so it scores 1.
+pub fn probe(_: &[u8], _: &str) -> u32 {
+    1
+}
+
 /// The raw driver: the image is its storage.
 pub struct RawDriver;
 
 impl crate::driver::FormatDriver for RawDriver {
     fn name(&self) -> &'static str {
         "raw"
-    }
-
-    fn probe(&self, _head: &[u8], _filename: &str) -> u32 {
-        1
     }
 
     fn sector_sized(&self) -> bool {

@@ -1,66 +1,85 @@
 //! The one table of formats. Probing, `-f`/`-O`, `create`, `create -o
 //! help`, `measure`, the opener and `serve image` all read [`FORMATS`]: a
 //! new format is one module that implements
-//! [`FormatDriver`] plus one row here. A
+//! [`FormatDriver`] and a probe, plus one row here. A
 //! format QEMU knows and diskit does not read yet has a row too
 //! ([`Recognised`]), so that it is refused by name and never read as raw.
 
 use diskit_core::{Error, Result};
 
 use crate::driver::{Format, FormatDriver, unsupported};
+use crate::recognised::{self, Recognised};
 
-/// A format QEMU knows that diskit only recognises.
-pub struct Recognised {
-    /// Its name.
-    pub name: &'static str,
-    /// Its probe.
+/// One format of the table: its driver and its probe (kept in the
+/// format's module).
+pub struct Row {
+    /// The driver.
+    pub driver: &'static dyn FormatDriver,
+    /// Scores the first bytes of an image (at most
+    /// [`PROBE_BYTES`](crate::probe::PROBE_BYTES)) and its name, as QEMU
+    /// scores them: 0 is "not this format", 100 is certain.
     pub probe: fn(&[u8], &str) -> u32,
-}
-
-impl FormatDriver for Recognised {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        (self.probe)(head, filename)
-    }
-    fn supported(&self) -> bool {
-        false
-    }
 }
 
 /// Every format, in QEMU's order where probe scores tie; raw (which
 /// scores 1 for anything) last.
-pub static FORMATS: &[&dyn FormatDriver] = &[
-    &crate::qcow2::driver::Qcow2Driver,
-    &Recognised {
-        name: "qcow",
-        probe: crate::probe::qcow1,
+pub static FORMATS: &[Row] = &[
+    Row {
+        driver: &crate::qcow2::driver::Qcow2Driver,
+        probe: crate::qcow2::driver::probe,
     },
-    &crate::qed::QedDriver,
-    &crate::vmdk::VmdkDriver,
-    &crate::vhdx::VhdxDriver,
-    &crate::vpc::VpcDriver,
-    &crate::vdi::VdiDriver,
-    &crate::luks::LuksDriver,
-    &Recognised {
-        name: "parallels",
-        probe: crate::probe::parallels,
+    Row {
+        driver: &Recognised("qcow"),
+        probe: recognised::qcow1,
     },
-    &Recognised {
-        name: "bochs",
-        probe: crate::probe::bochs,
+    Row {
+        driver: &crate::qed::QedDriver,
+        probe: crate::qed::probe,
     },
-    &Recognised {
-        name: "cloop",
-        probe: crate::probe::cloop,
+    Row {
+        driver: &crate::vmdk::VmdkDriver,
+        probe: crate::vmdk::probe,
     },
-    &Recognised {
-        name: "dmg",
-        probe: crate::probe::dmg,
+    Row {
+        driver: &crate::vhdx::VhdxDriver,
+        probe: crate::vhdx::probe,
     },
-    &crate::raw::RawDriver,
-    &crate::host_device::HostDeviceDriver,
+    Row {
+        driver: &crate::vpc::VpcDriver,
+        probe: crate::vpc::probe,
+    },
+    Row {
+        driver: &crate::vdi::VdiDriver,
+        probe: crate::vdi::probe,
+    },
+    Row {
+        driver: &crate::luks::LuksDriver,
+        probe: crate::luks::probe,
+    },
+    Row {
+        driver: &Recognised("parallels"),
+        probe: recognised::parallels,
+    },
+    Row {
+        driver: &Recognised("bochs"),
+        probe: recognised::bochs,
+    },
+    Row {
+        driver: &Recognised("cloop"),
+        probe: recognised::cloop,
+    },
+    Row {
+        driver: &Recognised("dmg"),
+        probe: recognised::dmg,
+    },
+    Row {
+        driver: &crate::raw::RawDriver,
+        probe: crate::raw::probe,
+    },
+    Row {
+        driver: &crate::host_device::HostDeviceDriver,
+        probe: crate::host_device::probe,
+    },
 ];
 
 impl Format {
@@ -96,14 +115,11 @@ impl Format {
 
     /// The row called `name`, supported or not.
     pub fn known(name: &str) -> Option<Format> {
-        FORMATS
-            .iter()
-            .find(|d| d.name() == name)
-            .map(|d| Format(*d))
+        Format::all().find(|f| f.name() == name)
     }
 
     /// Every format of the table.
     pub fn all() -> impl Iterator<Item = Format> {
-        FORMATS.iter().map(|d| Format(*d))
+        FORMATS.iter().map(|row| Format(row.driver))
     }
 }

@@ -49,7 +49,7 @@ impl Secrets {
 
     /// Defines secret `id`; an id already defined is an error, as in QEMU.
     pub fn insert(&self, id: &str, secret: Secret) -> Result<()> {
-        let mut map = self.by_id.write().unwrap_or_else(|p| p.into_inner());
+        let mut map = diskit_core::sync::write(&self.by_id);
         if map.contains_key(id) {
             return Err(Error::invalid(format!(
                 "attempt to add duplicate property '{id}' to object (type 'container')"
@@ -61,9 +61,7 @@ impl Secrets {
 
     /// The secret `id`, with QEMU's message when there is none.
     pub fn get(&self, id: &str) -> Result<Secret> {
-        self.by_id
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        diskit_core::sync::read(&self.by_id)
             .get(id)
             .cloned()
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("No secret with id '{id}'")))

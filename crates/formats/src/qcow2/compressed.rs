@@ -9,7 +9,9 @@
 //! of clusters, are written normally. Everything else passes through.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use diskit_core::sync::lock;
 
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Extent, Result, WriteFlags, ZeroFlags,
@@ -17,10 +19,6 @@ use diskit_core::{
 
 use super::Qcow2;
 use super::compress::compress;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A qcow2 image written through compression.
 pub struct CompressedWriter {

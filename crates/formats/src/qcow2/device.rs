@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use diskit_core::buffer::{ReusedBuf, with_reused};
+use diskit_core::sync;
 use diskit_core::zero::is_zero;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, Result, ZeroFlags,
@@ -156,7 +157,7 @@ impl Qcow2Format {
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Meta> {
-        self.meta.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.meta)
     }
 
     /// Runs `f` with the metadata locked (for check and other whole-image tools).
@@ -207,7 +208,7 @@ impl Qcow2Format {
             if let Some(t) = meta.try_take(cluster, cluster, true) {
                 return (meta, t);
             }
-            meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+            meta = sync::wait(&self.released, meta);
         }
     }
 
@@ -224,7 +225,7 @@ impl Qcow2Format {
     }
 
     fn decompressed(&self, stream: super::l2::Compressed) -> Result<Arc<Vec<u8>>> {
-        if let Some((at, data)) = &*self.last_cluster.lock().unwrap_or_else(|p| p.into_inner())
+        if let Some((at, data)) = &*sync::lock(&self.last_cluster)
             && *at == stream.offset
         {
             return Ok(data.clone());
@@ -258,8 +259,7 @@ impl Qcow2Format {
             ))
         })?;
         let out = Arc::new(out);
-        *self.last_cluster.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((stream.offset, out.clone()));
+        *sync::lock(&self.last_cluster) = Some((stream.offset, out.clone()));
         Ok(out)
     }
 
@@ -331,7 +331,7 @@ impl Qcow2Format {
                 }
                 let (first, last) = self.clusters(g, len);
                 let Some(t) = meta.try_take(first, last, false) else {
-                    meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+                    meta = sync::wait(&self.released, meta);
                     continue;
                 };
                 drop(meta);
@@ -348,7 +348,7 @@ impl Qcow2Format {
             if olds.len() > 1 {
                 let last = first + olds.len() as u64 - 1;
                 let Some(t) = meta.try_take(first, last, true) else {
-                    meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+                    meta = sync::wait(&self.released, meta);
                     continue;
                 };
                 drop(meta);
@@ -359,7 +359,7 @@ impl Qcow2Format {
                 return Ok(len as u64);
             }
             let Some(t) = meta.try_take(first, first, true) else {
-                meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+                meta = sync::wait(&self.released, meta);
                 continue;
             };
             drop(meta);
@@ -891,7 +891,7 @@ impl MappedFormat for Qcow2Format {
                 };
                 return Ok((n, place(m), Some(held)));
             }
-            meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+            meta = sync::wait(&self.released, meta);
         }
     }
 

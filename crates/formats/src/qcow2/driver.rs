@@ -15,16 +15,22 @@ use crate::image_ops::Capability;
 use crate::implied::ImpliedFiles;
 use crate::{Format, Image, OpenOptions, OptionList};
 
+/// qcow2's probe: the qcow magic with version 2 or more.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    u32::from(qcow_version(h).is_some_and(|v| v >= 2)) * 100
+}
+
+/// The version field of a qcow or qcow2 header, when the magic matches.
+pub(crate) fn qcow_version(h: &[u8]) -> Option<u32> {
+    (h.len() >= 8 && h[..4] == *b"QFI\xfb").then(|| u32::from_be_bytes([h[4], h[5], h[6], h[7]]))
+}
+
 /// The qcow2 driver.
 pub struct Qcow2Driver;
 
 impl FormatDriver for Qcow2Driver {
     fn name(&self) -> &'static str {
         "qcow2"
-    }
-
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::qcow2(head, filename)
     }
 
     fn open_keys(&self) -> &'static [&'static str] {

@@ -205,16 +205,17 @@ pub fn check(storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
     Ok(r)
 }
 
+/// vdi's probe: the signature after the 64-byte text.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    crate::probe::magic_at(h, 0x40, &0xbeda_107fu32.to_le_bytes())
+}
+
 /// The vdi driver.
 pub struct VdiDriver;
 
 impl FormatDriver for VdiDriver {
     fn name(&self) -> &'static str {
         "vdi"
-    }
-
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::vdi(head, filename)
     }
 
     fn open(

@@ -321,16 +321,17 @@ pub fn check(storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
     Ok(r)
 }
 
+/// vhdx's probe: the file identifier's signature.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    crate::probe::magic_at(h, 0, b"vhdxfile")
+}
+
 /// The vhdx driver.
 pub struct VhdxDriver;
 
 impl FormatDriver for VhdxDriver {
     fn name(&self) -> &'static str {
         "vhdx"
-    }
-
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::vhdx(head, filename)
     }
 
     fn open(
@@ -449,7 +450,7 @@ mod tests {
 
     impl Recorder {
         fn log(&self, op: Op) {
-            self.ops.lock().unwrap().push(op);
+            diskit_core::sync::lock(&self.ops).push(op);
         }
     }
 
@@ -547,7 +548,7 @@ mod tests {
             }
             v.close().unwrap();
         }
-        let ops = rec.ops.lock().unwrap().clone();
+        let ops = diskit_core::sync::lock(&rec.ops).clone();
         assert!(ops.len() > 20, "{} changes", ops.len());
         let mut replays = 0;
         for k in 0..=ops.len() {

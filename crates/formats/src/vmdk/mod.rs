@@ -265,16 +265,22 @@ fn open_backing(name: Option<&str>, implied: &mut dyn ImpliedFiles) -> Result<Op
     Ok((size > 0 || device.size() > 0).then_some(Backing { device, size }))
 }
 
+/// vmdk's probe: a sparse extent header (VMDK4 or VMDK3) or a text
+/// descriptor.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    if h.starts_with(b"KDMV") || h.starts_with(b"COWD") {
+        100
+    } else {
+        descriptor::probe_score(h)
+    }
+}
+
 /// The vmdk driver.
 pub struct VmdkDriver;
 
 impl FormatDriver for VmdkDriver {
     fn name(&self) -> &'static str {
         "vmdk"
-    }
-
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::vmdk(head, filename)
     }
 
     fn open(

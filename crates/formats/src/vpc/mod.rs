@@ -208,16 +208,18 @@ impl crate::Creation for VpcCreation {
     }
 }
 
+/// vpc's (VHD's) probe: the footer copy at the start of a dynamic image.
+/// A fixed VHD has its footer only at the end, and QEMU probes it as raw.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    crate::probe::magic_at(h, 0, b"conectix")
+}
+
 /// The vpc driver.
 pub struct VpcDriver;
 
 impl FormatDriver for VpcDriver {
     fn name(&self) -> &'static str {
         "vpc"
-    }
-
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::vpc(head, filename)
     }
 
     fn open_keys(&self) -> &'static [&'static str] {
