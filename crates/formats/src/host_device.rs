@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use diskit_core::{Error, ErrorKind, Result, StorageRef};
 
-use crate::driver::{FormatDriver, Opened, one_size};
+use crate::creation::{Basics, FormatOptions, NewFiles, Planned};
+use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::FormatImage;
 use crate::implied::ImpliedFiles;
 use crate::{Format, OpenOptions, OptionList};
@@ -106,11 +107,15 @@ impl FormatDriver for HostDeviceDriver {
     }
 
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        HostDeviceCreation::parse(options).map(drop)
+        self.parse_create(options).map(drop)
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(HostDeviceCreation::parse(options)?))
+        options.check_known(CREATE_OPTIONS)?;
+        let opts = HostDeviceOptions {
+            preallocation: options.text("preallocation"),
+        };
+        Planned::boxed(options, opts)
     }
 
     fn create_help(&self, with_file: bool) -> String {
@@ -123,54 +128,27 @@ impl FormatDriver for HostDeviceDriver {
     }
 }
 
-/// A "creation": the options as given, checked against the device.
-struct HostDeviceCreation {
-    size: Option<u64>,
+/// A "creation"'s own options: checked against the device.
+struct HostDeviceOptions {
     preallocation: Option<String>,
 }
 
-impl HostDeviceCreation {
-    fn parse(options: &OptionList) -> Result<HostDeviceCreation> {
-        options.check_known(CREATE_OPTIONS)?;
-        Ok(HostDeviceCreation {
-            size: options
-                .get("size")
-                .map(|v| crate::options::size_value("size", v))
-                .transpose()?,
-            preallocation: options.get("preallocation").map(str::to_string),
-        })
-    }
-}
-
-impl crate::Creation for HostDeviceCreation {
-    fn size(&self) -> Option<u64> {
-        self.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        let mut out = String::new();
-        if let Some(s) = self.size {
-            out.push_str(&format!(" size={s}"));
+impl FormatOptions for HostDeviceOptions {
+    fn summary(&self, _: &Basics) -> String {
+        match &self.preallocation {
+            Some(p) => format!(" preallocation={p}"),
+            None => String::new(),
         }
-        if let Some(p) = &self.preallocation {
-            out.push_str(&format!(" preallocation={p}"));
-        }
-        out
     }
 
     /// Checks that the device is there and holds the size; writes nothing.
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
         let path = Path::new(target.name());
         if let Some(p) = self.preallocation.as_deref().filter(|p| *p != "off") {
             return Err(Error::unsupported(format!(
                 "Unsupported preallocation mode '{p}'"
             )));
         }
-        let size = one_size(None, self.size)?;
         if size > device_size(path)? {
             return Err(Error::new(ErrorKind::NoSpace, "Cannot grow device files"));
         }

@@ -2,10 +2,9 @@
 
 use diskit_core::{Error, ErrorKind, Preallocation, Result, StorageRef};
 
-use crate::creation::NewFiles;
+use crate::creation::{Basics, FormatOptions, NewFiles, Planned};
 
 use crate::image_ops::FormatImage;
-use crate::options::{bool_value, size_value};
 use crate::{Format, OptionList, Prealloc};
 
 /// The `-o` options raw images accept at creation, in the order qemu-img
@@ -23,30 +22,25 @@ pub const CREATE_HELP: &str = "Supported options:
 /// Validated raw creation options.
 #[derive(Debug, Clone, Default)]
 pub struct RawCreateOptions {
-    /// Virtual size from `-o size=`, if given.
-    pub size: Option<u64>,
     /// Preallocation mode text as given (validated at creation, as qemu-img does).
     pub preallocation: Option<String>,
     /// `nocow` as given (only meaningful on btrfs).
     pub nocow: Option<bool>,
     /// Extent size hint in bytes (applied where the file system supports it).
     pub extent_size_hint: Option<u64>,
+    /// `nocow` as given (the "Formatting" line shows it so).
+    nocow_given: Option<String>,
 }
 
 impl RawCreateOptions {
     /// Checks the option list: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<RawCreateOptions> {
         options.check_known(CREATE_OPTIONS)?;
-        let size_opt = |name: &str| options.get(name).map(|v| size_value(name, v)).transpose();
-        let nocow = options
-            .get("nocow")
-            .map(|v| bool_value("nocow", v))
-            .transpose()?;
         Ok(RawCreateOptions {
-            size: size_opt("size")?,
-            preallocation: options.get("preallocation").map(str::to_string),
-            nocow,
-            extent_size_hint: size_opt("extent_size_hint")?,
+            preallocation: options.text("preallocation"),
+            nocow: options.flag("nocow")?,
+            extent_size_hint: options.size("extent_size_hint")?,
+            nocow_given: options.text("nocow"),
         })
     }
 
@@ -121,10 +115,7 @@ impl crate::driver::FormatDriver for RawDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(RawCreation {
-            opts: RawCreateOptions::parse(options)?,
-            nocow: options.get("nocow").map(str::to_string),
-        }))
+        Planned::boxed(options, RawCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
@@ -187,41 +178,22 @@ impl FormatImage for RawImage {
     }
 }
 
-/// A raw image being planned: its options, and `nocow` as given (the
-/// "Formatting" line shows it so).
-struct RawCreation {
-    opts: RawCreateOptions,
-    nocow: Option<String>,
-}
-
-impl crate::Creation for RawCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
+impl FormatOptions for RawCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
         let mut out = String::new();
-        if let Some(s) = self.opts.size {
-            out.push_str(&format!(" size={s}"));
-        }
-        if let Some(v) = &self.nocow {
+        if let Some(v) = &self.nocow_given {
             out.push_str(&format!(" nocow={v}"));
         }
-        if let Some(v) = &self.opts.preallocation {
+        if let Some(v) = &self.preallocation {
             out.push_str(&format!(" preallocation={v}"));
         }
-        if let Some(v) = self.opts.extent_size_hint {
+        if let Some(v) = self.extent_size_hint {
             out.push_str(&format!(" extent_size_hint={v}"));
         }
         out
     }
 
-    fn create(&self, target: &mut dyn NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
 }

@@ -21,65 +21,36 @@ pub struct Row {
     pub probe: fn(&[u8], &str) -> u32,
 }
 
+impl Row {
+    /// The row of `driver`, probed by `probe`.
+    pub const fn new(driver: &'static dyn FormatDriver, probe: fn(&[u8], &str) -> u32) -> Row {
+        Row { driver, probe }
+    }
+}
+
 /// Every format, in QEMU's order where probe scores tie; raw (which
 /// scores 1 for anything) last.
 pub static FORMATS: &[Row] = &[
-    Row {
-        driver: &crate::qcow2::driver::Qcow2Driver,
-        probe: crate::qcow2::driver::probe,
-    },
-    Row {
-        driver: &Recognised("qcow"),
-        probe: recognised::qcow1,
-    },
-    Row {
-        driver: &crate::qed::QedDriver,
-        probe: crate::qed::probe,
-    },
-    Row {
-        driver: &crate::vmdk::VmdkDriver,
-        probe: crate::vmdk::probe,
-    },
-    Row {
-        driver: &crate::vhdx::VhdxDriver,
-        probe: crate::vhdx::probe,
-    },
-    Row {
-        driver: &crate::vpc::VpcDriver,
-        probe: crate::vpc::probe,
-    },
-    Row {
-        driver: &crate::vdi::VdiDriver,
-        probe: crate::vdi::probe,
-    },
-    Row {
-        driver: &crate::luks::LuksDriver,
-        probe: crate::luks::probe,
-    },
-    Row {
-        driver: &Recognised("parallels"),
-        probe: recognised::parallels,
-    },
-    Row {
-        driver: &Recognised("bochs"),
-        probe: recognised::bochs,
-    },
-    Row {
-        driver: &Recognised("cloop"),
-        probe: recognised::cloop,
-    },
-    Row {
-        driver: &Recognised("dmg"),
-        probe: recognised::dmg,
-    },
-    Row {
-        driver: &crate::raw::RawDriver,
-        probe: crate::raw::probe,
-    },
-    Row {
-        driver: &crate::host_device::HostDeviceDriver,
-        probe: crate::host_device::probe,
-    },
+    Row::new(
+        &crate::qcow2::driver::Qcow2Driver,
+        crate::qcow2::driver::probe,
+    ),
+    Row::new(&Recognised("qcow"), recognised::qcow1),
+    Row::new(&crate::qed::QedDriver, crate::qed::probe),
+    Row::new(&crate::vmdk::VmdkDriver, crate::vmdk::probe),
+    Row::new(&crate::vhdx::VhdxDriver, crate::vhdx::probe),
+    Row::new(&crate::vpc::VpcDriver, crate::vpc::probe),
+    Row::new(&crate::vdi::VdiDriver, crate::vdi::probe),
+    Row::new(&crate::luks::LuksDriver, crate::luks::probe),
+    Row::new(&Recognised("parallels"), recognised::parallels),
+    Row::new(&Recognised("bochs"), recognised::bochs),
+    Row::new(&Recognised("cloop"), recognised::cloop),
+    Row::new(&Recognised("dmg"), recognised::dmg),
+    Row::new(&crate::raw::RawDriver, crate::raw::probe),
+    Row::new(
+        &crate::host_device::HostDeviceDriver,
+        crate::host_device::probe,
+    ),
 ];
 
 impl Format {

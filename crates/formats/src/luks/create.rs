@@ -15,9 +15,10 @@ use zeroize::Zeroizing;
 use super::header::{ALIGN, HEADER_LEN, Header, KeySlot, SALT_LEN, SLOTS, STRIPES};
 use super::keys;
 use crate::OptionList;
+use crate::creation::{Basics, FormatOptions, NewFiles, given_summary};
 use crate::crypto::sector::{check_combination, key_bytes};
 use crate::crypto::{CipherAlg, CipherMode, HashAlg, IvGenAlg, SECTOR_SIZE, Secrets};
-use crate::options::{bool_value, size_value};
+use crate::options::bool_value;
 
 /// Fewest PBKDF2 iterations QEMU writes for a slot or the key digest.
 pub const MIN_ITERATIONS: u32 = 1000;
@@ -45,8 +46,6 @@ pub struct Plan {
 /// with `encrypt.` before it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LuksCreateOptions {
-    /// Virtual size.
-    pub size: Option<u64>,
     /// The secret id of the passphrase.
     pub key_secret: Option<String>,
     /// Options as given, for the "Formatting" line (after size).
@@ -83,21 +82,13 @@ impl LuksCreateOptions {
             ));
         }
         let mut o = Self::parse_prefixed(options, "")?;
-        o.size = options
-            .get("size")
-            .map(|v| size_value("size", v))
-            .transpose()?;
-        o.preallocation = options.get("preallocation").map(str::to_string);
-        for k in [
+        o.preallocation = options.text("preallocation");
+        o.given.extend(options.given(&[
             "detached-header",
             "preallocation",
             "nocow",
             "extent_size_hint",
-        ] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
+        ]));
         Ok(o)
     }
 
@@ -121,7 +112,6 @@ impl LuksCreateOptions {
             }
         }
         let o = LuksCreateOptions {
-            size: None,
             key_secret: get("key-secret"),
             given,
             cipher_alg: get("cipher-alg"),
@@ -280,28 +270,13 @@ pub fn create(
     })
 }
 
-/// A LUKS volume planned by `create` or `convert`.
-pub struct LuksCreation {
-    /// Its options.
-    pub opts: LuksCreateOptions,
-}
-
-impl crate::Creation for LuksCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
+impl FormatOptions for LuksCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
+        given_summary(&self.given)
     }
 
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        crate::creation::summary_of(self.opts.size, &self.opts.given)
-    }
-
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
 }
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use diskit_core::{Error, ErrorKind, Result, Storage, StorageRef};
 
+use crate::creation::Planned;
 use crate::crypto::encrypted::EncryptedStorage;
 use crate::crypto::{SECTOR_SIZE, Secrets, SectorCipher};
 use crate::driver::{FormatDriver, Opened};
@@ -197,9 +198,7 @@ impl FormatDriver for LuksDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(create::LuksCreation {
-            opts: create::LuksCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, create::LuksCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
@@ -220,7 +219,7 @@ impl FormatDriver for LuksDriver {
         size: Option<u64>,
         source: Option<&crate::Image>,
     ) -> Result<crate::driver::Measurement> {
-        let opts = create::LuksCreateOptions::parse(options)?;
+        let opts = Planned::new(options, create::LuksCreateOptions::parse(options)?)?.opts;
         let v = match (source, size) {
             (Some(img), _) => img.virtual_size(),
             (None, s) => s.unwrap_or(0),

@@ -15,12 +15,12 @@ use std::sync::Arc;
 use diskit_core::{BlockDevice, Error, Result, Storage, StorageRef, WriteFlags};
 
 use crate::check::{CheckReport, Repair};
+use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
 use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::{ImpliedFiles, Named};
 use crate::info::FormatInfo;
 use crate::mapped::Backing;
-use crate::options::size_value;
 use crate::{Format, OpenOptions, OptionList, Prealloc};
 
 use device::{Qed, ZERO_CLUSTER};
@@ -62,9 +62,6 @@ const CREATE_OPTIONS: &[&str] = &[
 /// Creation options.
 #[derive(Debug, Clone, Default)]
 pub struct QedCreateOptions {
-    size: Option<u64>,
-    backing_file: Option<String>,
-    backing_fmt: Option<String>,
     cluster_size: Option<u64>,
     table_size: Option<u64>,
     given: Vec<(String, String)>,
@@ -74,29 +71,21 @@ impl QedCreateOptions {
     /// Parses `-o`.
     pub fn parse(options: &OptionList) -> Result<QedCreateOptions> {
         options.check_known(CREATE_OPTIONS)?;
-        let size_of = |k: &str| options.get(k).map(|v| size_value(k, v)).transpose();
-        let mut o = QedCreateOptions {
-            size: size_of("size")?,
-            backing_file: options.get("backing_file").map(str::to_string),
-            backing_fmt: options.get("backing_fmt").map(str::to_string),
-            cluster_size: size_of("cluster_size")?,
-            table_size: size_of("table_size")?,
-            given: Vec::new(),
-        };
-        for k in ["nocow", "preallocation", "extent_size_hint"] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
-        Ok(o)
+        Ok(QedCreateOptions {
+            cluster_size: options.size("cluster_size")?,
+            table_size: options.size("table_size")?,
+            given: options.given(&["nocow", "preallocation", "extent_size_hint"]),
+        })
     }
 }
 
-/// Makes a QED image at `path`, as `qemu-img create -f qed` does.
+/// Makes a QED image (with the backing file `basics` name) where
+/// `target` says, as `qemu-img create -f qed` does.
 pub fn create(
     target: &mut dyn crate::creation::NewFiles,
     size: u64,
     o: &QedCreateOptions,
+    basics: &Basics,
 ) -> Result<()> {
     let cs = o.cluster_size.unwrap_or(65536);
     let ts = o.table_size.unwrap_or(4);
@@ -129,9 +118,9 @@ pub fn create(
         backing_filename_offset: 0,
         backing_filename_size: 0,
     };
-    if let Some(b) = &o.backing_file {
+    if let Some(b) = &basics.backing_file {
         h.features |= F_BACKING_FILE;
-        if o.backing_fmt.as_deref() == Some("raw") {
+        if basics.backing_fmt.as_deref() == Some("raw") {
             h.features |= F_BACKING_FORMAT_NO_PROBE;
         }
         h.backing_filename_offset = HEADER_LEN as u32;
@@ -142,7 +131,7 @@ pub fn create(
     }
     crate::creation::make_image(target, |dev| {
         dev.write_extend(&h.to_bytes(), 0)?;
-        if let Some(b) = &o.backing_file {
+        if let Some(b) = &basics.backing_file {
             dev.write_extend(b.as_bytes(), HEADER_LEN as u64)?;
         }
         dev.write_extend(&vec![0u8; (ts * cs) as usize], cs)?;
@@ -184,54 +173,18 @@ fn change_backing_file(
     storage.flush()
 }
 
-/// A QED image planned by `create` or `convert`.
-pub struct QedCreation {
-    opts: QedCreateOptions,
-}
-
-impl crate::Creation for QedCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-    fn backing_file(&self) -> Option<&str> {
-        self.opts.backing_file.as_deref()
-    }
-    fn backing_format(&self) -> Option<&str> {
-        self.opts.backing_fmt.as_deref()
-    }
-    fn set_backing_file(&mut self, name: &str) {
-        self.opts.backing_file = Some(name.to_string());
-    }
-    fn set_backing_format(&mut self, name: &str) {
-        self.opts.backing_fmt = Some(name.to_string());
-    }
-    fn summary(&self) -> String {
-        let o = &self.opts;
-        let mut out = String::new();
-        if let Some(s) = o.size {
-            out += &format!(" size={s}");
-        }
-        if let Some(b) = &o.backing_file {
-            out += &format!(" backing_file={b}");
-        }
-        if let Some(f) = &o.backing_fmt {
-            out += &format!(" backing_fmt={f}");
-        }
-        out += &format!(" cluster_size={}", o.cluster_size.unwrap_or(65536));
-        if let Some(t) = o.table_size {
+impl FormatOptions for QedCreateOptions {
+    fn summary(&self, basics: &Basics) -> String {
+        let mut out = basics.backing_summary();
+        out += &format!(" cluster_size={}", self.cluster_size.unwrap_or(65536));
+        if let Some(t) = self.table_size {
             out += &format!(" table_size={t}");
         }
-        for (k, v) in &o.given {
-            out += &format!(" {k}={v}");
-        }
-        out
+        out + &given_summary(&self.given)
     }
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+
+    fn make(&self, target: &mut dyn NewFiles, size: u64, basics: &Basics) -> Result<()> {
+        create(target, size, self, basics)
     }
 }
 
@@ -431,9 +384,7 @@ impl FormatDriver for QedDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(QedCreation {
-            opts: QedCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, QedCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {

@@ -16,11 +16,11 @@ use diskit_backends::Preallocation;
 use diskit_core::{Error, Result, StorageRef};
 
 use crate::check::{CheckReport, Repair};
+use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
 use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
-use crate::options::{bool_value, size_value};
 use crate::{Format, OpenOptions, OptionList};
 
 use device::Vdi;
@@ -38,8 +38,6 @@ const CREATE_OPTIONS: &[&str] = &[
 /// Validated creation options.
 #[derive(Debug, Clone, Default)]
 pub struct VdiCreateOptions {
-    /// Virtual size.
-    pub size: Option<u64>,
     /// Every block allocated at creation.
     pub static_image: bool,
     /// `preallocation=` as given.
@@ -52,25 +50,11 @@ impl VdiCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VdiCreateOptions> {
         options.check_known(CREATE_OPTIONS)?;
-        let mut o = VdiCreateOptions {
-            size: options
-                .get("size")
-                .map(|v| size_value("size", v))
-                .transpose()?,
-            static_image: options
-                .get("static")
-                .map(|v| bool_value("static", v))
-                .transpose()?
-                .unwrap_or(false),
-            preallocation: options.get("preallocation").map(str::to_string),
-            given: Vec::new(),
-        };
-        for k in ["preallocation", "nocow", "extent_size_hint"] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
-        Ok(o)
+        Ok(VdiCreateOptions {
+            static_image: options.flag("static")?.unwrap_or(false),
+            preallocation: options.text("preallocation"),
+            given: options.given(&["preallocation", "nocow", "extent_size_hint"]),
+        })
     }
 }
 
@@ -126,39 +110,14 @@ pub fn create(
     })
 }
 
-/// A VDI image planned by `create` or `convert`.
-pub struct VdiCreation {
-    opts: VdiCreateOptions,
-}
-
-impl crate::Creation for VdiCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
+impl FormatOptions for VdiCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
+        let on = if self.static_image { "on" } else { "off" };
+        format!(" static={on}{}", given_summary(&self.given))
     }
 
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        let mut out = String::new();
-        if let Some(s) = self.opts.size {
-            out += &format!(" size={s}");
-        }
-        out += if self.opts.static_image {
-            " static=on"
-        } else {
-            " static=off"
-        };
-        for (k, v) in &self.opts.given {
-            out += &format!(" {k}={v}");
-        }
-        out
-    }
-
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
 }
 
@@ -236,9 +195,7 @@ impl FormatDriver for VdiDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(VdiCreation {
-            opts: VdiCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, VdiCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {

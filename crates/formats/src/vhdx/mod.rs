@@ -27,11 +27,12 @@ use std::sync::Arc;
 use diskit_core::{Error, Preallocation, Result, Storage, StorageRef};
 
 use crate::check::{CheckReport, Repair};
+use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
 use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
-use crate::options::{bool_value, size_value};
+use crate::options::bool_value;
 use crate::{Format, OpenOptions, OptionList, Prealloc};
 
 use device::{Mode, Vhdx};
@@ -57,8 +58,6 @@ const CREATE_OPTIONS: &[&str] = &[
 /// qemu-img's "Formatting" line).
 #[derive(Debug, Clone, Default)]
 pub struct VhdxCreateOptions {
-    /// Virtual size.
-    pub size: Option<u64>,
     /// `log_size=`.
     pub log_size: Option<u64>,
     /// `block_size=` (0: chosen from the size).
@@ -75,24 +74,16 @@ impl VhdxCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VhdxCreateOptions> {
         options.check_known(CREATE_OPTIONS)?;
-        let size_of = |k: &str| options.get(k).map(|v| size_value(k, v)).transpose();
-        let mut o = VhdxCreateOptions {
-            size: size_of("size")?,
-            log_size: size_of("log_size")?,
-            block_size: size_of("block_size")?,
-            subformat: options.get("subformat").map(str::to_string),
+        Ok(VhdxCreateOptions {
+            log_size: options.size("log_size")?,
+            block_size: options.size("block_size")?,
+            subformat: options.text("subformat"),
             block_state_zero: options
                 .get("block_state_zero")
                 .map(|v| bool_value("block_state_zero", v).map(|b| (b, v.to_string())))
                 .transpose()?,
-            given: Vec::new(),
-        };
-        for k in ["preallocation", "nocow", "extent_size_hint"] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
-        Ok(o)
+            given: options.given(&["preallocation", "nocow", "extent_size_hint"]),
+        })
     }
 }
 
@@ -260,43 +251,24 @@ pub fn create(
     crate::creation::make_image(target, |dev| plan.write(dev))
 }
 
-/// A VHDX image planned by `create` or `convert`.
-pub struct VhdxCreation {
-    opts: VhdxCreateOptions,
-}
-
-impl crate::Creation for VhdxCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        let o = &self.opts;
-        let mut out = String::new();
-        if let Some(s) = o.size {
-            out += &format!(" size={s}");
-        }
-        out += &format!(" log_size={}", o.log_size.unwrap_or(DEFAULT_LOG));
-        out += &format!(" block_size={}", o.block_size.unwrap_or(0));
-        if let Some(s) = &o.subformat {
+impl FormatOptions for VhdxCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
+        let mut out = format!(
+            " log_size={} block_size={}",
+            self.log_size.unwrap_or(DEFAULT_LOG),
+            self.block_size.unwrap_or(0)
+        );
+        if let Some(s) = &self.subformat {
             out += &format!(" subformat={s}");
         }
-        if let Some((_, t)) = &o.block_state_zero {
+        if let Some((_, t)) = &self.block_state_zero {
             out += &format!(" block_state_zero={t}");
         }
-        for (k, v) in &o.given {
-            out += &format!(" {k}={v}");
-        }
-        out
+        out + &given_summary(&self.given)
     }
 
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
 }
 
@@ -361,9 +333,7 @@ impl FormatDriver for VhdxDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(VhdxCreation {
-            opts: VhdxCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, VhdxCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {

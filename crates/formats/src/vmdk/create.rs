@@ -11,7 +11,7 @@ use super::header::{
     FLAG_ZEROED_GRAIN, GRAIN_SECTORS, GTES_PER_GT, SECTOR, SparseHeader,
 };
 use crate::OptionList;
-use crate::options::{bool_value, size_value};
+use crate::creation::{Basics, FormatOptions, NewFiles, given_summary};
 
 /// The `-o` options qemu-img lists for vmdk with a file name.
 pub const CREATE_OPTIONS: &[&str] = &[
@@ -82,12 +82,6 @@ impl Subformat {
 /// Creation options as given.
 #[derive(Debug, Clone, Default)]
 pub struct VmdkCreateOptions {
-    /// `size`.
-    pub size: Option<u64>,
-    /// `backing_file`.
-    pub backing_file: Option<String>,
-    /// `backing_fmt`.
-    pub backing_fmt: Option<String>,
     adapter_type: Option<String>,
     compat6: bool,
     hwversion: Option<String>,
@@ -102,50 +96,26 @@ impl VmdkCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VmdkCreateOptions> {
         options.check_known(CREATE_OPTIONS)?;
-        let flag = |k: &str| -> Result<bool> {
-            Ok(options
-                .get(k)
-                .map(|v| bool_value(k, v))
-                .transpose()?
-                .unwrap_or(false))
-        };
-        let o = VmdkCreateOptions {
-            size: options
-                .get("size")
-                .map(|v| size_value("size", v))
-                .transpose()?,
-            backing_file: options.get("backing_file").map(str::to_string),
-            backing_fmt: options.get("backing_fmt").map(str::to_string),
-            adapter_type: options.get("adapter_type").map(str::to_string),
-            compat6: flag("compat6")?,
-            hwversion: options.get("hwversion").map(str::to_string),
-            toolsversion: options.get("toolsversion").map(str::to_string),
-            subformat: options.get("subformat").map(str::to_string),
-            zeroed_grain: flag("zeroed_grain")?,
-            given: ["preallocation", "nocow", "extent_size_hint"]
-                .iter()
-                .filter_map(|k| options.get(k).map(|v| (k.to_string(), v.to_string())))
-                .collect(),
-        };
-        Ok(o)
+        Ok(VmdkCreateOptions {
+            adapter_type: options.text("adapter_type"),
+            compat6: options.flag("compat6")?.unwrap_or(false),
+            hwversion: options.text("hwversion"),
+            toolsversion: options.text("toolsversion"),
+            subformat: options.text("subformat"),
+            zeroed_grain: options.flag("zeroed_grain")?.unwrap_or(false),
+            given: options.given(&["preallocation", "nocow", "extent_size_hint"]),
+        })
     }
+}
 
-    /// The "Formatting" line's options after the size, in qemu-img's
-    /// order (compat6 and hwversion always, with their defaults).
-    pub fn summary(&self) -> String {
+impl FormatOptions for VmdkCreateOptions {
+    /// qemu-img's order: compat6 and hwversion always, with their defaults.
+    fn summary(&self, basics: &Basics) -> String {
         let mut out = String::new();
-        if let Some(s) = self.size {
-            out += &format!(" size={s}");
-        }
         if let Some(a) = &self.adapter_type {
             out += &format!(" adapter_type={a}");
         }
-        if let Some(b) = &self.backing_file {
-            out += &format!(" backing_file={b}");
-        }
-        if let Some(f) = &self.backing_fmt {
-            out += &format!(" backing_fmt={f}");
-        }
+        out += &basics.backing_summary();
         out += &format!(
             " compat6={} hwversion={}",
             if self.compat6 { "on" } else { "off" },
@@ -160,10 +130,11 @@ impl VmdkCreateOptions {
         if self.zeroed_grain {
             out += " zeroed_grain=on";
         }
-        for (k, v) in &self.given {
-            out += &format!(" {k}={v}");
-        }
-        out
+        out + &given_summary(&self.given)
+    }
+
+    fn make(&self, target: &mut dyn NewFiles, size: u64, basics: &Basics) -> Result<()> {
+        create(target, size, self, basics)
     }
 }
 
@@ -280,6 +251,7 @@ pub fn create(
     target: &mut dyn crate::creation::NewFiles,
     size: u64,
     o: &VmdkCreateOptions,
+    basics: &Basics,
 ) -> Result<()> {
     let path = &PathBuf::from(target.name());
     let sub = match o.subformat.as_deref() {
@@ -303,11 +275,11 @@ pub fn create(
         return Err(Error::invalid("Flat image can't enable zeroed grain"));
     }
     let mut parent_cid = 0xffff_ffff;
-    if let Some(b) = &o.backing_file {
+    if let Some(b) = &basics.backing_file {
         if sub.flat() {
             return Err(Error::invalid("Flat image can't have backing file"));
         }
-        if o.backing_fmt.as_deref().is_some_and(|f| f != "vmdk") {
+        if basics.backing_fmt.as_deref().is_some_and(|f| f != "vmdk") {
             return Err(Error::invalid("backing_file must be a vmdk image"));
         }
         let full = if Path::new(b).is_absolute() {
@@ -371,7 +343,7 @@ pub fn create(
         cid,
         parent_cid,
         create_type: sub.name(),
-        parent: o.backing_file.as_deref(),
+        parent: basics.backing_file.as_deref(),
         extents: lines,
         hw_version,
         size,

@@ -308,9 +308,7 @@ impl FormatDriver for VmdkDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(VmdkCreation {
-            opts: VmdkCreateOptions::parse(options)?,
-        }))
+        crate::creation::Planned::boxed(options, VmdkCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
@@ -326,46 +324,6 @@ impl FormatDriver for VmdkDriver {
                 "Supported vmdk options:\n{own}{hw}{rest}\nThe protocol level may support further options.\nSpecify the target filename to include those options.\n"
             )
         }
-    }
-}
-
-/// A VMDK disk planned by `create` or `convert`.
-pub struct VmdkCreation {
-    opts: VmdkCreateOptions,
-}
-
-impl crate::Creation for VmdkCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn backing_file(&self) -> Option<&str> {
-        self.opts.backing_file.as_deref()
-    }
-
-    fn backing_format(&self) -> Option<&str> {
-        self.opts.backing_fmt.as_deref()
-    }
-
-    fn set_backing_file(&mut self, name: &str) {
-        self.opts.backing_file = Some(name.to_string());
-    }
-
-    fn set_backing_format(&mut self, name: &str) {
-        self.opts.backing_fmt = Some(name.to_string());
-    }
-
-    fn summary(&self) -> String {
-        self.opts.summary()
-    }
-
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create::create(target, size, &self.opts)
     }
 }
 

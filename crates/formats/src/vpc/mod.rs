@@ -19,12 +19,12 @@ use std::sync::Arc;
 use diskit_backends::Preallocation;
 use diskit_core::{Error, Result, StorageRef};
 
+use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
 use crate::driver::{FormatDriver, Opened};
 use crate::image_ops::FormatImage;
 use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
 use crate::mapped::Mapped;
-use crate::options::{bool_value, size_value};
 use crate::{Format, OpenOptions, OptionList};
 
 use device::Vpc;
@@ -43,7 +43,6 @@ const CREATE_OPTIONS: &[&str] = &[
 /// Validated creation options.
 #[derive(Debug, Clone, Default)]
 pub struct VpcCreateOptions {
-    size: Option<u64>,
     /// `subformat=` as given (checked when the image is made, after
     /// qemu-img's "Formatting" line, as qemu-img checks it).
     subformat: Option<String>,
@@ -57,32 +56,18 @@ impl VpcCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VpcCreateOptions> {
         options.check_known(CREATE_OPTIONS)?;
-        let mut o = VpcCreateOptions {
-            size: options
-                .get("size")
-                .map(|v| size_value("size", v))
-                .transpose()?,
-            subformat: options.get("subformat").map(str::to_string),
-            force_size: options
-                .get("force_size")
-                .map(|v| bool_value("force_size", v))
-                .transpose()?
-                .unwrap_or(false),
-            preallocation: options.get("preallocation").map(str::to_string),
-            given: Vec::new(),
-        };
-        for k in [
-            "subformat",
-            "force_size",
-            "preallocation",
-            "nocow",
-            "extent_size_hint",
-        ] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
-        Ok(o)
+        Ok(VpcCreateOptions {
+            subformat: options.text("subformat"),
+            force_size: options.flag("force_size")?.unwrap_or(false),
+            preallocation: options.text("preallocation"),
+            given: options.given(&[
+                "subformat",
+                "force_size",
+                "preallocation",
+                "nocow",
+                "extent_size_hint",
+            ]),
+        })
     }
 }
 
@@ -184,27 +169,13 @@ pub fn create(
     })
 }
 
-/// A VHD planned by `create` or `convert`.
-pub struct VpcCreation {
-    opts: VpcCreateOptions,
-}
-
-impl crate::Creation for VpcCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
+impl FormatOptions for VpcCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
+        given_summary(&self.given)
     }
 
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        crate::creation::summary_of(self.opts.size, &self.opts.given)
-    }
-
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
 }
 
@@ -248,9 +219,7 @@ impl FormatDriver for VpcDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(VpcCreation {
-            opts: VpcCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, VpcCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
