@@ -10,7 +10,7 @@ use std::sync::Arc;
 use diskit_backends::MemoryDevice;
 use diskit_core::{BlockDevice, Storage, StorageRef};
 use diskit_formats::check::Repair;
-use diskit_formats::driver::FormatDriver;
+use diskit_formats::driver::{FormatDriver, Opening};
 use diskit_formats::implied::NoImpliedFiles;
 use diskit_formats::vmdk::{VmdkDriver, descriptor::Descriptor};
 use diskit_formats::OpenOptions;
@@ -21,7 +21,11 @@ fuzz_target!(|data: &[u8]| {
     let mem = Arc::new(MemoryDevice::new(0));
     mem.write_extend(data, 0).unwrap();
     let storage: StorageRef = mem;
-    let Ok(opened) = VmdkDriver.open(storage, &OpenOptions::default(), &mut NoImpliedFiles) else {
+    let Ok(opened) = VmdkDriver.open(Opening {
+        storage,
+        opts: &OpenOptions::default(),
+        implied: &mut NoImpliedFiles,
+    }) else {
         return;
     };
     let _ = opened.image.info();

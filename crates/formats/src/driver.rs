@@ -32,6 +32,17 @@ pub struct Opened {
     pub image: Arc<dyn FormatImage>,
 }
 
+/// What a driver opens an image from.
+pub struct Opening<'a> {
+    /// The image's storage.
+    pub storage: StorageRef,
+    /// How to open it.
+    pub opts: &'a OpenOptions,
+    /// The opener of the files the image names (backing file, data file,
+    /// extents).
+    pub implied: &'a mut dyn ImpliedFiles,
+}
+
 /// An image format.
 pub trait FormatDriver: Sync {
     /// The name, as `-f` and qemu-img spell it.
@@ -59,15 +70,9 @@ pub trait FormatDriver: Sync {
         &[]
     }
 
-    /// Opens the image on `storage`; the files it names are opened through
-    /// `implied`.
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
-        let _ = (storage, opts, implied);
+    /// Opens the image `at` says.
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let _ = at;
         Err(unsupported(self.name()))
     }
 

@@ -8,13 +8,12 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_core::{Error, ErrorKind, Result, StorageRef};
+use diskit_core::{Error, ErrorKind, Result};
 
 use crate::creation::{Basics, FormatOptions, NewFiles, Planned};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::FormatImage;
-use crate::implied::ImpliedFiles;
-use crate::{Format, OpenOptions, OptionList};
+use crate::{Format, OptionList};
 
 /// The driver's name.
 pub const NAME: &str = "host_device";
@@ -86,12 +85,8 @@ impl FormatDriver for HostDeviceDriver {
         NAME
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        _opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, .. } = at;
         let name = storage.location().to_string();
         let fd = storage.fd().ok_or_else(|| {
             Error::invalid(format!(

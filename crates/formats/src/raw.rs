@@ -98,12 +98,8 @@ impl crate::driver::FormatDriver for RawDriver {
         true
     }
 
-    fn open(
-        &self,
-        storage: diskit_core::StorageRef,
-        _opts: &crate::OpenOptions,
-        _implied: &mut dyn crate::implied::ImpliedFiles,
-    ) -> Result<crate::driver::Opened> {
+    fn open(&self, at: crate::driver::Opening<'_>) -> Result<crate::driver::Opened> {
+        let storage = at.storage;
         Ok(crate::driver::Opened {
             device: storage.clone(),
             image: std::sync::Arc::new(RawImage { storage }),
@@ -159,22 +155,11 @@ impl FormatImage for RawImage {
     }
 
     fn check_resize(&self, new_size: u64, prealloc: Option<Prealloc>) -> Result<()> {
-        if prealloc == Some(Prealloc::Metadata) {
-            return Err(Error::unsupported(
-                "Unsupported preallocation mode: metadata",
-            ));
-        }
-        if new_size == 0 || new_size > i64::MAX as u64 {
-            return Err(Error::invalid("New image size must be positive"));
-        }
-        Ok(())
+        crate::prealloc::check_plain_resize(new_size, prealloc)
     }
 
     fn resize(&self, new_size: u64, _shrink: bool, prealloc: Prealloc) -> Result<()> {
-        let mode = prealloc
-            .for_storage()
-            .ok_or_else(|| Error::unsupported("Unsupported preallocation mode: metadata"))?;
-        self.storage.resize(new_size, mode)
+        crate::prealloc::resize_plain(&*self.storage, new_size, prealloc)
     }
 }
 

@@ -17,11 +17,10 @@ use diskit_core::{Error, ErrorKind, Result, Storage, StorageRef};
 use crate::creation::Planned;
 use crate::crypto::encrypted::EncryptedStorage;
 use crate::crypto::{SECTOR_SIZE, Secrets, SectorCipher};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
-use crate::implied::ImpliedFiles;
 use crate::info::{FormatInfo, InfoValue};
-use crate::{Format, OpenOptions, OptionList, Prealloc};
+use crate::{Format, OptionList, Prealloc};
 
 use header::Header;
 
@@ -160,12 +159,8 @@ impl FormatDriver for LuksDriver {
         &["key-secret"]
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, opts, .. } = at;
         let h = read_header(&*storage, 0)?;
         let payload = h.payload_offset as u64 * SECTOR_SIZE;
         if storage.file_len()? < payload {
@@ -290,23 +285,12 @@ impl FormatImage for LuksImage {
     }
 
     fn check_resize(&self, new_size: u64, prealloc: Option<Prealloc>) -> Result<()> {
-        if prealloc == Some(Prealloc::Metadata) {
-            return Err(Error::unsupported(
-                "Unsupported preallocation mode: metadata",
-            ));
-        }
-        if new_size == 0 || new_size > i64::MAX as u64 {
-            return Err(Error::invalid("New image size must be positive"));
-        }
-        Ok(())
+        crate::prealloc::check_plain_resize(new_size, prealloc)
     }
 
     fn resize(&self, new_size: u64, _shrink: bool, prealloc: Prealloc) -> Result<()> {
-        let mode = prealloc
-            .for_storage()
-            .ok_or_else(|| Error::unsupported("Unsupported preallocation mode: metadata"))?;
         let payload = self.header.payload_offset as u64 * SECTOR_SIZE;
-        self.storage.resize(payload + new_size, mode)
+        crate::prealloc::resize_plain(&*self.storage, payload + new_size, prealloc)
     }
 
     fn amend(&self, options: &OptionList, force: bool) -> Result<()> {

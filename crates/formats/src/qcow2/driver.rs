@@ -10,10 +10,9 @@ use super::measure::{Measurement, Source};
 use super::ops::Qcow2Image;
 use crate::check::{CheckReport, Repair};
 use crate::creation::Creation;
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::Capability;
-use crate::implied::ImpliedFiles;
-use crate::{Format, Image, OpenOptions, OptionList};
+use crate::{Format, Image, OptionList};
 
 /// qcow2's probe: the qcow magic with version 2 or more.
 pub fn probe(h: &[u8], _: &str) -> u32 {
@@ -48,12 +47,12 @@ impl FormatDriver for Qcow2Driver {
         &["backing", "data-file"]
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening {
+            storage,
+            opts,
+            implied,
+        } = at;
         let q = Arc::new(super::open::open(
             storage.clone(),
             super::Qcow2Options {

@@ -16,12 +16,12 @@ use diskit_core::{BlockDevice, Error, Result, Storage, StorageRef, WriteFlags};
 
 use crate::check::{CheckReport, Repair};
 use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
-use crate::implied::{ImpliedFiles, Named};
+use crate::implied::Named;
 use crate::info::FormatInfo;
 use crate::mapped::Backing;
-use crate::{Format, OpenOptions, OptionList, Prealloc};
+use crate::{Format, OptionList, Prealloc};
 
 use device::{Qed, ZERO_CLUSTER};
 use header::{
@@ -334,12 +334,12 @@ impl FormatDriver for QedDriver {
         "qed"
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening {
+            storage,
+            opts,
+            implied,
+        } = at;
         let mut h = read_header(&*storage)?;
         if opts.writable {
             if h.features & F_NEED_CHECK != 0 {

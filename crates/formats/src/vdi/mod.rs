@@ -17,11 +17,10 @@ use diskit_core::{Error, Result, StorageRef};
 
 use crate::check::{CheckReport, Repair};
 use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
-use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
-use crate::{Format, OpenOptions, OptionList};
+use crate::{Format, OptionList};
 
 use device::Vdi;
 use header::{BLOCK_SIZE, DISCARDED, Header, MAX_SIZE, UNALLOCATED};
@@ -177,12 +176,8 @@ impl FormatDriver for VdiDriver {
         "vdi"
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, opts, .. } = at;
         let vdi = Arc::new(Vdi::open(storage.clone(), opts.writable)?);
         Ok(Opened {
             device: vdi.clone(),

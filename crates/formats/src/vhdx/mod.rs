@@ -28,12 +28,11 @@ use diskit_core::{Error, Preallocation, Result, Storage, StorageRef};
 
 use crate::check::{CheckReport, Repair};
 use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
-use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
 use crate::options::bool_value;
-use crate::{Format, OpenOptions, OptionList, Prealloc};
+use crate::{Format, OptionList, Prealloc};
 
 use device::{Mode, Vhdx};
 use header::{
@@ -306,12 +305,8 @@ impl FormatDriver for VhdxDriver {
         "vhdx"
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, opts, .. } = at;
         let v = Arc::new(Vhdx::open(
             storage,
             Mode {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use diskit_core::{Error, Result, StorageRef};
 
 use crate::check::{CheckReport, Repair};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::{ImpliedFiles, Named, Role};
 use crate::info::{ChildFile, FormatInfo, InfoValue};
@@ -283,12 +283,12 @@ impl FormatDriver for VmdkDriver {
         "vmdk"
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening {
+            storage,
+            opts,
+            implied,
+        } = at;
         let (vmdk, facts) = open(storage, opts, implied)?;
         Ok(Opened {
             device: vmdk.clone(),

@@ -17,15 +17,14 @@ pub mod footer;
 use std::sync::Arc;
 
 use diskit_backends::Preallocation;
-use diskit_core::{Error, Result, StorageRef};
+use diskit_core::{Error, Result};
 
 use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::FormatImage;
-use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
 use crate::mapped::Mapped;
-use crate::{Format, OpenOptions, OptionList};
+use crate::{Format, OptionList};
 
 use device::Vpc;
 use footer::{BLOCK_SIZE, Chs, DynHeader, FOOTER_LEN, Footer, MAX_CHS_SECTORS, MAX_SECTORS};
@@ -197,12 +196,8 @@ impl FormatDriver for VpcDriver {
         &["force_size_calc"]
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, opts, .. } = at;
         let calc = match opts
             .node_options
             .iter()
