@@ -251,3 +251,39 @@ impl<O: FormatOptions> Creation for Planned<O> {
 pub fn given_summary(given: &[(String, String)]) -> String {
     given.iter().map(|(k, v)| format!(" {k}={v}")).collect()
 }
+
+/// The file protocol's creation options, as `-o help` lists them.
+const FILE_OPTIONS: &[&str] = &[
+    "extent_size_hint=<size> - Extent size hint for the image file, 0 to disable",
+    "nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)",
+    "preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)",
+];
+
+/// `create -o help` as qemu-img prints it for `format`, whose own options
+/// are `own` (lines `key=<type> - text`): with a file name given, merged
+/// with the file protocol's (the format's line winning where both have a
+/// key), in order of key; without, the format's alone, and a hint.
+pub fn create_help(format: &str, own: &[&str], with_file: bool) -> String {
+    let key = |line: &str| line.split('=').next().unwrap_or(line).to_string();
+    let mut lines = own.to_vec();
+    if with_file {
+        let theirs = FILE_OPTIONS
+            .iter()
+            .filter(|f| !own.iter().any(|o| key(o) == key(f)));
+        lines.extend(theirs);
+    }
+    lines.sort_by_key(|l| key(l));
+    let mut out = if with_file {
+        "Supported options:\n".to_string()
+    } else {
+        format!("Supported {format} options:\n")
+    };
+    for line in lines {
+        out += &format!("  {line}\n");
+    }
+    if !with_file {
+        out += "\nThe protocol level may support further options.\n\
+                Specify the target filename to include those options.\n";
+    }
+    out
+}

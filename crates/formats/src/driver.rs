@@ -24,6 +24,18 @@ pub struct Measurement {
     pub bitmaps: Option<u64>,
 }
 
+impl Measurement {
+    /// The measurement of an image that takes `bytes` whatever is
+    /// allocated (plain storage, a LUKS volume): no bitmaps.
+    pub fn fixed(bytes: u64) -> Measurement {
+        Measurement {
+            required: bytes,
+            fully_allocated: bytes,
+            bitmaps: None,
+        }
+    }
+}
+
 /// What opening an image gives.
 pub struct Opened {
     /// What the guest sees.

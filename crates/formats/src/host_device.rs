@@ -21,24 +21,12 @@ pub const NAME: &str = "host_device";
 /// The `-o` options it takes.
 const CREATE_OPTIONS: &[&str] = &["size", "preallocation"];
 
-/// `create -o help` with a file name, as qemu-img prints it: with the
-/// file protocol's options, as for every format (a device's own
-/// protocol has fewer; the command line lists what the target takes).
-const CREATE_HELP: &str = "Supported options:
-  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
-  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
-  preallocation=<str>    - Preallocation mode (allowed values: off)
-  size=<size>            - Virtual disk size
-";
-
-/// `create -o help` without a file name.
-const CREATE_HELP_GENERIC: &str = "Supported host_device options:
-  preallocation=<str>    - Preallocation mode (allowed values: off)
-  size=<size>            - Virtual disk size
-
-The protocol level may support further options.
-Specify the target filename to include those options.
-";
+/// The creation options `-o help` lists for host_device (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &[
+    "preallocation=<str>    - Preallocation mode (allowed values: off)",
+    "size=<size>            - Virtual disk size",
+];
 
 /// host_device's probe: never probed, only named.
 pub fn probe(_: &[u8], _: &str) -> u32 {
@@ -114,12 +102,7 @@ impl FormatDriver for HostDeviceDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        if with_file {
-            CREATE_HELP
-        } else {
-            CREATE_HELP_GENERIC
-        }
-        .to_string()
+        crate::creation::create_help("host_device", CREATE_HELP, with_file)
     }
 }
 

@@ -11,13 +11,9 @@ use crate::{Format, OptionList, Prealloc};
 /// lists them in its "Formatting" line.
 pub const CREATE_OPTIONS: &[&str] = &["size", "nocow", "preallocation", "extent_size_hint"];
 
-/// Help text for `-o help`, as qemu-img prints it for raw with a file name.
-pub const CREATE_HELP: &str = "Supported options:
-  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
-  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
-  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)
-  size=<size>            - Virtual disk size
-";
+/// The creation options `-o help` lists for raw (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &["size=<size>            - Virtual disk size"];
 
 /// Validated raw creation options.
 #[derive(Debug, Clone, Default)]
@@ -115,14 +111,7 @@ impl crate::driver::FormatDriver for RawDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        if with_file {
-            CREATE_HELP.to_string()
-        } else {
-            "Supported raw options:\n  size=<size>            - Virtual disk size\n\n\
-             The protocol level may support further options.\n\
-             Specify the target filename to include those options.\n"
-                .to_string()
-        }
+        crate::creation::create_help("raw", CREATE_HELP, with_file)
     }
 
     fn measure(
@@ -132,15 +121,10 @@ impl crate::driver::FormatDriver for RawDriver {
         source: Option<&crate::Image>,
     ) -> Result<crate::driver::Measurement> {
         options.check_known(CREATE_OPTIONS)?;
-        let v = match (source, size) {
-            (Some(img), _) => img.virtual_size(),
-            (None, s) => s.unwrap_or(0).div_ceil(512) * 512,
-        };
-        Ok(crate::driver::Measurement {
-            required: v,
-            fully_allocated: v,
-            bitmaps: None,
-        })
+        Ok(crate::driver::Measurement::fixed(match source {
+            Some(img) => img.virtual_size(),
+            None => size.unwrap_or(0).div_ceil(512) * 512,
+        }))
     }
 }
 

@@ -131,6 +131,20 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     u32::from(h.starts_with(b"LUKS\xba\xbe") && matches!(version, Some(1 | 2))) * 100
 }
 
+/// The creation options `-o help` lists for luks (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &[
+    "cipher-alg=<str>       - Name of encryption cipher algorithm",
+    "cipher-mode=<str>      - Name of encryption cipher mode",
+    "detached-header=<bool (on/off)> - Create a detached LUKS header",
+    "hash-alg=<str>         - Name of encryption hash algorithm",
+    "iter-time=<num>        - Time to spend in PBKDF in milliseconds",
+    "ivgen-alg=<str>        - Name of IV generator algorithm",
+    "ivgen-hash-alg=<str>   - Name of IV generator hash algorithm",
+    "key-secret=<str>       - ID of the secret that provides the keyslot passphrase",
+    "size=<size>            - Virtual disk size",
+];
+
 /// The luks driver.
 pub struct LuksDriver;
 
@@ -197,7 +211,7 @@ impl FormatDriver for LuksDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        create::help(with_file)
+        crate::creation::create_help("luks", CREATE_HELP, with_file)
     }
 
     fn amend_help(&self) -> Option<String> {
@@ -215,17 +229,11 @@ impl FormatDriver for LuksDriver {
         source: Option<&crate::Image>,
     ) -> Result<crate::driver::Measurement> {
         let opts = Planned::new(options, create::LuksCreateOptions::parse(options)?)?.opts;
-        let v = match (source, size) {
-            (Some(img), _) => img.virtual_size(),
-            (None, s) => s.unwrap_or(0),
-        };
+        let v = source.map_or(size.unwrap_or(0), |img| img.virtual_size());
         let v = v.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
-        let total = create::payload_offset(&opts.plan()?) + v;
-        Ok(crate::driver::Measurement {
-            required: total,
-            fully_allocated: total,
-            bitmaps: None,
-        })
+        Ok(crate::driver::Measurement::fixed(
+            create::payload_offset(&opts.plan()?) + v,
+        ))
     }
 }
 

@@ -24,6 +24,32 @@ pub(crate) fn qcow_version(h: &[u8]) -> Option<u32> {
     (h.len() >= 8 && h[..4] == *b"QFI\xfb").then(|| u32::from_be_bytes([h[4], h[5], h[6], h[7]]))
 }
 
+/// The creation options `-o help` lists for qcow2 (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &[
+    "backing_file=<str>     - File name of a base image",
+    "backing_fmt=<str>      - Image format of the base image",
+    "cluster_size=<size>    - qcow2 cluster size",
+    "compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])",
+    "compression_type=<str> - Compression method used for image cluster compression",
+    "data_file=<str>        - File name of an external data file",
+    "data_file_raw=<bool (on/off)> - The external data file must stay valid as a raw image",
+    "encrypt.cipher-alg=<str> - Name of encryption cipher algorithm",
+    "encrypt.cipher-mode=<str> - Name of encryption cipher mode",
+    "encrypt.format=<str>   - Encrypt the image, format choices: 'aes', 'luks'",
+    "encrypt.hash-alg=<str> - Name of encryption hash algorithm",
+    "encrypt.iter-time=<num> - Time to spend in PBKDF in milliseconds",
+    "encrypt.ivgen-alg=<str> - Name of IV generator algorithm",
+    "encrypt.ivgen-hash-alg=<str> - Name of IV generator hash algorithm",
+    "encrypt.key-secret=<str> - ID of secret providing qcow AES key or LUKS passphrase",
+    "encryption=<bool (on/off)> - Encrypt the image with format 'aes'. (Deprecated in favor of encrypt.format=aes)",
+    "extended_l2=<bool (on/off)> - Extended L2 tables",
+    "lazy_refcounts=<bool (on/off)> - Postpone refcount updates",
+    "preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)",
+    "refcount_bits=<num>    - Width of a reference count entry in bits",
+    "size=<size>            - Virtual disk size",
+];
+
 /// The qcow2 driver.
 pub struct Qcow2Driver;
 
@@ -48,11 +74,7 @@ impl FormatDriver for Qcow2Driver {
     }
 
     fn open(&self, at: Opening<'_>) -> Result<Opened> {
-        let Opening {
-            storage,
-            opts,
-            implied,
-        } = at;
+        let (storage, opts, implied) = (at.storage, at.opts, at.implied);
         let q = Arc::new(super::open::open(
             storage.clone(),
             super::Qcow2Options {
@@ -125,7 +147,7 @@ impl FormatDriver for Qcow2Driver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        super::create::create_help(with_file)
+        crate::creation::create_help("qcow2", CREATE_HELP, with_file)
     }
 
     fn measure(

@@ -326,6 +326,16 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"QED\0")
 }
 
+/// The creation options `-o help` lists for qed (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &[
+    "backing_file=<str>     - File name of a base image",
+    "backing_fmt=<str>      - Image format of the base image",
+    "cluster_size=<size>    - Cluster size (in bytes)",
+    "size=<size>            - Virtual disk size",
+    "table_size=<size>      - L1/L2 table size (in clusters)",
+];
+
 /// The qed driver.
 pub struct QedDriver;
 
@@ -335,11 +345,7 @@ impl FormatDriver for QedDriver {
     }
 
     fn open(&self, at: Opening<'_>) -> Result<Opened> {
-        let Opening {
-            storage,
-            opts,
-            implied,
-        } = at;
+        let (storage, opts, implied) = (at.storage, at.opts, at.implied);
         let mut h = read_header(&*storage)?;
         if opts.writable {
             if h.features & F_NEED_CHECK != 0 {
@@ -388,46 +394,7 @@ impl FormatDriver for QedDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        let lines = [
-            ("backing_file=<str>     - File name of a base image", false),
-            (
-                "backing_fmt=<str>      - Image format of the base image",
-                false,
-            ),
-            ("cluster_size=<size>    - Cluster size (in bytes)", false),
-            (
-                "extent_size_hint=<size> - Extent size hint for the image file, 0 to disable",
-                true,
-            ),
-            (
-                "nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)",
-                true,
-            ),
-            (
-                "preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)",
-                true,
-            ),
-            ("size=<size>            - Virtual disk size", false),
-            (
-                "table_size=<size>      - L1/L2 table size (in clusters)",
-                false,
-            ),
-        ];
-        let mut out = String::from(if with_file {
-            "Supported options:\n"
-        } else {
-            "Supported qed options:\n"
-        });
-        for (l, file_only) in lines {
-            if with_file || !file_only {
-                out += &format!("  {l}\n");
-            }
-        }
-        if !with_file {
-            out += "\nThe protocol level may support further options.\n\
-                    Specify the target filename to include those options.\n";
-        }
-        out
+        crate::creation::create_help("qed", CREATE_HELP, with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {

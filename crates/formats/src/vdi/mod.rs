@@ -168,6 +168,13 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0x40, &0xbeda_107fu32.to_le_bytes())
 }
 
+/// The creation options `-o help` lists for vdi (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &[
+    "size=<size>            - Virtual disk size",
+    "static=<bool (on/off)> - VDI static (pre-allocated) image",
+];
+
 /// The vdi driver.
 pub struct VdiDriver;
 
@@ -194,25 +201,7 @@ impl FormatDriver for VdiDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        if with_file {
-            "Supported options:
-  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
-  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
-  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)
-  size=<size>            - Virtual disk size
-  static=<bool (on/off)> - VDI static (pre-allocated) image
-"
-            .to_string()
-        } else {
-            "Supported vdi options:
-  size=<size>            - Virtual disk size
-  static=<bool (on/off)> - VDI static (pre-allocated) image
-
-The protocol level may support further options.
-Specify the target filename to include those options.
-"
-            .to_string()
-        }
+        crate::creation::create_help("vdi", CREATE_HELP, with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {

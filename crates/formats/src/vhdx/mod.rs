@@ -297,6 +297,16 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"vhdxfile")
 }
 
+/// The creation options `-o help` lists for vhdx (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &[
+    "block_size=<size>      - Block Size; min 1MB, max 256MB. 0 means auto-calculate based on image size.",
+    "block_state_zero=<bool (on/off)> - Force use of payload blocks of type 'ZERO'. Non-standard, but default.  Do not set to 'off' when using 'qemu-img convert' with subformat=dynamic.",
+    "log_size=<size>        - Log size; min 1MB.",
+    "size=<size>            - Virtual disk size; max of 64TB.",
+    "subformat=<str>        - VHDX format type, can be either 'dynamic' or 'fixed'. Default is 'dynamic'.",
+];
+
 /// The vhdx driver.
 pub struct VhdxDriver;
 
@@ -332,20 +342,7 @@ impl FormatDriver for VhdxDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        let bs = "  block_size=<size>      - Block Size; min 1MB, max 256MB. 0 means auto-calculate based on image size.\n";
-        let bsz = "  block_state_zero=<bool (on/off)> - Force use of payload blocks of type 'ZERO'. Non-standard, but default.  Do not set to 'off' when using 'qemu-img convert' with subformat=dynamic.\n";
-        let log = "  log_size=<size>        - Log size; min 1MB.\n";
-        let size = "  size=<size>            - Virtual disk size; max of 64TB.\n";
-        let sub = "  subformat=<str>        - VHDX format type, can be either 'dynamic' or 'fixed'. Default is 'dynamic'.\n";
-        if with_file {
-            format!(
-                "Supported options:\n{bs}{bsz}  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable\n{log}  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)\n  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n{size}{sub}"
-            )
-        } else {
-            format!(
-                "Supported vhdx options:\n{bs}{bsz}{log}{size}{sub}\nThe protocol level may support further options.\nSpecify the target filename to include those options.\n"
-            )
-        }
+        crate::creation::create_help("vhdx", CREATE_HELP, with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {

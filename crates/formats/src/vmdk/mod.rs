@@ -275,6 +275,20 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     }
 }
 
+/// The creation options `-o help` lists for vmdk (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &[
+    "adapter_type=<str>     - Virtual adapter type, can be one of ide (default), lsilogic, buslogic or legacyESX",
+    "backing_file=<str>     - File name of a base image",
+    "backing_fmt=<str>      - Must be 'vmdk' if present",
+    "compat6=<bool (on/off)> - VMDK version 6 image",
+    "hwversion=<str>        - VMDK hardware version",
+    "size=<size>            - Virtual disk size",
+    "subformat=<str>        - VMDK flat extent format, can be one of {monolithicSparse (default) | monolithicFlat | twoGbMaxExtentSparse | twoGbMaxExtentFlat | streamOptimized} ",
+    "toolsversion=<str>     - VMware guest tools version",
+    "zeroed_grain=<bool (on/off)> - Enable efficient zero writes using the zeroed-grain GTE feature",
+];
+
 /// The vmdk driver.
 pub struct VmdkDriver;
 
@@ -284,11 +298,7 @@ impl FormatDriver for VmdkDriver {
     }
 
     fn open(&self, at: Opening<'_>) -> Result<Opened> {
-        let Opening {
-            storage,
-            opts,
-            implied,
-        } = at;
+        let (storage, opts, implied) = (at.storage, at.opts, at.implied);
         let (vmdk, facts) = open(storage, opts, implied)?;
         Ok(Opened {
             device: vmdk.clone(),
@@ -312,18 +322,7 @@ impl FormatDriver for VmdkDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        let own = "  adapter_type=<str>     - Virtual adapter type, can be one of ide (default), lsilogic, buslogic or legacyESX\n  backing_file=<str>     - File name of a base image\n  backing_fmt=<str>      - Must be 'vmdk' if present\n  compat6=<bool (on/off)> - VMDK version 6 image\n";
-        let rest = "  size=<size>            - Virtual disk size\n  subformat=<str>        - VMDK flat extent format, can be one of {monolithicSparse (default) | monolithicFlat | twoGbMaxExtentSparse | twoGbMaxExtentFlat | streamOptimized} \n  toolsversion=<str>     - VMware guest tools version\n  zeroed_grain=<bool (on/off)> - Enable efficient zero writes using the zeroed-grain GTE feature\n";
-        let hw = "  hwversion=<str>        - VMDK hardware version\n";
-        if with_file {
-            format!(
-                "Supported options:\n{own}  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable\n{hw}  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)\n  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n{rest}"
-            )
-        } else {
-            format!(
-                "Supported vmdk options:\n{own}{hw}{rest}\nThe protocol level may support further options.\nSpecify the target filename to include those options.\n"
-            )
-        }
+        crate::creation::create_help("vmdk", CREATE_HELP, with_file)
     }
 }
 

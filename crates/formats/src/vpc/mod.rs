@@ -184,6 +184,14 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"conectix")
 }
 
+/// The creation options `-o help` lists for vpc (see
+/// [`crate::creation::create_help`]).
+const CREATE_HELP: &[&str] = &[
+    "force_size=<bool (on/off)> - Force disk size calculation to use the actual size specified, rather than using the nearest CHS-based calculation",
+    "size=<size>            - Virtual disk size",
+    "subformat=<str>        - Type of virtual hard disk format. Supported formats are {dynamic (default) | fixed} ",
+];
+
 /// The vpc driver.
 pub struct VpcDriver;
 
@@ -218,18 +226,7 @@ impl FormatDriver for VpcDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        let force = "  force_size=<bool (on/off)> - Force disk size calculation to use the actual size specified, rather than using the nearest CHS-based calculation\n";
-        let size = "  size=<size>            - Virtual disk size\n";
-        let sub = "  subformat=<str>        - Type of virtual hard disk format. Supported formats are {dynamic (default) | fixed} \n";
-        if with_file {
-            format!(
-                "Supported options:\n  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable\n{force}  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)\n  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n{size}{sub}"
-            )
-        } else {
-            format!(
-                "Supported vpc options:\n{force}{size}{sub}\nThe protocol level may support further options.\nSpecify the target filename to include those options.\n"
-            )
-        }
+        crate::creation::create_help("vpc", CREATE_HELP, with_file)
     }
 }
 
