@@ -259,31 +259,49 @@ const FILE_OPTIONS: &[&str] = &[
     "preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)",
 ];
 
-/// `create -o help` as qemu-img prints it for `format`, whose own options
-/// are `own` (lines `key=<type> - text`): with a file name given, merged
-/// with the file protocol's (the format's line winning where both have a
-/// key), in order of key; without, the format's alone, and a hint.
-pub fn create_help(format: &str, own: &[&str], with_file: bool) -> String {
-    let key = |line: &str| line.split('=').next().unwrap_or(line).to_string();
-    let mut lines = own.to_vec();
-    if with_file {
-        let theirs = FILE_OPTIONS
-            .iter()
-            .filter(|f| !own.iter().any(|o| key(o) == key(f)));
-        lines.extend(theirs);
+/// The key of an option line (`key=<type> - text`).
+fn key(line: &str) -> &str {
+    line.split('=').next().unwrap_or(line)
+}
+
+/// The creation options a format offers, as `-o help` lists them (lines
+/// `key=<type> - text`): their keys, with the file protocol's, are the
+/// `-o` keys the format takes.
+pub struct Offered(pub &'static [&'static str]);
+
+impl Offered {
+    /// Fails naming the first key of `options` the format does not take.
+    pub fn check(&self, options: &OptionList) -> Result<()> {
+        let keys: Vec<&str> = self.0.iter().chain(FILE_OPTIONS).map(|l| key(l)).collect();
+        options.check_known(&keys)
     }
-    lines.sort_by_key(|l| key(l));
-    let mut out = if with_file {
-        "Supported options:\n".to_string()
-    } else {
-        format!("Supported {format} options:\n")
-    };
-    for line in lines {
-        out += &format!("  {line}\n");
+
+    /// `create -o help` as qemu-img prints it for `format`: with a file
+    /// name given, the format's lines merged with the file protocol's
+    /// (the format's winning where both have a key), in order of key;
+    /// without, the format's alone, and a hint.
+    pub fn help(&self, format: &str, with_file: bool) -> String {
+        let own = self.0;
+        let mut lines = own.to_vec();
+        if with_file {
+            let theirs = FILE_OPTIONS
+                .iter()
+                .filter(|f| !own.iter().any(|o| key(o) == key(f)));
+            lines.extend(theirs);
+        }
+        lines.sort_by_key(|l| key(l));
+        let mut out = if with_file {
+            "Supported options:\n".to_string()
+        } else {
+            format!("Supported {format} options:\n")
+        };
+        for line in lines {
+            out += &format!("  {line}\n");
+        }
+        if !with_file {
+            out += "\nThe protocol level may support further options.\n\
+                    Specify the target filename to include those options.\n";
+        }
+        out
     }
-    if !with_file {
-        out += "\nThe protocol level may support further options.\n\
-                Specify the target filename to include those options.\n";
-    }
-    out
 }

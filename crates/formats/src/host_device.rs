@@ -18,15 +18,15 @@ use crate::{Format, OptionList};
 /// The driver's name.
 pub const NAME: &str = "host_device";
 
-/// The `-o` options it takes.
+/// The `-o` options it takes: its own (a device is no file, and takes
+/// none of the file protocol's).
 const CREATE_OPTIONS: &[&str] = &["size", "preallocation"];
 
-/// The creation options `-o help` lists for host_device (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &[
+/// The creation options host_device offers.
+const OFFERED: crate::creation::Offered = crate::creation::Offered(&[
     "preallocation=<str>    - Preallocation mode (allowed values: off)",
     "size=<size>            - Virtual disk size",
-];
+]);
 
 /// host_device's probe: never probed, only named.
 pub fn probe(_: &[u8], _: &str) -> u32 {
@@ -102,7 +102,7 @@ impl FormatDriver for HostDeviceDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("host_device", CREATE_HELP, with_file)
+        OFFERED.help("host_device", with_file)
     }
 }
 

@@ -2,18 +2,13 @@
 
 use diskit_core::{Error, ErrorKind, Preallocation, Result, StorageRef};
 
-use crate::creation::{Basics, FormatOptions, NewFiles, Planned};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned};
 
 use crate::image_ops::FormatImage;
 use crate::{Format, OptionList, Prealloc};
 
-/// The `-o` options raw images accept at creation, in the order qemu-img
-/// lists them in its "Formatting" line.
-pub const CREATE_OPTIONS: &[&str] = &["size", "nocow", "preallocation", "extent_size_hint"];
-
-/// The creation options `-o help` lists for raw (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &["size=<size>            - Virtual disk size"];
+/// The creation options raw offers.
+const OFFERED: Offered = Offered(&["size=<size>            - Virtual disk size"]);
 
 /// Validated raw creation options.
 #[derive(Debug, Clone, Default)]
@@ -31,7 +26,7 @@ pub struct RawCreateOptions {
 impl RawCreateOptions {
     /// Checks the option list: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<RawCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
+        OFFERED.check(options)?;
         Ok(RawCreateOptions {
             preallocation: options.text("preallocation"),
             nocow: options.flag("nocow")?,
@@ -103,7 +98,7 @@ impl crate::driver::FormatDriver for RawDriver {
     }
 
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        options.check_known(CREATE_OPTIONS)
+        OFFERED.check(options)
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
@@ -111,7 +106,7 @@ impl crate::driver::FormatDriver for RawDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("raw", CREATE_HELP, with_file)
+        OFFERED.help("raw", with_file)
     }
 
     fn measure(
@@ -120,7 +115,7 @@ impl crate::driver::FormatDriver for RawDriver {
         size: Option<u64>,
         source: Option<&crate::Image>,
     ) -> Result<crate::driver::Measurement> {
-        options.check_known(CREATE_OPTIONS)?;
+        OFFERED.check(options)?;
         Ok(crate::driver::Measurement::fixed(match source {
             Some(img) => img.virtual_size(),
             None => size.unwrap_or(0).div_ceil(512) * 512,

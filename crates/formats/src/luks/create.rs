@@ -73,7 +73,7 @@ pub const KEYS: &[&str] = &[
 impl LuksCreateOptions {
     /// Parses the standalone format's options.
     pub fn parse(options: &OptionList) -> Result<LuksCreateOptions> {
-        options.check_known(super::CREATE_OPTIONS)?;
+        super::OFFERED.check(options)?;
         if let Some(v) = options.get("detached-header")
             && bool_value("detached-header", v)?
         {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use diskit_core::{Error, ErrorKind, Result, Storage, StorageRef};
 
+use crate::creation::Offered;
 use crate::creation::Planned;
 use crate::crypto::encrypted::EncryptedStorage;
 use crate::crypto::{SECTOR_SIZE, Secrets, SectorCipher};
@@ -131,9 +132,8 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     u32::from(h.starts_with(b"LUKS\xba\xbe") && matches!(version, Some(1 | 2))) * 100
 }
 
-/// The creation options `-o help` lists for luks (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &[
+/// The creation options luks offers.
+pub(crate) const OFFERED: Offered = Offered(&[
     "cipher-alg=<str>       - Name of encryption cipher algorithm",
     "cipher-mode=<str>      - Name of encryption cipher mode",
     "detached-header=<bool (on/off)> - Create a detached LUKS header",
@@ -143,26 +143,10 @@ const CREATE_HELP: &[&str] = &[
     "ivgen-hash-alg=<str>   - Name of IV generator hash algorithm",
     "key-secret=<str>       - ID of the secret that provides the keyslot passphrase",
     "size=<size>            - Virtual disk size",
-];
+]);
 
 /// The luks driver.
 pub struct LuksDriver;
-
-/// The creation options qemu-img lists for luks with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "key-secret",
-    "cipher-alg",
-    "cipher-mode",
-    "ivgen-alg",
-    "ivgen-hash-alg",
-    "hash-alg",
-    "iter-time",
-    "detached-header",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
 
 impl FormatDriver for LuksDriver {
     fn name(&self) -> &'static str {
@@ -211,7 +195,7 @@ impl FormatDriver for LuksDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("luks", CREATE_HELP, with_file)
+        OFFERED.help("luks", with_file)
     }
 
     fn amend_help(&self) -> Option<String> {

@@ -24,9 +24,8 @@ pub(crate) fn qcow_version(h: &[u8]) -> Option<u32> {
     (h.len() >= 8 && h[..4] == *b"QFI\xfb").then(|| u32::from_be_bytes([h[4], h[5], h[6], h[7]]))
 }
 
-/// The creation options `-o help` lists for qcow2 (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &[
+/// The creation options qcow2 offers.
+const OFFERED: crate::creation::Offered = crate::creation::Offered(&[
     "backing_file=<str>     - File name of a base image",
     "backing_fmt=<str>      - Image format of the base image",
     "cluster_size=<size>    - qcow2 cluster size",
@@ -48,7 +47,7 @@ const CREATE_HELP: &[&str] = &[
     "preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)",
     "refcount_bits=<num>    - Width of a reference count entry in bits",
     "size=<size>            - Virtual disk size",
-];
+]);
 
 /// The qcow2 driver.
 pub struct Qcow2Driver;
@@ -147,7 +146,7 @@ impl FormatDriver for Qcow2Driver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("qcow2", CREATE_HELP, with_file)
+        OFFERED.help("qcow2", with_file)
     }
 
     fn measure(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use diskit_core::{BlockDevice, Error, Result, Storage, StorageRef, WriteFlags};
 
 use crate::check::{CheckReport, Repair};
-use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
 use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::Named;
@@ -47,18 +47,6 @@ pub fn backing_name(file: &dyn Storage, h: &Header) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(&b[..end]).into_owned()))
 }
 
-/// The `-o` options qemu-img lists for qed with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "backing_file",
-    "backing_fmt",
-    "cluster_size",
-    "table_size",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
-
 /// Creation options.
 #[derive(Debug, Clone, Default)]
 pub struct QedCreateOptions {
@@ -70,7 +58,7 @@ pub struct QedCreateOptions {
 impl QedCreateOptions {
     /// Parses `-o`.
     pub fn parse(options: &OptionList) -> Result<QedCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
+        OFFERED.check(options)?;
         Ok(QedCreateOptions {
             cluster_size: options.size("cluster_size")?,
             table_size: options.size("table_size")?,
@@ -326,15 +314,14 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"QED\0")
 }
 
-/// The creation options `-o help` lists for qed (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &[
+/// The creation options qed offers.
+const OFFERED: Offered = Offered(&[
     "backing_file=<str>     - File name of a base image",
     "backing_fmt=<str>      - Image format of the base image",
     "cluster_size=<size>    - Cluster size (in bytes)",
     "size=<size>            - Virtual disk size",
     "table_size=<size>      - L1/L2 table size (in clusters)",
-];
+]);
 
 /// The qed driver.
 pub struct QedDriver;
@@ -394,7 +381,7 @@ impl FormatDriver for QedDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("qed", CREATE_HELP, with_file)
+        OFFERED.help("qed", with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {

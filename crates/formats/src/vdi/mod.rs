@@ -16,7 +16,7 @@ use diskit_backends::Preallocation;
 use diskit_core::{Error, Result, StorageRef};
 
 use crate::check::{CheckReport, Repair};
-use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
 use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
 use crate::info::FormatInfo;
@@ -24,15 +24,6 @@ use crate::{Format, OptionList};
 
 use device::Vdi;
 use header::{BLOCK_SIZE, DISCARDED, Header, MAX_SIZE, UNALLOCATED};
-
-/// The `-o` options qemu-img lists for vdi with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "static",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
 
 /// Validated creation options.
 #[derive(Debug, Clone, Default)]
@@ -48,7 +39,7 @@ pub struct VdiCreateOptions {
 impl VdiCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VdiCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
+        OFFERED.check(options)?;
         Ok(VdiCreateOptions {
             static_image: options.flag("static")?.unwrap_or(false),
             preallocation: options.text("preallocation"),
@@ -168,12 +159,11 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0x40, &0xbeda_107fu32.to_le_bytes())
 }
 
-/// The creation options `-o help` lists for vdi (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &[
+/// The creation options vdi offers.
+const OFFERED: Offered = Offered(&[
     "size=<size>            - Virtual disk size",
     "static=<bool (on/off)> - VDI static (pre-allocated) image",
-];
+]);
 
 /// The vdi driver.
 pub struct VdiDriver;
@@ -201,7 +191,7 @@ impl FormatDriver for VdiDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("vdi", CREATE_HELP, with_file)
+        OFFERED.help("vdi", with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {

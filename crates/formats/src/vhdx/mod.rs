@@ -27,7 +27,7 @@ use std::sync::Arc;
 use diskit_core::{Error, Preallocation, Result, Storage, StorageRef};
 
 use crate::check::{CheckReport, Repair};
-use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
 use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
 use crate::info::FormatInfo;
@@ -40,18 +40,6 @@ use header::{
     MAX_SIZE, MIB, Metadata, NULL_GUID, PAYLOAD_FULLY_PRESENT, PAYLOAD_ZERO, REGION_TABLE_OFFSET,
     REGION_TABLE2_OFFSET, Region, RegionTable, SECTOR, SIGNATURE,
 };
-
-/// The `-o` options qemu-img lists for vhdx with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "log_size",
-    "block_size",
-    "subformat",
-    "block_state_zero",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
 
 /// Creation options, as given (checked when the image is made, after
 /// qemu-img's "Formatting" line).
@@ -72,7 +60,7 @@ pub struct VhdxCreateOptions {
 impl VhdxCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VhdxCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
+        OFFERED.check(options)?;
         Ok(VhdxCreateOptions {
             log_size: options.size("log_size")?,
             block_size: options.size("block_size")?,
@@ -297,15 +285,14 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"vhdxfile")
 }
 
-/// The creation options `-o help` lists for vhdx (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &[
+/// The creation options vhdx offers.
+const OFFERED: Offered = Offered(&[
     "block_size=<size>      - Block Size; min 1MB, max 256MB. 0 means auto-calculate based on image size.",
     "block_state_zero=<bool (on/off)> - Force use of payload blocks of type 'ZERO'. Non-standard, but default.  Do not set to 'off' when using 'qemu-img convert' with subformat=dynamic.",
     "log_size=<size>        - Log size; min 1MB.",
     "size=<size>            - Virtual disk size; max of 64TB.",
     "subformat=<str>        - VHDX format type, can be either 'dynamic' or 'fixed'. Default is 'dynamic'.",
-];
+]);
 
 /// The vhdx driver.
 pub struct VhdxDriver;
@@ -342,7 +329,7 @@ impl FormatDriver for VhdxDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("vhdx", CREATE_HELP, with_file)
+        OFFERED.help("vhdx", with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {

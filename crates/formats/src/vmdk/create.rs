@@ -11,23 +11,7 @@ use super::header::{
     FLAG_ZEROED_GRAIN, GRAIN_SECTORS, GTES_PER_GT, SECTOR, SparseHeader,
 };
 use crate::OptionList;
-use crate::creation::{Basics, FormatOptions, NewFiles, given_summary};
-
-/// The `-o` options qemu-img lists for vmdk with a file name.
-pub const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "adapter_type",
-    "backing_file",
-    "backing_fmt",
-    "compat6",
-    "hwversion",
-    "toolsversion",
-    "subformat",
-    "zeroed_grain",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, given_summary};
 
 /// Sparse extents hold less than this (a grain count in 32 bits).
 const MAX_SPARSE: u64 = 256 << 40;
@@ -79,6 +63,19 @@ impl Subformat {
     }
 }
 
+/// The creation options vmdk offers.
+pub(crate) const OFFERED: Offered = Offered(&[
+    "adapter_type=<str>     - Virtual adapter type, can be one of ide (default), lsilogic, buslogic or legacyESX",
+    "backing_file=<str>     - File name of a base image",
+    "backing_fmt=<str>      - Must be 'vmdk' if present",
+    "compat6=<bool (on/off)> - VMDK version 6 image",
+    "hwversion=<str>        - VMDK hardware version",
+    "size=<size>            - Virtual disk size",
+    "subformat=<str>        - VMDK flat extent format, can be one of {monolithicSparse (default) | monolithicFlat | twoGbMaxExtentSparse | twoGbMaxExtentFlat | streamOptimized} ",
+    "toolsversion=<str>     - VMware guest tools version",
+    "zeroed_grain=<bool (on/off)> - Enable efficient zero writes using the zeroed-grain GTE feature",
+]);
+
 /// Creation options as given.
 #[derive(Debug, Clone, Default)]
 pub struct VmdkCreateOptions {
@@ -95,7 +92,7 @@ pub struct VmdkCreateOptions {
 impl VmdkCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VmdkCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
+        OFFERED.check(options)?;
         Ok(VmdkCreateOptions {
             adapter_type: options.text("adapter_type"),
             compat6: options.flag("compat6")?.unwrap_or(false),

@@ -275,20 +275,6 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     }
 }
 
-/// The creation options `-o help` lists for vmdk (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &[
-    "adapter_type=<str>     - Virtual adapter type, can be one of ide (default), lsilogic, buslogic or legacyESX",
-    "backing_file=<str>     - File name of a base image",
-    "backing_fmt=<str>      - Must be 'vmdk' if present",
-    "compat6=<bool (on/off)> - VMDK version 6 image",
-    "hwversion=<str>        - VMDK hardware version",
-    "size=<size>            - Virtual disk size",
-    "subformat=<str>        - VMDK flat extent format, can be one of {monolithicSparse (default) | monolithicFlat | twoGbMaxExtentSparse | twoGbMaxExtentFlat | streamOptimized} ",
-    "toolsversion=<str>     - VMware guest tools version",
-    "zeroed_grain=<bool (on/off)> - Enable efficient zero writes using the zeroed-grain GTE feature",
-];
-
 /// The vmdk driver.
 pub struct VmdkDriver;
 
@@ -322,7 +308,7 @@ impl FormatDriver for VmdkDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("vmdk", CREATE_HELP, with_file)
+        create::OFFERED.help("vmdk", with_file)
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use diskit_backends::Preallocation;
 use diskit_core::{Error, Result};
 
-use crate::creation::{Basics, FormatOptions, NewFiles, Planned, given_summary};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
 use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::FormatImage;
 use crate::info::FormatInfo;
@@ -28,16 +28,6 @@ use crate::{Format, OptionList};
 
 use device::Vpc;
 use footer::{BLOCK_SIZE, Chs, DynHeader, FOOTER_LEN, Footer, MAX_CHS_SECTORS, MAX_SECTORS};
-
-/// The `-o` options qemu-img lists for vpc with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "subformat",
-    "force_size",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
 
 /// Validated creation options.
 #[derive(Debug, Clone, Default)]
@@ -54,7 +44,7 @@ pub struct VpcCreateOptions {
 impl VpcCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VpcCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
+        OFFERED.check(options)?;
         Ok(VpcCreateOptions {
             subformat: options.text("subformat"),
             force_size: options.flag("force_size")?.unwrap_or(false),
@@ -184,13 +174,12 @@ pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"conectix")
 }
 
-/// The creation options `-o help` lists for vpc (see
-/// [`crate::creation::create_help`]).
-const CREATE_HELP: &[&str] = &[
+/// The creation options vpc offers.
+const OFFERED: Offered = Offered(&[
     "force_size=<bool (on/off)> - Force disk size calculation to use the actual size specified, rather than using the nearest CHS-based calculation",
     "size=<size>            - Virtual disk size",
     "subformat=<str>        - Type of virtual hard disk format. Supported formats are {dynamic (default) | fixed} ",
-];
+]);
 
 /// The vpc driver.
 pub struct VpcDriver;
@@ -226,7 +215,7 @@ impl FormatDriver for VpcDriver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        crate::creation::create_help("vpc", CREATE_HELP, with_file)
+        OFFERED.help("vpc", with_file)
     }
 }
 
