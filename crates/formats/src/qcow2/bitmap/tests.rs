@@ -1,30 +1,6 @@
-use std::path::Path;
-use std::process::Command;
-
-use diskit_backends::FileDevice;
-use diskit_core::StorageOptions;
-
 use super::*;
 use crate::qcow2::HeaderExtension;
-use crate::qcow2::open::read_header;
-
-fn qemu_img(args: &[&str]) {
-    let o = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img is needed (scripts/test installs it)");
-    assert!(
-        o.status.success(),
-        "qemu-img {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-fn open(p: &Path) -> (FileDevice, Header) {
-    let f = FileDevice::open(p, StorageOptions::default()).unwrap();
-    let h = read_header(&f).unwrap();
-    (f, h)
-}
+use crate::qcow2::test_tools::{open, qemu_img};
 
 #[test]
 fn lists_what_qemu_img_adds() {

@@ -1,29 +1,5 @@
-use std::path::Path;
-use std::process::Command;
-
-use diskit_backends::FileDevice;
-use diskit_core::StorageOptions;
-
 use super::*;
-use crate::qcow2::open::read_header;
-
-fn run(tool: &str, args: &[&str]) {
-    let st = Command::new(tool)
-        .args(args)
-        .output()
-        .expect("qemu-img and qemu-io are needed (scripts/test installs them)");
-    assert!(
-        st.status.success(),
-        "{tool} {args:?}: {}",
-        String::from_utf8_lossy(&st.stderr)
-    );
-}
-
-fn open(p: &Path) -> (FileDevice, Header) {
-    let f = FileDevice::open(p, StorageOptions::default()).unwrap();
-    let h = read_header(&f).unwrap();
-    (f, h)
-}
+use crate::qcow2::test_tools::{open, run};
 
 const CX: TableContext = TableContext {
     cluster_size: 65536,
