@@ -97,15 +97,17 @@ impl<F: MappedFormat> Mapped<F> {
             return Ok(n);
         }
         drop(held);
-        let _units = self.hold_units(g, n);
+        let span = f.allocation_span(g, n, max);
+        let _units = self.hold_units(g, span);
         // Look again under the hold: another writer may have allocated.
-        let (n, place, _) = f.lookup(g, n, false)?;
-        if f.write_in_place(g, n, place)?.is_some() {
+        let (now, place, _) = f.lookup(g, n, false)?;
+        if f.write_in_place(g, now, place)?.is_some() {
             return Ok(0);
         }
-        let a = f.allocate(g, &buf[..n as usize])?;
+        let len = if span > n { span } else { now };
+        let a = f.allocate(g, &buf[..len as usize])?;
         debug_assert!(a.guest <= g && a.guest + a.len > g);
-        let m = ((a.guest + a.len).min(g + n) - g) as usize;
+        let m = ((a.guest + a.len).min(g + len) - g) as usize;
         self.fill(&a, &buf[..m], g)?;
         f.commit(a)?;
         Ok(m)
@@ -140,7 +142,8 @@ impl<F: MappedFormat> Mapped<F> {
                             to = e;
                         }
                     }
-                    f.data().write_extend(&region[from..to], a.host + from as u64)?;
+                    f.data()
+                        .write_extend(&region[from..to], a.host + from as u64)?;
                     if to < region.len() {
                         // The space's last byte, so that storage ends there.
                         f.data().write_extend(&[0], a.host + a.len - 1)?;

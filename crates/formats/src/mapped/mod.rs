@@ -174,6 +174,20 @@ pub trait MappedFormat: Send + Sync {
         })
     }
 
+    /// How far from guest `g` an allocation may reach, where `lookup`
+    /// found a run of `run` bytes that is not written in place, in a write
+    /// of `max` bytes: by default the run. A format that allocates over
+    /// following ranges needing new space whatever they map now (qcow2,
+    /// as QEMU: unallocated, zero and shared clusters alike) says more;
+    /// the generic layer holds the units that far, and [`allocate`] sees
+    /// the data that far.
+    ///
+    /// [`allocate`]: MappedFormat::allocate
+    fn allocation_span(&self, g: u64, run: u64, max: u64) -> u64 {
+        let _ = (g, max);
+        run
+    }
+
     /// Reserves new space for guest `g` on, where `lookup` finds no data
     /// to write in place: the units from the one holding `g` for at most
     /// `data.len()` bytes past `g` (what the caller will write there),

@@ -728,6 +728,14 @@ impl MappedFormat for Qcow2Format {
         Ok((n > 0).then_some((h, n)))
     }
 
+    /// A run of new clusters may go on over clusters that map something
+    /// else but need new ones too (as QEMU allocates): to the write's end,
+    /// within the L2 table.
+    fn allocation_span(&self, g: u64, run: u64, max: u64) -> u64 {
+        let cov = self.geo.l2_coverage();
+        run.max(max.min((g / cov + 1) * cov - g))
+    }
+
     /// New host clusters for the write at `g`: one run when `data` covers
     /// two or more whole clusters that all need new ones (a convert writes
     /// so, as QEMU does: one allocation and one write, not one by one);
