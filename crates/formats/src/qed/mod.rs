@@ -47,6 +47,15 @@ pub fn backing_name(file: &dyn Storage, h: &Header) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(&b[..end]).into_owned()))
 }
 
+/// The creation options qed offers.
+const OFFERED: Offered = Offered(&[
+    "backing_file=<str>     - File name of a base image",
+    "backing_fmt=<str>      - Image format of the base image",
+    "cluster_size=<size>    - Cluster size (in bytes)",
+    "size=<size>            - Virtual disk size",
+    "table_size=<size>      - L1/L2 table size (in clusters)",
+]);
+
 /// Creation options.
 #[derive(Debug, Clone, Default)]
 pub struct QedCreateOptions {
@@ -313,15 +322,6 @@ fn walk(storage: &StorageRef, h: &Header, fix: bool) -> Result<CheckReport> {
 pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"QED\0")
 }
-
-/// The creation options qed offers.
-const OFFERED: Offered = Offered(&[
-    "backing_file=<str>     - File name of a base image",
-    "backing_fmt=<str>      - Image format of the base image",
-    "cluster_size=<size>    - Cluster size (in bytes)",
-    "size=<size>            - Virtual disk size",
-    "table_size=<size>      - L1/L2 table size (in clusters)",
-]);
 
 /// The qed driver.
 pub struct QedDriver;

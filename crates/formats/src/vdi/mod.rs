@@ -25,6 +25,12 @@ use crate::{Format, OptionList};
 use device::Vdi;
 use header::{BLOCK_SIZE, DISCARDED, Header, MAX_SIZE, UNALLOCATED};
 
+/// The creation options vdi offers.
+const OFFERED: Offered = Offered(&[
+    "size=<size>            - Virtual disk size",
+    "static=<bool (on/off)> - VDI static (pre-allocated) image",
+]);
+
 /// Validated creation options.
 #[derive(Debug, Clone, Default)]
 pub struct VdiCreateOptions {
@@ -158,12 +164,6 @@ pub fn check(storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
 pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0x40, &0xbeda_107fu32.to_le_bytes())
 }
-
-/// The creation options vdi offers.
-const OFFERED: Offered = Offered(&[
-    "size=<size>            - Virtual disk size",
-    "static=<bool (on/off)> - VDI static (pre-allocated) image",
-]);
 
 /// The vdi driver.
 pub struct VdiDriver;

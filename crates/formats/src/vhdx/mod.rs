@@ -41,6 +41,15 @@ use header::{
     REGION_TABLE2_OFFSET, Region, RegionTable, SECTOR, SIGNATURE,
 };
 
+/// The creation options vhdx offers.
+const OFFERED: Offered = Offered(&[
+    "block_size=<size>      - Block Size; min 1MB, max 256MB. 0 means auto-calculate based on image size.",
+    "block_state_zero=<bool (on/off)> - Force use of payload blocks of type 'ZERO'. Non-standard, but default.  Do not set to 'off' when using 'qemu-img convert' with subformat=dynamic.",
+    "log_size=<size>        - Log size; min 1MB.",
+    "size=<size>            - Virtual disk size; max of 64TB.",
+    "subformat=<str>        - VHDX format type, can be either 'dynamic' or 'fixed'. Default is 'dynamic'.",
+]);
+
 /// Creation options, as given (checked when the image is made, after
 /// qemu-img's "Formatting" line).
 #[derive(Debug, Clone, Default)]
@@ -284,15 +293,6 @@ pub fn check(storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
 pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"vhdxfile")
 }
-
-/// The creation options vhdx offers.
-const OFFERED: Offered = Offered(&[
-    "block_size=<size>      - Block Size; min 1MB, max 256MB. 0 means auto-calculate based on image size.",
-    "block_state_zero=<bool (on/off)> - Force use of payload blocks of type 'ZERO'. Non-standard, but default.  Do not set to 'off' when using 'qemu-img convert' with subformat=dynamic.",
-    "log_size=<size>        - Log size; min 1MB.",
-    "size=<size>            - Virtual disk size; max of 64TB.",
-    "subformat=<str>        - VHDX format type, can be either 'dynamic' or 'fixed'. Default is 'dynamic'.",
-]);
 
 /// The vhdx driver.
 pub struct VhdxDriver;

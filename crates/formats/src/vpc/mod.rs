@@ -29,6 +29,13 @@ use crate::{Format, OptionList};
 use device::Vpc;
 use footer::{BLOCK_SIZE, Chs, DynHeader, FOOTER_LEN, Footer, MAX_CHS_SECTORS, MAX_SECTORS};
 
+/// The creation options vpc offers.
+const OFFERED: Offered = Offered(&[
+    "force_size=<bool (on/off)> - Force disk size calculation to use the actual size specified, rather than using the nearest CHS-based calculation",
+    "size=<size>            - Virtual disk size",
+    "subformat=<str>        - Type of virtual hard disk format. Supported formats are {dynamic (default) | fixed} ",
+]);
+
 /// Validated creation options.
 #[derive(Debug, Clone, Default)]
 pub struct VpcCreateOptions {
@@ -173,13 +180,6 @@ impl FormatOptions for VpcCreateOptions {
 pub fn probe(h: &[u8], _: &str) -> u32 {
     crate::probe::magic_at(h, 0, b"conectix")
 }
-
-/// The creation options vpc offers.
-const OFFERED: Offered = Offered(&[
-    "force_size=<bool (on/off)> - Force disk size calculation to use the actual size specified, rather than using the nearest CHS-based calculation",
-    "size=<size>            - Virtual disk size",
-    "subformat=<str>        - Type of virtual hard disk format. Supported formats are {dynamic (default) | fixed} ",
-]);
 
 /// The vpc driver.
 pub struct VpcDriver;
