@@ -68,31 +68,10 @@ impl Secrets {
     }
 }
 
-/// Splits a QEMU option string (`a=b,c=d`, `,,` standing for a comma).
-pub fn split_options(text: &str) -> Vec<String> {
-    let mut parts = Vec::new();
-    let mut cur = String::new();
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == ',' {
-            if chars.peek() == Some(&',') {
-                chars.next();
-                cur.push(',');
-            } else {
-                parts.push(std::mem::take(&mut cur));
-            }
-        } else {
-            cur.push(c);
-        }
-    }
-    parts.push(cur);
-    parts
-}
-
 /// Defines what one `--object` argument describes. Only `secret` objects
 /// are known; another type is refused by name.
 pub fn define_object(text: &str) -> Result<()> {
-    let parts = split_options(text);
+    let parts = crate::options::split_items(text);
     let mut qom_type = None;
     let mut keys: Vec<(String, String)> = Vec::new();
     for (i, p) in parts.iter().enumerate() {

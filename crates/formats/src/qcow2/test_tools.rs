@@ -1,5 +1,5 @@
-//! What qcow2's tests share: running the real QEMU tools, and opening an
-//! image they made.
+//! What qcow2's tests share: running the real QEMU tools, opening an
+//! image they made, and damaging bytes for parsers that must not panic.
 
 use std::path::Path;
 use std::process::Command;
@@ -35,4 +35,33 @@ pub fn open(p: &Path) -> (FileDevice, Header) {
     let f = FileDevice::open(p, StorageOptions::default()).unwrap();
     let h = read_header(&f).unwrap();
     (f, h)
+}
+
+/// Deterministic damage for a parser that must never panic: `rounds`
+/// times, `base` with fewer than `max_flips` bytes changed and cut short
+/// at random is given to `check`, with one more random number for the
+/// rest of the case.
+pub fn damaged(
+    seed: u64,
+    base: &[u8],
+    rounds: usize,
+    max_flips: u64,
+    mut check: impl FnMut(&[u8], u64),
+) {
+    let mut x = seed;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..rounds {
+        let mut d = base.to_vec();
+        for _ in 0..(next() % max_flips) {
+            let at = (next() % d.len() as u64) as usize;
+            d[at] = next() as u8;
+        }
+        let cut = (next() % (d.len() as u64 + 1)) as usize;
+        check(&d[..cut], next());
+    }
 }

@@ -76,66 +76,6 @@ impl QedCreateOptions {
     }
 }
 
-/// Makes a QED image (with the backing file `basics` name) where
-/// `target` says, as `qemu-img create -f qed` does.
-pub fn create(
-    target: &mut dyn crate::creation::NewFiles,
-    size: u64,
-    o: &QedCreateOptions,
-    basics: &Basics,
-) -> Result<()> {
-    let cs = o.cluster_size.unwrap_or(65536);
-    let ts = o.table_size.unwrap_or(4);
-    if !cs.is_power_of_two() || !(MIN_CLUSTER as u64..=MAX_CLUSTER as u64).contains(&cs) {
-        return Err(Error::invalid(format!(
-            "QED cluster size must be within range [{MIN_CLUSTER}, {MAX_CLUSTER}] and power of 2"
-        )));
-    }
-    if !ts.is_power_of_two() || ts > MAX_TABLE as u64 {
-        return Err(Error::invalid(format!(
-            "QED table size must be within range [1, {MAX_TABLE}] and power of 2"
-        )));
-    }
-    let max = max_image_size(cs as u32, ts as u32);
-    let size = size.div_ceil(512) * 512;
-    if size > max {
-        return Err(Error::invalid(format!(
-            "QED image size must be a non-zero multiple of cluster size and less than {max} bytes"
-        )));
-    }
-    let mut h = Header {
-        cluster_size: cs as u32,
-        table_size: ts as u32,
-        header_size: 1,
-        features: 0,
-        compat_features: 0,
-        autoclear_features: 0,
-        l1_table_offset: cs,
-        image_size: size,
-        backing_filename_offset: 0,
-        backing_filename_size: 0,
-    };
-    if let Some(b) = &basics.backing_file {
-        h.features |= F_BACKING_FILE;
-        if basics.backing_fmt.as_deref() == Some("raw") {
-            h.features |= F_BACKING_FORMAT_NO_PROBE;
-        }
-        h.backing_filename_offset = HEADER_LEN as u32;
-        h.backing_filename_size = b.len() as u32;
-        if HEADER_LEN as u64 + b.len() as u64 > cs {
-            return Err(Error::invalid("No space left in the file header"));
-        }
-    }
-    crate::creation::make_image(target, |dev| {
-        dev.write_extend(&h.to_bytes(), 0)?;
-        if let Some(b) = &basics.backing_file {
-            dev.write_extend(b.as_bytes(), HEADER_LEN as u64)?;
-        }
-        dev.write_extend(&vec![0u8; (ts * cs) as usize], cs)?;
-        Ok(())
-    })
-}
-
 /// Records `name` (of format `format`) as the backing file of the closed
 /// image on `storage`, or none, as QEMU does: the header is rewritten with
 /// the name right after it (the raw-format bit set for a raw backing file),
@@ -180,8 +120,59 @@ impl FormatOptions for QedCreateOptions {
         out + &given_summary(&self.given)
     }
 
+    /// Makes a QED image (with the backing file `basics` name) where
+    /// `target` says, as `qemu-img create -f qed` does.
     fn make(&self, target: &mut dyn NewFiles, size: u64, basics: &Basics) -> Result<()> {
-        create(target, size, self, basics)
+        let cs = self.cluster_size.unwrap_or(65536);
+        let ts = self.table_size.unwrap_or(4);
+        if !cs.is_power_of_two() || !(MIN_CLUSTER as u64..=MAX_CLUSTER as u64).contains(&cs) {
+            return Err(Error::invalid(format!(
+                "QED cluster size must be within range [{MIN_CLUSTER}, {MAX_CLUSTER}] and power of 2"
+            )));
+        }
+        if !ts.is_power_of_two() || ts > MAX_TABLE as u64 {
+            return Err(Error::invalid(format!(
+                "QED table size must be within range [1, {MAX_TABLE}] and power of 2"
+            )));
+        }
+        let max = max_image_size(cs as u32, ts as u32);
+        let size = size.div_ceil(512) * 512;
+        if size > max {
+            return Err(Error::invalid(format!(
+                "QED image size must be a non-zero multiple of cluster size and less than {max} bytes"
+            )));
+        }
+        let mut h = Header {
+            cluster_size: cs as u32,
+            table_size: ts as u32,
+            header_size: 1,
+            features: 0,
+            compat_features: 0,
+            autoclear_features: 0,
+            l1_table_offset: cs,
+            image_size: size,
+            backing_filename_offset: 0,
+            backing_filename_size: 0,
+        };
+        if let Some(b) = &basics.backing_file {
+            h.features |= F_BACKING_FILE;
+            if basics.backing_fmt.as_deref() == Some("raw") {
+                h.features |= F_BACKING_FORMAT_NO_PROBE;
+            }
+            h.backing_filename_offset = HEADER_LEN as u32;
+            h.backing_filename_size = b.len() as u32;
+            if HEADER_LEN as u64 + b.len() as u64 > cs {
+                return Err(Error::invalid("No space left in the file header"));
+            }
+        }
+        crate::creation::make_image(target, |dev| {
+            dev.write_extend(&h.to_bytes(), 0)?;
+            if let Some(b) = &basics.backing_file {
+                dev.write_extend(b.as_bytes(), HEADER_LEN as u64)?;
+            }
+            dev.write_extend(&vec![0u8; (ts * cs) as usize], cs)?;
+            Ok(())
+        })
     }
 }
 
