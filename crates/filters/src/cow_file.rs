@@ -25,6 +25,7 @@ use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, Filter,
     Result, StorageRef, WriteFlags, ZeroFlags,
 };
+use diskit_formats::driver::Opening;
 use diskit_formats::implied::{ImpliedFiles, Role};
 use diskit_formats::{Format, OpenOptions, OptionList};
 
@@ -125,11 +126,11 @@ impl CowFile {
         // Looked at read-only first: an overlay of another source is
         // refused before anything is written to it.
         let looked = qcow2
-            .open(
-                file.clone(),
-                &OpenOptions::default(),
-                &mut Source(next.clone()),
-            )
+            .open(Opening {
+                storage: file.clone(),
+                opts: &OpenOptions::default(),
+                implied: &mut Source(next.clone()),
+            })
             .map_err(ctx)?;
         let recorded = looked
             .image
@@ -150,7 +151,11 @@ impl CowFile {
             ..OpenOptions::default()
         };
         let image = qcow2
-            .open(file, &writable, &mut Source(next.clone()))
+            .open(Opening {
+                storage: file,
+                opts: &writable,
+                implied: &mut Source(next.clone()),
+            })
             .map_err(ctx)?
             .device;
         // qcow2 sizes are whole sectors: the overlay may end up to 511
