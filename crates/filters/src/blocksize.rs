@@ -37,7 +37,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -58,6 +58,47 @@ pub struct BlocksizeConfig {
     pub maxdata: Option<u32>,
     /// `maxlen=`.
     pub maxlen: Option<u32>,
+}
+
+impl Configure for BlocksizeConfig {
+    /// Takes `minblock=`, `maxdata=` or `maxlen=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let n = Some(params::size_u32("blocksize", key, value)?);
+        match key {
+            "minblock" => self.minblock = n,
+            "maxdata" => self.maxdata = n,
+            "maxlen" => self.maxlen = n,
+            _ => return Err(unknown("blocksize", key)),
+        }
+        Ok(())
+    }
+
+    /// Checks `minblock` and that the other limits are multiples of it.
+    fn finish(&self) -> Result<()> {
+        let Some(m) = self.minblock else {
+            return Ok(());
+        };
+        if !m.is_power_of_two() {
+            return Err(Error::invalid("blocksize: minblock must be a power of 2"));
+        }
+        if m > MAX_MINBLOCK {
+            return Err(Error::invalid(format!(
+                "blocksize: minblock must not exceed {MAX_MINBLOCK}"
+            )));
+        }
+        for (key, v) in [("maxdata", self.maxdata), ("maxlen", self.maxlen)] {
+            if v.is_some_and(|v| v % m != 0) {
+                return Err(Error::invalid(format!(
+                    "blocksize: {key} must be a multiple of {m}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Blocksize::new(&*next, self)?, next))
+    }
 }
 
 /// The filter, with its limits resolved against the device below.
@@ -404,54 +445,6 @@ impl Filter for Blocksize {
             out.push(e);
         }
         Ok(clip(out, len))
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str =
-    "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<BlocksizeConfig>("blocksize", KEYS, HELP);
-
-impl FilterConfig for BlocksizeConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Blocksize::new(&*next, self)?, next))
-    }
-    /// Reads `minblock=`, `maxdata=` and `maxlen=`, and checks them.
-    fn from_params(params: &Params) -> Result<BlocksizeConfig> {
-        let mut c = BlocksizeConfig::default();
-        for (k, v) in params {
-            let n = Some(params::size_u32("blocksize", k, v)?);
-            match k.as_str() {
-                "minblock" => c.minblock = n,
-                "maxdata" => c.maxdata = n,
-                "maxlen" => c.maxlen = n,
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "blocksize: unknown parameter '{k}'"
-                    )));
-                }
-            }
-        }
-        if let Some(m) = c.minblock {
-            if !m.is_power_of_two() {
-                return Err(Error::invalid("blocksize: minblock must be a power of 2"));
-            }
-            if m > MAX_MINBLOCK {
-                return Err(Error::invalid(format!(
-                    "blocksize: minblock must not exceed {MAX_MINBLOCK}"
-                )));
-            }
-            for (key, v) in [("maxdata", c.maxdata), ("maxlen", c.maxlen)] {
-                if v.is_some_and(|v| v % m != 0) {
-                    return Err(Error::invalid(format!(
-                        "blocksize: {key} must be a multiple of {m}"
-                    )));
-                }
-            }
-        }
-        Ok(c)
     }
 }
 

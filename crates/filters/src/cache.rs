@@ -35,7 +35,7 @@ use diskit_core::{
 pub use crate::overlay::OnRead;
 use crate::overlay::{self, BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -90,6 +90,69 @@ impl Default for CacheConfig {
             low: 0.80,
         }
     }
+}
+
+impl Configure for CacheConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "cache" => {
+                self.mode = params::choice(
+                    "cache",
+                    key,
+                    value,
+                    &[
+                        ("writeback", Mode::Writeback),
+                        ("writethrough", Mode::Writethrough),
+                        ("unsafe", Mode::Unsafe),
+                    ],
+                )?
+            }
+            "cache-min-block-size" => self.block_size = overlay::block_size("cache", key, value)?,
+            "cache-on-read" => self.on_read = OnRead::parse("cache", key, value)?,
+            "cache-max-size" => {
+                let n = params::size("cache", key, value)?;
+                // As nbdkit: smaller would thrash.
+                if n < 1 << 20 {
+                    return Err(Error::invalid(format!(
+                        "cache: cache-max-size is too small (at least 1M): '{value}'"
+                    )));
+                }
+                self.max_size = Some(n);
+            }
+            "cache-high-threshold" => self.high = percent(key, value)?,
+            "cache-low-threshold" => self.low = percent(key, value)?,
+            _ => return Err(unknown("cache", key)),
+        }
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<()> {
+        if self.low > self.high {
+            return Err(Error::invalid(
+                "cache: cache-low-threshold must not be above cache-high-threshold",
+            ));
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Cache::new(&*next, self)?, next))
+    }
+}
+
+/// A threshold, `1` to `100` percent (`%` optional), as a share.
+fn percent(key: &str, value: &str) -> Result<f64> {
+    let n: u32 = value
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| Error::invalid(format!("cache: {key}: could not parse '{value}'")))?;
+    if !(1..=100).contains(&n) {
+        return Err(Error::invalid(format!(
+            "cache: {key} must be between 1 and 100"
+        )));
+    }
+    Ok(f64::from(n) / 100.0)
 }
 
 /// The filter.
@@ -464,72 +527,6 @@ impl Filter for Cache {
         });
         let closed = next.close();
         written.and(closed)
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<CacheConfig>("cache", KEYS, HELP);
-
-impl FilterConfig for CacheConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Cache::new(&*next, self)?, next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<CacheConfig> {
-        let mut c = CacheConfig::default();
-        let percent = |k: &str, v: &str| -> Result<f64> {
-            let n: u32 = v
-                .trim()
-                .trim_end_matches('%')
-                .parse()
-                .map_err(|_| Error::invalid(format!("cache: {k}: could not parse '{v}'")))?;
-            if !(1..=100).contains(&n) {
-                return Err(Error::invalid(format!(
-                    "cache: {k} must be between 1 and 100"
-                )));
-            }
-            Ok(f64::from(n) / 100.0)
-        };
-        for (k, v) in list {
-            match k.as_str() {
-                "cache" => {
-                    c.mode = params::choice(
-                        "cache",
-                        k,
-                        v,
-                        &[
-                            ("writeback", Mode::Writeback),
-                            ("writethrough", Mode::Writethrough),
-                            ("unsafe", Mode::Unsafe),
-                        ],
-                    )?
-                }
-                "cache-min-block-size" => c.block_size = overlay::block_size("cache", k, v)?,
-                "cache-on-read" => c.on_read = OnRead::parse("cache", k, v)?,
-                "cache-max-size" => {
-                    let n = params::size("cache", k, v)?;
-                    // As nbdkit: smaller would thrash.
-                    if n < 1 << 20 {
-                        return Err(Error::invalid(format!(
-                            "cache: cache-max-size is too small (at least 1M): '{v}'"
-                        )));
-                    }
-                    c.max_size = Some(n);
-                }
-                "cache-high-threshold" => c.high = percent(k, v)?,
-                "cache-low-threshold" => c.low = percent(k, v)?,
-                _ => return Err(Error::invalid(format!("cache: unknown parameter '{k}'"))),
-            }
-        }
-        if c.low > c.high {
-            return Err(Error::invalid(
-                "cache: cache-low-threshold must not be above cache-high-threshold",
-            ));
-        }
-        Ok(c)
     }
 }
 

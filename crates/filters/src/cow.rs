@@ -40,7 +40,7 @@ use diskit_core::{
 pub use crate::overlay::OnRead;
 use crate::overlay::{self, BELOW, Fill, HELD, Overlay, ZERO};
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -71,6 +71,28 @@ impl Default for CowConfig {
             on_cache: false,
             file: None,
         }
+    }
+}
+
+impl Configure for CowConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "cow-block-size" => self.block_size = overlay::block_size("cow", key, value)?,
+            "cow-on-read" => self.on_read = OnRead::parse("cow", key, value)?,
+            "cow-on-cache" => self.on_cache = params::boolean("cow", key, value)?,
+            "cow-file" => self.file = Some(PathBuf::from(value)),
+            _ => return Err(unknown("cow", key)),
+        }
+        Ok(())
+    }
+
+    /// The overlay in a temporary file, or with `cow-file=` in a qcow2
+    /// image (see [`crate::cow_file`]).
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        if self.file.is_some() {
+            return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
+        }
+        Ok(over(Cow::new(&*next, self)?, next))
     }
 }
 
@@ -305,35 +327,6 @@ impl Filter for Cow {
             ZERO => Some(Extent::hole(n)),
             _ => None,
         })
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<CowConfig>("cow", KEYS, HELP).reads_only_below();
-
-impl FilterConfig for CowConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        if self.file.is_some() {
-            return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
-        }
-        Ok(over(Cow::new(&*next, self)?, next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<CowConfig> {
-        let mut c = CowConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "cow-block-size" => c.block_size = overlay::block_size("cow", k, v)?,
-                "cow-on-read" => c.on_read = OnRead::parse("cow", k, v)?,
-                "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
-                "cow-file" => c.file = Some(PathBuf::from(v)),
-                _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 

@@ -31,7 +31,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -86,6 +86,38 @@ impl Default for Delay {
             cache: Duration::ZERO,
             fast_zero: true,
         }
+    }
+}
+
+impl Configure for Delay {
+    /// Takes a delay.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let t = || params::delay("delay", key, value);
+        match key {
+            "rdelay" | "delay-read" | "delay-reads" => self.read = t()?,
+            "wdelay" => {
+                self.write = t()?;
+                self.zero = self.write;
+                self.trim = self.write;
+            }
+            "delay-write" | "delay-writes" => self.write = t()?,
+            "delay-zero" | "delay-zeroes" => self.zero = t()?,
+            "delay-trim" | "delay-trims" | "delay-discard" | "delay-discards" => self.trim = t()?,
+            "delay-extent" | "delay-extents" => self.extents = t()?,
+            "delay-cache" => self.cache = t()?,
+            "delay-fast-zero" => self.fast_zero = params::boolean("delay", key, value)?,
+            "delay-open" | "delay-close" => {
+                return Err(Error::unsupported(format!(
+                    "delay: {key} is not supported (diskit has no per-connection open or close to delay)"
+                )));
+            }
+            _ => return Err(unknown("delay", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(*self, next))
     }
 }
 
@@ -168,46 +200,6 @@ impl Filter for Delay {
             Request::Zero { .. } => sleep(self.zero),
         }
         Route::Below(req)
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "delays requests (rdelay= wdelay= delay-read= delay-write= delay-zero= delay-trim= delay-extents= delay-cache= delay-fast-zero=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<Delay>("delay", KEYS, HELP);
-
-impl FilterConfig for Delay {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(*self, next))
-    }
-    /// Reads the delays, in order.
-    fn from_params(params: &Params) -> Result<Delay> {
-        let mut d = Delay::default();
-        for (k, v) in params {
-            let t = || params::delay("delay", k, v);
-            match k.as_str() {
-                "rdelay" | "delay-read" | "delay-reads" => d.read = t()?,
-                "wdelay" => {
-                    d.write = t()?;
-                    d.zero = d.write;
-                    d.trim = d.write;
-                }
-                "delay-write" | "delay-writes" => d.write = t()?,
-                "delay-zero" | "delay-zeroes" => d.zero = t()?,
-                "delay-trim" | "delay-trims" | "delay-discard" | "delay-discards" => d.trim = t()?,
-                "delay-extent" | "delay-extents" => d.extents = t()?,
-                "delay-cache" => d.cache = t()?,
-                "delay-fast-zero" => d.fast_zero = params::boolean("delay", k, v)?,
-                "delay-open" | "delay-close" => {
-                    return Err(Error::unsupported(format!(
-                        "delay: {k} is not supported (diskit has no per-connection open or close to delay)"
-                    )));
-                }
-                _ => return Err(Error::invalid(format!("delay: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(d)
     }
 }
 

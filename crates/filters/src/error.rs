@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use diskit_core::{BlockDevice, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -89,6 +89,43 @@ impl Default for Injection {
 pub struct ErrorConfig {
     /// Reads, writes, trims, zeroes, extents, cache.
     pub ops: [Injection; 6],
+}
+
+impl Configure for ErrorConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let rest = key
+            .strip_prefix("error")
+            .ok_or_else(|| unknown("error", key))?;
+        // "error", "error-rate", "error-file", "error-OP", "error-OP-rate", ...
+        let (op, what) = match rest.strip_prefix('-') {
+            None if rest.is_empty() => (None, ""),
+            Some(r) => match r.split_once('-') {
+                Some((op, what)) if OPS.contains(&op) => (Some(op), what),
+                None if OPS.contains(&r) => (Some(r), ""),
+                None => (None, r),
+                Some(_) => return Err(unknown("error", key)),
+            },
+            None => return Err(unknown("error", key)),
+        };
+        let targets: Vec<usize> = match op {
+            Some(op) => vec![OPS.iter().position(|o| *o == op).expect("checked")],
+            None => (0..OPS.len()).collect(),
+        };
+        for i in targets {
+            let inj = &mut self.ops[i];
+            match what {
+                "" => inj.error = params::choice("error", key, value, ERRORS)?,
+                "rate" => inj.rate = rate(key, value)?,
+                "file" => inj.file = Some(PathBuf::from(value)),
+                _ => return Err(unknown("error", key)),
+            }
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(ErrorFilter::new(self.clone()), next))
+    }
 }
 
 /// A rate as nbdkit reads it: `N%`, a fraction `0.N`, or `1:N`.
@@ -215,54 +252,6 @@ impl Filter for ErrorFilter {
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
         self.check(5)?;
         next.cache(offset, len)
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<ErrorConfig>("error", KEYS, HELP);
-
-impl FilterConfig for ErrorConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(ErrorFilter::new(self.clone()), next))
-    }
-    /// Reads the parameters in order.
-    fn from_params(list: &Params) -> Result<ErrorConfig> {
-        let mut c = ErrorConfig::default();
-        for (k, v) in list {
-            let rest = k
-                .strip_prefix("error")
-                .ok_or_else(|| Error::invalid(format!("error: unknown parameter '{k}'")))?;
-            // "error", "error-rate", "error-file", "error-OP", "error-OP-rate", ...
-            let (op, what) = match rest.strip_prefix('-') {
-                None if rest.is_empty() => (None, ""),
-                Some(r) => match r.split_once('-') {
-                    Some((op, what)) if OPS.contains(&op) => (Some(op), what),
-                    None if OPS.contains(&r) => (Some(r), ""),
-                    None => (None, r),
-                    Some(_) => {
-                        return Err(Error::invalid(format!("error: unknown parameter '{k}'")));
-                    }
-                },
-                None => return Err(Error::invalid(format!("error: unknown parameter '{k}'"))),
-            };
-            let targets: Vec<usize> = match op {
-                Some(op) => vec![OPS.iter().position(|o| *o == op).expect("checked")],
-                None => (0..OPS.len()).collect(),
-            };
-            for i in targets {
-                let inj = &mut c.ops[i];
-                match what {
-                    "" => inj.error = params::choice("error", k, v, ERRORS)?,
-                    "rate" => inj.rate = rate(k, v)?,
-                    "file" => inj.file = Some(PathBuf::from(v)),
-                    _ => return Err(Error::invalid(format!("error: unknown parameter '{k}'"))),
-                }
-            }
-        }
-        Ok(c)
     }
 }
 

@@ -21,7 +21,7 @@
 use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -63,6 +63,35 @@ impl FuaMode {
 pub struct Fua {
     /// `fuamode=`.
     pub mode: FuaMode,
+}
+
+impl Configure for Fua {
+    /// Takes `fuamode=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "fuamode" => {
+                let modes = [
+                    FuaMode::None,
+                    FuaMode::Emulate,
+                    FuaMode::Native,
+                    FuaMode::Force,
+                    FuaMode::Pass,
+                    FuaMode::Discard,
+                ];
+                let choices: Vec<(&str, FuaMode)> = modes.iter().map(|&m| (m.name(), m)).collect();
+                self.mode = params::choice("fua", key, value, &choices)?;
+            }
+            _ => return Err(unknown("fua", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
+        if !ctx.read_only {
+            self.check(&*next)?;
+        }
+        Ok(over(*self, next))
+    }
 }
 
 impl Fua {
@@ -146,45 +175,6 @@ impl Filter for Fua {
             FuaMode::Force | FuaMode::Discard => Ok(()),
             _ => next.flush(),
         }
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str =
-    "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<Fua>("fua", KEYS, HELP);
-
-impl FilterConfig for Fua {
-    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
-        if !ctx.read_only {
-            self.check(&*next)?;
-        }
-        Ok(over(*self, next))
-    }
-    /// Reads `fuamode=`.
-    fn from_params(params: &Params) -> Result<Fua> {
-        let mut f = Fua::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "fuamode" => {
-                    let modes = [
-                        FuaMode::None,
-                        FuaMode::Emulate,
-                        FuaMode::Native,
-                        FuaMode::Force,
-                        FuaMode::Pass,
-                        FuaMode::Discard,
-                    ];
-                    let choices: Vec<(&str, FuaMode)> =
-                        modes.iter().map(|&m| (m.name(), m)).collect();
-                    f.mode = params::choice("fua", k, v, &choices)?;
-                }
-                _ => return Err(Error::invalid(format!("fua: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(f)
     }
 }
 

@@ -34,7 +34,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["logfile", "logappend", "logscript"];
@@ -48,6 +48,22 @@ pub struct LogConfig {
     pub append: bool,
     /// A shell script run for every line.
     pub script: Option<String>,
+}
+
+impl Configure for LogConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "logfile" => self.file = Some(PathBuf::from(value)),
+            "logappend" => self.append = params::boolean("log", key, value)?,
+            "logscript" => self.script = Some(value.to_string()),
+            _ => return Err(unknown("log", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Log::new(self)?, next))
+    }
 }
 
 /// Which half of a logged call a line is.
@@ -421,31 +437,6 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     let y = yoe + era * 400 + i64::from(m <= 2);
     (y, m, d)
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "logs every request, its flags and result, and every connection, in nbdkit's format (logfile=FILE logappend=BOOL logscript=SCRIPT)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<LogConfig>("log", KEYS, HELP);
-
-impl FilterConfig for LogConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Log::new(self)?, next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<LogConfig> {
-        let mut c = LogConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "logfile" => c.file = Some(PathBuf::from(v)),
-                "logappend" => c.append = params::boolean("log", k, v)?,
-                "logscript" => c.script = Some(v.clone()),
-                _ => return Err(Error::invalid(format!("log: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -77,6 +77,49 @@ pub struct MultiConnConfig {
     pub track: Track,
     /// Group connections by export name.
     pub by_name: bool,
+}
+
+impl Configure for MultiConnConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "multi-conn-mode" => {
+                self.mode = params::choice(
+                    "multi-conn",
+                    key,
+                    value,
+                    &[
+                        ("auto", Mode::Auto),
+                        ("emulate", Mode::Emulate),
+                        ("plugin", Mode::Plugin),
+                        ("unsafe", Mode::Unsafe),
+                        ("disable", Mode::Disable),
+                    ],
+                )?
+            }
+            "multi-conn-track-dirty" => {
+                self.track = params::choice(
+                    "multi-conn",
+                    key,
+                    value,
+                    &[
+                        ("connection", Track::Connection),
+                        ("conn", Track::Connection),
+                        ("fast", Track::Fast),
+                        ("off", Track::Off),
+                    ],
+                )?
+            }
+            "multi-conn-exportname" | "multi-conn-export-name" => {
+                self.by_name = params::boolean("multi-conn", key, value)?
+            }
+            _ => return Err(unknown("multi-conn", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(MultiConn::new(*self), next))
+    }
 }
 
 /// A connection wrote since it was last flushed.
@@ -326,62 +369,6 @@ impl Filter for MultiConn {
         // Reads only mark the connection; a view that skips the mark
         // would let a flush be skipped that a read made necessary.
         self.config.track == Track::Off
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "advertises, emulates (a flush reaches every connection) or hides multi-conn, and skips flushes nothing made necessary (multi-conn-mode=auto|emulate|plugin|unsafe|disable multi-conn-track-dirty=connection|fast|off multi-conn-exportname=BOOL)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<MultiConnConfig>("multi-conn", KEYS, HELP);
-
-impl FilterConfig for MultiConnConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(MultiConn::new(*self), next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<MultiConnConfig> {
-        let mut c = MultiConnConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "multi-conn-mode" => {
-                    c.mode = params::choice(
-                        "multi-conn",
-                        "multi-conn-mode",
-                        v,
-                        &[
-                            ("auto", Mode::Auto),
-                            ("emulate", Mode::Emulate),
-                            ("plugin", Mode::Plugin),
-                            ("unsafe", Mode::Unsafe),
-                            ("disable", Mode::Disable),
-                        ],
-                    )?
-                }
-                "multi-conn-track-dirty" => {
-                    c.track = params::choice(
-                        "multi-conn",
-                        "multi-conn-track-dirty",
-                        v,
-                        &[
-                            ("connection", Track::Connection),
-                            ("conn", Track::Connection),
-                            ("fast", Track::Fast),
-                            ("off", Track::Off),
-                        ],
-                    )?
-                }
-                "multi-conn-exportname" | "multi-conn-export-name" => {
-                    c.by_name = params::boolean("multi-conn", k, v)?
-                }
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "multi-conn: unknown parameter '{k}'"
-                    )));
-                }
-            }
-        }
-        Ok(c)
     }
 }
 

@@ -26,7 +26,7 @@
 use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 use diskit_core::device::write_zero_buffer;
 
@@ -68,6 +68,49 @@ pub struct Nozero {
     pub zero: ZeroMode,
     /// `fastzeromode=`.
     pub fast: FastZeroMode,
+}
+
+impl Configure for Nozero {
+    /// Takes `zeromode=` and `fastzeromode=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "zeromode" => {
+                self.zero = params::choice(
+                    "nozero",
+                    key,
+                    value,
+                    &[
+                        ("none", ZeroMode::None),
+                        ("emulate", ZeroMode::Emulate),
+                        ("notrim", ZeroMode::Notrim),
+                        ("plugin", ZeroMode::Plugin),
+                    ],
+                )?
+            }
+            "fastzeromode" => {
+                self.fast = params::choice(
+                    "nozero",
+                    key,
+                    value,
+                    &[
+                        ("default", FastZeroMode::Default),
+                        ("none", FastZeroMode::None),
+                        ("slow", FastZeroMode::Slow),
+                        ("ignore", FastZeroMode::Ignore),
+                    ],
+                )?
+            }
+            _ => return Err(unknown("nozero", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
+        if !ctx.read_only {
+            self.check(&*next)?;
+        }
+        Ok(over(*self, next))
+    }
 }
 
 impl Nozero {
@@ -149,57 +192,6 @@ impl Filter for Nozero {
             ),
             ZeroMode::Plugin => next.write_zeroes(offset, len, flags),
         }
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "hides or degrades write-zeroes (zeromode=none|emulate|notrim|plugin fastzeromode=default|none|slow|ignore)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<Nozero>("nozero", KEYS, HELP);
-
-impl FilterConfig for Nozero {
-    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
-        if !ctx.read_only {
-            self.check(&*next)?;
-        }
-        Ok(over(*self, next))
-    }
-    /// Reads `zeromode=` and `fastzeromode=`.
-    fn from_params(params: &Params) -> Result<Nozero> {
-        let mut n = Nozero::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "zeromode" => {
-                    n.zero = params::choice(
-                        "nozero",
-                        k,
-                        v,
-                        &[
-                            ("none", ZeroMode::None),
-                            ("emulate", ZeroMode::Emulate),
-                            ("notrim", ZeroMode::Notrim),
-                            ("plugin", ZeroMode::Plugin),
-                        ],
-                    )?
-                }
-                "fastzeromode" => {
-                    n.fast = params::choice(
-                        "nozero",
-                        k,
-                        v,
-                        &[
-                            ("default", FastZeroMode::Default),
-                            ("none", FastZeroMode::None),
-                            ("slow", FastZeroMode::Slow),
-                            ("ignore", FastZeroMode::Ignore),
-                        ],
-                    )?
-                }
-                _ => return Err(Error::invalid(format!("nozero: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(n)
     }
 }
 

@@ -26,7 +26,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -64,6 +64,48 @@ impl Default for RateConfig {
             connection_rate_file: None,
             burstiness: 2.0,
         }
+    }
+}
+
+impl Configure for RateConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "rate" => self.rate = rate(key, value, self.rate)?,
+            "connection-rate" => self.connection_rate = rate(key, value, self.connection_rate)?,
+            "rate-file" => self.rate_file = Some(absolute(value)?),
+            "connection-rate-file" => self.connection_rate_file = Some(absolute(value)?),
+            "burstiness" => {
+                self.burstiness = value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|b| b.is_finite() && *b > 0.0)
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "rate: burstiness must be a positive number of seconds, not '{value}'"
+                        ))
+                    })?
+            }
+            _ => return Err(unknown("rate", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Rate::new(self), next))
+    }
+}
+
+/// A rate given as `key=value`, replacing `old` (0: not set yet).
+fn rate(key: &str, value: &str, old: u64) -> Result<u64> {
+    if old > 0 {
+        return Err(Error::invalid(format!(
+            "rate: {key} set twice on the command line"
+        )));
+    }
+    match params::size("rate", key, value)? {
+        0 => Err(Error::invalid(format!("rate: {key} cannot be set to 0"))),
+        n => Ok(n),
     }
 }
 
@@ -326,55 +368,6 @@ impl Filter for Rate {
             && c.connection_rate == 0
             && c.rate_file.is_none()
             && c.connection_rate_file.is_none()
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<RateConfig>("rate", KEYS, HELP);
-
-impl FilterConfig for RateConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Rate::new(self), next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<RateConfig> {
-        let mut c = RateConfig::default();
-        let rate = |k: &str, v: &str, old: u64| -> Result<u64> {
-            if old > 0 {
-                return Err(Error::invalid(format!(
-                    "rate: {k} set twice on the command line"
-                )));
-            }
-            match params::size("rate", k, v)? {
-                0 => Err(Error::invalid(format!("rate: {k} cannot be set to 0"))),
-                n => Ok(n),
-            }
-        };
-        for (k, v) in list {
-            match k.as_str() {
-                "rate" => c.rate = rate(k, v, c.rate)?,
-                "connection-rate" => c.connection_rate = rate(k, v, c.connection_rate)?,
-                "rate-file" => c.rate_file = Some(absolute(v)?),
-                "connection-rate-file" => c.connection_rate_file = Some(absolute(v)?),
-                "burstiness" => {
-                    c.burstiness = v
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|b| b.is_finite() && *b > 0.0)
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "rate: burstiness must be a positive number of seconds, not '{v}'"
-                            ))
-                        })?
-                }
-                _ => return Err(Error::invalid(format!("rate: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Result};
 
@@ -240,18 +240,13 @@ impl Filter for Readahead {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReadaheadConfig;
 
-/// What `--help` says of the filter.
-const HELP: &str = "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)";
+impl Configure for ReadaheadConfig {
+    fn set(&mut self, key: &str, _value: &str) -> Result<()> {
+        Err(unknown("readahead", key))
+    }
 
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<ReadaheadConfig>("readahead", KEYS, HELP);
-
-impl FilterConfig for ReadaheadConfig {
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
         Ok(over(Readahead::new(&next)?, next))
-    }
-    fn from_params(_list: &Params) -> Result<ReadaheadConfig> {
-        Ok(ReadaheadConfig)
     }
 }
 

@@ -28,7 +28,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -59,6 +59,32 @@ impl Default for RetryConfig {
             exponential: true,
             readonly: false,
         }
+    }
+}
+
+impl Configure for RetryConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "retries" => {
+                self.retries = value.trim().parse().map_err(|_| {
+                    Error::invalid(format!("retry: retries: could not parse '{value}'"))
+                })?
+            }
+            "retry-delay" => {
+                self.delay = params::delay("retry", key, value)?;
+                if self.delay.is_zero() {
+                    return Err(Error::invalid("retry: retry-delay cannot be 0"));
+                }
+            }
+            "retry-exponential" => self.exponential = params::boolean("retry", key, value)?,
+            "retry-readonly" => self.readonly = params::boolean("retry", key, value)?,
+            _ => return Err(unknown("retry", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Retry::new(*self), next))
     }
 }
 
@@ -194,41 +220,6 @@ impl Filter for Retry {
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.run(next, || next.extents(offset, len))
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<RetryConfig>("retry", KEYS, HELP);
-
-impl FilterConfig for RetryConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Retry::new(*self), next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<RetryConfig> {
-        let mut c = RetryConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "retries" => {
-                    c.retries = v.trim().parse().map_err(|_| {
-                        Error::invalid(format!("retry: retries: could not parse '{v}'"))
-                    })?
-                }
-                "retry-delay" => {
-                    c.delay = params::delay("retry", k, v)?;
-                    if c.delay.is_zero() {
-                        return Err(Error::invalid("retry: retry-delay cannot be 0"));
-                    }
-                }
-                "retry-exponential" => c.exponential = params::boolean("retry", k, v)?,
-                "retry-readonly" => c.readonly = params::boolean("retry", k, v)?,
-                _ => return Err(Error::invalid(format!("retry: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 

@@ -32,7 +32,7 @@ use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, Error, Extent, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -56,6 +56,32 @@ impl Default for StatsConfig {
             append: false,
             threshold: 0.95,
         }
+    }
+}
+
+impl Configure for StatsConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "statsfile" => self.file = Some(PathBuf::from(value)),
+            "statsappend" => self.append = params::boolean("stats", key, value)?,
+            "statsthreshold" => {
+                let n: i64 = value.trim().parse().map_err(|_| {
+                    Error::invalid(format!("stats: statsthreshold: could not parse '{value}'"))
+                })?;
+                if !(0..=100).contains(&n) {
+                    return Err(Error::invalid(
+                        "stats: statsthreshold must be between 0 and 100 (percent)",
+                    ));
+                }
+                self.threshold = n as f64 / 100.0;
+            }
+            _ => return Err(unknown("stats", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Stats::new(self)?, next))
     }
 }
 
@@ -345,41 +371,6 @@ impl Filter for Stats {
         };
         let closed = next.close();
         written.and(closed)
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<StatsConfig>("stats", KEYS, HELP);
-
-impl FilterConfig for StatsConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Stats::new(self)?, next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<StatsConfig> {
-        let mut c = StatsConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "statsfile" => c.file = Some(PathBuf::from(v)),
-                "statsappend" => c.append = params::boolean("stats", k, v)?,
-                "statsthreshold" => {
-                    let n: i64 = v.trim().parse().map_err(|_| {
-                        Error::invalid(format!("stats: statsthreshold: could not parse '{v}'"))
-                    })?;
-                    if !(0..=100).contains(&n) {
-                        return Err(Error::invalid(
-                            "stats: statsthreshold must be between 0 and 100 (percent)",
-                        ));
-                    }
-                    c.threshold = n as f64 / 100.0;
-                }
-                _ => return Err(Error::invalid(format!("stats: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 

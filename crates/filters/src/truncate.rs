@@ -21,7 +21,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, Ctx, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -36,6 +36,23 @@ pub struct TruncateConfig {
     pub round_up: Option<u64>,
     /// Round down to a multiple of this.
     pub round_down: Option<u64>,
+}
+
+impl Configure for TruncateConfig {
+    /// Takes `truncate=`, `round-up=` and `round-down=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "truncate" => self.truncate = Some(params::size("truncate", key, value)?),
+            "round-up" => self.round_up = Some(round_param(key, value)?),
+            "round-down" => self.round_down = Some(round_param(key, value)?),
+            _ => return Err(unknown("truncate", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+        Ok(over(Truncate::new(&*next, self)?, next))
+    }
 }
 
 fn round_param(key: &str, value: &str) -> Result<u64> {
@@ -212,31 +229,6 @@ impl Filter for Truncate {
         if self.inside(offset, buf.len() as u64) == buf.len() as u64 {
             next.prepare_write(buf, offset)
         }
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<TruncateConfig>("truncate", KEYS, HELP);
-
-impl FilterConfig for TruncateConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Truncate::new(&*next, self)?, next))
-    }
-    /// Reads `truncate=`, `round-up=` and `round-down=`.
-    fn from_params(params: &Params) -> Result<TruncateConfig> {
-        let mut c = TruncateConfig::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "truncate" => c.truncate = Some(params::size("truncate", k, v)?),
-                "round-up" => c.round_up = Some(round_param(k, v)?),
-                "round-down" => c.round_down = Some(round_param(k, v)?),
-                _ => return Err(Error::invalid(format!("truncate: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 
