@@ -156,6 +156,7 @@ fn percent(key: &str, value: &str) -> Result<f64> {
 }
 
 /// The filter.
+#[derive(Debug)]
 pub struct Cache {
     config: CacheConfig,
     /// The blocks: missing, clean, dirty, or zeros below (taking no
@@ -171,14 +172,6 @@ pub struct Cache {
     reclaiming: AtomicBool,
     /// Some block may be dirty.
     dirty: AtomicBool,
-}
-
-impl std::fmt::Debug for Cache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cache")
-            .field("config", &self.config)
-            .finish()
-    }
 }
 
 impl Cache {

@@ -98,21 +98,13 @@ impl Configure for CowConfig {
 
 /// The filter: the overlay, in which held blocks are the client's
 /// data and zero blocks were zeroed or trimmed.
+#[derive(Debug)]
 pub struct Cow {
     ov: Overlay,
     on_read: OnRead,
     on_cache: bool,
     /// A client has written data (the overlay may hold non-zeros).
     written: AtomicBool,
-}
-
-impl std::fmt::Debug for Cow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cow")
-            .field("block", &self.ov.block)
-            .field("size", &self.ov.size)
-            .finish()
-    }
 }
 
 impl Cow {

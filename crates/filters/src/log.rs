@@ -75,6 +75,7 @@ enum Kind {
 }
 
 /// Where lines go: shared by the filter and its connection views.
+#[derive(Debug)]
 struct Output {
     file: Option<Mutex<File>>,
     script: Option<String>,
@@ -143,21 +144,17 @@ impl Output {
 }
 
 /// One connection's numbers.
+#[derive(Debug)]
 struct Connection {
     number: u64,
     ids: AtomicU64,
 }
 
 /// The filter: the shared stack's, or one connection's view of it.
+#[derive(Debug)]
 pub struct Log {
     out: Arc<Output>,
     conn: Option<Connection>,
-}
-
-impl std::fmt::Debug for Log {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Log").finish_non_exhaustive()
-    }
 }
 
 impl Log {

@@ -55,7 +55,7 @@ struct Stream {
     asked_to: u64,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct State {
     streams: VecDeque<Stream>,
     /// Recently asked ranges, newest last.
@@ -64,24 +64,18 @@ struct State {
     stopped: bool,
 }
 
+#[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
     work: Condvar,
 }
 
 /// The filter.
+#[derive(Debug)]
 pub struct Readahead {
     shared: Arc<Shared>,
     size: u64,
     enabled: bool,
-}
-
-impl std::fmt::Debug for Readahead {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Readahead")
-            .field("enabled", &self.enabled)
-            .finish()
-    }
 }
 
 impl Readahead {

@@ -108,17 +108,12 @@ const CACHE: usize = 5;
 const FLUSH: usize = 6;
 
 /// The filter.
+#[derive(Debug)]
 pub struct Stats {
     out: Mutex<Option<File>>,
     start: Instant,
     threshold: f64,
     ops: Mutex<[OpStat; 7]>,
-}
-
-impl std::fmt::Debug for Stats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stats").finish_non_exhaustive()
-    }
 }
 
 impl Stats {
