@@ -451,6 +451,7 @@ impl Filter for Blocksize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{FAST, Probe, kv};
     use diskit_backends::MemoryDevice;
     use diskit_core::{Capabilities, Filtered};
     use std::sync::{Arc, Mutex};
@@ -526,11 +527,7 @@ mod tests {
     }
 
     fn cfg(v: &[(&str, &str)]) -> Result<BlocksizeConfig> {
-        let p: Vec<(String, String)> = v
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        BlocksizeConfig::from_params(&p)
+        BlocksizeConfig::from_params(&kv(v))
     }
 
     /// A 1 MiB + 100 byte strict device (512-byte blocks, 4 KiB requests)
@@ -617,15 +614,11 @@ mod tests {
                 }));
         drop(log);
         // Fast zeros are refused unless one aligned request below.
-        let fast = ZeroFlags {
-            fast: true,
-            ..ZeroFlags::default()
-        };
         assert_eq!(
-            d.write_zeroes(512, 1000, fast).unwrap_err().kind(),
+            d.write_zeroes(512, 1000, FAST).unwrap_err().kind(),
             ErrorKind::NotSupported
         );
-        d.write_zeroes(512, 1024, fast).unwrap();
+        d.write_zeroes(512, 1024, FAST).unwrap();
         // Trim drops partial blocks.
         strict.log.lock().unwrap().clear();
         d.trim(100, 2000, WriteFlags::NONE).unwrap();
@@ -691,29 +684,11 @@ mod tests {
         );
     }
 
-    /// Memory whose reads take a while, so that a read-modify-write left
-    /// unprotected would be overtaken by another one on the same block.
-    struct SlowReads(MemoryDevice);
-
-    impl BlockDevice for SlowReads {
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            self.0.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-            self.0.write_at(buf, offset, flags)
-        }
-    }
-
     #[test]
     fn concurrent_unaligned_writes_to_one_block_lose_nothing() {
-        let slow = Arc::new(SlowReads(MemoryDevice::new(1 << 16)));
+        // Reads that take a while, so that a read-modify-write left
+        // unprotected would be overtaken by another one on the same block.
+        let slow = Arc::new(Probe::new(1 << 16).slow_reads(std::time::Duration::from_millis(1)));
         let b = Blocksize::new(&*slow, &cfg(&[("minblock", "4k")]).unwrap()).unwrap();
         let d = Arc::new(Filtered::new(b, slow as Arc<dyn BlockDevice>));
         // Eight threads write disjoint bytes of the same four blocks, each

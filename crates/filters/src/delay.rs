@@ -206,16 +206,13 @@ impl Filter for Delay {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{FAST, kv};
     use diskit_backends::MemoryDevice;
     use diskit_core::Filtered;
     use std::sync::Arc;
 
     fn parse(v: &[(&str, &str)]) -> Result<Delay> {
-        let p: Vec<(String, String)> = v
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Delay::from_params(&p)
+        Delay::from_params(&kv(v))
     }
 
     #[test]
@@ -262,12 +259,8 @@ mod tests {
         let mut b = [0u8; 3];
         dev.read_at(&mut b, 5).unwrap();
         assert_eq!(&b, b"abc");
-        let fast = ZeroFlags {
-            fast: true,
-            ..ZeroFlags::default()
-        };
         assert_eq!(
-            dev.write_zeroes(0, 8, fast).unwrap_err().kind(),
+            dev.write_zeroes(0, 8, FAST).unwrap_err().kind(),
             ErrorKind::NotSupported
         );
         dev.write_zeroes(0, 8, ZeroFlags::default()).unwrap();
@@ -277,6 +270,6 @@ mod tests {
         // With fast zeros waiting like the others, the device below decides.
         let d = parse(&[("delay-zero", "1ms")]).unwrap();
         assert!(!d.fails_fast_zero());
-        Filtered::new(d, mem).write_zeroes(0, 8, fast).unwrap();
+        Filtered::new(d, mem).write_zeroes(0, 8, FAST).unwrap();
     }
 }

@@ -262,7 +262,7 @@ mod tests {
     use diskit_core::Filtered;
     use std::sync::Arc;
 
-    use crate::params::kv;
+    use crate::testing::{assert_refused, kv};
 
     #[test]
     fn parameters_apply_in_order() {
@@ -288,21 +288,18 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_key() {
-        for (k, v, want) in [
-            ("error", "EAGAIN", "unknown error 'EAGAIN'"),
-            ("error-rate", "150%", "out of range"),
-            ("error-rate", "-0.1", "out of range"),
-            ("error-rate", "lots", "could not parse rate"),
-            ("error-trim-rate", "1:0", "could not parse rate"),
-            ("error-flush", "EIO", "unknown parameter 'error-flush'"),
-            ("error-pread-size", "1", "unknown parameter"),
-        ] {
-            let e = ErrorConfig::from_params(&kv(&[(k, v)]))
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(want), "{k}={v}: {e}");
-            assert!(e.starts_with("error: "), "{e}");
-        }
+        assert_refused::<ErrorConfig>(
+            "error",
+            &[
+                ("error", "EAGAIN", "unknown error 'EAGAIN'"),
+                ("error-rate", "150%", "out of range"),
+                ("error-rate", "-0.1", "out of range"),
+                ("error-rate", "lots", "could not parse rate"),
+                ("error-trim-rate", "1:0", "could not parse rate"),
+                ("error-flush", "EIO", "unknown parameter 'error-flush'"),
+                ("error-pread-size", "1", "unknown parameter"),
+            ],
+        );
     }
 
     #[test]

@@ -181,66 +181,20 @@ impl Filter for Fua {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Probe;
     use diskit_backends::MemoryDevice;
-    use diskit_core::{ErrorKind, Extent, Filtered};
-    use std::sync::Mutex;
+    use diskit_core::{ErrorKind, Filtered};
 
-    /// Records what reaches it: ("write"|"zero"|"trim", fua) and flushes.
-    #[derive(Default)]
-    struct Recorder {
-        log: Mutex<Vec<String>>,
-        flushes: bool,
-    }
-
-    impl BlockDevice for Recorder {
-        fn size(&self) -> u64 {
-            1 << 20
-        }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                can_flush: self.flushes,
-                ..Capabilities::IN_MEMORY
-            }
-        }
-        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
-            buf.fill(0);
-            Ok(())
-        }
-        fn write_at(&self, _buf: &[u8], _offset: u64, flags: WriteFlags) -> Result<()> {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("write fua={}", flags.fua));
-            Ok(())
-        }
-        fn write_zeroes(&self, _offset: u64, _len: u64, flags: ZeroFlags) -> Result<()> {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("zero fua={}", flags.fua));
-            Ok(())
-        }
-        fn trim(&self, _offset: u64, _len: u64, flags: WriteFlags) -> Result<()> {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("trim fua={}", flags.fua));
-            Ok(())
-        }
-        fn flush(&self) -> Result<()> {
-            self.log.lock().unwrap().push("flush".into());
-            Ok(())
-        }
-        fn extents(&self, _offset: u64, len: u64) -> Result<Vec<Extent>> {
-            Ok(vec![Extent::data(len)])
-        }
+    /// Memory that flushes, or not.
+    fn below(flushes: bool) -> Probe {
+        Probe::new(1 << 20).caps(|c| Capabilities {
+            can_flush: flushes,
+            ..c
+        })
     }
 
     fn run(mode: &str) -> (Capabilities, Vec<String>) {
-        let rec = std::sync::Arc::new(Recorder {
-            flushes: true,
-            ..Recorder::default()
-        });
+        let rec = std::sync::Arc::new(below(true));
         let f = Fua::from_params(&[("fuamode".into(), mode.into())]).unwrap();
         f.check(&*rec).unwrap();
         let d = Filtered::new(f, rec.clone());
@@ -257,7 +211,7 @@ mod tests {
         .unwrap();
         d.trim(0, 1, WriteFlags::FUA).unwrap();
         d.flush().unwrap();
-        let log = rec.log.lock().unwrap().clone();
+        let log = rec.log();
         (d.capabilities(), log)
     }
 
@@ -320,7 +274,7 @@ mod tests {
 
     #[test]
     fn modes_check_the_device_below() {
-        let no_flush = Recorder::default();
+        let no_flush = below(false);
         let f = |m: &str| Fua::from_params(&[("fuamode".into(), m.into())]).unwrap();
         let e = f("emulate").check(&no_flush).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotSupported);

@@ -64,6 +64,8 @@ pub mod retry;
 pub mod stats;
 #[cfg(test)]
 mod submit_tests;
+#[cfg(test)]
+mod testing;
 pub mod truncate;
 
 pub use registry::{Configure, Ctx, FilterInfo, FilterSpec, Params, info, stack, unknown};
@@ -164,7 +166,7 @@ mod tests {
     use diskit_core::DeviceRef;
     use std::sync::Arc;
 
-    use crate::params::kv;
+    use crate::testing::kv;
 
     #[test]
     fn unknown_names_and_keys_are_refused_with_the_choices() {

@@ -375,57 +375,24 @@ impl Filter for MultiConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{Probe, kv};
     use diskit_core::Filtered;
-    use std::sync::atomic::AtomicUsize;
-
-    /// Memory that counts flushes and can turn multi-conn off.
-    struct Counting {
-        mem: diskit_backends::MemoryDevice,
-        flushes: AtomicUsize,
-        multi_conn: bool,
-    }
-
-    impl BlockDevice for Counting {
-        fn size(&self) -> u64 {
-            self.mem.size()
-        }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                can_flush: true,
-                can_multi_conn: self.multi_conn,
-                ..self.mem.capabilities()
-            }
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            self.mem.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-            self.mem.write_at(buf, offset, flags)
-        }
-        fn flush(&self) -> Result<()> {
-            self.flushes.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-    }
 
     type Stack = Arc<Filtered<MultiConn>>;
 
-    fn setup(params: &[(&str, &str)], multi_conn: bool) -> (Arc<Counting>, DeviceRef) {
+    fn setup(params: &[(&str, &str)], multi_conn: bool) -> (Arc<Probe>, DeviceRef) {
         let (below, stack) = setup_stack(params, multi_conn);
         (below, stack)
     }
 
-    fn setup_stack(params: &[(&str, &str)], multi_conn: bool) -> (Arc<Counting>, Stack) {
-        let list: Vec<(String, String)> = params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let config = MultiConnConfig::from_params(&list).unwrap();
-        let below = Arc::new(Counting {
-            mem: diskit_backends::MemoryDevice::new(1 << 20),
-            flushes: AtomicUsize::new(0),
-            multi_conn,
-        });
+    fn setup_stack(params: &[(&str, &str)], multi_conn: bool) -> (Arc<Probe>, Stack) {
+        let config = MultiConnConfig::from_params(&kv(params)).unwrap();
+        // Memory that flushes, with or without multi-conn.
+        let below = Arc::new(Probe::new(1 << 20).caps(|c| Capabilities {
+            can_flush: true,
+            can_multi_conn: multi_conn,
+            ..c
+        }));
         let dev = Arc::new(Filtered::new(
             MultiConn::new(config),
             below.clone() as DeviceRef,

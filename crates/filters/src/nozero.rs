@@ -198,16 +198,13 @@ impl Filter for Nozero {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{self, kv};
     use diskit_backends::{MemoryDevice, PatternDevice};
     use diskit_core::{Filtered, WriteFlags};
     use std::sync::Arc;
 
     fn parse(v: &[(&str, &str)]) -> Result<Nozero> {
-        let p: Vec<(String, String)> = v
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Nozero::from_params(&p)
+        Nozero::from_params(&kv(v))
     }
 
     fn stacked(zm: &str, fzm: &str) -> (Arc<MemoryDevice>, Filtered<Nozero>) {
@@ -217,10 +214,10 @@ mod tests {
         (mem.clone(), Filtered::new(n, mem))
     }
 
+    /// A fast zero that may trim.
     const FAST: ZeroFlags = ZeroFlags {
-        fua: false,
         may_trim: true,
-        fast: true,
+        ..testing::FAST
     };
 
     #[test]

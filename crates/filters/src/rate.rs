@@ -375,7 +375,7 @@ impl Filter for Rate {
 mod tests {
     use super::*;
 
-    use crate::params::kv;
+    use crate::testing::kv;
 
     #[test]
     fn parameters_are_read_as_nbdkit_reads_them() {

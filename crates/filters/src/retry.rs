@@ -226,6 +226,7 @@ impl Filter for Retry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{assert_refused, kv};
     use diskit_core::{Capabilities, Filtered};
     use std::sync::atomic::AtomicUsize;
 
@@ -268,16 +269,12 @@ mod tests {
     }
 
     fn stack(fail: usize, params: &[(&str, &str)], reopen_fails: bool) -> (Arc<Flaky>, DeviceRef) {
-        let list: Vec<(String, String)> = params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
         let flaky = Arc::new(Flaky {
             fail: AtomicUsize::new(fail),
             reopens: AtomicUsize::new(0),
             reopen_fails,
         });
-        let config = RetryConfig::from_params(&list).unwrap();
+        let config = RetryConfig::from_params(&kv(params)).unwrap();
         let dev = Arc::new(Filtered::new(
             Retry::new(config),
             flaky.clone() as DeviceRef,
@@ -331,13 +328,13 @@ mod tests {
 
     #[test]
     fn bad_parameters_are_named() {
-        for (k, v, says) in [
-            ("retries", "-1", "retries"),
-            ("retry-delay", "0", "cannot be 0"),
-            ("retry-exponential", "maybe", "retry-exponential"),
-        ] {
-            let e = RetryConfig::from_params(&[(k.into(), v.into())]).unwrap_err();
-            assert!(e.to_string().contains(says), "{e}");
-        }
+        assert_refused::<RetryConfig>(
+            "retry",
+            &[
+                ("retries", "-1", "retries"),
+                ("retry-delay", "0", "cannot be 0"),
+                ("retry-exponential", "maybe", "retry-exponential"),
+            ],
+        );
     }
 }

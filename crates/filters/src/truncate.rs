@@ -235,6 +235,7 @@ impl Filter for Truncate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::FAST;
     use diskit_backends::{MemoryDevice, PatternDevice};
     use diskit_core::Filtered;
     use std::sync::Arc;
@@ -328,15 +329,7 @@ mod tests {
         d.write_zeroes(995, 1005, ZeroFlags::default()).unwrap();
         mem.read_at(&mut b, 990).unwrap();
         assert_eq!(b, [1, 1, 1, 1, 1, 0, 0, 0, 0, 0]);
-        d.write_zeroes(
-            1500,
-            10,
-            ZeroFlags {
-                fast: true,
-                ..ZeroFlags::default()
-            },
-        )
-        .unwrap();
+        d.write_zeroes(1500, 10, FAST).unwrap();
         d.trim(1500, 10, WriteFlags::NONE).unwrap();
         d.cache(0, 2000).unwrap();
         assert!(d.write_at(&[0], 2000, WriteFlags::NONE).is_err());

@@ -1,0 +1,187 @@
+//! What the filters' tests share: a device to put below a filter that
+//! records what reaches it, and helpers for parameters, data and flags.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use diskit_backends::MemoryDevice;
+use diskit_core::aio::{CompletionQueue, Request};
+use diskit_core::sync::lock;
+use diskit_core::{BlockDevice, Capabilities, Extent, Result, WriteFlags, ZeroFlags};
+
+use crate::Configure;
+
+/// A memory device that records what reaches it. Submitted requests are
+/// counted and kept in flight (up to 8), as an NBD connection keeps them.
+pub(crate) struct Probe {
+    /// The bytes.
+    pub(crate) mem: MemoryDevice,
+    /// What it offers (memory's, unless changed).
+    caps: Capabilities,
+    /// How long each read takes.
+    read_delay: Duration,
+    /// Reads that reached it.
+    pub(crate) reads: AtomicU64,
+    /// The bytes they read.
+    pub(crate) bytes: AtomicU64,
+    /// Requests submitted to it.
+    pub(crate) submitted: AtomicU64,
+    /// Flushes.
+    pub(crate) flushes: AtomicU64,
+    /// Writes, zeroes and trims with their FUA flag, and flushes, in
+    /// order: `write fua=true`, `zero fua=false`, `trim fua=false`,
+    /// `flush`.
+    pub(crate) log: Mutex<Vec<String>>,
+    /// The ranges asked to be cached (nothing is done with them).
+    pub(crate) cached: Mutex<Vec<(u64, u64)>>,
+}
+
+impl Probe {
+    /// `size` bytes of zeros, offering what memory offers.
+    pub(crate) fn new(size: u64) -> Probe {
+        Probe {
+            mem: MemoryDevice::new(size),
+            caps: Capabilities::IN_MEMORY,
+            read_delay: Duration::ZERO,
+            reads: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            submitted: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            log: Mutex::new(Vec::new()),
+            cached: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The same, its first `len` bytes holding [`pattern`].
+    pub(crate) fn patterned(self, len: u64) -> Probe {
+        self.mem
+            .write_at(&pattern(len), 0, WriteFlags::NONE)
+            .unwrap();
+        self
+    }
+
+    /// The same, offering what `change` makes of its capabilities.
+    pub(crate) fn caps(self, change: impl FnOnce(Capabilities) -> Capabilities) -> Probe {
+        Probe {
+            caps: change(self.caps),
+            ..self
+        }
+    }
+
+    /// The same, each read taking `delay`.
+    pub(crate) fn slow_reads(self, delay: Duration) -> Probe {
+        Probe {
+            read_delay: delay,
+            ..self
+        }
+    }
+
+    /// Reads that reached it so far.
+    pub(crate) fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    /// The bytes read from it so far.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::SeqCst)
+    }
+
+    /// The log so far (see [`Probe::log`]).
+    pub(crate) fn log(&self) -> Vec<String> {
+        lock(&self.log).clone()
+    }
+
+    fn note(&self, what: &str, fua: bool) {
+        lock(&self.log).push(format!("{what} fua={fua}"));
+    }
+}
+
+impl BlockDevice for Probe {
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if !self.read_delay.is_zero() {
+            std::thread::sleep(self.read_delay);
+        }
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.bytes.fetch_add(buf.len() as u64, Ordering::SeqCst);
+        self.mem.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.note("write", flags.fua);
+        self.mem.write_at(buf, offset, flags)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.note("zero", flags.fua);
+        self.mem.write_zeroes(offset, len, flags)
+    }
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.note("trim", flags.fua);
+        self.mem.trim(offset, len, flags)
+    }
+    fn flush(&self) -> Result<()> {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        lock(&self.log).push("flush".into());
+        Ok(())
+    }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        lock(&self.cached).push((offset, len));
+        Ok(())
+    }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.mem.extents(offset, len)
+    }
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        cq.push(diskit_core::aio::run(self, tag, req));
+    }
+    fn queue_depth(&self) -> usize {
+        8
+    }
+}
+
+/// `len` bytes of a pattern with no zero byte in it (so that what reads
+/// as zeros stands out).
+pub(crate) fn pattern(len: u64) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8 + 1).collect()
+}
+
+/// The `len` bytes at `offset` of `d`.
+pub(crate) fn read(d: &dyn BlockDevice, offset: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    d.read_at(&mut v, offset).unwrap();
+    v
+}
+
+/// A fast zero.
+pub(crate) const FAST: ZeroFlags = ZeroFlags {
+    fua: false,
+    may_trim: true,
+    fast: true,
+};
+
+/// `key=value` pairs from string slices.
+pub(crate) fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Checks that `C` refuses each `(key, value, why)` with an error that
+/// names the filter (`filter: ...`) and says `why`.
+pub(crate) fn assert_refused<C: Configure>(filter: &str, cases: &[(&str, &str, &str)]) {
+    for &(key, value, why) in cases {
+        let e = C::from_params(&kv(&[(key, value)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("{filter}: ")) && e.contains(why),
+            "{key}={value}: {e}"
+        );
+    }
+}
