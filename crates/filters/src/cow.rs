@@ -325,7 +325,7 @@ impl Filter for Cow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{FAST, Probe, assert_refused, kv, pattern};
+    use crate::testing::{FAST, Probe, kv, pattern};
     use diskit_backends::MemoryDevice;
     use diskit_core::{DeviceRef, Filtered};
     use std::sync::Arc;
@@ -483,25 +483,5 @@ mod tests {
         assert_eq!(d.is_known_zero(), mem.is_known_zero());
         d.write_at(&[1], 100, WriteFlags::NONE).unwrap();
         assert!(!d.is_known_zero());
-    }
-
-    #[test]
-    fn bad_parameters_name_the_key() {
-        assert_refused::<CowConfig>(
-            "cow",
-            &[
-                (
-                    "cow-block-size",
-                    "1000",
-                    "cow-block-size must be a power of 2",
-                ),
-                (
-                    "cow-block-size",
-                    "512",
-                    "cow-block-size must be a power of 2",
-                ),
-                ("cow-on-read", "maybe", "could not decipher boolean"),
-            ],
-        );
     }
 }

@@ -262,7 +262,7 @@ mod tests {
     use diskit_core::Filtered;
     use std::sync::Arc;
 
-    use crate::testing::{assert_refused, kv};
+    use crate::testing::kv;
 
     #[test]
     fn parameters_apply_in_order() {
@@ -284,22 +284,6 @@ mod tests {
         let c = ErrorConfig::from_params(&kv(&[("error-pread-rate", "1"), ("error-rate", "0.5")]))
             .unwrap();
         assert_eq!(c.ops[0].rate, 0.5);
-    }
-
-    #[test]
-    fn bad_values_name_the_key() {
-        assert_refused::<ErrorConfig>(
-            "error",
-            &[
-                ("error", "EAGAIN", "unknown error 'EAGAIN'"),
-                ("error-rate", "150%", "out of range"),
-                ("error-rate", "-0.1", "out of range"),
-                ("error-rate", "lots", "could not parse rate"),
-                ("error-trim-rate", "1:0", "could not parse rate"),
-                ("error-flush", "EIO", "unknown parameter 'error-flush'"),
-                ("error-pread-size", "1", "unknown parameter"),
-            ],
-        );
     }
 
     #[test]

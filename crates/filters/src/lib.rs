@@ -180,6 +180,53 @@ mod tests {
     }
 
     #[test]
+    fn bad_values_are_refused_with_the_filter_and_the_reason() {
+        for (filter, key, value, why) in [
+            ("cache", "cache", "sometimes", "unknown cache"),
+            ("cache", "cache-min-block-size", "1000", "power of 2"),
+            ("cache", "cache-high-threshold", "0", "between 1 and 100"),
+            ("cache", "cache-on-read", "perhaps", "boolean"),
+            ("cache", "cache-max-size", "512K", "too small"),
+            (
+                "cow",
+                "cow-block-size",
+                "1000",
+                "cow-block-size must be a power of 2",
+            ),
+            (
+                "cow",
+                "cow-block-size",
+                "512",
+                "cow-block-size must be a power of 2",
+            ),
+            ("cow", "cow-on-read", "maybe", "could not decipher boolean"),
+            ("error", "error", "EAGAIN", "unknown error 'EAGAIN'"),
+            ("error", "error-rate", "150%", "out of range"),
+            ("error", "error-rate", "-0.1", "out of range"),
+            ("error", "error-rate", "lots", "could not parse rate"),
+            ("error", "error-trim-rate", "1:0", "could not parse rate"),
+            (
+                "error",
+                "error-flush",
+                "EIO",
+                "unknown parameter 'error-flush'",
+            ),
+            ("error", "error-pread-size", "1", "unknown parameter"),
+            ("retry", "retries", "-1", "retries"),
+            ("retry", "retry-delay", "0", "cannot be 0"),
+            ("retry", "retry-exponential", "maybe", "retry-exponential"),
+        ] {
+            let e = FilterSpec::parse(filter, &kv(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!("{filter}: ")) && e.contains(why),
+                "{filter} {key}={value}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn every_filter_parses_with_defaults_and_names_itself() {
         for f in FILTERS {
             let spec = FilterSpec::parse(f.name, &[]).unwrap();

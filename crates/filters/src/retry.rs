@@ -226,7 +226,7 @@ impl Filter for Retry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{assert_refused, kv};
+    use crate::testing::kv;
     use diskit_core::{Capabilities, Filtered};
     use std::sync::atomic::AtomicUsize;
 
@@ -324,17 +324,5 @@ mod tests {
         // A new connection writes.
         let other = dev.connect(&Session::default()).unwrap().unwrap();
         other.write_at(&[1; 16], 0, WriteFlags::NONE).unwrap();
-    }
-
-    #[test]
-    fn bad_parameters_are_named() {
-        assert_refused::<RetryConfig>(
-            "retry",
-            &[
-                ("retries", "-1", "retries"),
-                ("retry-delay", "0", "cannot be 0"),
-                ("retry-exponential", "maybe", "retry-exponential"),
-            ],
-        );
     }
 }

@@ -10,8 +10,6 @@ use diskit_core::aio::{CompletionQueue, Request};
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, Capabilities, Extent, Result, WriteFlags, ZeroFlags};
 
-use crate::Configure;
-
 /// A memory device that records what reaches it. Submitted requests are
 /// counted and kept in flight (up to 8), as an NBD connection keeps them.
 pub(crate) struct Probe {
@@ -170,18 +168,4 @@ pub(crate) fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
     v.iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
-}
-
-/// Checks that `C` refuses each `(key, value, why)` with an error that
-/// names the filter (`filter: ...`) and says `why`.
-pub(crate) fn assert_refused<C: Configure>(filter: &str, cases: &[(&str, &str, &str)]) {
-    for &(key, value, why) in cases {
-        let e = C::from_params(&kv(&[(key, value)]))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with(&format!("{filter}: ")) && e.contains(why),
-            "{key}={value}: {e}"
-        );
-    }
 }
