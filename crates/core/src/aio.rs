@@ -207,7 +207,17 @@ struct Done {
 #[derive(Clone, Default)]
 pub struct CompletionQueue {
     inner: Arc<Inner>,
+    /// Shown the completion pushed through this handle before it is
+    /// queued, the last first (see [`watched`](Self::watched)).
+    watchers: Vec<Arc<Watcher>>,
 }
+
+/// What a [`CompletionQueue::watched`] handle calls with the completion
+/// of the one request it was made for.
+type Watch = Box<dyn FnOnce(&Completion) + Send>;
+
+/// A [`Watch`] until it is called.
+struct Watcher(Mutex<Option<Watch>>);
 
 impl CompletionQueue {
     /// An empty queue.
@@ -215,8 +225,27 @@ impl CompletionQueue {
         CompletionQueue::default()
     }
 
+    /// A handle to the same queue for one request: `watch` is shown its
+    /// completion before it is queued (and before what the handle this
+    /// one was made from watches). A filter that only looks at requests
+    /// (a log) sends them below with such a handle, so that they stay in
+    /// flight there.
+    pub fn watched(&self, watch: impl FnOnce(&Completion) + Send + 'static) -> CompletionQueue {
+        let mut watchers = self.watchers.clone();
+        watchers.push(Arc::new(Watcher(Mutex::new(Some(Box::new(watch))))));
+        CompletionQueue {
+            inner: self.inner.clone(),
+            watchers,
+        }
+    }
+
     /// Delivers a completion (called by devices).
     pub fn push(&self, c: Completion) {
+        for w in self.watchers.iter().rev() {
+            if let Some(watch) = lock(&w.0).take() {
+                watch(&c);
+            }
+        }
         let mut d = lock(&self.inner.done);
         d.queue.push_back(c);
         let wake = d.want > 0 && d.queue.len() >= d.want;
@@ -451,6 +480,34 @@ mod tests {
         };
         assert_eq!(cq.wait().tag, 9);
         pusher.join().unwrap();
+    }
+
+    #[test]
+    fn watched_handles_show_the_completion_first_innermost_first() {
+        let cq = CompletionQueue::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (outer, inner) = (seen.clone(), seen.clone());
+        let outer_handle = cq.watched(move |c| lock(&outer).push(("outer", c.tag)));
+        let handle = outer_handle.watched(move |c| lock(&inner).push(("inner", c.tag)));
+        Ones.submit(
+            5,
+            Request::Zero {
+                offset: 0,
+                len: 512,
+                flags: ZeroFlags::default(),
+            },
+            &handle,
+        );
+        assert_eq!(*lock(&seen), [("inner", 5), ("outer", 5)]);
+        assert_eq!(cq.wait().tag, 5, "queued where the caller waits");
+        // Each watch sees its one request only.
+        handle.push(Completion {
+            tag: 6,
+            result: Ok(()),
+            buf: None,
+        });
+        assert_eq!(lock(&seen).len(), 2);
+        assert_eq!(cq.wait().tag, 6);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::aio::{CompletionQueue, Request};
+use crate::aio::{Completion, CompletionQueue, Request};
 use crate::device::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags,
     ZeroFlags, check_range,
@@ -28,6 +28,10 @@ pub enum Route {
     /// On to the layer below (as it came, or changed), where it stays in
     /// flight.
     Below(Request),
+    /// On to the layer below, where it stays in flight; the function is
+    /// shown its completion before the submitter is (a filter that
+    /// records requests and their results, a log, sends them so).
+    Watched(Request, Box<dyn FnOnce(&Completion) + Send>),
     /// Through the filter's own methods, before `submit` returns.
     Here(Request),
 }
@@ -143,8 +147,9 @@ pub trait Filter: Send + Sync {
     /// ([`BlockDevice::submit`]) go on to the layer below, where they stay
     /// in flight, as [`route`](Self::route) sends them: then the filter's
     /// queue depth is the one below. True for a filter that leaves reads,
-    /// writes and zeroes alone (their bytes, offsets and flags, and what
-    /// it records of them), or that changes them in `route`. False by
+    /// writes and zeroes alone (their bytes, offsets and flags), or that
+    /// changes them in `route`, or that records them and their results
+    /// there ([`Route::Watched`]). False by
     /// default, as for [`reads_unchanged`](Self::reads_unchanged): a
     /// request sent below would bypass a filter that changes it in its
     /// methods, so they run there, before `submit` returns.
@@ -289,6 +294,7 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
         }
         match self.filter.route(&*self.next, req) {
             Route::Below(req) => self.next.submit(tag, req, cq),
+            Route::Watched(req, watch) => self.next.submit(tag, req, &cq.watched(watch)),
             Route::Here(req) => cq.push(crate::aio::run(self, tag, req)),
         }
     }
@@ -447,6 +453,40 @@ mod tests {
         assert!(cq.wait().result.is_ok());
         assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "run here");
         assert_eq!(dev.reads.load(Ordering::SeqCst), 2);
+    }
+
+    /// Sends requests below, watching their completions.
+    #[derive(Default)]
+    struct Watching(Arc<AtomicUsize>);
+    impl Filter for Watching {
+        fn name(&self) -> &str {
+            "watching"
+        }
+        fn submits_below(&self) -> bool {
+            true
+        }
+        fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+            let seen = self.0.clone();
+            Route::Watched(
+                req,
+                Box::new(move |c| {
+                    assert!(c.result.is_ok());
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }),
+            )
+        }
+    }
+
+    #[test]
+    fn watched_requests_stay_in_flight_below() {
+        let dev = Arc::new(Queued::default());
+        let d = Filtered::new(Watching::default(), dev.clone());
+        assert_eq!(d.queue_depth(), 8);
+        let cq = CompletionQueue::new();
+        d.submit(3, read_request(0, 512), &cq);
+        assert_eq!(cq.wait().tag, 3);
+        assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "submitted below");
+        assert_eq!(d.filter().0.load(Ordering::SeqCst), 1, "watched");
     }
 
     #[test]

@@ -44,6 +44,7 @@
 mod blockmap;
 pub mod blocksize;
 pub mod cache;
+mod call;
 pub mod cow;
 pub mod cow_file;
 pub mod delay;

@@ -17,7 +17,8 @@
 //! for each filter. Requests made through the shared stack, outside any
 //! connection (a library user, a server's own work), log without a
 //! connection number. The server asks for no extents through the filter
-//! before large reads, so the lines are the client's requests.
+//! before large reads, so the lines are the client's requests. Submitted
+//! requests stay in flight below; their end is logged as they complete.
 
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
@@ -29,9 +30,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use diskit_core::sync::lock;
 use diskit_core::{
-    BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Result, Session, WriteFlags,
-    ZeroFlags,
+    BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Request, Result, Route, Session,
+    WriteFlags, ZeroFlags,
 };
+
+use crate::call::{Call, Op};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};
@@ -190,31 +193,81 @@ impl Log {
         self.conn.as_ref().map(|c| c.number)
     }
 
-    /// Logs a call: its start, then its end with what it returned.
-    fn call<T>(
-        &self,
-        act: &str,
-        args: &str,
-        run: impl FnOnce() -> Result<T>,
-        done: impl FnOnce(&T) -> String,
-    ) -> Result<T> {
+    /// Logs that `call` starts; the result logs its end.
+    fn enter(&self, call: &Call) -> Entered {
         let id = match &self.conn {
             Some(c) => c.ids.fetch_add(1, Ordering::Relaxed) + 1,
             None => self.out.unconnected.fetch_add(1, Ordering::Relaxed) + 1,
         };
+        let (act, args) = describe(call);
         let conn = self.connection();
-        self.out.line(conn, id, act, Kind::Enter, args);
+        self.out.line(conn, id, act, Kind::Enter, &args);
+        Entered {
+            out: self.out.clone(),
+            conn,
+            id,
+            act,
+        }
+    }
+
+    /// Logs a call: its start, then its end with what it returned
+    /// (`done` describes a success).
+    fn call<T>(
+        &self,
+        call: Call,
+        run: impl FnOnce() -> Result<T>,
+        done: impl FnOnce(&T) -> String,
+    ) -> Result<T> {
+        let entered = self.enter(&call);
         let r = run();
-        let end = match &r {
-            Ok(v) => done(v),
-            Err(e) => format!("return=-1 error={}", errno_name(e.kind())),
-        };
-        self.out.line(conn, id, act, Kind::Leave, &end);
+        entered.leave(r.as_ref().map(done).map_err(|e| e.kind()));
         r
     }
 
-    fn simple(&self, act: &str, args: &str, run: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.call(act, args, run, |_| String::from("return=0"))
+    fn simple(&self, call: Call, run: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.call(call, run, |_| String::from("return=0"))
+    }
+}
+
+/// A logged call that has started.
+struct Entered {
+    out: Arc<Output>,
+    conn: Option<u64>,
+    id: u64,
+    act: &'static str,
+}
+
+impl Entered {
+    /// Logs the end: how a success ended, or the error.
+    fn leave(self, end: std::result::Result<String, ErrorKind>) {
+        let end = end.unwrap_or_else(|e| format!("return=-1 error={}", errno_name(e)));
+        self.out
+            .line(self.conn, self.id, self.act, Kind::Leave, &end);
+    }
+}
+
+/// The name nbdkit's log gives `call` and its arguments.
+fn describe(call: &Call) -> (&'static str, String) {
+    let Call {
+        op,
+        offset,
+        len,
+        flags,
+    } = *call;
+    let (fua, trim, fast) = (
+        u8::from(flags.fua),
+        u8::from(flags.may_trim),
+        u8::from(flags.fast),
+    );
+    let range = format!("offset={offset:#x} count={len:#x}");
+    match op {
+        Op::Read => ("Read", range),
+        Op::Write => ("Write", format!("{range} fua={fua}")),
+        Op::Zero => ("Zero", format!("{range} trim={trim} fua={fua} fast={fast}")),
+        Op::Trim => ("Trim", format!("{range} fua={fua}")),
+        Op::Cache => ("Cache", range),
+        Op::Extents => ("Extents", format!("{range} req_one=0")),
+        Op::Flush => ("Flush", String::new()),
     }
 }
 
@@ -295,8 +348,8 @@ impl Filter for Log {
         false
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let args = format!("offset={offset:#x} count={:#x}", buf.len());
-        self.simple("Read", &args, || next.read_at(buf, offset))
+        let call = Call::new(Op::Read, offset, buf.len() as u64);
+        self.simple(call, || next.read_at(buf, offset))
     }
     fn write_at(
         &self,
@@ -305,12 +358,8 @@ impl Filter for Log {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        let args = format!(
-            "offset={offset:#x} count={:#x} fua={}",
-            buf.len(),
-            u8::from(flags.fua)
-        );
-        self.simple("Write", &args, || next.write_at(buf, offset, flags))
+        let call = Call::writing(Op::Write, offset, buf.len() as u64, flags);
+        self.simple(call, || next.write_at(buf, offset, flags))
     }
     fn write_zeroes(
         &self,
@@ -319,35 +368,41 @@ impl Filter for Log {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        let args = format!(
-            "offset={offset:#x} count={len:#x} trim={} fua={} fast={}",
-            u8::from(flags.may_trim),
-            u8::from(flags.fua),
-            u8::from(flags.fast)
-        );
-        self.simple("Zero", &args, || next.write_zeroes(offset, len, flags))
+        let call = Call::zero(offset, len, flags);
+        self.simple(call, || next.write_zeroes(offset, len, flags))
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        let args = format!(
-            "offset={offset:#x} count={len:#x} fua={}",
-            u8::from(flags.fua)
-        );
-        self.simple("Trim", &args, || next.trim(offset, len, flags))
+        let call = Call::writing(Op::Trim, offset, len, flags);
+        self.simple(call, || next.trim(offset, len, flags))
     }
     fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
-        self.simple("Flush", "", || next.flush())
+        self.simple(Call::new(Op::Flush, 0, 0), || next.flush())
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        let args = format!("offset={offset:#x} count={len:#x}");
-        self.simple("Cache", &args, || next.cache(offset, len))
+        self.simple(Call::new(Op::Cache, offset, len), || {
+            next.cache(offset, len)
+        })
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let args = format!("offset={offset:#x} count={len:#x} req_one=0");
         self.call(
-            "Extents",
-            &args,
+            Call::new(Op::Extents, offset, len),
             || next.extents(offset, len),
             |list| describe_extents(offset, list),
+        )
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Submitted requests are logged as they start, then sent below, where
+    /// they stay in flight; their end is logged as they complete.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        let entered = self.enter(&Call::of(&req));
+        Route::Watched(
+            req,
+            Box::new(move |c| {
+                let end = c.result.as_ref().map_err(|e| e.kind());
+                entered.leave(end.map(|()| String::from("return=0")));
+            }),
         )
     }
 }
@@ -522,6 +577,57 @@ mod tests {
             lines[11].starts_with("connection=2 Connect "),
             "{}",
             lines[11]
+        );
+    }
+
+    #[test]
+    fn submitted_requests_are_logged_and_stay_in_flight_below() {
+        use crate::testing::Probe;
+        use diskit_core::aio::CompletionQueue;
+        use diskit_core::buffer::AlignedBuf;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let config = LogConfig {
+            file: Some(path.clone()),
+            ..LogConfig::default()
+        };
+        let probe = Arc::new(Probe::new(1 << 20));
+        let dev = Filtered::new(Log::new(&config).unwrap(), probe.clone());
+        assert_eq!(dev.queue_depth(), probe.queue_depth());
+        let cq = CompletionQueue::new();
+        for (tag, offset) in [(1, 4096), (2, 1 << 20)] {
+            let buf = AlignedBuf::new(512, 512).unwrap();
+            let req = Request::Read {
+                offset,
+                buf,
+                len: 512,
+            };
+            dev.submit(tag, req, &cq);
+            assert_eq!(cq.wait().tag, tag);
+        }
+        let zero = Request::Zero {
+            offset: 0,
+            len: 4096,
+            flags: ZeroFlags {
+                may_trim: true,
+                ..ZeroFlags::default()
+            },
+        };
+        dev.submit(3, zero, &cq);
+        assert!(cq.wait().result.is_ok());
+        assert_eq!(probe.submitted.load(Ordering::SeqCst), 3, "sent below");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().map(|l| &l[27..]).collect();
+        assert_eq!(
+            &lines[1..],
+            [
+                "Read id=1 offset=0x1000 count=0x200 ...",
+                "...Read id=1 return=0",
+                "Read id=2 offset=0x100000 count=0x200 ...",
+                "...Read id=2 return=-1 error=EINVAL",
+                "Zero id=3 offset=0x0 count=0x1000 trim=1 fua=0 fast=0 ...",
+                "...Zero id=3 return=0",
+            ]
         );
     }
 

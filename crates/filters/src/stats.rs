@@ -17,7 +17,8 @@
 //! started. Where nbdkit 1.32's breakdown loses a size whose request count
 //! equals another's, or reports every byte as "other sizes", this one
 //! counts them right. The bookkeeping takes a lock per request; requests
-//! below run in parallel. The server does not ask for extents through the
+//! below run in parallel, and submitted ones stay in flight there
+//! (counted as they complete). The server does not ask for extents through the
 //! filter before large reads (as it does elsewhere, to send holes without
 //! reading them), so the counts are the client's requests, as nbdkit's.
 
@@ -25,11 +26,15 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, Error, Extent, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{
+    BlockDevice, Error, Extent, Filter, Request, Result, Route, WriteFlags, ZeroFlags,
+};
+
+use crate::call::{Call, Op};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};
@@ -98,49 +103,32 @@ struct OpStat {
 }
 
 /// The operations, in the order nbdkit prints them.
+/// The names of the operations, in [`Op`]'s order (nbdkit's).
 const NAMES: [&str; 7] = ["read", "write", "trim", "zero", "extents", "cache", "flush"];
-const READ: usize = 0;
-const WRITE: usize = 1;
-const TRIM: usize = 2;
-const ZERO: usize = 3;
-const EXTENTS: usize = 4;
-const CACHE: usize = 5;
-const FLUSH: usize = 6;
 
 /// The filter.
 #[derive(Debug)]
 pub struct Stats {
     out: Mutex<Option<File>>,
     start: Instant,
+    counts: Arc<Counts>,
+}
+
+/// The counters, shared with the requests in flight below.
+#[derive(Debug)]
+struct Counts {
     threshold: f64,
+    /// Per [`Op`].
     ops: Mutex<[OpStat; 7]>,
 }
 
-impl Stats {
-    /// Opens the stats file and starts the clock.
-    pub fn new(config: &StatsConfig) -> Result<Stats> {
-        let path = config.file.as_ref().ok_or_else(|| {
-            Error::invalid("stats: the stats filter requires the statsfile parameter")
-        })?;
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .append(config.append)
-            .truncate(!config.append)
-            .open(path)
-            .map_err(|e| Error::from(e).context(format!("stats: open: {}", path.display())))?;
-        Ok(Stats {
-            out: Mutex::new(Some(file)),
-            start: Instant::now(),
-            threshold: config.threshold,
-            ops: Mutex::new(Default::default()),
-        })
-    }
-
-    fn record(&self, op: usize, size: u64, offset: u64, started: Instant) {
+impl Counts {
+    /// Records `call`, started at `started`, which succeeded.
+    fn record(&self, call: &Call, started: Instant) {
+        let (size, offset) = (call.len, call.offset);
         let usecs = started.elapsed().as_micros() as u64;
         let mut all = lock(&self.ops);
-        let st = &mut all[op];
+        let st = &mut all[call.op as usize];
         st.ops += 1;
         st.bytes += size;
         st.usecs += usecs;
@@ -160,34 +148,58 @@ impl Stats {
             .or_default() += 1;
         *st.size.entry(size_bits).or_default() += size;
     }
+}
 
-    /// Runs `f`, recording it as `op` of `size` bytes at `offset` if it
-    /// succeeds.
-    fn timed<T>(
-        &self,
-        op: usize,
-        size: u64,
-        offset: u64,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
+impl Stats {
+    /// Opens the stats file and starts the clock.
+    pub fn new(config: &StatsConfig) -> Result<Stats> {
+        let path = config.file.as_ref().ok_or_else(|| {
+            Error::invalid("stats: the stats filter requires the statsfile parameter")
+        })?;
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .append(config.append)
+            .truncate(!config.append)
+            .open(path)
+            .map_err(|e| Error::from(e).context(format!("stats: open: {}", path.display())))?;
+        Ok(Stats {
+            out: Mutex::new(Some(file)),
+            start: Instant::now(),
+            counts: Arc::new(Counts {
+                threshold: config.threshold,
+                ops: Mutex::new(Default::default()),
+            }),
+        })
+    }
+
+    /// Runs `f`, recording it as `call` if it succeeds.
+    fn timed<T>(&self, call: Call, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let started = Instant::now();
         let r = f()?;
-        self.record(op, size, offset, started);
+        self.counts.record(&call, started);
         Ok(r)
     }
 
     /// The summary, as nbdkit writes it.
     fn summary(&self) -> String {
         let usecs = self.start.elapsed().as_micros() as u64;
-        let all = lock(&self.ops).clone();
+        let all = lock(&self.counts.ops).clone();
         let mut s = String::new();
-        let ops: u64 = [READ, WRITE, TRIM, ZERO, EXTENTS, FLUSH]
+        let ops: u64 = [
+            Op::Read,
+            Op::Write,
+            Op::Trim,
+            Op::Zero,
+            Op::Extents,
+            Op::Flush,
+        ]
+        .iter()
+        .map(|&op| all[op as usize].ops)
+        .sum();
+        let bytes: u64 = [Op::Read, Op::Write, Op::Trim, Op::Zero]
             .iter()
-            .map(|&i| all[i].ops)
-            .sum();
-        let bytes: u64 = [READ, WRITE, TRIM, ZERO]
-            .iter()
-            .map(|&i| all[i].bytes)
+            .map(|&op| all[op as usize].bytes)
             .sum();
         s += &format!(
             "total: {ops} ops, {:.6} s, {}, {}/s\n",
@@ -208,7 +220,7 @@ impl Stats {
                 human_rate(st.bytes, st.usecs),
                 human_rate(st.bytes, usecs)
             );
-            if self.threshold != 0.0 && !st.count.is_empty() {
+            if self.counts.threshold != 0.0 && !st.count.is_empty() {
                 s += "  Request size and alignment breakdown:\n";
                 self.histogram(st, &mut s);
                 s += "\n";
@@ -226,7 +238,7 @@ impl Stats {
         // Most requests first (ties: the smaller size first).
         sizes.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let total: u64 = sizes.iter().map(|x| x.0).sum();
-        let to_print = (self.threshold * total as f64) as u64;
+        let to_print = (self.counts.threshold * total as f64) as u64;
         let (mut printed_reqs, mut printed_bytes) = (0u64, 0u64);
         for (requests, bits) in sizes {
             if printed_reqs >= to_print {
@@ -267,7 +279,7 @@ impl Stats {
                 (b, n + any)
             })
             .collect();
-        let cutoff = ((1.0 - self.threshold) * total as f64) as u64;
+        let cutoff = ((1.0 - self.counts.threshold) * total as f64) as u64;
         for (i, &(bits, requests)) in cumulative.iter().enumerate() {
             if requests < cutoff {
                 *s += &format!(
@@ -321,8 +333,8 @@ impl Filter for Stats {
         false
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let len = buf.len() as u64;
-        self.timed(READ, len, offset, || next.read_at(buf, offset))
+        let call = Call::new(Op::Read, offset, buf.len() as u64);
+        self.timed(call, || next.read_at(buf, offset))
     }
     fn write_at(
         &self,
@@ -331,12 +343,12 @@ impl Filter for Stats {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        self.timed(WRITE, buf.len() as u64, offset, || {
-            next.write_at(buf, offset, flags)
-        })
+        let call = Call::writing(Op::Write, offset, buf.len() as u64, flags);
+        self.timed(call, || next.write_at(buf, offset, flags))
     }
     fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.timed(TRIM, len, offset, || next.trim(offset, len, flags))
+        let call = Call::writing(Op::Trim, offset, len, flags);
+        self.timed(call, || next.trim(offset, len, flags))
     }
     fn write_zeroes(
         &self,
@@ -345,16 +357,36 @@ impl Filter for Stats {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        self.timed(ZERO, len, offset, || next.write_zeroes(offset, len, flags))
+        let call = Call::zero(offset, len, flags);
+        self.timed(call, || next.write_zeroes(offset, len, flags))
     }
     fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.timed(EXTENTS, len, offset, || next.extents(offset, len))
+        let call = Call::new(Op::Extents, offset, len);
+        self.timed(call, || next.extents(offset, len))
     }
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.timed(CACHE, len, offset, || next.cache(offset, len))
+        self.timed(Call::new(Op::Cache, offset, len), || {
+            next.cache(offset, len)
+        })
     }
     fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
-        self.timed(FLUSH, 0, 0, || next.flush())
+        self.timed(Call::new(Op::Flush, 0, 0), || next.flush())
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    /// Submitted requests go below, where they stay in flight, and are
+    /// counted as they complete.
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        let (call, started, counts) = (Call::of(&req), Instant::now(), self.counts.clone());
+        Route::Watched(
+            req,
+            Box::new(move |c| {
+                if c.result.is_ok() {
+                    counts.record(&call, started);
+                }
+            }),
+        )
     }
     fn close(&self, next: &dyn BlockDevice) -> Result<()> {
         let written = match lock(&self.out).take() {
@@ -414,6 +446,55 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("\nflush: 1 ops, "), "{out}");
+    }
+
+    #[test]
+    fn submitted_requests_are_counted_and_stay_in_flight_below() {
+        use crate::testing::Probe;
+        use diskit_core::aio::CompletionQueue;
+        use diskit_core::buffer::AlignedBuf;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stats.txt");
+        let cfg = StatsConfig {
+            file: Some(path.clone()),
+            ..StatsConfig::default()
+        };
+        let probe = Arc::new(Probe::new(1 << 20));
+        let d = Filtered::new(Stats::new(&cfg).unwrap(), probe.clone());
+        assert_eq!(d.queue_depth(), probe.queue_depth());
+        let cq = CompletionQueue::new();
+        let buf = || AlignedBuf::new(4096, 4096).unwrap();
+        for i in 0..3 {
+            let req = Request::Read {
+                offset: i * 4096,
+                buf: buf(),
+                len: 4096,
+            };
+            d.submit(i, req, &cq);
+        }
+        let write = Request::Write {
+            offset: 0,
+            buf: buf(),
+            range: 0..4096,
+            flags: WriteFlags::NONE,
+        };
+        d.submit(3, write, &cq);
+        let zero = Request::Zero {
+            offset: 0,
+            len: 8192,
+            flags: ZeroFlags::default(),
+        };
+        d.submit(4, zero, &cq);
+        for _ in 0..5 {
+            assert!(cq.wait().result.is_ok());
+        }
+        assert_eq!(probe.submitted.load(std::sync::atomic::Ordering::SeqCst), 5);
+        d.close().unwrap();
+        let out = std::fs::read_to_string(&path).unwrap();
+        assert!(out.starts_with("total: 5 ops, "), "{out}");
+        assert!(out.contains("\nread: 3 ops, 0."), "{out}");
+        assert!(out.contains("\nwrite: 1 ops, 0."), "{out}");
+        assert!(out.contains("\nzero: 1 ops, 0."), "{out}");
     }
 
     #[test]

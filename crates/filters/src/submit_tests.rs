@@ -56,7 +56,11 @@ type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool);
 fn submitted_requests_give_what_the_filters_methods_give() {
     const SIZE: u64 = 4 << 20;
     // (filter, parameters, whether requests stay in flight below).
+    let dir = tempfile::tempdir().unwrap();
+    let statsfile = dir.path().join("stats");
     let cases: &[Case<'_>] = &[
+        ("log", &[], true),
+        ("stats", &[("statsfile", statsfile.to_str().unwrap())], true),
         ("noextents", &[], true),
         ("rate", &[("rate", "10G")], true),
         ("delay", &[("rdelay", "1ms"), ("wdelay", "1ms")], true),
