@@ -44,7 +44,6 @@
 mod blockmap;
 pub mod blocksize;
 pub mod cache;
-mod call;
 pub mod cow;
 pub mod cow_file;
 pub mod delay;
@@ -68,6 +67,7 @@ mod submit_tests;
 #[cfg(test)]
 mod testing;
 pub mod truncate;
+mod watch;
 
 pub use registry::{Configure, Ctx, FilterInfo, FilterSpec, Params, info, stack, unknown};
 
@@ -188,18 +188,8 @@ mod tests {
             ("cache", "cache-high-threshold", "0", "between 1 and 100"),
             ("cache", "cache-on-read", "perhaps", "boolean"),
             ("cache", "cache-max-size", "512K", "too small"),
-            (
-                "cow",
-                "cow-block-size",
-                "1000",
-                "cow-block-size must be a power of 2",
-            ),
-            (
-                "cow",
-                "cow-block-size",
-                "512",
-                "cow-block-size must be a power of 2",
-            ),
+            ("cow", "cow-block-size", "1000", "must be a power of 2"),
+            ("cow", "cow-block-size", "512", "must be a power of 2"),
             ("cow", "cow-on-read", "maybe", "could not decipher boolean"),
             ("error", "error", "EAGAIN", "unknown error 'EAGAIN'"),
             ("error", "error-rate", "150%", "out of range"),

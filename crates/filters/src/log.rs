@@ -29,12 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use diskit_core::sync::lock;
-use diskit_core::{
-    BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Request, Result, Route, Session,
-    WriteFlags, ZeroFlags,
-};
+use diskit_core::{DeviceRef, Error, ErrorKind, Extent, Result, Session};
 
-use crate::call::{Call, Op};
+use crate::watch::{Call, Op, Outcome, Watch, Watching};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};
@@ -65,7 +62,7 @@ impl Configure for LogConfig {
     }
 
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Log::new(self)?, next))
+        Ok(over(Watching(Log::new(self)?), next))
     }
 }
 
@@ -192,58 +189,16 @@ impl Log {
     fn connection(&self) -> Option<u64> {
         self.conn.as_ref().map(|c| c.number)
     }
-
-    /// Logs that `call` starts; the result logs its end.
-    fn enter(&self, call: &Call) -> Entered {
-        let id = match &self.conn {
-            Some(c) => c.ids.fetch_add(1, Ordering::Relaxed) + 1,
-            None => self.out.unconnected.fetch_add(1, Ordering::Relaxed) + 1,
-        };
-        let (act, args) = describe(call);
-        let conn = self.connection();
-        self.out.line(conn, id, act, Kind::Enter, &args);
-        Entered {
-            out: self.out.clone(),
-            conn,
-            id,
-            act,
-        }
-    }
-
-    /// Logs a call: its start, then its end with what it returned
-    /// (`done` describes a success).
-    fn call<T>(
-        &self,
-        call: Call,
-        run: impl FnOnce() -> Result<T>,
-        done: impl FnOnce(&T) -> String,
-    ) -> Result<T> {
-        let entered = self.enter(&call);
-        let r = run();
-        entered.leave(r.as_ref().map(done).map_err(|e| e.kind()));
-        r
-    }
-
-    fn simple(&self, call: Call, run: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.call(call, run, |_| String::from("return=0"))
-    }
 }
 
 /// A logged call that has started.
-struct Entered {
+pub(crate) struct Entered {
     out: Arc<Output>,
     conn: Option<u64>,
     id: u64,
     act: &'static str,
-}
-
-impl Entered {
-    /// Logs the end: how a success ended, or the error.
-    fn leave(self, end: std::result::Result<String, ErrorKind>) {
-        let end = end.unwrap_or_else(|e| format!("return=-1 error={}", errno_name(e)));
-        self.out
-            .line(self.conn, self.id, self.act, Kind::Leave, &end);
-    }
+    /// Where it starts (extents are logged from there).
+    offset: u64,
 }
 
 /// The name nbdkit's log gives `call` and its arguments.
@@ -286,14 +241,42 @@ impl Drop for Log {
     }
 }
 
-impl Filter for Log {
+impl Watch for Log {
+    const NAME: &'static str = "log";
     /// Requests out of range too are logged, with the refusal from below.
-    fn checks_ranges(&self) -> bool {
-        false
+    const CHECKS_RANGES: bool = false;
+    type Started = Entered;
+
+    /// Logs that `call` starts.
+    fn start(&self, call: &Call) -> Entered {
+        let id = match &self.conn {
+            Some(c) => c.ids.fetch_add(1, Ordering::Relaxed) + 1,
+            None => self.out.unconnected.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        let (act, args) = describe(call);
+        let conn = self.connection();
+        self.out.line(conn, id, act, Kind::Enter, &args);
+        Entered {
+            out: self.out.clone(),
+            conn,
+            id,
+            act,
+            offset: call.offset,
+        }
     }
-    fn name(&self) -> &str {
-        "log"
+
+    fn end(entered: Entered, outcome: Outcome<'_>) {
+        let end = match outcome {
+            Outcome::Done => String::from("return=0"),
+            Outcome::Extents(list) => describe_extents(entered.offset, list),
+            Outcome::Failed(kind) => format!("return=-1 error={}", errno_name(kind)),
+        };
+        let Entered {
+            out, conn, id, act, ..
+        } = entered;
+        out.line(conn, id, act, Kind::Leave, &end);
     }
+
     fn connect(&self, next: &DeviceRef, session: &Session) -> Result<Option<Log>> {
         // nbdkit logs its preconnect check, which diskit's server makes
         // in its accept loop, then the connection.
@@ -342,68 +325,6 @@ impl Filter for Log {
                 ids: AtomicU64::new(0),
             }),
         }))
-    }
-    // No file view: reads spliced past the filter would go unlogged.
-    fn extents_before_reads(&self, _next: &dyn BlockDevice) -> bool {
-        false
-    }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let call = Call::new(Op::Read, offset, buf.len() as u64);
-        self.simple(call, || next.read_at(buf, offset))
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        let call = Call::writing(Op::Write, offset, buf.len() as u64, flags);
-        self.simple(call, || next.write_at(buf, offset, flags))
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        let call = Call::zero(offset, len, flags);
-        self.simple(call, || next.write_zeroes(offset, len, flags))
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        let call = Call::writing(Op::Trim, offset, len, flags);
-        self.simple(call, || next.trim(offset, len, flags))
-    }
-    fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
-        self.simple(Call::new(Op::Flush, 0, 0), || next.flush())
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.simple(Call::new(Op::Cache, offset, len), || {
-            next.cache(offset, len)
-        })
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.call(
-            Call::new(Op::Extents, offset, len),
-            || next.extents(offset, len),
-            |list| describe_extents(offset, list),
-        )
-    }
-    fn submits_below(&self) -> bool {
-        true
-    }
-    /// Submitted requests are logged as they start, then sent below, where
-    /// they stay in flight; their end is logged as they complete.
-    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
-        let entered = self.enter(&Call::of(&req));
-        Route::Watched(
-            req,
-            Box::new(move |c| {
-                let end = c.result.as_ref().map_err(|e| e.kind());
-                entered.leave(end.map(|()| String::from("return=0")));
-            }),
-        )
     }
 }
 
@@ -495,6 +416,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
+    use diskit_core::{BlockDevice, Request, WriteFlags, ZeroFlags};
     use diskit_core::{DeviceRef, Filtered};
     use std::time::Duration;
 
@@ -524,7 +446,7 @@ mod tests {
             ..LogConfig::default()
         };
         let mem: DeviceRef = Arc::new(MemoryDevice::new(1 << 20));
-        let dev: DeviceRef = Arc::new(Filtered::new(Log::new(&config).unwrap(), mem));
+        let dev: DeviceRef = Arc::new(Filtered::new(Watching(Log::new(&config).unwrap()), mem));
         let session = Session {
             id: 7,
             export: "a b".into(),
@@ -592,7 +514,7 @@ mod tests {
             ..LogConfig::default()
         };
         let probe = Arc::new(Probe::new(1 << 20));
-        let dev = Filtered::new(Log::new(&config).unwrap(), probe.clone());
+        let dev = Filtered::new(Watching(Log::new(&config).unwrap()), probe.clone());
         assert_eq!(dev.queue_depth(), probe.queue_depth());
         let cq = CompletionQueue::new();
         for (tag, offset) in [(1, 4096), (2, 1 << 20)] {

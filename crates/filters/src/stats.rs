@@ -30,11 +30,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use diskit_core::sync::lock;
-use diskit_core::{
-    BlockDevice, Error, Extent, Filter, Request, Result, Route, WriteFlags, ZeroFlags,
-};
+use diskit_core::{BlockDevice, Error, Result};
 
-use crate::call::{Call, Op};
+use crate::watch::{Call, Op, Outcome, Watch, Watching};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};
@@ -86,7 +84,7 @@ impl Configure for StatsConfig {
     }
 
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Stats::new(self)?, next))
+        Ok(over(Watching(Stats::new(self)?), next))
     }
 }
 
@@ -116,7 +114,7 @@ pub struct Stats {
 
 /// The counters, shared with the requests in flight below.
 #[derive(Debug)]
-struct Counts {
+pub(crate) struct Counts {
     threshold: f64,
     /// Per [`Op`].
     ops: Mutex<[OpStat; 7]>,
@@ -171,14 +169,6 @@ impl Stats {
                 ops: Mutex::new(Default::default()),
             }),
         })
-    }
-
-    /// Runs `f`, recording it as `call` if it succeeds.
-    fn timed<T>(&self, call: Call, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let started = Instant::now();
-        let r = f()?;
-        self.counts.record(&call, started);
-        Ok(r)
     }
 
     /// The summary, as nbdkit writes it.
@@ -324,70 +314,20 @@ fn human_rate(bytes: u64, usecs: u64) -> String {
     human_size((bytes as f64 / (usecs as f64 / 1e6)) as u64)
 }
 
-impl Filter for Stats {
-    fn name(&self) -> &str {
-        "stats"
+impl Watch for Stats {
+    const NAME: &'static str = "stats";
+    type Started = (Call, Instant, Arc<Counts>);
+
+    fn start(&self, call: &Call) -> Self::Started {
+        (*call, Instant::now(), self.counts.clone())
     }
-    // No file view: reads spliced past the filter would go uncounted.
-    fn extents_before_reads(&self, _next: &dyn BlockDevice) -> bool {
-        false
+
+    fn end((call, started, counts): Self::Started, outcome: Outcome<'_>) {
+        if !matches!(outcome, Outcome::Failed(_)) {
+            counts.record(&call, started);
+        }
     }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let call = Call::new(Op::Read, offset, buf.len() as u64);
-        self.timed(call, || next.read_at(buf, offset))
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        let call = Call::writing(Op::Write, offset, buf.len() as u64, flags);
-        self.timed(call, || next.write_at(buf, offset, flags))
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        let call = Call::writing(Op::Trim, offset, len, flags);
-        self.timed(call, || next.trim(offset, len, flags))
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        let call = Call::zero(offset, len, flags);
-        self.timed(call, || next.write_zeroes(offset, len, flags))
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let call = Call::new(Op::Extents, offset, len);
-        self.timed(call, || next.extents(offset, len))
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.timed(Call::new(Op::Cache, offset, len), || {
-            next.cache(offset, len)
-        })
-    }
-    fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
-        self.timed(Call::new(Op::Flush, 0, 0), || next.flush())
-    }
-    fn submits_below(&self) -> bool {
-        true
-    }
-    /// Submitted requests go below, where they stay in flight, and are
-    /// counted as they complete.
-    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
-        let (call, started, counts) = (Call::of(&req), Instant::now(), self.counts.clone());
-        Route::Watched(
-            req,
-            Box::new(move |c| {
-                if c.result.is_ok() {
-                    counts.record(&call, started);
-                }
-            }),
-        )
-    }
+
     fn close(&self, next: &dyn BlockDevice) -> Result<()> {
         let written = match lock(&self.out).take() {
             Some(mut f) => f
@@ -405,6 +345,7 @@ impl Filter for Stats {
 mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
+    use diskit_core::{BlockDevice, Request, WriteFlags, ZeroFlags};
     use diskit_core::{DeviceRef, Filtered};
     use std::sync::Arc;
 
@@ -415,7 +356,7 @@ mod tests {
         let cfg = StatsConfig::from_params(&[("statsfile".into(), path.to_str().unwrap().into())])
             .unwrap();
         let mem: DeviceRef = Arc::new(MemoryDevice::new(8 << 20));
-        let d = Filtered::new(Stats::new(&cfg).unwrap(), mem);
+        let d = Filtered::new(Watching(Stats::new(&cfg).unwrap()), mem);
         let mut b = vec![0u8; 65536];
         for i in 0..19u64 {
             d.read_at(&mut b, i * 65536).unwrap();
@@ -460,7 +401,7 @@ mod tests {
             ..StatsConfig::default()
         };
         let probe = Arc::new(Probe::new(1 << 20));
-        let d = Filtered::new(Stats::new(&cfg).unwrap(), probe.clone());
+        let d = Filtered::new(Watching(Stats::new(&cfg).unwrap()), probe.clone());
         assert_eq!(d.queue_depth(), probe.queue_depth());
         let cq = CompletionQueue::new();
         let buf = || AlignedBuf::new(4096, 4096).unwrap();
