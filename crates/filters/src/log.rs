@@ -416,7 +416,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
-    use diskit_core::{BlockDevice, Request, WriteFlags, ZeroFlags};
+    use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
     use diskit_core::{DeviceRef, Filtered};
     use std::time::Duration;
 
@@ -504,9 +504,7 @@ mod tests {
 
     #[test]
     fn submitted_requests_are_logged_and_stay_in_flight_below() {
-        use crate::testing::Probe;
-        use diskit_core::aio::CompletionQueue;
-        use diskit_core::buffer::AlignedBuf;
+        use crate::testing::{Probe, read_request, submit, zero_request};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let config = LogConfig {
@@ -516,27 +514,13 @@ mod tests {
         let probe = Arc::new(Probe::new(1 << 20));
         let dev = Filtered::new(Watching(Log::new(&config).unwrap()), probe.clone());
         assert_eq!(dev.queue_depth(), probe.queue_depth());
-        let cq = CompletionQueue::new();
-        for (tag, offset) in [(1, 4096), (2, 1 << 20)] {
-            let buf = AlignedBuf::new(512, 512).unwrap();
-            let req = Request::Read {
-                offset,
-                buf,
-                len: 512,
-            };
-            dev.submit(tag, req, &cq);
-            assert_eq!(cq.wait().tag, tag);
-        }
-        let zero = Request::Zero {
-            offset: 0,
-            len: 4096,
-            flags: ZeroFlags {
-                may_trim: true,
-                ..ZeroFlags::default()
-            },
+        assert!(submit(&dev, read_request(4096, 512)).result.is_ok());
+        assert!(submit(&dev, read_request(1 << 20, 512)).result.is_err());
+        let trim = ZeroFlags {
+            may_trim: true,
+            ..ZeroFlags::default()
         };
-        dev.submit(3, zero, &cq);
-        assert!(cq.wait().result.is_ok());
+        assert!(submit(&dev, zero_request(0, 4096, trim)).result.is_ok());
         assert_eq!(probe.submitted.load(Ordering::SeqCst), 3, "sent below");
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<&str> = text.lines().map(|l| &l[27..]).collect();

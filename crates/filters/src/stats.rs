@@ -345,7 +345,7 @@ impl Watch for Stats {
 mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
-    use diskit_core::{BlockDevice, Request, WriteFlags, ZeroFlags};
+    use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
     use diskit_core::{DeviceRef, Filtered};
     use std::sync::Arc;
 
@@ -391,9 +391,7 @@ mod tests {
 
     #[test]
     fn submitted_requests_are_counted_and_stay_in_flight_below() {
-        use crate::testing::Probe;
-        use diskit_core::aio::CompletionQueue;
-        use diskit_core::buffer::AlignedBuf;
+        use crate::testing::{Probe, read_request, submit, write_request, zero_request};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("stats.txt");
         let cfg = StatsConfig {
@@ -403,39 +401,19 @@ mod tests {
         let probe = Arc::new(Probe::new(1 << 20));
         let d = Filtered::new(Watching(Stats::new(&cfg).unwrap()), probe.clone());
         assert_eq!(d.queue_depth(), probe.queue_depth());
-        let cq = CompletionQueue::new();
-        let buf = || AlignedBuf::new(4096, 4096).unwrap();
         for i in 0..3 {
-            let req = Request::Read {
-                offset: i * 4096,
-                buf: buf(),
-                len: 4096,
-            };
-            d.submit(i, req, &cq);
+            assert!(submit(&d, read_request(i * 4096, 4096)).result.is_ok());
         }
-        let write = Request::Write {
-            offset: 0,
-            buf: buf(),
-            range: 0..4096,
-            flags: WriteFlags::NONE,
-        };
-        d.submit(3, write, &cq);
-        let zero = Request::Zero {
-            offset: 0,
-            len: 8192,
-            flags: ZeroFlags::default(),
-        };
-        d.submit(4, zero, &cq);
-        for _ in 0..5 {
-            assert!(cq.wait().result.is_ok());
-        }
+        assert!(submit(&d, write_request(0, &[1; 4096])).result.is_ok());
+        let zero = zero_request(0, 8192, ZeroFlags::default());
+        assert!(submit(&d, zero).result.is_ok());
         assert_eq!(probe.submitted.load(std::sync::atomic::Ordering::SeqCst), 5);
         d.close().unwrap();
         let out = std::fs::read_to_string(&path).unwrap();
         assert!(out.starts_with("total: 5 ops, "), "{out}");
-        assert!(out.contains("\nread: 3 ops, 0."), "{out}");
-        assert!(out.contains("\nwrite: 1 ops, 0."), "{out}");
-        assert!(out.contains("\nzero: 1 ops, 0."), "{out}");
+        for line in ["read: 3 ops, 0.", "write: 1 ops, 0.", "zero: 1 ops, 0."] {
+            assert!(out.contains(&format!("\n{line}")), "{out}");
+        }
     }
 
     #[test]

@@ -4,11 +4,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use diskit_core::aio::{Completion, CompletionQueue, ReadSink, Request};
-use diskit_core::buffer::AlignedBuf;
-use diskit_core::{BlockDevice, DeviceRef, Result, WriteFlags, ZeroFlags};
+use diskit_core::aio::{ReadSink, Request};
+use diskit_core::{BlockDevice, Result, ZeroFlags};
 
-use crate::testing::{Probe, kv, read};
+use crate::testing::{Probe, buf, kv, read, read_request, submit, write_request, zero_request};
 use crate::{FilterSpec, stack};
 
 /// Keeps what a read hands over, by offset.
@@ -35,18 +34,6 @@ impl Collect {
         }
         out
     }
-}
-
-fn one(dev: &DeviceRef, req: Request) -> Completion {
-    let cq = CompletionQueue::new();
-    dev.submit(1, req, &cq);
-    cq.wait()
-}
-
-fn buf(data: &[u8]) -> AlignedBuf {
-    let mut b = AlignedBuf::new(data.len(), 4096).unwrap();
-    b[..data.len()].copy_from_slice(data);
-    b
 }
 
 /// A filter, its parameters, and whether requests stay in flight below.
@@ -86,20 +73,13 @@ fn submitted_requests_give_what_the_filters_methods_give() {
         let (at, len) = (size - 6000, 6000usize);
         let want = read(&*dev, at, len);
 
-        let c = one(
-            &dev,
-            Request::Read {
-                offset: at,
-                buf: buf(&vec![0; len]),
-                len,
-            },
-        );
+        let c = submit(&*dev, read_request(at, len));
         c.result.unwrap();
         assert_eq!(&c.buf.unwrap()[..len], &want[..], "{what}: read");
 
         let sink = Arc::new(Collect::default());
-        let c = one(
-            &dev,
+        let c = submit(
+            &*dev,
             Request::ReadTo {
                 offset: at,
                 buf: buf(&vec![0; len]),
@@ -111,26 +91,11 @@ fn submitted_requests_give_what_the_filters_methods_give() {
         assert_eq!(sink.bytes(at, len), want, "{what}: read to a sink");
 
         let data = vec![0x5a; 3000];
-        let c = one(
-            &dev,
-            Request::Write {
-                offset: 8192,
-                buf: buf(&data),
-                range: 0..3000,
-                flags: WriteFlags::NONE,
-            },
-        );
+        let c = submit(&*dev, write_request(8192, &data));
         c.result.unwrap();
         assert_eq!(read(&*dev, 8192, 3000), data, "{what}: write");
 
-        let c = one(
-            &dev,
-            Request::Zero {
-                offset: 8192,
-                len: 1000,
-                flags: ZeroFlags::default(),
-            },
-        );
+        let c = submit(&*dev, zero_request(8192, 1000, ZeroFlags::default()));
         c.result.unwrap();
         assert_eq!(read(&*dev, 8192, 1000), vec![0; 1000], "{what}: zero");
 

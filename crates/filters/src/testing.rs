@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use diskit_backends::MemoryDevice;
-use diskit_core::aio::{CompletionQueue, Request};
+use diskit_core::aio::{Completion, CompletionQueue, Request};
+use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, Capabilities, Extent, Result, WriteFlags, ZeroFlags};
 
@@ -154,6 +155,44 @@ pub(crate) fn read(d: &dyn BlockDevice, offset: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     d.read_at(&mut v, offset).unwrap();
     v
+}
+
+/// `data` in an aligned buffer, as requests carry it.
+pub(crate) fn buf(data: &[u8]) -> AlignedBuf {
+    let mut b = AlignedBuf::new(data.len().max(1), 4096).unwrap();
+    b[..data.len()].copy_from_slice(data);
+    b
+}
+
+/// A read of `len` bytes at `offset`, to submit.
+pub(crate) fn read_request(offset: u64, len: usize) -> Request {
+    Request::Read {
+        offset,
+        buf: buf(&vec![0; len]),
+        len,
+    }
+}
+
+/// A write of `data` at `offset`, to submit.
+pub(crate) fn write_request(offset: u64, data: &[u8]) -> Request {
+    Request::Write {
+        offset,
+        buf: buf(data),
+        range: 0..data.len(),
+        flags: WriteFlags::NONE,
+    }
+}
+
+/// A write-zeroes of `len` bytes at `offset`, to submit.
+pub(crate) fn zero_request(offset: u64, len: u64, flags: ZeroFlags) -> Request {
+    Request::Zero { offset, len, flags }
+}
+
+/// Submits `req` to `dev` and waits for it to complete.
+pub(crate) fn submit(dev: &dyn BlockDevice, req: Request) -> Completion {
+    let cq = CompletionQueue::new();
+    dev.submit(1, req, &cq);
+    cq.wait()
 }
 
 /// A fast zero.
