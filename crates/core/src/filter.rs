@@ -20,7 +20,7 @@ use crate::device::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags,
     ZeroFlags, check_range,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::extent::Extent;
 
 /// Where a request submitted through a filter goes (see [`Filter::route`]).
@@ -34,6 +34,9 @@ pub enum Route {
     Watched(Request, Box<dyn FnOnce(&Completion) + Send>),
     /// Through the filter's own methods, before `submit` returns.
     Here(Request),
+    /// Refused by the filter: completed at once with the error, its
+    /// buffer given back.
+    Failed(Request, Error),
 }
 
 /// A layer over another device. Every method receives the next layer.
@@ -296,6 +299,7 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
             Route::Below(req) => self.next.submit(tag, req, cq),
             Route::Watched(req, watch) => self.next.submit(tag, req, &cq.watched(watch)),
             Route::Here(req) => cq.push(crate::aio::run(self, tag, req)),
+            Route::Failed(req, e) => cq.push(req.fail(tag, Err(e))),
         }
     }
     fn queue_depth(&self) -> usize {

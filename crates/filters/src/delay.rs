@@ -25,10 +25,10 @@
 
 use std::time::Duration;
 
-use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, Filter, Request, Result, Route,
-    WriteFlags, ZeroFlags,
-};
+use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Result};
+
+use crate::call::{Call, Op};
+use crate::gate::{Gate, Gated};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};
@@ -117,7 +117,7 @@ impl Configure for Delay {
     }
 
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(*self, next))
+        Ok(over(Gated(*self), next))
     }
 }
 
@@ -128,78 +128,36 @@ impl Delay {
     }
 }
 
-fn sleep(d: Duration) {
-    if !d.is_zero() {
-        std::thread::sleep(d);
-    }
-}
+impl Gate for Delay {
+    const NAME: &'static str = "delay";
 
-impl Filter for Delay {
-    fn name(&self) -> &str {
-        "delay"
+    /// Sleeps for the request's delay; a fast zero that fails at once
+    /// fails.
+    fn before(&self, call: &Call) -> Result<()> {
+        let delay = match call.op {
+            Op::Read => self.read,
+            Op::Write => self.write,
+            Op::Zero if call.flags.fast && self.fails_fast_zero() => {
+                return Err(Error::from_kind(ErrorKind::NotSupported));
+            }
+            Op::Zero => self.zero,
+            Op::Trim => self.trim,
+            Op::Extents => self.extents,
+            Op::Cache => self.cache,
+            Op::Flush => Duration::ZERO,
+        };
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        Ok(())
     }
+
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         let c = next.capabilities();
         Capabilities {
             can_fast_zero: c.can_fast_zero || self.fails_fast_zero(),
             ..c
         }
-    }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        sleep(self.read);
-        next.read_at(buf, offset)
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        sleep(self.write);
-        next.write_at(buf, offset, flags)
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        if flags.fast && self.fails_fast_zero() {
-            return Err(Error::from_kind(ErrorKind::NotSupported));
-        }
-        sleep(self.zero);
-        next.write_zeroes(offset, len, flags)
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        sleep(self.trim);
-        next.trim(offset, len, flags)
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        sleep(self.cache);
-        next.cache(offset, len)
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        sleep(self.extents);
-        next.extents(offset, len)
-    }
-    fn submits_below(&self) -> bool {
-        true
-    }
-    /// Submitted requests wait in the submitter's thread, then go below,
-    /// where they stay in flight; a fast zero that fails at once fails
-    /// here.
-    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
-        match &req {
-            Request::Read { .. } | Request::ReadTo { .. } => sleep(self.read),
-            Request::Write { .. } => sleep(self.write),
-            Request::Zero { flags, .. } if flags.fast && self.fails_fast_zero() => {
-                return Route::Here(req);
-            }
-            Request::Zero { .. } => sleep(self.zero),
-        }
-        Route::Below(req)
     }
 }
 
@@ -209,6 +167,7 @@ mod tests {
     use crate::testing::{FAST, kv};
     use diskit_backends::MemoryDevice;
     use diskit_core::Filtered;
+    use diskit_core::{WriteFlags, ZeroFlags};
     use std::sync::Arc;
 
     fn parse(v: &[(&str, &str)]) -> Result<Delay> {
@@ -254,7 +213,7 @@ mod tests {
         ])
         .unwrap();
         assert!(d.fails_fast_zero());
-        let dev = Filtered::new(d, mem.clone());
+        let dev = Filtered::new(Gated(d), mem.clone());
         dev.write_at(b"abc", 5, WriteFlags::NONE).unwrap();
         let mut b = [0u8; 3];
         dev.read_at(&mut b, 5).unwrap();
@@ -270,6 +229,8 @@ mod tests {
         // With fast zeros waiting like the others, the device below decides.
         let d = parse(&[("delay-zero", "1ms")]).unwrap();
         assert!(!d.fails_fast_zero());
-        Filtered::new(d, mem).write_zeroes(0, 8, FAST).unwrap();
+        Filtered::new(Gated(d), mem)
+            .write_zeroes(0, 8, FAST)
+            .unwrap();
     }
 }

@@ -18,7 +18,10 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use diskit_core::{BlockDevice, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{Error, ErrorKind, Result};
+
+use crate::call::{Call, Op};
+use crate::gate::{Gate, Gated};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};
@@ -124,7 +127,7 @@ impl Configure for ErrorConfig {
     }
 
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(ErrorFilter::new(self.clone()), next))
+        Ok(over(Gated(ErrorFilter::new(self.clone())), next))
     }
 }
 
@@ -188,7 +191,8 @@ impl ErrorFilter {
         (x >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// Fails request kind `op` (an index into [`OPS`]) when the dice say so.
+    /// Fails request kind `op` (an index into [`OPS`], which lists them
+    /// in [`Op`]'s order) when the dice say so.
     fn check(&self, op: usize) -> Result<()> {
         let inj = &self.config.ops[op];
         if inj.rate <= 0.0 {
@@ -213,45 +217,15 @@ impl ErrorFilter {
     }
 }
 
-impl Filter for ErrorFilter {
-    fn name(&self) -> &str {
-        "error"
-    }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.check(0)?;
-        next.read_at(buf, offset)
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.check(1)?;
-        next.write_at(buf, offset, flags)
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.check(2)?;
-        next.trim(offset, len, flags)
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        self.check(3)?;
-        next.write_zeroes(offset, len, flags)
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.check(4)?;
-        next.extents(offset, len)
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.check(5)?;
-        next.cache(offset, len)
+impl Gate for ErrorFilter {
+    const NAME: &'static str = "error";
+
+    /// Fails the request when the dice say so; flushes never fail.
+    fn before(&self, call: &Call) -> Result<()> {
+        if call.op == Op::Flush {
+            return Ok(());
+        }
+        self.check(call.op as usize)
     }
 }
 
@@ -260,6 +234,7 @@ mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
     use diskit_core::Filtered;
+    use diskit_core::{BlockDevice, WriteFlags};
     use std::sync::Arc;
 
     use crate::testing::kv;
@@ -292,7 +267,7 @@ mod tests {
         let always =
             ErrorConfig::from_params(&kv(&[("error", "ENOSPC"), ("error-pwrite-rate", "100%")]))
                 .unwrap();
-        let d = Filtered::new(ErrorFilter::new(always), mem.clone());
+        let d = Filtered::new(Gated(ErrorFilter::new(always)), mem.clone());
         let e = d.write_at(&[1; 512], 0, WriteFlags::NONE).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NoSpace);
         assert!(e.to_string().contains("ENOSPC"), "{e}");
@@ -303,11 +278,11 @@ mod tests {
         d.flush().unwrap();
         // 30%: between 20% and 40% of 2000 reads fail.
         let some = ErrorConfig::from_params(&kv(&[("error-rate", "30%")])).unwrap();
-        let d = Filtered::new(ErrorFilter::new(some), mem.clone());
+        let d = Filtered::new(Gated(ErrorFilter::new(some)), mem.clone());
         let failed = (0..2000).filter(|_| d.read_at(&mut b, 0).is_err()).count();
         assert!((400..800).contains(&failed), "{failed} of 2000");
         // Rate 0: never.
-        let d = Filtered::new(ErrorFilter::new(ErrorConfig::default()), mem);
+        let d = Filtered::new(Gated(ErrorFilter::new(ErrorConfig::default())), mem);
         assert!((0..1000).all(|_| d.read_at(&mut b, 0).is_ok()));
     }
 
@@ -321,7 +296,7 @@ mod tests {
             ("error-file", flag.to_str().unwrap()),
         ]))
         .unwrap();
-        let d = Filtered::new(ErrorFilter::new(c), mem);
+        let d = Filtered::new(Gated(ErrorFilter::new(c)), mem);
         let mut b = [0u8; 512];
         d.read_at(&mut b, 0).unwrap();
         std::fs::write(&flag, b"").unwrap();

@@ -44,11 +44,13 @@
 mod blockmap;
 pub mod blocksize;
 pub mod cache;
+mod call;
 pub mod cow;
 pub mod cow_file;
 pub mod delay;
 pub mod error;
 pub mod fua;
+mod gate;
 pub mod log;
 pub mod multi_conn;
 pub mod noextents;

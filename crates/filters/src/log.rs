@@ -31,7 +31,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use diskit_core::sync::lock;
 use diskit_core::{DeviceRef, Error, ErrorKind, Extent, Result, Session};
 
-use crate::watch::{Call, Op, Outcome, Watch, Watching};
+use crate::call::{Call, Op};
+use crate::watch::{Outcome, Watch, Watching};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};

@@ -21,9 +21,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use diskit_core::sync::lock;
-use diskit_core::{
-    BlockDevice, DeviceRef, Error, Filter, Request, Result, Route, Session, WriteFlags,
-};
+use diskit_core::{DeviceRef, Error, Result, Session};
+
+use crate::call::{Call, Op};
+use crate::gate::{Gate, Gated};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};
@@ -92,7 +93,7 @@ impl Configure for RateConfig {
     }
 
     fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Rate::new(self), next))
+        Ok(over(Gated(Rate::new(self)), next))
     }
 }
 
@@ -234,10 +235,10 @@ impl Limiter {
     /// Waits until `bytes` may pass. A request larger than the bucket
     /// takes its bits a bucketful at a time, so that none of the time it
     /// waits is lost to a bucket already full.
-    fn wait(&self, bytes: usize) {
+    fn wait(&self, bytes: u64) {
         let now = Instant::now();
         self.adjust(now);
-        let mut bits = (bytes as u64).saturating_mul(8);
+        let mut bits = bytes.saturating_mul(8);
         while bits > 0 {
             let (taken, missing, sleep) = {
                 let mut st = lock(&self.state);
@@ -301,30 +302,22 @@ impl Rate {
     }
 }
 
-/// Which bucket a request takes its bits from.
-#[derive(Debug, Clone, Copy)]
-enum Dir {
-    Read,
-    Write,
-}
+impl Gate for Rate {
+    const NAME: &'static str = "rate";
 
-impl Rate {
-    /// Waits until `bytes` may pass in direction `dir`, over all
-    /// connections and on this one.
-    fn pass(&self, dir: Dir, bytes: usize) {
+    /// Reads and writes wait until their bits may pass, over all
+    /// connections and on this one; the other requests carry no data.
+    fn before(&self, call: &Call) -> Result<()> {
         for pair in [&*self.global, &self.connection] {
-            match dir {
-                Dir::Read => pair.read.wait(bytes),
-                Dir::Write => pair.write.wait(bytes),
+            match call.op {
+                Op::Read => pair.read.wait(call.len),
+                Op::Write => pair.write.wait(call.len),
+                _ => {}
             }
         }
+        Ok(())
     }
-}
 
-impl Filter for Rate {
-    fn name(&self) -> &str {
-        "rate"
-    }
     fn connect(&self, _next: &DeviceRef, _session: &Session) -> Result<Option<Rate>> {
         let c = &self.config;
         Ok(Some(Rate {
@@ -333,33 +326,7 @@ impl Filter for Rate {
             connection: Pair::new(c.connection_rate, c.burstiness, &c.connection_rate_file),
         }))
     }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.pass(Dir::Read, buf.len());
-        next.read_at(buf, offset)
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.pass(Dir::Write, buf.len());
-        next.write_at(buf, offset, flags)
-    }
-    fn submits_below(&self) -> bool {
-        true
-    }
-    /// Submitted reads and writes wait for their bits in the submitter's
-    /// thread, then go below, where they stay in flight.
-    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
-        match &req {
-            Request::Read { len, .. } | Request::ReadTo { len, .. } => self.pass(Dir::Read, *len),
-            Request::Write { range, .. } => self.pass(Dir::Write, range.len()),
-            Request::Zero { .. } => {}
-        }
-        Route::Below(req)
-    }
+
     // Reads keep their bytes: a view may skip the filter only where there
     // is no limit at all.
     fn reads_unchanged(&self) -> bool {

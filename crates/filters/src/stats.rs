@@ -32,7 +32,8 @@ use std::time::Instant;
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, Error, Result};
 
-use crate::watch::{Call, Op, Outcome, Watch, Watching};
+use crate::call::{Call, Op};
+use crate::watch::{Outcome, Watch, Watching};
 
 use crate::params;
 use crate::registry::{Configure, Ctx, over, unknown};
