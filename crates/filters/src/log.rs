@@ -416,9 +416,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use diskit_backends::MemoryDevice;
+    use crate::testing::Writing;
     use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
-    use diskit_core::{DeviceRef, Filtered};
     use std::time::Duration;
 
     #[test]
@@ -440,14 +439,8 @@ mod tests {
 
     #[test]
     fn connections_and_requests_are_numbered_and_logged() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let config = LogConfig {
-            file: Some(path.clone()),
-            ..LogConfig::default()
-        };
-        let mem: DeviceRef = Arc::new(MemoryDevice::new(1 << 20));
-        let dev: DeviceRef = Arc::new(Filtered::new(Watching(Log::new(&config).unwrap()), mem));
+        let log = Writing::new("log", "logfile", 1 << 20);
+        let dev = &log.dev;
         let session = Session {
             id: 7,
             export: "a b".into(),
@@ -465,7 +458,7 @@ mod tests {
         let second = dev.connect(&session).unwrap().unwrap();
         second.flush().unwrap();
         drop(second);
-        let text = std::fs::read_to_string(&path).unwrap();
+        let text = log.text();
         let lines: Vec<&str> = text.lines().map(|l| &l[27..]).collect();
         assert_eq!(lines[0], "Ready thread_model=3");
         assert_eq!(lines[1], "Preconnect id=1 readonly=1 ...");
@@ -505,25 +498,19 @@ mod tests {
 
     #[test]
     fn submitted_requests_are_logged_and_stay_in_flight_below() {
-        use crate::testing::{Probe, read_request, submit, zero_request};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let config = LogConfig {
-            file: Some(path.clone()),
-            ..LogConfig::default()
-        };
-        let probe = Arc::new(Probe::new(1 << 20));
-        let dev = Filtered::new(Watching(Log::new(&config).unwrap()), probe.clone());
+        use crate::testing::{read_request, submit, zero_request};
+        let log = Writing::new("log", "logfile", 1 << 20);
+        let (dev, probe) = (&*log.dev, &log.below);
         assert_eq!(dev.queue_depth(), probe.queue_depth());
-        assert!(submit(&dev, read_request(4096, 512)).result.is_ok());
-        assert!(submit(&dev, read_request(1 << 20, 512)).result.is_err());
+        assert!(submit(dev, read_request(4096, 512)).result.is_ok());
+        assert!(submit(dev, read_request(1 << 20, 512)).result.is_err());
         let trim = ZeroFlags {
             may_trim: true,
             ..ZeroFlags::default()
         };
-        assert!(submit(&dev, zero_request(0, 4096, trim)).result.is_ok());
+        assert!(submit(dev, zero_request(0, 4096, trim)).result.is_ok());
         assert_eq!(probe.submitted.load(Ordering::SeqCst), 3, "sent below");
-        let text = std::fs::read_to_string(&path).unwrap();
+        let text = log.text();
         let lines: Vec<&str> = text.lines().map(|l| &l[27..]).collect();
         assert_eq!(
             &lines[1..],

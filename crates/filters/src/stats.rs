@@ -345,19 +345,13 @@ impl Watch for Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use diskit_backends::MemoryDevice;
+    use crate::testing::Writing;
     use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
-    use diskit_core::{DeviceRef, Filtered};
-    use std::sync::Arc;
 
     #[test]
     fn counts_and_breakdown_in_nbdkit_format() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("stats.txt");
-        let cfg = StatsConfig::from_params(&[("statsfile".into(), path.to_str().unwrap().into())])
-            .unwrap();
-        let mem: DeviceRef = Arc::new(MemoryDevice::new(8 << 20));
-        let d = Filtered::new(Watching(Stats::new(&cfg).unwrap()), mem);
+        let stats = Writing::new("stats", "statsfile", 8 << 20);
+        let d = &stats.dev;
         let mut b = vec![0u8; 65536];
         for i in 0..19u64 {
             d.read_at(&mut b, i * 65536).unwrap();
@@ -367,7 +361,7 @@ mod tests {
         d.flush().unwrap();
         assert!(d.read_at(&mut b, 9 << 20).is_err(), "out of range");
         d.close().unwrap();
-        let out = std::fs::read_to_string(&path).unwrap();
+        let out = stats.text();
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[0].starts_with("total: 22 ops, "), "{out}");
         assert!(lines[0].contains(", 1.19 MiB, "), "{out}");
@@ -392,25 +386,19 @@ mod tests {
 
     #[test]
     fn submitted_requests_are_counted_and_stay_in_flight_below() {
-        use crate::testing::{Probe, read_request, submit, write_request, zero_request};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("stats.txt");
-        let cfg = StatsConfig {
-            file: Some(path.clone()),
-            ..StatsConfig::default()
-        };
-        let probe = Arc::new(Probe::new(1 << 20));
-        let d = Filtered::new(Watching(Stats::new(&cfg).unwrap()), probe.clone());
+        use crate::testing::{read_request, submit, write_request, zero_request};
+        let stats = Writing::new("stats", "statsfile", 1 << 20);
+        let (d, probe) = (&*stats.dev, &stats.below);
         assert_eq!(d.queue_depth(), probe.queue_depth());
         for i in 0..3 {
-            assert!(submit(&d, read_request(i * 4096, 4096)).result.is_ok());
+            assert!(submit(d, read_request(i * 4096, 4096)).result.is_ok());
         }
-        assert!(submit(&d, write_request(0, &[1; 4096])).result.is_ok());
+        assert!(submit(d, write_request(0, &[1; 4096])).result.is_ok());
         let zero = zero_request(0, 8192, ZeroFlags::default());
-        assert!(submit(&d, zero).result.is_ok());
+        assert!(submit(d, zero).result.is_ok());
         assert_eq!(probe.submitted.load(std::sync::atomic::Ordering::SeqCst), 5);
         d.close().unwrap();
-        let out = std::fs::read_to_string(&path).unwrap();
+        let out = stats.text();
         assert!(out.starts_with("total: 5 ops, "), "{out}");
         for line in ["read: 3 ops, 0.", "write: 1 ops, 0.", "zero: 1 ops, 0."] {
             assert!(out.contains(&format!("\n{line}")), "{out}");

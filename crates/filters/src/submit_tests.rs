@@ -49,6 +49,7 @@ fn submitted_requests_give_what_the_filters_methods_give() {
         ("log", &[], true),
         ("stats", &[("statsfile", statsfile.to_str().unwrap())], true),
         ("noextents", &[], true),
+        ("error", &[], true),
         ("rate", &[("rate", "10G")], true),
         ("delay", &[("rdelay", "1ms"), ("wdelay", "1ms")], true),
         ("offset", &[("offset", "1M"), ("range", "2M")], true),

@@ -1,15 +1,18 @@
 //! What the filters' tests share: a device to put below a filter that
 //! records what reaches it, and helpers for parameters, data and flags.
 
-use std::sync::Mutex;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use diskit_backends::MemoryDevice;
 use diskit_core::aio::{Completion, CompletionQueue, Request};
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, Capabilities, Extent, Result, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, Capabilities, DeviceRef, Extent, Result, WriteFlags, ZeroFlags};
+
+use crate::{FilterSpec, stack};
 
 /// A memory device that records what reaches it. Submitted requests are
 /// counted and kept in flight (up to 8), as an NBD connection keeps them.
@@ -141,6 +144,42 @@ impl BlockDevice for Probe {
     }
     fn queue_depth(&self) -> usize {
         8
+    }
+}
+
+/// A filter that writes a file (log, stats), stacked by its row over a
+/// [`Probe`].
+pub(crate) struct Writing {
+    /// Holds the file (removed when dropped).
+    _dir: tempfile::TempDir,
+    /// The file.
+    pub(crate) path: PathBuf,
+    /// The device below.
+    pub(crate) below: Arc<Probe>,
+    /// The filter over it.
+    pub(crate) dev: DeviceRef,
+}
+
+impl Writing {
+    /// `filter`, its parameter `key` naming a new file, over a probe of
+    /// `size` bytes.
+    pub(crate) fn new(filter: &str, key: &str, size: u64) -> Writing {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(filter);
+        let spec = FilterSpec::parse(filter, &kv(&[(key, path.to_str().unwrap())])).unwrap();
+        let below = Arc::new(Probe::new(size));
+        let dev = stack(&[spec], below.clone(), false).unwrap();
+        Writing {
+            _dir: dir,
+            path,
+            below,
+            dev,
+        }
+    }
+
+    /// What the file holds now.
+    pub(crate) fn text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap()
     }
 }
 
