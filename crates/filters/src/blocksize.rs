@@ -37,7 +37,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -96,7 +96,7 @@ impl Configure for BlocksizeConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Blocksize::new(&*next, self)?, next))
     }
 }

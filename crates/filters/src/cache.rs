@@ -35,7 +35,7 @@ use diskit_core::{
 pub use crate::overlay::OnRead;
 use crate::overlay::{self, BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -135,7 +135,7 @@ impl Configure for CacheConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Cache::new(&*next, self)?, next))
     }
 }

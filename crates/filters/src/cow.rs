@@ -40,7 +40,7 @@ use diskit_core::{
 pub use crate::overlay::OnRead;
 use crate::overlay::{self, BELOW, Fill, HELD, Overlay, ZERO};
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -88,7 +88,7 @@ impl Configure for CowConfig {
 
     /// The overlay in a temporary file, or with `cow-file=` in a qcow2
     /// image (see [`crate::cow_file`]).
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         if self.file.is_some() {
             return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
         }

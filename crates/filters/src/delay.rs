@@ -31,7 +31,7 @@ use crate::call::{Call, Op};
 use crate::gate::{Gate, Gated};
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -116,7 +116,7 @@ impl Configure for Delay {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Gated(*self), next))
     }
 }

@@ -24,7 +24,7 @@ use crate::call::{Call, Op};
 use crate::gate::{Gate, Gated};
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -126,7 +126,7 @@ impl Configure for ErrorConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Gated(ErrorFilter::new(self.clone())), next))
     }
 }

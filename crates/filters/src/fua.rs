@@ -21,7 +21,7 @@
 use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -86,18 +86,7 @@ impl Configure for Fua {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
-        if !ctx.read_only {
-            self.check(&*next)?;
-        }
-        Ok(over(*self, next))
-    }
-}
-
-impl Fua {
-    /// Checks that the device below can do what the mode relies on (for a
-    /// device that will be written to).
-    pub fn check(&self, next: &dyn BlockDevice) -> Result<()> {
+    fn check_below(&self, next: &dyn BlockDevice) -> Result<()> {
         let c = next.capabilities();
         let missing = match self.mode {
             FuaMode::Emulate if !c.can_flush => "flush",
@@ -110,6 +99,12 @@ impl Fua {
         )))
     }
 
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(*self, next))
+    }
+}
+
+impl Fua {
     /// The FUA flag to pass down for a request that asked for `fua`, and
     /// whether to flush after it.
     fn plan(&self, fua: bool) -> (bool, bool) {
@@ -196,7 +191,7 @@ mod tests {
     fn run(mode: &str) -> (Capabilities, Vec<String>) {
         let rec = std::sync::Arc::new(below(true));
         let f = Fua::from_params(&[("fuamode".into(), mode.into())]).unwrap();
-        f.check(&*rec).unwrap();
+        f.check_below(&*rec).unwrap();
         let d = Filtered::new(f, rec.clone());
         d.write_at(b"x", 0, WriteFlags::FUA).unwrap();
         d.write_at(b"x", 0, WriteFlags::NONE).unwrap();
@@ -251,7 +246,7 @@ mod tests {
     fn modes_check_the_device_below() {
         let no_flush = below(false);
         let f = |m: &str| Fua::from_params(&[("fuamode".into(), m.into())]).unwrap();
-        let e = f("emulate").check(&no_flush).unwrap_err();
+        let e = f("emulate").check_below(&no_flush).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotSupported);
         assert!(
             e.to_string()
@@ -259,9 +254,9 @@ mod tests {
             "{e}"
         );
         let ro = MemoryDevice::new(1);
-        assert!(f("force").check(&ro).is_ok());
+        assert!(f("force").check_below(&ro).is_ok());
         let pattern = diskit_backends::PatternDevice::new(8);
-        let e = f("native").check(&pattern).unwrap_err();
+        let e = f("native").check_below(&pattern).unwrap_err();
         assert!(
             e.to_string()
                 .contains("fuamode 'native' requires plugin fua support"),

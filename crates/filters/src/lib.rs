@@ -71,7 +71,7 @@ mod testing;
 pub mod truncate;
 mod watch;
 
-pub use registry::{Configure, Ctx, FilterInfo, FilterSpec, Params, info, stack, unknown};
+pub use registry::{Configure, FilterInfo, FilterSpec, Params, info, stack, unknown};
 
 /// Every filter, by name: its row.
 pub const FILTERS: &[FilterInfo] = &[

@@ -35,7 +35,7 @@ use crate::call::{Call, Op};
 use crate::watch::{Outcome, Watch, Watching};
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["logfile", "logappend", "logscript"];
@@ -62,7 +62,7 @@ impl Configure for LogConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Watching(Log::new(self)?), next))
     }
 }

@@ -30,7 +30,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -117,7 +117,7 @@ impl Configure for MultiConnConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(MultiConn::new(*self), next))
     }
 }

@@ -7,7 +7,7 @@
 //! where SEEK_DATA is slow (tmpfs), or to make a client copy every byte.
 //! It takes no parameters.
 
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 use diskit_core::{BlockDevice, Capabilities, Extent, Filter, Result};
 
@@ -23,7 +23,7 @@ impl Configure for Noextents {
         Err(unknown("noextents", key))
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(*self, next))
     }
 }

@@ -26,7 +26,7 @@
 use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 use diskit_core::device::write_zero_buffer;
 
@@ -105,18 +105,7 @@ impl Configure for Nozero {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
-        if !ctx.read_only {
-            self.check(&*next)?;
-        }
-        Ok(over(*self, next))
-    }
-}
-
-impl Nozero {
-    /// Checks that the device below can do what the mode passes down to it
-    /// (for a device that will be written to).
-    pub fn check(&self, next: &dyn BlockDevice) -> Result<()> {
+    fn check_below(&self, next: &dyn BlockDevice) -> Result<()> {
         let name = match self.zero {
             ZeroMode::Notrim => "notrim",
             ZeroMode::Plugin => "plugin",
@@ -130,6 +119,10 @@ impl Nozero {
                 "nozero: zeromode '{name}' requires plugin zero support"
             )))
         }
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(*self, next))
     }
 }
 
@@ -210,7 +203,7 @@ mod tests {
     fn stacked(zm: &str, fzm: &str) -> (Arc<MemoryDevice>, Filtered<Nozero>) {
         let mem = Arc::new(MemoryDevice::new(1 << 20));
         let n = parse(&[("zeromode", zm), ("fastzeromode", fzm)]).unwrap();
-        n.check(&*mem).unwrap();
+        n.check_below(&*mem).unwrap();
         (mem.clone(), Filtered::new(n, mem))
     }
 
@@ -273,7 +266,7 @@ mod tests {
     fn plugin_modes_need_a_device_that_zeroes() {
         let pat = PatternDevice::new(4096);
         let n = parse(&[("zeromode", "notrim")]).unwrap();
-        let e = n.check(&pat).unwrap_err();
+        let e = n.check_below(&pat).unwrap_err();
         assert!(
             e.to_string()
                 .contains("zeromode 'notrim' requires plugin zero support"),
@@ -281,7 +274,7 @@ mod tests {
         );
         parse(&[("zeromode", "emulate")])
             .unwrap()
-            .check(&pat)
+            .check_below(&pat)
             .unwrap();
         assert!(parse(&[("zeromode", "fast")]).is_err());
         assert!(parse(&[("fastzeromode", "quick")]).is_err());

@@ -16,7 +16,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -42,7 +42,7 @@ impl Configure for OffsetConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Offset::new(&*next, self)?, next))
     }
 }

@@ -17,7 +17,7 @@
 use diskit_core::{BlockDevice, Error, Result};
 
 use crate::offset::{Offset, OffsetConfig};
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -59,7 +59,7 @@ impl Configure for PartitionConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(window(&*next, self)?, next))
     }
 }

@@ -27,7 +27,7 @@ use crate::call::{Call, Op};
 use crate::gate::{Gate, Gated};
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -92,7 +92,7 @@ impl Configure for RateConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Gated(Rate::new(self)), next))
     }
 }

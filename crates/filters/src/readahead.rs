@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Result};
 
@@ -239,7 +239,7 @@ impl Configure for ReadaheadConfig {
         Err(unknown("readahead", key))
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Readahead::new(&next)?, next))
     }
 }

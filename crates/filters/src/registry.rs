@@ -9,21 +9,12 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use diskit_core::{DeviceRef, Error, Filter, Filtered, Result};
+use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Filtered, Result};
 
 use crate::FILTERS;
 
 /// `key=value` parameters, in the order given.
 pub type Params = [(String, String)];
-
-/// What a filter learns of the stack it joins.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Ctx {
-    /// The stack will be served read-only: the checks of write
-    /// capabilities that some filters make (fua, nozero) are skipped, as
-    /// nbdkit skips them.
-    pub read_only: bool,
-}
 
 /// A filter's configuration: read from its defaults and the `key=value`
 /// parameters, one at a time, in the order given (a later value of a key
@@ -40,8 +31,17 @@ pub trait Configure: Default + fmt::Debug + Send + Sync + Any {
         Ok(())
     }
 
+    /// Checks that `next` can do what the filter so configured passes
+    /// down to it (fua, nozero), before it is stacked on `next` for a
+    /// stack that will be written: one served read-only skips the check,
+    /// as nbdkit skips it. Nothing to check by default.
+    fn check_below(&self, next: &dyn BlockDevice) -> Result<()> {
+        let _ = next;
+        Ok(())
+    }
+
     /// Stacks the filter so configured on `next`.
-    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef>;
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef>;
 
     /// Reads and checks the parameters.
     fn from_params(list: &Params) -> Result<Self> {
@@ -57,13 +57,17 @@ pub trait Configure: Default + fmt::Debug + Send + Sync + Any {
 /// A checked configuration of any filter, ready to stack: what a
 /// [`FilterSpec`] holds.
 trait Stackable: fmt::Debug + Send + Sync + Any {
-    /// See [`Configure::stack`].
-    fn stack_on(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef>;
+    /// Stacks the filter on `next`, checking it first unless the stack is
+    /// `read_only` (see [`Configure::check_below`]).
+    fn stack_on(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef>;
 }
 
 impl<C: Configure> Stackable for C {
-    fn stack_on(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
-        Configure::stack(self, next, ctx)
+    fn stack_on(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef> {
+        if !read_only {
+            self.check_below(&*next)?;
+        }
+        self.stack(next)
     }
 }
 
@@ -177,9 +181,9 @@ impl FilterSpec {
     }
 
     /// Stacks the filter on `next`. `read_only`: the stack will be served
-    /// read-only (see [`Ctx`]).
+    /// read-only (see [`Configure::check_below`]).
     pub fn stack(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef> {
-        self.config.stack_on(next, Ctx { read_only })
+        self.config.stack_on(next, read_only)
     }
 }
 

@@ -36,7 +36,7 @@ use crate::call::{Call, Op};
 use crate::watch::{Outcome, Watch, Watching};
 
 use crate::params;
-use crate::registry::{Configure, Ctx, over, unknown};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -84,7 +84,7 @@ impl Configure for StatsConfig {
         Ok(())
     }
 
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(Watching(Stats::new(self)?), next))
     }
 }

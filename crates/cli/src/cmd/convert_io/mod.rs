@@ -8,8 +8,8 @@ pub mod salvage;
 pub mod zeroes_as_data;
 
 use diskit_core::{DeviceRef, Result};
+use diskit_filters::Configure;
 use diskit_filters::rate::RateConfig;
-use diskit_filters::{Configure, Ctx};
 
 /// How long a burst at full speed may be: one slice of qemu-img's rate
 /// limit (100 ms), which lets a slice's worth through at once.
@@ -23,7 +23,7 @@ pub fn rate_limited(src: DeviceRef, bytes_per_sec: u64) -> Result<DeviceRef> {
         burstiness: RATE_BURST_SECS,
         ..RateConfig::default()
     };
-    config.stack(src, Ctx::default())
+    config.stack(src)
 }
 
 #[cfg(test)]
