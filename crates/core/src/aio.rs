@@ -364,6 +364,7 @@ pub fn hand_over(sink: &dyn ReadSink, offset: u64, data: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::device::{BlockDevice, Capabilities};
+    use crate::testing::read_request;
     use std::sync::Mutex;
 
     struct Ones;
@@ -400,6 +401,17 @@ mod tests {
         }
     }
 
+    /// A read of `len` bytes at `offset` handed to `sink`, through a
+    /// buffer of `room` bytes.
+    fn read_to(offset: u64, len: usize, room: usize, sink: &Arc<Recorder>) -> Request {
+        Request::ReadTo {
+            offset,
+            buf: AlignedBuf::new(room, 4096).unwrap(),
+            len,
+            sink: sink.clone(),
+        }
+    }
+
     #[test]
     fn default_read_to_hands_the_bytes_over_before_completing() {
         let cq = CompletionQueue::new();
@@ -408,14 +420,7 @@ mod tests {
                 discard,
                 ..Recorder::default()
             });
-            let buf = AlignedBuf::new(8192, 4096).unwrap();
-            let req = Request::ReadTo {
-                offset: 4096,
-                buf,
-                len: 4096,
-                sink: sink.clone(),
-            };
-            Ones.submit(3, req, &cq);
+            Ones.submit(3, read_to(4096, 4096, 8192, &sink), &cq);
             let c = cq.try_pop().expect("completed inline");
             c.result.unwrap();
             let got = lock(&sink.got);
@@ -429,14 +434,7 @@ mod tests {
         }
         // A read longer than its buffer fails, and nothing is handed over.
         let sink = Arc::new(Recorder::default());
-        let buf = AlignedBuf::new(4096, 4096).unwrap();
-        let req = Request::ReadTo {
-            offset: 0,
-            buf,
-            len: 8192,
-            sink: sink.clone(),
-        };
-        Ones.submit(4, req, &cq);
+        Ones.submit(4, read_to(0, 8192, 4096, &sink), &cq);
         assert!(cq.wait().result.is_err());
         assert!(lock(&sink.got).is_empty());
     }
@@ -513,16 +511,7 @@ mod tests {
     #[test]
     fn default_submit_completes_at_once_with_the_buffer() {
         let cq = CompletionQueue::new();
-        let buf = AlignedBuf::new(8192, 4096).unwrap();
-        Ones.submit(
-            7,
-            Request::Read {
-                offset: 0,
-                buf,
-                len: 4096,
-            },
-            &cq,
-        );
+        Ones.submit(7, read_request(0, 4096, 8192), &cq);
         let c = cq.try_pop().expect("completed inline");
         assert_eq!(c.tag, 7);
         c.result.unwrap();
@@ -550,16 +539,7 @@ mod tests {
     #[test]
     fn a_read_longer_than_its_buffer_fails() {
         let cq = CompletionQueue::new();
-        let buf = AlignedBuf::new(512, 512).unwrap();
-        Ones.submit(
-            1,
-            Request::Read {
-                offset: 0,
-                buf,
-                len: 1024,
-            },
-            &cq,
-        );
+        Ones.submit(1, read_request(0, 1024, 512), &cq);
         assert!(cq.wait().result.is_err());
     }
 }

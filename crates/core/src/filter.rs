@@ -320,29 +320,9 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{Closing, read_request};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// Counts closes.
-    #[derive(Default)]
-    struct Closing(AtomicUsize);
-
-    impl BlockDevice for Closing {
-        fn size(&self) -> u64 {
-            512
-        }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities::READ_ONLY
-        }
-        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
-            buf.fill(0);
-            Ok(())
-        }
-        fn close(&self) -> Result<()> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-    }
 
     struct Plain;
     impl Filter for Plain {
@@ -373,12 +353,12 @@ mod tests {
         let boxed: Box<dyn BlockDevice> = Box::new(top.clone());
         boxed.close().unwrap();
         assert_eq!(mid.filter().0.load(Ordering::SeqCst), 1);
-        assert_eq!(dev.0.load(Ordering::SeqCst), 1);
+        assert_eq!(dev.closes(), 1);
         fn close_via<D: BlockDevice>(d: D) -> Result<()> {
             d.close()
         }
         close_via(&*top).unwrap();
-        assert_eq!(dev.0.load(Ordering::SeqCst), 2);
+        assert_eq!(dev.closes(), 2);
     }
 
     /// Keeps requests "in flight": counts what is submitted to it and
@@ -429,14 +409,6 @@ mod tests {
         }
     }
 
-    fn read_request(offset: u64, len: usize) -> Request {
-        Request::Read {
-            offset,
-            buf: crate::buffer::AlignedBuf::new(len.max(1), 4096).unwrap(),
-            len,
-        }
-    }
-
     #[test]
     fn submission_queue_depth_and_discards_pass_through() {
         let dev = Arc::new(Queued::default());
@@ -444,7 +416,7 @@ mod tests {
         assert_eq!(through.queue_depth(), 8);
         assert!(through.discards_writes());
         let cq = CompletionQueue::new();
-        through.submit(1, read_request(4096, 4096), &cq);
+        through.submit(1, read_request(4096, 4096, 4096), &cq);
         let c = cq.wait();
         assert!(c.result.is_ok() && c.tag == 1);
         assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "submitted below");
@@ -453,7 +425,7 @@ mod tests {
         let plain = Filtered::new(Plain, dev.clone());
         assert_eq!(plain.queue_depth(), 1);
         assert!(!plain.discards_writes());
-        plain.submit(2, read_request(0, 512), &cq);
+        plain.submit(2, read_request(0, 512, 512), &cq);
         assert!(cq.wait().result.is_ok());
         assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "run here");
         assert_eq!(dev.reads.load(Ordering::SeqCst), 2);
@@ -487,7 +459,7 @@ mod tests {
         let d = Filtered::new(Watching::default(), dev.clone());
         assert_eq!(d.queue_depth(), 8);
         let cq = CompletionQueue::new();
-        d.submit(3, read_request(0, 512), &cq);
+        d.submit(3, read_request(0, 512, 512), &cq);
         assert_eq!(cq.wait().tag, 3);
         assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "submitted below");
         assert_eq!(d.filter().0.load(Ordering::SeqCst), 1, "watched");
@@ -514,7 +486,7 @@ mod tests {
         // Submitted: completed with the error, its buffer given back,
         // nothing sent below.
         let cq = CompletionQueue::new();
-        d.submit(9, read_request(1 << 20, 4096), &cq);
+        d.submit(9, read_request(1 << 20, 4096, 4096), &cq);
         let c = cq.wait();
         assert_eq!((c.tag, c.buf.is_some()), (9, true));
         assert_eq!(c.result.unwrap_err().kind(), crate::ErrorKind::InvalidInput);
