@@ -23,7 +23,7 @@ use diskit_core::{Error, ErrorKind, Result};
 use crate::call::{Call, Op};
 use crate::gate::{Gate, Gated};
 
-use crate::params;
+use crate::params::{self, Words};
 use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
@@ -56,14 +56,16 @@ pub const KEYS: &[&str] = &[
 const OPS: [&str; 6] = ["pread", "pwrite", "trim", "zero", "extents", "cache"];
 
 /// The errors the filter may inject (those with an NBD error code).
-const ERRORS: &[(&str, ErrorKind)] = &[
-    ("EPERM", ErrorKind::PermissionDenied),
-    ("EIO", ErrorKind::Io),
-    ("ENOMEM", ErrorKind::OutOfMemory),
-    ("EINVAL", ErrorKind::InvalidInput),
-    ("ENOSPC", ErrorKind::NoSpace),
-    ("ESHUTDOWN", ErrorKind::Shutdown),
-];
+impl Words for ErrorKind {
+    const WORDS: &'static [(&'static str, ErrorKind)] = &[
+        ("EPERM", ErrorKind::PermissionDenied),
+        ("EIO", ErrorKind::Io),
+        ("ENOMEM", ErrorKind::OutOfMemory),
+        ("EINVAL", ErrorKind::InvalidInput),
+        ("ENOSPC", ErrorKind::NoSpace),
+        ("ESHUTDOWN", ErrorKind::Shutdown),
+    ];
+}
 
 /// What to inject into one kind of request.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,7 +119,7 @@ impl Configure for ErrorConfig {
         for i in targets {
             let inj = &mut self.ops[i];
             match what {
-                "" => inj.error = params::choice("error", key, value, ERRORS)?,
+                "" => inj.error = params::word("error", key, value)?,
                 "rate" => inj.rate = rate(key, value)?,
                 "file" => inj.file = Some(PathBuf::from(value)),
                 _ => return Err(unknown("error", key)),
@@ -204,10 +206,7 @@ impl ErrorFilter {
             return Ok(());
         }
         if inj.rate >= 1.0 || self.random() < inj.rate {
-            let name = ERRORS
-                .iter()
-                .find(|(_, k)| *k == inj.error)
-                .map_or("EIO", |(n, _)| n);
+            let name = inj.error.name();
             return Err(Error::new(
                 inj.error,
                 format!("error filter: injecting {name} into {}", OPS[op]),
