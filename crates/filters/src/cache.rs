@@ -34,7 +34,7 @@ use diskit_core::{
 
 pub use crate::overlay::OnRead;
 use crate::overlay::{self, BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
-use crate::params::{self, Words};
+use crate::params;
 use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
@@ -95,7 +95,18 @@ impl Default for CacheConfig {
 impl Configure for CacheConfig {
     fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "cache" => self.mode = params::word("cache", key, value)?,
+            "cache" => {
+                self.mode = params::choice(
+                    "cache",
+                    key,
+                    value,
+                    &[
+                        ("writeback", Mode::Writeback),
+                        ("writethrough", Mode::Writethrough),
+                        ("unsafe", Mode::Unsafe),
+                    ],
+                )?
+            }
             "cache-min-block-size" => self.block_size = overlay::block_size("cache", key, value)?,
             "cache-on-read" => self.on_read = OnRead::parse("cache", key, value)?,
             "cache-max-size" => {
@@ -510,15 +521,6 @@ impl Filter for Cache {
         let closed = next.close();
         written.and(closed)
     }
-}
-
-/// The words of `cache=`.
-impl Words for Mode {
-    const WORDS: &'static [(&'static str, Mode)] = &[
-        ("writeback", Mode::Writeback),
-        ("writethrough", Mode::Writethrough),
-        ("unsafe", Mode::Unsafe),
-    ];
 }
 
 #[cfg(test)]

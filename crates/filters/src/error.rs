@@ -23,7 +23,7 @@ use diskit_core::{Error, ErrorKind, Result};
 use crate::call::{Call, Op};
 use crate::gate::{Gate, Gated};
 
-use crate::params::{self, Words};
+use crate::params;
 use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
@@ -56,16 +56,14 @@ pub const KEYS: &[&str] = &[
 const OPS: [&str; 6] = ["pread", "pwrite", "trim", "zero", "extents", "cache"];
 
 /// The errors the filter may inject (those with an NBD error code).
-impl Words for ErrorKind {
-    const WORDS: &'static [(&'static str, ErrorKind)] = &[
-        ("EPERM", ErrorKind::PermissionDenied),
-        ("EIO", ErrorKind::Io),
-        ("ENOMEM", ErrorKind::OutOfMemory),
-        ("EINVAL", ErrorKind::InvalidInput),
-        ("ENOSPC", ErrorKind::NoSpace),
-        ("ESHUTDOWN", ErrorKind::Shutdown),
-    ];
-}
+const ERRORS: &[(&str, ErrorKind)] = &[
+    ("EPERM", ErrorKind::PermissionDenied),
+    ("EIO", ErrorKind::Io),
+    ("ENOMEM", ErrorKind::OutOfMemory),
+    ("EINVAL", ErrorKind::InvalidInput),
+    ("ENOSPC", ErrorKind::NoSpace),
+    ("ESHUTDOWN", ErrorKind::Shutdown),
+];
 
 /// What to inject into one kind of request.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,7 +117,7 @@ impl Configure for ErrorConfig {
         for i in targets {
             let inj = &mut self.ops[i];
             match what {
-                "" => inj.error = params::word("error", key, value)?,
+                "" => inj.error = params::choice("error", key, value, ERRORS)?,
                 "rate" => inj.rate = rate(key, value)?,
                 "file" => inj.file = Some(PathBuf::from(value)),
                 _ => return Err(unknown("error", key)),
@@ -206,7 +204,10 @@ impl ErrorFilter {
             return Ok(());
         }
         if inj.rate >= 1.0 || self.random() < inj.rate {
-            let name = inj.error.name();
+            let name = ERRORS
+                .iter()
+                .find(|(_, k)| *k == inj.error)
+                .map_or("EIO", |(n, _)| n);
             return Err(Error::new(
                 inj.error,
                 format!("error filter: injecting {name} into {}", OPS[op]),

@@ -20,7 +20,7 @@
 
 use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
 
-use crate::params::{self, Words};
+use crate::params;
 use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
@@ -45,6 +45,19 @@ pub enum FuaMode {
     Discard,
 }
 
+impl FuaMode {
+    fn name(self) -> &'static str {
+        match self {
+            FuaMode::None => "none",
+            FuaMode::Emulate => "emulate",
+            FuaMode::Native => "native",
+            FuaMode::Force => "force",
+            FuaMode::Pass => "pass",
+            FuaMode::Discard => "discard",
+        }
+    }
+}
+
 /// The filter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fua {
@@ -56,7 +69,18 @@ impl Configure for Fua {
     /// Takes `fuamode=`.
     fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "fuamode" => self.mode = params::word("fua", key, value)?,
+            "fuamode" => {
+                let modes = [
+                    FuaMode::None,
+                    FuaMode::Emulate,
+                    FuaMode::Native,
+                    FuaMode::Force,
+                    FuaMode::Pass,
+                    FuaMode::Discard,
+                ];
+                let choices: Vec<(&str, FuaMode)> = modes.iter().map(|&m| (m.name(), m)).collect();
+                self.mode = params::choice("fua", key, value, &choices)?;
+            }
             _ => return Err(unknown("fua", key)),
         }
         Ok(())
@@ -147,18 +171,6 @@ impl Filter for Fua {
             _ => next.flush(),
         }
     }
-}
-
-/// The words of `fuamode=`.
-impl Words for FuaMode {
-    const WORDS: &'static [(&'static str, FuaMode)] = &[
-        ("none", FuaMode::None),
-        ("emulate", FuaMode::Emulate),
-        ("native", FuaMode::Native),
-        ("force", FuaMode::Force),
-        ("pass", FuaMode::Pass),
-        ("discard", FuaMode::Discard),
-    ];
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use diskit_core::{
     BlockDevice, Capabilities, DeviceRef, Error, Filter, Result, Session, WriteFlags, ZeroFlags,
 };
 
-use crate::params::{self, Words};
+use crate::params;
 use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes.
@@ -82,8 +82,33 @@ pub struct MultiConnConfig {
 impl Configure for MultiConnConfig {
     fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "multi-conn-mode" => self.mode = params::word("multi-conn", key, value)?,
-            "multi-conn-track-dirty" => self.track = params::word("multi-conn", key, value)?,
+            "multi-conn-mode" => {
+                self.mode = params::choice(
+                    "multi-conn",
+                    key,
+                    value,
+                    &[
+                        ("auto", Mode::Auto),
+                        ("emulate", Mode::Emulate),
+                        ("plugin", Mode::Plugin),
+                        ("unsafe", Mode::Unsafe),
+                        ("disable", Mode::Disable),
+                    ],
+                )?
+            }
+            "multi-conn-track-dirty" => {
+                self.track = params::choice(
+                    "multi-conn",
+                    key,
+                    value,
+                    &[
+                        ("connection", Track::Connection),
+                        ("conn", Track::Connection),
+                        ("fast", Track::Fast),
+                        ("off", Track::Off),
+                    ],
+                )?
+            }
             "multi-conn-exportname" | "multi-conn-export-name" => {
                 self.by_name = params::boolean("multi-conn", key, value)?
             }
@@ -345,27 +370,6 @@ impl Filter for MultiConn {
         // would let a flush be skipped that a read made necessary.
         self.config.track == Track::Off
     }
-}
-
-/// The words of `multi-conn-mode=`.
-impl Words for Mode {
-    const WORDS: &'static [(&'static str, Mode)] = &[
-        ("auto", Mode::Auto),
-        ("emulate", Mode::Emulate),
-        ("plugin", Mode::Plugin),
-        ("unsafe", Mode::Unsafe),
-        ("disable", Mode::Disable),
-    ];
-}
-
-/// The words of `multi-conn-track-dirty=`.
-impl Words for Track {
-    const WORDS: &'static [(&'static str, Track)] = &[
-        ("connection", Track::Connection),
-        ("conn", Track::Connection),
-        ("fast", Track::Fast),
-        ("off", Track::Off),
-    ];
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@
 
 use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
 
-use crate::params::{self, Words};
+use crate::params;
 use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 use diskit_core::device::write_zero_buffer;
@@ -74,24 +74,49 @@ impl Configure for Nozero {
     /// Takes `zeromode=` and `fastzeromode=`.
     fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "zeromode" => self.zero = params::word("nozero", key, value)?,
-            "fastzeromode" => self.fast = params::word("nozero", key, value)?,
+            "zeromode" => {
+                self.zero = params::choice(
+                    "nozero",
+                    key,
+                    value,
+                    &[
+                        ("none", ZeroMode::None),
+                        ("emulate", ZeroMode::Emulate),
+                        ("notrim", ZeroMode::Notrim),
+                        ("plugin", ZeroMode::Plugin),
+                    ],
+                )?
+            }
+            "fastzeromode" => {
+                self.fast = params::choice(
+                    "nozero",
+                    key,
+                    value,
+                    &[
+                        ("default", FastZeroMode::Default),
+                        ("none", FastZeroMode::None),
+                        ("slow", FastZeroMode::Slow),
+                        ("ignore", FastZeroMode::Ignore),
+                    ],
+                )?
+            }
             _ => return Err(unknown("nozero", key)),
         }
         Ok(())
     }
 
     fn check_below(&self, next: &dyn BlockDevice) -> Result<()> {
-        if matches!(self.zero, ZeroMode::None | ZeroMode::Emulate) {
-            return Ok(());
-        }
+        let name = match self.zero {
+            ZeroMode::Notrim => "notrim",
+            ZeroMode::Plugin => "plugin",
+            ZeroMode::None | ZeroMode::Emulate => return Ok(()),
+        };
         let c = next.capabilities();
         if c.can_write && c.can_write_zeroes {
             Ok(())
         } else {
             Err(Error::unsupported(format!(
-                "nozero: zeromode '{}' requires plugin zero support",
-                self.zero.name()
+                "nozero: zeromode '{name}' requires plugin zero support"
             )))
         }
     }
@@ -163,26 +188,6 @@ impl Filter for Nozero {
     }
 }
 
-/// The words of `zeromode=`.
-impl Words for ZeroMode {
-    const WORDS: &'static [(&'static str, ZeroMode)] = &[
-        ("none", ZeroMode::None),
-        ("emulate", ZeroMode::Emulate),
-        ("notrim", ZeroMode::Notrim),
-        ("plugin", ZeroMode::Plugin),
-    ];
-}
-
-/// The words of `fastzeromode=`.
-impl Words for FastZeroMode {
-    const WORDS: &'static [(&'static str, FastZeroMode)] = &[
-        ("default", FastZeroMode::Default),
-        ("none", FastZeroMode::None),
-        ("slow", FastZeroMode::Slow),
-        ("ignore", FastZeroMode::Ignore),
-    ];
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,33 +232,34 @@ mod tests {
 
     #[test]
     fn zeroing_per_mode() {
-        // (modes, whether a fast zero is done, bytes left allocated).
-        // emulate and none write zeros as data, so the memory pages stay
-        // allocated; plugin passes the zero down and memory frees the
-        // page; slow fails fast zeros, ignore does them.
-        for (zm, fzm, fast_done, allocated) in [
-            ("emulate", "ignore", false, 65536),
-            ("plugin", "slow", false, 0),
-            ("plugin", "ignore", true, 0),
-            ("none", "default", false, 65536),
-        ] {
-            let (mem, d) = stacked(zm, fzm);
-            mem.write_at(&[5u8; 65536], 0, WriteFlags::NONE).unwrap();
-            match d.write_zeroes(0, 65536, FAST) {
-                Ok(()) => assert!(fast_done, "{zm} {fzm}"),
-                Err(e) => {
-                    assert!(
-                        !fast_done && e.kind() == ErrorKind::NotSupported,
-                        "{zm}: {e}"
-                    );
-                    d.write_zeroes(0, 65536, ZeroFlags::default()).unwrap();
-                }
-            }
-            assert_eq!(mem.allocated_bytes(), allocated, "{zm} {fzm}");
-            let mut b = [1u8; 4];
-            mem.read_at(&mut b, 100).unwrap();
-            assert_eq!(b, [0; 4], "{zm} {fzm}");
-        }
+        // emulate: written as data, so the memory pages stay allocated.
+        let (mem, d) = stacked("emulate", "ignore");
+        mem.write_at(&[5u8; 65536], 0, WriteFlags::NONE).unwrap();
+        assert_eq!(
+            d.write_zeroes(0, 65536, FAST).unwrap_err().kind(),
+            ErrorKind::NotSupported
+        );
+        d.write_zeroes(0, 65536, ZeroFlags::default()).unwrap();
+        assert_eq!(mem.allocated_bytes(), 65536);
+        let mut b = [1u8; 4];
+        mem.read_at(&mut b, 100).unwrap();
+        assert_eq!(b, [0; 4]);
+        // plugin: memory frees the page; slow fails fast zeros, ignore does them.
+        let (mem, d) = stacked("plugin", "slow");
+        mem.write_at(&[5u8; 65536], 0, WriteFlags::NONE).unwrap();
+        assert_eq!(
+            d.write_zeroes(0, 65536, FAST).unwrap_err().kind(),
+            ErrorKind::NotSupported
+        );
+        d.write_zeroes(0, 65536, ZeroFlags::default()).unwrap();
+        assert_eq!(mem.allocated_bytes(), 0);
+        let (mem, d) = stacked("plugin", "ignore");
+        mem.write_at(&[5u8; 65536], 0, WriteFlags::NONE).unwrap();
+        d.write_zeroes(0, 65536, FAST).unwrap();
+        assert_eq!(mem.allocated_bytes(), 0);
+        let (_, d) = stacked("none", "default");
+        assert!(d.write_zeroes(0, 10, FAST).is_err());
+        d.write_zeroes(0, 10, ZeroFlags::default()).unwrap();
     }
 
     #[test]

@@ -41,25 +41,6 @@ pub fn choice<T: Copy>(filter: &str, key: &str, value: &str, choices: &[(&str, T
         })
 }
 
-/// A setting named by one of a fixed set of words (`zeromode=notrim`).
-pub(crate) trait Words: Copy + PartialEq + 'static {
-    /// Every value with its words; the first word of a value is its name.
-    const WORDS: &'static [(&'static str, Self)];
-
-    /// The value's name.
-    fn name(self) -> &'static str {
-        Self::WORDS
-            .iter()
-            .find(|(_, v)| *v == self)
-            .map_or("?", |(w, _)| w)
-    }
-}
-
-/// One of `T`'s words, as `key` of `filter`.
-pub(crate) fn word<T: Words>(filter: &str, key: &str, value: &str) -> Result<T> {
-    choice(filter, key, value, T::WORDS)
-}
-
 /// The longest delay accepted (nbdkit refuses sleeps beyond INT_MAX seconds).
 const MAX_DELAY_SECS: u64 = i32::MAX as u64;
 
