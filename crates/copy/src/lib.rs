@@ -9,6 +9,7 @@
 //! them), and written. Reads and writes of different workers overlap; writes
 //! may be kept in source order for destinations whose layout depends on it.
 
+pub mod blkhash;
 pub mod commit;
 mod plan;
 pub mod rebase;

@@ -1,0 +1,290 @@
+use super::*;
+
+/// A piece of test data: `len` bytes of `byte`, or a hole (`None`),
+/// as blkhash's own tests describe images.
+struct Piece {
+    byte: Option<u8>,
+    len: u64,
+}
+
+fn p(byte: u8, len: u64) -> Piece {
+    Piece {
+        byte: Some(byte),
+        len,
+    }
+}
+
+fn hole(len: u64) -> Piece {
+    Piece { byte: None, len }
+}
+
+/// The blkhash of the pieces one after another, given in order.
+fn checksum(name: &str, block_size: u64, pieces: &[Piece]) -> String {
+    let h = BlockHash::new(Algorithm::find(name).unwrap(), block_size).unwrap();
+    let mut off = 0;
+    for piece in pieces {
+        match piece.byte {
+            Some(b) => h.data(off, &vec![b; piece.len as usize]),
+            None => h.zeros(off, piece.len),
+        }
+        off += piece.len;
+    }
+    h.finish(off).unwrap().hex()
+}
+
+const K64: u64 = 64 << 10;
+const HALF: u64 = K64 / 2;
+
+/// blkhash's test vectors (test/blkhash-test.c: sha256, 64 KiB blocks),
+/// which blkhash checks with 1 to 64 threads.
+#[test]
+fn blkhash_test_vectors() {
+    let cases: &[(&[Piece], &str)] = &[
+        (
+            &[p(b'A', K64)],
+            "2e3a5f57d5e726ee5de62db1a85ff816f4fa6ea4627807d9a51bdc4c883e165e",
+        ),
+        (
+            &[p(0, K64)],
+            "8ab067ab7939a3d4f40cbb118956c07c06aeae2d075d6e0a2ebbb94bd42832af",
+        ),
+        (
+            &[hole(K64)],
+            "8ab067ab7939a3d4f40cbb118956c07c06aeae2d075d6e0a2ebbb94bd42832af",
+        ),
+        (
+            &[p(b'A', HALF)],
+            "9467334d6d7668a2f06898185b5cddc78cdfbd962f50c6bf250101f03a0e54dc",
+        ),
+        (
+            &[p(0, HALF)],
+            "842d185f0ff348b0d689e184bddc47f69a19032a6934c89b879479f1e86f9d56",
+        ),
+        (
+            &[hole(HALF)],
+            "842d185f0ff348b0d689e184bddc47f69a19032a6934c89b879479f1e86f9d56",
+        ),
+        (
+            &[hole(K64 * 8)],
+            "722ac11a3a81034edf196aa3ee68d1a2e345cd0838b0c78c2ce2fb015d4d817d",
+        ),
+        (
+            &[hole(1 << 30)],
+            "c6d6562c3074a2caa0ceea3e1f460f3af678c792ed05e64157eb51e68ae5260d",
+        ),
+        (
+            &[hole(K64 * 8), hole(HALF)],
+            "e623a5702b1feb08fbb3d18e35bbb7ec10146b8cd1bcff811200a3948c78c55c",
+        ),
+        (
+            &[p(0, K64 * 8)],
+            "722ac11a3a81034edf196aa3ee68d1a2e345cd0838b0c78c2ce2fb015d4d817d",
+        ),
+        (
+            &[p(0, K64 * 8), p(0, HALF)],
+            "e623a5702b1feb08fbb3d18e35bbb7ec10146b8cd1bcff811200a3948c78c55c",
+        ),
+        (
+            &[
+                p(b'A', HALF),
+                p(b'B', HALF),
+                p(b'C', HALF),
+                p(b'D', HALF),
+                p(b'E', HALF),
+                p(b'F', HALF),
+            ],
+            "4ab1586084326f5beb911621282e9557cd26856105eff7f78cace5986af4738b",
+        ),
+        (
+            &[
+                p(b'A', HALF),
+                p(b'B', HALF),
+                p(b'C', HALF),
+                p(b'D', HALF),
+                p(b'E', HALF),
+            ],
+            "2cad558b3a2a8d87435e80fe7bae69fa664d92eaa1b9411f573b9fbb412a4d43",
+        ),
+        (
+            &[
+                p(b'A', HALF),
+                hole(HALF),
+                hole(HALF),
+                p(0, HALF),
+                p(b'E', HALF),
+                hole(HALF),
+                hole(HALF),
+                p(0, HALF),
+            ],
+            "4b2b5acd96f8105f4fb26abaf35c7c5756338ef9ccce19ffe7714c9ad94b4398",
+        ),
+        (
+            &[
+                p(b'A', HALF),
+                hole(HALF),
+                hole(HALF),
+                p(0, HALF),
+                p(b'E', HALF),
+                hole(HALF),
+                hole(HALF),
+            ],
+            "2510ac29c7103f2e68c672d728cbd43db4ed3dc809a24cde96e62dc5862a0f57",
+        ),
+    ];
+    for (i, (pieces, want)) in cases.iter().enumerate() {
+        assert_eq!(checksum("sha256", K64, pieces), *want, "case {i}");
+    }
+}
+
+/// libnbd's test vectors for nbdcopy --blkhash (copy/copy-blkhash-known.sh,
+/// cross-checked there against blkhash's reference implementation).
+#[test]
+fn nbdcopy_test_vectors() {
+    let hello = |h: &BlockHash| h.data(0, b"hello");
+    let cases: &[(&str, u64, &dyn Fn(&BlockHash), u64, &str)] = &[
+        (
+            "sha256",
+            K64,
+            &|_| {},
+            0,
+            "af5570f5a1810b7af78caf4bc70a660f0df51e42baf91d4de5b2328de0e83dfc",
+        ),
+        ("md5", K64, &hello, 5, "f741ac9ce55f5325906bb14e9c05d467"),
+        (
+            "sha256",
+            K64,
+            &hello,
+            5,
+            "337355feb53a5309d5aba92796223c2c84ffab930e706c01fef573a2722545e6",
+        ),
+        (
+            "sha512",
+            K64,
+            &hello,
+            5,
+            "eca04a593cf12ec4132993da709048e25a2f1be3526e132fb521ec9d41f023ec4018b3fd07b014a33e36bb5fa145b36991f431e62f9e1a93bebea6c9565682c1",
+        ),
+        ("md5", 4, &hello, 5, "8262896de34125dec173722c920e8bd0"),
+        (
+            "sha256",
+            K64,
+            &|h| {
+                h.data(0, b"hello");
+                h.zeros(5, (1 << 20) - 5);
+                h.data(1 << 20, b"goodbye");
+            },
+            (1 << 20) + 7,
+            "61b8f3a8cea76e16eeff7ce27f1b7711c1f1e437f5038cec17773772a4bded28",
+        ),
+    ];
+    for (i, (name, bs, fill, size, want)) in cases.iter().enumerate() {
+        let h = BlockHash::new(Algorithm::find(name).unwrap(), *bs).unwrap();
+        fill(&h);
+        assert_eq!(h.finish(*size).unwrap().hex(), *want, "case {i}");
+    }
+    let ones = b"12345678".repeat(512 * 256);
+    for (name, bs, want) in [
+        ("md5", K64, "84fc21ac2f49ac283ff399378d834d1a"),
+        (
+            "sha256",
+            K64,
+            "cbb388edd25e567b85f504c7b345497f9fb4f6bbf4e39768809184b9f9e678f8",
+        ),
+        (
+            "sha512",
+            512 << 10,
+            "379f7eb1628058c7abbc4c96941ac972074815ea9ef4aca95eefb2b4f9c29f64023fff8d966e9fddf08d07bdba548e75298917f10268fdf9ba636c2321a2214e",
+        ),
+    ] {
+        let h = BlockHash::new(Algorithm::find(name).unwrap(), bs).unwrap();
+        h.data(0, &ones);
+        assert_eq!(h.finish(ones.len() as u64).unwrap().hex(), want, "{name}/{bs}");
+    }
+}
+
+/// The same bytes given in small, unaligned pieces, out of order, on
+/// several threads, zeros as data or as holes: the same digest.
+#[test]
+fn order_and_threads_do_not_matter() {
+    let size = 3 * K64 * 7 + 12345;
+    let mut image = vec![0u8; size as usize];
+    for (i, b) in image.iter_mut().enumerate() {
+        // Data with zero stretches, some whole blocks long.
+        if (i / 50_000) % 3 != 1 {
+            *b = (i * 7 % 251) as u8;
+        }
+    }
+    let want = {
+        let h = BlockHash::new(Algorithm::default_algorithm(), K64).unwrap();
+        h.data(0, &image);
+        h.finish(size).unwrap()
+    };
+    // Pieces of varying, unaligned lengths.
+    let mut pieces = Vec::new();
+    let mut off = 0u64;
+    let mut step = 1000u64;
+    while off < size {
+        let n = step.min(size - off);
+        pieces.push((off, n));
+        off += n;
+        step = step * 13 % 97_003 + 1;
+    }
+    for threads in [1, 2, 5] {
+        let h = BlockHash::new(Algorithm::default_algorithm(), K64).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (h, image, pieces) = (&h, &image, &pieces);
+                s.spawn(move || {
+                    // Each thread its share, last piece first.
+                    for (i, &(off, n)) in pieces.iter().enumerate().rev() {
+                        if i % threads != t {
+                            continue;
+                        }
+                        let data = &image[off as usize..(off + n) as usize];
+                        if is_zero(data) && i % 2 == 0 {
+                            h.zeros(off, n);
+                        } else {
+                            h.data(off, data);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(h.finish(size).unwrap(), want, "{threads} threads");
+    }
+}
+
+#[test]
+fn missing_bytes_are_an_error() {
+    let h = BlockHash::new(Algorithm::default_algorithm(), K64).unwrap();
+    h.data(0, &[1; 100]);
+    h.data(200, &[1; 100]);
+    assert!(h.finish(300).is_err());
+    let h = BlockHash::new(Algorithm::default_algorithm(), K64).unwrap();
+    h.zeros(K64, K64);
+    assert!(h.finish(2 * K64).is_err());
+    let h = BlockHash::new(Algorithm::default_algorithm(), K64).unwrap();
+    h.zeros(0, K64);
+    assert!(h.finish(2 * K64).is_err());
+}
+
+#[test]
+fn names_and_specs() {
+    assert_eq!(Algorithm::find("SHA2-256").unwrap().name, "sha256");
+    assert_eq!(Algorithm::find("SHA512-256").unwrap().name, "sha512-256");
+    assert_eq!(Algorithm::find("BLAKE2b512").unwrap().name, "blake2b512");
+    assert!(Algorithm::find("sha").is_none());
+    let (a, bs) = parse_spec("").unwrap();
+    assert_eq!((a.name, bs), ("sha256", K64));
+    let (a, bs) = parse_spec("md5/4").unwrap();
+    assert_eq!((a.name, bs), ("md5", 4));
+    let (a, bs) = parse_spec("sha512/512k").unwrap();
+    assert_eq!((a.name, bs), ("sha512", 512 << 10));
+    assert!(parse_spec("whirlpool").is_err());
+    assert!(parse_spec("sha256/3").is_err());
+    assert!(parse_spec("sha256/x").is_err());
+    // Every digest has the length OpenSSL gives it.
+    for (name, len) in [("md5", 16), ("sha1", 20), ("shake128", 16), ("shake256", 32)] {
+        assert_eq!(Algorithm::find(name).unwrap().digest(b"").as_bytes().len(), len);
+    }
+}
