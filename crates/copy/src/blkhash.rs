@@ -22,10 +22,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use digest::{Digest, ExtendableOutput, Update, XofReader};
 use diskit_core::zero::is_zero;
 use diskit_core::{Error, Result, sync};
-use digest::{Digest, ExtendableOutput, Update, XofReader};
 
 /// The largest digest of the algorithms here (sha512, blake2b512, sha3-512).
 const MAX_MD: usize = 64;
@@ -193,7 +194,8 @@ impl Algorithm {
     /// (`sha256`) or another of OpenSSL's (`SHA2-256`), in any case.
     pub fn find(name: &str) -> Option<&'static Algorithm> {
         ALGORITHMS.iter().find(|a| {
-            a.name.eq_ignore_ascii_case(name) || a.aliases.iter().any(|n| n.eq_ignore_ascii_case(name))
+            a.name.eq_ignore_ascii_case(name)
+                || a.aliases.iter().any(|n| n.eq_ignore_ascii_case(name))
         })
     }
 
@@ -278,6 +280,8 @@ pub struct BlockHash {
     zero_md: Md,
     state: Mutex<Waiting>,
     partial: Mutex<HashMap<u64, Partial>>,
+    /// Some bytes were given twice: the digest would be wrong.
+    twice: AtomicBool,
 }
 
 impl std::fmt::Debug for BlockHash {
@@ -303,6 +307,7 @@ impl BlockHash {
                 outer: Some((alg.new)()),
             }),
             partial: Mutex::new(HashMap::new()),
+            twice: AtomicBool::new(false),
         })
     }
 
@@ -318,18 +323,29 @@ impl BlockHash {
 
     /// Takes `data`, the bytes at `offset`.
     pub fn data(&self, offset: u64, data: &[u8]) {
-        self.split(offset, data.len() as u64, |block, at, from, len| {
-            let piece = &data[from as usize..(from + len) as usize];
-            self.add_partial(block, at, piece);
-        }, |first, from, count| {
-            let bs = self.block_size as usize;
-            let whole = &data[from as usize..from as usize + count as usize * bs];
-            let mds = whole
-                .chunks_exact(bs)
-                .map(|b| if is_zero(b) { self.zero_md } else { self.alg.digest(b) })
-                .collect();
-            self.add_ready(first, Ready::Blocks(mds));
-        });
+        self.split(
+            offset,
+            data.len() as u64,
+            |block, at, from, len| {
+                let piece = &data[from as usize..(from + len) as usize];
+                self.add_partial(block, at, piece);
+            },
+            |first, from, count| {
+                let bs = self.block_size as usize;
+                let whole = &data[from as usize..from as usize + count as usize * bs];
+                let mds = whole
+                    .chunks_exact(bs)
+                    .map(|b| {
+                        if is_zero(b) {
+                            self.zero_md
+                        } else {
+                            self.alg.digest(b)
+                        }
+                    })
+                    .collect();
+                self.add_ready(first, Ready::Blocks(mds));
+            },
+        );
     }
 
     /// Takes `len` bytes of zeros at `offset`, without hashing whole
@@ -397,6 +413,9 @@ impl BlockHash {
             if p.filled < self.block_size {
                 return;
             }
+            if p.filled > self.block_size {
+                self.twice.store(true, Ordering::Relaxed);
+            }
             partial.remove(&block).expect("just seen")
         };
         let md = if is_zero(&whole.buf) {
@@ -411,7 +430,9 @@ impl BlockHash {
     /// follows on from what it has.
     fn add_ready(&self, first: u64, ready: Ready) {
         let mut s = sync::lock(&self.state);
-        s.ready.insert(first, ready);
+        if first < s.next || s.ready.insert(first, ready).is_some() {
+            self.twice.store(true, Ordering::Relaxed);
+        }
         self.feed(&mut s);
     }
 
@@ -463,10 +484,18 @@ impl BlockHash {
             return Err(incomplete());
         }
         let mut s = sync::lock(&self.state);
+        if self.twice.load(Ordering::Relaxed) {
+            return Err(Error::io(
+                "blkhash: some bytes of the data were hashed twice",
+            ));
+        }
         if s.next != blocks || !s.ready.is_empty() {
             return Err(incomplete());
         }
-        let mut outer = s.outer.take().ok_or_else(|| Error::invalid("blkhash: finished twice"))?;
+        let mut outer = s
+            .outer
+            .take()
+            .ok_or_else(|| Error::invalid("blkhash: finished twice"))?;
         outer.update(&size.to_le_bytes());
         Ok(outer.finish())
     }

@@ -198,7 +198,11 @@ fn nbdcopy_test_vectors() {
     ] {
         let h = BlockHash::new(Algorithm::find(name).unwrap(), bs).unwrap();
         h.data(0, &ones);
-        assert_eq!(h.finish(ones.len() as u64).unwrap().hex(), want, "{name}/{bs}");
+        assert_eq!(
+            h.finish(ones.len() as u64).unwrap().hex(),
+            want,
+            "{name}/{bs}"
+        );
     }
 }
 
@@ -266,6 +270,15 @@ fn missing_bytes_are_an_error() {
     let h = BlockHash::new(Algorithm::default_algorithm(), K64).unwrap();
     h.zeros(0, K64);
     assert!(h.finish(2 * K64).is_err());
+    // Bytes given twice, in whole blocks or in parts of one.
+    let h = BlockHash::new(Algorithm::default_algorithm(), K64).unwrap();
+    h.zeros(0, 2 * K64);
+    h.data(K64, &vec![1; K64 as usize]);
+    assert!(h.finish(2 * K64).is_err());
+    let h = BlockHash::new(Algorithm::default_algorithm(), K64).unwrap();
+    h.data(0, &vec![1; 40_000]);
+    h.zeros(30_000, K64 - 30_000);
+    assert!(h.finish(K64).is_err());
 }
 
 #[test]
@@ -284,7 +297,15 @@ fn names_and_specs() {
     assert!(parse_spec("sha256/3").is_err());
     assert!(parse_spec("sha256/x").is_err());
     // Every digest has the length OpenSSL gives it.
-    for (name, len) in [("md5", 16), ("sha1", 20), ("shake128", 16), ("shake256", 32)] {
-        assert_eq!(Algorithm::find(name).unwrap().digest(b"").as_bytes().len(), len);
+    for (name, len) in [
+        ("md5", 16),
+        ("sha1", 20),
+        ("shake128", 16),
+        ("shake256", 32),
+    ] {
+        assert_eq!(
+            Algorithm::find(name).unwrap().digest(b"").as_bytes().len(),
+            len
+        );
     }
 }
