@@ -338,15 +338,15 @@ fn copy_blkhash_is_blksum_of_the_source() {
 #[test]
 fn bad_digests_and_block_sizes_are_refused() {
     let dir = workdir();
-    let img = dir.path().join("a.raw");
-    sparse_file(&img, 1 << 20, &[(0, 4096, 1)]);
+    let img = &images(dir.path())[0];
+    let missing = dir.path().join("missing.raw");
     for args in [
-        &["checksum", "--digest=whirlpool", s(&img)][..],
-        &["checksum", "--block-size=3000", s(&img)],
-        &["checksum", "-T", "0", s(&img)],
-        &["checksum", s(&dir.path().join("missing.raw"))],
-        &["copy", "--blkhash=sha256/3", s(&img), "null:"],
-        &["copy", "--blkhash=whirlpool", s(&img), "null:"],
+        &["checksum", "--digest=whirlpool", s(img)][..],
+        &["checksum", "--block-size=3000", s(img)],
+        &["checksum", "-T", "0", s(img)],
+        &["checksum", s(&missing)],
+        &["copy", "--blkhash=sha256/3", s(img), "null:"],
+        &["copy", "--blkhash=whirlpool", s(img), "null:"],
     ] {
         let o = diskit(args);
         assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));

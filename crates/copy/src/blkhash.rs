@@ -147,24 +147,14 @@ const fn fixed<D: Digest + Send + 'static>(
     name: &'static str,
     aliases: &'static [&'static str],
 ) -> Algorithm {
-    Algorithm {
-        name,
-        aliases,
-        one: one_fixed::<D>,
-        new: new_fixed::<D>,
-    }
+    Algorithm::with(name, aliases, one_fixed::<D>, new_fixed::<D>)
 }
 
 const fn xof<X: Default + Update + ExtendableOutput + Send + 'static, const N: usize>(
     name: &'static str,
     aliases: &'static [&'static str],
 ) -> Algorithm {
-    Algorithm {
-        name,
-        aliases,
-        one: one_xof::<X, N>,
-        new: new_xof::<X, N>,
-    }
+    Algorithm::with(name, aliases, one_xof::<X, N>, new_xof::<X, N>)
 }
 
 /// Every algorithm, in `blksum -l`'s order.
@@ -190,6 +180,20 @@ pub const ALGORITHMS: &[Algorithm] = &[
 ];
 
 impl Algorithm {
+    const fn with(
+        name: &'static str,
+        aliases: &'static [&'static str],
+        one: fn(&[u8]) -> Md,
+        new: fn() -> Box<dyn Outer>,
+    ) -> Algorithm {
+        Algorithm {
+            name,
+            aliases,
+            one,
+            new,
+        }
+    }
+
     /// The algorithm a name stands for, as OpenSSL reads names: blksum's
     /// (`sha256`) or another of OpenSSL's (`SHA2-256`), in any case.
     pub fn find(name: &str) -> Option<&'static Algorithm> {

@@ -1,138 +1,51 @@
 use super::*;
 
-/// A piece of test data: `len` bytes of `byte`, or a hole (`None`),
-/// as blkhash's own tests describe images.
-struct Piece {
-    byte: Option<u8>,
-    len: u64,
-}
-
-fn p(byte: u8, len: u64) -> Piece {
-    Piece {
-        byte: Some(byte),
-        len,
-    }
-}
-
-fn hole(len: u64) -> Piece {
-    Piece { byte: None, len }
-}
-
-/// The blkhash of the pieces one after another, given in order.
-fn checksum(name: &str, block_size: u64, pieces: &[Piece]) -> String {
+/// The blkhash of an image described as blkhash's tests describe them
+/// (`64k:A 32k:- 32k:0`: 64 KiB of 'A', a 32 KiB hole, 32 KiB of zeros
+/// written as data), given in order.
+fn checksum(name: &str, block_size: u64, image: &str) -> String {
     let h = BlockHash::new(Algorithm::find(name).unwrap(), block_size).unwrap();
     let mut off = 0;
-    for piece in pieces {
-        match piece.byte {
-            Some(b) => h.data(off, &vec![b; piece.len as usize]),
-            None => h.zeros(off, piece.len),
+    for piece in image.split_whitespace() {
+        let (len, byte) = piece.split_once(':').unwrap();
+        let len = diskit_core::size::parse_size(len).unwrap();
+        match byte {
+            "-" => h.zeros(off, len),
+            "0" => h.data(off, &vec![0; len as usize]),
+            b => h.data(off, &vec![b.as_bytes()[0]; len as usize]),
         }
-        off += piece.len;
+        off += len;
     }
     h.finish(off).unwrap().hex()
 }
 
 const K64: u64 = 64 << 10;
-const HALF: u64 = K64 / 2;
 
-/// blkhash's test vectors (test/blkhash-test.c: sha256, 64 KiB blocks),
-/// which blkhash checks with 1 to 64 threads.
+/// blkhash's test vectors (test/blkhash-test.c: sha256, 64 KiB blocks,
+/// which blkhash checks with 1 to 64 threads): an image, its digest.
+const BLKHASH_VECTORS: &str = "
+    64k:A 2e3a5f57d5e726ee5de62db1a85ff816f4fa6ea4627807d9a51bdc4c883e165e
+    64k:0 8ab067ab7939a3d4f40cbb118956c07c06aeae2d075d6e0a2ebbb94bd42832af
+    64k:- 8ab067ab7939a3d4f40cbb118956c07c06aeae2d075d6e0a2ebbb94bd42832af
+    32k:A 9467334d6d7668a2f06898185b5cddc78cdfbd962f50c6bf250101f03a0e54dc
+    32k:0 842d185f0ff348b0d689e184bddc47f69a19032a6934c89b879479f1e86f9d56
+    32k:- 842d185f0ff348b0d689e184bddc47f69a19032a6934c89b879479f1e86f9d56
+    512k:- 722ac11a3a81034edf196aa3ee68d1a2e345cd0838b0c78c2ce2fb015d4d817d
+    1g:- c6d6562c3074a2caa0ceea3e1f460f3af678c792ed05e64157eb51e68ae5260d
+    512k:- 32k:- e623a5702b1feb08fbb3d18e35bbb7ec10146b8cd1bcff811200a3948c78c55c
+    512k:0 722ac11a3a81034edf196aa3ee68d1a2e345cd0838b0c78c2ce2fb015d4d817d
+    512k:0 32k:0 e623a5702b1feb08fbb3d18e35bbb7ec10146b8cd1bcff811200a3948c78c55c
+    32k:A 32k:B 32k:C 32k:D 32k:E 32k:F 4ab1586084326f5beb911621282e9557cd26856105eff7f78cace5986af4738b
+    32k:A 32k:B 32k:C 32k:D 32k:E 2cad558b3a2a8d87435e80fe7bae69fa664d92eaa1b9411f573b9fbb412a4d43
+    32k:A 32k:- 32k:- 32k:0 32k:E 32k:- 32k:- 32k:0 4b2b5acd96f8105f4fb26abaf35c7c5756338ef9ccce19ffe7714c9ad94b4398
+    32k:A 32k:- 32k:- 32k:0 32k:E 32k:- 32k:- 2510ac29c7103f2e68c672d728cbd43db4ed3dc809a24cde96e62dc5862a0f57
+";
+
 #[test]
 fn blkhash_test_vectors() {
-    let cases: &[(&[Piece], &str)] = &[
-        (
-            &[p(b'A', K64)],
-            "2e3a5f57d5e726ee5de62db1a85ff816f4fa6ea4627807d9a51bdc4c883e165e",
-        ),
-        (
-            &[p(0, K64)],
-            "8ab067ab7939a3d4f40cbb118956c07c06aeae2d075d6e0a2ebbb94bd42832af",
-        ),
-        (
-            &[hole(K64)],
-            "8ab067ab7939a3d4f40cbb118956c07c06aeae2d075d6e0a2ebbb94bd42832af",
-        ),
-        (
-            &[p(b'A', HALF)],
-            "9467334d6d7668a2f06898185b5cddc78cdfbd962f50c6bf250101f03a0e54dc",
-        ),
-        (
-            &[p(0, HALF)],
-            "842d185f0ff348b0d689e184bddc47f69a19032a6934c89b879479f1e86f9d56",
-        ),
-        (
-            &[hole(HALF)],
-            "842d185f0ff348b0d689e184bddc47f69a19032a6934c89b879479f1e86f9d56",
-        ),
-        (
-            &[hole(K64 * 8)],
-            "722ac11a3a81034edf196aa3ee68d1a2e345cd0838b0c78c2ce2fb015d4d817d",
-        ),
-        (
-            &[hole(1 << 30)],
-            "c6d6562c3074a2caa0ceea3e1f460f3af678c792ed05e64157eb51e68ae5260d",
-        ),
-        (
-            &[hole(K64 * 8), hole(HALF)],
-            "e623a5702b1feb08fbb3d18e35bbb7ec10146b8cd1bcff811200a3948c78c55c",
-        ),
-        (
-            &[p(0, K64 * 8)],
-            "722ac11a3a81034edf196aa3ee68d1a2e345cd0838b0c78c2ce2fb015d4d817d",
-        ),
-        (
-            &[p(0, K64 * 8), p(0, HALF)],
-            "e623a5702b1feb08fbb3d18e35bbb7ec10146b8cd1bcff811200a3948c78c55c",
-        ),
-        (
-            &[
-                p(b'A', HALF),
-                p(b'B', HALF),
-                p(b'C', HALF),
-                p(b'D', HALF),
-                p(b'E', HALF),
-                p(b'F', HALF),
-            ],
-            "4ab1586084326f5beb911621282e9557cd26856105eff7f78cace5986af4738b",
-        ),
-        (
-            &[
-                p(b'A', HALF),
-                p(b'B', HALF),
-                p(b'C', HALF),
-                p(b'D', HALF),
-                p(b'E', HALF),
-            ],
-            "2cad558b3a2a8d87435e80fe7bae69fa664d92eaa1b9411f573b9fbb412a4d43",
-        ),
-        (
-            &[
-                p(b'A', HALF),
-                hole(HALF),
-                hole(HALF),
-                p(0, HALF),
-                p(b'E', HALF),
-                hole(HALF),
-                hole(HALF),
-                p(0, HALF),
-            ],
-            "4b2b5acd96f8105f4fb26abaf35c7c5756338ef9ccce19ffe7714c9ad94b4398",
-        ),
-        (
-            &[
-                p(b'A', HALF),
-                hole(HALF),
-                hole(HALF),
-                p(0, HALF),
-                p(b'E', HALF),
-                hole(HALF),
-                hole(HALF),
-            ],
-            "2510ac29c7103f2e68c672d728cbd43db4ed3dc809a24cde96e62dc5862a0f57",
-        ),
-    ];
-    for (i, (pieces, want)) in cases.iter().enumerate() {
-        assert_eq!(checksum("sha256", K64, pieces), *want, "case {i}");
+    for line in BLKHASH_VECTORS.lines().filter(|l| !l.trim().is_empty()) {
+        let (image, want) = line.trim().rsplit_once(' ').unwrap();
+        assert_eq!(checksum("sha256", K64, image), want, "{image}");
     }
 }
 
