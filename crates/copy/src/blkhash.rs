@@ -376,7 +376,7 @@ impl BlockHash {
         let bs = self.block_size;
         let mut at = offset;
         let end = offset + len;
-        if at % bs != 0 && at < end {
+        if !at.is_multiple_of(bs) && at < end {
             let n = (bs - at % bs).min(end - at);
             part(at / bs, at % bs, at - offset, n);
             at += n;

@@ -754,7 +754,7 @@ fn blkhash_of_the_data_as_it_is_copied_in_every_mode() {
             assert_same(&*src, &dst);
         }
         assert_eq!(
-            h.finish(size).expect(&format!("case {i}")),
+            h.finish(size).unwrap_or_else(|e| panic!("case {i}: {e}")),
             want,
             "case {i}"
         );
