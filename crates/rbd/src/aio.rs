@@ -167,7 +167,8 @@ impl InFlight {
             (done, ..) => done.map(|_| ()),
         };
         match self.sink.take() {
-            Some((sink, workers)) if result.is_ok() => {
+            // A sink that drops what it is given needs no hop.
+            Some((sink, workers)) if result.is_ok() && !sink.discards() => {
                 workers.run(move || {
                     let (offset, len) = self.read.expect("a read");
                     let buf = self.buf.as_ref().expect("a read's buffer");
