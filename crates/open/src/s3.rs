@@ -2,7 +2,10 @@
 //! or by keys (`json:`, `--image-opts`: `bucket`, `key`, `endpoint-url`,
 //! `region`, `access-key`, `secret-key`, `session-token`, `profile`).
 //! Read-only opens read the object; a new object is made by a multipart
-//! upload, written front to back and there only once closed.
+//! upload, written front to back and there only once closed. `serve s3`
+//! takes nbdkit's S3 plugin's command line: one object, read-only, or,
+//! with `size=` and `object-size=`, a read-write disk over many objects
+//! laid out as that plugin lays them out.
 //!
 //! Creation and the open that follows are two steps (a format writes its
 //! header through the storage creation makes, then the image is opened
@@ -12,9 +15,10 @@
 use std::sync::{Arc, Mutex};
 
 use diskit_core::sync::lock;
-use diskit_core::{Error, ErrorKind, Result, StorageOptions, StorageRef};
-use diskit_s3::{S3Name, S3Options, S3Writer};
+use diskit_core::{DeviceRef, Error, ErrorKind, Result, StorageOptions, StorageRef};
+use diskit_s3::{S3Name, S3Options, S3Sharded, S3Writer};
 
+use crate::plugin::{PluginArgs, size_arg};
 use crate::spec::Spec;
 
 /// QEMU-style keys of the s3 driver.
@@ -29,6 +33,24 @@ pub const KEYS: &[&str] = &[
     "session-token",
     "profile",
 ];
+
+/// The keys of `serve s3` (nbdkit's S3 plugin's, and `region` and
+/// `profile`).
+pub const PLUGIN_KEYS: &[&str] = &[
+    "bucket",
+    "key",
+    "endpoint-url",
+    "region",
+    "access-key",
+    "secret-key",
+    "session-token",
+    "profile",
+    "size",
+    "object-size",
+];
+
+/// Requests in flight at once for a server (its connections' threads).
+const SERVER_CONNECTIONS: usize = 64;
 
 /// New objects made and not yet opened, by name.
 static MADE: Mutex<Vec<(String, Arc<S3Writer>)>> = Mutex::new(Vec::new());
@@ -53,18 +75,24 @@ fn name_of(node: &Spec, mode: &StorageOptions) -> Result<(S3Name, S3Options)> {
             S3Name::new(need("bucket")?, need("key")?)?
         }
     };
+    let mut opts = options(|k| node.get(k));
+    if mode.connections > 0 {
+        opts.connections = (mode.connections * 4).clamp(4, 64);
+    }
+    Ok((name, opts))
+}
+
+/// The settings that keys give (the same keys for a node and a plugin).
+fn options<'a>(key: impl Fn(&str) -> Option<&'a str>) -> S3Options {
     let mut opts = S3Options::new();
-    let key = |k: &str| node.get(k).map(str::to_string);
+    let key = |k: &str| key(k).map(str::to_string);
     opts.endpoint_url = key("endpoint-url");
     opts.region = key("region");
     opts.access_key = key("access-key");
     opts.secret_key = key("secret-key");
     opts.session_token = key("session-token");
     opts.profile = key("profile");
-    if mode.connections > 0 {
-        opts.connections = (mode.connections * 4).clamp(4, 64);
-    }
-    Ok((name, opts))
+    opts
 }
 
 /// Opens the object a node names: for reading, or, for writing, the new
@@ -115,6 +143,37 @@ pub fn finish(name: &str) -> Result<()> {
         None => Err(Error::new(
             ErrorKind::NotFound,
             format!("{n}: no new object of that name"),
+        )),
+    }
+}
+
+/// `serve s3 bucket=B key=K [endpoint-url=] [access-key=] [secret-key=]
+/// [session-token=] [region=] [profile=] [size= object-size=]`: without
+/// `size=`, the object `K`, read-only; with `size=` and `object-size=`
+/// (always together, as nbdkit's plugin wants them), a disk of `size`
+/// bytes over objects `K/%016x` of `object-size` bytes, writable unless
+/// served read-only.
+pub fn open_plugin(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
+    let need = |k: &str| {
+        kv.get(k)
+            .map(String::as_str)
+            .ok_or_else(|| Error::invalid(format!("s3: {k} parameter missing")))
+    };
+    let name = S3Name::new(need("bucket")?, need("key")?)?;
+    let mut opts = options(|k| kv.get(k).map(String::as_str));
+    opts.connections = SERVER_CONNECTIONS;
+    let size = |k: &str| kv.get(k).map(|v| size_arg("s3", v)).transpose();
+    match (size("size")?, size("object-size")?) {
+        (None, None) => Ok(Arc::new(diskit_s3::open_object(&name, &opts)?)),
+        (Some(size), Some(object_size)) => Ok(Arc::new(S3Sharded::open(
+            &name,
+            &opts,
+            size,
+            object_size,
+            !readonly,
+        )?)),
+        _ => Err(Error::invalid(
+            "s3: `size` and `object-size` parameters must always be specified together",
         )),
     }
 }
