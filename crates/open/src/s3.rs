@@ -21,9 +21,12 @@ use diskit_s3::{S3Name, S3Options, S3Sharded, S3Writer};
 use crate::plugin::{PluginArgs, size_arg};
 use crate::spec::Spec;
 
-/// QEMU-style keys of the s3 driver.
-pub const KEYS: &[&str] = &[
-    "filename",
+/// Every key, laid out so that the node's and the plugin's are two
+/// windows on it: the plugin's first (its own two, then the shared
+/// ones), the node's last (the shared ones, then `filename`).
+const ALL_KEYS: [&str; 11] = [
+    "size",
+    "object-size",
     "bucket",
     "key",
     "endpoint-url",
@@ -32,22 +35,15 @@ pub const KEYS: &[&str] = &[
     "secret-key",
     "session-token",
     "profile",
+    "filename",
 ];
+
+/// QEMU-style keys of the s3 driver.
+pub const KEYS: &[&str] = ALL_KEYS.split_at(2).1;
 
 /// The keys of `serve s3` (nbdkit's S3 plugin's, and `region` and
 /// `profile`).
-pub const PLUGIN_KEYS: &[&str] = &[
-    "bucket",
-    "key",
-    "endpoint-url",
-    "region",
-    "access-key",
-    "secret-key",
-    "session-token",
-    "profile",
-    "size",
-    "object-size",
-];
+pub const PLUGIN_KEYS: &[&str] = ALL_KEYS.split_at(10).0;
 
 /// Requests in flight at once for a server (its connections' threads).
 const SERVER_CONNECTIONS: usize = 64;
@@ -175,5 +171,20 @@ pub fn open_plugin(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
         _ => Err(Error::invalid(
             "s3: `size` and `object-size` parameters must always be specified together",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_and_the_plugin_take_their_keys() {
+        assert_eq!(KEYS.first(), Some(&"bucket"));
+        assert_eq!(KEYS.last(), Some(&"filename"));
+        assert_eq!(PLUGIN_KEYS.first(), Some(&"size"));
+        assert_eq!(PLUGIN_KEYS.last(), Some(&"profile"));
+        assert!(!KEYS.contains(&"object-size"));
+        assert!(!PLUGIN_KEYS.contains(&"filename"));
     }
 }

@@ -144,7 +144,7 @@ impl S3Sharded {
                 self.prefix
                     .list_page(&prefix, after.as_deref(), token.as_deref(), 1000)?;
             for key in &keys {
-                match block_of(&key[prefix.len()..]) {
+                match key.strip_prefix(&prefix).and_then(block_of) {
                     Some(b) if b >= end => return Ok(blocks),
                     Some(b) if b >= first => blocks.push(b),
                     _ => {}
@@ -174,6 +174,18 @@ fn pieces(object_size: u64, offset: u64, len: u64) -> Vec<Piece> {
         let len = (object_size - within).min(end - at);
         out.push(Piece { block, within, len });
         at += len;
+    }
+    out
+}
+
+/// A buffer cut (by `split`) into the shares of `pieces`, in order.
+fn shares<B>(pieces: Vec<Piece>, buf: B, split: impl Fn(B, usize) -> (B, B)) -> Vec<(Piece, B)> {
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut rest = buf;
+    for p in pieces {
+        let (share, after) = split(rest, p.len as usize);
+        out.push((p, share));
+        rest = after;
     }
     out
 }
@@ -230,20 +242,13 @@ impl BlockDevice for S3Sharded {
     }
 
     fn capabilities(&self) -> Capabilities {
+        // As a device in memory: every write is on the store when it
+        // returns (nothing to flush, FUA native), zeroes delete; but no
+        // extents (as nbdkit's plugin) and no cache.
         let caps = Capabilities {
-            can_write: true,
-            // Every write is on the store when it returns: nothing to
-            // flush, and FUA is native.
-            can_flush: false,
-            can_fua: true,
-            can_trim: true,
-            can_write_zeroes: true,
-            can_zero: true,
-            can_fast_zero: true,
             can_extents: false,
-            can_multi_conn: true,
             can_cache: false,
-            is_rotational: false,
+            ..Capabilities::IN_MEMORY
         };
         if self.writable {
             caps
@@ -265,13 +270,8 @@ impl BlockDevice for S3Sharded {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
-        let mut jobs = Vec::new();
-        let mut rest = buf;
-        for p in self.pieces(offset, rest.len() as u64) {
-            let (piece, after) = rest.split_at_mut(p.len as usize);
-            jobs.push((p, piece));
-            rest = after;
-        }
+        let pieces = self.pieces(offset, buf.len() as u64);
+        let jobs = shares(pieces, buf, |b, n| b.split_at_mut(n));
         in_parallel(jobs, |(p, piece)| {
             self.object(p.block)
                 .read_or_zeros(piece, p.within, self.object_size)
@@ -280,13 +280,8 @@ impl BlockDevice for S3Sharded {
 
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
-        let mut jobs = Vec::new();
-        let mut rest = buf;
-        for p in self.pieces(offset, rest.len() as u64) {
-            let (piece, after) = rest.split_at(p.len as usize);
-            jobs.push((p, piece));
-            rest = after;
-        }
+        let pieces = self.pieces(offset, buf.len() as u64);
+        let jobs = shares(pieces, buf, |b, n| b.split_at(n));
         in_parallel(jobs, |(p, piece)| self.write_piece(p, piece))
     }
 
