@@ -99,6 +99,12 @@ trap 'stop' EXIT
 step monmaptool --create --fsid "$fsid" --addv a "[v1:$ip:$port]" "$D/monmap"
 step ceph-mon -c "$c" --mkfs -i a --monmap "$D/monmap"
 step ceph-mon -c "$c" -i a
+# The monitor answers commands only once it has formed its quorum of one
+# (before, "EPERM: problem getting command descriptions"): wait for it.
+for _ in $(seq 60); do
+  (cd "$D" && timeout 10 ceph -c "$c" mon stat) >/dev/null 2>&1 && break
+  sleep 0.5
+done
 step ceph -c "$c" osd create
 step ceph-osd -c "$c" -i 0 --mkfs
 # The OSD may ask the monitor before it has the monitor's map, with a

@@ -8,7 +8,7 @@
 
 use diskit_core::{BlockDevice, WriteFlags};
 use diskit_formats::check::Repair;
-use diskit_formats::driver::FormatDriver;
+use diskit_formats::driver::{FormatDriver, Opening};
 use diskit_formats::implied::NoImpliedFiles;
 use diskit_formats::qed::{self, QedDriver};
 use diskit_formats::OpenOptions;
@@ -27,7 +27,11 @@ fuzz_target!(|data: &[u8]| {
         writable: true,
         ..Default::default()
     };
-    let Ok(opened) = QedDriver.open(storage, &opts, &mut NoImpliedFiles) else {
+    let Ok(opened) = QedDriver.open(Opening {
+        storage,
+        opts: &opts,
+        implied: &mut NoImpliedFiles,
+    }) else {
         return;
     };
     let dev = opened.device;

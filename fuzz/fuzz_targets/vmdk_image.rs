@@ -6,7 +6,7 @@
 #![no_main]
 
 use diskit_formats::check::Repair;
-use diskit_formats::driver::FormatDriver;
+use diskit_formats::driver::{FormatDriver, Opening};
 use diskit_formats::implied::NoImpliedFiles;
 use diskit_formats::vmdk::{VmdkDriver, descriptor::Descriptor};
 use diskit_formats::OpenOptions;
@@ -17,7 +17,11 @@ mod common;
 fuzz_target!(|data: &[u8]| {
     let _ = Descriptor::parse(data);
     let storage = common::memory_storage(data);
-    let Ok(opened) = VmdkDriver.open(storage, &OpenOptions::default(), &mut NoImpliedFiles) else {
+    let Ok(opened) = VmdkDriver.open(Opening {
+        storage,
+        opts: &OpenOptions::default(),
+        implied: &mut NoImpliedFiles,
+    }) else {
         return;
     };
     let _ = opened.image.info();

@@ -79,13 +79,15 @@ enum Command {
     Bitmap(cmd::bitmap::Args),
     /// Time a run of reads or writes (qemu-img bench).
     Bench(cmd::bench::Args),
+    /// Print the blkhash checksum of an image's guest data (as blksum).
+    Checksum(cmd::checksum::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
 pub type CmdResult = Result<u8, util::CliError>;
 
 /// diskit's subcommands that are not qemu-img's.
-const NOT_QEMU_IMG: [&str; 3] = ["serve", "nbdinfo", "copy"];
+const NOT_QEMU_IMG: [&str; 4] = ["serve", "nbdinfo", "copy", "checksum"];
 
 /// The command line of `tool` when it has subcommands (diskit, qemu-img):
 /// getopt's conventions on top of the derived one (a repeated option
@@ -322,6 +324,7 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
         Command::Dd(a) => cmd::dd::run(a, policy),
         Command::Bitmap(a) => cmd::bitmap::run(a, policy),
         Command::Bench(a) => cmd::bench::run(a, policy),
+        Command::Checksum(a) => cmd::checksum::run(a, policy),
     })
 }
 

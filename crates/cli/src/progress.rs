@@ -23,37 +23,59 @@ pub struct ProgressPrinter {
 impl ProgressPrinter {
     /// Starts printing `progress` to standard output, as qemu-img does.
     pub fn start(progress: Arc<Progress>) -> ProgressPrinter {
+        let tty = std::io::stdout().is_terminal();
+        let mut out = std::io::stdout();
+        if !tty {
+            let _ = write!(out, "    (0.00/100%)\r");
+            let _ = out.flush();
+        }
+        let mut last_pct = 0.0f64;
+        let period = Duration::from_millis(if tty { 100 } else { 50 });
+        ProgressPrinter::spawn(progress, period, move |t| {
+            if tty {
+                let _ = write!(out, "\r{}", bar(t));
+            } else if t.pct - last_pct > 1.0 {
+                let _ = write!(out, "    ({:.2}/100%)\r", t.pct);
+                last_pct = t.pct;
+            }
+            if t.stopping {
+                if !tty && t.completed {
+                    let _ = write!(out, "    (100.00/100%)\r");
+                }
+                let _ = writeln!(out);
+            }
+            let _ = out.flush();
+        })
+    }
+
+    /// Calls `print` with the progress every `period`, on a thread of its
+    /// own, until stopped; the last call is told it is the last.
+    fn spawn(
+        progress: Arc<Progress>,
+        period: Duration,
+        mut print: impl FnMut(&Tick) + Send + 'static,
+    ) -> ProgressPrinter {
         let stop = Arc::new(AtomicBool::new(false));
         let completed = Arc::new(AtomicBool::new(false));
         let (s, c) = (stop.clone(), completed.clone());
-        let tty = std::io::stdout().is_terminal();
         let thread = std::thread::spawn(move || {
             let started = Instant::now();
-            let mut last_pct = 0.0f64;
-            let mut out = std::io::stdout();
-            if !tty {
-                let _ = write!(out, "    (0.00/100%)\r");
-                let _ = out.flush();
-            }
             loop {
                 let stopping = s.load(Ordering::Relaxed);
-                let (pct, done, total) = percent(&progress, stopping && c.load(Ordering::Relaxed));
-                if tty {
-                    let _ = write!(out, "\r{}", bar(pct, done, total, started.elapsed()));
-                } else if pct - last_pct > 1.0 {
-                    let _ = write!(out, "    ({pct:.2}/100%)\r");
-                    last_pct = pct;
-                }
+                let completed = stopping && c.load(Ordering::Relaxed);
+                let (pct, done, total) = percent(&progress, completed);
+                print(&Tick {
+                    pct,
+                    done,
+                    total,
+                    elapsed: started.elapsed(),
+                    stopping,
+                    completed,
+                });
                 if stopping {
-                    if !tty && c.load(Ordering::Relaxed) {
-                        let _ = write!(out, "    (100.00/100%)\r");
-                    }
-                    let _ = writeln!(out);
-                    let _ = out.flush();
                     return;
                 }
-                let _ = out.flush();
-                std::thread::sleep(Duration::from_millis(if tty { 100 } else { 50 }));
+                std::thread::sleep(period);
             }
         });
         ProgressPrinter {
@@ -101,59 +123,55 @@ pub enum CopyProgressTo {
 impl ProgressPrinter {
     /// Starts printing a copy's progress as nbdcopy does.
     pub fn start_copy(progress: Arc<Progress>, to: CopyProgressTo) -> ProgressPrinter {
-        let stop = Arc::new(AtomicBool::new(false));
-        let completed = Arc::new(AtomicBool::new(false));
-        let (s, c) = (stop.clone(), completed.clone());
         let tty = std::io::stderr().is_terminal();
-        let thread = std::thread::spawn(move || {
-            let started = Instant::now();
-            let mut last: Option<u64> = None;
-            // Always 0% first, as nbdcopy starts.
-            if let CopyProgressTo::Fd(fd) = to {
-                write_fd(fd, b"0/100\n");
-                last = Some(0);
-            }
-            loop {
-                let stopping = s.load(Ordering::Relaxed);
-                let (pct, done, total) = percent(&progress, stopping && c.load(Ordering::Relaxed));
-                let whole = pct as u64;
-                match to {
-                    CopyProgressTo::Fd(fd) => {
-                        if last != Some(whole) {
-                            write_fd(fd, format!("{whole}/100\n").as_bytes());
-                        }
+        let mut last: Option<u64> = None;
+        // Always 0% first, as nbdcopy starts.
+        if let CopyProgressTo::Fd(fd) = to {
+            write_fd(fd, b"0/100\n");
+            last = Some(0);
+        }
+        ProgressPrinter::spawn(progress, Duration::from_millis(100), move |t| {
+            let whole = t.pct as u64;
+            match to {
+                CopyProgressTo::Fd(fd) => {
+                    if last != Some(whole) {
+                        write_fd(fd, format!("{whole}/100\n").as_bytes());
                     }
-                    CopyProgressTo::Stderr => {
-                        let mut err = std::io::stderr();
-                        let line = if tty {
-                            bar(pct, done, total, started.elapsed())
-                        } else {
-                            format!("{whole:3}%")
-                        };
-                        if tty || last != Some(whole) {
-                            let _ = write!(err, "\r{line}");
-                            if stopping {
-                                let _ = writeln!(err);
-                            }
-                            let _ = err.flush();
-                        } else if stopping {
+                }
+                CopyProgressTo::Stderr => {
+                    let mut err = std::io::stderr();
+                    let line = if tty { bar(t) } else { format!("{whole:3}%") };
+                    if tty || last != Some(whole) {
+                        let _ = write!(err, "\r{line}");
+                        if t.stopping {
                             let _ = writeln!(err);
                         }
+                        let _ = err.flush();
+                    } else if t.stopping {
+                        let _ = writeln!(err);
                     }
                 }
-                last = Some(whole);
-                if stopping {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
             }
-        });
-        ProgressPrinter {
-            stop,
-            completed,
-            thread: Some(thread),
-        }
+            last = Some(whole);
+        })
     }
+}
+
+/// Where an operation is, as a printer's thread sees it each time it
+/// wakes.
+struct Tick {
+    /// Percent done (100 once completed).
+    pct: f64,
+    /// Bytes done.
+    done: u64,
+    /// Bytes in all.
+    total: u64,
+    /// Since the printer started.
+    elapsed: Duration,
+    /// The printer is stopping: this is the last tick.
+    stopping: bool,
+    /// The operation was marked completed (on the last tick).
+    completed: bool,
 }
 
 /// How far along: (percent, bytes done, total); 100 once `completed`.
@@ -176,8 +194,16 @@ fn write_fd(fd: i32, line: &[u8]) {
     }
 }
 
-fn bar(pct: f64, done: u64, total: u64, elapsed: Duration) -> String {
+/// A terminal's bar: percent, rate and time left.
+fn bar(t: &Tick) -> String {
     const WIDTH: usize = 30;
+    let Tick {
+        pct,
+        done,
+        total,
+        elapsed,
+        ..
+    } = *t;
     let filled = (((pct / 100.0) * WIDTH as f64) as usize).min(WIDTH);
     let secs = elapsed.as_secs_f64().max(1e-3);
     let rate = done as f64 / secs;

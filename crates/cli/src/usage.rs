@@ -40,9 +40,8 @@ impl UsageError {
 /// What qemu-img says when a subcommand's file names are missing.
 fn missing_files_message(sub: &str) -> Option<&'static str> {
     Some(match sub {
-        "info" | "check" | "map" | "commit" | "rebase" | "snapshot" | "bench" | "amend" => {
-            "Expecting one image file name"
-        }
+        "info" | "check" | "map" | "commit" | "rebase" | "snapshot" | "bench" | "amend"
+        | "checksum" => "Expecting one image file name",
         "compare" => "Expecting two image file names",
         "convert" => "Must specify image file name",
         "create" => "Expecting image file name",

@@ -1,7 +1,7 @@
 //! Helpers shared by the subcommands: errors at the edge, format and size
 //! arguments, opening images with qemu-img's messages.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use diskit_core::Error;
 use diskit_core::size::{SizeError, parse_size_detailed};
@@ -127,6 +127,32 @@ pub fn output_is_json(s: &str, cmd: &str) -> Result<bool, CliError> {
             cmd,
             format!("--output expects 'human' or 'json' not '{s}'"),
         )),
+    }
+}
+
+/// What the commands that report on an image (`check`, `info`, `map`)
+/// take alike: the image, its format and how to print the report.
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// Image format (probed if absent).
+    #[arg(short = 'f', long = "format")]
+    format: Option<String>,
+    /// Output format: human or json.
+    #[arg(long = "output", default_value = "human")]
+    output: String,
+    /// The image.
+    pub filename: PathBuf,
+}
+
+impl ReportArgs {
+    /// Whether the report is JSON (`cmd` names the command in errors).
+    pub fn json(&self, cmd: &str) -> Result<bool, CliError> {
+        output_is_json(&self.output, cmd)
+    }
+
+    /// The format given, if one is.
+    pub fn format(&self) -> Result<Option<Format>, CliError> {
+        parse_source_format(self.format.as_deref(), &self.filename)
     }
 }
 

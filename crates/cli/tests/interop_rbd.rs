@@ -343,11 +343,15 @@ fn failed_copies_into_rbd_say_so_and_leave_no_image_they_made() {
     let o = child.wait_with_output().unwrap();
     ceph.signal_osd(libc::SIGCONT);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
+    // Where librbd's cache took the writes, the flush at the close is
+    // what fails: never an exit 0 with data short of the cluster.
+    let said = stderr(&o);
     assert!(
-        stderr(&o).starts_with("diskit: error while writing at byte ")
-            && stderr(&o).trim_end().ends_with(": Connection timed out"),
-        "{}",
-        stderr(&o)
+        (said.starts_with("diskit: error while writing at byte ")
+            || said.starts_with("diskit: error flushing rbd:rbd/stalled"))
+            && said.trim_end().ends_with(": Connection timed out")
+            && said.lines().count() == 1,
+        "{said}"
     );
     assert!(
         t.elapsed().as_secs() < 60,

@@ -9,6 +9,7 @@
 //! them), and written. Reads and writes of different workers overlap; writes
 //! may be kept in source order for destinations whose layout depends on it.
 
+pub mod blkhash;
 pub mod commit;
 mod plan;
 pub mod rebase;
@@ -25,6 +26,7 @@ use diskit_core::{
     ZeroFlags,
 };
 
+use blkhash::BlockHash;
 use plan::{Item, Planner};
 
 /// How to copy.
@@ -66,6 +68,11 @@ pub struct CopyOptions {
     /// knows it): ranges the source says are zeros are left alone there,
     /// `allocated` or not (zeros found inside data are written).
     pub zeros_from: u64,
+    /// The blkhash of the source, computed as its data passes (nbdcopy's
+    /// `--blkhash`): what is read is hashed where it arrives, zero ranges
+    /// by the zero-block shortcut. Every byte must pass, so it cannot
+    /// come with `skip_backing`.
+    pub blkhash: Option<Arc<BlockHash>>,
 }
 
 /// How much of the zero range at `offset` (`len` bytes) must be written:
@@ -94,6 +101,7 @@ impl Default for CopyOptions {
             zero_alignment: 1,
             skip_backing: false,
             zeros_from: u64::MAX,
+            blkhash: None,
         }
     }
 }
@@ -200,6 +208,11 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
             "destination is read-only",
         ));
     }
+    if opts.blkhash.is_some() && opts.skip_backing {
+        return Err(Error::invalid(
+            "a blkhash needs every byte of the source, which a copy onto the same backing file skips",
+        ));
+    }
     progress.total.store(size, Ordering::Relaxed);
     let mut opts = opts.clone();
     let mut prezeroed = 0;
@@ -238,12 +251,14 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
         && reads_on_own_threads
         && (dst.queue_depth() <= 1 || dst.discards_writes()))
     .then(|| {
+        // Data to hash is wanted even where the destination drops it.
         let state = Arc::new(SinkState {
-            discards: dst.discards_writes(),
+            discards: dst.discards_writes() && opts.blkhash.is_none(),
             ..SinkState::default()
         });
         let sink: Arc<dyn ReadSink> = Arc::new(CopySink {
             dst: dst_ref.clone(),
+            blkhash: opts.blkhash.clone(),
             min_sparse: opts.min_sparse,
             skip_zeros: opts.target_is_zero && !opts.allocated,
             allocated: opts.allocated,
@@ -341,6 +356,8 @@ fn split_runs(data: &[u8], offset: u64, min_sparse: u64) -> Vec<(u64, u64, bool)
 /// destination reads as zeros already), the rest is written.
 struct CopySink<D: ?Sized> {
     dst: Arc<D>,
+    /// Where the data is hashed as it passes.
+    blkhash: Option<Arc<BlockHash>>,
     min_sparse: u64,
     /// Zeros need not be written.
     skip_zeros: bool,
@@ -361,34 +378,9 @@ struct SinkState {
 }
 
 impl<D: BlockDevice + ?Sized> CopySink<D> {
-    fn failed(&self, e: Error, offset: u64) -> Error {
-        let e = e.context(format!("error while writing at byte {offset}"));
-        let told = Error::new(e.kind(), e.to_string());
-        let mut slot = sync::lock(&self.state.error);
-        if slot.is_none() {
-            *slot = Some(e);
-        }
-        told
-    }
-}
-
-impl<D: BlockDevice + ?Sized + 'static> ReadSink for CopySink<D> {
-    fn data(&self, offset: u64, data: &[u8]) -> Result<()> {
-        for (at, len, zero) in split_runs(data, offset, self.min_sparse) {
-            if zero {
-                self.zeros(at, len)?;
-                continue;
-            }
-            let from = (at - offset) as usize;
-            self.dst
-                .write_at(&data[from..from + len as usize], at, WriteFlags::NONE)
-                .map_err(|e| self.failed(e, at))?;
-            sync::lock(&self.state.stats).data_bytes += len;
-        }
-        Ok(())
-    }
-
-    fn zeros(&self, offset: u64, len: u64) -> Result<()> {
+    /// Zeroes `len` bytes at `offset` of the destination, or skips them
+    /// where it reads as zeros already.
+    fn write_zeros(&self, offset: u64, len: u64) -> Result<()> {
         let n = zeros_to_write(self.skip_zeros, u64::MAX, offset, len);
         if n < len {
             sync::lock(&self.state.stats).skipped_bytes += len - n;
@@ -405,6 +397,43 @@ impl<D: BlockDevice + ?Sized + 'static> ReadSink for CopySink<D> {
             .map_err(|e| self.failed(e, offset))?;
         sync::lock(&self.state.stats).zeroed_bytes += n;
         Ok(())
+    }
+
+    fn failed(&self, e: Error, offset: u64) -> Error {
+        let e = e.context(format!("error while writing at byte {offset}"));
+        let told = Error::new(e.kind(), e.to_string());
+        let mut slot = sync::lock(&self.state.error);
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        told
+    }
+}
+
+impl<D: BlockDevice + ?Sized + 'static> ReadSink for CopySink<D> {
+    fn data(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if let Some(h) = &self.blkhash {
+            h.data(offset, data);
+        }
+        for (at, len, zero) in split_runs(data, offset, self.min_sparse) {
+            if zero {
+                self.write_zeros(at, len)?;
+                continue;
+            }
+            let from = (at - offset) as usize;
+            self.dst
+                .write_at(&data[from..from + len as usize], at, WriteFlags::NONE)
+                .map_err(|e| self.failed(e, at))?;
+            sync::lock(&self.state.stats).data_bytes += len;
+        }
+        Ok(())
+    }
+
+    fn zeros(&self, offset: u64, len: u64) -> Result<()> {
+        if let Some(h) = &self.blkhash {
+            h.zeros(offset, len);
+        }
+        self.write_zeros(offset, len)
     }
 
     fn discards(&self) -> bool {
@@ -744,6 +773,9 @@ impl Engine<'_> {
             buf: None,
         };
         if item.zero {
+            if let Some(h) = &self.opts.blkhash {
+                h.zeros(item.offset, item.len);
+            }
             if self.must_park(item.seq) {
                 w.parked.insert(item.seq, (tag, f));
                 return Ok(());
@@ -882,6 +914,9 @@ impl Engine<'_> {
             return Err(e.context(format!("error while {what} at byte {at}")));
         }
         if was_read && self.sink.is_none() {
+            if let (Some(h), Some(buf)) = (&self.opts.blkhash, &f.buf) {
+                h.data(f.item.offset, &buf[..f.item.len as usize]);
+            }
             if self.must_park(f.item.seq) {
                 w.parked.insert(f.item.seq, (c.tag, f));
                 return Ok(());

@@ -697,3 +697,76 @@ fn ordered_writes_by_several_workers_are_announced_before_their_turn() {
     assert!(written.windows(2).all(|w| w[0].0 < w[1].0));
     assert!(written.iter().all(|w| w.2), "unannounced writes");
 }
+
+/// The blkhash of `dev`, its bytes read in order and given as data.
+fn blkhash_by_reading(dev: &dyn BlockDevice) -> blkhash::Md {
+    let h = BlockHash::new(blkhash::Algorithm::default_algorithm(), 65536).unwrap();
+    let mut buf = vec![0u8; dev.size() as usize];
+    dev.read_at(&mut buf, 0).unwrap();
+    h.data(0, &buf);
+    h.finish(dev.size()).unwrap()
+}
+
+#[test]
+fn blkhash_of_the_data_as_it_is_copied_in_every_mode() {
+    // Data, holes, zeros written inside data, a short last block.
+    let size = (16 << 20) + 5000;
+    let src = MemoryDevice::new(size);
+    src.write_at(&[1u8; 1 << 20], 2 << 20, WriteFlags::NONE)
+        .unwrap();
+    src.write_at(&[0u8; 65536], (2 << 20) + 65536, WriteFlags::NONE)
+        .unwrap();
+    src.write_at(&[7u8; 3000], (5 << 20) + 100, WriteFlags::NONE)
+        .unwrap();
+    src.write_at(&[9u8; 1000], size - 1000, WriteFlags::NONE)
+        .unwrap();
+    let src = Arc::new(src);
+    let want = blkhash_by_reading(&*src);
+    let deferred = Deferred::new(src.clone(), 7);
+    let cases: [(&dyn BlockDevice, usize, bool, bool); 6] = [
+        (&*src, 1, false, false),
+        (&*src, 4, false, false),
+        (&*src, 3, true, false),
+        (&deferred, 1, false, false),
+        (&deferred, 2, false, true),
+        (&*src, 2, false, true),
+    ];
+    for (i, (from, workers, ordered, null)) in cases.into_iter().enumerate() {
+        let h = Arc::new(BlockHash::new(blkhash::Algorithm::default_algorithm(), 65536).unwrap());
+        let opts = CopyOptions {
+            workers,
+            ordered_writes: ordered,
+            request_size: 100_000,
+            blkhash: Some(h.clone()),
+            ..Default::default()
+        };
+        if null {
+            copy(
+                from,
+                &Arc::new(NullDevice::new(size)),
+                &opts,
+                &Progress::default(),
+            )
+            .unwrap();
+        } else {
+            let dst = Arc::new(MemoryDevice::new(size));
+            copy(from, &dst, &opts, &Progress::default()).unwrap();
+            assert_same(&*src, &dst);
+        }
+        assert_eq!(
+            h.finish(size).unwrap_or_else(|e| panic!("case {i}: {e}")),
+            want,
+            "case {i}"
+        );
+    }
+    // Not with the backing file's ranges skipped: those are never read.
+    let opts = CopyOptions {
+        skip_backing: true,
+        blkhash: Some(Arc::new(
+            BlockHash::new(blkhash::Algorithm::default_algorithm(), 65536).unwrap(),
+        )),
+        ..Default::default()
+    };
+    let dst = Arc::new(MemoryDevice::new(size));
+    assert!(copy(&*src, &dst, &opts, &Progress::default()).is_err());
+}

@@ -207,7 +207,17 @@ struct Done {
 #[derive(Clone, Default)]
 pub struct CompletionQueue {
     inner: Arc<Inner>,
+    /// Shown the completion pushed through this handle before it is
+    /// queued, the last first (see [`watched`](Self::watched)).
+    watchers: Vec<Arc<Watcher>>,
 }
+
+/// What a [`CompletionQueue::watched`] handle calls with the completion
+/// of the one request it was made for.
+type Watch = Box<dyn FnOnce(&Completion) + Send>;
+
+/// A [`Watch`] until it is called.
+struct Watcher(Mutex<Option<Watch>>);
 
 impl CompletionQueue {
     /// An empty queue.
@@ -215,8 +225,27 @@ impl CompletionQueue {
         CompletionQueue::default()
     }
 
+    /// A handle to the same queue for one request: `watch` is shown its
+    /// completion before it is queued (and before what the handle this
+    /// one was made from watches). A filter that only looks at requests
+    /// (a log) sends them below with such a handle, so that they stay in
+    /// flight there.
+    pub fn watched(&self, watch: impl FnOnce(&Completion) + Send + 'static) -> CompletionQueue {
+        let mut watchers = self.watchers.clone();
+        watchers.push(Arc::new(Watcher(Mutex::new(Some(Box::new(watch))))));
+        CompletionQueue {
+            inner: self.inner.clone(),
+            watchers,
+        }
+    }
+
     /// Delivers a completion (called by devices).
     pub fn push(&self, c: Completion) {
+        for w in self.watchers.iter().rev() {
+            if let Some(watch) = lock(&w.0).take() {
+                watch(&c);
+            }
+        }
         let mut d = lock(&self.inner.done);
         d.queue.push_back(c);
         let wake = d.want > 0 && d.queue.len() >= d.want;
@@ -335,6 +364,7 @@ pub fn hand_over(sink: &dyn ReadSink, offset: u64, data: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::device::{BlockDevice, Capabilities};
+    use crate::testing::read_request;
     use std::sync::Mutex;
 
     struct Ones;
@@ -371,6 +401,17 @@ mod tests {
         }
     }
 
+    /// A read of `len` bytes at `offset` handed to `sink`, through a
+    /// buffer of `room` bytes.
+    fn read_to(offset: u64, len: usize, room: usize, sink: &Arc<Recorder>) -> Request {
+        Request::ReadTo {
+            offset,
+            buf: AlignedBuf::new(room, 4096).unwrap(),
+            len,
+            sink: sink.clone(),
+        }
+    }
+
     #[test]
     fn default_read_to_hands_the_bytes_over_before_completing() {
         let cq = CompletionQueue::new();
@@ -379,14 +420,7 @@ mod tests {
                 discard,
                 ..Recorder::default()
             });
-            let buf = AlignedBuf::new(8192, 4096).unwrap();
-            let req = Request::ReadTo {
-                offset: 4096,
-                buf,
-                len: 4096,
-                sink: sink.clone(),
-            };
-            Ones.submit(3, req, &cq);
+            Ones.submit(3, read_to(4096, 4096, 8192, &sink), &cq);
             let c = cq.try_pop().expect("completed inline");
             c.result.unwrap();
             let got = lock(&sink.got);
@@ -400,14 +434,7 @@ mod tests {
         }
         // A read longer than its buffer fails, and nothing is handed over.
         let sink = Arc::new(Recorder::default());
-        let buf = AlignedBuf::new(4096, 4096).unwrap();
-        let req = Request::ReadTo {
-            offset: 0,
-            buf,
-            len: 8192,
-            sink: sink.clone(),
-        };
-        Ones.submit(4, req, &cq);
+        Ones.submit(4, read_to(0, 8192, 4096, &sink), &cq);
         assert!(cq.wait().result.is_err());
         assert!(lock(&sink.got).is_empty());
     }
@@ -454,18 +481,37 @@ mod tests {
     }
 
     #[test]
+    fn watched_handles_show_the_completion_first_innermost_first() {
+        let cq = CompletionQueue::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (outer, inner) = (seen.clone(), seen.clone());
+        let outer_handle = cq.watched(move |c| lock(&outer).push(("outer", c.tag)));
+        let handle = outer_handle.watched(move |c| lock(&inner).push(("inner", c.tag)));
+        Ones.submit(
+            5,
+            Request::Zero {
+                offset: 0,
+                len: 512,
+                flags: ZeroFlags::default(),
+            },
+            &handle,
+        );
+        assert_eq!(*lock(&seen), [("inner", 5), ("outer", 5)]);
+        assert_eq!(cq.wait().tag, 5, "queued where the caller waits");
+        // Each watch sees its one request only.
+        handle.push(Completion {
+            tag: 6,
+            result: Ok(()),
+            buf: None,
+        });
+        assert_eq!(lock(&seen).len(), 2);
+        assert_eq!(cq.wait().tag, 6);
+    }
+
+    #[test]
     fn default_submit_completes_at_once_with_the_buffer() {
         let cq = CompletionQueue::new();
-        let buf = AlignedBuf::new(8192, 4096).unwrap();
-        Ones.submit(
-            7,
-            Request::Read {
-                offset: 0,
-                buf,
-                len: 4096,
-            },
-            &cq,
-        );
+        Ones.submit(7, read_request(0, 4096, 8192), &cq);
         let c = cq.try_pop().expect("completed inline");
         assert_eq!(c.tag, 7);
         c.result.unwrap();
@@ -493,16 +539,7 @@ mod tests {
     #[test]
     fn a_read_longer_than_its_buffer_fails() {
         let cq = CompletionQueue::new();
-        let buf = AlignedBuf::new(512, 512).unwrap();
-        Ones.submit(
-            1,
-            Request::Read {
-                offset: 0,
-                buf,
-                len: 1024,
-            },
-            &cq,
-        );
+        Ones.submit(1, read_request(0, 1024, 512), &cq);
         assert!(cq.wait().result.is_err());
     }
 }

@@ -26,13 +26,7 @@ impl AlignedBuf {
             .map_err(|_| Error::invalid("bad buffer alignment"))?;
         // SAFETY: layout has a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr)
-            .ok_or_else(|| Error::new(ErrorKind::OutOfMemory, "cannot allocate I/O buffer"))?;
-        Ok(AlignedBuf {
-            ptr,
-            layout,
-            mapped: false,
-        })
+        AlignedBuf::owning(ptr, layout, false)
     }
 
     /// Allocates `len` zeroed, page-aligned bytes whose pages are only
@@ -64,12 +58,20 @@ impl AlignedBuf {
         } else {
             p.cast::<u8>()
         };
-        let ptr = NonNull::new(ptr)
-            .ok_or_else(|| Error::new(ErrorKind::OutOfMemory, "cannot map I/O buffer"))?;
+        AlignedBuf::owning(ptr, layout, true)
+    }
+
+    /// The buffer at `ptr` (null: the allocation or mapping failed) of
+    /// `layout`, `mapped` or allocated.
+    fn owning(ptr: *mut u8, layout: Layout, mapped: bool) -> Result<AlignedBuf> {
+        let what = if mapped { "map" } else { "allocate" };
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            Error::new(ErrorKind::OutOfMemory, format!("cannot {what} I/O buffer"))
+        })?;
         Ok(AlignedBuf {
             ptr,
             layout,
-            mapped: true,
+            mapped,
         })
     }
 

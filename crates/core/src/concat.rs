@@ -160,35 +160,9 @@ impl BlockDevice for Concat {
 mod tests {
     use super::*;
     use crate::ErrorKind;
+    use crate::testing::Closing;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A read-only device that counts its closes and may fail them.
-    struct Closing {
-        closes: AtomicUsize,
-        fail: bool,
-    }
-
-    impl BlockDevice for Closing {
-        fn size(&self) -> u64 {
-            512
-        }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities::READ_ONLY
-        }
-        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
-            buf.fill(0);
-            Ok(())
-        }
-        fn close(&self) -> Result<()> {
-            self.closes.fetch_add(1, Ordering::SeqCst);
-            if self.fail {
-                Err(Error::from_kind(ErrorKind::NoSpace))
-            } else {
-                Ok(())
-            }
-        }
-    }
 
     #[test]
     fn closing_closes_every_part_even_after_a_failure() {

@@ -15,12 +15,12 @@
 
 use std::sync::Arc;
 
-use crate::aio::{CompletionQueue, Request};
+use crate::aio::{Completion, CompletionQueue, Request};
 use crate::device::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags,
     ZeroFlags, check_range,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::extent::Extent;
 
 /// Where a request submitted through a filter goes (see [`Filter::route`]).
@@ -28,8 +28,15 @@ pub enum Route {
     /// On to the layer below (as it came, or changed), where it stays in
     /// flight.
     Below(Request),
+    /// On to the layer below, where it stays in flight; the function is
+    /// shown its completion before the submitter is (a filter that
+    /// records requests and their results, a log, sends them so).
+    Watched(Request, Box<dyn FnOnce(&Completion) + Send>),
     /// Through the filter's own methods, before `submit` returns.
     Here(Request),
+    /// Refused by the filter: completed at once with the error, its
+    /// buffer given back.
+    Failed(Request, Error),
 }
 
 /// A layer over another device. Every method receives the next layer.
@@ -143,8 +150,9 @@ pub trait Filter: Send + Sync {
     /// ([`BlockDevice::submit`]) go on to the layer below, where they stay
     /// in flight, as [`route`](Self::route) sends them: then the filter's
     /// queue depth is the one below. True for a filter that leaves reads,
-    /// writes and zeroes alone (their bytes, offsets and flags, and what
-    /// it records of them), or that changes them in `route`. False by
+    /// writes and zeroes alone (their bytes, offsets and flags), or that
+    /// changes them in `route`, or that records them and their results
+    /// there ([`Route::Watched`]). False by
     /// default, as for [`reads_unchanged`](Self::reads_unchanged): a
     /// request sent below would bypass a filter that changes it in its
     /// methods, so they run there, before `submit` returns.
@@ -289,7 +297,9 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
         }
         match self.filter.route(&*self.next, req) {
             Route::Below(req) => self.next.submit(tag, req, cq),
+            Route::Watched(req, watch) => self.next.submit(tag, req, &cq.watched(watch)),
             Route::Here(req) => cq.push(crate::aio::run(self, tag, req)),
+            Route::Failed(req, e) => cq.push(req.fail(tag, Err(e))),
         }
     }
     fn queue_depth(&self) -> usize {
@@ -310,29 +320,9 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{Closing, read_request};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// Counts closes.
-    #[derive(Default)]
-    struct Closing(AtomicUsize);
-
-    impl BlockDevice for Closing {
-        fn size(&self) -> u64 {
-            512
-        }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities::READ_ONLY
-        }
-        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
-            buf.fill(0);
-            Ok(())
-        }
-        fn close(&self) -> Result<()> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-    }
 
     struct Plain;
     impl Filter for Plain {
@@ -363,12 +353,12 @@ mod tests {
         let boxed: Box<dyn BlockDevice> = Box::new(top.clone());
         boxed.close().unwrap();
         assert_eq!(mid.filter().0.load(Ordering::SeqCst), 1);
-        assert_eq!(dev.0.load(Ordering::SeqCst), 1);
+        assert_eq!(dev.closes(), 1);
         fn close_via<D: BlockDevice>(d: D) -> Result<()> {
             d.close()
         }
         close_via(&*top).unwrap();
-        assert_eq!(dev.0.load(Ordering::SeqCst), 2);
+        assert_eq!(dev.closes(), 2);
     }
 
     /// Keeps requests "in flight": counts what is submitted to it and
@@ -419,14 +409,6 @@ mod tests {
         }
     }
 
-    fn read_request(offset: u64, len: usize) -> Request {
-        Request::Read {
-            offset,
-            buf: crate::buffer::AlignedBuf::new(len.max(1), 4096).unwrap(),
-            len,
-        }
-    }
-
     #[test]
     fn submission_queue_depth_and_discards_pass_through() {
         let dev = Arc::new(Queued::default());
@@ -434,7 +416,7 @@ mod tests {
         assert_eq!(through.queue_depth(), 8);
         assert!(through.discards_writes());
         let cq = CompletionQueue::new();
-        through.submit(1, read_request(4096, 4096), &cq);
+        through.submit(1, read_request(4096, 4096, 4096), &cq);
         let c = cq.wait();
         assert!(c.result.is_ok() && c.tag == 1);
         assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "submitted below");
@@ -443,10 +425,44 @@ mod tests {
         let plain = Filtered::new(Plain, dev.clone());
         assert_eq!(plain.queue_depth(), 1);
         assert!(!plain.discards_writes());
-        plain.submit(2, read_request(0, 512), &cq);
+        plain.submit(2, read_request(0, 512, 512), &cq);
         assert!(cq.wait().result.is_ok());
         assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "run here");
         assert_eq!(dev.reads.load(Ordering::SeqCst), 2);
+    }
+
+    /// Sends requests below, watching their completions.
+    #[derive(Default)]
+    struct Watching(Arc<AtomicUsize>);
+    impl Filter for Watching {
+        fn name(&self) -> &str {
+            "watching"
+        }
+        fn submits_below(&self) -> bool {
+            true
+        }
+        fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+            let seen = self.0.clone();
+            Route::Watched(
+                req,
+                Box::new(move |c| {
+                    assert!(c.result.is_ok());
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }),
+            )
+        }
+    }
+
+    #[test]
+    fn watched_requests_stay_in_flight_below() {
+        let dev = Arc::new(Queued::default());
+        let d = Filtered::new(Watching::default(), dev.clone());
+        assert_eq!(d.queue_depth(), 8);
+        let cq = CompletionQueue::new();
+        d.submit(3, read_request(0, 512, 512), &cq);
+        assert_eq!(cq.wait().tag, 3);
+        assert_eq!(dev.submitted.load(Ordering::SeqCst), 1, "submitted below");
+        assert_eq!(d.filter().0.load(Ordering::SeqCst), 1, "watched");
     }
 
     #[test]
@@ -470,7 +486,7 @@ mod tests {
         // Submitted: completed with the error, its buffer given back,
         // nothing sent below.
         let cq = CompletionQueue::new();
-        d.submit(9, read_request(1 << 20, 4096), &cq);
+        d.submit(9, read_request(1 << 20, 4096, 4096), &cq);
         let c = cq.wait();
         assert_eq!((c.tag, c.buf.is_some()), (9, true));
         assert_eq!(c.result.unwrap_err().kind(), crate::ErrorKind::InvalidInput);

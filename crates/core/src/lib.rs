@@ -25,6 +25,8 @@ pub mod range_lock;
 pub mod size;
 pub mod storage;
 pub mod sync;
+#[cfg(test)]
+mod testing;
 pub mod workers;
 pub mod zero;
 

@@ -5,7 +5,9 @@
 //! queue, a list of held ranges), so the next holder goes on with it
 //! rather than spreading the panic to every thread of a server or copy.
 
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 
 /// Locks `m`, recovering the guard if a panic elsewhere poisoned it.
 pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -22,6 +24,12 @@ pub fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 /// poisoned it.
 pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits on `c`, giving `guard` back and taking it again when woken,
+/// recovering it if a panic elsewhere poisoned the lock.
+pub fn wait<'a, T>(c: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    c.wait(guard).unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use diskit_core::{Error, ErrorKind, Result};
 
 /// Two bits per block.
+#[derive(Debug)]
 pub(crate) struct BlockMap(Vec<AtomicU64>);
 
 impl BlockMap {

@@ -37,7 +37,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -58,6 +58,47 @@ pub struct BlocksizeConfig {
     pub maxdata: Option<u32>,
     /// `maxlen=`.
     pub maxlen: Option<u32>,
+}
+
+impl Configure for BlocksizeConfig {
+    /// Takes `minblock=`, `maxdata=` or `maxlen=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let n = Some(params::size_u32("blocksize", key, value)?);
+        match key {
+            "minblock" => self.minblock = n,
+            "maxdata" => self.maxdata = n,
+            "maxlen" => self.maxlen = n,
+            _ => return Err(unknown("blocksize", key)),
+        }
+        Ok(())
+    }
+
+    /// Checks `minblock` and that the other limits are multiples of it.
+    fn finish(&self) -> Result<()> {
+        let Some(m) = self.minblock else {
+            return Ok(());
+        };
+        if !m.is_power_of_two() {
+            return Err(Error::invalid("blocksize: minblock must be a power of 2"));
+        }
+        if m > MAX_MINBLOCK {
+            return Err(Error::invalid(format!(
+                "blocksize: minblock must not exceed {MAX_MINBLOCK}"
+            )));
+        }
+        for (key, v) in [("maxdata", self.maxdata), ("maxlen", self.maxlen)] {
+            if v.is_some_and(|v| v % m != 0) {
+                return Err(Error::invalid(format!(
+                    "blocksize: {key} must be a multiple of {m}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Blocksize::new(&*next, self)?, next))
+    }
 }
 
 /// The filter, with its limits resolved against the device below.
@@ -407,57 +448,10 @@ impl Filter for Blocksize {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str =
-    "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<BlocksizeConfig>("blocksize", KEYS, HELP);
-
-impl FilterConfig for BlocksizeConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Blocksize::new(&*next, self)?, next))
-    }
-    /// Reads `minblock=`, `maxdata=` and `maxlen=`, and checks them.
-    fn from_params(params: &Params) -> Result<BlocksizeConfig> {
-        let mut c = BlocksizeConfig::default();
-        for (k, v) in params {
-            let n = Some(params::size_u32("blocksize", k, v)?);
-            match k.as_str() {
-                "minblock" => c.minblock = n,
-                "maxdata" => c.maxdata = n,
-                "maxlen" => c.maxlen = n,
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "blocksize: unknown parameter '{k}'"
-                    )));
-                }
-            }
-        }
-        if let Some(m) = c.minblock {
-            if !m.is_power_of_two() {
-                return Err(Error::invalid("blocksize: minblock must be a power of 2"));
-            }
-            if m > MAX_MINBLOCK {
-                return Err(Error::invalid(format!(
-                    "blocksize: minblock must not exceed {MAX_MINBLOCK}"
-                )));
-            }
-            for (key, v) in [("maxdata", c.maxdata), ("maxlen", c.maxlen)] {
-                if v.is_some_and(|v| v % m != 0) {
-                    return Err(Error::invalid(format!(
-                        "blocksize: {key} must be a multiple of {m}"
-                    )));
-                }
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{FAST, Probe, kv};
     use diskit_backends::MemoryDevice;
     use diskit_core::{Capabilities, Filtered};
     use std::sync::{Arc, Mutex};
@@ -533,11 +527,7 @@ mod tests {
     }
 
     fn cfg(v: &[(&str, &str)]) -> Result<BlocksizeConfig> {
-        let p: Vec<(String, String)> = v
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        BlocksizeConfig::from_params(&p)
+        BlocksizeConfig::from_params(&kv(v))
     }
 
     /// A 1 MiB + 100 byte strict device (512-byte blocks, 4 KiB requests)
@@ -624,15 +614,11 @@ mod tests {
                 }));
         drop(log);
         // Fast zeros are refused unless one aligned request below.
-        let fast = ZeroFlags {
-            fast: true,
-            ..ZeroFlags::default()
-        };
         assert_eq!(
-            d.write_zeroes(512, 1000, fast).unwrap_err().kind(),
+            d.write_zeroes(512, 1000, FAST).unwrap_err().kind(),
             ErrorKind::NotSupported
         );
-        d.write_zeroes(512, 1024, fast).unwrap();
+        d.write_zeroes(512, 1024, FAST).unwrap();
         // Trim drops partial blocks.
         strict.log.lock().unwrap().clear();
         d.trim(100, 2000, WriteFlags::NONE).unwrap();
@@ -698,29 +684,11 @@ mod tests {
         );
     }
 
-    /// Memory whose reads take a while, so that a read-modify-write left
-    /// unprotected would be overtaken by another one on the same block.
-    struct SlowReads(MemoryDevice);
-
-    impl BlockDevice for SlowReads {
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            self.0.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-            self.0.write_at(buf, offset, flags)
-        }
-    }
-
     #[test]
     fn concurrent_unaligned_writes_to_one_block_lose_nothing() {
-        let slow = Arc::new(SlowReads(MemoryDevice::new(1 << 16)));
+        // Reads that take a while, so that a read-modify-write left
+        // unprotected would be overtaken by another one on the same block.
+        let slow = Arc::new(Probe::new(1 << 16).slow_reads(std::time::Duration::from_millis(1)));
         let b = Blocksize::new(&*slow, &cfg(&[("minblock", "4k")]).unwrap()).unwrap();
         let d = Arc::new(Filtered::new(b, slow as Arc<dyn BlockDevice>));
         // Eight threads write disjoint bytes of the same four blocks, each

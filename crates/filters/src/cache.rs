@@ -35,7 +35,7 @@ use diskit_core::{
 pub use crate::overlay::OnRead;
 use crate::overlay::{self, BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -92,7 +92,71 @@ impl Default for CacheConfig {
     }
 }
 
+impl Configure for CacheConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "cache" => {
+                self.mode = params::choice(
+                    "cache",
+                    key,
+                    value,
+                    &[
+                        ("writeback", Mode::Writeback),
+                        ("writethrough", Mode::Writethrough),
+                        ("unsafe", Mode::Unsafe),
+                    ],
+                )?
+            }
+            "cache-min-block-size" => self.block_size = overlay::block_size("cache", key, value)?,
+            "cache-on-read" => self.on_read = OnRead::parse("cache", key, value)?,
+            "cache-max-size" => {
+                let n = params::size("cache", key, value)?;
+                // As nbdkit: smaller would thrash.
+                if n < 1 << 20 {
+                    return Err(Error::invalid(format!(
+                        "cache: cache-max-size is too small (at least 1M): '{value}'"
+                    )));
+                }
+                self.max_size = Some(n);
+            }
+            "cache-high-threshold" => self.high = percent(key, value)?,
+            "cache-low-threshold" => self.low = percent(key, value)?,
+            _ => return Err(unknown("cache", key)),
+        }
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<()> {
+        if self.low > self.high {
+            return Err(Error::invalid(
+                "cache: cache-low-threshold must not be above cache-high-threshold",
+            ));
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Cache::new(&*next, self)?, next))
+    }
+}
+
+/// A threshold, `1` to `100` percent (`%` optional), as a share.
+fn percent(key: &str, value: &str) -> Result<f64> {
+    let n: u32 = value
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| Error::invalid(format!("cache: {key}: could not parse '{value}'")))?;
+    if !(1..=100).contains(&n) {
+        return Err(Error::invalid(format!(
+            "cache: {key} must be between 1 and 100"
+        )));
+    }
+    Ok(f64::from(n) / 100.0)
+}
+
 /// The filter.
+#[derive(Debug)]
 pub struct Cache {
     config: CacheConfig,
     /// The blocks: missing, clean, dirty, or zeros below (taking no
@@ -108,14 +172,6 @@ pub struct Cache {
     reclaiming: AtomicBool,
     /// Some block may be dirty.
     dirty: AtomicBool,
-}
-
-impl std::fmt::Debug for Cache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cache")
-            .field("config", &self.config)
-            .finish()
-    }
 }
 
 impl Cache {
@@ -467,149 +523,76 @@ impl Filter for Cache {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<CacheConfig>("cache", KEYS, HELP);
-
-impl FilterConfig for CacheConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Cache::new(&*next, self)?, next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<CacheConfig> {
-        let mut c = CacheConfig::default();
-        let percent = |k: &str, v: &str| -> Result<f64> {
-            let n: u32 = v
-                .trim()
-                .trim_end_matches('%')
-                .parse()
-                .map_err(|_| Error::invalid(format!("cache: {k}: could not parse '{v}'")))?;
-            if !(1..=100).contains(&n) {
-                return Err(Error::invalid(format!(
-                    "cache: {k} must be between 1 and 100"
-                )));
-            }
-            Ok(f64::from(n) / 100.0)
-        };
-        for (k, v) in list {
-            match k.as_str() {
-                "cache" => {
-                    c.mode = params::choice(
-                        "cache",
-                        k,
-                        v,
-                        &[
-                            ("writeback", Mode::Writeback),
-                            ("writethrough", Mode::Writethrough),
-                            ("unsafe", Mode::Unsafe),
-                        ],
-                    )?
-                }
-                "cache-min-block-size" => c.block_size = overlay::block_size("cache", k, v)?,
-                "cache-on-read" => c.on_read = OnRead::parse("cache", k, v)?,
-                "cache-max-size" => {
-                    let n = params::size("cache", k, v)?;
-                    // As nbdkit: smaller would thrash.
-                    if n < 1 << 20 {
-                        return Err(Error::invalid(format!(
-                            "cache: cache-max-size is too small (at least 1M): '{v}'"
-                        )));
-                    }
-                    c.max_size = Some(n);
-                }
-                "cache-high-threshold" => c.high = percent(k, v)?,
-                "cache-low-threshold" => c.low = percent(k, v)?,
-                _ => return Err(Error::invalid(format!("cache: unknown parameter '{k}'"))),
-            }
-        }
-        if c.low > c.high {
-            return Err(Error::invalid(
-                "cache: cache-low-threshold must not be above cache-high-threshold",
-            ));
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use diskit_backends::MemoryDevice;
+    use crate::testing::{Probe, kv, read};
     use diskit_core::{DeviceRef, Filtered};
     use std::sync::Arc;
 
-    fn setup(params: &[(&str, &str)]) -> (Arc<MemoryDevice>, Filtered<Cache>) {
-        let mem = Arc::new(MemoryDevice::new(4 << 20));
-        let pattern: Vec<u8> = (0..2 << 20).map(|i| (i % 251) as u8 + 1).collect();
-        mem.write_at(&pattern, 0, WriteFlags::NONE).unwrap();
-        let kv: Vec<(String, String)> = params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let cfg = CacheConfig::from_params(&kv).unwrap();
-        let next: DeviceRef = mem.clone();
+    /// The filter over 4 MiB whose first 2 MiB hold the test pattern.
+    fn setup(params: &[(&str, &str)]) -> (Arc<Probe>, Filtered<Cache>) {
+        let below = Arc::new(Probe::new(4 << 20).patterned(2 << 20));
+        let cfg = CacheConfig::from_params(&kv(params)).unwrap();
+        let next: DeviceRef = below.clone();
         let c = Cache::new(&*next, &cfg).unwrap();
-        (mem, Filtered::new(c, next))
-    }
-
-    fn read(d: &dyn BlockDevice, off: u64, n: usize) -> Vec<u8> {
-        let mut v = vec![0u8; n];
-        d.read_at(&mut v, off).unwrap();
-        v
+        (below, Filtered::new(c, next))
     }
 
     #[test]
     fn writeback_holds_writes_until_flush() {
-        let (mem, d) = setup(&[]);
+        let (below, d) = setup(&[]);
+        let mem = &below.mem;
         d.write_at(&[7u8; 5000], 1000, WriteFlags::NONE).unwrap();
         assert_eq!(read(&d, 1000, 5000), vec![7u8; 5000]);
         assert_eq!(
             read(&d, 0, 1000),
-            read(&*mem, 0, 1000),
+            read(mem, 0, 1000),
             "rest of the block from below"
         );
-        assert_ne!(read(&*mem, 1000, 5000), vec![7u8; 5000], "not below yet");
+        assert_ne!(read(mem, 1000, 5000), vec![7u8; 5000], "not below yet");
         d.flush().unwrap();
-        assert_eq!(read(&*mem, 1000, 5000), vec![7u8; 5000]);
+        assert_eq!(read(mem, 1000, 5000), vec![7u8; 5000]);
         // FUA goes through at once.
         d.write_at(&[8u8; 100], 3 << 20, WriteFlags { fua: true })
             .unwrap();
-        assert_eq!(read(&*mem, 3 << 20, 100), vec![8u8; 100]);
+        assert_eq!(read(mem, 3 << 20, 100), vec![8u8; 100]);
         // Close writes back what is dirty.
         d.write_zeroes(0, 512, ZeroFlags::default()).unwrap();
-        assert_ne!(read(&*mem, 0, 512), vec![0u8; 512]);
+        assert_ne!(read(mem, 0, 512), vec![0u8; 512]);
         d.close().unwrap();
-        assert_eq!(read(&*mem, 0, 512), vec![0u8; 512]);
+        assert_eq!(read(mem, 0, 512), vec![0u8; 512]);
     }
 
     #[test]
     fn writethrough_and_unsafe() {
-        let (mem, d) = setup(&[("cache", "writethrough"), ("cache-on-read", "true")]);
+        let (below, d) = setup(&[("cache", "writethrough"), ("cache-on-read", "true")]);
+        let mem = &below.mem;
         let before = read(&d, 0, 8192);
         d.write_at(&[9u8; 100], 50, WriteFlags::NONE).unwrap();
-        assert_eq!(read(&*mem, 50, 100), vec![9u8; 100]);
+        assert_eq!(read(mem, 50, 100), vec![9u8; 100]);
         let mut want = before;
         want[50..150].fill(9);
         assert_eq!(read(&d, 0, 8192), want, "the cached block was updated");
-        let (mem, d) = setup(&[("cache", "unsafe")]);
+        let (below, d) = setup(&[("cache", "unsafe")]);
+        let mem = &below.mem;
         d.write_at(&[5u8; 100], 50, WriteFlags::NONE).unwrap();
         d.flush().unwrap();
-        assert_ne!(read(&*mem, 50, 100), vec![5u8; 100], "unsafe ignores flush");
+        assert_ne!(read(mem, 50, 100), vec![5u8; 100], "unsafe ignores flush");
         d.close().unwrap();
-        assert_eq!(read(&*mem, 50, 100), vec![5u8; 100]);
+        assert_eq!(read(mem, 50, 100), vec![5u8; 100]);
     }
 
     #[test]
     fn reclaim_keeps_the_cache_under_its_limit() {
-        let (mem, d) = setup(&[
+        let (below, d) = setup(&[
             ("cache-on-read", "true"),
             ("cache-max-size", "1M"),
             ("cache-min-block-size", "4K"),
         ]);
+        let mem = &below.mem;
         for i in 0..500u64 {
-            assert_eq!(read(&d, i * 8192, 4096), read(&*mem, i * 8192, 4096));
+            assert_eq!(read(&d, i * 8192, 4096), read(mem, i * 8192, 4096));
             let held = d.filter().held.load(Ordering::Relaxed) * 4096;
             assert!(held <= 1 << 20, "{held} bytes cached after read {i}");
         }
@@ -619,34 +602,17 @@ mod tests {
                 .unwrap();
         }
         d.flush().unwrap();
-        assert_eq!(read(&*mem, 0, 4096), vec![3u8; 4096]);
-        assert_eq!(read(&*mem, 99 * 4096, 4096), vec![3u8; 4096]);
-    }
-
-    /// Counts the bytes read from it.
-    struct Counted(MemoryDevice, AtomicU64);
-
-    impl BlockDevice for Counted {
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            self.1.fetch_add(buf.len() as u64, Ordering::Relaxed);
-            self.0.read_at(buf, offset)
-        }
-        fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-            self.0.extents(offset, len)
-        }
+        assert_eq!(read(mem, 0, 4096), vec![3u8; 4096]);
+        assert_eq!(read(mem, 99 * 4096, 4096), vec![3u8; 4096]);
     }
 
     #[test]
     fn reads_fill_once_and_holes_below_are_not_read() {
-        let mem = MemoryDevice::new(4 << 20);
-        mem.write_at(&[1u8; 1 << 20], 0, WriteFlags::NONE).unwrap();
-        let below = Arc::new(Counted(mem, AtomicU64::new(0)));
+        let below = Arc::new(Probe::new(4 << 20));
+        below
+            .mem
+            .write_at(&[1u8; 1 << 20], 0, WriteFlags::NONE)
+            .unwrap();
         let next: DeviceRef = below.clone();
         let cfg = CacheConfig::from_params(&[("cache-on-read".into(), "true".into())]).unwrap();
         let d = Filtered::new(Cache::new(&*next, &cfg).unwrap(), next);
@@ -655,11 +621,7 @@ mod tests {
             assert!(all[..1 << 20].iter().all(|&b| b == 1));
             assert!(all[1 << 20..].iter().all(|&b| b == 0));
         }
-        assert_eq!(
-            below.1.load(Ordering::Relaxed),
-            1 << 20,
-            "the data once, the holes never"
-        );
+        assert_eq!(below.bytes(), 1 << 20, "the data once, the holes never");
         // A write into a block that was zero below reads back right.
         d.write_at(&[4u8; 10], (2 << 20) + 5, WriteFlags::NONE)
             .unwrap();
@@ -674,19 +636,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_parameters_name_the_key() {
-        for (k, v, want) in [
-            ("cache", "sometimes", "unknown cache"),
-            ("cache-min-block-size", "1000", "power of 2"),
-            ("cache-high-threshold", "0", "between 1 and 100"),
-            ("cache-on-read", "perhaps", "boolean"),
-            ("cache-max-size", "512K", "too small"),
-        ] {
-            let e = CacheConfig::from_params(&[(k.into(), v.into())])
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(want) && e.starts_with("cache: "), "{k}={v}: {e}");
-        }
+    fn the_thresholds_are_checked_together() {
         let e = CacheConfig::from_params(&[
             ("cache-high-threshold".into(), "50".into()),
             ("cache-low-threshold".into(), "60".into()),

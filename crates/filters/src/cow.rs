@@ -40,7 +40,7 @@ use diskit_core::{
 pub use crate::overlay::OnRead;
 use crate::overlay::{self, BELOW, Fill, HELD, Overlay, ZERO};
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -74,23 +74,37 @@ impl Default for CowConfig {
     }
 }
 
+impl Configure for CowConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "cow-block-size" => self.block_size = overlay::block_size("cow", key, value)?,
+            "cow-on-read" => self.on_read = OnRead::parse("cow", key, value)?,
+            "cow-on-cache" => self.on_cache = params::boolean("cow", key, value)?,
+            "cow-file" => self.file = Some(PathBuf::from(value)),
+            _ => return Err(unknown("cow", key)),
+        }
+        Ok(())
+    }
+
+    /// The overlay in a temporary file, or with `cow-file=` in a qcow2
+    /// image (see [`crate::cow_file`]).
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        if self.file.is_some() {
+            return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
+        }
+        Ok(over(Cow::new(&*next, self)?, next))
+    }
+}
+
 /// The filter: the overlay, in which held blocks are the client's
 /// data and zero blocks were zeroed or trimmed.
+#[derive(Debug)]
 pub struct Cow {
     ov: Overlay,
     on_read: OnRead,
     on_cache: bool,
     /// A client has written data (the overlay may hold non-zeros).
     written: AtomicBool,
-}
-
-impl std::fmt::Debug for Cow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cow")
-            .field("block", &self.ov.block)
-            .field("size", &self.ov.size)
-            .finish()
-    }
 }
 
 impl Cow {
@@ -308,83 +322,19 @@ impl Filter for Cow {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<CowConfig>("cow", KEYS, HELP).reads_only_below();
-
-impl FilterConfig for CowConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        if self.file.is_some() {
-            return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
-        }
-        Ok(over(Cow::new(&*next, self)?, next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<CowConfig> {
-        let mut c = CowConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "cow-block-size" => c.block_size = overlay::block_size("cow", k, v)?,
-                "cow-on-read" => c.on_read = OnRead::parse("cow", k, v)?,
-                "cow-on-cache" => c.on_cache = params::boolean("cow", k, v)?,
-                "cow-file" => c.file = Some(PathBuf::from(v)),
-                _ => return Err(Error::invalid(format!("cow: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{FAST, Probe, kv, pattern};
     use diskit_backends::MemoryDevice;
     use diskit_core::{DeviceRef, Filtered};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-    /// A read-only device that counts the bytes read from it.
-    struct Counted {
-        inner: MemoryDevice,
-        reads: AtomicUsize,
-        bytes: AtomicU64,
-    }
-
-    impl BlockDevice for Counted {
-        fn size(&self) -> u64 {
-            self.inner.size()
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities().read_only()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            self.reads.fetch_add(1, Ordering::Relaxed);
-            self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-            self.inner.read_at(buf, offset)
-        }
-        fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-            self.inner.extents(offset, len)
-        }
-    }
-
-    fn setup(size: u64, params: &[(&str, &str)]) -> (Arc<Counted>, Filtered<Cow>) {
-        let inner = MemoryDevice::new(size);
-        let pattern: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
-        inner
-            .write_at(&pattern[..size as usize / 2], 0, WriteFlags::NONE)
-            .unwrap();
-        let below = Arc::new(Counted {
-            inner,
-            reads: AtomicUsize::new(0),
-            bytes: AtomicU64::new(0),
-        });
-        let kv: Vec<(String, String)> = params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let cfg = CowConfig::from_params(&kv).unwrap();
+    /// The filter over a read-only device of `size` bytes whose first half
+    /// holds the test pattern.
+    fn setup(size: u64, params: &[(&str, &str)]) -> (Arc<Probe>, Filtered<Cow>) {
+        let below = Arc::new(Probe::new(size).patterned(size / 2).caps(|c| c.read_only()));
+        let cfg = CowConfig::from_params(&kv(params)).unwrap();
         let next: DeviceRef = below.clone();
         let cow = Cow::new(&*next, &cfg).unwrap();
         (below, Filtered::new(cow, next))
@@ -392,7 +342,7 @@ mod tests {
 
     /// What the device below holds, then what was written over it.
     fn expect(size: u64, writes: &[(u64, Vec<u8>)]) -> Vec<u8> {
-        let mut v: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
+        let mut v = pattern(size);
         v[size as usize / 2..].fill(0);
         for (off, data) in writes {
             v[*off as usize..*off as usize + data.len()].copy_from_slice(data);
@@ -422,19 +372,11 @@ mod tests {
         }
         assert_eq!(read_all(&d), expect(size, &writes));
         // The device below is unchanged.
-        assert_eq!(read_all(&below.inner), expect(size, &[]));
+        assert_eq!(read_all(&below.mem), expect(size, &[]));
         // Zero and trim, partial and whole, and a fast zero.
         d.write_zeroes(100, 5, ZeroFlags::default()).unwrap();
         d.trim(8192, 4096, WriteFlags::NONE).unwrap();
-        d.write_zeroes(
-            40_960,
-            8192,
-            ZeroFlags {
-                fast: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        d.write_zeroes(40_960, 8192, FAST).unwrap();
         let mut want = expect(size, &writes);
         want[100..105].fill(0);
         want[8192..12288].fill(0);
@@ -443,16 +385,7 @@ mod tests {
         let ext = d.extents(8192, 4096).unwrap();
         assert!(ext[0].flags.zero, "{ext:?}");
         // A fast zero that needs a block from below is refused.
-        let e = d
-            .write_zeroes(
-                200_001,
-                10,
-                ZeroFlags {
-                    fast: true,
-                    ..Default::default()
-                },
-            )
-            .unwrap_err();
+        let e = d.write_zeroes(200_001, 10, FAST).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotSupported);
         assert_eq!(read_all(&d), want);
     }
@@ -462,20 +395,16 @@ mod tests {
         let size = 4 << 20;
         let (below, d) = setup(size, &[("cow-on-read", "true")]);
         let first = read_all(&d);
-        let after_first = below.bytes.load(Ordering::Relaxed);
+        let after_first = below.bytes();
         assert_eq!(first, expect(size, &[]));
         // The data half once; the zero half (a hole below) not at all.
         assert_eq!(after_first, size / 2, "one pass reads the data once");
         // A run of missing blocks is one read below.
-        assert_eq!(below.reads.load(Ordering::Relaxed), 1);
+        assert_eq!(below.reads(), 1);
         let mut b = vec![0u8; 100_000];
         d.read_at(&mut b, 12_345).unwrap();
         assert_eq!(read_all(&d), first);
-        assert_eq!(
-            below.bytes.load(Ordering::Relaxed),
-            after_first,
-            "second pass: nothing below"
-        );
+        assert_eq!(below.bytes(), after_first, "second pass: nothing below");
     }
 
     #[test]
@@ -494,7 +423,7 @@ mod tests {
                 });
             }
         });
-        assert_eq!(below.bytes.load(Ordering::Relaxed), size / 2);
+        assert_eq!(below.bytes(), size / 2);
     }
 
     #[test]
@@ -531,19 +460,15 @@ mod tests {
         let (below, d) = setup(size, &[("cow-on-read", flag.to_str().unwrap())]);
         read_all(&d);
         read_all(&d);
-        assert_eq!(
-            below.bytes.load(Ordering::Relaxed),
-            2 * size,
-            "not kept without the file"
-        );
+        assert_eq!(below.bytes(), 2 * size, "not kept without the file");
         std::fs::write(&flag, b"").unwrap();
         read_all(&d);
         read_all(&d);
-        assert_eq!(below.bytes.load(Ordering::Relaxed), 2 * size + size / 2);
+        assert_eq!(below.bytes(), 2 * size + size / 2);
         let (below, d) = setup(size, &[("cow-on-cache", "true")]);
         d.cache(0, size).unwrap();
         read_all(&d);
-        assert_eq!(below.bytes.load(Ordering::Relaxed), size / 2);
+        assert_eq!(below.bytes(), size / 2);
         // Blocks below that read as zeros stay holes in the overlay.
         let e = d.extents(size / 2, size / 2).unwrap();
         assert!(e.iter().all(|e| e.flags.zero), "{e:?}");
@@ -558,21 +483,5 @@ mod tests {
         assert_eq!(d.is_known_zero(), mem.is_known_zero());
         d.write_at(&[1], 100, WriteFlags::NONE).unwrap();
         assert!(!d.is_known_zero());
-    }
-
-    #[test]
-    fn bad_parameters_name_the_key() {
-        for (k, v) in [
-            ("cow-block-size", "1000"),
-            ("cow-block-size", "512"),
-            ("cow-on-read", "maybe"),
-        ] {
-            let e = CowConfig::from_params(&[(k.to_string(), v.to_string())]).unwrap_err();
-            assert!(e.to_string().starts_with("cow: "), "{e}");
-            assert!(
-                e.to_string().contains(k) || e.to_string().contains("boolean"),
-                "{e}"
-            );
-        }
     }
 }

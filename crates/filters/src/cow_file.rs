@@ -20,11 +20,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use diskit_core::extent::ExtentWalker;
-use diskit_core::range_lock::RangeLock;
+use diskit_core::range_lock::{RangeGuard, RangeLock};
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, Filter,
     Result, StorageRef, WriteFlags, ZeroFlags,
 };
+use diskit_formats::driver::Opening;
 use diskit_formats::implied::{ImpliedFiles, Role};
 use diskit_formats::{Format, OpenOptions, OptionList};
 
@@ -125,11 +126,11 @@ impl CowFile {
         // Looked at read-only first: an overlay of another source is
         // refused before anything is written to it.
         let looked = qcow2
-            .open(
-                file.clone(),
-                &OpenOptions::default(),
-                &mut Source(next.clone()),
-            )
+            .open(Opening {
+                storage: file.clone(),
+                opts: &OpenOptions::default(),
+                implied: &mut Source(next.clone()),
+            })
             .map_err(ctx)?;
         let recorded = looked
             .image
@@ -150,7 +151,11 @@ impl CowFile {
             ..OpenOptions::default()
         };
         let image = qcow2
-            .open(file, &writable, &mut Source(next.clone()))
+            .open(Opening {
+                storage: file,
+                opts: &writable,
+                implied: &mut Source(next.clone()),
+            })
             .map_err(ctx)?
             .device;
         // qcow2 sizes are whole sectors: the overlay may end up to 511
@@ -173,14 +178,16 @@ impl CowFile {
         })
     }
 
-    /// The clusters around `offset..offset+len`.
-    fn around(&self, offset: u64, len: u64) -> (u64, u64) {
+    /// Holds the clusters around `offset..offset+len` (while the guard
+    /// lives), so that no fill from the source runs in them meanwhile;
+    /// returns the guard and where they start and end.
+    fn hold(&self, offset: u64, len: u64) -> (RangeGuard<'_>, u64, u64) {
         let start = offset / self.cluster * self.cluster;
         let end = (offset + len)
             .div_ceil(self.cluster)
             .saturating_mul(self.cluster)
             .min(self.size);
-        (start, end)
+        (self.locks.lock(start, end, true), start, end)
     }
 
     /// Copies what the source holds of `start..end` (whole clusters, or
@@ -234,8 +241,7 @@ impl Filter for CowFile {
         if !self.on_read.now() || buf.is_empty() {
             return self.image.read_at(buf, offset);
         }
-        let (start, end) = self.around(offset, buf.len() as u64);
-        let _held = self.locks.lock(start, end, true);
+        let (_held, start, end) = self.hold(offset, buf.len() as u64);
         let data = self.fill(start, end)?;
         let at = (offset - start) as usize;
         buf.copy_from_slice(&data[at..at + buf.len()]);
@@ -248,8 +254,7 @@ impl Filter for CowFile {
         offset: u64,
         flags: WriteFlags,
     ) -> Result<()> {
-        let (start, end) = self.around(offset, buf.len() as u64);
-        let _held = self.locks.lock(start, end, true);
+        let _held = self.hold(offset, buf.len() as u64);
         self.image.write_at(buf, offset, flags)
     }
     fn write_zeroes(
@@ -259,8 +264,7 @@ impl Filter for CowFile {
         len: u64,
         flags: ZeroFlags,
     ) -> Result<()> {
-        let (start, end) = self.around(offset, len);
-        let _held = self.locks.lock(start, end, true);
+        let _held = self.hold(offset, len);
         self.image.write_zeroes(offset, len, flags)
     }
     fn trim(
@@ -272,8 +276,7 @@ impl Filter for CowFile {
     ) -> Result<()> {
         // Trimmed bytes may read as anything: zeros, not the source's
         // bytes, so that the overlay never depends on them again.
-        let (start, end) = self.around(offset, len);
-        let _held = self.locks.lock(start, end, true);
+        let _held = self.hold(offset, len);
         let zero = ZeroFlags {
             fua: flags.fua,
             may_trim: true,
@@ -288,8 +291,7 @@ impl Filter for CowFile {
         if !self.on_cache || len == 0 {
             return next.cache(offset, len).or(Ok(()));
         }
-        let (start, end) = self.around(offset, len);
-        let _held = self.locks.lock(start, end, true);
+        let (_held, start, end) = self.hold(offset, len);
         self.fill(start, end).map(|_| ())
     }
     fn extents(&self, _next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {

@@ -25,13 +25,13 @@
 
 use std::time::Duration;
 
-use diskit_core::{
-    BlockDevice, Capabilities, Error, ErrorKind, Extent, Filter, Request, Result, Route,
-    WriteFlags, ZeroFlags,
-};
+use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Result};
+
+use crate::call::{Call, Op};
+use crate::gate::{Gate, Gated};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -89,6 +89,38 @@ impl Default for Delay {
     }
 }
 
+impl Configure for Delay {
+    /// Takes a delay.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let t = || params::delay("delay", key, value);
+        match key {
+            "rdelay" | "delay-read" | "delay-reads" => self.read = t()?,
+            "wdelay" => {
+                self.write = t()?;
+                self.zero = self.write;
+                self.trim = self.write;
+            }
+            "delay-write" | "delay-writes" => self.write = t()?,
+            "delay-zero" | "delay-zeroes" => self.zero = t()?,
+            "delay-trim" | "delay-trims" | "delay-discard" | "delay-discards" => self.trim = t()?,
+            "delay-extent" | "delay-extents" => self.extents = t()?,
+            "delay-cache" => self.cache = t()?,
+            "delay-fast-zero" => self.fast_zero = params::boolean("delay", key, value)?,
+            "delay-open" | "delay-close" => {
+                return Err(Error::unsupported(format!(
+                    "delay: {key} is not supported (diskit has no per-connection open or close to delay)"
+                )));
+            }
+            _ => return Err(unknown("delay", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Gated(*self), next))
+    }
+}
+
 impl Delay {
     /// Whether fast zeros fail at once rather than wait.
     fn fails_fast_zero(&self) -> bool {
@@ -96,16 +128,30 @@ impl Delay {
     }
 }
 
-fn sleep(d: Duration) {
-    if !d.is_zero() {
-        std::thread::sleep(d);
-    }
-}
+impl Gate for Delay {
+    const NAME: &'static str = "delay";
 
-impl Filter for Delay {
-    fn name(&self) -> &str {
-        "delay"
+    /// Sleeps for the request's delay; a fast zero that fails at once
+    /// fails.
+    fn before(&self, call: &Call) -> Result<()> {
+        let delay = match call.op {
+            Op::Read => self.read,
+            Op::Write => self.write,
+            Op::Zero if call.flags.fast && self.fails_fast_zero() => {
+                return Err(Error::from_kind(ErrorKind::NotSupported));
+            }
+            Op::Zero => self.zero,
+            Op::Trim => self.trim,
+            Op::Extents => self.extents,
+            Op::Cache => self.cache,
+            Op::Flush => Duration::ZERO,
+        };
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        Ok(())
     }
+
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         let c = next.capabilities();
         Capabilities {
@@ -113,117 +159,19 @@ impl Filter for Delay {
             ..c
         }
     }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        sleep(self.read);
-        next.read_at(buf, offset)
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        sleep(self.write);
-        next.write_at(buf, offset, flags)
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        if flags.fast && self.fails_fast_zero() {
-            return Err(Error::from_kind(ErrorKind::NotSupported));
-        }
-        sleep(self.zero);
-        next.write_zeroes(offset, len, flags)
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        sleep(self.trim);
-        next.trim(offset, len, flags)
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        sleep(self.cache);
-        next.cache(offset, len)
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        sleep(self.extents);
-        next.extents(offset, len)
-    }
-    fn submits_below(&self) -> bool {
-        true
-    }
-    /// Submitted requests wait in the submitter's thread, then go below,
-    /// where they stay in flight; a fast zero that fails at once fails
-    /// here.
-    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
-        match &req {
-            Request::Read { .. } | Request::ReadTo { .. } => sleep(self.read),
-            Request::Write { .. } => sleep(self.write),
-            Request::Zero { flags, .. } if flags.fast && self.fails_fast_zero() => {
-                return Route::Here(req);
-            }
-            Request::Zero { .. } => sleep(self.zero),
-        }
-        Route::Below(req)
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "delays requests (rdelay= wdelay= delay-read= delay-write= delay-zero= delay-trim= delay-extents= delay-cache= delay-fast-zero=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<Delay>("delay", KEYS, HELP);
-
-impl FilterConfig for Delay {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(*self, next))
-    }
-    /// Reads the delays, in order.
-    fn from_params(params: &Params) -> Result<Delay> {
-        let mut d = Delay::default();
-        for (k, v) in params {
-            let t = || params::delay("delay", k, v);
-            match k.as_str() {
-                "rdelay" | "delay-read" | "delay-reads" => d.read = t()?,
-                "wdelay" => {
-                    d.write = t()?;
-                    d.zero = d.write;
-                    d.trim = d.write;
-                }
-                "delay-write" | "delay-writes" => d.write = t()?,
-                "delay-zero" | "delay-zeroes" => d.zero = t()?,
-                "delay-trim" | "delay-trims" | "delay-discard" | "delay-discards" => d.trim = t()?,
-                "delay-extent" | "delay-extents" => d.extents = t()?,
-                "delay-cache" => d.cache = t()?,
-                "delay-fast-zero" => d.fast_zero = params::boolean("delay", k, v)?,
-                "delay-open" | "delay-close" => {
-                    return Err(Error::unsupported(format!(
-                        "delay: {k} is not supported (diskit has no per-connection open or close to delay)"
-                    )));
-                }
-                _ => return Err(Error::invalid(format!("delay: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(d)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{FAST, kv};
     use diskit_backends::MemoryDevice;
     use diskit_core::Filtered;
+    use diskit_core::{WriteFlags, ZeroFlags};
     use std::sync::Arc;
 
     fn parse(v: &[(&str, &str)]) -> Result<Delay> {
-        let p: Vec<(String, String)> = v
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Delay::from_params(&p)
+        Delay::from_params(&kv(v))
     }
 
     #[test]
@@ -265,17 +213,13 @@ mod tests {
         ])
         .unwrap();
         assert!(d.fails_fast_zero());
-        let dev = Filtered::new(d, mem.clone());
+        let dev = Filtered::new(Gated(d), mem.clone());
         dev.write_at(b"abc", 5, WriteFlags::NONE).unwrap();
         let mut b = [0u8; 3];
         dev.read_at(&mut b, 5).unwrap();
         assert_eq!(&b, b"abc");
-        let fast = ZeroFlags {
-            fast: true,
-            ..ZeroFlags::default()
-        };
         assert_eq!(
-            dev.write_zeroes(0, 8, fast).unwrap_err().kind(),
+            dev.write_zeroes(0, 8, FAST).unwrap_err().kind(),
             ErrorKind::NotSupported
         );
         dev.write_zeroes(0, 8, ZeroFlags::default()).unwrap();
@@ -285,6 +229,8 @@ mod tests {
         // With fast zeros waiting like the others, the device below decides.
         let d = parse(&[("delay-zero", "1ms")]).unwrap();
         assert!(!d.fails_fast_zero());
-        Filtered::new(d, mem).write_zeroes(0, 8, fast).unwrap();
+        Filtered::new(Gated(d), mem)
+            .write_zeroes(0, 8, FAST)
+            .unwrap();
     }
 }

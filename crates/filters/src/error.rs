@@ -18,10 +18,13 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use diskit_core::{BlockDevice, Error, ErrorKind, Extent, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{Error, ErrorKind, Result};
+
+use crate::call::{Call, Op};
+use crate::gate::{Gate, Gated};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -91,6 +94,43 @@ pub struct ErrorConfig {
     pub ops: [Injection; 6],
 }
 
+impl Configure for ErrorConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let rest = key
+            .strip_prefix("error")
+            .ok_or_else(|| unknown("error", key))?;
+        // "error", "error-rate", "error-file", "error-OP", "error-OP-rate", ...
+        let (op, what) = match rest.strip_prefix('-') {
+            None if rest.is_empty() => (None, ""),
+            Some(r) => match r.split_once('-') {
+                Some((op, what)) if OPS.contains(&op) => (Some(op), what),
+                None if OPS.contains(&r) => (Some(r), ""),
+                None => (None, r),
+                Some(_) => return Err(unknown("error", key)),
+            },
+            None => return Err(unknown("error", key)),
+        };
+        let targets: Vec<usize> = match op {
+            Some(op) => vec![OPS.iter().position(|o| *o == op).expect("checked")],
+            None => (0..OPS.len()).collect(),
+        };
+        for i in targets {
+            let inj = &mut self.ops[i];
+            match what {
+                "" => inj.error = params::choice("error", key, value, ERRORS)?,
+                "rate" => inj.rate = rate(key, value)?,
+                "file" => inj.file = Some(PathBuf::from(value)),
+                _ => return Err(unknown("error", key)),
+            }
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Gated(ErrorFilter::new(self.clone())), next))
+    }
+}
+
 /// A rate as nbdkit reads it: `N%`, a fraction `0.N`, or `1:N`.
 fn rate(key: &str, value: &str) -> Result<f64> {
     let bad = || Error::invalid(format!("error: {key}: could not parse rate '{value}'"));
@@ -151,7 +191,8 @@ impl ErrorFilter {
         (x >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// Fails request kind `op` (an index into [`OPS`]) when the dice say so.
+    /// Fails request kind `op` (an index into [`OPS`], which lists them
+    /// in [`Op`]'s order) when the dice say so.
     fn check(&self, op: usize) -> Result<()> {
         let inj = &self.config.ops[op];
         if inj.rate <= 0.0 {
@@ -176,93 +217,15 @@ impl ErrorFilter {
     }
 }
 
-impl Filter for ErrorFilter {
-    fn name(&self) -> &str {
-        "error"
-    }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.check(0)?;
-        next.read_at(buf, offset)
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.check(1)?;
-        next.write_at(buf, offset, flags)
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.check(2)?;
-        next.trim(offset, len, flags)
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        self.check(3)?;
-        next.write_zeroes(offset, len, flags)
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.check(4)?;
-        next.extents(offset, len)
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.check(5)?;
-        next.cache(offset, len)
-    }
-}
+impl Gate for ErrorFilter {
+    const NAME: &'static str = "error";
 
-/// What `--help` says of the filter.
-const HELP: &str = "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<ErrorConfig>("error", KEYS, HELP);
-
-impl FilterConfig for ErrorConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(ErrorFilter::new(self.clone()), next))
-    }
-    /// Reads the parameters in order.
-    fn from_params(list: &Params) -> Result<ErrorConfig> {
-        let mut c = ErrorConfig::default();
-        for (k, v) in list {
-            let rest = k
-                .strip_prefix("error")
-                .ok_or_else(|| Error::invalid(format!("error: unknown parameter '{k}'")))?;
-            // "error", "error-rate", "error-file", "error-OP", "error-OP-rate", ...
-            let (op, what) = match rest.strip_prefix('-') {
-                None if rest.is_empty() => (None, ""),
-                Some(r) => match r.split_once('-') {
-                    Some((op, what)) if OPS.contains(&op) => (Some(op), what),
-                    None if OPS.contains(&r) => (Some(r), ""),
-                    None => (None, r),
-                    Some(_) => {
-                        return Err(Error::invalid(format!("error: unknown parameter '{k}'")));
-                    }
-                },
-                None => return Err(Error::invalid(format!("error: unknown parameter '{k}'"))),
-            };
-            let targets: Vec<usize> = match op {
-                Some(op) => vec![OPS.iter().position(|o| *o == op).expect("checked")],
-                None => (0..OPS.len()).collect(),
-            };
-            for i in targets {
-                let inj = &mut c.ops[i];
-                match what {
-                    "" => inj.error = params::choice("error", k, v, ERRORS)?,
-                    "rate" => inj.rate = rate(k, v)?,
-                    "file" => inj.file = Some(PathBuf::from(v)),
-                    _ => return Err(Error::invalid(format!("error: unknown parameter '{k}'"))),
-                }
-            }
+    /// Fails the request when the dice say so; flushes never fail.
+    fn before(&self, call: &Call) -> Result<()> {
+        if call.op == Op::Flush {
+            return Ok(());
         }
-        Ok(c)
+        self.check(call.op as usize)
     }
 }
 
@@ -271,9 +234,10 @@ mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
     use diskit_core::Filtered;
+    use diskit_core::{BlockDevice, WriteFlags};
     use std::sync::Arc;
 
-    use crate::params::kv;
+    use crate::testing::kv;
 
     #[test]
     fn parameters_apply_in_order() {
@@ -298,31 +262,12 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_name_the_key() {
-        for (k, v, want) in [
-            ("error", "EAGAIN", "unknown error 'EAGAIN'"),
-            ("error-rate", "150%", "out of range"),
-            ("error-rate", "-0.1", "out of range"),
-            ("error-rate", "lots", "could not parse rate"),
-            ("error-trim-rate", "1:0", "could not parse rate"),
-            ("error-flush", "EIO", "unknown parameter 'error-flush'"),
-            ("error-pread-size", "1", "unknown parameter"),
-        ] {
-            let e = ErrorConfig::from_params(&kv(&[(k, v)]))
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(want), "{k}={v}: {e}");
-            assert!(e.starts_with("error: "), "{e}");
-        }
-    }
-
-    #[test]
     fn injects_at_the_rate_asked_with_the_errno_asked() {
         let mem: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(1 << 20));
         let always =
             ErrorConfig::from_params(&kv(&[("error", "ENOSPC"), ("error-pwrite-rate", "100%")]))
                 .unwrap();
-        let d = Filtered::new(ErrorFilter::new(always), mem.clone());
+        let d = Filtered::new(Gated(ErrorFilter::new(always)), mem.clone());
         let e = d.write_at(&[1; 512], 0, WriteFlags::NONE).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NoSpace);
         assert!(e.to_string().contains("ENOSPC"), "{e}");
@@ -333,11 +278,11 @@ mod tests {
         d.flush().unwrap();
         // 30%: between 20% and 40% of 2000 reads fail.
         let some = ErrorConfig::from_params(&kv(&[("error-rate", "30%")])).unwrap();
-        let d = Filtered::new(ErrorFilter::new(some), mem.clone());
+        let d = Filtered::new(Gated(ErrorFilter::new(some)), mem.clone());
         let failed = (0..2000).filter(|_| d.read_at(&mut b, 0).is_err()).count();
         assert!((400..800).contains(&failed), "{failed} of 2000");
         // Rate 0: never.
-        let d = Filtered::new(ErrorFilter::new(ErrorConfig::default()), mem);
+        let d = Filtered::new(Gated(ErrorFilter::new(ErrorConfig::default())), mem);
         assert!((0..1000).all(|_| d.read_at(&mut b, 0).is_ok()));
     }
 
@@ -351,7 +296,7 @@ mod tests {
             ("error-file", flag.to_str().unwrap()),
         ]))
         .unwrap();
-        let d = Filtered::new(ErrorFilter::new(c), mem);
+        let d = Filtered::new(Gated(ErrorFilter::new(c)), mem);
         let mut b = [0u8; 512];
         d.read_at(&mut b, 0).unwrap();
         std::fs::write(&flag, b"").unwrap();

@@ -21,7 +21,7 @@
 use diskit_core::{BlockDevice, Capabilities, Error, Filter, Result, WriteFlags, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -65,10 +65,28 @@ pub struct Fua {
     pub mode: FuaMode,
 }
 
-impl Fua {
-    /// Checks that the device below can do what the mode relies on (for a
-    /// device that will be written to).
-    pub fn check(&self, next: &dyn BlockDevice) -> Result<()> {
+impl Configure for Fua {
+    /// Takes `fuamode=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "fuamode" => {
+                let modes = [
+                    FuaMode::None,
+                    FuaMode::Emulate,
+                    FuaMode::Native,
+                    FuaMode::Force,
+                    FuaMode::Pass,
+                    FuaMode::Discard,
+                ];
+                let choices: Vec<(&str, FuaMode)> = modes.iter().map(|&m| (m.name(), m)).collect();
+                self.mode = params::choice("fua", key, value, &choices)?;
+            }
+            _ => return Err(unknown("fua", key)),
+        }
+        Ok(())
+    }
+
+    fn check_below(&self, next: &dyn BlockDevice) -> Result<()> {
         let c = next.capabilities();
         let missing = match self.mode {
             FuaMode::Emulate if !c.can_flush => "flush",
@@ -81,6 +99,12 @@ impl Fua {
         )))
     }
 
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(*self, next))
+    }
+}
+
+impl Fua {
     /// The FUA flag to pass down for a request that asked for `fua`, and
     /// whether to flush after it.
     fn plan(&self, fua: bool) -> (bool, bool) {
@@ -149,110 +173,25 @@ impl Filter for Fua {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str =
-    "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<Fua>("fua", KEYS, HELP);
-
-impl FilterConfig for Fua {
-    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
-        if !ctx.read_only {
-            self.check(&*next)?;
-        }
-        Ok(over(*self, next))
-    }
-    /// Reads `fuamode=`.
-    fn from_params(params: &Params) -> Result<Fua> {
-        let mut f = Fua::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "fuamode" => {
-                    let modes = [
-                        FuaMode::None,
-                        FuaMode::Emulate,
-                        FuaMode::Native,
-                        FuaMode::Force,
-                        FuaMode::Pass,
-                        FuaMode::Discard,
-                    ];
-                    let choices: Vec<(&str, FuaMode)> =
-                        modes.iter().map(|&m| (m.name(), m)).collect();
-                    f.mode = params::choice("fua", k, v, &choices)?;
-                }
-                _ => return Err(Error::invalid(format!("fua: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(f)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Probe;
     use diskit_backends::MemoryDevice;
-    use diskit_core::{ErrorKind, Extent, Filtered};
-    use std::sync::Mutex;
+    use diskit_core::{ErrorKind, Filtered};
 
-    /// Records what reaches it: ("write"|"zero"|"trim", fua) and flushes.
-    #[derive(Default)]
-    struct Recorder {
-        log: Mutex<Vec<String>>,
-        flushes: bool,
-    }
-
-    impl BlockDevice for Recorder {
-        fn size(&self) -> u64 {
-            1 << 20
-        }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                can_flush: self.flushes,
-                ..Capabilities::IN_MEMORY
-            }
-        }
-        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
-            buf.fill(0);
-            Ok(())
-        }
-        fn write_at(&self, _buf: &[u8], _offset: u64, flags: WriteFlags) -> Result<()> {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("write fua={}", flags.fua));
-            Ok(())
-        }
-        fn write_zeroes(&self, _offset: u64, _len: u64, flags: ZeroFlags) -> Result<()> {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("zero fua={}", flags.fua));
-            Ok(())
-        }
-        fn trim(&self, _offset: u64, _len: u64, flags: WriteFlags) -> Result<()> {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("trim fua={}", flags.fua));
-            Ok(())
-        }
-        fn flush(&self) -> Result<()> {
-            self.log.lock().unwrap().push("flush".into());
-            Ok(())
-        }
-        fn extents(&self, _offset: u64, len: u64) -> Result<Vec<Extent>> {
-            Ok(vec![Extent::data(len)])
-        }
+    /// Memory that flushes, or not.
+    fn below(flushes: bool) -> Probe {
+        Probe::new(1 << 20).caps(|c| Capabilities {
+            can_flush: flushes,
+            ..c
+        })
     }
 
     fn run(mode: &str) -> (Capabilities, Vec<String>) {
-        let rec = std::sync::Arc::new(Recorder {
-            flushes: true,
-            ..Recorder::default()
-        });
+        let rec = std::sync::Arc::new(below(true));
         let f = Fua::from_params(&[("fuamode".into(), mode.into())]).unwrap();
-        f.check(&*rec).unwrap();
+        f.check_below(&*rec).unwrap();
         let d = Filtered::new(f, rec.clone());
         d.write_at(b"x", 0, WriteFlags::FUA).unwrap();
         d.write_at(b"x", 0, WriteFlags::NONE).unwrap();
@@ -267,72 +206,47 @@ mod tests {
         .unwrap();
         d.trim(0, 1, WriteFlags::FUA).unwrap();
         d.flush().unwrap();
-        let log = rec.log.lock().unwrap().clone();
+        let log = rec.log();
         (d.capabilities(), log)
     }
 
     #[test]
     fn each_mode_offers_and_passes_what_it_says() {
-        let (c, log) = run("emulate");
-        assert!(c.can_fua);
-        assert_eq!(
-            log,
-            [
-                "write fua=false",
-                "flush",
-                "write fua=false",
-                "zero fua=false",
-                "flush",
-                "trim fua=false",
-                "flush",
-                "flush"
-            ]
-        );
-        let (c, log) = run("force");
-        assert!(c.can_fua && c.can_flush);
-        assert_eq!(
-            log,
-            [
-                "write fua=true",
-                "write fua=true",
-                "zero fua=true",
-                "trim fua=true"
-            ]
-        );
-        let (c, log) = run("discard");
-        assert!(c.can_fua && c.can_flush);
-        assert_eq!(
-            log,
-            [
-                "write fua=false",
-                "write fua=false",
-                "zero fua=false",
-                "trim fua=false"
-            ]
-        );
-        for mode in ["native", "pass"] {
-            let (c, log) = run(mode);
-            assert!(c.can_fua);
-            assert_eq!(
-                log,
-                [
-                    "write fua=true",
-                    "write fua=false",
-                    "zero fua=true",
-                    "trim fua=true",
-                    "flush"
-                ]
-            );
+        // What reaches the device below of: a FUA write, a write, a FUA
+        // zero, a FUA trim, a flush.
+        let passed = "write fua=true, write fua=false, zero fua=true, trim fua=true, flush";
+        for (mode, can_fua, log) in [
+            (
+                "emulate",
+                true,
+                "write fua=false, flush, write fua=false, zero fua=false, flush, \
+                 trim fua=false, flush, flush",
+            ),
+            (
+                "force",
+                true,
+                "write fua=true, write fua=true, zero fua=true, trim fua=true",
+            ),
+            (
+                "discard",
+                true,
+                "write fua=false, write fua=false, zero fua=false, trim fua=false",
+            ),
+            ("native", true, passed),
+            ("pass", true, passed),
+            ("none", false, passed),
+        ] {
+            let (c, got) = run(mode);
+            assert_eq!((c.can_fua, c.can_flush), (can_fua, true), "{mode}");
+            assert_eq!(got.join(", "), log, "{mode}");
         }
-        let (c, _) = run("none");
-        assert!(!c.can_fua && c.can_flush);
     }
 
     #[test]
     fn modes_check_the_device_below() {
-        let no_flush = Recorder::default();
+        let no_flush = below(false);
         let f = |m: &str| Fua::from_params(&[("fuamode".into(), m.into())]).unwrap();
-        let e = f("emulate").check(&no_flush).unwrap_err();
+        let e = f("emulate").check_below(&no_flush).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotSupported);
         assert!(
             e.to_string()
@@ -340,9 +254,9 @@ mod tests {
             "{e}"
         );
         let ro = MemoryDevice::new(1);
-        assert!(f("force").check(&ro).is_ok());
+        assert!(f("force").check_below(&ro).is_ok());
         let pattern = diskit_backends::PatternDevice::new(8);
-        let e = f("native").check(&pattern).unwrap_err();
+        let e = f("native").check_below(&pattern).unwrap_err();
         assert!(
             e.to_string()
                 .contains("fuamode 'native' requires plugin fua support"),

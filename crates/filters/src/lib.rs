@@ -31,12 +31,12 @@
 //! first of the list outermost (closest to the client), as nbdkit orders
 //! `--filter` options.
 //!
-//! A new filter is one module that defines its `KEYS`, its configuration
-//! (a [`FilterConfig`]: `from_params` reads it, `stack` puts the filter
-//! over a device) and its row (`pub const FILTER: FilterInfo =
-//! FilterInfo::new::<Config>(name, KEYS, HELP)`), plus that row in
-//! [`FILTERS`] (and its `mod` line, and a line in the table above). The
-//! filter implements only what it changes; [`diskit_core::Filtered`]
+//! A new filter is one module that defines its `KEYS` and its
+//! configuration (a [`Configure`]: `set` takes one parameter, `stack` puts
+//! the filter over a device; the registry reads the parameters in order),
+//! plus its row in [`FILTERS`] (`FilterInfo::new::<Config>(name, KEYS,
+//! help)`), its `mod` line and a line in the table above. The filter
+//! implements only what it changes; [`diskit_core::Filtered`]
 //! checks ranges and forwards the rest, submission included where the
 //! filter says its requests may go below
 //! ([`diskit_core::Filter::submits_below`]).
@@ -44,11 +44,13 @@
 mod blockmap;
 pub mod blocksize;
 pub mod cache;
+mod call;
 pub mod cow;
 pub mod cow_file;
 pub mod delay;
 pub mod error;
 pub mod fua;
+mod gate;
 pub mod log;
 pub mod multi_conn;
 pub mod noextents;
@@ -64,29 +66,100 @@ pub mod retry;
 pub mod stats;
 #[cfg(test)]
 mod submit_tests;
+#[cfg(test)]
+mod testing;
 pub mod truncate;
+mod watch;
 
-pub use registry::{Ctx, FilterConfig, FilterInfo, FilterSpec, Params, info, stack};
+pub use registry::{Configure, FilterInfo, FilterSpec, Params, info, stack, unknown};
 
-/// Every filter, by name: each module's row.
+/// Every filter, by name: its row.
 pub const FILTERS: &[FilterInfo] = &[
-    blocksize::FILTER,
-    cache::FILTER,
-    cow::FILTER,
-    delay::FILTER,
-    error::FILTER,
-    fua::FILTER,
-    log::FILTER,
-    multi_conn::FILTER,
-    noextents::FILTER,
-    nozero::FILTER,
-    offset::FILTER,
-    partition::FILTER,
-    rate::FILTER,
-    readahead::FILTER,
-    retry::FILTER,
-    stats::FILTER,
-    truncate::FILTER,
+    FilterInfo::new::<blocksize::BlocksizeConfig>(
+        "blocksize",
+        blocksize::KEYS,
+        "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)",
+    ),
+    FilterInfo::new::<cache::CacheConfig>(
+        "cache",
+        cache::KEYS,
+        "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)",
+    ),
+    FilterInfo::new::<cow::CowConfig>(
+        "cow",
+        cow::KEYS,
+        "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)",
+    ).reads_only_below(),
+    FilterInfo::new::<delay::Delay>(
+        "delay",
+        delay::KEYS,
+        "delays requests (rdelay= wdelay= delay-read= delay-write= delay-zero= delay-trim= delay-extents= delay-cache= delay-fast-zero=)",
+    ),
+    FilterInfo::new::<error::ErrorConfig>(
+        "error",
+        error::KEYS,
+        "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)",
+    ),
+    FilterInfo::new::<fua::Fua>(
+        "fua",
+        fua::KEYS,
+        "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)",
+    ),
+    FilterInfo::new::<log::LogConfig>(
+        "log",
+        log::KEYS,
+        "logs every request, its flags and result, and every connection, in nbdkit's format (logfile=FILE logappend=BOOL logscript=SCRIPT)",
+    ),
+    FilterInfo::new::<multi_conn::MultiConnConfig>(
+        "multi-conn",
+        multi_conn::KEYS,
+        "advertises, emulates (a flush reaches every connection) or hides multi-conn, and skips flushes nothing made necessary (multi-conn-mode=auto|emulate|plugin|unsafe|disable multi-conn-track-dirty=connection|fast|off multi-conn-exportname=BOOL)",
+    ),
+    FilterInfo::new::<noextents::Noextents>(
+        "noextents",
+        noextents::KEYS,
+        "hides allocation: the whole disk reads as data in block status",
+    ),
+    FilterInfo::new::<nozero::Nozero>(
+        "nozero",
+        nozero::KEYS,
+        "hides or degrades write-zeroes (zeromode=none|emulate|notrim|plugin fastzeromode=default|none|slow|ignore)",
+    ),
+    FilterInfo::new::<offset::OffsetConfig>(
+        "offset",
+        offset::KEYS,
+        "serves a window of the disk (offset= range=)",
+    ),
+    FilterInfo::new::<partition::PartitionConfig>(
+        "partition",
+        partition::KEYS,
+        "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)",
+    ),
+    FilterInfo::new::<rate::RateConfig>(
+        "rate",
+        rate::KEYS,
+        "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)",
+    ),
+    FilterInfo::new::<readahead::ReadaheadConfig>(
+        "readahead",
+        readahead::KEYS,
+        "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)",
+    ),
+    FilterInfo::new::<retry::RetryConfig>(
+        "retry",
+        retry::KEYS,
+        "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)",
+    ),
+    FilterInfo::new::<stats::StatsConfig>(
+        "stats",
+        stats::KEYS,
+        "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)",
+    ),
+    FilterInfo::new::<truncate::TruncateConfig>(
+        "truncate",
+        truncate::KEYS,
+        "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
+    ),
 ];
 
 #[cfg(test)]
@@ -96,7 +169,7 @@ mod tests {
     use diskit_core::DeviceRef;
     use std::sync::Arc;
 
-    use crate::params::kv;
+    use crate::testing::kv;
 
     #[test]
     fn unknown_names_and_keys_are_refused_with_the_choices() {
@@ -107,6 +180,43 @@ mod tests {
         }
         let e = FilterSpec::parse("offset", &kv(&[("size", "1")])).unwrap_err();
         assert!(e.to_string().contains("'size'"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_filter_and_the_reason() {
+        for (filter, key, value, why) in [
+            ("cache", "cache", "sometimes", "unknown cache"),
+            ("cache", "cache-min-block-size", "1000", "power of 2"),
+            ("cache", "cache-high-threshold", "0", "between 1 and 100"),
+            ("cache", "cache-on-read", "perhaps", "boolean"),
+            ("cache", "cache-max-size", "512K", "too small"),
+            ("cow", "cow-block-size", "1000", "must be a power of 2"),
+            ("cow", "cow-block-size", "512", "must be a power of 2"),
+            ("cow", "cow-on-read", "maybe", "could not decipher boolean"),
+            ("error", "error", "EAGAIN", "unknown error 'EAGAIN'"),
+            ("error", "error-rate", "150%", "out of range"),
+            ("error", "error-rate", "-0.1", "out of range"),
+            ("error", "error-rate", "lots", "could not parse rate"),
+            ("error", "error-trim-rate", "1:0", "could not parse rate"),
+            (
+                "error",
+                "error-flush",
+                "EIO",
+                "unknown parameter 'error-flush'",
+            ),
+            ("error", "error-pread-size", "1", "unknown parameter"),
+            ("retry", "retries", "-1", "retries"),
+            ("retry", "retry-delay", "0", "cannot be 0"),
+            ("retry", "retry-exponential", "maybe", "retry-exponential"),
+        ] {
+            let e = FilterSpec::parse(filter, &kv(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!("{filter}: ")) && e.contains(why),
+                "{filter} {key}={value}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! for each filter. Requests made through the shared stack, outside any
 //! connection (a library user, a server's own work), log without a
 //! connection number. The server asks for no extents through the filter
-//! before large reads, so the lines are the client's requests.
+//! before large reads, so the lines are the client's requests. Submitted
+//! requests stay in flight below; their end is logged as they complete.
 
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
@@ -28,13 +29,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use diskit_core::sync::lock;
-use diskit_core::{
-    BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Result, Session, WriteFlags,
-    ZeroFlags,
-};
+use diskit_core::{DeviceRef, Error, ErrorKind, Extent, Result, Session};
+
+use crate::call::{Call, Op};
+use crate::watch::{Outcome, Watch, Watching};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["logfile", "logappend", "logscript"];
@@ -50,6 +51,22 @@ pub struct LogConfig {
     pub script: Option<String>,
 }
 
+impl Configure for LogConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "logfile" => self.file = Some(PathBuf::from(value)),
+            "logappend" => self.append = params::boolean("log", key, value)?,
+            "logscript" => self.script = Some(value.to_string()),
+            _ => return Err(unknown("log", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Watching(Log::new(self)?), next))
+    }
+}
+
 /// Which half of a logged call a line is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -59,6 +76,7 @@ enum Kind {
 }
 
 /// Where lines go: shared by the filter and its connection views.
+#[derive(Debug)]
 struct Output {
     file: Option<Mutex<File>>,
     script: Option<String>,
@@ -127,21 +145,17 @@ impl Output {
 }
 
 /// One connection's numbers.
+#[derive(Debug)]
 struct Connection {
     number: u64,
     ids: AtomicU64,
 }
 
 /// The filter: the shared stack's, or one connection's view of it.
+#[derive(Debug)]
 pub struct Log {
     out: Arc<Output>,
     conn: Option<Connection>,
-}
-
-impl std::fmt::Debug for Log {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Log").finish_non_exhaustive()
-    }
 }
 
 impl Log {
@@ -176,32 +190,40 @@ impl Log {
     fn connection(&self) -> Option<u64> {
         self.conn.as_ref().map(|c| c.number)
     }
+}
 
-    /// Logs a call: its start, then its end with what it returned.
-    fn call<T>(
-        &self,
-        act: &str,
-        args: &str,
-        run: impl FnOnce() -> Result<T>,
-        done: impl FnOnce(&T) -> String,
-    ) -> Result<T> {
-        let id = match &self.conn {
-            Some(c) => c.ids.fetch_add(1, Ordering::Relaxed) + 1,
-            None => self.out.unconnected.fetch_add(1, Ordering::Relaxed) + 1,
-        };
-        let conn = self.connection();
-        self.out.line(conn, id, act, Kind::Enter, args);
-        let r = run();
-        let end = match &r {
-            Ok(v) => done(v),
-            Err(e) => format!("return=-1 error={}", errno_name(e.kind())),
-        };
-        self.out.line(conn, id, act, Kind::Leave, &end);
-        r
-    }
+/// A logged call that has started.
+pub(crate) struct Entered {
+    out: Arc<Output>,
+    conn: Option<u64>,
+    id: u64,
+    act: &'static str,
+    /// Where it starts (extents are logged from there).
+    offset: u64,
+}
 
-    fn simple(&self, act: &str, args: &str, run: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.call(act, args, run, |_| String::from("return=0"))
+/// The name nbdkit's log gives `call` and its arguments.
+fn describe(call: &Call) -> (&'static str, String) {
+    let Call {
+        op,
+        offset,
+        len,
+        flags,
+    } = *call;
+    let (fua, trim, fast) = (
+        u8::from(flags.fua),
+        u8::from(flags.may_trim),
+        u8::from(flags.fast),
+    );
+    let range = format!("offset={offset:#x} count={len:#x}");
+    match op {
+        Op::Read => ("Read", range),
+        Op::Write => ("Write", format!("{range} fua={fua}")),
+        Op::Zero => ("Zero", format!("{range} trim={trim} fua={fua} fast={fast}")),
+        Op::Trim => ("Trim", format!("{range} fua={fua}")),
+        Op::Cache => ("Cache", range),
+        Op::Extents => ("Extents", format!("{range} req_one=0")),
+        Op::Flush => ("Flush", String::new()),
     }
 }
 
@@ -220,14 +242,42 @@ impl Drop for Log {
     }
 }
 
-impl Filter for Log {
+impl Watch for Log {
+    const NAME: &'static str = "log";
     /// Requests out of range too are logged, with the refusal from below.
-    fn checks_ranges(&self) -> bool {
-        false
+    const CHECKS_RANGES: bool = false;
+    type Started = Entered;
+
+    /// Logs that `call` starts.
+    fn start(&self, call: &Call) -> Entered {
+        let id = match &self.conn {
+            Some(c) => c.ids.fetch_add(1, Ordering::Relaxed) + 1,
+            None => self.out.unconnected.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        let (act, args) = describe(call);
+        let conn = self.connection();
+        self.out.line(conn, id, act, Kind::Enter, &args);
+        Entered {
+            out: self.out.clone(),
+            conn,
+            id,
+            act,
+            offset: call.offset,
+        }
     }
-    fn name(&self) -> &str {
-        "log"
+
+    fn end(entered: Entered, outcome: Outcome<'_>) {
+        let end = match outcome {
+            Outcome::Done => String::from("return=0"),
+            Outcome::Extents(list) => describe_extents(entered.offset, list),
+            Outcome::Failed(kind) => format!("return=-1 error={}", errno_name(kind)),
+        };
+        let Entered {
+            out, conn, id, act, ..
+        } = entered;
+        out.line(conn, id, act, Kind::Leave, &end);
     }
+
     fn connect(&self, next: &DeviceRef, session: &Session) -> Result<Option<Log>> {
         // nbdkit logs its preconnect check, which diskit's server makes
         // in its accept loop, then the connection.
@@ -276,66 +326,6 @@ impl Filter for Log {
                 ids: AtomicU64::new(0),
             }),
         }))
-    }
-    // No file view: reads spliced past the filter would go unlogged.
-    fn extents_before_reads(&self, _next: &dyn BlockDevice) -> bool {
-        false
-    }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let args = format!("offset={offset:#x} count={:#x}", buf.len());
-        self.simple("Read", &args, || next.read_at(buf, offset))
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        let args = format!(
-            "offset={offset:#x} count={:#x} fua={}",
-            buf.len(),
-            u8::from(flags.fua)
-        );
-        self.simple("Write", &args, || next.write_at(buf, offset, flags))
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        let args = format!(
-            "offset={offset:#x} count={len:#x} trim={} fua={} fast={}",
-            u8::from(flags.may_trim),
-            u8::from(flags.fua),
-            u8::from(flags.fast)
-        );
-        self.simple("Zero", &args, || next.write_zeroes(offset, len, flags))
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        let args = format!(
-            "offset={offset:#x} count={len:#x} fua={}",
-            u8::from(flags.fua)
-        );
-        self.simple("Trim", &args, || next.trim(offset, len, flags))
-    }
-    fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
-        self.simple("Flush", "", || next.flush())
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        let args = format!("offset={offset:#x} count={len:#x}");
-        self.simple("Cache", &args, || next.cache(offset, len))
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let args = format!("offset={offset:#x} count={len:#x} req_one=0");
-        self.call(
-            "Extents",
-            &args,
-            || next.extents(offset, len),
-            |list| describe_extents(offset, list),
-        )
     }
 }
 
@@ -423,36 +413,11 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "logs every request, its flags and result, and every connection, in nbdkit's format (logfile=FILE logappend=BOOL logscript=SCRIPT)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<LogConfig>("log", KEYS, HELP);
-
-impl FilterConfig for LogConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Log::new(self)?, next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<LogConfig> {
-        let mut c = LogConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "logfile" => c.file = Some(PathBuf::from(v)),
-                "logappend" => c.append = params::boolean("log", k, v)?,
-                "logscript" => c.script = Some(v.clone()),
-                _ => return Err(Error::invalid(format!("log: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use diskit_backends::MemoryDevice;
-    use diskit_core::{DeviceRef, Filtered};
+    use crate::testing::Writing;
+    use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
     use std::time::Duration;
 
     #[test]
@@ -474,14 +439,8 @@ mod tests {
 
     #[test]
     fn connections_and_requests_are_numbered_and_logged() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let config = LogConfig {
-            file: Some(path.clone()),
-            ..LogConfig::default()
-        };
-        let mem: DeviceRef = Arc::new(MemoryDevice::new(1 << 20));
-        let dev: DeviceRef = Arc::new(Filtered::new(Log::new(&config).unwrap(), mem));
+        let log = Writing::new("log", "logfile", 1 << 20);
+        let dev = &log.dev;
         let session = Session {
             id: 7,
             export: "a b".into(),
@@ -499,7 +458,7 @@ mod tests {
         let second = dev.connect(&session).unwrap().unwrap();
         second.flush().unwrap();
         drop(second);
-        let text = std::fs::read_to_string(&path).unwrap();
+        let text = log.text();
         let lines: Vec<&str> = text.lines().map(|l| &l[27..]).collect();
         assert_eq!(lines[0], "Ready thread_model=3");
         assert_eq!(lines[1], "Preconnect id=1 readonly=1 ...");
@@ -534,6 +493,35 @@ mod tests {
             lines[11].starts_with("connection=2 Connect "),
             "{}",
             lines[11]
+        );
+    }
+
+    #[test]
+    fn submitted_requests_are_logged_and_stay_in_flight_below() {
+        use crate::testing::{read_request, submit, zero_request};
+        let log = Writing::new("log", "logfile", 1 << 20);
+        let (dev, probe) = (&*log.dev, &log.below);
+        assert_eq!(dev.queue_depth(), probe.queue_depth());
+        assert!(submit(dev, read_request(4096, 512)).result.is_ok());
+        assert!(submit(dev, read_request(1 << 20, 512)).result.is_err());
+        let trim = ZeroFlags {
+            may_trim: true,
+            ..ZeroFlags::default()
+        };
+        assert!(submit(dev, zero_request(0, 4096, trim)).result.is_ok());
+        assert_eq!(probe.submitted.load(Ordering::SeqCst), 3, "sent below");
+        let text = log.text();
+        let lines: Vec<&str> = text.lines().map(|l| &l[27..]).collect();
+        assert_eq!(
+            &lines[1..],
+            [
+                "Read id=1 offset=0x1000 count=0x200 ...",
+                "...Read id=1 return=0",
+                "Read id=2 offset=0x100000 count=0x200 ...",
+                "...Read id=2 return=-1 error=EINVAL",
+                "Zero id=3 offset=0x0 count=0x1000 trim=1 fua=0 fast=0 ...",
+                "...Zero id=3 return=0",
+            ]
         );
     }
 

@@ -30,7 +30,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -77,6 +77,49 @@ pub struct MultiConnConfig {
     pub track: Track,
     /// Group connections by export name.
     pub by_name: bool,
+}
+
+impl Configure for MultiConnConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "multi-conn-mode" => {
+                self.mode = params::choice(
+                    "multi-conn",
+                    key,
+                    value,
+                    &[
+                        ("auto", Mode::Auto),
+                        ("emulate", Mode::Emulate),
+                        ("plugin", Mode::Plugin),
+                        ("unsafe", Mode::Unsafe),
+                        ("disable", Mode::Disable),
+                    ],
+                )?
+            }
+            "multi-conn-track-dirty" => {
+                self.track = params::choice(
+                    "multi-conn",
+                    key,
+                    value,
+                    &[
+                        ("connection", Track::Connection),
+                        ("conn", Track::Connection),
+                        ("fast", Track::Fast),
+                        ("off", Track::Off),
+                    ],
+                )?
+            }
+            "multi-conn-exportname" | "multi-conn-export-name" => {
+                self.by_name = params::boolean("multi-conn", key, value)?
+            }
+            _ => return Err(unknown("multi-conn", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(MultiConn::new(*self), next))
+    }
 }
 
 /// A connection wrote since it was last flushed.
@@ -329,116 +372,27 @@ impl Filter for MultiConn {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "advertises, emulates (a flush reaches every connection) or hides multi-conn, and skips flushes nothing made necessary (multi-conn-mode=auto|emulate|plugin|unsafe|disable multi-conn-track-dirty=connection|fast|off multi-conn-exportname=BOOL)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<MultiConnConfig>("multi-conn", KEYS, HELP);
-
-impl FilterConfig for MultiConnConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(MultiConn::new(*self), next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<MultiConnConfig> {
-        let mut c = MultiConnConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "multi-conn-mode" => {
-                    c.mode = params::choice(
-                        "multi-conn",
-                        "multi-conn-mode",
-                        v,
-                        &[
-                            ("auto", Mode::Auto),
-                            ("emulate", Mode::Emulate),
-                            ("plugin", Mode::Plugin),
-                            ("unsafe", Mode::Unsafe),
-                            ("disable", Mode::Disable),
-                        ],
-                    )?
-                }
-                "multi-conn-track-dirty" => {
-                    c.track = params::choice(
-                        "multi-conn",
-                        "multi-conn-track-dirty",
-                        v,
-                        &[
-                            ("connection", Track::Connection),
-                            ("conn", Track::Connection),
-                            ("fast", Track::Fast),
-                            ("off", Track::Off),
-                        ],
-                    )?
-                }
-                "multi-conn-exportname" | "multi-conn-export-name" => {
-                    c.by_name = params::boolean("multi-conn", k, v)?
-                }
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "multi-conn: unknown parameter '{k}'"
-                    )));
-                }
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{Probe, kv};
     use diskit_core::Filtered;
-    use std::sync::atomic::AtomicUsize;
-
-    /// Memory that counts flushes and can turn multi-conn off.
-    struct Counting {
-        mem: diskit_backends::MemoryDevice,
-        flushes: AtomicUsize,
-        multi_conn: bool,
-    }
-
-    impl BlockDevice for Counting {
-        fn size(&self) -> u64 {
-            self.mem.size()
-        }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                can_flush: true,
-                can_multi_conn: self.multi_conn,
-                ..self.mem.capabilities()
-            }
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            self.mem.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-            self.mem.write_at(buf, offset, flags)
-        }
-        fn flush(&self) -> Result<()> {
-            self.flushes.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-    }
 
     type Stack = Arc<Filtered<MultiConn>>;
 
-    fn setup(params: &[(&str, &str)], multi_conn: bool) -> (Arc<Counting>, DeviceRef) {
+    fn setup(params: &[(&str, &str)], multi_conn: bool) -> (Arc<Probe>, DeviceRef) {
         let (below, stack) = setup_stack(params, multi_conn);
         (below, stack)
     }
 
-    fn setup_stack(params: &[(&str, &str)], multi_conn: bool) -> (Arc<Counting>, Stack) {
-        let list: Vec<(String, String)> = params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let config = MultiConnConfig::from_params(&list).unwrap();
-        let below = Arc::new(Counting {
-            mem: diskit_backends::MemoryDevice::new(1 << 20),
-            flushes: AtomicUsize::new(0),
-            multi_conn,
-        });
+    fn setup_stack(params: &[(&str, &str)], multi_conn: bool) -> (Arc<Probe>, Stack) {
+        let config = MultiConnConfig::from_params(&kv(params)).unwrap();
+        // Memory that flushes, with or without multi-conn.
+        let below = Arc::new(Probe::new(1 << 20).caps(|c| Capabilities {
+            can_flush: true,
+            can_multi_conn: multi_conn,
+            ..c
+        }));
         let dev = Arc::new(Filtered::new(
             MultiConn::new(config),
             below.clone() as DeviceRef,

@@ -7,7 +7,7 @@
 //! where SEEK_DATA is slow (tmpfs), or to make a client copy every byte.
 //! It takes no parameters.
 
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 use diskit_core::{BlockDevice, Capabilities, Extent, Filter, Result};
 
@@ -17,6 +17,16 @@ pub const KEYS: &[&str] = &[];
 /// The filter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Noextents;
+
+impl Configure for Noextents {
+    fn set(&mut self, key: &str, _value: &str) -> Result<()> {
+        Err(unknown("noextents", key))
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(*self, next))
+    }
+}
 
 impl Filter for Noextents {
     fn name(&self) -> &str {
@@ -38,21 +48,6 @@ impl Filter for Noextents {
     }
     fn extents(&self, _next: &dyn BlockDevice, _offset: u64, len: u64) -> Result<Vec<Extent>> {
         Ok(vec![Extent::data(len)])
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "hides allocation: the whole disk reads as data in block status";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<Noextents>("noextents", KEYS, HELP);
-
-impl FilterConfig for Noextents {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(*self, next))
-    }
-    fn from_params(_list: &Params) -> Result<Noextents> {
-        Ok(Noextents)
     }
 }
 

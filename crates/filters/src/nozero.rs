@@ -26,7 +26,7 @@
 use diskit_core::{BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, ZeroFlags};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 use diskit_core::device::write_zero_buffer;
 
@@ -70,10 +70,42 @@ pub struct Nozero {
     pub fast: FastZeroMode,
 }
 
-impl Nozero {
-    /// Checks that the device below can do what the mode passes down to it
-    /// (for a device that will be written to).
-    pub fn check(&self, next: &dyn BlockDevice) -> Result<()> {
+impl Configure for Nozero {
+    /// Takes `zeromode=` and `fastzeromode=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "zeromode" => {
+                self.zero = params::choice(
+                    "nozero",
+                    key,
+                    value,
+                    &[
+                        ("none", ZeroMode::None),
+                        ("emulate", ZeroMode::Emulate),
+                        ("notrim", ZeroMode::Notrim),
+                        ("plugin", ZeroMode::Plugin),
+                    ],
+                )?
+            }
+            "fastzeromode" => {
+                self.fast = params::choice(
+                    "nozero",
+                    key,
+                    value,
+                    &[
+                        ("default", FastZeroMode::Default),
+                        ("none", FastZeroMode::None),
+                        ("slow", FastZeroMode::Slow),
+                        ("ignore", FastZeroMode::Ignore),
+                    ],
+                )?
+            }
+            _ => return Err(unknown("nozero", key)),
+        }
+        Ok(())
+    }
+
+    fn check_below(&self, next: &dyn BlockDevice) -> Result<()> {
         let name = match self.zero {
             ZeroMode::Notrim => "notrim",
             ZeroMode::Plugin => "plugin",
@@ -87,6 +119,10 @@ impl Nozero {
                 "nozero: zeromode '{name}' requires plugin zero support"
             )))
         }
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(*self, next))
     }
 }
 
@@ -152,83 +188,29 @@ impl Filter for Nozero {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "hides or degrades write-zeroes (zeromode=none|emulate|notrim|plugin fastzeromode=default|none|slow|ignore)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<Nozero>("nozero", KEYS, HELP);
-
-impl FilterConfig for Nozero {
-    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef> {
-        if !ctx.read_only {
-            self.check(&*next)?;
-        }
-        Ok(over(*self, next))
-    }
-    /// Reads `zeromode=` and `fastzeromode=`.
-    fn from_params(params: &Params) -> Result<Nozero> {
-        let mut n = Nozero::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "zeromode" => {
-                    n.zero = params::choice(
-                        "nozero",
-                        k,
-                        v,
-                        &[
-                            ("none", ZeroMode::None),
-                            ("emulate", ZeroMode::Emulate),
-                            ("notrim", ZeroMode::Notrim),
-                            ("plugin", ZeroMode::Plugin),
-                        ],
-                    )?
-                }
-                "fastzeromode" => {
-                    n.fast = params::choice(
-                        "nozero",
-                        k,
-                        v,
-                        &[
-                            ("default", FastZeroMode::Default),
-                            ("none", FastZeroMode::None),
-                            ("slow", FastZeroMode::Slow),
-                            ("ignore", FastZeroMode::Ignore),
-                        ],
-                    )?
-                }
-                _ => return Err(Error::invalid(format!("nozero: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(n)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{self, kv};
     use diskit_backends::{MemoryDevice, PatternDevice};
     use diskit_core::{Filtered, WriteFlags};
     use std::sync::Arc;
 
     fn parse(v: &[(&str, &str)]) -> Result<Nozero> {
-        let p: Vec<(String, String)> = v
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Nozero::from_params(&p)
+        Nozero::from_params(&kv(v))
     }
 
     fn stacked(zm: &str, fzm: &str) -> (Arc<MemoryDevice>, Filtered<Nozero>) {
         let mem = Arc::new(MemoryDevice::new(1 << 20));
         let n = parse(&[("zeromode", zm), ("fastzeromode", fzm)]).unwrap();
-        n.check(&*mem).unwrap();
+        n.check_below(&*mem).unwrap();
         (mem.clone(), Filtered::new(n, mem))
     }
 
+    /// A fast zero that may trim.
     const FAST: ZeroFlags = ZeroFlags {
-        fua: false,
         may_trim: true,
-        fast: true,
+        ..testing::FAST
     };
 
     #[test]
@@ -284,7 +266,7 @@ mod tests {
     fn plugin_modes_need_a_device_that_zeroes() {
         let pat = PatternDevice::new(4096);
         let n = parse(&[("zeromode", "notrim")]).unwrap();
-        let e = n.check(&pat).unwrap_err();
+        let e = n.check_below(&pat).unwrap_err();
         assert!(
             e.to_string()
                 .contains("zeromode 'notrim' requires plugin zero support"),
@@ -292,7 +274,7 @@ mod tests {
         );
         parse(&[("zeromode", "emulate")])
             .unwrap()
-            .check(&pat)
+            .check_below(&pat)
             .unwrap();
         assert!(parse(&[("zeromode", "fast")]).is_err());
         assert!(parse(&[("fastzeromode", "quick")]).is_err());

@@ -16,7 +16,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -29,6 +29,22 @@ pub struct OffsetConfig {
     pub offset: u64,
     /// Length of the window; `None` reaches the end of the device.
     pub range: Option<u64>,
+}
+
+impl Configure for OffsetConfig {
+    /// Takes `offset=` and `range=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "offset" => self.offset = params::size("offset", key, value)?,
+            "range" => self.range = Some(params::size("offset", key, value)?),
+            _ => return Err(unknown("offset", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Offset::new(&*next, self)?, next))
+    }
 }
 
 /// A window of the device below.
@@ -140,30 +156,6 @@ impl Filter for Offset {
     }
     fn prepare_write(&self, next: &dyn BlockDevice, buf: &[u8], offset: u64) {
         next.prepare_write(buf, self.map(offset))
-    }
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "serves a window of the disk (offset= range=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<OffsetConfig>("offset", KEYS, HELP);
-
-impl FilterConfig for OffsetConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Offset::new(&*next, self)?, next))
-    }
-    /// Reads `offset=` and `range=`.
-    fn from_params(params: &Params) -> Result<OffsetConfig> {
-        let mut c = OffsetConfig::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "offset" => c.offset = params::size("offset", k, v)?,
-                "range" => c.range = Some(params::size("offset", k, v)?),
-                _ => return Err(Error::invalid(format!("offset: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
     }
 }
 

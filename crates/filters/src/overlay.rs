@@ -94,6 +94,7 @@ pub(crate) type Put<'a> = &'a dyn Fn(u64, u8);
 pub(crate) type Fill<'a> = &'a dyn Fn(u64, u64) -> Result<()>;
 
 /// The overlay of a device of `size` bytes, in blocks of `block` bytes.
+#[derive(Debug)]
 pub(crate) struct Overlay {
     /// The filter's name, for messages.
     filter: &'static str,

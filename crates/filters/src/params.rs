@@ -89,14 +89,6 @@ pub fn delay(filter: &str, key: &str, value: &str) -> Result<Duration> {
     Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
 }
 
-/// `key=value` pairs from string slices, for tests.
-#[cfg(test)]
-pub(crate) fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
-    v.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

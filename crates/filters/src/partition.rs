@@ -17,7 +17,7 @@
 use diskit_core::{BlockDevice, Error, Result};
 
 use crate::offset::{Offset, OffsetConfig};
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -37,6 +37,31 @@ const MAX_LOGICAL: u32 = 1024;
 pub struct PartitionConfig {
     /// The partition number (1-based); 0 until given.
     pub partition: u32,
+}
+
+impl Configure for PartitionConfig {
+    /// Takes `partition=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "partition" => {
+                self.partition = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "partition: partition: invalid partition number '{value}'"
+                        ))
+                    })?
+            }
+            _ => return Err(unknown("partition", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(window(&*next, self)?, next))
+    }
 }
 
 impl PartitionConfig {
@@ -249,39 +274,6 @@ pub fn window(next: &dyn BlockDevice, config: &PartitionConfig) -> Result<Offset
         },
     )?
     .named("partition"))
-}
-
-/// What `--help` says of the filter.
-const HELP: &str = "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<PartitionConfig>("partition", KEYS, HELP);
-
-impl FilterConfig for PartitionConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(window(&*next, self)?, next))
-    }
-    /// Reads `partition=`.
-    fn from_params(list: &Params) -> Result<PartitionConfig> {
-        let mut c = PartitionConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "partition" => {
-                    c.partition = v.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                        Error::invalid(format!(
-                            "partition: partition: invalid partition number '{v}'"
-                        ))
-                    })?
-                }
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "partition: unknown parameter '{k}'"
-                    )));
-                }
-            }
-        }
-        Ok(c)
-    }
 }
 
 #[cfg(test)]

@@ -21,12 +21,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use diskit_core::sync::lock;
-use diskit_core::{
-    BlockDevice, DeviceRef, Error, Filter, Request, Result, Route, Session, WriteFlags,
-};
+use diskit_core::{DeviceRef, Error, Result, Session};
+
+use crate::call::{Call, Op};
+use crate::gate::{Gate, Gated};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -64,6 +65,48 @@ impl Default for RateConfig {
             connection_rate_file: None,
             burstiness: 2.0,
         }
+    }
+}
+
+impl Configure for RateConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "rate" => self.rate = rate(key, value, self.rate)?,
+            "connection-rate" => self.connection_rate = rate(key, value, self.connection_rate)?,
+            "rate-file" => self.rate_file = Some(absolute(value)?),
+            "connection-rate-file" => self.connection_rate_file = Some(absolute(value)?),
+            "burstiness" => {
+                self.burstiness = value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|b| b.is_finite() && *b > 0.0)
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "rate: burstiness must be a positive number of seconds, not '{value}'"
+                        ))
+                    })?
+            }
+            _ => return Err(unknown("rate", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Gated(Rate::new(self)), next))
+    }
+}
+
+/// A rate given as `key=value`, replacing `old` (0: not set yet).
+fn rate(key: &str, value: &str, old: u64) -> Result<u64> {
+    if old > 0 {
+        return Err(Error::invalid(format!(
+            "rate: {key} set twice on the command line"
+        )));
+    }
+    match params::size("rate", key, value)? {
+        0 => Err(Error::invalid(format!("rate: {key} cannot be set to 0"))),
+        n => Ok(n),
     }
 }
 
@@ -192,10 +235,10 @@ impl Limiter {
     /// Waits until `bytes` may pass. A request larger than the bucket
     /// takes its bits a bucketful at a time, so that none of the time it
     /// waits is lost to a bucket already full.
-    fn wait(&self, bytes: usize) {
+    fn wait(&self, bytes: u64) {
         let now = Instant::now();
         self.adjust(now);
-        let mut bits = (bytes as u64).saturating_mul(8);
+        let mut bits = bytes.saturating_mul(8);
         while bits > 0 {
             let (taken, missing, sleep) = {
                 let mut st = lock(&self.state);
@@ -259,30 +302,22 @@ impl Rate {
     }
 }
 
-/// Which bucket a request takes its bits from.
-#[derive(Debug, Clone, Copy)]
-enum Dir {
-    Read,
-    Write,
-}
+impl Gate for Rate {
+    const NAME: &'static str = "rate";
 
-impl Rate {
-    /// Waits until `bytes` may pass in direction `dir`, over all
-    /// connections and on this one.
-    fn pass(&self, dir: Dir, bytes: usize) {
+    /// Reads and writes wait until their bits may pass, over all
+    /// connections and on this one; the other requests carry no data.
+    fn before(&self, call: &Call) -> Result<()> {
         for pair in [&*self.global, &self.connection] {
-            match dir {
-                Dir::Read => pair.read.wait(bytes),
-                Dir::Write => pair.write.wait(bytes),
+            match call.op {
+                Op::Read => pair.read.wait(call.len),
+                Op::Write => pair.write.wait(call.len),
+                _ => {}
             }
         }
+        Ok(())
     }
-}
 
-impl Filter for Rate {
-    fn name(&self) -> &str {
-        "rate"
-    }
     fn connect(&self, _next: &DeviceRef, _session: &Session) -> Result<Option<Rate>> {
         let c = &self.config;
         Ok(Some(Rate {
@@ -291,33 +326,7 @@ impl Filter for Rate {
             connection: Pair::new(c.connection_rate, c.burstiness, &c.connection_rate_file),
         }))
     }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.pass(Dir::Read, buf.len());
-        next.read_at(buf, offset)
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.pass(Dir::Write, buf.len());
-        next.write_at(buf, offset, flags)
-    }
-    fn submits_below(&self) -> bool {
-        true
-    }
-    /// Submitted reads and writes wait for their bits in the submitter's
-    /// thread, then go below, where they stay in flight.
-    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
-        match &req {
-            Request::Read { len, .. } | Request::ReadTo { len, .. } => self.pass(Dir::Read, *len),
-            Request::Write { range, .. } => self.pass(Dir::Write, range.len()),
-            Request::Zero { .. } => {}
-        }
-        Route::Below(req)
-    }
+
     // Reads keep their bytes: a view may skip the filter only where there
     // is no limit at all.
     fn reads_unchanged(&self) -> bool {
@@ -329,60 +338,11 @@ impl Filter for Rate {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "limits the bandwidth of reads and writes in bits per second, over all connections and per connection (rate= connection-rate= rate-file=FILE connection-rate-file=FILE burstiness=SECS)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<RateConfig>("rate", KEYS, HELP);
-
-impl FilterConfig for RateConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Rate::new(self), next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<RateConfig> {
-        let mut c = RateConfig::default();
-        let rate = |k: &str, v: &str, old: u64| -> Result<u64> {
-            if old > 0 {
-                return Err(Error::invalid(format!(
-                    "rate: {k} set twice on the command line"
-                )));
-            }
-            match params::size("rate", k, v)? {
-                0 => Err(Error::invalid(format!("rate: {k} cannot be set to 0"))),
-                n => Ok(n),
-            }
-        };
-        for (k, v) in list {
-            match k.as_str() {
-                "rate" => c.rate = rate(k, v, c.rate)?,
-                "connection-rate" => c.connection_rate = rate(k, v, c.connection_rate)?,
-                "rate-file" => c.rate_file = Some(absolute(v)?),
-                "connection-rate-file" => c.connection_rate_file = Some(absolute(v)?),
-                "burstiness" => {
-                    c.burstiness = v
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|b| b.is_finite() && *b > 0.0)
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "rate: burstiness must be a positive number of seconds, not '{v}'"
-                            ))
-                        })?
-                }
-                _ => return Err(Error::invalid(format!("rate: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    use crate::params::kv;
+    use crate::testing::kv;
 
     #[test]
     fn parameters_are_read_as_nbdkit_reads_them() {

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::sync::lock;
 use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Result};
 
@@ -55,7 +55,7 @@ struct Stream {
     asked_to: u64,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct State {
     streams: VecDeque<Stream>,
     /// Recently asked ranges, newest last.
@@ -64,24 +64,18 @@ struct State {
     stopped: bool,
 }
 
+#[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
     work: Condvar,
 }
 
 /// The filter.
+#[derive(Debug)]
 pub struct Readahead {
     shared: Arc<Shared>,
     size: u64,
     enabled: bool,
-}
-
-impl std::fmt::Debug for Readahead {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Readahead")
-            .field("enabled", &self.enabled)
-            .finish()
-    }
 }
 
 impl Readahead {
@@ -240,51 +234,29 @@ impl Filter for Readahead {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReadaheadConfig;
 
-/// What `--help` says of the filter.
-const HELP: &str = "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<ReadaheadConfig>("readahead", KEYS, HELP);
-
-impl FilterConfig for ReadaheadConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Readahead::new(&next)?, next))
+impl Configure for ReadaheadConfig {
+    fn set(&mut self, key: &str, _value: &str) -> Result<()> {
+        Err(unknown("readahead", key))
     }
-    fn from_params(_list: &Params) -> Result<ReadaheadConfig> {
-        Ok(ReadaheadConfig)
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Readahead::new(&next)?, next))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use diskit_backends::MemoryDevice;
+    use crate::testing::Probe;
     use diskit_core::{Capabilities, Filtered};
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
-    /// Counts the bytes it is asked to cache.
-    struct Cacheable {
-        inner: MemoryDevice,
-        cached: Mutex<Vec<(u64, u64)>>,
-        reads: AtomicU64,
-    }
-
-    impl BlockDevice for Cacheable {
-        fn size(&self) -> u64 {
-            self.inner.size()
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-            self.reads.fetch_add(1, Ordering::Relaxed);
-            self.inner.read_at(buf, offset)
-        }
-        fn cache(&self, offset: u64, len: u64) -> Result<()> {
-            self.cached.lock().unwrap().push((offset, len));
-            Ok(())
-        }
+    /// The filter over `size` bytes that record what they are asked to
+    /// cache.
+    fn setup(size: u64) -> (Arc<Probe>, Filtered<Readahead>) {
+        let below = Arc::new(Probe::new(size));
+        let next: DeviceRef = below.clone();
+        (below, Filtered::new(Readahead::new(&next).unwrap(), next))
     }
 
     fn covered(c: &[(u64, u64)], off: u64, len: u64) -> bool {
@@ -312,13 +284,7 @@ mod tests {
 
     #[test]
     fn sequential_reads_get_a_growing_window_ahead() {
-        let below = Arc::new(Cacheable {
-            inner: MemoryDevice::new(256 << 20),
-            cached: Mutex::new(Vec::new()),
-            reads: AtomicU64::new(0),
-        });
-        let next: DeviceRef = below.clone();
-        let d = Filtered::new(Readahead::new(&next).unwrap(), next);
+        let (below, d) = setup(256 << 20);
         let mut buf = vec![0u8; 64 << 10];
         for i in 0..20u64 {
             d.read_at(&mut buf, i * (64 << 10)).unwrap();
@@ -326,18 +292,12 @@ mod tests {
         let end = 20 * (64 << 10);
         // Far past the last read: the window grew.
         wait_until(|| covered(&below.cached.lock().unwrap(), end, 8 << 20));
-        assert_eq!(below.reads.load(Ordering::Relaxed), 20);
+        assert_eq!(below.reads(), 20);
     }
 
     #[test]
     fn a_read_elsewhere_gets_its_neighbourhood_once() {
-        let below = Arc::new(Cacheable {
-            inner: MemoryDevice::new(64 << 20),
-            cached: Mutex::new(Vec::new()),
-            reads: AtomicU64::new(0),
-        });
-        let next: DeviceRef = below.clone();
-        let d = Filtered::new(Readahead::new(&next).unwrap(), next);
+        let (below, d) = setup(64 << 20);
         let mut buf = vec![0u8; 4096];
         d.read_at(&mut buf, 30 << 20).unwrap();
         wait_until(|| covered(&below.cached.lock().unwrap(), (29 << 20) + 4096, 2 << 20));
@@ -351,25 +311,14 @@ mod tests {
 
     #[test]
     fn without_cache_below_it_only_passes_reads() {
-        let mem: DeviceRef = Arc::new(MemoryDevice::new(1 << 20));
-        let ro: DeviceRef = Arc::new(Filtered::new(NoCache, mem));
-        let d = Filtered::new(Readahead::new(&ro).unwrap(), ro);
+        let below: DeviceRef = Arc::new(Probe::new(1 << 20).caps(|c| Capabilities {
+            can_cache: false,
+            ..c
+        }));
+        let d = Filtered::new(Readahead::new(&below).unwrap(), below);
         assert!(!d.filter().enabled);
         let mut buf = vec![1u8; 4096];
         d.read_at(&mut buf, 0).unwrap();
         assert!(buf.iter().all(|&b| b == 0));
-    }
-
-    struct NoCache;
-    impl Filter for NoCache {
-        fn name(&self) -> &str {
-            "nocache"
-        }
-        fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
-            Capabilities {
-                can_cache: false,
-                ..next.capabilities()
-            }
-        }
     }
 }

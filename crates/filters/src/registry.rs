@@ -1,39 +1,79 @@
 //! How a filter is registered: one [`FilterInfo`] row in
-//! [`FILTERS`](crate::FILTERS), which names the filter, lists its keys and
-//! names its configuration: a [`FilterConfig`], which reads the
-//! parameters and stacks the filter, so that nothing outside the filter's
-//! own module knows its types.
+//! [`FILTERS`](crate::FILTERS), which names the filter, lists its keys,
+//! describes it and names its configuration: a [`Configure`], which takes
+//! the parameters one by one and stacks the filter, so that nothing
+//! outside the filter's own module knows its types. The loop over the
+//! parameters, their order and the refusal of unknown keys are here, once.
 
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use diskit_core::{DeviceRef, Error, Filter, Filtered, Result};
+use diskit_core::{BlockDevice, DeviceRef, Error, Filter, Filtered, Result};
 
 use crate::FILTERS;
 
 /// `key=value` parameters, in the order given.
 pub type Params = [(String, String)];
 
-/// What a filter learns of the stack it joins.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Ctx {
-    /// The stack will be served read-only: the checks of write
-    /// capabilities that some filters make (fua, nozero) are skipped, as
-    /// nbdkit skips them.
-    pub read_only: bool,
-}
+/// A filter's configuration: read from its defaults and the `key=value`
+/// parameters, one at a time, in the order given (a later value of a key
+/// replaces an earlier one, as in nbdkit), checked together, then stacked
+/// over a device.
+pub trait Configure: Default + fmt::Debug + Send + Sync + Any {
+    /// Takes one parameter. A key the filter does not take is refused
+    /// with [`unknown`].
+    fn set(&mut self, key: &str, value: &str) -> Result<()>;
 
-/// A filter's checked parameters, ready to stack.
-pub trait FilterConfig: fmt::Debug + Send + Sync + Any {
-    /// Reads and checks the parameters, in order (a later value of a key
-    /// replaces an earlier one, as in nbdkit).
-    fn from_params(list: &Params) -> Result<Self>
-    where
-        Self: Sized;
+    /// Checks the values together, once all are taken: nothing to check
+    /// by default.
+    fn finish(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Checks that `next` can do what the filter so configured passes
+    /// down to it (fua, nozero), before it is stacked on `next` for a
+    /// stack that will be written: one served read-only skips the check,
+    /// as nbdkit skips it. Nothing to check by default.
+    fn check_below(&self, next: &dyn BlockDevice) -> Result<()> {
+        let _ = next;
+        Ok(())
+    }
 
     /// Stacks the filter so configured on `next`.
-    fn stack(&self, next: DeviceRef, ctx: Ctx) -> Result<DeviceRef>;
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef>;
+
+    /// Reads and checks the parameters.
+    fn from_params(list: &Params) -> Result<Self> {
+        let mut c = Self::default();
+        for (k, v) in list {
+            c.set(k, v)?;
+        }
+        c.finish()?;
+        Ok(c)
+    }
+}
+
+/// A checked configuration of any filter, ready to stack: what a
+/// [`FilterSpec`] holds.
+trait Stackable: fmt::Debug + Send + Sync + Any {
+    /// Stacks the filter on `next`, checking it first unless the stack is
+    /// `read_only` (see [`Configure::check_below`]).
+    fn stack_on(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef>;
+}
+
+impl<C: Configure> Stackable for C {
+    fn stack_on(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef> {
+        if !read_only {
+            self.check_below(&*next)?;
+        }
+        self.stack(next)
+    }
+}
+
+/// The error for a parameter `key` that `filter` does not take.
+pub fn unknown(filter: &str, key: &str) -> Error {
+    Error::invalid(format!("{filter}: unknown parameter '{key}'"))
 }
 
 /// A filter's row: its name, the parameter keys it takes, a one-line
@@ -51,13 +91,13 @@ pub struct FilterInfo {
     pub reads_only_below: bool,
     /// Reads and checks the parameters (only keys of
     /// [`keys`](Self::keys) are given).
-    pub parse: fn(&Params) -> Result<Arc<dyn FilterConfig>>,
+    parse: fn(&Params) -> Result<Arc<dyn Stackable>>,
 }
 
 impl FilterInfo {
     /// The row of the filter `name`, which takes `keys` and is configured
     /// by a `C`.
-    pub const fn new<C: FilterConfig>(
+    pub const fn new<C: Configure>(
         name: &'static str,
         keys: &'static [&'static str],
         help: &'static str,
@@ -81,7 +121,7 @@ impl FilterInfo {
 }
 
 /// Reads a `C`: what a row's [`parse`](FilterInfo::parse) does.
-fn parse<C: FilterConfig>(list: &Params) -> Result<Arc<dyn FilterConfig>> {
+fn parse<C: Configure>(list: &Params) -> Result<Arc<dyn Stackable>> {
     Ok(Arc::new(C::from_params(list)?))
 }
 
@@ -106,7 +146,7 @@ pub fn info(name: &str) -> Result<&'static FilterInfo> {
 #[derive(Debug, Clone)]
 pub struct FilterSpec {
     info: &'static FilterInfo,
-    config: Arc<dyn FilterConfig>,
+    config: Arc<dyn Stackable>,
 }
 
 impl FilterSpec {
@@ -118,7 +158,7 @@ impl FilterSpec {
             .iter()
             .find(|(k, _)| !info.keys.contains(&k.as_str()))
         {
-            return Err(Error::invalid(format!("{name}: unknown parameter '{k}'")));
+            return Err(unknown(name, k));
         }
         let config = (info.parse)(params)?;
         Ok(FilterSpec { info, config })
@@ -135,15 +175,15 @@ impl FilterSpec {
     }
 
     /// The configuration, when it is a `C` (the filter module's type).
-    pub fn config<C: FilterConfig>(&self) -> Option<&C> {
+    pub fn config<C: Configure>(&self) -> Option<&C> {
         let any: &dyn Any = &*self.config;
         any.downcast_ref()
     }
 
     /// Stacks the filter on `next`. `read_only`: the stack will be served
-    /// read-only (see [`Ctx`]).
+    /// read-only (see [`Configure::check_below`]).
     pub fn stack(&self, next: DeviceRef, read_only: bool) -> Result<DeviceRef> {
-        self.config.stack(next, Ctx { read_only })
+        self.config.stack_on(next, read_only)
     }
 }
 

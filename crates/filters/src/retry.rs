@@ -28,7 +28,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -59,6 +59,32 @@ impl Default for RetryConfig {
             exponential: true,
             readonly: false,
         }
+    }
+}
+
+impl Configure for RetryConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "retries" => {
+                self.retries = value.trim().parse().map_err(|_| {
+                    Error::invalid(format!("retry: retries: could not parse '{value}'"))
+                })?
+            }
+            "retry-delay" => {
+                self.delay = params::delay("retry", key, value)?;
+                if self.delay.is_zero() {
+                    return Err(Error::invalid("retry: retry-delay cannot be 0"));
+                }
+            }
+            "retry-exponential" => self.exponential = params::boolean("retry", key, value)?,
+            "retry-readonly" => self.readonly = params::boolean("retry", key, value)?,
+            _ => return Err(unknown("retry", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Retry::new(*self), next))
     }
 }
 
@@ -197,44 +223,10 @@ impl Filter for Retry {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<RetryConfig>("retry", KEYS, HELP);
-
-impl FilterConfig for RetryConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Retry::new(*self), next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<RetryConfig> {
-        let mut c = RetryConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "retries" => {
-                    c.retries = v.trim().parse().map_err(|_| {
-                        Error::invalid(format!("retry: retries: could not parse '{v}'"))
-                    })?
-                }
-                "retry-delay" => {
-                    c.delay = params::delay("retry", k, v)?;
-                    if c.delay.is_zero() {
-                        return Err(Error::invalid("retry: retry-delay cannot be 0"));
-                    }
-                }
-                "retry-exponential" => c.exponential = params::boolean("retry", k, v)?,
-                "retry-readonly" => c.readonly = params::boolean("retry", k, v)?,
-                _ => return Err(Error::invalid(format!("retry: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::kv;
     use diskit_core::{Capabilities, Filtered};
     use std::sync::atomic::AtomicUsize;
 
@@ -277,16 +269,12 @@ mod tests {
     }
 
     fn stack(fail: usize, params: &[(&str, &str)], reopen_fails: bool) -> (Arc<Flaky>, DeviceRef) {
-        let list: Vec<(String, String)> = params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
         let flaky = Arc::new(Flaky {
             fail: AtomicUsize::new(fail),
             reopens: AtomicUsize::new(0),
             reopen_fails,
         });
-        let config = RetryConfig::from_params(&list).unwrap();
+        let config = RetryConfig::from_params(&kv(params)).unwrap();
         let dev = Arc::new(Filtered::new(
             Retry::new(config),
             flaky.clone() as DeviceRef,
@@ -336,17 +324,5 @@ mod tests {
         // A new connection writes.
         let other = dev.connect(&Session::default()).unwrap().unwrap();
         other.write_at(&[1; 16], 0, WriteFlags::NONE).unwrap();
-    }
-
-    #[test]
-    fn bad_parameters_are_named() {
-        for (k, v, says) in [
-            ("retries", "-1", "retries"),
-            ("retry-delay", "0", "cannot be 0"),
-            ("retry-exponential", "maybe", "retry-exponential"),
-        ] {
-            let e = RetryConfig::from_params(&[(k.into(), v.into())]).unwrap_err();
-            assert!(e.to_string().contains(says), "{e}");
-        }
     }
 }

@@ -17,7 +17,8 @@
 //! started. Where nbdkit 1.32's breakdown loses a size whose request count
 //! equals another's, or reports every byte as "other sizes", this one
 //! counts them right. The bookkeeping takes a lock per request; requests
-//! below run in parallel. The server does not ask for extents through the
+//! below run in parallel, and submitted ones stay in flight there
+//! (counted as they complete). The server does not ask for extents through the
 //! filter before large reads (as it does elsewhere, to send holes without
 //! reading them), so the counts are the client's requests, as nbdkit's.
 
@@ -25,14 +26,17 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, Error, Extent, Filter, Result, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, Error, Result};
+
+use crate::call::{Call, Op};
+use crate::watch::{Outcome, Watch, Watching};
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -59,6 +63,32 @@ impl Default for StatsConfig {
     }
 }
 
+impl Configure for StatsConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "statsfile" => self.file = Some(PathBuf::from(value)),
+            "statsappend" => self.append = params::boolean("stats", key, value)?,
+            "statsthreshold" => {
+                let n: i64 = value.trim().parse().map_err(|_| {
+                    Error::invalid(format!("stats: statsthreshold: could not parse '{value}'"))
+                })?;
+                if !(0..=100).contains(&n) {
+                    return Err(Error::invalid(
+                        "stats: statsthreshold must be between 0 and 100 (percent)",
+                    ));
+                }
+                self.threshold = n as f64 / 100.0;
+            }
+            _ => return Err(unknown("stats", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Watching(Stats::new(self)?), next))
+    }
+}
+
 /// One operation's counters.
 #[derive(Debug, Default, Clone)]
 struct OpStat {
@@ -72,54 +102,32 @@ struct OpStat {
 }
 
 /// The operations, in the order nbdkit prints them.
+/// The names of the operations, in [`Op`]'s order (nbdkit's).
 const NAMES: [&str; 7] = ["read", "write", "trim", "zero", "extents", "cache", "flush"];
-const READ: usize = 0;
-const WRITE: usize = 1;
-const TRIM: usize = 2;
-const ZERO: usize = 3;
-const EXTENTS: usize = 4;
-const CACHE: usize = 5;
-const FLUSH: usize = 6;
 
 /// The filter.
+#[derive(Debug)]
 pub struct Stats {
     out: Mutex<Option<File>>,
     start: Instant,
+    counts: Arc<Counts>,
+}
+
+/// The counters, shared with the requests in flight below.
+#[derive(Debug)]
+pub(crate) struct Counts {
     threshold: f64,
+    /// Per [`Op`].
     ops: Mutex<[OpStat; 7]>,
 }
 
-impl std::fmt::Debug for Stats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stats").finish_non_exhaustive()
-    }
-}
-
-impl Stats {
-    /// Opens the stats file and starts the clock.
-    pub fn new(config: &StatsConfig) -> Result<Stats> {
-        let path = config.file.as_ref().ok_or_else(|| {
-            Error::invalid("stats: the stats filter requires the statsfile parameter")
-        })?;
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .append(config.append)
-            .truncate(!config.append)
-            .open(path)
-            .map_err(|e| Error::from(e).context(format!("stats: open: {}", path.display())))?;
-        Ok(Stats {
-            out: Mutex::new(Some(file)),
-            start: Instant::now(),
-            threshold: config.threshold,
-            ops: Mutex::new(Default::default()),
-        })
-    }
-
-    fn record(&self, op: usize, size: u64, offset: u64, started: Instant) {
+impl Counts {
+    /// Records `call`, started at `started`, which succeeded.
+    fn record(&self, call: &Call, started: Instant) {
+        let (size, offset) = (call.len, call.offset);
         let usecs = started.elapsed().as_micros() as u64;
         let mut all = lock(&self.ops);
-        let st = &mut all[op];
+        let st = &mut all[call.op as usize];
         st.ops += 1;
         st.bytes += size;
         st.usecs += usecs;
@@ -139,34 +147,50 @@ impl Stats {
             .or_default() += 1;
         *st.size.entry(size_bits).or_default() += size;
     }
+}
 
-    /// Runs `f`, recording it as `op` of `size` bytes at `offset` if it
-    /// succeeds.
-    fn timed<T>(
-        &self,
-        op: usize,
-        size: u64,
-        offset: u64,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
-        let started = Instant::now();
-        let r = f()?;
-        self.record(op, size, offset, started);
-        Ok(r)
+impl Stats {
+    /// Opens the stats file and starts the clock.
+    pub fn new(config: &StatsConfig) -> Result<Stats> {
+        let path = config.file.as_ref().ok_or_else(|| {
+            Error::invalid("stats: the stats filter requires the statsfile parameter")
+        })?;
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .append(config.append)
+            .truncate(!config.append)
+            .open(path)
+            .map_err(|e| Error::from(e).context(format!("stats: open: {}", path.display())))?;
+        Ok(Stats {
+            out: Mutex::new(Some(file)),
+            start: Instant::now(),
+            counts: Arc::new(Counts {
+                threshold: config.threshold,
+                ops: Mutex::new(Default::default()),
+            }),
+        })
     }
 
     /// The summary, as nbdkit writes it.
     fn summary(&self) -> String {
         let usecs = self.start.elapsed().as_micros() as u64;
-        let all = lock(&self.ops).clone();
+        let all = lock(&self.counts.ops).clone();
         let mut s = String::new();
-        let ops: u64 = [READ, WRITE, TRIM, ZERO, EXTENTS, FLUSH]
+        let ops: u64 = [
+            Op::Read,
+            Op::Write,
+            Op::Trim,
+            Op::Zero,
+            Op::Extents,
+            Op::Flush,
+        ]
+        .iter()
+        .map(|&op| all[op as usize].ops)
+        .sum();
+        let bytes: u64 = [Op::Read, Op::Write, Op::Trim, Op::Zero]
             .iter()
-            .map(|&i| all[i].ops)
-            .sum();
-        let bytes: u64 = [READ, WRITE, TRIM, ZERO]
-            .iter()
-            .map(|&i| all[i].bytes)
+            .map(|&op| all[op as usize].bytes)
             .sum();
         s += &format!(
             "total: {ops} ops, {:.6} s, {}, {}/s\n",
@@ -187,7 +211,7 @@ impl Stats {
                 human_rate(st.bytes, st.usecs),
                 human_rate(st.bytes, usecs)
             );
-            if self.threshold != 0.0 && !st.count.is_empty() {
+            if self.counts.threshold != 0.0 && !st.count.is_empty() {
                 s += "  Request size and alignment breakdown:\n";
                 self.histogram(st, &mut s);
                 s += "\n";
@@ -205,7 +229,7 @@ impl Stats {
         // Most requests first (ties: the smaller size first).
         sizes.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let total: u64 = sizes.iter().map(|x| x.0).sum();
-        let to_print = (self.threshold * total as f64) as u64;
+        let to_print = (self.counts.threshold * total as f64) as u64;
         let (mut printed_reqs, mut printed_bytes) = (0u64, 0u64);
         for (requests, bits) in sizes {
             if printed_reqs >= to_print {
@@ -246,7 +270,7 @@ impl Stats {
                 (b, n + any)
             })
             .collect();
-        let cutoff = ((1.0 - self.threshold) * total as f64) as u64;
+        let cutoff = ((1.0 - self.counts.threshold) * total as f64) as u64;
         for (i, &(bits, requests)) in cumulative.iter().enumerate() {
             if requests < cutoff {
                 *s += &format!(
@@ -291,50 +315,20 @@ fn human_rate(bytes: u64, usecs: u64) -> String {
     human_size((bytes as f64 / (usecs as f64 / 1e6)) as u64)
 }
 
-impl Filter for Stats {
-    fn name(&self) -> &str {
-        "stats"
+impl Watch for Stats {
+    const NAME: &'static str = "stats";
+    type Started = (Call, Instant, Arc<Counts>);
+
+    fn start(&self, call: &Call) -> Self::Started {
+        (*call, Instant::now(), self.counts.clone())
     }
-    // No file view: reads spliced past the filter would go uncounted.
-    fn extents_before_reads(&self, _next: &dyn BlockDevice) -> bool {
-        false
+
+    fn end((call, started, counts): Self::Started, outcome: Outcome<'_>) {
+        if !matches!(outcome, Outcome::Failed(_)) {
+            counts.record(&call, started);
+        }
     }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let len = buf.len() as u64;
-        self.timed(READ, len, offset, || next.read_at(buf, offset))
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.timed(WRITE, buf.len() as u64, offset, || {
-            next.write_at(buf, offset, flags)
-        })
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.timed(TRIM, len, offset, || next.trim(offset, len, flags))
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        self.timed(ZERO, len, offset, || next.write_zeroes(offset, len, flags))
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.timed(EXTENTS, len, offset, || next.extents(offset, len))
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.timed(CACHE, len, offset, || next.cache(offset, len))
-    }
-    fn flush(&self, next: &dyn BlockDevice) -> Result<()> {
-        self.timed(FLUSH, 0, 0, || next.flush())
-    }
+
     fn close(&self, next: &dyn BlockDevice) -> Result<()> {
         let written = match lock(&self.out).take() {
             Some(mut f) => f
@@ -348,56 +342,16 @@ impl Filter for Stats {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<StatsConfig>("stats", KEYS, HELP);
-
-impl FilterConfig for StatsConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Stats::new(self)?, next))
-    }
-    /// Reads the parameters.
-    fn from_params(list: &Params) -> Result<StatsConfig> {
-        let mut c = StatsConfig::default();
-        for (k, v) in list {
-            match k.as_str() {
-                "statsfile" => c.file = Some(PathBuf::from(v)),
-                "statsappend" => c.append = params::boolean("stats", k, v)?,
-                "statsthreshold" => {
-                    let n: i64 = v.trim().parse().map_err(|_| {
-                        Error::invalid(format!("stats: statsthreshold: could not parse '{v}'"))
-                    })?;
-                    if !(0..=100).contains(&n) {
-                        return Err(Error::invalid(
-                            "stats: statsthreshold must be between 0 and 100 (percent)",
-                        ));
-                    }
-                    c.threshold = n as f64 / 100.0;
-                }
-                _ => return Err(Error::invalid(format!("stats: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use diskit_backends::MemoryDevice;
-    use diskit_core::{DeviceRef, Filtered};
-    use std::sync::Arc;
+    use crate::testing::Writing;
+    use diskit_core::{BlockDevice, WriteFlags, ZeroFlags};
 
     #[test]
     fn counts_and_breakdown_in_nbdkit_format() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("stats.txt");
-        let cfg = StatsConfig::from_params(&[("statsfile".into(), path.to_str().unwrap().into())])
-            .unwrap();
-        let mem: DeviceRef = Arc::new(MemoryDevice::new(8 << 20));
-        let d = Filtered::new(Stats::new(&cfg).unwrap(), mem);
+        let stats = Writing::new("stats", "statsfile", 8 << 20);
+        let d = &stats.dev;
         let mut b = vec![0u8; 65536];
         for i in 0..19u64 {
             d.read_at(&mut b, i * 65536).unwrap();
@@ -407,7 +361,7 @@ mod tests {
         d.flush().unwrap();
         assert!(d.read_at(&mut b, 9 << 20).is_err(), "out of range");
         d.close().unwrap();
-        let out = std::fs::read_to_string(&path).unwrap();
+        let out = stats.text();
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[0].starts_with("total: 22 ops, "), "{out}");
         assert!(lines[0].contains(", 1.19 MiB, "), "{out}");
@@ -428,6 +382,27 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("\nflush: 1 ops, "), "{out}");
+    }
+
+    #[test]
+    fn submitted_requests_are_counted_and_stay_in_flight_below() {
+        use crate::testing::{read_request, submit, write_request, zero_request};
+        let stats = Writing::new("stats", "statsfile", 1 << 20);
+        let (d, probe) = (&*stats.dev, &stats.below);
+        assert_eq!(d.queue_depth(), probe.queue_depth());
+        for i in 0..3 {
+            assert!(submit(d, read_request(i * 4096, 4096)).result.is_ok());
+        }
+        assert!(submit(d, write_request(0, &[1; 4096])).result.is_ok());
+        let zero = zero_request(0, 8192, ZeroFlags::default());
+        assert!(submit(d, zero).result.is_ok());
+        assert_eq!(probe.submitted.load(std::sync::atomic::Ordering::SeqCst), 5);
+        d.close().unwrap();
+        let out = stats.text();
+        assert!(out.starts_with("total: 5 ops, "), "{out}");
+        for line in ["read: 3 ops, 0.", "write: 1 ops, 0.", "zero: 1 ops, 0."] {
+            assert!(out.contains(&format!("\n{line}")), "{out}");
+        }
     }
 
     #[test]

@@ -1,51 +1,14 @@
 //! Requests submitted through each filter give what its methods give, and
 //! the filters that send them below keep the queue depth below.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use diskit_backends::MemoryDevice;
-use diskit_core::aio::{Completion, CompletionQueue, ReadSink, Request};
-use diskit_core::buffer::AlignedBuf;
-use diskit_core::{BlockDevice, Capabilities, DeviceRef, Extent, Result, WriteFlags, ZeroFlags};
+use diskit_core::aio::{ReadSink, Request};
+use diskit_core::{BlockDevice, Result, ZeroFlags};
 
-use crate::params::kv;
+use crate::testing::{Probe, buf, kv, read, read_request, submit, write_request, zero_request};
 use crate::{FilterSpec, stack};
-
-/// A memory device that takes submitted requests as an NBD connection
-/// does (a queue depth above 1), and counts them.
-struct Queued {
-    mem: MemoryDevice,
-    submitted: AtomicUsize,
-}
-
-impl BlockDevice for Queued {
-    fn size(&self) -> u64 {
-        self.mem.size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.mem.capabilities()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.mem.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.mem.write_at(buf, offset, flags)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.mem.write_zeroes(offset, len, flags)
-    }
-    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.mem.extents(offset, len)
-    }
-    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
-        self.submitted.fetch_add(1, Ordering::SeqCst);
-        cq.push(diskit_core::aio::run(&self.mem, tag, req));
-    }
-    fn queue_depth(&self) -> usize {
-        8
-    }
-}
 
 /// Keeps what a read hands over, by offset.
 #[derive(Default)]
@@ -73,34 +36,20 @@ impl Collect {
     }
 }
 
-fn one(dev: &DeviceRef, req: Request) -> Completion {
-    let cq = CompletionQueue::new();
-    dev.submit(1, req, &cq);
-    cq.wait()
-}
-
-fn buf(data: &[u8]) -> AlignedBuf {
-    let mut b = AlignedBuf::new(data.len(), 4096).unwrap();
-    b[..data.len()].copy_from_slice(data);
-    b
-}
-
-fn read_sync(dev: &DeviceRef, offset: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    dev.read_at(&mut v, offset).unwrap();
-    v
-}
-
 /// A filter, its parameters, and whether requests stay in flight below.
 type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool);
 
 #[test]
 fn submitted_requests_give_what_the_filters_methods_give() {
     const SIZE: u64 = 4 << 20;
-    let pattern: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8 + 1).collect();
     // (filter, parameters, whether requests stay in flight below).
+    let dir = tempfile::tempdir().unwrap();
+    let statsfile = dir.path().join("stats");
     let cases: &[Case<'_>] = &[
+        ("log", &[], true),
+        ("stats", &[("statsfile", statsfile.to_str().unwrap())], true),
         ("noextents", &[], true),
+        ("error", &[], true),
         ("rate", &[("rate", "10G")], true),
         ("delay", &[("rdelay", "1ms"), ("wdelay", "1ms")], true),
         ("offset", &[("offset", "1M"), ("range", "2M")], true),
@@ -113,11 +62,9 @@ fn submitted_requests_give_what_the_filters_methods_give() {
         ("cache", &[], false),
     ];
     for &(name, params, below) in cases {
-        let queued = Arc::new(Queued {
-            mem: MemoryDevice::new(SIZE),
-            submitted: AtomicUsize::new(0),
-        });
-        queued.mem.write_at(&pattern, 0, WriteFlags::NONE).unwrap();
+        // Takes submitted requests as an NBD connection does (a queue
+        // depth above 1), and counts them.
+        let queued = Arc::new(Probe::new(SIZE).patterned(SIZE));
         let spec = FilterSpec::parse(name, &kv(params)).unwrap();
         let dev = stack(&[spec], queued.clone(), false).unwrap();
         let what = format!("{name} {params:?}");
@@ -125,22 +72,15 @@ fn submitted_requests_give_what_the_filters_methods_give() {
         let size = dev.size();
         // Across the end of what lies below, where there is such a place.
         let (at, len) = (size - 6000, 6000usize);
-        let want = read_sync(&dev, at, len);
+        let want = read(&*dev, at, len);
 
-        let c = one(
-            &dev,
-            Request::Read {
-                offset: at,
-                buf: buf(&vec![0; len]),
-                len,
-            },
-        );
+        let c = submit(&*dev, read_request(at, len));
         c.result.unwrap();
         assert_eq!(&c.buf.unwrap()[..len], &want[..], "{what}: read");
 
         let sink = Arc::new(Collect::default());
-        let c = one(
-            &dev,
+        let c = submit(
+            &*dev,
             Request::ReadTo {
                 offset: at,
                 buf: buf(&vec![0; len]),
@@ -152,28 +92,13 @@ fn submitted_requests_give_what_the_filters_methods_give() {
         assert_eq!(sink.bytes(at, len), want, "{what}: read to a sink");
 
         let data = vec![0x5a; 3000];
-        let c = one(
-            &dev,
-            Request::Write {
-                offset: 8192,
-                buf: buf(&data),
-                range: 0..3000,
-                flags: WriteFlags::NONE,
-            },
-        );
+        let c = submit(&*dev, write_request(8192, &data));
         c.result.unwrap();
-        assert_eq!(read_sync(&dev, 8192, 3000), data, "{what}: write");
+        assert_eq!(read(&*dev, 8192, 3000), data, "{what}: write");
 
-        let c = one(
-            &dev,
-            Request::Zero {
-                offset: 8192,
-                len: 1000,
-                flags: ZeroFlags::default(),
-            },
-        );
+        let c = submit(&*dev, zero_request(8192, 1000, ZeroFlags::default()));
         c.result.unwrap();
-        assert_eq!(read_sync(&dev, 8192, 1000), vec![0; 1000], "{what}: zero");
+        assert_eq!(read(&*dev, 8192, 1000), vec![0; 1000], "{what}: zero");
 
         let sent = queued.submitted.load(Ordering::SeqCst);
         assert_eq!(sent > 0, below, "{what}: {sent} submitted below");

@@ -21,7 +21,7 @@ use diskit_core::{
 };
 
 use crate::params;
-use crate::registry::{Ctx, FilterConfig, FilterInfo, Params, over};
+use crate::registry::{Configure, over, unknown};
 use diskit_core::DeviceRef;
 
 /// The keys the filter takes.
@@ -36,6 +36,23 @@ pub struct TruncateConfig {
     pub round_up: Option<u64>,
     /// Round down to a multiple of this.
     pub round_down: Option<u64>,
+}
+
+impl Configure for TruncateConfig {
+    /// Takes `truncate=`, `round-up=` and `round-down=`.
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "truncate" => self.truncate = Some(params::size("truncate", key, value)?),
+            "round-up" => self.round_up = Some(round_param(key, value)?),
+            "round-down" => self.round_down = Some(round_param(key, value)?),
+            _ => return Err(unknown("truncate", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(Truncate::new(&*next, self)?, next))
+    }
 }
 
 fn round_param(key: &str, value: &str) -> Result<u64> {
@@ -215,34 +232,10 @@ impl Filter for Truncate {
     }
 }
 
-/// What `--help` says of the filter.
-const HELP: &str = "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)";
-
-/// The filter's row in [`FILTERS`](crate::FILTERS).
-pub const FILTER: FilterInfo = FilterInfo::new::<TruncateConfig>("truncate", KEYS, HELP);
-
-impl FilterConfig for TruncateConfig {
-    fn stack(&self, next: DeviceRef, _ctx: Ctx) -> Result<DeviceRef> {
-        Ok(over(Truncate::new(&*next, self)?, next))
-    }
-    /// Reads `truncate=`, `round-up=` and `round-down=`.
-    fn from_params(params: &Params) -> Result<TruncateConfig> {
-        let mut c = TruncateConfig::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "truncate" => c.truncate = Some(params::size("truncate", k, v)?),
-                "round-up" => c.round_up = Some(round_param(k, v)?),
-                "round-down" => c.round_down = Some(round_param(k, v)?),
-                _ => return Err(Error::invalid(format!("truncate: unknown parameter '{k}'"))),
-            }
-        }
-        Ok(c)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::FAST;
     use diskit_backends::{MemoryDevice, PatternDevice};
     use diskit_core::Filtered;
     use std::sync::Arc;
@@ -336,15 +329,7 @@ mod tests {
         d.write_zeroes(995, 1005, ZeroFlags::default()).unwrap();
         mem.read_at(&mut b, 990).unwrap();
         assert_eq!(b, [1, 1, 1, 1, 1, 0, 0, 0, 0, 0]);
-        d.write_zeroes(
-            1500,
-            10,
-            ZeroFlags {
-                fast: true,
-                ..ZeroFlags::default()
-            },
-        )
-        .unwrap();
+        d.write_zeroes(1500, 10, FAST).unwrap();
         d.trim(1500, 10, WriteFlags::NONE).unwrap();
         d.cache(0, 2000).unwrap();
         assert!(d.write_at(&[0], 2000, WriteFlags::NONE).is_err());

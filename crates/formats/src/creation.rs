@@ -7,6 +7,8 @@ use std::path::Path;
 
 use diskit_core::{Result, StorageRef};
 
+use crate::OptionList;
+
 /// The creation options of one format, parsed and open to the values the
 /// command line adds (size, backing file).
 pub trait Creation {
@@ -131,14 +133,175 @@ pub fn make_image(
     storage.flush()
 }
 
-/// The "Formatting" line's options after the size: ` key=value` for each.
-pub fn summary_of(size: Option<u64>, given: &[(String, String)]) -> String {
-    let mut out = String::new();
-    if let Some(s) = size {
-        out += &format!(" size={s}");
+/// What the command line completes in a new image of any format: the
+/// virtual size, and the backing file and its format (for formats that
+/// take one), kept once here for every format's plan ([`Planned`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Basics {
+    /// The virtual size, if given.
+    pub size: Option<u64>,
+    /// The backing file, if given.
+    pub backing_file: Option<String>,
+    /// The backing file's format, if given.
+    pub backing_fmt: Option<String>,
+}
+
+impl Basics {
+    /// `size`, `backing_file` and `backing_fmt` from `-o` (the format has
+    /// checked which keys it takes).
+    pub fn parse(options: &OptionList) -> Result<Basics> {
+        Ok(Basics {
+            size: options.size("size")?,
+            backing_file: options.text("backing_file"),
+            backing_fmt: options.text("backing_fmt"),
+        })
     }
-    for (k, v) in given {
-        out += &format!(" {k}={v}");
+
+    /// The "Formatting" line's ` backing_file=` and ` backing_fmt=`, for
+    /// what is given.
+    pub fn backing_summary(&self) -> String {
+        let mut out = String::new();
+        if let Some(b) = &self.backing_file {
+            out += &format!(" backing_file={b}");
+        }
+        if let Some(f) = &self.backing_fmt {
+            out += &format!(" backing_fmt={f}");
+        }
+        out
     }
-    out
+}
+
+/// A format's own creation options, which [`Planned`] makes a
+/// [`Creation`] of.
+pub trait FormatOptions {
+    /// The "Formatting" line's options after the size (each with its
+    /// leading space), in the format's order.
+    fn summary(&self, basics: &Basics) -> String;
+
+    /// Makes an image of `size` bytes with these options where `target`
+    /// says.
+    fn make(&self, target: &mut dyn NewFiles, size: u64, basics: &Basics) -> Result<()>;
+}
+
+/// A new image planned: the [`Basics`] and a format's own options.
+pub struct Planned<O> {
+    /// The size and backing file.
+    pub basics: Basics,
+    /// The format's own options.
+    pub opts: O,
+}
+
+impl<O: FormatOptions + 'static> Planned<O> {
+    /// The plan of `opts`, parsed from `options`, which give the basics
+    /// too.
+    pub fn new(options: &OptionList, opts: O) -> Result<Planned<O>> {
+        Ok(Planned {
+            basics: Basics::parse(options)?,
+            opts,
+        })
+    }
+
+    /// [`new`](Self::new), as the driver's
+    /// [`parse_create`](crate::FormatDriver::parse_create) returns it.
+    pub fn boxed(options: &OptionList, opts: O) -> Result<Box<dyn Creation>> {
+        Ok(Box::new(Planned::new(options, opts)?))
+    }
+}
+
+impl<O: FormatOptions> Creation for Planned<O> {
+    fn size(&self) -> Option<u64> {
+        self.basics.size
+    }
+
+    fn set_size(&mut self, size: u64) {
+        self.basics.size = Some(size);
+    }
+
+    fn backing_file(&self) -> Option<&str> {
+        self.basics.backing_file.as_deref()
+    }
+
+    fn backing_format(&self) -> Option<&str> {
+        self.basics.backing_fmt.as_deref()
+    }
+
+    fn set_backing_file(&mut self, name: &str) {
+        self.basics.backing_file = Some(name.to_string());
+    }
+
+    fn set_backing_format(&mut self, name: &str) {
+        self.basics.backing_fmt = Some(name.to_string());
+    }
+
+    fn summary(&self) -> String {
+        let mut out = String::new();
+        if let Some(s) = self.basics.size {
+            out += &format!(" size={s}");
+        }
+        out + &self.opts.summary(&self.basics)
+    }
+
+    fn create(&self, target: &mut dyn NewFiles) -> Result<()> {
+        let size = crate::driver::one_size(None, self.basics.size)?;
+        self.opts.make(target, size, &self.basics)
+    }
+}
+
+/// The "Formatting" line's ` key=value` for each option given.
+pub fn given_summary(given: &[(String, String)]) -> String {
+    given.iter().map(|(k, v)| format!(" {k}={v}")).collect()
+}
+
+/// The file protocol's creation options, as `-o help` lists them.
+const FILE_OPTIONS: &[&str] = &[
+    "extent_size_hint=<size> - Extent size hint for the image file, 0 to disable",
+    "nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)",
+    "preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)",
+];
+
+/// The key of an option line (`key=<type> - text`).
+fn key(line: &str) -> &str {
+    line.split('=').next().unwrap_or(line)
+}
+
+/// The creation options a format offers, as `-o help` lists them (lines
+/// `key=<type> - text`): their keys, with the file protocol's, are the
+/// `-o` keys the format takes.
+pub struct Offered(pub &'static [&'static str]);
+
+impl Offered {
+    /// Fails naming the first key of `options` the format does not take.
+    pub fn check(&self, options: &OptionList) -> Result<()> {
+        let keys: Vec<&str> = self.0.iter().chain(FILE_OPTIONS).map(|l| key(l)).collect();
+        options.check_known(&keys)
+    }
+
+    /// `create -o help` as qemu-img prints it for `format`: with a file
+    /// name given, the format's lines merged with the file protocol's
+    /// (the format's winning where both have a key), in order of key;
+    /// without, the format's alone, and a hint.
+    pub fn help(&self, format: &str, with_file: bool) -> String {
+        let own = self.0;
+        let mut lines = own.to_vec();
+        if with_file {
+            let theirs = FILE_OPTIONS
+                .iter()
+                .filter(|f| !own.iter().any(|o| key(o) == key(f)));
+            lines.extend(theirs);
+        }
+        lines.sort_by_key(|l| key(l));
+        let mut out = if with_file {
+            "Supported options:\n".to_string()
+        } else {
+            format!("Supported {format} options:\n")
+        };
+        for line in lines {
+            out += &format!("  {line}\n");
+        }
+        if !with_file {
+            out += "\nThe protocol level may support further options.\n\
+                    Specify the target filename to include those options.\n";
+        }
+        out
+    }
 }

@@ -24,6 +24,18 @@ pub struct Measurement {
     pub bitmaps: Option<u64>,
 }
 
+impl Measurement {
+    /// The measurement of an image that takes `bytes` whatever is
+    /// allocated (plain storage, a LUKS volume): no bitmaps.
+    pub fn fixed(bytes: u64) -> Measurement {
+        Measurement {
+            required: bytes,
+            fully_allocated: bytes,
+            bitmaps: None,
+        }
+    }
+}
+
 /// What opening an image gives.
 pub struct Opened {
     /// What the guest sees.
@@ -32,15 +44,21 @@ pub struct Opened {
     pub image: Arc<dyn FormatImage>,
 }
 
+/// What a driver opens an image from.
+pub struct Opening<'a> {
+    /// The image's storage.
+    pub storage: StorageRef,
+    /// How to open it.
+    pub opts: &'a OpenOptions,
+    /// The opener of the files the image names (backing file, data file,
+    /// extents).
+    pub implied: &'a mut dyn ImpliedFiles,
+}
+
 /// An image format.
 pub trait FormatDriver: Sync {
     /// The name, as `-f` and qemu-img spell it.
     fn name(&self) -> &'static str;
-
-    /// Scores the first bytes of an image (at most
-    /// [`PROBE_BYTES`](crate::probe::PROBE_BYTES)) and its name, as QEMU
-    /// scores them: 0 is "not this format", 100 is certain.
-    fn probe(&self, head: &[u8], filename: &str) -> u32;
 
     /// Whether diskit reads the format (false: recognised only).
     fn supported(&self) -> bool {
@@ -64,15 +82,9 @@ pub trait FormatDriver: Sync {
         &[]
     }
 
-    /// Opens the image on `storage`; the files it names are opened through
-    /// `implied`.
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
-        let _ = (storage, opts, implied);
+    /// Opens the image `at` says.
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let _ = at;
         Err(unsupported(self.name()))
     }
 

@@ -8,37 +8,30 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use diskit_core::{Error, ErrorKind, Result, StorageRef};
+use diskit_core::{Error, ErrorKind, Result};
 
-use crate::driver::{FormatDriver, Opened, one_size};
+use crate::creation::{Basics, FormatOptions, NewFiles, Planned};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::FormatImage;
-use crate::implied::ImpliedFiles;
-use crate::{Format, OpenOptions, OptionList};
+use crate::{Format, OptionList};
 
 /// The driver's name.
 pub const NAME: &str = "host_device";
 
-/// The `-o` options it takes.
+/// The `-o` options it takes: its own (a device is no file, and takes
+/// none of the file protocol's).
 const CREATE_OPTIONS: &[&str] = &["size", "preallocation"];
 
-/// `create -o help` with a file name, as qemu-img prints it: with the
-/// file protocol's options, as for every format (a device's own
-/// protocol has fewer; the command line lists what the target takes).
-const CREATE_HELP: &str = "Supported options:
-  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
-  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
-  preallocation=<str>    - Preallocation mode (allowed values: off)
-  size=<size>            - Virtual disk size
-";
+/// The creation options host_device offers.
+const OFFERED: crate::creation::Offered = crate::creation::Offered(&[
+    "preallocation=<str>    - Preallocation mode (allowed values: off)",
+    "size=<size>            - Virtual disk size",
+]);
 
-/// `create -o help` without a file name.
-const CREATE_HELP_GENERIC: &str = "Supported host_device options:
-  preallocation=<str>    - Preallocation mode (allowed values: off)
-  size=<size>            - Virtual disk size
-
-The protocol level may support further options.
-Specify the target filename to include those options.
-";
+/// host_device's probe: never probed, only named.
+pub fn probe(_: &[u8], _: &str) -> u32 {
+    0
+}
 
 /// The host_device driver.
 pub struct HostDeviceDriver;
@@ -80,17 +73,8 @@ impl FormatDriver for HostDeviceDriver {
         NAME
     }
 
-    /// Never probed: only named.
-    fn probe(&self, _head: &[u8], _filename: &str) -> u32 {
-        0
-    }
-
-    fn open(
-        &self,
-        storage: StorageRef,
-        _opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, .. } = at;
         let name = storage.location().to_string();
         let fd = storage.fd().ok_or_else(|| {
             Error::invalid(format!(
@@ -106,71 +90,43 @@ impl FormatDriver for HostDeviceDriver {
     }
 
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        HostDeviceCreation::parse(options).map(drop)
+        self.parse_create(options).map(drop)
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(HostDeviceCreation::parse(options)?))
+        options.check_known(CREATE_OPTIONS)?;
+        let opts = HostDeviceOptions {
+            preallocation: options.text("preallocation"),
+        };
+        Planned::boxed(options, opts)
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        if with_file {
-            CREATE_HELP
-        } else {
-            CREATE_HELP_GENERIC
-        }
-        .to_string()
+        OFFERED.help("host_device", with_file)
     }
 }
 
-/// A "creation": the options as given, checked against the device.
-struct HostDeviceCreation {
-    size: Option<u64>,
+/// A "creation"'s own options: checked against the device.
+struct HostDeviceOptions {
     preallocation: Option<String>,
 }
 
-impl HostDeviceCreation {
-    fn parse(options: &OptionList) -> Result<HostDeviceCreation> {
-        options.check_known(CREATE_OPTIONS)?;
-        Ok(HostDeviceCreation {
-            size: options
-                .get("size")
-                .map(|v| crate::options::size_value("size", v))
-                .transpose()?,
-            preallocation: options.get("preallocation").map(str::to_string),
-        })
-    }
-}
-
-impl crate::Creation for HostDeviceCreation {
-    fn size(&self) -> Option<u64> {
-        self.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        let mut out = String::new();
-        if let Some(s) = self.size {
-            out.push_str(&format!(" size={s}"));
+impl FormatOptions for HostDeviceOptions {
+    fn summary(&self, _: &Basics) -> String {
+        match &self.preallocation {
+            Some(p) => format!(" preallocation={p}"),
+            None => String::new(),
         }
-        if let Some(p) = &self.preallocation {
-            out.push_str(&format!(" preallocation={p}"));
-        }
-        out
     }
 
     /// Checks that the device is there and holds the size; writes nothing.
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
         let path = Path::new(target.name());
         if let Some(p) = self.preallocation.as_deref().filter(|p| *p != "off") {
             return Err(Error::unsupported(format!(
                 "Unsupported preallocation mode '{p}'"
             )));
         }
-        let size = one_size(None, self.size)?;
         if size > device_size(path)? {
             return Err(Error::new(ErrorKind::NoSpace, "Cannot grow device files"));
         }

@@ -26,6 +26,7 @@ pub mod probe;
 pub mod qcow2;
 pub mod qed;
 pub mod raw;
+pub mod recognised;
 pub mod table;
 pub mod vdi;
 pub mod vhdx;

@@ -116,6 +116,29 @@ impl OptionList {
         self.items.is_empty()
     }
 
+    /// The size value of `key`, if given.
+    pub fn size(&self, key: &str) -> Result<Option<u64>> {
+        self.get(key).map(|v| size_value(key, v)).transpose()
+    }
+
+    /// The boolean value of `key`, if given.
+    pub fn flag(&self, key: &str) -> Result<Option<bool>> {
+        self.get(key).map(|v| bool_value(key, v)).transpose()
+    }
+
+    /// The text of `key`, if given.
+    pub fn text(&self, key: &str) -> Option<String> {
+        self.get(key).map(str::to_string)
+    }
+
+    /// `key=value` for each of `keys` given, in the order of `keys` (what a
+    /// "Formatting" line shows as given).
+    pub fn given(&self, keys: &[&str]) -> Vec<(String, String)> {
+        keys.iter()
+            .filter_map(|k| self.get(k).map(|v| (k.to_string(), v.to_string())))
+            .collect()
+    }
+
     /// Fails naming the first key not in `known`.
     pub fn check_known(&self, known: &[&str]) -> Result<()> {
         for (k, _) in &self.items {

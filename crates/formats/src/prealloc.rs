@@ -1,7 +1,7 @@
 //! Preallocation modes, as `-o preallocation=` and `resize --preallocation`
 //! name them.
 
-use diskit_core::Preallocation;
+use diskit_core::{Error, Preallocation, Result, Storage};
 
 /// How an image's space is reserved when it is created or grown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,4 +50,26 @@ impl Prealloc {
             Prealloc::Full => Some(Preallocation::Full),
         }
     }
+}
+
+/// `resize`'s checks for an image whose guest data is plain storage (raw,
+/// a LUKS payload): no metadata to preallocate, and a positive size.
+pub fn check_plain_resize(new_size: u64, prealloc: Option<Prealloc>) -> Result<()> {
+    if prealloc == Some(Prealloc::Metadata) {
+        return Err(metadata_unsupported());
+    }
+    if new_size == 0 || new_size > i64::MAX as u64 {
+        return Err(Error::invalid("New image size must be positive"));
+    }
+    Ok(())
+}
+
+/// Resizes plain storage to `len` bytes, preallocated as `prealloc` says.
+pub fn resize_plain(storage: &dyn Storage, len: u64, prealloc: Prealloc) -> Result<()> {
+    let mode = prealloc.for_storage().ok_or_else(metadata_unsupported)?;
+    storage.resize(len, mode)
+}
+
+fn metadata_unsupported() -> Error {
+    Error::unsupported("Unsupported preallocation mode: metadata")
 }

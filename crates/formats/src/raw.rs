@@ -2,51 +2,36 @@
 
 use diskit_core::{Error, ErrorKind, Preallocation, Result, StorageRef};
 
-use crate::creation::NewFiles;
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned};
 
 use crate::image_ops::FormatImage;
-use crate::options::{bool_value, size_value};
 use crate::{Format, OptionList, Prealloc};
 
-/// The `-o` options raw images accept at creation, in the order qemu-img
-/// lists them in its "Formatting" line.
-pub const CREATE_OPTIONS: &[&str] = &["size", "nocow", "preallocation", "extent_size_hint"];
-
-/// Help text for `-o help`, as qemu-img prints it for raw with a file name.
-pub const CREATE_HELP: &str = "Supported options:
-  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
-  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
-  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)
-  size=<size>            - Virtual disk size
-";
+/// The creation options raw offers.
+const OFFERED: Offered = Offered(&["size=<size>            - Virtual disk size"]);
 
 /// Validated raw creation options.
 #[derive(Debug, Clone, Default)]
 pub struct RawCreateOptions {
-    /// Virtual size from `-o size=`, if given.
-    pub size: Option<u64>,
     /// Preallocation mode text as given (validated at creation, as qemu-img does).
     pub preallocation: Option<String>,
     /// `nocow` as given (only meaningful on btrfs).
     pub nocow: Option<bool>,
     /// Extent size hint in bytes (applied where the file system supports it).
     pub extent_size_hint: Option<u64>,
+    /// `nocow` as given (the "Formatting" line shows it so).
+    nocow_given: Option<String>,
 }
 
 impl RawCreateOptions {
     /// Checks the option list: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<RawCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
-        let size_opt = |name: &str| options.get(name).map(|v| size_value(name, v)).transpose();
-        let nocow = options
-            .get("nocow")
-            .map(|v| bool_value("nocow", v))
-            .transpose()?;
+        OFFERED.check(options)?;
         Ok(RawCreateOptions {
-            size: size_opt("size")?,
-            preallocation: options.get("preallocation").map(str::to_string),
-            nocow,
-            extent_size_hint: size_opt("extent_size_hint")?,
+            preallocation: options.text("preallocation"),
+            nocow: options.flag("nocow")?,
+            extent_size_hint: options.size("extent_size_hint")?,
+            nocow_given: options.text("nocow"),
         })
     }
 
@@ -87,6 +72,11 @@ pub fn create(target: &mut dyn NewFiles, size: u64, opts: &RawCreateOptions) -> 
     })
 }
 
+/// raw's probe: anything could be a raw image, so it scores 1.
+pub fn probe(_: &[u8], _: &str) -> u32 {
+    1
+}
+
 /// The raw driver: the image is its storage.
 pub struct RawDriver;
 
@@ -95,20 +85,12 @@ impl crate::driver::FormatDriver for RawDriver {
         "raw"
     }
 
-    fn probe(&self, _head: &[u8], _filename: &str) -> u32 {
-        1
-    }
-
     fn sector_sized(&self) -> bool {
         true
     }
 
-    fn open(
-        &self,
-        storage: diskit_core::StorageRef,
-        _opts: &crate::OpenOptions,
-        _implied: &mut dyn crate::implied::ImpliedFiles,
-    ) -> Result<crate::driver::Opened> {
+    fn open(&self, at: crate::driver::Opening<'_>) -> Result<crate::driver::Opened> {
+        let storage = at.storage;
         Ok(crate::driver::Opened {
             device: storage.clone(),
             image: std::sync::Arc::new(RawImage { storage }),
@@ -116,25 +98,15 @@ impl crate::driver::FormatDriver for RawDriver {
     }
 
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
-        options.check_known(CREATE_OPTIONS)
+        OFFERED.check(options)
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(RawCreation {
-            opts: RawCreateOptions::parse(options)?,
-            nocow: options.get("nocow").map(str::to_string),
-        }))
+        Planned::boxed(options, RawCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        if with_file {
-            CREATE_HELP.to_string()
-        } else {
-            "Supported raw options:\n  size=<size>            - Virtual disk size\n\n\
-             The protocol level may support further options.\n\
-             Specify the target filename to include those options.\n"
-                .to_string()
-        }
+        OFFERED.help("raw", with_file)
     }
 
     fn measure(
@@ -143,16 +115,11 @@ impl crate::driver::FormatDriver for RawDriver {
         size: Option<u64>,
         source: Option<&crate::Image>,
     ) -> Result<crate::driver::Measurement> {
-        options.check_known(CREATE_OPTIONS)?;
-        let v = match (source, size) {
-            (Some(img), _) => img.virtual_size(),
-            (None, s) => s.unwrap_or(0).div_ceil(512) * 512,
-        };
-        Ok(crate::driver::Measurement {
-            required: v,
-            fully_allocated: v,
-            bitmaps: None,
-        })
+        OFFERED.check(options)?;
+        Ok(crate::driver::Measurement::fixed(match source {
+            Some(img) => img.virtual_size(),
+            None => size.unwrap_or(0).div_ceil(512) * 512,
+        }))
     }
 }
 
@@ -167,60 +134,30 @@ impl FormatImage for RawImage {
     }
 
     fn check_resize(&self, new_size: u64, prealloc: Option<Prealloc>) -> Result<()> {
-        if prealloc == Some(Prealloc::Metadata) {
-            return Err(Error::unsupported(
-                "Unsupported preallocation mode: metadata",
-            ));
-        }
-        if new_size == 0 || new_size > i64::MAX as u64 {
-            return Err(Error::invalid("New image size must be positive"));
-        }
-        Ok(())
+        crate::prealloc::check_plain_resize(new_size, prealloc)
     }
 
     fn resize(&self, new_size: u64, _shrink: bool, prealloc: Prealloc) -> Result<()> {
-        let mode = prealloc
-            .for_storage()
-            .ok_or_else(|| Error::unsupported("Unsupported preallocation mode: metadata"))?;
-        self.storage.resize(new_size, mode)
+        crate::prealloc::resize_plain(&*self.storage, new_size, prealloc)
     }
 }
 
-/// A raw image being planned: its options, and `nocow` as given (the
-/// "Formatting" line shows it so).
-struct RawCreation {
-    opts: RawCreateOptions,
-    nocow: Option<String>,
-}
-
-impl crate::Creation for RawCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
+impl FormatOptions for RawCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
         let mut out = String::new();
-        if let Some(s) = self.opts.size {
-            out.push_str(&format!(" size={s}"));
-        }
-        if let Some(v) = &self.nocow {
+        if let Some(v) = &self.nocow_given {
             out.push_str(&format!(" nocow={v}"));
         }
-        if let Some(v) = &self.opts.preallocation {
+        if let Some(v) = &self.preallocation {
             out.push_str(&format!(" preallocation={v}"));
         }
-        if let Some(v) = self.opts.extent_size_hint {
+        if let Some(v) = self.extent_size_hint {
             out.push_str(&format!(" extent_size_hint={v}"));
         }
         out
     }
 
-    fn create(&self, target: &mut dyn NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
 }

@@ -1,66 +1,56 @@
 //! The one table of formats. Probing, `-f`/`-O`, `create`, `create -o
 //! help`, `measure`, the opener and `serve image` all read [`FORMATS`]: a
 //! new format is one module that implements
-//! [`FormatDriver`] plus one row here. A
+//! [`FormatDriver`] and a probe, plus one row here. A
 //! format QEMU knows and diskit does not read yet has a row too
 //! ([`Recognised`]), so that it is refused by name and never read as raw.
 
 use diskit_core::{Error, Result};
 
 use crate::driver::{Format, FormatDriver, unsupported};
+use crate::recognised::{self, Recognised};
 
-/// A format QEMU knows that diskit only recognises.
-pub struct Recognised {
-    /// Its name.
-    pub name: &'static str,
-    /// Its probe.
+/// One format of the table: its driver and its probe (kept in the
+/// format's module).
+pub struct Row {
+    /// The driver.
+    pub driver: &'static dyn FormatDriver,
+    /// Scores the first bytes of an image (at most
+    /// [`PROBE_BYTES`](crate::probe::PROBE_BYTES)) and its name, as QEMU
+    /// scores them: 0 is "not this format", 100 is certain.
     pub probe: fn(&[u8], &str) -> u32,
 }
 
-impl FormatDriver for Recognised {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        (self.probe)(head, filename)
-    }
-    fn supported(&self) -> bool {
-        false
+impl Row {
+    /// The row of `driver`, probed by `probe`.
+    pub const fn new(driver: &'static dyn FormatDriver, probe: fn(&[u8], &str) -> u32) -> Row {
+        Row { driver, probe }
     }
 }
 
 /// Every format, in QEMU's order where probe scores tie; raw (which
 /// scores 1 for anything) last.
-pub static FORMATS: &[&dyn FormatDriver] = &[
-    &crate::qcow2::driver::Qcow2Driver,
-    &Recognised {
-        name: "qcow",
-        probe: crate::probe::qcow1,
-    },
-    &crate::qed::QedDriver,
-    &crate::vmdk::VmdkDriver,
-    &crate::vhdx::VhdxDriver,
-    &crate::vpc::VpcDriver,
-    &crate::vdi::VdiDriver,
-    &crate::luks::LuksDriver,
-    &Recognised {
-        name: "parallels",
-        probe: crate::probe::parallels,
-    },
-    &Recognised {
-        name: "bochs",
-        probe: crate::probe::bochs,
-    },
-    &Recognised {
-        name: "cloop",
-        probe: crate::probe::cloop,
-    },
-    &Recognised {
-        name: "dmg",
-        probe: crate::probe::dmg,
-    },
-    &crate::raw::RawDriver,
-    &crate::host_device::HostDeviceDriver,
+pub static FORMATS: &[Row] = &[
+    Row::new(
+        &crate::qcow2::driver::Qcow2Driver,
+        crate::qcow2::driver::probe,
+    ),
+    Row::new(&Recognised("qcow"), recognised::qcow1),
+    Row::new(&crate::qed::QedDriver, crate::qed::probe),
+    Row::new(&crate::vmdk::VmdkDriver, crate::vmdk::probe),
+    Row::new(&crate::vhdx::VhdxDriver, crate::vhdx::probe),
+    Row::new(&crate::vpc::VpcDriver, crate::vpc::probe),
+    Row::new(&crate::vdi::VdiDriver, crate::vdi::probe),
+    Row::new(&crate::luks::LuksDriver, crate::luks::probe),
+    Row::new(&Recognised("parallels"), recognised::parallels),
+    Row::new(&Recognised("bochs"), recognised::bochs),
+    Row::new(&Recognised("cloop"), recognised::cloop),
+    Row::new(&Recognised("dmg"), recognised::dmg),
+    Row::new(&crate::raw::RawDriver, crate::raw::probe),
+    Row::new(
+        &crate::host_device::HostDeviceDriver,
+        crate::host_device::probe,
+    ),
 ];
 
 impl Format {
@@ -96,14 +86,11 @@ impl Format {
 
     /// The row called `name`, supported or not.
     pub fn known(name: &str) -> Option<Format> {
-        FORMATS
-            .iter()
-            .find(|d| d.name() == name)
-            .map(|d| Format(*d))
+        Format::all().find(|f| f.name() == name)
     }
 
     /// Every format of the table.
     pub fn all() -> impl Iterator<Item = Format> {
-        FORMATS.iter().map(|d| Format(*d))
+        FORMATS.iter().map(|row| Format(row.driver))
     }
 }

@@ -33,7 +33,11 @@ fn open(format: Format, mem: &Arc<MemoryDevice>) -> diskit_formats::driver::Open
     };
     format
         .driver()
-        .open(storage, &opts, &mut NoImpliedFiles)
+        .open(diskit_formats::driver::Opening {
+            storage,
+            opts: &opts,
+            implied: &mut NoImpliedFiles,
+        })
         .unwrap()
 }
 

@@ -24,6 +24,7 @@ pub mod protocol;
 mod rbd;
 mod s3;
 pub mod spec;
+mod waiting;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -333,7 +334,11 @@ impl Chain {
             opts: &opts,
             below: None,
         };
-        let opened = driver.open(storage.clone(), &opts, &mut implied)?;
+        let opened = driver.open(diskit_formats::driver::Opening {
+            storage: storage.clone(),
+            opts: &opts,
+            implied: &mut implied,
+        })?;
         let backing = implied.below;
         Ok(Image {
             device: opened.device,

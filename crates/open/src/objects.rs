@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{OnceLock, RwLock};
 
 use diskit_core::{Error, Result};
-use diskit_formats::crypto::secret::split_options;
+use diskit_formats::options::split_items;
 
 /// Which kind of key a TLS credentials object holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub fn tls_creds(id: &str, endpoint: Endpoint) -> Result<TlsCreds> {
 /// Defines what one `--object` argument describes: a `secret`, a
 /// `tls-creds-x509` or a `tls-creds-psk`; another type is refused by name.
 pub fn define_object(text: &str) -> Result<()> {
-    let parts = split_options(text);
+    let parts = split_items(text);
     let qom_type = match parts.first().map(|p| p.split_once('=')) {
         Some(Some(("qom-type", v))) => v.to_string(),
         Some(None) => parts[0].clone(),

@@ -13,6 +13,7 @@ use diskit_rbd::{RbdImage, RbdName};
 
 use crate::plugin::PluginArgs;
 use crate::spec::Spec;
+use crate::waiting::Waiting;
 
 /// QEMU's keys of its rbd driver that diskit takes.
 pub const KEYS: &[&str] = &[
@@ -62,6 +63,11 @@ fn name_of(node: &Spec) -> Result<RbdName> {
 /// Opens the image a node names.
 pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     let mut name = name_of(node)?;
+    if mode.writable
+        && let Some(made) = MADE.take(&name.canonical())
+    {
+        return Ok(made);
+    }
     if mode.direct {
         // As QEMU: no librbd cache with cache.direct (`-t none`), whatever
         // the configuration says.
@@ -70,21 +76,34 @@ pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
     Ok(Arc::new(RbdImage::open(&name, mode.writable)?))
 }
 
+/// Images made and not yet opened: the open for the copy takes the
+/// creation's image and its cluster connection.
+static MADE: Waiting<Arc<RbdImage>> = Waiting::new();
+
 /// Makes the image `name` (an `rbd:` name), empty (it grows as written:
 /// the size to come is no matter).
 pub fn create(name: &str, _size_hint: u64) -> Result<StorageRef> {
     let n = RbdName::parse(name)?;
-    Ok(Arc::new(diskit_rbd::create(&n, 0)?))
+    let image = Arc::new(diskit_rbd::create(&n, 0)?);
+    MADE.keep(n.canonical(), image.clone());
+    Ok(image)
 }
 
-/// Removes the image `name` (a failed creation's undo).
+/// Removes the image `name` (a failed creation's undo), closed first if
+/// it waits for an open.
 pub fn remove(name: &str) -> Result<()> {
-    diskit_rbd::remove(&RbdName::parse(name)?)
+    let n = RbdName::parse(name)?;
+    drop(MADE.take(&n.canonical()));
+    diskit_rbd::remove(&n)
 }
 
-/// Nothing to finish: an image is there as soon as it is made.
-pub fn finish(_name: &str) -> Result<()> {
-    Ok(())
+/// Closes the image `name` if no open took it (`create` alone): it is
+/// there as soon as it is made.
+pub fn finish(name: &str) -> Result<()> {
+    match MADE.take(&RbdName::parse(name)?.canonical()) {
+        Some(image) => diskit_core::BlockDevice::close(&*image),
+        None => Ok(()),
+    }
 }
 
 /// `serve rbd POOL[/NAMESPACE]/IMAGE [snap=SNAP] [conf=FILE] [id=USER]`.

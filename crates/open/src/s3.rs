@@ -6,20 +6,17 @@
 //! takes nbdkit's S3 plugin's command line: one object, read-only, or,
 //! with `size=` and `object-size=`, a read-write disk over many objects
 //! laid out as that plugin lays them out.
-//!
-//! Creation and the open that follows are two steps (a format writes its
-//! header through the storage creation makes, then the image is opened
-//! for the copy): an object being written cannot be opened again, so the
-//! writer creation makes waits here, by name, for the open that takes it.
+//! The writer creation makes waits, by name, for the open that takes it
+//! (an object being written cannot be opened again).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use diskit_core::sync::lock;
 use diskit_core::{DeviceRef, Error, ErrorKind, Result, StorageOptions, StorageRef};
 use diskit_s3::{S3Name, S3Options, S3Sharded, S3Writer};
 
 use crate::plugin::{PluginArgs, size_arg};
 use crate::spec::Spec;
+use crate::waiting::Waiting;
 
 /// Every key, laid out so that the node's and the plugin's are two
 /// windows on it: the plugin's first (its own two, then the shared
@@ -48,15 +45,12 @@ pub const PLUGIN_KEYS: &[&str] = ALL_KEYS.split_at(10).0;
 /// Requests in flight at once for a server (its connections' threads).
 const SERVER_CONNECTIONS: usize = 64;
 
-/// New objects made and not yet opened, by name.
-static MADE: Mutex<Vec<(String, Arc<S3Writer>)>> = Mutex::new(Vec::new());
+/// New objects made and not yet opened.
+static MADE: Waiting<Arc<S3Writer>> = Waiting::new();
 
 /// Takes the new object `name` that creation made, if it waits.
 fn take_made(name: &S3Name) -> Option<Arc<S3Writer>> {
-    let key = name.to_string();
-    let mut made = lock(&MADE);
-    let at = made.iter().position(|(n, _)| *n == key)?;
-    Some(made.remove(at).1)
+    MADE.take(&name.to_string())
 }
 
 /// The object a node names, and the settings its keys give.
@@ -118,7 +112,7 @@ pub fn open(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
 pub fn create(name: &str, size_hint: u64) -> Result<StorageRef> {
     let n = S3Name::parse(name)?;
     let w = Arc::new(S3Writer::create(&n, &S3Options::new(), 0, size_hint)?);
-    lock(&MADE).push((n.to_string(), w.clone()));
+    MADE.keep(n.to_string(), w.clone());
     Ok(w)
 }
 

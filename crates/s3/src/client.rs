@@ -430,7 +430,7 @@ fn read_text(r: &mut Response<ureq::Body>) -> std::io::Result<String> {
 
 /// The text of the first `<tag>` element of an XML document (S3's error
 /// answers are flat: `<Error><Code>..</Code><Message>..</Message>`).
-fn xml_text(xml: &str, tag: &str) -> Option<String> {
+pub fn xml_text(xml: &str, tag: &str) -> Option<String> {
     let open = format!("<{tag}>");
     let start = xml.find(&open)? + open.len();
     let end = xml[start..].find(&format!("</{tag}>"))? + start;

@@ -203,7 +203,9 @@ fn read_ini(path: Option<PathBuf>) -> Result<HashMap<String, HashMap<String, Str
     Ok(parse_ini(&text))
 }
 
-fn parse_ini(text: &str) -> HashMap<String, HashMap<String, String>> {
+/// The sections of an AWS credentials or config file's text, each a map
+/// of its keys (see [`read_ini`]'s rules).
+pub fn parse_ini(text: &str) -> HashMap<String, HashMap<String, String>> {
     let mut out: HashMap<String, HashMap<String, String>> = HashMap::new();
     let mut section: Option<String> = None;
     for line in text.lines() {

@@ -22,7 +22,8 @@ mod object;
 mod sharded;
 mod upload;
 
-pub use config::{Keys, S3Options, Settings};
+pub use client::xml_text;
+pub use config::{Keys, S3Options, Settings, parse_ini};
 pub use name::{PREFIX, S3Name};
 pub use object::{S3Object, Seen, open as open_object};
 pub use sharded::S3Sharded;

@@ -1,22 +1,16 @@
 //! `diskit check`: verify (and repair) an image's metadata, as qemu-img check.
 
-use std::path::PathBuf;
-
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::OpenPolicy;
-use crate::util::{CliError, output_is_json, parse_source_format};
+use crate::util::{CliError, ReportArgs};
 use diskit_open::{Capability, CheckReport, Repair, probe_format};
 
 /// Arguments of `check`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Image format (probed if absent).
-    #[arg(short = 'f', long = "format")]
-    format: Option<String>,
-    /// Output format: human or json.
-    #[arg(long = "output", default_value = "human")]
-    output: String,
+    #[command(flatten)]
+    image: ReportArgs,
     /// Repair: leaks or all.
     #[arg(short = 'r', long = "repair")]
     repair: Option<String>,
@@ -29,12 +23,10 @@ pub struct Args {
     /// Open read-only even if the image is in use.
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
-    /// The image.
-    filename: PathBuf,
 }
 
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
-    let json = output_is_json(&a.output, "check")?;
+    let json = a.image.json("check")?;
     let repair = match a.repair.as_deref() {
         None => Repair::None,
         Some("leaks") => Repair::Leaks,
@@ -47,12 +39,12 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
         }
     };
     let _ = a.cache;
-    let name = a.filename.display().to_string();
-    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let name = a.image.filename.display().to_string();
+    let format = a.image.format()?;
     // An --image-opts or json: description names the file and maybe the
     // format (a key-secret in it is not needed: check reads metadata).
     let (described, file) = diskit_open::open_described_storage(
-        crate::util::name_of(&a.filename)?,
+        crate::util::name_of(&a.image.filename)?,
         policy.image_opts,
         repair != Repair::None,
     )
@@ -90,7 +82,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
             // The format checks the files the image names too (vmdk
             // extents): the image is opened, without its backing file.
             let img = policy.open(
-                &a.filename,
+                &a.image.filename,
                 Some(format),
                 diskit_open::OpenOptions {
                     no_backing: true,

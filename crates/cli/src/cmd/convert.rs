@@ -281,7 +281,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
         src = Arc::new(Filtered::new(crate::cmd::convert_io::salvage::Salvage, src));
     }
     if let Some(rate) = rate {
-        src = crate::cmd::convert_io::rate_limited(src, rate);
+        src = crate::cmd::convert_io::rate_limited(src, rate)?;
     }
     let total = src.size();
 

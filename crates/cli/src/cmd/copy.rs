@@ -15,6 +15,7 @@ use std::sync::Arc;
 use crate::CmdResult;
 use crate::progress::{CopyProgressTo, ProgressPrinter};
 use crate::util::CliError;
+use diskit_copy::blkhash::{BlockHash, parse_spec};
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::{BlockDevice, DeviceRef, Filtered, WriteFlags, ZeroFlags};
 use diskit_filters::noextents::Noextents;
@@ -27,6 +28,15 @@ pub struct Args {
     /// requests that may not punch holes).
     #[arg(long = "allocated")]
     allocated: bool,
+    /// Compute the blkhash of the data as it is copied and print it at the
+    /// end: DIGEST[/SIZE], DIGEST as `checksum --digest` takes it (md5,
+    /// sha1, sha256, sha512...), SIZE the block size (a power of 2);
+    /// sha256/64k when not given.
+    #[arg(long = "blkhash", num_args = 0..=1, require_equals = true, default_missing_value = "", value_name = "DIGEST[/SIZE]")]
+    blkhash: Option<String>,
+    /// Where --blkhash prints the digest (default: standard output).
+    #[arg(long = "blkhash-file", value_name = "FILE")]
+    blkhash_file: Option<std::path::PathBuf>,
     /// Connections to each NBD server (when it allows multi-conn).
     #[arg(short = 'C', long = "connections", default_value_t = 4)]
     connections: usize,
@@ -389,6 +399,13 @@ pub fn run(a: Args) -> CmdResult {
     if sparse != 0 && (sparse < 512 || !sparse.is_power_of_two()) {
         return Err(CliError::new("--sparse: must be a power of 2 and >= 512"));
     }
+    let blkhash = a
+        .blkhash
+        .as_deref()
+        .map(|spec| parse_spec(spec).and_then(|(alg, bs)| BlockHash::new(alg, bs)))
+        .transpose()
+        .map_err(|e| CliError::new(format!("--blkhash: {e}")))?
+        .map(Arc::new);
     let progress_to = match a.progress.as_deref() {
         None => None,
         Some("") => Some(CopyProgressTo::Stderr),
@@ -444,6 +461,7 @@ pub fn run(a: Args) -> CmdResult {
         allocated: a.allocated,
         target_is_zero: destination_is_zero,
         flush: a.flush,
+        blkhash: blkhash.clone(),
         ..CopyOptions::default()
     };
     let progress = Arc::new(Progress::default());
@@ -464,19 +482,31 @@ pub fn run(a: Args) -> CmdResult {
         )
         .and_then(|()| dst.close().map_err(nbd_err))
     };
+    let hash = blkhash.as_deref();
+    // The bytes copied, all of the source.
     let result = match (src, dst) {
-        (Opened::Device(src), Opened::Device(dst)) => into_device(src, dst, &mut sparse, opts_base),
-        (Opened::Device(src), Opened::File(dst)) => into_device(src, dst, &mut sparse, opts_base),
+        (Opened::Device(src), Opened::Device(dst)) => {
+            let size = src.size();
+            into_device(src, dst, &mut sparse, opts_base).map(|()| size)
+        }
+        (Opened::Device(src), Opened::File(dst)) => {
+            let size = src.size();
+            into_device(src, dst, &mut sparse, opts_base).map(|()| size)
+        }
         (Opened::Device(src), Opened::Stream(out)) => {
-            let r = to_stream(&*src, out, request_size, &progress);
+            let r = to_stream(&*src, out, request_size, hash, &progress);
             let _ = src.close();
-            r
+            r.map(|()| src.size())
         }
         (Opened::Stream(input), dst) => {
-            from_stream(input, dst, request_size, sparse, a.flush, &progress)
+            from_stream(input, dst, request_size, sparse, a.flush, hash, &progress)
         }
         (Opened::File(_), _) => unreachable!("a source is a device or a stream"),
     };
+    let result = result.and_then(|copied| match hash {
+        Some(h) => print_blkhash(h, copied, a.blkhash_file.as_deref()),
+        None => Ok(()),
+    });
     if let Some(p) = printer {
         if result.is_ok() {
             p.completed();
@@ -589,11 +619,34 @@ fn copy_devices(
     Ok(())
 }
 
-/// Copies a device to a pipe, every byte in order.
+/// Prints the blkhash of the `size` bytes copied, as nbdcopy does: the
+/// digest in hex on a line of its own, on standard output or in `file`.
+fn print_blkhash(
+    hash: &BlockHash,
+    size: u64,
+    file: Option<&std::path::Path>,
+) -> Result<(), CliError> {
+    let md = hash
+        .finish(size)
+        .map_err(|e| CliError::new(format!("--blkhash: {e}")))?;
+    let line = format!("{}\n", md.hex());
+    match file {
+        Some(path) => {
+            std::fs::write(path, line).map_err(|e| io_error(&path.display().to_string(), &e))
+        }
+        None => std::io::stdout()
+            .write_all(line.as_bytes())
+            .map_err(|e| CliError::new(format!("write: {e}"))),
+    }
+}
+
+/// Copies a device to a pipe, every byte in order (hashed on the way when
+/// asked).
 fn to_stream(
     src: &dyn BlockDevice,
     mut out: std::fs::File,
     request: u64,
+    hash: Option<&BlockHash>,
     progress: &Progress,
 ) -> Result<(), CliError> {
     let size = src.size();
@@ -604,6 +657,9 @@ fn to_stream(
         let n = (size - off).min(request) as usize;
         src.read_at(&mut buf[..n], off)
             .map_err(|e| CliError::new(format!("{}: read at {off}: {e}", src.describe())))?;
+        if let Some(h) = hash {
+            h.data(off, &buf[..n]);
+        }
         out.write_all(&buf[..n])
             .map_err(|e| CliError::new(format!("write: {e}")))?;
         off += n as u64;
@@ -627,15 +683,17 @@ fn read_full(input: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize
     Ok(got)
 }
 
-/// Copies a pipe to its end into a device, a growing file or another pipe.
+/// Copies a pipe to its end into a device, a growing file or another pipe
+/// (hashed on the way when asked); returns the bytes copied.
 fn from_stream(
     mut input: std::fs::File,
     dst: Opened,
     request: u64,
     sparse: u64,
     flush: bool,
+    hash: Option<&BlockHash>,
     progress: &Progress,
-) -> Result<(), CliError> {
+) -> Result<u64, CliError> {
     let mut buf = vec![0u8; request as usize];
     let mut off = 0u64;
     let werr = |off: u64, e: diskit_core::Error| CliError::new(format!("write at {off}: {e}"));
@@ -645,6 +703,9 @@ fn from_stream(
             break;
         }
         let data = &buf[..n];
+        if let Some(h) = hash {
+            h.data(off, data);
+        }
         let zero = sparse > 0 && data.iter().all(|&b| b == 0);
         match &dst {
             Opened::Stream(out) => {
@@ -681,14 +742,15 @@ fn from_stream(
             f.resize(off, diskit_core::Preallocation::Off)
                 .and_then(|()| if flush { f.flush() } else { Ok(()) })
                 .and_then(|()| f.close())
-                .map_err(nbd_err)
+                .map_err(nbd_err)?;
         }
         Opened::Device(d) => {
             if flush {
                 d.flush().map_err(nbd_err)?;
             }
-            d.close().map_err(nbd_err)
+            d.close().map_err(nbd_err)?;
         }
-        Opened::Stream(_) => Ok(()),
+        Opened::Stream(_) => {}
     }
+    Ok(off)
 }

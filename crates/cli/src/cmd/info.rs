@@ -7,13 +7,13 @@
 //! printing ([`Node::json`], [`Node::human`]).
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::CmdResult;
 use crate::cmd::snapshot;
 use crate::qjson::QJson;
 use crate::util::OpenPolicy;
-use crate::util::{CliError, output_is_json, parse_source_format};
+use crate::util::{CliError, ReportArgs};
 use diskit_core::size::human_size;
 use diskit_core::{BlockDevice, NodeInfo, Storage};
 use diskit_open::{Format, FormatInfo, Image, OpenOptions, SnapshotInfo};
@@ -21,29 +21,23 @@ use diskit_open::{Format, FormatInfo, Image, OpenOptions, SnapshotInfo};
 /// Arguments of `info`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Image format (probed if absent).
-    #[arg(short = 'f', long = "format")]
-    format: Option<String>,
-    /// Output format: human or json.
-    #[arg(long = "output", default_value = "human")]
-    output: String,
+    #[command(flatten)]
+    image: ReportArgs,
     /// Show every image of the backing chain.
     #[arg(short = 'b', long = "backing-chain")]
     backing_chain: bool,
     /// Open read-only even if the image is in use.
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
-    /// The image.
-    filename: PathBuf,
 }
 
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
-    let json = output_is_json(&a.output, "info")?;
-    let mut format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let json = a.image.json("info")?;
+    let mut format = a.image.format()?;
     let policy = policy.sharing(a.force_share);
     let mut nodes = Vec::new();
     let mut seen = HashSet::new();
-    let mut next = Some(a.filename.display().to_string());
+    let mut next = Some(a.image.filename.display().to_string());
     // The first name is read as the command line says (--image-opts or
     // not); the backing files below by the names the images give.
     let mut image_opts = policy.image_opts;

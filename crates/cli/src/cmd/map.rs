@@ -1,11 +1,10 @@
 //! `diskit map`: where each range of the guest disk lives.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
-use crate::util::{CliError, OpenPolicy, output_is_json, parse_size_arg, parse_source_format};
+use crate::util::{CliError, OpenPolicy, ReportArgs, parse_size_arg};
 use diskit_core::extent;
 use diskit_core::{BlockDevice, Extent};
 use diskit_open::OpenOptions;
@@ -13,12 +12,8 @@ use diskit_open::OpenOptions;
 /// Arguments of `map`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Image format (probed if absent).
-    #[arg(short = 'f', long = "format")]
-    format: Option<String>,
-    /// Output format: human or json.
-    #[arg(long = "output", default_value = "human")]
-    output: String,
+    #[command(flatten)]
+    image: ReportArgs,
     /// First guest byte to map.
     #[arg(short = 's', long = "start-offset")]
     start_offset: Option<String>,
@@ -28,8 +23,6 @@ pub struct Args {
     /// Open read-only even if the image is in use.
     #[arg(short = 'U', long = "force-share")]
     force_share: bool,
-    /// The image.
-    filename: PathBuf,
 }
 
 fn offset_arg(s: Option<&str>, what: &str) -> Result<Option<u64>, CliError> {
@@ -53,12 +46,12 @@ pub fn collect_extents(
 }
 
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
-    let json = output_is_json(&a.output, "map")?;
-    let format = parse_source_format(a.format.as_deref(), &a.filename)?;
+    let json = a.image.json("map")?;
+    let format = a.image.format()?;
     let policy = policy.sharing(a.force_share);
     let start = offset_arg(a.start_offset.as_deref(), "start offset")?.unwrap_or(0);
     let max_len = offset_arg(a.max_length.as_deref(), "max length")?;
-    let img = policy.open(&a.filename, format, OpenOptions::default())?;
+    let img = policy.open(&a.image.filename, format, OpenOptions::default())?;
     let size = img.virtual_size();
     let end = match max_len {
         Some(l) => start.saturating_add(l).min(size),

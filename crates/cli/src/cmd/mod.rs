@@ -4,6 +4,7 @@ pub mod amend;
 pub mod bench;
 pub mod bitmap;
 pub mod check;
+pub mod checksum;
 pub mod commit;
 pub mod compare;
 pub mod convert;

@@ -49,7 +49,7 @@ impl Secrets {
 
     /// Defines secret `id`; an id already defined is an error, as in QEMU.
     pub fn insert(&self, id: &str, secret: Secret) -> Result<()> {
-        let mut map = self.by_id.write().unwrap_or_else(|p| p.into_inner());
+        let mut map = diskit_core::sync::write(&self.by_id);
         if map.contains_key(id) {
             return Err(Error::invalid(format!(
                 "attempt to add duplicate property '{id}' to object (type 'container')"
@@ -61,40 +61,17 @@ impl Secrets {
 
     /// The secret `id`, with QEMU's message when there is none.
     pub fn get(&self, id: &str) -> Result<Secret> {
-        self.by_id
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        diskit_core::sync::read(&self.by_id)
             .get(id)
             .cloned()
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("No secret with id '{id}'")))
     }
 }
 
-/// Splits a QEMU option string (`a=b,c=d`, `,,` standing for a comma).
-pub fn split_options(text: &str) -> Vec<String> {
-    let mut parts = Vec::new();
-    let mut cur = String::new();
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == ',' {
-            if chars.peek() == Some(&',') {
-                chars.next();
-                cur.push(',');
-            } else {
-                parts.push(std::mem::take(&mut cur));
-            }
-        } else {
-            cur.push(c);
-        }
-    }
-    parts.push(cur);
-    parts
-}
-
 /// Defines what one `--object` argument describes. Only `secret` objects
 /// are known; another type is refused by name.
 pub fn define_object(text: &str) -> Result<()> {
-    let parts = split_options(text);
+    let parts = crate::options::split_items(text);
     let mut qom_type = None;
     let mut keys: Vec<(String, String)> = Vec::new();
     for (i, p) in parts.iter().enumerate() {

@@ -15,9 +15,10 @@ use zeroize::Zeroizing;
 use super::header::{ALIGN, HEADER_LEN, Header, KeySlot, SALT_LEN, SLOTS, STRIPES};
 use super::keys;
 use crate::OptionList;
+use crate::creation::{Basics, FormatOptions, NewFiles, given_summary};
 use crate::crypto::sector::{check_combination, key_bytes};
 use crate::crypto::{CipherAlg, CipherMode, HashAlg, IvGenAlg, SECTOR_SIZE, Secrets};
-use crate::options::{bool_value, size_value};
+use crate::options::bool_value;
 
 /// Fewest PBKDF2 iterations QEMU writes for a slot or the key digest.
 pub const MIN_ITERATIONS: u32 = 1000;
@@ -45,8 +46,6 @@ pub struct Plan {
 /// with `encrypt.` before it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LuksCreateOptions {
-    /// Virtual size.
-    pub size: Option<u64>,
     /// The secret id of the passphrase.
     pub key_secret: Option<String>,
     /// Options as given, for the "Formatting" line (after size).
@@ -74,7 +73,7 @@ pub const KEYS: &[&str] = &[
 impl LuksCreateOptions {
     /// Parses the standalone format's options.
     pub fn parse(options: &OptionList) -> Result<LuksCreateOptions> {
-        options.check_known(super::CREATE_OPTIONS)?;
+        super::OFFERED.check(options)?;
         if let Some(v) = options.get("detached-header")
             && bool_value("detached-header", v)?
         {
@@ -83,21 +82,13 @@ impl LuksCreateOptions {
             ));
         }
         let mut o = Self::parse_prefixed(options, "")?;
-        o.size = options
-            .get("size")
-            .map(|v| size_value("size", v))
-            .transpose()?;
-        o.preallocation = options.get("preallocation").map(str::to_string);
-        for k in [
+        o.preallocation = options.text("preallocation");
+        o.given.extend(options.given(&[
             "detached-header",
             "preallocation",
             "nocow",
             "extent_size_hint",
-        ] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
+        ]));
         Ok(o)
     }
 
@@ -121,7 +112,6 @@ impl LuksCreateOptions {
             }
         }
         let o = LuksCreateOptions {
-            size: None,
             key_secret: get("key-secret"),
             given,
             cipher_alg: get("cipher-alg"),
@@ -280,106 +270,14 @@ pub fn create(
     })
 }
 
-/// A LUKS volume planned by `create` or `convert`.
-pub struct LuksCreation {
-    /// Its options.
-    pub opts: LuksCreateOptions,
-}
-
-impl crate::Creation for LuksCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
+impl FormatOptions for LuksCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
+        given_summary(&self.given)
     }
 
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
-
-    fn summary(&self) -> String {
-        crate::creation::summary_of(self.opts.size, &self.opts.given)
-    }
-
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
-    }
-}
-
-/// `create -f luks -o help`.
-pub fn help(with_file: bool) -> String {
-    let mut out = String::from(if with_file {
-        "Supported options:\n"
-    } else {
-        "Supported luks options:\n"
-    });
-    let lines: &[(&str, &str, bool)] = &[
-        (
-            "cipher-alg=<str>       - Name of encryption cipher algorithm",
-            "",
-            false,
-        ),
-        (
-            "cipher-mode=<str>      - Name of encryption cipher mode",
-            "",
-            false,
-        ),
-        (
-            "detached-header=<bool (on/off)> - Create a detached LUKS header",
-            "",
-            false,
-        ),
-        (
-            "extent_size_hint=<size> - Extent size hint for the image file, 0 to disable",
-            "",
-            true,
-        ),
-        (
-            "hash-alg=<str>         - Name of encryption hash algorithm",
-            "",
-            false,
-        ),
-        (
-            "iter-time=<num>        - Time to spend in PBKDF in milliseconds",
-            "",
-            false,
-        ),
-        (
-            "ivgen-alg=<str>        - Name of IV generator algorithm",
-            "",
-            false,
-        ),
-        (
-            "ivgen-hash-alg=<str>   - Name of IV generator hash algorithm",
-            "",
-            false,
-        ),
-        (
-            "key-secret=<str>       - ID of the secret that provides the keyslot passphrase",
-            "",
-            false,
-        ),
-        (
-            "nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)",
-            "",
-            true,
-        ),
-        (
-            "preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)",
-            "",
-            true,
-        ),
-        ("size=<size>            - Virtual disk size", "", false),
-    ];
-    for (line, _, file_only) in lines {
-        if with_file || !file_only {
-            out += &format!("  {line}\n");
-        }
-    }
-    if !with_file {
-        out += "\nThe protocol level may support further options.\n\
-                Specify the target filename to include those options.\n";
-    }
-    out
 }
 
 /// `amend -f luks -o help`.

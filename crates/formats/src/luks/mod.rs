@@ -14,13 +14,14 @@ use std::sync::Arc;
 
 use diskit_core::{Error, ErrorKind, Result, Storage, StorageRef};
 
+use crate::creation::Offered;
+use crate::creation::Planned;
 use crate::crypto::encrypted::EncryptedStorage;
 use crate::crypto::{SECTOR_SIZE, Secrets, SectorCipher};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
-use crate::implied::ImpliedFiles;
 use crate::info::{FormatInfo, InfoValue};
-use crate::{Format, OpenOptions, OptionList, Prealloc};
+use crate::{Format, OptionList, Prealloc};
 
 use header::Header;
 
@@ -125,44 +126,39 @@ pub fn info_value(h: &Header, format: Option<&str>) -> InfoValue {
         )
 }
 
+/// LUKS's probe: the magic, versions 1 and 2.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    let version = h.get(6..8).map(|v| u16::from_be_bytes([v[0], v[1]]));
+    u32::from(h.starts_with(b"LUKS\xba\xbe") && matches!(version, Some(1 | 2))) * 100
+}
+
+/// The creation options luks offers.
+pub(crate) const OFFERED: Offered = Offered(&[
+    "cipher-alg=<str>       - Name of encryption cipher algorithm",
+    "cipher-mode=<str>      - Name of encryption cipher mode",
+    "detached-header=<bool (on/off)> - Create a detached LUKS header",
+    "hash-alg=<str>         - Name of encryption hash algorithm",
+    "iter-time=<num>        - Time to spend in PBKDF in milliseconds",
+    "ivgen-alg=<str>        - Name of IV generator algorithm",
+    "ivgen-hash-alg=<str>   - Name of IV generator hash algorithm",
+    "key-secret=<str>       - ID of the secret that provides the keyslot passphrase",
+    "size=<size>            - Virtual disk size",
+]);
+
 /// The luks driver.
 pub struct LuksDriver;
-
-/// The creation options qemu-img lists for luks with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "key-secret",
-    "cipher-alg",
-    "cipher-mode",
-    "ivgen-alg",
-    "ivgen-hash-alg",
-    "hash-alg",
-    "iter-time",
-    "detached-header",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
 
 impl FormatDriver for LuksDriver {
     fn name(&self) -> &'static str {
         "luks"
     }
 
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::luks(head, filename)
-    }
-
     fn open_keys(&self) -> &'static [&'static str] {
         &["key-secret"]
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, opts, .. } = at;
         let h = read_header(&*storage, 0)?;
         let payload = h.payload_offset as u64 * SECTOR_SIZE;
         if storage.file_len()? < payload {
@@ -195,13 +191,11 @@ impl FormatDriver for LuksDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(create::LuksCreation {
-            opts: create::LuksCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, create::LuksCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        create::help(with_file)
+        OFFERED.help("luks", with_file)
     }
 
     fn amend_help(&self) -> Option<String> {
@@ -218,18 +212,12 @@ impl FormatDriver for LuksDriver {
         size: Option<u64>,
         source: Option<&crate::Image>,
     ) -> Result<crate::driver::Measurement> {
-        let opts = create::LuksCreateOptions::parse(options)?;
-        let v = match (source, size) {
-            (Some(img), _) => img.virtual_size(),
-            (None, s) => s.unwrap_or(0),
-        };
+        let opts = Planned::new(options, create::LuksCreateOptions::parse(options)?)?.opts;
+        let v = source.map_or(size.unwrap_or(0), |img| img.virtual_size());
         let v = v.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
-        let total = create::payload_offset(&opts.plan()?) + v;
-        Ok(crate::driver::Measurement {
-            required: total,
-            fully_allocated: total,
-            bitmaps: None,
-        })
+        Ok(crate::driver::Measurement::fixed(
+            create::payload_offset(&opts.plan()?) + v,
+        ))
     }
 }
 
@@ -289,23 +277,12 @@ impl FormatImage for LuksImage {
     }
 
     fn check_resize(&self, new_size: u64, prealloc: Option<Prealloc>) -> Result<()> {
-        if prealloc == Some(Prealloc::Metadata) {
-            return Err(Error::unsupported(
-                "Unsupported preallocation mode: metadata",
-            ));
-        }
-        if new_size == 0 || new_size > i64::MAX as u64 {
-            return Err(Error::invalid("New image size must be positive"));
-        }
-        Ok(())
+        crate::prealloc::check_plain_resize(new_size, prealloc)
     }
 
     fn resize(&self, new_size: u64, _shrink: bool, prealloc: Prealloc) -> Result<()> {
-        let mode = prealloc
-            .for_storage()
-            .ok_or_else(|| Error::unsupported("Unsupported preallocation mode: metadata"))?;
         let payload = self.header.payload_offset as u64 * SECTOR_SIZE;
-        self.storage.resize(payload + new_size, mode)
+        crate::prealloc::resize_plain(&*self.storage, payload + new_size, prealloc)
     }
 
     fn amend(&self, options: &OptionList, force: bool) -> Result<()> {

@@ -9,6 +9,7 @@ use std::ops::Deref;
 use diskit_core::buffer::{ReusedBuf, with_reused};
 use diskit_core::device::{check_range, write_zero_buffer};
 use diskit_core::range_lock::RangeLock;
+use diskit_core::zero::is_zero;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, FileView, Result,
     WriteFlags, ZeroFlags,
@@ -87,28 +88,26 @@ impl<F: MappedFormat> Mapped<F> {
     /// written in place).
     fn write_step(&self, buf: &[u8], g: u64) -> Result<usize> {
         let f = &self.format;
-        if let Some(r) = f.write_own(buf, g) {
-            return r;
-        }
-        let u = f.unit();
         let max = (buf.len() as u64).min(MAX_STEP);
         let (n, place, held) = f.lookup(g, max, f.mappings_change())?;
-        if let Some(h) = f.write_in_place(g, place)? {
+        if let Some((h, n)) = f.write_in_place(g, n, place)? {
             let n = n as usize;
             f.data().write_extend(&buf[..n], h)?;
             drop(held);
             return Ok(n);
         }
         drop(held);
-        let _units = self.hold_units(g, n);
+        let span = f.allocation_span(g, n, max);
+        let _units = self.hold_units(g, span);
         // Look again under the hold: another writer may have allocated.
-        let (n, place, _) = f.lookup(g, n, false)?;
-        if f.write_in_place(g, place)?.is_some() {
+        let (now, place, _) = f.lookup(g, n, false)?;
+        if f.write_in_place(g, now, place)?.is_some() {
             return Ok(0);
         }
-        let a = f.allocate(g, &buf[..n as usize])?;
-        debug_assert!(a.guest <= g && a.guest % u == 0 && a.guest + a.len > g);
-        let m = ((a.guest + a.len).min(g + n) - g) as usize;
+        let len = if span > n { span } else { now };
+        let a = f.allocate(g, &buf[..len as usize])?;
+        debug_assert!(a.guest <= g && a.guest + a.len > g);
+        let m = ((a.guest + a.len).min(g + len) - g) as usize;
         self.fill(&a, &buf[..m], g)?;
         f.commit(a)?;
         Ok(m)
@@ -121,16 +120,47 @@ impl<F: MappedFormat> Mapped<F> {
         match &a.fill {
             Fill::DataOnly => f.data().write_extend(data, a.host + (g - a.guest)),
             Fill::Encoded { bytes, .. } => f.data().write_extend(bytes, a.host),
-            Fill::Whole => with_reused(&FILL_BUFFER, a.len as usize, MAX_KEPT, |region| {
-                let d = (g - a.guest) as usize;
-                region[d..d + data.len()].copy_from_slice(data);
-                // What the range read as before, around the data.
-                let (head, tail) = region.split_at_mut(d);
-                self.read_old(a.guest, head)?;
-                self.read_old(g + data.len() as u64, &mut tail[data.len()..])?;
-                f.data().write_extend(region, a.host)
-            }),
+            // Nothing around the data: it is written as it is.
+            Fill::Whole | Fill::OverZeros if data.len() as u64 == a.len => {
+                f.data().write_extend(data, a.host)
+            }
+            Fill::Whole | Fill::OverZeros => {
+                with_reused(&FILL_BUFFER, a.len as usize, MAX_KEPT, |region| {
+                    let d = (g - a.guest) as usize;
+                    let e = d + data.len();
+                    region[d..e].copy_from_slice(data);
+                    // What the range read as before, around the data.
+                    let (head, tail) = region.split_at_mut(d);
+                    self.read_old(a.guest, head)?;
+                    self.read_old(g + data.len() as u64, &mut tail[data.len()..])?;
+                    let (mut from, mut to) = (0, region.len());
+                    if a.fill == Fill::OverZeros {
+                        if is_zero(&region[..d]) {
+                            from = d;
+                        }
+                        if is_zero(&region[e..]) {
+                            to = e;
+                        }
+                    }
+                    f.data()
+                        .write_extend(&region[from..to], a.host + from as u64)?;
+                    if to < region.len() {
+                        // The space's last byte, so that storage ends there.
+                        f.data().write_extend(&[0], a.host + a.len - 1)?;
+                    }
+                    Ok(())
+                })
+            }
         }
+    }
+
+    /// Runs `change` with the units under guest `[g, g+len)` held
+    /// exclusively, as allocations, zeroing and discards hold them: for a
+    /// change to the mappings the format makes by itself (qcow2's
+    /// compressed clusters).
+    pub fn with_units<R>(&self, g: u64, len: u64, change: impl FnOnce(&F) -> R) -> R {
+        let _units = self.hold_units(g, len);
+        change(&self.format)
     }
 
     /// Reads what `buf.len()` bytes at guest `g` held before new space

@@ -15,7 +15,9 @@
 //! how to make a range read as zeros ([`MappedFormat::zero`]). The
 //! device that moves the bytes, [`Mapped`], holds the read-only guard,
 //! the range checks, the split at the allocation unit, FUA as a flush and
-//! the per-unit allocation lock once for every format (see `device.rs`).
+//! the per-unit allocation lock once for every format (see `device.rs`),
+//! qcow2 included: its copied flags, subclusters, compressed clusters and
+//! runs of new clusters are answers to these questions.
 
 use diskit_core::device::check_range;
 use diskit_core::{
@@ -159,29 +161,31 @@ pub trait MappedFormat: Send + Sync {
         Ok(())
     }
 
-    /// Where a write at guest `g` goes in place, given the place `lookup`
-    /// found there: the host offset, or `None` when new space must be
-    /// allocated (by default data places take writes in place).
-    fn write_in_place(&self, g: u64, place: Place) -> Result<Option<u64>> {
+    /// Where a write of `len` bytes at guest `g` goes in place, given the
+    /// place `lookup` found for them: the host offset and how many of the
+    /// bytes (> 0) go there, or `None` when new space must be allocated
+    /// (by default data places take writes in place; a format whose data
+    /// may be shared, as qcow2's clusters with snapshots, says less).
+    fn write_in_place(&self, g: u64, len: u64, place: Place) -> Result<Option<(u64, u64)>> {
         let _ = g;
         Ok(match place {
-            Place::Data(h) => Some(h),
+            Place::Data(h) => Some((h, len)),
             _ => None,
         })
     }
 
-    /// A format with metadata locking of its own (qcow2: copied flags,
-    /// subclusters, compressed clusters, runs of new clusters allocated
-    /// at once) writes a prefix of `buf` at guest `g` itself and says how
-    /// many bytes; `None`, the default, leaves the step to the generic
-    /// layer (lookup, the unit hold, [`allocate`] and [`commit`]). The
-    /// guard, range check, split, zeroing and FUA stay generic.
+    /// How far from guest `g` an allocation may reach, where `lookup`
+    /// found a run of `run` bytes that is not written in place, in a write
+    /// of `max` bytes: by default the run. A format that allocates over
+    /// following ranges needing new space whatever they map now (qcow2,
+    /// as QEMU: unallocated, zero and shared clusters alike) says more;
+    /// the generic layer holds the units that far, and [`allocate`] sees
+    /// the data that far.
     ///
     /// [`allocate`]: MappedFormat::allocate
-    /// [`commit`]: MappedFormat::commit
-    fn write_own(&self, buf: &[u8], g: u64) -> Option<Result<usize>> {
-        let _ = (buf, g);
-        None
+    fn allocation_span(&self, g: u64, run: u64, max: u64) -> u64 {
+        let _ = (g, max);
+        run
     }
 
     /// Reserves new space for guest `g` on, where `lookup` finds no data
@@ -189,7 +193,10 @@ pub trait MappedFormat: Send + Sync {
     /// `data.len()` bytes past `g` (what the caller will write there),
     /// which the generic layer holds exclusively until [`commit`]. The
     /// new mapping must not be visible yet: the generic layer writes the
-    /// bytes first (as [`Allocation::fill`] says), then commits.
+    /// bytes first (as [`Allocation::fill`] says), then commits. A format
+    /// that keeps host space mapped for part of a unit (qcow2's clusters
+    /// with subclusters) may map the rest of that unit only: the
+    /// allocation then starts and ends inside it.
     ///
     /// [`commit`]: MappedFormat::commit
     fn allocate(&self, g: u64, data: &[u8]) -> Result<Allocation> {
@@ -249,10 +256,11 @@ pub trait MappedFormat: Send + Sync {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
     /// The first guest byte the space maps: the start of the unit holding
-    /// the write's first byte.
+    /// the write's first byte (or of the part of it newly mapped), at or
+    /// before that byte.
     pub guest: u64,
     /// Guest bytes mapped: whole units (the last may end at the end of the
-    /// image), at least to the write's first byte.
+    /// image) or a part of one, past the write's first byte.
     pub len: u64,
     /// Where `guest` lies in the data storage.
     pub host: u64,
@@ -269,6 +277,11 @@ pub enum Fill {
     /// The data alone: the rest of the new space reads as zeros already,
     /// and so did the range.
     DataOnly,
+    /// As [`Fill::Whole`], onto space that reads as zeros already (new
+    /// space past the end of its storage): zeros around the data are not
+    /// written, but the space's last byte is, so that the storage ends
+    /// where the space does.
+    OverZeros,
     /// These bytes at the host offset instead (units the format encoded,
     /// compressed, from the data); `starts[i]` is where unit `i` begins
     /// in them.

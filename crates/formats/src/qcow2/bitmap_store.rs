@@ -85,7 +85,7 @@ impl Qcow2Format {
     }
 
     fn tracker(&self) -> std::sync::MutexGuard<'_, Option<Tracker>> {
-        self.bitmaps.lock().unwrap_or_else(|p| p.into_inner())
+        diskit_core::sync::lock(&self.bitmaps)
     }
 
     /// Whether the image has a consistent bitmaps extension being kept.

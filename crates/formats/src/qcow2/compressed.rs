@@ -5,11 +5,14 @@
 //! thread, or earlier by [`BlockDevice::prepare_write`] on the thread that
 //! announced the write, so that several copy workers compress in
 //! parallel while they store in guest order; then it is stored with
-//! [`Qcow2::write_compressed`]. Clusters that do not shrink, and pieces
+//! [`Qcow2Format::write_compressed`](super::device::Qcow2Format::write_compressed).
+//! Clusters that do not shrink, and pieces
 //! of clusters, are written normally. Everything else passes through.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use diskit_core::sync::lock;
 
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Extent, Result, WriteFlags, ZeroFlags,
@@ -17,10 +20,6 @@ use diskit_core::{
 
 use super::Qcow2;
 use super::compress::compress;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A qcow2 image written through compression.
 pub struct CompressedWriter {
@@ -115,9 +114,16 @@ impl BlockDevice for CompressedWriter {
                 Some(s) => s,
                 None => self.compress_piece(piece)?,
             };
-            match stream {
-                Some(stream) => self.image.write_compressed(g, &stream, piece)?,
-                None => self.image.write_at(piece, g, WriteFlags::NONE)?,
+            let stored = match stream {
+                Some(stream) => {
+                    let cs = self.image.geometry().cluster_size();
+                    self.image
+                        .with_units(g, cs, |q| q.write_compressed(g, &stream))?
+                }
+                None => false,
+            };
+            if !stored {
+                self.image.write_at(piece, g, WriteFlags::NONE)?;
             }
         }
         if flags.fua {

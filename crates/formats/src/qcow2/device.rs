@@ -1,18 +1,21 @@
-//! The qcow2 block device: one generic layer that moves bytes according to
-//! the mappings the metadata gives.
+//! The qcow2 format as the generic mapped layer sees it ([`Qcow2`] is
+//! `Mapped<Qcow2Format>`): the metadata answers where guest bytes live,
+//! the generic layer moves them.
 //!
 //! Reads look a range up under the metadata lock, take the guest clusters
-//! shared, and read outside the lock. Writes to clusters that are already
-//! theirs go the same way; writes that need new clusters take them
-//! exclusive, allocate under the lock, copy what the old mapping held
-//! around the new data (at subcluster granularity with extended L2), write
-//! outside the lock, and only then point the L2 entry at the new data.
+//! shared, and read outside the lock. Writes to clusters that are this
+//! image's alone (copied) go the same way. Writes that need new clusters
+//! go through the generic allocation: with the clusters' units held, new
+//! host clusters are allocated under the lock ([`MappedFormat::allocate`]),
+//! what the old mapping held around the new data is copied (at subcluster
+//! granularity with extended L2), the bytes are written outside the lock,
+//! and only then, with the clusters taken from their readers, do the L2
+//! entries point at the new data ([`MappedFormat::commit`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use diskit_core::buffer::{ReusedBuf, with_reused};
-use diskit_core::zero::is_zero;
+use diskit_core::sync;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, Error, ErrorKind, Extent, Result, ZeroFlags,
 };
@@ -23,7 +26,7 @@ use super::header::Header;
 use super::l2::{COPIED, ClusterKind, L2Entry, Mapping, ZERO, map_in_cluster};
 use super::layout::{Geometry, GuestOffset, HostOffset};
 use super::meta::{Meta, RangeTicket};
-use crate::mapped::{self, Mapped, MappedFormat, Place, Zeroed};
+use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place, Zeroed};
 
 pub use crate::mapped::Backing;
 
@@ -64,16 +67,6 @@ pub struct Qcow2Format {
 
 /// The largest run one lookup returns (bounds the work under the lock).
 const MAX_RUN: u64 = 32 << 20;
-
-/// Copy-on-write buffers up to the largest cluster are kept by their thread.
-const MAX_CLUSTER_KEPT: usize = 2 << 20;
-
-thread_local! {
-    /// Each thread's buffer for assembling a cluster (data plus what is
-    /// copied around it) before it is written.
-    /// Page-aligned, so that a file opened with O_DIRECT takes it as it is.
-    static COW_BUFFER: ReusedBuf = const { std::cell::RefCell::new(None) };
-}
 
 impl Qcow2Format {
     /// Assembles an image from its opened parts (see [`super::open`]).
@@ -156,7 +149,7 @@ impl Qcow2Format {
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Meta> {
-        self.meta.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.meta)
     }
 
     /// Runs `f` with the metadata locked (for check and other whole-image tools).
@@ -199,15 +192,15 @@ impl Qcow2Format {
         )
     }
 
-    /// Takes guest cluster `cluster` exclusively, waiting for the requests
-    /// that use it; returns the metadata still locked.
-    fn take_exclusive(&self, cluster: u64) -> (MutexGuard<'_, Meta>, RangeTicket) {
+    /// Takes guest clusters `first..=last` exclusively, waiting for the
+    /// requests that use them; returns the metadata still locked.
+    fn take_exclusive(&self, first: u64, last: u64) -> (MutexGuard<'_, Meta>, RangeTicket) {
         let mut meta = self.lock();
         loop {
-            if let Some(t) = meta.try_take(cluster, cluster, true) {
+            if let Some(t) = meta.try_take(first, last, true) {
                 return (meta, t);
             }
-            meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+            meta = sync::wait(&self.released, meta);
         }
     }
 
@@ -218,13 +211,8 @@ impl Qcow2Format {
         }
     }
 
-    /// Reads what `m` maps `buf.len()` bytes at guest `g` to.
-    fn read_mapping(&self, m: Mapping, g: u64, buf: &mut [u8]) -> Result<()> {
-        mapped::read_place(self, place(m), g, buf)
-    }
-
     fn decompressed(&self, stream: super::l2::Compressed) -> Result<Arc<Vec<u8>>> {
-        if let Some((at, data)) = &*self.last_cluster.lock().unwrap_or_else(|p| p.into_inner())
+        if let Some((at, data)) = &*sync::lock(&self.last_cluster)
             && *at == stream.offset
         {
             return Ok(data.clone());
@@ -258,33 +246,8 @@ impl Qcow2Format {
             ))
         })?;
         let out = Arc::new(out);
-        *self.last_cluster.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((stream.offset, out.clone()));
+        *sync::lock(&self.last_cluster) = Some((stream.offset, out.clone()));
         Ok(out)
-    }
-
-    /// Whether a write to `[g, g+len)` inside one cluster can go straight to
-    /// the host cluster that is already there.
-    fn in_place(
-        &self,
-        e: &L2Entry,
-        kind: ClusterKind,
-        in_cluster: u64,
-        len: u64,
-    ) -> Option<HostOffset> {
-        let ClusterKind::Normal(h) = kind else {
-            return None;
-        };
-        if e.word & COPIED == 0 {
-            return None;
-        }
-        if self.geo.extended_l2 {
-            let mask = self.subcluster_mask(in_cluster, len);
-            if e.bitmap & mask != mask {
-                return None;
-            }
-        }
-        Some(h + in_cluster)
     }
 
     /// Bitmap bits (allocation half) of the subclusters `[off, off+len)` touches.
@@ -293,81 +256,6 @@ impl Qcow2Format {
         let a = off / scs;
         let b = (off + len).div_ceil(scs);
         ((1u64 << b) - 1) & !((1u64 << a) - 1)
-    }
-
-    fn write_range(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.before_change()?;
-        let mut done = 0usize;
-        while done < buf.len() {
-            done += self.write_step(&buf[done..], offset + done as u64)? as usize;
-        }
-        Ok(())
-    }
-
-    /// Writes a prefix of `buf` at guest `g`: a run of clusters writable in
-    /// place, or one cluster that needs allocating. Returns the bytes written.
-    fn write_step(&self, buf: &[u8], g: u64) -> Result<u64> {
-        let geo = self.geo;
-        let cs = geo.cluster_size();
-        let mut meta = self.lock();
-        loop {
-            let start = geo.cluster_start(GuestOffset(g)).0;
-            let (e, kind) = meta.kind(GuestOffset(g))?;
-            let first_len = (cs - (g - start)).min(buf.len() as u64);
-            if let Some(h) = self.in_place(&e, kind, g - start, first_len) {
-                // Merge following clusters while they stay host-contiguous.
-                let mut len = first_len;
-                while len < buf.len() as u64 && len < MAX_RUN {
-                    let ng = g + len;
-                    if geo.l2_index(GuestOffset(ng)) == 0 {
-                        break;
-                    }
-                    let (e2, k2) = meta.kind(GuestOffset(ng))?;
-                    let n = cs.min(buf.len() as u64 - len);
-                    match self.in_place(&e2, k2, 0, n) {
-                        Some(h2) if h2 == h + len => len += n,
-                        _ => break,
-                    }
-                }
-                let (first, last) = self.clusters(g, len);
-                let Some(t) = meta.try_take(first, last, false) else {
-                    meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
-                    continue;
-                };
-                drop(meta);
-                let r = self.data.write_extend(&buf[..len as usize], h.0);
-                self.give_back(Some(t));
-                r?;
-                return Ok(len);
-            }
-            let (first, _) = self.clusters(g, 1);
-            // Whole clusters that all need new ones: one allocation of a
-            // contiguous run and one write (a convert into qcow2 writes
-            // its clusters so, as QEMU does, not one by one).
-            let olds = self.new_cluster_run(&mut meta, buf, g, e, kind)?;
-            if olds.len() > 1 {
-                let last = first + olds.len() as u64 - 1;
-                let Some(t) = meta.try_take(first, last, true) else {
-                    meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
-                    continue;
-                };
-                drop(meta);
-                let len = olds.len() * cs as usize;
-                let r = self.allocating_run(&buf[..len], g, &olds);
-                self.give_back(Some(t));
-                r?;
-                return Ok(len as u64);
-            }
-            let Some(t) = meta.try_take(first, first, true) else {
-                meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
-                continue;
-            };
-            drop(meta);
-            let r = self.allocating_write(&buf[..first_len as usize], g, e, kind);
-            self.give_back(Some(t));
-            r?;
-            return Ok(first_len);
-        }
     }
 
     /// The old mappings of the run of whole clusters from `g` (cluster
@@ -384,10 +272,7 @@ impl Qcow2Format {
     ) -> Result<Vec<(L2Entry, ClusterKind)>> {
         let geo = self.geo;
         let cs = geo.cluster_size();
-        let needs_new = |e: &L2Entry, k: ClusterKind| match k {
-            ClusterKind::Normal(_) | ClusterKind::ZeroAlloc(_) => e.word & COPIED == 0,
-            _ => true,
-        };
+        let needs_new = |e: &L2Entry, k: ClusterKind| own_host(e, k).is_none();
         let mut olds = Vec::new();
         if geo.cluster_start(GuestOffset(g)).0 != g
             || (buf.len() as u64) < 2 * cs
@@ -410,142 +295,6 @@ impl Qcow2Format {
             len += cs;
         }
         Ok(olds)
-    }
-
-    /// Writes `buf`, whole clusters from `g`, into one run of newly
-    /// allocated host clusters, then points their entries at them and
-    /// releases what they mapped before (`olds`).
-    fn allocating_run(&self, buf: &[u8], g: u64, olds: &[(L2Entry, ClusterKind)]) -> Result<()> {
-        let geo = self.geo;
-        let cs = geo.cluster_size();
-        let host = {
-            let mut meta = self.lock();
-            meta.l2_for_write(GuestOffset(g))?;
-            if self.data_is_external() {
-                // External data files map guest clusters 1:1, unrefcounted.
-                HostOffset(g)
-            } else {
-                let (c, _) = meta.refs()?.alloc(olds.len() as u64)?;
-                geo.host_offset(c)
-            }
-        };
-        self.data.write_extend(buf, host.0)?;
-        // Point the entries at the data only now that it is written.
-        let mut meta = self.lock();
-        for (i, (_, kind)) in olds.iter().enumerate() {
-            let at = i as u64 * cs;
-            let new = L2Entry {
-                word: (host.0 + at) | COPIED,
-                bitmap: if geo.extended_l2 { 0xffff_ffff } else { 0 },
-            };
-            meta.set_entry(GuestOffset(g + at), new)?;
-            meta.release(*kind);
-        }
-        Ok(())
-    }
-
-    /// Writes `buf` (inside one cluster) at guest `g` into a newly allocated
-    /// cluster (or the existing one when only subclusters are missing),
-    /// copying what the old mapping held around it.
-    fn allocating_write(&self, buf: &[u8], g: u64, e: L2Entry, kind: ClusterKind) -> Result<()> {
-        let geo = self.geo;
-        let cs = geo.cluster_size();
-        let start = geo.cluster_start(GuestOffset(g)).0;
-        let off = g - start;
-        let len = buf.len() as u64;
-        let scs = geo.subcluster_size();
-        // Keep the host cluster when it is ours and only subclusters are
-        // missing (extended L2) or it is a preallocated zero cluster.
-        let own_host = match kind {
-            ClusterKind::Normal(h) | ClusterKind::ZeroAlloc(h) if e.word & COPIED != 0 => Some(h),
-            _ => None,
-        };
-        // Which part of the cluster the old mapping must fill around the data.
-        let whole = match kind {
-            ClusterKind::Compressed(_) => true,
-            ClusterKind::Normal(_) | ClusterKind::ZeroAlloc(_) => own_host.is_none(),
-            _ => false,
-        };
-        let (ra, rb) = if geo.extended_l2 && !whole {
-            (off / scs * scs, (off + len).div_ceil(scs) * scs)
-        } else {
-            (0, cs)
-        };
-        let (host, fresh) = {
-            let mut meta = self.lock();
-            meta.l2_for_write(GuestOffset(g))?;
-            match own_host {
-                Some(h) => (h, false),
-                // External data files map guest clusters 1:1, unrefcounted.
-                None if self.data_is_external() => (HostOffset(start), false),
-                None => {
-                    let (c, fresh) = meta.refs()?.alloc(1)?;
-                    (geo.host_offset(c), fresh)
-                }
-            }
-        };
-        // The cluster is assembled in a buffer kept per thread: a fresh
-        // 2 MiB one per write costs page faults and unmaps every time.
-        // Every byte of it is filled below (data, then head and tail from
-        // the old mapping), so a reused buffer is not cleared first.
-        with_reused(
-            &COW_BUFFER,
-            (rb - ra) as usize,
-            MAX_CLUSTER_KEPT,
-            |region| {
-                let d = (off - ra) as usize;
-                region[d..d + buf.len()].copy_from_slice(buf);
-                // Fill the head and tail from the old mapping.
-                for (a, b) in [(ra, off), (off + len, rb)] {
-                    let mut pos = a;
-                    while pos < b {
-                        let (n, m) = map_in_cluster(&geo, &e, kind, pos, b - pos);
-                        let at = (pos - ra) as usize;
-                        self.read_mapping(m, start + pos, &mut region[at..at + n as usize])?;
-                        pos += n;
-                    }
-                }
-                // On a fresh cluster, zeros around the data need not be written
-                // (unless encrypted: a hole reads as ciphertext, not zeros).
-                let (mut wa, mut wb) = (0usize, region.len());
-                if fresh && !self.encrypted() {
-                    if is_zero(&region[..d]) {
-                        wa = d;
-                    }
-                    if is_zero(&region[d + buf.len()..]) {
-                        wb = d + buf.len();
-                    }
-                }
-                self.data
-                    .write_extend(&region[wa..wb], host.0 + ra + wa as u64)?;
-                if wb < region.len() {
-                    // The file still ends where its last cluster does, as QEMU
-                    // leaves it (it zeroes such a tail, which extends the file): a
-                    // zero at the cluster's last byte, which this write holds.
-                    self.data.write_extend(&[0], host.0 + rb - 1)?;
-                }
-                Ok(())
-            },
-        )?;
-        // Point the entry at the data only now that it is written.
-        let mut meta = self.lock();
-        let mut new = L2Entry {
-            word: host.0 | COPIED,
-            bitmap: 0,
-        };
-        if geo.extended_l2 {
-            new.bitmap = if whole {
-                0xffff_ffff
-            } else {
-                let mask = self.subcluster_mask(ra, rb - ra);
-                (e.bitmap | mask) & !(mask << 32)
-            };
-        }
-        meta.set_entry(GuestOffset(g), new)?;
-        if own_host.is_none() {
-            meta.release(kind);
-        }
-        Ok(())
     }
 
     /// Makes every cluster of `[g, g+len)` (cluster aligned) unallocated,
@@ -585,7 +334,7 @@ impl Qcow2Format {
             let start = geo.cluster_start(GuestOffset(pos)).0;
             let n = (start + cs).min(g + len) - pos;
             let (first, _) = self.clusters(pos, 1);
-            let (mut meta, t) = self.take_exclusive(first);
+            let (mut meta, t) = self.take_exclusive(first, first);
             let r = (|| -> Result<()> {
                 let (e, kind) = meta.kind(GuestOffset(pos))?;
                 let whole = n == cs;
@@ -655,10 +404,12 @@ impl Qcow2Format {
         Ok(())
     }
 
-    /// Writes one whole guest cluster at `g` (cluster aligned) as the
-    /// compressed stream `stream`. A cluster that is already allocated is
-    /// written uncompressed instead (`plain` holds its data).
-    pub fn write_compressed(&self, g: u64, stream: &[u8], plain: &[u8]) -> Result<()> {
+    /// Stores one whole guest cluster at `g` (cluster aligned) as the
+    /// compressed stream `stream`, with the cluster's unit held by the
+    /// device ([`Mapped::with_units`]). Only a cluster with nothing in it
+    /// can become compressed: for one already allocated, nothing is
+    /// stored and the answer is `false` (the caller writes it plainly).
+    pub fn write_compressed(&self, g: u64, stream: &[u8]) -> Result<bool> {
         self.changing(g, self.geo.cluster_size())?;
         let geo = self.geo;
         if self.data_is_external() {
@@ -667,7 +418,7 @@ impl Qcow2Format {
             ));
         }
         let (first, _) = self.clusters(g, 1);
-        let (mut meta, t) = self.take_exclusive(first);
+        let (mut meta, t) = self.take_exclusive(first, first);
         // Only a cluster with nothing in it can become compressed.
         let prepared = (|| -> Result<Option<HostOffset>> {
             let (_, kind) = meta.kind(GuestOffset(g))?;
@@ -678,7 +429,7 @@ impl Qcow2Format {
             Ok(Some(meta.alloc_bytes(stream.len() as u64)?))
         })();
         drop(meta);
-        let plain_write = matches!(prepared, Ok(None));
+        let stored = matches!(prepared, Ok(Some(_)));
         let r = match prepared {
             Ok(Some(at)) => self.file.write_extend(stream, at.0).and_then(|_| {
                 let word = super::l2::Compressed::encode(&geo, at, stream.len() as u64);
@@ -690,11 +441,7 @@ impl Qcow2Format {
         };
         self.give_back(Some(t));
         r?;
-        if plain_write {
-            // Written uncompressed, with the cluster released first.
-            self.write_range(plain, g)?;
-        }
-        Ok(())
+        Ok(stored)
     }
 
     /// The file that holds guest data (the image itself, or its external
@@ -821,6 +568,15 @@ impl Qcow2Format {
     }
 }
 
+/// The host cluster an entry keeps for new writes: a normal or
+/// preallocated zero cluster that is this image's alone (copied).
+fn own_host(e: &L2Entry, kind: ClusterKind) -> Option<HostOffset> {
+    match kind {
+        ClusterKind::Normal(h) | ClusterKind::ZeroAlloc(h) if e.word & COPIED != 0 => Some(h),
+        _ => None,
+    }
+}
+
 /// The generic layer's view of a qcow2 mapping.
 fn place(m: Mapping) -> Place {
     match m {
@@ -891,7 +647,7 @@ impl MappedFormat for Qcow2Format {
                 };
                 return Ok((n, place(m), Some(held)));
             }
-            meta = self.released.wait(meta).unwrap_or_else(|p| p.into_inner());
+            meta = sync::wait(&self.released, meta);
         }
     }
 
@@ -952,9 +708,134 @@ impl MappedFormat for Qcow2Format {
         self.changing(g, len)
     }
 
-    /// qcow2 locks its own metadata: the step is [`Qcow2Format::write_step`].
-    fn write_own(&self, buf: &[u8], g: u64) -> Option<Result<usize>> {
-        Some(self.write_step(buf, g).map(|n| n as usize))
+    /// Data clusters take writes in place only while they are this
+    /// image's alone (the copied flag: no snapshot shares them); the
+    /// run ends at the first shared one.
+    fn write_in_place(&self, g: u64, len: u64, place: Place) -> Result<Option<(u64, u64)>> {
+        let Place::Data(h) = place else {
+            return Ok(None);
+        };
+        let geo = self.geo;
+        let mut meta = self.lock();
+        let mut n = 0;
+        while n < len {
+            let (e, _) = meta.kind(GuestOffset(g + n))?;
+            if e.word & COPIED == 0 {
+                break;
+            }
+            n = (geo.cluster_start(GuestOffset(g + n)).0 + geo.cluster_size() - g).min(len);
+        }
+        Ok((n > 0).then_some((h, n)))
+    }
+
+    /// A run of new clusters may go on over clusters that map something
+    /// else but need new ones too (as QEMU allocates): to the write's end,
+    /// within the L2 table.
+    fn allocation_span(&self, g: u64, run: u64, max: u64) -> u64 {
+        let cov = self.geo.l2_coverage();
+        run.max(max.min((g / cov + 1) * cov - g))
+    }
+
+    /// New host clusters for the write at `g`: one run when `data` covers
+    /// two or more whole clusters that all need new ones (a convert writes
+    /// so, as QEMU does: one allocation and one write, not one by one);
+    /// otherwise the cluster holding `g`, copied whole from what it maps
+    /// (a compressed cluster, one a snapshot shares), or, with extended L2
+    /// entries, only the subclusters the write touches. A cluster that is
+    /// already this image's (subclusters missing, or preallocated zeros)
+    /// keeps its host cluster. External data files map guest clusters 1:1,
+    /// unrefcounted.
+    fn allocate(&self, g: u64, data: &[u8]) -> Result<Allocation> {
+        let geo = self.geo;
+        let cs = geo.cluster_size();
+        let start = geo.cluster_start(GuestOffset(g)).0;
+        let mut meta = self.lock();
+        let (e, kind) = meta.kind(GuestOffset(g))?;
+        let olds = self.new_cluster_run(&mut meta, data, g, e, kind)?;
+        meta.l2_for_write(GuestOffset(g))?;
+        if olds.len() > 1 {
+            let n = olds.len() as u64;
+            let host = if self.data_is_external() {
+                g
+            } else {
+                geo.host_offset(meta.refs()?.alloc(n)?.0).0
+            };
+            return Ok(Allocation {
+                guest: g,
+                len: n * cs,
+                host,
+                fill: Fill::DataOnly,
+            });
+        }
+        let off = g - start;
+        let len = (cs - off).min(data.len() as u64);
+        let own = own_host(&e, kind);
+        // Which part of the cluster the old mapping fills around the data.
+        let whole = match kind {
+            ClusterKind::Compressed(_) => true,
+            ClusterKind::Normal(_) | ClusterKind::ZeroAlloc(_) => own.is_none(),
+            _ => false,
+        };
+        let (ra, rb) = if geo.extended_l2 && !whole {
+            let scs = geo.subcluster_size();
+            (off / scs * scs, (off + len).div_ceil(scs) * scs)
+        } else {
+            (0, cs)
+        };
+        let (host, fresh) = match own {
+            Some(h) => (h, false),
+            None if self.data_is_external() => (HostOffset(start), false),
+            None => {
+                let (c, fresh) = meta.refs()?.alloc(1)?;
+                (geo.host_offset(c), fresh)
+            }
+        };
+        // A fresh cluster reads as zeros (unless encrypted: a hole reads
+        // as ciphertext, not zeros).
+        Ok(Allocation {
+            guest: start + ra,
+            len: rb - ra,
+            host: host.0 + ra,
+            fill: if fresh && !self.encrypted() {
+                Fill::OverZeros
+            } else {
+                Fill::Whole
+            },
+        })
+    }
+
+    /// Points the entries at the written clusters (copied, their written
+    /// subclusters allocated and no longer zero), with the clusters taken
+    /// from readers of the old mapping, and releases what they mapped
+    /// before (a host cluster they keep stays).
+    fn commit(&self, a: Allocation) -> Result<()> {
+        let geo = self.geo;
+        let cs = geo.cluster_size();
+        let (first, last) = self.clusters(a.guest, a.len);
+        let (mut meta, t) = self.take_exclusive(first, last);
+        let r = (|| -> Result<()> {
+            for c in first..=last {
+                let cg = c << geo.cluster_bits;
+                let (e, kind) = meta.kind(GuestOffset(cg))?;
+                let from = a.guest.max(cg) - cg;
+                let to = (a.guest + a.len).min(cg + cs) - cg;
+                let bitmap = if geo.extended_l2 {
+                    let mask = self.subcluster_mask(from, to - from);
+                    (e.bitmap | mask) & !(mask << 32)
+                } else {
+                    0
+                };
+                let word = (a.host + cg - a.guest) | COPIED;
+                meta.set_entry(GuestOffset(cg), L2Entry { word, bitmap })?;
+                if own_host(&e, kind).is_none() {
+                    meta.release(kind);
+                }
+            }
+            Ok(())
+        })();
+        drop(meta);
+        self.give_back(Some(t));
+        r
     }
 
     /// Whole (sub)clusters of a v3 image become zero clusters (the host

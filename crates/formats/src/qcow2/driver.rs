@@ -10,10 +10,44 @@ use super::measure::{Measurement, Source};
 use super::ops::Qcow2Image;
 use crate::check::{CheckReport, Repair};
 use crate::creation::Creation;
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::Capability;
-use crate::implied::ImpliedFiles;
-use crate::{Format, Image, OpenOptions, OptionList};
+use crate::{Format, Image, OptionList};
+
+/// qcow2's probe: the qcow magic with version 2 or more.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    u32::from(qcow_version(h).is_some_and(|v| v >= 2)) * 100
+}
+
+/// The version field of a qcow or qcow2 header, when the magic matches.
+pub(crate) fn qcow_version(h: &[u8]) -> Option<u32> {
+    (h.len() >= 8 && h[..4] == *b"QFI\xfb").then(|| u32::from_be_bytes([h[4], h[5], h[6], h[7]]))
+}
+
+/// The creation options qcow2 offers.
+const OFFERED: crate::creation::Offered = crate::creation::Offered(&[
+    "backing_file=<str>     - File name of a base image",
+    "backing_fmt=<str>      - Image format of the base image",
+    "cluster_size=<size>    - qcow2 cluster size",
+    "compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])",
+    "compression_type=<str> - Compression method used for image cluster compression",
+    "data_file=<str>        - File name of an external data file",
+    "data_file_raw=<bool (on/off)> - The external data file must stay valid as a raw image",
+    "encrypt.cipher-alg=<str> - Name of encryption cipher algorithm",
+    "encrypt.cipher-mode=<str> - Name of encryption cipher mode",
+    "encrypt.format=<str>   - Encrypt the image, format choices: 'aes', 'luks'",
+    "encrypt.hash-alg=<str> - Name of encryption hash algorithm",
+    "encrypt.iter-time=<num> - Time to spend in PBKDF in milliseconds",
+    "encrypt.ivgen-alg=<str> - Name of IV generator algorithm",
+    "encrypt.ivgen-hash-alg=<str> - Name of IV generator hash algorithm",
+    "encrypt.key-secret=<str> - ID of secret providing qcow AES key or LUKS passphrase",
+    "encryption=<bool (on/off)> - Encrypt the image with format 'aes'. (Deprecated in favor of encrypt.format=aes)",
+    "extended_l2=<bool (on/off)> - Extended L2 tables",
+    "lazy_refcounts=<bool (on/off)> - Postpone refcount updates",
+    "preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)",
+    "refcount_bits=<num>    - Width of a reference count entry in bits",
+    "size=<size>            - Virtual disk size",
+]);
 
 /// The qcow2 driver.
 pub struct Qcow2Driver;
@@ -21,10 +55,6 @@ pub struct Qcow2Driver;
 impl FormatDriver for Qcow2Driver {
     fn name(&self) -> &'static str {
         "qcow2"
-    }
-
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::qcow2(head, filename)
     }
 
     fn open_keys(&self) -> &'static [&'static str] {
@@ -42,12 +72,8 @@ impl FormatDriver for Qcow2Driver {
         &["backing", "data-file"]
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let (storage, opts, implied) = (at.storage, at.opts, at.implied);
         let q = Arc::new(super::open::open(
             storage.clone(),
             super::Qcow2Options {
@@ -120,7 +146,7 @@ impl FormatDriver for Qcow2Driver {
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        super::create::create_help(with_file)
+        OFFERED.help("qcow2", with_file)
     }
 
     fn measure(

@@ -311,14 +311,19 @@ mod tests {
         }
     }
 
+    /// How a v3 image with its data in the image file decodes entries.
+    fn v3(geo: Geometry) -> DecodeContext {
+        DecodeContext {
+            geo,
+            version: 3,
+            external_data: false,
+        }
+    }
+
     #[test]
     fn subcluster_runs() {
         let g = geo(17, true);
-        let cx = DecodeContext {
-            geo: g,
-            version: 3,
-            external_data: false,
-        };
+        let cx = v3(g);
         // 4 KiB written at 4 KiB, zeroes at 64 KiB, as qemu-io makes them.
         let e = L2Entry {
             word: COPIED | 0x60000,
@@ -366,11 +371,7 @@ mod tests {
     #[test]
     fn hostile_entries_are_refused() {
         let g = geo(16, false);
-        let cx = DecodeContext {
-            geo: g,
-            version: 3,
-            external_data: false,
-        };
+        let cx = v3(g);
         for w in [
             0x1234_5600u64 | COPIED,
             0x2 | 0x50000,

@@ -37,6 +37,8 @@ pub mod snapshot;
 pub mod snapshot_ops;
 pub mod snapshot_refs;
 pub mod table;
+#[cfg(test)]
+mod test_tools;
 
 pub use device::Qcow2;
 pub use header::{Header, HeaderExtension};

@@ -15,13 +15,13 @@ use std::sync::Arc;
 use diskit_core::{BlockDevice, Error, Result, Storage, StorageRef, WriteFlags};
 
 use crate::check::{CheckReport, Repair};
-use crate::driver::{FormatDriver, Opened};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
-use crate::implied::{ImpliedFiles, Named};
+use crate::implied::Named;
 use crate::info::FormatInfo;
 use crate::mapped::Backing;
-use crate::options::size_value;
-use crate::{Format, OpenOptions, OptionList, Prealloc};
+use crate::{Format, OptionList, Prealloc};
 
 use device::{Qed, ZERO_CLUSTER};
 use header::{
@@ -47,24 +47,18 @@ pub fn backing_name(file: &dyn Storage, h: &Header) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(&b[..end]).into_owned()))
 }
 
-/// The `-o` options qemu-img lists for qed with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "backing_file",
-    "backing_fmt",
-    "cluster_size",
-    "table_size",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
+/// The creation options qed offers.
+const OFFERED: Offered = Offered(&[
+    "backing_file=<str>     - File name of a base image",
+    "backing_fmt=<str>      - Image format of the base image",
+    "cluster_size=<size>    - Cluster size (in bytes)",
+    "size=<size>            - Virtual disk size",
+    "table_size=<size>      - L1/L2 table size (in clusters)",
+]);
 
 /// Creation options.
 #[derive(Debug, Clone, Default)]
 pub struct QedCreateOptions {
-    size: Option<u64>,
-    backing_file: Option<String>,
-    backing_fmt: Option<String>,
     cluster_size: Option<u64>,
     table_size: Option<u64>,
     given: Vec<(String, String)>,
@@ -73,81 +67,13 @@ pub struct QedCreateOptions {
 impl QedCreateOptions {
     /// Parses `-o`.
     pub fn parse(options: &OptionList) -> Result<QedCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
-        let size_of = |k: &str| options.get(k).map(|v| size_value(k, v)).transpose();
-        let mut o = QedCreateOptions {
-            size: size_of("size")?,
-            backing_file: options.get("backing_file").map(str::to_string),
-            backing_fmt: options.get("backing_fmt").map(str::to_string),
-            cluster_size: size_of("cluster_size")?,
-            table_size: size_of("table_size")?,
-            given: Vec::new(),
-        };
-        for k in ["nocow", "preallocation", "extent_size_hint"] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
-        Ok(o)
+        OFFERED.check(options)?;
+        Ok(QedCreateOptions {
+            cluster_size: options.size("cluster_size")?,
+            table_size: options.size("table_size")?,
+            given: options.given(&["nocow", "preallocation", "extent_size_hint"]),
+        })
     }
-}
-
-/// Makes a QED image at `path`, as `qemu-img create -f qed` does.
-pub fn create(
-    target: &mut dyn crate::creation::NewFiles,
-    size: u64,
-    o: &QedCreateOptions,
-) -> Result<()> {
-    let cs = o.cluster_size.unwrap_or(65536);
-    let ts = o.table_size.unwrap_or(4);
-    if !cs.is_power_of_two() || !(MIN_CLUSTER as u64..=MAX_CLUSTER as u64).contains(&cs) {
-        return Err(Error::invalid(format!(
-            "QED cluster size must be within range [{MIN_CLUSTER}, {MAX_CLUSTER}] and power of 2"
-        )));
-    }
-    if !ts.is_power_of_two() || ts > MAX_TABLE as u64 {
-        return Err(Error::invalid(format!(
-            "QED table size must be within range [1, {MAX_TABLE}] and power of 2"
-        )));
-    }
-    let max = max_image_size(cs as u32, ts as u32);
-    let size = size.div_ceil(512) * 512;
-    if size > max {
-        return Err(Error::invalid(format!(
-            "QED image size must be a non-zero multiple of cluster size and less than {max} bytes"
-        )));
-    }
-    let mut h = Header {
-        cluster_size: cs as u32,
-        table_size: ts as u32,
-        header_size: 1,
-        features: 0,
-        compat_features: 0,
-        autoclear_features: 0,
-        l1_table_offset: cs,
-        image_size: size,
-        backing_filename_offset: 0,
-        backing_filename_size: 0,
-    };
-    if let Some(b) = &o.backing_file {
-        h.features |= F_BACKING_FILE;
-        if o.backing_fmt.as_deref() == Some("raw") {
-            h.features |= F_BACKING_FORMAT_NO_PROBE;
-        }
-        h.backing_filename_offset = HEADER_LEN as u32;
-        h.backing_filename_size = b.len() as u32;
-        if HEADER_LEN as u64 + b.len() as u64 > cs {
-            return Err(Error::invalid("No space left in the file header"));
-        }
-    }
-    crate::creation::make_image(target, |dev| {
-        dev.write_extend(&h.to_bytes(), 0)?;
-        if let Some(b) = &o.backing_file {
-            dev.write_extend(b.as_bytes(), HEADER_LEN as u64)?;
-        }
-        dev.write_extend(&vec![0u8; (ts * cs) as usize], cs)?;
-        Ok(())
-    })
 }
 
 /// Records `name` (of format `format`) as the backing file of the closed
@@ -184,54 +110,69 @@ fn change_backing_file(
     storage.flush()
 }
 
-/// A QED image planned by `create` or `convert`.
-pub struct QedCreation {
-    opts: QedCreateOptions,
-}
-
-impl crate::Creation for QedCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-    fn backing_file(&self) -> Option<&str> {
-        self.opts.backing_file.as_deref()
-    }
-    fn backing_format(&self) -> Option<&str> {
-        self.opts.backing_fmt.as_deref()
-    }
-    fn set_backing_file(&mut self, name: &str) {
-        self.opts.backing_file = Some(name.to_string());
-    }
-    fn set_backing_format(&mut self, name: &str) {
-        self.opts.backing_fmt = Some(name.to_string());
-    }
-    fn summary(&self) -> String {
-        let o = &self.opts;
-        let mut out = String::new();
-        if let Some(s) = o.size {
-            out += &format!(" size={s}");
-        }
-        if let Some(b) = &o.backing_file {
-            out += &format!(" backing_file={b}");
-        }
-        if let Some(f) = &o.backing_fmt {
-            out += &format!(" backing_fmt={f}");
-        }
-        out += &format!(" cluster_size={}", o.cluster_size.unwrap_or(65536));
-        if let Some(t) = o.table_size {
+impl FormatOptions for QedCreateOptions {
+    fn summary(&self, basics: &Basics) -> String {
+        let mut out = basics.backing_summary();
+        out += &format!(" cluster_size={}", self.cluster_size.unwrap_or(65536));
+        if let Some(t) = self.table_size {
             out += &format!(" table_size={t}");
         }
-        for (k, v) in &o.given {
-            out += &format!(" {k}={v}");
-        }
-        out
+        out + &given_summary(&self.given)
     }
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+
+    /// Makes a QED image (with the backing file `basics` name) where
+    /// `target` says, as `qemu-img create -f qed` does.
+    fn make(&self, target: &mut dyn NewFiles, size: u64, basics: &Basics) -> Result<()> {
+        let cs = self.cluster_size.unwrap_or(65536);
+        let ts = self.table_size.unwrap_or(4);
+        if !cs.is_power_of_two() || !(MIN_CLUSTER as u64..=MAX_CLUSTER as u64).contains(&cs) {
+            return Err(Error::invalid(format!(
+                "QED cluster size must be within range [{MIN_CLUSTER}, {MAX_CLUSTER}] and power of 2"
+            )));
+        }
+        if !ts.is_power_of_two() || ts > MAX_TABLE as u64 {
+            return Err(Error::invalid(format!(
+                "QED table size must be within range [1, {MAX_TABLE}] and power of 2"
+            )));
+        }
+        let max = max_image_size(cs as u32, ts as u32);
+        let size = size.div_ceil(512) * 512;
+        if size > max {
+            return Err(Error::invalid(format!(
+                "QED image size must be a non-zero multiple of cluster size and less than {max} bytes"
+            )));
+        }
+        let mut h = Header {
+            cluster_size: cs as u32,
+            table_size: ts as u32,
+            header_size: 1,
+            features: 0,
+            compat_features: 0,
+            autoclear_features: 0,
+            l1_table_offset: cs,
+            image_size: size,
+            backing_filename_offset: 0,
+            backing_filename_size: 0,
+        };
+        if let Some(b) = &basics.backing_file {
+            h.features |= F_BACKING_FILE;
+            if basics.backing_fmt.as_deref() == Some("raw") {
+                h.features |= F_BACKING_FORMAT_NO_PROBE;
+            }
+            h.backing_filename_offset = HEADER_LEN as u32;
+            h.backing_filename_size = b.len() as u32;
+            if HEADER_LEN as u64 + b.len() as u64 > cs {
+                return Err(Error::invalid("No space left in the file header"));
+            }
+        }
+        crate::creation::make_image(target, |dev| {
+            dev.write_extend(&h.to_bytes(), 0)?;
+            if let Some(b) = &basics.backing_file {
+                dev.write_extend(b.as_bytes(), HEADER_LEN as u64)?;
+            }
+            dev.write_extend(&vec![0u8; (ts * cs) as usize], cs)?;
+            Ok(())
+        })
     }
 }
 
@@ -368,6 +309,11 @@ fn walk(storage: &StorageRef, h: &Header, fix: bool) -> Result<CheckReport> {
     Ok(r)
 }
 
+/// qed's probe: its magic.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    crate::probe::magic_at(h, 0, b"QED\0")
+}
+
 /// The qed driver.
 pub struct QedDriver;
 
@@ -376,16 +322,8 @@ impl FormatDriver for QedDriver {
         "qed"
     }
 
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::qed(head, filename)
-    }
-
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let (storage, opts, implied) = (at.storage, at.opts, at.implied);
         let mut h = read_header(&*storage)?;
         if opts.writable {
             if h.features & F_NEED_CHECK != 0 {
@@ -430,52 +368,11 @@ impl FormatDriver for QedDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(QedCreation {
-            opts: QedCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, QedCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        let lines = [
-            ("backing_file=<str>     - File name of a base image", false),
-            (
-                "backing_fmt=<str>      - Image format of the base image",
-                false,
-            ),
-            ("cluster_size=<size>    - Cluster size (in bytes)", false),
-            (
-                "extent_size_hint=<size> - Extent size hint for the image file, 0 to disable",
-                true,
-            ),
-            (
-                "nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)",
-                true,
-            ),
-            (
-                "preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)",
-                true,
-            ),
-            ("size=<size>            - Virtual disk size", false),
-            (
-                "table_size=<size>      - L1/L2 table size (in clusters)",
-                false,
-            ),
-        ];
-        let mut out = String::from(if with_file {
-            "Supported options:\n"
-        } else {
-            "Supported qed options:\n"
-        });
-        for (l, file_only) in lines {
-            if with_file || !file_only {
-                out += &format!("  {l}\n");
-            }
-        }
-        if !with_file {
-            out += "\nThe protocol level may support further options.\n\
-                    Specify the target filename to include those options.\n";
-        }
-        out
+        OFFERED.help("qed", with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {

@@ -16,30 +16,24 @@ use diskit_backends::Preallocation;
 use diskit_core::{Error, Result, StorageRef};
 
 use crate::check::{CheckReport, Repair};
-use crate::driver::{FormatDriver, Opened};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
-use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
-use crate::options::{bool_value, size_value};
-use crate::{Format, OpenOptions, OptionList};
+use crate::{Format, OptionList};
 
 use device::Vdi;
 use header::{BLOCK_SIZE, DISCARDED, Header, MAX_SIZE, UNALLOCATED};
 
-/// The `-o` options qemu-img lists for vdi with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "static",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
+/// The creation options vdi offers.
+const OFFERED: Offered = Offered(&[
+    "size=<size>            - Virtual disk size",
+    "static=<bool (on/off)> - VDI static (pre-allocated) image",
+]);
 
 /// Validated creation options.
 #[derive(Debug, Clone, Default)]
 pub struct VdiCreateOptions {
-    /// Virtual size.
-    pub size: Option<u64>,
     /// Every block allocated at creation.
     pub static_image: bool,
     /// `preallocation=` as given.
@@ -51,26 +45,12 @@ pub struct VdiCreateOptions {
 impl VdiCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VdiCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
-        let mut o = VdiCreateOptions {
-            size: options
-                .get("size")
-                .map(|v| size_value("size", v))
-                .transpose()?,
-            static_image: options
-                .get("static")
-                .map(|v| bool_value("static", v))
-                .transpose()?
-                .unwrap_or(false),
-            preallocation: options.get("preallocation").map(str::to_string),
-            given: Vec::new(),
-        };
-        for k in ["preallocation", "nocow", "extent_size_hint"] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
-        Ok(o)
+        OFFERED.check(options)?;
+        Ok(VdiCreateOptions {
+            static_image: options.flag("static")?.unwrap_or(false),
+            preallocation: options.text("preallocation"),
+            given: options.given(&["preallocation", "nocow", "extent_size_hint"]),
+        })
     }
 }
 
@@ -126,39 +106,14 @@ pub fn create(
     })
 }
 
-/// A VDI image planned by `create` or `convert`.
-pub struct VdiCreation {
-    opts: VdiCreateOptions,
-}
-
-impl crate::Creation for VdiCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
+impl FormatOptions for VdiCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
+        let on = if self.static_image { "on" } else { "off" };
+        format!(" static={on}{}", given_summary(&self.given))
     }
 
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        let mut out = String::new();
-        if let Some(s) = self.opts.size {
-            out += &format!(" size={s}");
-        }
-        out += if self.opts.static_image {
-            " static=on"
-        } else {
-            " static=off"
-        };
-        for (k, v) in &self.opts.given {
-            out += &format!(" {k}={v}");
-        }
-        out
-    }
-
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
 }
 
@@ -205,6 +160,11 @@ pub fn check(storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
     Ok(r)
 }
 
+/// vdi's probe: the signature after the 64-byte text.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    crate::probe::magic_at(h, 0x40, &0xbeda_107fu32.to_le_bytes())
+}
+
 /// The vdi driver.
 pub struct VdiDriver;
 
@@ -213,16 +173,8 @@ impl FormatDriver for VdiDriver {
         "vdi"
     }
 
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::vdi(head, filename)
-    }
-
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, opts, .. } = at;
         let vdi = Arc::new(Vdi::open(storage.clone(), opts.writable)?);
         Ok(Opened {
             device: vdi.clone(),
@@ -235,31 +187,11 @@ impl FormatDriver for VdiDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(VdiCreation {
-            opts: VdiCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, VdiCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        if with_file {
-            "Supported options:
-  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable
-  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)
-  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)
-  size=<size>            - Virtual disk size
-  static=<bool (on/off)> - VDI static (pre-allocated) image
-"
-            .to_string()
-        } else {
-            "Supported vdi options:
-  size=<size>            - Virtual disk size
-  static=<bool (on/off)> - VDI static (pre-allocated) image
-
-The protocol level may support further options.
-Specify the target filename to include those options.
-"
-            .to_string()
-        }
+        OFFERED.help("vdi", with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {

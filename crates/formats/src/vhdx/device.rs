@@ -484,7 +484,7 @@ impl MappedFormat for Vhdx {
         self.begin_write()
     }
 
-    fn write_in_place(&self, g: u64, place: Place) -> Result<Option<u64>> {
+    fn write_in_place(&self, g: u64, len: u64, place: Place) -> Result<Option<(u64, u64)>> {
         let Place::Data(h) = place else {
             return Ok(None);
         };
@@ -495,7 +495,7 @@ impl MappedFormat for Vhdx {
                 g / self.geo.block_size
             )));
         }
-        Ok(Some(h))
+        Ok(Some((h, len)))
     }
 
     /// A new block at the end of the file; the data alone is written.

@@ -27,12 +27,12 @@ use std::sync::Arc;
 use diskit_core::{Error, Preallocation, Result, Storage, StorageRef};
 
 use crate::check::{CheckReport, Repair};
-use crate::driver::{FormatDriver, Opened};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
-use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
-use crate::options::{bool_value, size_value};
-use crate::{Format, OpenOptions, OptionList, Prealloc};
+use crate::options::bool_value;
+use crate::{Format, OptionList, Prealloc};
 
 use device::{Mode, Vhdx};
 use header::{
@@ -41,24 +41,19 @@ use header::{
     REGION_TABLE2_OFFSET, Region, RegionTable, SECTOR, SIGNATURE,
 };
 
-/// The `-o` options qemu-img lists for vhdx with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "log_size",
-    "block_size",
-    "subformat",
-    "block_state_zero",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
+/// The creation options vhdx offers.
+const OFFERED: Offered = Offered(&[
+    "block_size=<size>      - Block Size; min 1MB, max 256MB. 0 means auto-calculate based on image size.",
+    "block_state_zero=<bool (on/off)> - Force use of payload blocks of type 'ZERO'. Non-standard, but default.  Do not set to 'off' when using 'qemu-img convert' with subformat=dynamic.",
+    "log_size=<size>        - Log size; min 1MB.",
+    "size=<size>            - Virtual disk size; max of 64TB.",
+    "subformat=<str>        - VHDX format type, can be either 'dynamic' or 'fixed'. Default is 'dynamic'.",
+]);
 
 /// Creation options, as given (checked when the image is made, after
 /// qemu-img's "Formatting" line).
 #[derive(Debug, Clone, Default)]
 pub struct VhdxCreateOptions {
-    /// Virtual size.
-    pub size: Option<u64>,
     /// `log_size=`.
     pub log_size: Option<u64>,
     /// `block_size=` (0: chosen from the size).
@@ -74,25 +69,17 @@ pub struct VhdxCreateOptions {
 impl VhdxCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VhdxCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
-        let size_of = |k: &str| options.get(k).map(|v| size_value(k, v)).transpose();
-        let mut o = VhdxCreateOptions {
-            size: size_of("size")?,
-            log_size: size_of("log_size")?,
-            block_size: size_of("block_size")?,
-            subformat: options.get("subformat").map(str::to_string),
+        OFFERED.check(options)?;
+        Ok(VhdxCreateOptions {
+            log_size: options.size("log_size")?,
+            block_size: options.size("block_size")?,
+            subformat: options.text("subformat"),
             block_state_zero: options
                 .get("block_state_zero")
                 .map(|v| bool_value("block_state_zero", v).map(|b| (b, v.to_string())))
                 .transpose()?,
-            given: Vec::new(),
-        };
-        for k in ["preallocation", "nocow", "extent_size_hint"] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
-        Ok(o)
+            given: options.given(&["preallocation", "nocow", "extent_size_hint"]),
+        })
     }
 }
 
@@ -260,43 +247,24 @@ pub fn create(
     crate::creation::make_image(target, |dev| plan.write(dev))
 }
 
-/// A VHDX image planned by `create` or `convert`.
-pub struct VhdxCreation {
-    opts: VhdxCreateOptions,
-}
-
-impl crate::Creation for VhdxCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        let o = &self.opts;
-        let mut out = String::new();
-        if let Some(s) = o.size {
-            out += &format!(" size={s}");
-        }
-        out += &format!(" log_size={}", o.log_size.unwrap_or(DEFAULT_LOG));
-        out += &format!(" block_size={}", o.block_size.unwrap_or(0));
-        if let Some(s) = &o.subformat {
+impl FormatOptions for VhdxCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
+        let mut out = format!(
+            " log_size={} block_size={}",
+            self.log_size.unwrap_or(DEFAULT_LOG),
+            self.block_size.unwrap_or(0)
+        );
+        if let Some(s) = &self.subformat {
             out += &format!(" subformat={s}");
         }
-        if let Some((_, t)) = &o.block_state_zero {
+        if let Some((_, t)) = &self.block_state_zero {
             out += &format!(" block_state_zero={t}");
         }
-        for (k, v) in &o.given {
-            out += &format!(" {k}={v}");
-        }
-        out
+        out + &given_summary(&self.given)
     }
 
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
     }
 }
 
@@ -321,6 +289,11 @@ pub fn check(storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
     Ok(r)
 }
 
+/// vhdx's probe: the file identifier's signature.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    crate::probe::magic_at(h, 0, b"vhdxfile")
+}
+
 /// The vhdx driver.
 pub struct VhdxDriver;
 
@@ -329,16 +302,8 @@ impl FormatDriver for VhdxDriver {
         "vhdx"
     }
 
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::vhdx(head, filename)
-    }
-
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, opts, .. } = at;
         let v = Arc::new(Vhdx::open(
             storage,
             Mode {
@@ -360,26 +325,11 @@ impl FormatDriver for VhdxDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(VhdxCreation {
-            opts: VhdxCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, VhdxCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        let bs = "  block_size=<size>      - Block Size; min 1MB, max 256MB. 0 means auto-calculate based on image size.\n";
-        let bsz = "  block_state_zero=<bool (on/off)> - Force use of payload blocks of type 'ZERO'. Non-standard, but default.  Do not set to 'off' when using 'qemu-img convert' with subformat=dynamic.\n";
-        let log = "  log_size=<size>        - Log size; min 1MB.\n";
-        let size = "  size=<size>            - Virtual disk size; max of 64TB.\n";
-        let sub = "  subformat=<str>        - VHDX format type, can be either 'dynamic' or 'fixed'. Default is 'dynamic'.\n";
-        if with_file {
-            format!(
-                "Supported options:\n{bs}{bsz}  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable\n{log}  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)\n  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n{size}{sub}"
-            )
-        } else {
-            format!(
-                "Supported vhdx options:\n{bs}{bsz}{log}{size}{sub}\nThe protocol level may support further options.\nSpecify the target filename to include those options.\n"
-            )
-        }
+        OFFERED.help("vhdx", with_file)
     }
 
     fn check(&self, storage: &StorageRef, repair: Repair) -> Result<CheckReport> {
@@ -449,7 +399,7 @@ mod tests {
 
     impl Recorder {
         fn log(&self, op: Op) {
-            self.ops.lock().unwrap().push(op);
+            diskit_core::sync::lock(&self.ops).push(op);
         }
     }
 
@@ -547,7 +497,7 @@ mod tests {
             }
             v.close().unwrap();
         }
-        let ops = rec.ops.lock().unwrap().clone();
+        let ops = diskit_core::sync::lock(&rec.ops).clone();
         assert!(ops.len() > 20, "{} changes", ops.len());
         let mut replays = 0;
         for k in 0..=ops.len() {

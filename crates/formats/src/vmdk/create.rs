@@ -11,23 +11,7 @@ use super::header::{
     FLAG_ZEROED_GRAIN, GRAIN_SECTORS, GTES_PER_GT, SECTOR, SparseHeader,
 };
 use crate::OptionList;
-use crate::options::{bool_value, size_value};
-
-/// The `-o` options qemu-img lists for vmdk with a file name.
-pub const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "adapter_type",
-    "backing_file",
-    "backing_fmt",
-    "compat6",
-    "hwversion",
-    "toolsversion",
-    "subformat",
-    "zeroed_grain",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, given_summary};
 
 /// Sparse extents hold less than this (a grain count in 32 bits).
 const MAX_SPARSE: u64 = 256 << 40;
@@ -79,15 +63,22 @@ impl Subformat {
     }
 }
 
+/// The creation options vmdk offers.
+pub(crate) const OFFERED: Offered = Offered(&[
+    "adapter_type=<str>     - Virtual adapter type, can be one of ide (default), lsilogic, buslogic or legacyESX",
+    "backing_file=<str>     - File name of a base image",
+    "backing_fmt=<str>      - Must be 'vmdk' if present",
+    "compat6=<bool (on/off)> - VMDK version 6 image",
+    "hwversion=<str>        - VMDK hardware version",
+    "size=<size>            - Virtual disk size",
+    "subformat=<str>        - VMDK flat extent format, can be one of {monolithicSparse (default) | monolithicFlat | twoGbMaxExtentSparse | twoGbMaxExtentFlat | streamOptimized} ",
+    "toolsversion=<str>     - VMware guest tools version",
+    "zeroed_grain=<bool (on/off)> - Enable efficient zero writes using the zeroed-grain GTE feature",
+]);
+
 /// Creation options as given.
 #[derive(Debug, Clone, Default)]
 pub struct VmdkCreateOptions {
-    /// `size`.
-    pub size: Option<u64>,
-    /// `backing_file`.
-    pub backing_file: Option<String>,
-    /// `backing_fmt`.
-    pub backing_fmt: Option<String>,
     adapter_type: Option<String>,
     compat6: bool,
     hwversion: Option<String>,
@@ -101,51 +92,27 @@ pub struct VmdkCreateOptions {
 impl VmdkCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VmdkCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
-        let flag = |k: &str| -> Result<bool> {
-            Ok(options
-                .get(k)
-                .map(|v| bool_value(k, v))
-                .transpose()?
-                .unwrap_or(false))
-        };
-        let o = VmdkCreateOptions {
-            size: options
-                .get("size")
-                .map(|v| size_value("size", v))
-                .transpose()?,
-            backing_file: options.get("backing_file").map(str::to_string),
-            backing_fmt: options.get("backing_fmt").map(str::to_string),
-            adapter_type: options.get("adapter_type").map(str::to_string),
-            compat6: flag("compat6")?,
-            hwversion: options.get("hwversion").map(str::to_string),
-            toolsversion: options.get("toolsversion").map(str::to_string),
-            subformat: options.get("subformat").map(str::to_string),
-            zeroed_grain: flag("zeroed_grain")?,
-            given: ["preallocation", "nocow", "extent_size_hint"]
-                .iter()
-                .filter_map(|k| options.get(k).map(|v| (k.to_string(), v.to_string())))
-                .collect(),
-        };
-        Ok(o)
+        OFFERED.check(options)?;
+        Ok(VmdkCreateOptions {
+            adapter_type: options.text("adapter_type"),
+            compat6: options.flag("compat6")?.unwrap_or(false),
+            hwversion: options.text("hwversion"),
+            toolsversion: options.text("toolsversion"),
+            subformat: options.text("subformat"),
+            zeroed_grain: options.flag("zeroed_grain")?.unwrap_or(false),
+            given: options.given(&["preallocation", "nocow", "extent_size_hint"]),
+        })
     }
+}
 
-    /// The "Formatting" line's options after the size, in qemu-img's
-    /// order (compat6 and hwversion always, with their defaults).
-    pub fn summary(&self) -> String {
+impl FormatOptions for VmdkCreateOptions {
+    /// qemu-img's order: compat6 and hwversion always, with their defaults.
+    fn summary(&self, basics: &Basics) -> String {
         let mut out = String::new();
-        if let Some(s) = self.size {
-            out += &format!(" size={s}");
-        }
         if let Some(a) = &self.adapter_type {
             out += &format!(" adapter_type={a}");
         }
-        if let Some(b) = &self.backing_file {
-            out += &format!(" backing_file={b}");
-        }
-        if let Some(f) = &self.backing_fmt {
-            out += &format!(" backing_fmt={f}");
-        }
+        out += &basics.backing_summary();
         out += &format!(
             " compat6={} hwversion={}",
             if self.compat6 { "on" } else { "off" },
@@ -160,10 +127,152 @@ impl VmdkCreateOptions {
         if self.zeroed_grain {
             out += " zeroed_grain=on";
         }
-        for (k, v) in &self.given {
-            out += &format!(" {k}={v}");
+        out + &given_summary(&self.given)
+    }
+
+    /// Makes a VMDK disk of `size` bytes where `target` says, as `qemu-img
+    /// create -f vmdk` does (its extents beside it).
+    fn make(&self, target: &mut dyn NewFiles, size: u64, basics: &Basics) -> Result<()> {
+        let path = &PathBuf::from(target.name());
+        let sub = match self.subformat.as_deref() {
+            None => Subformat::MonolithicSparse,
+            Some(s) => Subformat::parse(s)
+                .ok_or_else(|| Error::invalid(format!("invalid parameter value: {s}")))?,
+        };
+        let adapter = self.adapter_type.as_deref().unwrap_or("ide");
+        if !["ide", "lsilogic", "buslogic", "legacyESX"].contains(&adapter) {
+            return Err(Error::invalid(format!(
+                "invalid parameter value: {adapter}"
+            )));
         }
-        out
+        let hw = self.hwversion.as_deref().filter(|h| *h != "undefined");
+        if self.compat6 && hw.is_some() {
+            return Err(Error::invalid(
+                "compat6 cannot be enabled with hwversion set",
+            ));
+        }
+        if self.zeroed_grain && sub.flat() {
+            return Err(Error::invalid("Flat image can't enable zeroed grain"));
+        }
+        let mut parent_cid = 0xffff_ffff;
+        if let Some(b) = &basics.backing_file {
+            if sub.flat() {
+                return Err(Error::invalid("Flat image can't have backing file"));
+            }
+            if basics.backing_fmt.as_deref().is_some_and(|f| f != "vmdk") {
+                return Err(Error::invalid("backing_file must be a vmdk image"));
+            }
+            let full = if Path::new(b).is_absolute() {
+                PathBuf::from(b)
+            } else {
+                path.parent().unwrap_or(Path::new("")).join(b)
+            };
+            parent_cid = cid_of(&full)?;
+        }
+        let mut r = [0u8; 4];
+        crate::luks::keys::random(&mut r)?;
+        let cid = u32::from_le_bytes(r);
+        let size = size.div_ceil(SECTOR) * SECTOR;
+        let hw_version = if self.compat6 { "6" } else { hw.unwrap_or("4") };
+        let tools = self.toolsversion.as_deref().unwrap_or("2147483647");
+        // The extents: (file path, name in the descriptor, bytes).
+        let mut parts: Vec<(PathBuf, String, u64)> = Vec::new();
+        let own_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match sub {
+            Subformat::MonolithicSparse | Subformat::StreamOptimized => {
+                parts.push((path.to_path_buf(), own_name, size));
+            }
+            // An empty flat disk has no extent at all, as qemu-img makes it.
+            Subformat::MonolithicFlat if size > 0 => {
+                let (p, n) = extent_path(path, "-flat");
+                parts.push((p, n, size));
+            }
+            Subformat::MonolithicFlat => {}
+            Subformat::TwoGbSparse | Subformat::TwoGbFlat => {
+                let letter = if sub == Subformat::TwoGbFlat {
+                    'f'
+                } else {
+                    's'
+                };
+                let mut left = size;
+                let mut i = 1;
+                while left > 0 {
+                    let n = left.min(MAX_EXTENT);
+                    let (p, name) = extent_path(path, &format!("-{letter}{i:03}"));
+                    parts.push((p, name, n));
+                    left -= n;
+                    i += 1;
+                }
+            }
+        }
+        let lines = parts
+            .iter()
+            .map(|(_, name, bytes)| {
+                let sectors = bytes.div_ceil(SECTOR);
+                if sub.flat() {
+                    format!("RW {sectors} FLAT \"{name}\" 0")
+                } else {
+                    format!("RW {sectors} SPARSE \"{name}\"")
+                }
+            })
+            .collect();
+        let text = NewDescriptor {
+            cid,
+            parent_cid,
+            create_type: sub.name(),
+            parent: basics.backing_file.as_deref(),
+            extents: lines,
+            hw_version,
+            size,
+            adapter,
+            tools_version: tools,
+        }
+        .text();
+        let stream = sub == Subformat::StreamOptimized;
+        if matches!(
+            sub,
+            Subformat::MonolithicSparse | Subformat::StreamOptimized
+        ) {
+            // qemu-img counts grains in 32 bits and writes a broken layout
+            // from 256 TiB on; its embedded descriptor area is 10 KiB, and a
+            // longer text would overwrite the directory behind it.
+            if size >= MAX_SPARSE {
+                return Err(Error::invalid(
+                    "The image size is too large for a VMDK sparse extent (at most 256 TiB)",
+                ));
+            }
+            if text.len() as u64 > DESC_SECTORS * SECTOR {
+                return Err(Error::invalid(
+                    "The VMDK descriptor does not fit in its 10 KiB (a backing file name or \
+                     version string too long)",
+                ));
+            }
+            let h = sparse_header(size / SECTOR, stream, self.zeroed_grain);
+            return crate::creation::make_image(target, |dev| write_sparse(dev, &h, Some(&text)));
+        }
+        // The descriptor file first, then its extents, then its text.
+        let descriptor = target.make_image()?;
+        for (p, _, bytes) in &parts {
+            let dev = target.make(&p.display().to_string())?;
+            if sub.flat() {
+                dev.resize(*bytes, diskit_core::Preallocation::Off)?;
+                // QEMU's file driver writes the first block of a new file (so
+                // that its allocation is probed cheaply).
+                let first = (*bytes).min(4096) as usize;
+                if first > 0 {
+                    dev.write_extend(&vec![0u8; first], 0)?;
+                }
+            } else {
+                let h = sparse_header(bytes / SECTOR, false, self.zeroed_grain);
+                write_sparse(&*dev, &h, None)?;
+            }
+            dev.flush()?;
+        }
+        descriptor.write_extend(text.as_bytes(), 0)?;
+        descriptor.flush()
     }
 }
 
@@ -272,155 +381,6 @@ fn cid_of(path: &Path) -> Result<u32> {
     super::descriptor::content_ids(&text)
         .map(|(cid, _)| cid)
         .map_err(|_| Error::invalid("Failed to read parent CID"))
-}
-
-/// Makes a VMDK disk of `size` bytes where `target` says, as `qemu-img
-/// create -f vmdk` does (its extents beside it).
-pub fn create(
-    target: &mut dyn crate::creation::NewFiles,
-    size: u64,
-    o: &VmdkCreateOptions,
-) -> Result<()> {
-    let path = &PathBuf::from(target.name());
-    let sub = match o.subformat.as_deref() {
-        None => Subformat::MonolithicSparse,
-        Some(s) => Subformat::parse(s)
-            .ok_or_else(|| Error::invalid(format!("invalid parameter value: {s}")))?,
-    };
-    let adapter = o.adapter_type.as_deref().unwrap_or("ide");
-    if !["ide", "lsilogic", "buslogic", "legacyESX"].contains(&adapter) {
-        return Err(Error::invalid(format!(
-            "invalid parameter value: {adapter}"
-        )));
-    }
-    let hw = o.hwversion.as_deref().filter(|h| *h != "undefined");
-    if o.compat6 && hw.is_some() {
-        return Err(Error::invalid(
-            "compat6 cannot be enabled with hwversion set",
-        ));
-    }
-    if o.zeroed_grain && sub.flat() {
-        return Err(Error::invalid("Flat image can't enable zeroed grain"));
-    }
-    let mut parent_cid = 0xffff_ffff;
-    if let Some(b) = &o.backing_file {
-        if sub.flat() {
-            return Err(Error::invalid("Flat image can't have backing file"));
-        }
-        if o.backing_fmt.as_deref().is_some_and(|f| f != "vmdk") {
-            return Err(Error::invalid("backing_file must be a vmdk image"));
-        }
-        let full = if Path::new(b).is_absolute() {
-            PathBuf::from(b)
-        } else {
-            path.parent().unwrap_or(Path::new("")).join(b)
-        };
-        parent_cid = cid_of(&full)?;
-    }
-    let mut r = [0u8; 4];
-    crate::luks::keys::random(&mut r)?;
-    let cid = u32::from_le_bytes(r);
-    let size = size.div_ceil(SECTOR) * SECTOR;
-    let hw_version = if o.compat6 { "6" } else { hw.unwrap_or("4") };
-    let tools = o.toolsversion.as_deref().unwrap_or("2147483647");
-    // The extents: (file path, name in the descriptor, bytes).
-    let mut parts: Vec<(PathBuf, String, u64)> = Vec::new();
-    let own_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    match sub {
-        Subformat::MonolithicSparse | Subformat::StreamOptimized => {
-            parts.push((path.to_path_buf(), own_name, size));
-        }
-        // An empty flat disk has no extent at all, as qemu-img makes it.
-        Subformat::MonolithicFlat if size > 0 => {
-            let (p, n) = extent_path(path, "-flat");
-            parts.push((p, n, size));
-        }
-        Subformat::MonolithicFlat => {}
-        Subformat::TwoGbSparse | Subformat::TwoGbFlat => {
-            let letter = if sub == Subformat::TwoGbFlat {
-                'f'
-            } else {
-                's'
-            };
-            let mut left = size;
-            let mut i = 1;
-            while left > 0 {
-                let n = left.min(MAX_EXTENT);
-                let (p, name) = extent_path(path, &format!("-{letter}{i:03}"));
-                parts.push((p, name, n));
-                left -= n;
-                i += 1;
-            }
-        }
-    }
-    let lines = parts
-        .iter()
-        .map(|(_, name, bytes)| {
-            let sectors = bytes.div_ceil(SECTOR);
-            if sub.flat() {
-                format!("RW {sectors} FLAT \"{name}\" 0")
-            } else {
-                format!("RW {sectors} SPARSE \"{name}\"")
-            }
-        })
-        .collect();
-    let text = NewDescriptor {
-        cid,
-        parent_cid,
-        create_type: sub.name(),
-        parent: o.backing_file.as_deref(),
-        extents: lines,
-        hw_version,
-        size,
-        adapter,
-        tools_version: tools,
-    }
-    .text();
-    let stream = sub == Subformat::StreamOptimized;
-    if matches!(
-        sub,
-        Subformat::MonolithicSparse | Subformat::StreamOptimized
-    ) {
-        // qemu-img counts grains in 32 bits and writes a broken layout
-        // from 256 TiB on; its embedded descriptor area is 10 KiB, and a
-        // longer text would overwrite the directory behind it.
-        if size >= MAX_SPARSE {
-            return Err(Error::invalid(
-                "The image size is too large for a VMDK sparse extent (at most 256 TiB)",
-            ));
-        }
-        if text.len() as u64 > DESC_SECTORS * SECTOR {
-            return Err(Error::invalid(
-                "The VMDK descriptor does not fit in its 10 KiB (a backing file name or \
-                 version string too long)",
-            ));
-        }
-        let h = sparse_header(size / SECTOR, stream, o.zeroed_grain);
-        return crate::creation::make_image(target, |dev| write_sparse(dev, &h, Some(&text)));
-    }
-    // The descriptor file first, then its extents, then its text.
-    let descriptor = target.make_image()?;
-    for (p, _, bytes) in &parts {
-        let dev = target.make(&p.display().to_string())?;
-        if sub.flat() {
-            dev.resize(*bytes, diskit_core::Preallocation::Off)?;
-            // QEMU's file driver writes the first block of a new file (so
-            // that its allocation is probed cheaply).
-            let first = (*bytes).min(4096) as usize;
-            if first > 0 {
-                dev.write_extend(&vec![0u8; first], 0)?;
-            }
-        } else {
-            let h = sparse_header(bytes / SECTOR, false, o.zeroed_grain);
-            write_sparse(&*dev, &h, None)?;
-        }
-        dev.flush()?;
-    }
-    descriptor.write_extend(text.as_bytes(), 0)?;
-    descriptor.flush()
 }
 
 #[cfg(test)]

@@ -14,6 +14,43 @@ const ID_WINDOW: usize = 10240;
 /// minutes over 20,000; a 16 TiB twoGbMaxExtent disk has 8192.
 pub const MAX_EXTENTS: usize = 8192;
 
+/// QEMU's test for a vmdk text descriptor: a line `version=1`, `2` or `3`
+/// (ending the line) among the first bytes; 100 if so, else 0.
+pub(crate) fn probe_score(h: &[u8]) -> u32 {
+    // QEMU looks at the first sector only: comment lines and lines of
+    // spaces are skipped; the first other line must be the version.
+    let h = &h[..h.len().min(512)];
+    let mut p = 0;
+    while p < h.len() {
+        match h[p] {
+            b'#' => match h[p..].iter().position(|&b| b == b'\n') {
+                Some(n) => p += n + 1,
+                None => return 0,
+            },
+            b' ' => {
+                while p < h.len() && h[p] == b' ' {
+                    p += 1;
+                }
+                if h.get(p) == Some(&b'\r') {
+                    p += 1;
+                }
+                if h.get(p) != Some(&b'\n') {
+                    return 0;
+                }
+                p += 1;
+            }
+            _ => {
+                let rest = &h[p..];
+                let version = rest.starts_with(b"version=")
+                    && matches!(rest.get(8), Some(b'1'..=b'3'))
+                    && (rest[9..].starts_with(b"\n") || rest[9..].starts_with(b"\r\n"));
+                return u32::from(version) * 100;
+            }
+        }
+    }
+    0
+}
+
 /// What an extent line names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExtentKind {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use diskit_core::{Error, Result, StorageRef};
 
 use crate::check::{CheckReport, Repair};
-use crate::driver::{FormatDriver, Opened};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::{ImpliedFiles, Named, Role};
 use crate::info::{ChildFile, FormatInfo, InfoValue};
@@ -265,6 +265,16 @@ fn open_backing(name: Option<&str>, implied: &mut dyn ImpliedFiles) -> Result<Op
     Ok((size > 0 || device.size() > 0).then_some(Backing { device, size }))
 }
 
+/// vmdk's probe: a sparse extent header (VMDK4 or VMDK3) or a text
+/// descriptor.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    if h.starts_with(b"KDMV") || h.starts_with(b"COWD") {
+        100
+    } else {
+        descriptor::probe_score(h)
+    }
+}
+
 /// The vmdk driver.
 pub struct VmdkDriver;
 
@@ -273,16 +283,8 @@ impl FormatDriver for VmdkDriver {
         "vmdk"
     }
 
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::vmdk(head, filename)
-    }
-
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let (storage, opts, implied) = (at.storage, at.opts, at.implied);
         let (vmdk, facts) = open(storage, opts, implied)?;
         Ok(Opened {
             device: vmdk.clone(),
@@ -302,64 +304,11 @@ impl FormatDriver for VmdkDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(VmdkCreation {
-            opts: VmdkCreateOptions::parse(options)?,
-        }))
+        crate::creation::Planned::boxed(options, VmdkCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        let own = "  adapter_type=<str>     - Virtual adapter type, can be one of ide (default), lsilogic, buslogic or legacyESX\n  backing_file=<str>     - File name of a base image\n  backing_fmt=<str>      - Must be 'vmdk' if present\n  compat6=<bool (on/off)> - VMDK version 6 image\n";
-        let rest = "  size=<size>            - Virtual disk size\n  subformat=<str>        - VMDK flat extent format, can be one of {monolithicSparse (default) | monolithicFlat | twoGbMaxExtentSparse | twoGbMaxExtentFlat | streamOptimized} \n  toolsversion=<str>     - VMware guest tools version\n  zeroed_grain=<bool (on/off)> - Enable efficient zero writes using the zeroed-grain GTE feature\n";
-        let hw = "  hwversion=<str>        - VMDK hardware version\n";
-        if with_file {
-            format!(
-                "Supported options:\n{own}  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable\n{hw}  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)\n  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n{rest}"
-            )
-        } else {
-            format!(
-                "Supported vmdk options:\n{own}{hw}{rest}\nThe protocol level may support further options.\nSpecify the target filename to include those options.\n"
-            )
-        }
-    }
-}
-
-/// A VMDK disk planned by `create` or `convert`.
-pub struct VmdkCreation {
-    opts: VmdkCreateOptions,
-}
-
-impl crate::Creation for VmdkCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn backing_file(&self) -> Option<&str> {
-        self.opts.backing_file.as_deref()
-    }
-
-    fn backing_format(&self) -> Option<&str> {
-        self.opts.backing_fmt.as_deref()
-    }
-
-    fn set_backing_file(&mut self, name: &str) {
-        self.opts.backing_file = Some(name.to_string());
-    }
-
-    fn set_backing_format(&mut self, name: &str) {
-        self.opts.backing_fmt = Some(name.to_string());
-    }
-
-    fn summary(&self) -> String {
-        self.opts.summary()
-    }
-
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create::create(target, size, &self.opts)
+        create::OFFERED.help("vmdk", with_file)
     }
 }
 

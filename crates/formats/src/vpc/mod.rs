@@ -17,33 +17,28 @@ pub mod footer;
 use std::sync::Arc;
 
 use diskit_backends::Preallocation;
-use diskit_core::{Error, Result, StorageRef};
+use diskit_core::{Error, Result};
 
-use crate::driver::{FormatDriver, Opened};
+use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
+use crate::driver::{FormatDriver, Opened, Opening};
 use crate::image_ops::FormatImage;
-use crate::implied::ImpliedFiles;
 use crate::info::FormatInfo;
 use crate::mapped::Mapped;
-use crate::options::{bool_value, size_value};
-use crate::{Format, OpenOptions, OptionList};
+use crate::{Format, OptionList};
 
 use device::Vpc;
 use footer::{BLOCK_SIZE, Chs, DynHeader, FOOTER_LEN, Footer, MAX_CHS_SECTORS, MAX_SECTORS};
 
-/// The `-o` options qemu-img lists for vpc with a file name.
-const CREATE_OPTIONS: &[&str] = &[
-    "size",
-    "subformat",
-    "force_size",
-    "preallocation",
-    "nocow",
-    "extent_size_hint",
-];
+/// The creation options vpc offers.
+const OFFERED: Offered = Offered(&[
+    "force_size=<bool (on/off)> - Force disk size calculation to use the actual size specified, rather than using the nearest CHS-based calculation",
+    "size=<size>            - Virtual disk size",
+    "subformat=<str>        - Type of virtual hard disk format. Supported formats are {dynamic (default) | fixed} ",
+]);
 
 /// Validated creation options.
 #[derive(Debug, Clone, Default)]
 pub struct VpcCreateOptions {
-    size: Option<u64>,
     /// `subformat=` as given (checked when the image is made, after
     /// qemu-img's "Formatting" line, as qemu-img checks it).
     subformat: Option<String>,
@@ -56,33 +51,19 @@ pub struct VpcCreateOptions {
 impl VpcCreateOptions {
     /// Parses `-o`: unknown keys and malformed values are errors.
     pub fn parse(options: &OptionList) -> Result<VpcCreateOptions> {
-        options.check_known(CREATE_OPTIONS)?;
-        let mut o = VpcCreateOptions {
-            size: options
-                .get("size")
-                .map(|v| size_value("size", v))
-                .transpose()?,
-            subformat: options.get("subformat").map(str::to_string),
-            force_size: options
-                .get("force_size")
-                .map(|v| bool_value("force_size", v))
-                .transpose()?
-                .unwrap_or(false),
-            preallocation: options.get("preallocation").map(str::to_string),
-            given: Vec::new(),
-        };
-        for k in [
-            "subformat",
-            "force_size",
-            "preallocation",
-            "nocow",
-            "extent_size_hint",
-        ] {
-            if let Some(v) = options.get(k) {
-                o.given.push((k.to_string(), v.to_string()));
-            }
-        }
-        Ok(o)
+        OFFERED.check(options)?;
+        Ok(VpcCreateOptions {
+            subformat: options.text("subformat"),
+            force_size: options.flag("force_size")?.unwrap_or(false),
+            preallocation: options.text("preallocation"),
+            given: options.given(&[
+                "subformat",
+                "force_size",
+                "preallocation",
+                "nocow",
+                "extent_size_hint",
+            ]),
+        })
     }
 }
 
@@ -184,28 +165,20 @@ pub fn create(
     })
 }
 
-/// A VHD planned by `create` or `convert`.
-pub struct VpcCreation {
-    opts: VpcCreateOptions,
+impl FormatOptions for VpcCreateOptions {
+    fn summary(&self, _: &Basics) -> String {
+        given_summary(&self.given)
+    }
+
+    fn make(&self, target: &mut dyn NewFiles, size: u64, _: &Basics) -> Result<()> {
+        create(target, size, self)
+    }
 }
 
-impl crate::Creation for VpcCreation {
-    fn size(&self) -> Option<u64> {
-        self.opts.size
-    }
-
-    fn set_size(&mut self, size: u64) {
-        self.opts.size = Some(size);
-    }
-
-    fn summary(&self) -> String {
-        crate::creation::summary_of(self.opts.size, &self.opts.given)
-    }
-
-    fn create(&self, target: &mut dyn crate::creation::NewFiles) -> Result<()> {
-        let size = crate::driver::one_size(None, self.opts.size)?;
-        create(target, size, &self.opts)
-    }
+/// vpc's (VHD's) probe: the footer copy at the start of a dynamic image.
+/// A fixed VHD has its footer only at the end, and QEMU probes it as raw.
+pub fn probe(h: &[u8], _: &str) -> u32 {
+    crate::probe::magic_at(h, 0, b"conectix")
 }
 
 /// The vpc driver.
@@ -216,20 +189,12 @@ impl FormatDriver for VpcDriver {
         "vpc"
     }
 
-    fn probe(&self, head: &[u8], filename: &str) -> u32 {
-        crate::probe::vpc(head, filename)
-    }
-
     fn open_keys(&self) -> &'static [&'static str] {
         &["force_size_calc"]
     }
 
-    fn open(
-        &self,
-        storage: StorageRef,
-        opts: &OpenOptions,
-        _implied: &mut dyn ImpliedFiles,
-    ) -> Result<Opened> {
+    fn open(&self, at: Opening<'_>) -> Result<Opened> {
+        let Opening { storage, opts, .. } = at;
         let calc = match opts
             .node_options
             .iter()
@@ -246,24 +211,11 @@ impl FormatDriver for VpcDriver {
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {
-        Ok(Box::new(VpcCreation {
-            opts: VpcCreateOptions::parse(options)?,
-        }))
+        Planned::boxed(options, VpcCreateOptions::parse(options)?)
     }
 
     fn create_help(&self, with_file: bool) -> String {
-        let force = "  force_size=<bool (on/off)> - Force disk size calculation to use the actual size specified, rather than using the nearest CHS-based calculation\n";
-        let size = "  size=<size>            - Virtual disk size\n";
-        let sub = "  subformat=<str>        - Type of virtual hard disk format. Supported formats are {dynamic (default) | fixed} \n";
-        if with_file {
-            format!(
-                "Supported options:\n  extent_size_hint=<size> - Extent size hint for the image file, 0 to disable\n{force}  nocow=<bool (on/off)>  - Turn off copy-on-write (valid only on btrfs)\n  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n{size}{sub}"
-            )
-        } else {
-            format!(
-                "Supported vpc options:\n{force}{size}{sub}\nThe protocol level may support further options.\nSpecify the target filename to include those options.\n"
-            )
-        }
+        OFFERED.help("vpc", with_file)
     }
 }
 

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 
 use diskit_core::{Error, ErrorKind, Result};
 
+use crate::proto::ProtoError;
 use crate::proto::consts::*;
 use crate::proto::option::{ClientOption, InfoRequest, MetaRequest};
 use crate::proto::option_reply::{Info, OPTION_REPLY_HEADER_LEN, OptionReply};
@@ -120,6 +121,25 @@ fn exchange<S: Read + Write>(
         }
         each(&r)?;
     }
+}
+
+/// Sends `opt` and reads the replies of `kind` with `parse` (`what` they
+/// are, for errors): them, and the final reply.
+fn collect<S: Read + Write, T>(
+    s: &mut S,
+    opt: &ClientOption,
+    kind: u32,
+    what: &str,
+    parse: impl Fn(&OptionReply) -> std::result::Result<T, ProtoError>,
+) -> Result<(Vec<T>, OptionReply)> {
+    let mut out = Vec::new();
+    let last = exchange(s, opt, |r| {
+        if r.kind == kind {
+            out.push(parse(r).map_err(|e| protocol(format!("bad {what} reply: {e}")))?);
+        }
+        Ok(())
+    })?;
+    Ok((out, last))
 }
 
 /// What NBD_OPT_GO (or EXPORT_NAME) told of an export.
@@ -276,15 +296,8 @@ fn meta_contexts<S: Read + Write>(
     s: &mut S,
     opt: ClientOption,
 ) -> Result<Option<Vec<(u32, String)>>> {
-    let mut out = Vec::new();
-    let r = exchange(s, &opt, |r| {
-        if r.kind == REP_META_CONTEXT {
-            out.push(
-                r.parse_meta_context()
-                    .map_err(|e| protocol(format!("bad meta context reply: {e}")))?,
-            );
-        }
-        Ok(())
+    let (out, r) = collect(s, &opt, REP_META_CONTEXT, "meta context", |r| {
+        r.parse_meta_context()
     })?;
     Ok((!r.is_error()).then_some(out))
 }
@@ -323,15 +336,8 @@ pub fn list_meta_contexts<S: Read + Write>(s: &mut S, export: &str) -> Result<Ve
 
 /// The exports the server lists (name, description), NBD_OPT_LIST.
 pub fn list_exports<S: Read + Write>(s: &mut S) -> Result<Vec<(String, String)>> {
-    let mut out = Vec::new();
-    let r = exchange(s, &ClientOption::List, |r| {
-        if r.kind == REP_SERVER {
-            out.push(
-                r.parse_server()
-                    .map_err(|e| protocol(format!("bad export list reply: {e}")))?,
-            );
-        }
-        Ok(())
+    let (out, r) = collect(s, &ClientOption::List, REP_SERVER, "export list", |r| {
+        r.parse_server()
     })?;
     if r.is_error() {
         return Err(option_error("listing exports", &r));

@@ -209,12 +209,18 @@ impl ClientOption {
     }
 }
 
-fn parse_info(data: &[u8]) -> Result<InfoRequest, OptionError> {
+/// The export name `data` starts with (a 32-bit length, then UTF-8), and
+/// a cursor after it.
+fn export_name(data: &[u8]) -> Result<(String, Cursor<'_>), OptionError> {
     let mut c = Cursor::new(data);
     let name = c
         .string32()
         .ok_or_else(|| OptionError::invalid("export name length exceeds the option"))?;
-    let name = parse_string(name, "export name")?;
+    Ok((parse_string(name, "export name")?, c))
+}
+
+fn parse_info(data: &[u8]) -> Result<InfoRequest, OptionError> {
+    let (name, mut c) = export_name(data)?;
     let n = c
         .u16()
         .ok_or_else(|| OptionError::invalid("missing information request count"))?;
@@ -228,11 +234,7 @@ fn parse_info(data: &[u8]) -> Result<InfoRequest, OptionError> {
 }
 
 fn parse_meta(data: &[u8]) -> Result<MetaRequest, OptionError> {
-    let mut c = Cursor::new(data);
-    let export = c
-        .string32()
-        .ok_or_else(|| OptionError::invalid("export name length exceeds the option"))?;
-    let export = parse_string(export, "export name")?;
+    let (export, mut c) = export_name(data)?;
     let n = c
         .u32()
         .ok_or_else(|| OptionError::invalid("missing query count"))?;

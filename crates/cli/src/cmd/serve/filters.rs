@@ -116,42 +116,25 @@ mod tests {
         );
     }
 
+    /// The message of the refusal of `filters` over plugin `plugin` with
+    /// `args`.
+    fn refusal(plugin: &str, filters: &[&str], args: &[&str]) -> String {
+        route(plugin, &strings(filters), &strings(args))
+            .err()
+            .unwrap()
+            .message
+    }
+
     #[test]
     fn unknown_names_and_keys_are_named() {
-        let e = route("memory", &strings(&["nosuch"]), &strings(&["1M"]))
-            .err()
-            .unwrap();
-        assert!(
-            e.message.contains("unknown filter 'nosuch'"),
-            "{}",
-            e.message
-        );
-        assert!(e.message.contains("blocksize"), "{}", e.message);
-        let e = route(
-            "memory",
-            &strings(&["offset"]),
-            &strings(&["1M", "bogus=1"]),
-        )
-        .err()
-        .unwrap();
-        assert!(
-            e.message.contains("unknown parameter 'bogus'"),
-            "{}",
-            e.message
-        );
-        assert!(
-            e.message.contains("offset filter takes offset, range"),
-            "{}",
-            e.message
-        );
-        let e = route(
-            "memory",
-            &strings(&["fua"]),
-            &strings(&["1M", "fuamode=sometimes"]),
-        )
-        .err()
-        .unwrap();
-        assert!(e.message.contains("fuamode 'sometimes'"), "{}", e.message);
+        let e = refusal("memory", &["nosuch"], &["1M"]);
+        assert!(e.contains("unknown filter 'nosuch'"), "{e}");
+        assert!(e.contains("blocksize"), "{e}");
+        let e = refusal("memory", &["offset"], &["1M", "bogus=1"]);
+        assert!(e.contains("unknown parameter 'bogus'"), "{e}");
+        assert!(e.contains("offset filter takes offset, range"), "{e}");
+        let e = refusal("memory", &["fua"], &["1M", "fuamode=sometimes"]);
+        assert!(e.contains("fuamode 'sometimes'"), "{e}");
         assert!(route("nope", &[], &[]).is_err());
     }
 }

@@ -130,44 +130,52 @@ pub fn dump_config() -> String {
     lines.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
 }
 
-/// The callbacks a plugin has, as nbdkit's `has_NAME=1` lines name them.
-fn callbacks(name: &str) -> &'static [&'static str] {
-    const WRITABLE: &[&str] = &[
-        "config",
-        "config_complete",
-        "config_help",
-        "open",
-        "close",
-        "get_size",
-        "can_write",
-        "can_flush",
-        "can_trim",
-        "can_zero",
-        "can_fua",
-        "can_multi_conn",
-        "can_extents",
-        "pread",
-        "pwrite",
-        "flush",
-        "trim",
-        "zero",
-        "extents",
-    ];
-    const READ_ONLY: &[&str] = &[
-        "config",
-        "config_complete",
-        "config_help",
-        "open",
-        "close",
-        "get_size",
-        "can_write",
-        "can_multi_conn",
-        "pread",
-    ];
-    match name {
-        "pattern" | "http" | "curl" => READ_ONLY,
-        _ => WRITABLE,
-    }
+/// The callbacks a plugin has, as nbdkit's `has_NAME=1` lines name them:
+/// all of these for a writable plugin; a read-only one lacks those that
+/// write or describe ([`WRITE_CALLBACKS`]).
+const CALLBACKS: &[&str] = &[
+    "config",
+    "config_complete",
+    "config_help",
+    "open",
+    "close",
+    "get_size",
+    "can_write",
+    "can_flush",
+    "can_trim",
+    "can_zero",
+    "can_fua",
+    "can_multi_conn",
+    "can_extents",
+    "pread",
+    "pwrite",
+    "flush",
+    "trim",
+    "zero",
+    "extents",
+];
+
+/// The callbacks of [`CALLBACKS`] a read-only plugin lacks.
+const WRITE_CALLBACKS: &[&str] = &[
+    "can_flush",
+    "can_trim",
+    "can_zero",
+    "can_fua",
+    "can_extents",
+    "pwrite",
+    "flush",
+    "trim",
+    "zero",
+    "extents",
+];
+
+/// The callbacks the plugin `name` has.
+fn callbacks(name: &str) -> impl Iterator<Item = &'static str> {
+    let read_only = matches!(name, "pattern" | "http" | "curl");
+    CALLBACKS
+        .iter()
+        .copied()
+        .filter(move |c| !(read_only && WRITE_CALLBACKS.contains(c)))
 }
 
 /// The filters of `--filter=`, each known to diskit.

@@ -1,30 +1,6 @@
-use std::path::Path;
-use std::process::Command;
-
-use diskit_backends::FileDevice;
-use diskit_core::StorageOptions;
-
 use super::*;
 use crate::qcow2::HeaderExtension;
-use crate::qcow2::open::read_header;
-
-fn qemu_img(args: &[&str]) {
-    let o = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img is needed (scripts/test installs it)");
-    assert!(
-        o.status.success(),
-        "qemu-img {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-fn open(p: &Path) -> (FileDevice, Header) {
-    let f = FileDevice::open(p, StorageOptions::default()).unwrap();
-    let h = read_header(&f).unwrap();
-    (f, h)
-}
+use crate::qcow2::test_tools::{damaged, open, qemu_img};
 
 #[test]
 fn lists_what_qemu_img_adds() {
@@ -207,27 +183,13 @@ fn hostile_directories_are_refused() {
 
 #[test]
 fn garbage_never_panics() {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
     let base = [
         entry(b"a", flags::AUTO, 16, 1, &[]),
         entry(b"bb", 0, 20, 1, &[]),
     ]
     .concat();
-    for _ in 0..20_000 {
-        let mut d = base.clone();
-        for _ in 0..(next() % 5) {
-            let at = (next() % d.len() as u64) as usize;
-            d[at] = next() as u8;
-        }
-        let cut = (next() % (d.len() as u64 + 1)) as usize;
-        let nb = (next() % 4) as u32;
-        let d = &d[..cut];
+    damaged(0x9e37_79b9_7f4a_7c15, &base, 20_000, 5, |d, n| {
+        let nb = (n % 4) as u32;
         if let Ok(v) = parse_directory(d, &ext(nb, d), &CX) {
             assert_eq!(v.len(), nb as usize);
             assert!(
@@ -235,5 +197,5 @@ fn garbage_never_panics() {
                     .all(|b| GRANULARITY_BITS.contains(&b.granularity_bits))
             );
         }
-    }
+    });
 }

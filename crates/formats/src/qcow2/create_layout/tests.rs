@@ -8,6 +8,20 @@ fn geo(cluster_bits: u32, refcount_order: u32, extended_l2: bool) -> Geometry {
     }
 }
 
+/// A header spec of `version` naming the backing file `file` of format
+/// `format`, with the defaults elsewhere.
+fn backed(version: u32, file: &str, format: &str) -> HeaderSpec {
+    HeaderSpec {
+        version,
+        compression: CompressionType::Zlib,
+        lazy_refcounts: false,
+        data_file: None,
+        data_file_raw: false,
+        backing_file: Some(file.into()),
+        backing_format: Some(format.into()),
+    }
+}
+
 #[test]
 fn refcount_metadata_size_is_a_fixed_point() {
     // One 64 KiB refcount block covers 32768 clusters with 16-bit refcounts.
@@ -105,45 +119,9 @@ fn headers_round_trip_through_the_parser() {
                 backing_format: None,
             },
         ),
-        (
-            geo(9, 0, false),
-            1 << 20,
-            HeaderSpec {
-                version: 3,
-                compression: CompressionType::Zlib,
-                lazy_refcounts: false,
-                data_file: None,
-                data_file_raw: false,
-                backing_file: Some("base.qcow2".into()),
-                backing_format: Some("qcow2".into()),
-            },
-        ),
-        (
-            geo(21, 6, true),
-            5 << 30,
-            HeaderSpec {
-                version: 3,
-                compression: CompressionType::Zlib,
-                lazy_refcounts: false,
-                data_file: None,
-                data_file_raw: false,
-                backing_file: Some("b".into()),
-                backing_format: Some("raw".into()),
-            },
-        ),
-        (
-            geo(16, 4, false),
-            12345 * 512,
-            HeaderSpec {
-                version: 2,
-                compression: CompressionType::Zlib,
-                lazy_refcounts: false,
-                data_file: None,
-                data_file_raw: false,
-                backing_file: Some("base.raw".into()),
-                backing_format: Some("raw".into()),
-            },
-        ),
+        (geo(9, 0, false), 1 << 20, backed(3, "base.qcow2", "qcow2")),
+        (geo(21, 6, true), 5 << 30, backed(3, "b", "raw")),
+        (geo(16, 4, false), 12345 * 512, backed(2, "base.raw", "raw")),
     ] {
         let plan = Plan::create(geo, size, Prealloc::Off, spec.data_file.is_some()).unwrap();
         let header = plan.header(&spec);
@@ -167,15 +145,7 @@ fn headers_round_trip_through_the_parser() {
 #[test]
 fn a_header_that_does_not_fit_is_refused() {
     let plan = Plan::create(geo(9, 4, false), 1 << 20, Prealloc::Off, false).unwrap();
-    let spec = HeaderSpec {
-        version: 3,
-        compression: CompressionType::Zlib,
-        lazy_refcounts: false,
-        data_file: None,
-        data_file_raw: false,
-        backing_file: Some("x".repeat(400)),
-        backing_format: Some("raw".into()),
-    };
+    let spec = backed(3, &"x".repeat(400), "raw");
     let err = plan.header(&spec).to_bytes().unwrap_err();
     assert_eq!(err.kind(), diskit_core::ErrorKind::NoSpace);
 }

@@ -1,22 +1,8 @@
-use std::process::Command;
-
 use diskit_backends::FileDevice;
 use diskit_core::StorageOptions;
 
 use super::*;
-
-fn qemu_img(args: &[&str]) -> String {
-    let o = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img is needed (scripts/test installs it)");
-    assert!(
-        o.status.success(),
-        "qemu-img {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use crate::qcow2::test_tools::qemu_img;
 
 #[test]
 fn bitmap_space_is_what_qemu_img_measures() {

@@ -1,29 +1,5 @@
-use std::path::Path;
-use std::process::Command;
-
-use diskit_backends::FileDevice;
-use diskit_core::StorageOptions;
-
 use super::*;
-use crate::qcow2::open::read_header;
-
-fn run(tool: &str, args: &[&str]) {
-    let st = Command::new(tool)
-        .args(args)
-        .output()
-        .expect("qemu-img and qemu-io are needed (scripts/test installs them)");
-    assert!(
-        st.status.success(),
-        "{tool} {args:?}: {}",
-        String::from_utf8_lossy(&st.stderr)
-    );
-}
-
-fn open(p: &Path) -> (FileDevice, Header) {
-    let f = FileDevice::open(p, StorageOptions::default()).unwrap();
-    let h = read_header(&f).unwrap();
-    (f, h)
-}
+use crate::qcow2::test_tools::{damaged, open, run};
 
 const CX: TableContext = TableContext {
     cluster_size: 65536,
@@ -251,31 +227,18 @@ fn writer_refuses_what_does_not_fit() {
 
 #[test]
 fn garbage_never_panics() {
-    // A cheap deterministic generator: every outcome is Ok or Err.
-    let mut x = 0x1234_5678_9abc_def0u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    // Every outcome is Ok or Err.
     let base = serialize(&[entry("1", "a"), entry("2", "bb"), entry("3", "")]).unwrap();
-    for _ in 0..20_000 {
-        let mut b = base.clone();
-        for _ in 0..(next() % 6) {
-            let at = (next() % b.len() as u64) as usize;
-            b[at] = next() as u8;
-        }
-        let cut = (next() % (b.len() as u64 + 1)) as usize;
-        let count = (next() % 5) as u32;
-        if let Ok(v) = parse(&b[..cut], count, &CX) {
+    damaged(0x1234_5678_9abc_def0, &base, 20_000, 6, |b, n| {
+        let count = (n % 5) as u32;
+        if let Ok(v) = parse(b, count, &CX) {
             assert_eq!(v.len(), count as usize);
             for s in &v {
                 assert!(s.extra.len() <= MAX_EXTRA_DATA as usize);
                 assert_eq!(s.l1_table_offset % CX.cluster_size, 0);
             }
         }
-    }
+    });
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! `SSL_CTX`: the settings every session of one end shares.
 
-use std::ffi::{CStr, c_int, c_long};
+use std::ffi::{CStr, c_char, c_int, c_long};
 use std::ptr::{self, NonNull};
 
 use super::api::{Api, Opaque, api};
@@ -144,21 +144,24 @@ impl Context {
 
     /// The TLS 1.3 suites, OpenSSL's `:`-separated names.
     pub(crate) fn set_ciphersuites(&mut self, suites: &CStr) -> Result<(), SslError> {
-        clear(self.api);
-        // SAFETY: `ptr` is a live SSL_CTX we own; `suites` is
-        // NUL-terminated and only read during the call.
-        let r = unsafe { (self.api.SSL_CTX_set_ciphersuites)(self.as_ptr(), suites.as_ptr()) };
-        if r != 1 {
-            return Err(SslError::setup(self.api));
-        }
-        Ok(())
+        self.set_suites(self.api.SSL_CTX_set_ciphersuites, suites)
     }
 
     /// The TLS 1.2 suites, OpenSSL's `:`-separated names.
     pub(crate) fn set_cipher_list(&mut self, suites: &CStr) -> Result<(), SslError> {
+        self.set_suites(self.api.SSL_CTX_set_cipher_list, suites)
+    }
+
+    /// Sets `suites` by `set` (one of the two calls above).
+    fn set_suites(
+        &mut self,
+        set: unsafe extern "C" fn(*mut Opaque, *const c_char) -> c_int,
+        suites: &CStr,
+    ) -> Result<(), SslError> {
         clear(self.api);
-        // SAFETY: as in set_ciphersuites.
-        let r = unsafe { (self.api.SSL_CTX_set_cipher_list)(self.as_ptr(), suites.as_ptr()) };
+        // SAFETY: `ptr` is a live SSL_CTX we own; `suites` is
+        // NUL-terminated and only read during the call.
+        let r = unsafe { set(self.as_ptr(), suites.as_ptr()) };
         if r != 1 {
             return Err(SslError::setup(self.api));
         }

@@ -356,6 +356,36 @@ unsafe fn buffer<'a>(p: *mut u8, len: c_uint) -> &'a mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(p, len as usize) }
 }
 
+/// What a PSK callback of the session `ssl` answers OpenSSL: the length
+/// of the key `fill` writes, for the session's state, into OpenSSL's
+/// buffer (`psk`, `max_psk_len` bytes); or 0 (no key) when the session
+/// has no state, or `fill` panicked or says it wrote more than there was
+/// room for.
+///
+/// # Safety
+///
+/// As for [`state_of`] with `ssl`, and for [`buffer`] with `psk`.
+unsafe fn answer<S>(
+    ssl: *mut Opaque,
+    psk: *mut u8,
+    max_psk_len: c_uint,
+    fill: impl FnOnce(&mut S, &mut [u8]) -> usize,
+) -> c_uint {
+    // SAFETY: as the caller promises.
+    let (state, key) = unsafe {
+        let Some(state) = state_of::<S>(ssl) else {
+            return 0;
+        };
+        (state, buffer(psk, max_psk_len))
+    };
+    let room = key.len();
+    catch_unwind(AssertUnwindSafe(|| fill(state, key)))
+        .ok()
+        .filter(|&n| n <= room)
+        .and_then(|n| c_uint::try_from(n).ok())
+        .unwrap_or(0)
+}
+
 /// OpenSSL's PSK server callback, handing the lookup to `S`.
 unsafe extern "C" fn server_callback<S: PskCallback>(
     ssl: *mut Opaque,
@@ -367,19 +397,12 @@ unsafe extern "C" fn server_callback<S: PskCallback>(
     // `S`, during SSL_do_handshake through `&mut Ssl<S>`; `identity` is
     // null or NUL-terminated and `psk` writable for `max_psk_len` bytes,
     // all for the duration of the call.
-    let (state, identity, key) = unsafe {
-        let Some(state) = state_of::<S>(ssl) else {
-            return 0;
-        };
+    unsafe {
         let identity = (!identity.is_null()).then(|| CStr::from_ptr(identity).to_bytes());
-        (state, identity, buffer(psk, max_psk_len))
-    };
-    let room = key.len();
-    catch_unwind(AssertUnwindSafe(|| state.server_key(identity, key)))
-        .ok()
-        .filter(|&n| n <= room)
-        .and_then(|n| c_uint::try_from(n).ok())
-        .unwrap_or(0)
+        answer(ssl, psk, max_psk_len, |state: &mut S, key| {
+            state.server_key(identity, key)
+        })
+    }
 }
 
 /// OpenSSL's PSK client callback, asking `S` for the identity and key.
@@ -393,20 +416,10 @@ unsafe extern "C" fn client_callback<S: PskCallback>(
 ) -> c_uint {
     // SAFETY: as in server_callback; `identity` is writable for
     // `max_identity_len` bytes and `psk` for `max_psk_len`.
-    let (state, identity, key) = unsafe {
-        let Some(state) = state_of::<S>(ssl) else {
-            return 0;
-        };
-        (
-            state,
-            buffer(identity.cast(), max_identity_len),
-            buffer(psk, max_psk_len),
-        )
-    };
-    let room = key.len();
-    catch_unwind(AssertUnwindSafe(|| state.client_key(identity, key)))
-        .ok()
-        .filter(|&n| n <= room)
-        .and_then(|n| c_uint::try_from(n).ok())
-        .unwrap_or(0)
+    unsafe {
+        let identity = buffer(identity.cast(), max_identity_len);
+        answer(ssl, psk, max_psk_len, |state: &mut S, key| {
+            state.client_key(identity, key)
+        })
+    }
 }

@@ -1,0 +1,249 @@
+//! What the filters' tests share: a device to put below a filter that
+//! records what reaches it, and helpers for parameters, data and flags.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use diskit_backends::MemoryDevice;
+use diskit_core::aio::{Completion, CompletionQueue, Request};
+use diskit_core::buffer::AlignedBuf;
+use diskit_core::sync::lock;
+use diskit_core::{BlockDevice, Capabilities, DeviceRef, Extent, Result, WriteFlags, ZeroFlags};
+
+use crate::{FilterSpec, stack};
+
+/// A memory device that records what reaches it. Submitted requests are
+/// counted and kept in flight (up to 8), as an NBD connection keeps them.
+pub(crate) struct Probe {
+    /// The bytes.
+    pub(crate) mem: MemoryDevice,
+    /// What it offers (memory's, unless changed).
+    caps: Capabilities,
+    /// How long each read takes.
+    read_delay: Duration,
+    /// Reads that reached it.
+    pub(crate) reads: AtomicU64,
+    /// The bytes they read.
+    pub(crate) bytes: AtomicU64,
+    /// Requests submitted to it.
+    pub(crate) submitted: AtomicU64,
+    /// Flushes.
+    pub(crate) flushes: AtomicU64,
+    /// Writes, zeroes and trims with their FUA flag, and flushes, in
+    /// order: `write fua=true`, `zero fua=false`, `trim fua=false`,
+    /// `flush`.
+    pub(crate) log: Mutex<Vec<String>>,
+    /// The ranges asked to be cached (nothing is done with them).
+    pub(crate) cached: Mutex<Vec<(u64, u64)>>,
+}
+
+impl Probe {
+    /// `size` bytes of zeros, offering what memory offers.
+    pub(crate) fn new(size: u64) -> Probe {
+        Probe {
+            mem: MemoryDevice::new(size),
+            caps: Capabilities::IN_MEMORY,
+            read_delay: Duration::ZERO,
+            reads: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            submitted: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            log: Mutex::new(Vec::new()),
+            cached: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The same, its first `len` bytes holding [`pattern`].
+    pub(crate) fn patterned(self, len: u64) -> Probe {
+        self.mem
+            .write_at(&pattern(len), 0, WriteFlags::NONE)
+            .unwrap();
+        self
+    }
+
+    /// The same, offering what `change` makes of its capabilities.
+    pub(crate) fn caps(self, change: impl FnOnce(Capabilities) -> Capabilities) -> Probe {
+        Probe {
+            caps: change(self.caps),
+            ..self
+        }
+    }
+
+    /// The same, each read taking `delay`.
+    pub(crate) fn slow_reads(self, delay: Duration) -> Probe {
+        Probe {
+            read_delay: delay,
+            ..self
+        }
+    }
+
+    /// Reads that reached it so far.
+    pub(crate) fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    /// The bytes read from it so far.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::SeqCst)
+    }
+
+    /// The log so far (see [`Probe::log`]).
+    pub(crate) fn log(&self) -> Vec<String> {
+        lock(&self.log).clone()
+    }
+
+    fn note(&self, what: &str, fua: bool) {
+        lock(&self.log).push(format!("{what} fua={fua}"));
+    }
+}
+
+impl BlockDevice for Probe {
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if !self.read_delay.is_zero() {
+            std::thread::sleep(self.read_delay);
+        }
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.bytes.fetch_add(buf.len() as u64, Ordering::SeqCst);
+        self.mem.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.note("write", flags.fua);
+        self.mem.write_at(buf, offset, flags)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.note("zero", flags.fua);
+        self.mem.write_zeroes(offset, len, flags)
+    }
+    fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.note("trim", flags.fua);
+        self.mem.trim(offset, len, flags)
+    }
+    fn flush(&self) -> Result<()> {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        lock(&self.log).push("flush".into());
+        Ok(())
+    }
+    fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        lock(&self.cached).push((offset, len));
+        Ok(())
+    }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.mem.extents(offset, len)
+    }
+    fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        cq.push(diskit_core::aio::run(self, tag, req));
+    }
+    fn queue_depth(&self) -> usize {
+        8
+    }
+}
+
+/// A filter that writes a file (log, stats), stacked by its row over a
+/// [`Probe`].
+pub(crate) struct Writing {
+    /// Holds the file (removed when dropped).
+    _dir: tempfile::TempDir,
+    /// The file.
+    pub(crate) path: PathBuf,
+    /// The device below.
+    pub(crate) below: Arc<Probe>,
+    /// The filter over it.
+    pub(crate) dev: DeviceRef,
+}
+
+impl Writing {
+    /// `filter`, its parameter `key` naming a new file, over a probe of
+    /// `size` bytes.
+    pub(crate) fn new(filter: &str, key: &str, size: u64) -> Writing {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(filter);
+        let spec = FilterSpec::parse(filter, &kv(&[(key, path.to_str().unwrap())])).unwrap();
+        let below = Arc::new(Probe::new(size));
+        let dev = stack(&[spec], below.clone(), false).unwrap();
+        Writing {
+            _dir: dir,
+            path,
+            below,
+            dev,
+        }
+    }
+
+    /// What the file holds now.
+    pub(crate) fn text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap()
+    }
+}
+
+/// `len` bytes of a pattern with no zero byte in it (so that what reads
+/// as zeros stands out).
+pub(crate) fn pattern(len: u64) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8 + 1).collect()
+}
+
+/// The `len` bytes at `offset` of `d`.
+pub(crate) fn read(d: &dyn BlockDevice, offset: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    d.read_at(&mut v, offset).unwrap();
+    v
+}
+
+/// `data` in an aligned buffer, as requests carry it.
+pub(crate) fn buf(data: &[u8]) -> AlignedBuf {
+    let mut b = AlignedBuf::new(data.len().max(1), 4096).unwrap();
+    b[..data.len()].copy_from_slice(data);
+    b
+}
+
+/// A read of `len` bytes at `offset`, to submit.
+pub(crate) fn read_request(offset: u64, len: usize) -> Request {
+    Request::Read {
+        offset,
+        buf: buf(&vec![0; len]),
+        len,
+    }
+}
+
+/// A write of `data` at `offset`, to submit.
+pub(crate) fn write_request(offset: u64, data: &[u8]) -> Request {
+    Request::Write {
+        offset,
+        buf: buf(data),
+        range: 0..data.len(),
+        flags: WriteFlags::NONE,
+    }
+}
+
+/// A write-zeroes of `len` bytes at `offset`, to submit.
+pub(crate) fn zero_request(offset: u64, len: u64, flags: ZeroFlags) -> Request {
+    Request::Zero { offset, len, flags }
+}
+
+/// Submits `req` to `dev` and waits for it to complete.
+pub(crate) fn submit(dev: &dyn BlockDevice, req: Request) -> Completion {
+    let cq = CompletionQueue::new();
+    dev.submit(1, req, &cq);
+    cq.wait()
+}
+
+/// A fast zero.
+pub(crate) const FAST: ZeroFlags = ZeroFlags {
+    fua: false,
+    may_trim: true,
+    fast: true,
+};
+
+/// `key=value` pairs from string slices.
+pub(crate) fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds blkhash's blksum (vendored in third_party/blkhash) and prints its
+# path: the reference that diskit checksum and diskit copy --blkhash are
+# tested and benchmarked against.
+#
+# Installs the build dependencies when missing (a C compiler, pkg-config,
+# OpenSSL's and libnbd's headers), builds once per version of the sources
+# (cached under target/blksum/), and prints the binary's path on stdout;
+# everything else goes to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+src=$root/third_party/blkhash
+target=${CARGO_TARGET_DIR:-$root/target}
+
+need=()
+command -v cc >/dev/null || need+=(gcc)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+{ command -v pkg-config >/dev/null && pkg-config --exists openssl; } || need+=(libssl-dev)
+{ command -v pkg-config >/dev/null && pkg-config --exists libnbd; } || need+=(libnbd-dev)
+# blksum reads image files through qemu-nbd.
+command -v qemu-nbd >/dev/null || need+=(qemu-utils)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== blksum: installing: ${need[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+cache=$target/blksum
+stamp=$(cat "$src"/*/*.c "$src"/*/*.h "$src"/*.h "$0" | sha256sum | cut -c1-16)
+blksum=$cache/blksum-$stamp
+mkdir -p "$cache"
+# Tests running side by side ask for it at once: one builds, the others
+# wait for it.
+exec 9>"$cache/lock"
+flock 9
+if [ ! -x "$blksum" ]; then
+  echo "== blksum: building blksum" >&2
+  rm -f "$cache"/blksum-*
+  # As upstream's meson build: gnu99, optimized (its default build type
+  # is debugoptimized).
+  # shellcheck disable=SC2046
+  cc -O2 -g -std=gnu99 -pthread -I"$src" -I"$src/include" -I"$src/lib" -I"$src/common" \
+    $(pkg-config --cflags openssl libnbd) -o "$blksum.tmp" \
+    "$src"/lib/*.c "$src"/common/util.c "$src"/bin/*.c \
+    $(pkg-config --libs openssl libnbd) >&2
+  mv "$blksum.tmp" "$blksum"
+fi
+echo "$blksum"
