@@ -86,12 +86,24 @@ impl Client {
 
     /// The object `key` of the same bucket, reached the same way.
     pub(crate) fn object(&self, key: String) -> Client {
-        let what = format!("{PREFIX}{}/{key}", self.store.bucket.name());
+        let what = format!("{PREFIX}{}/{key}", self.bucket().name());
         Client {
             store: self.store.clone(),
             key,
             what,
         }
+    }
+
+    fn bucket(&self) -> &Bucket {
+        &self.store.bucket
+    }
+
+    fn agent(&self) -> &Agent {
+        &self.store.agent
+    }
+
+    fn creds(&self) -> Option<&Credentials> {
+        self.store.credentials.as_ref()
     }
 
     fn err(&self, kind: ErrorKind, msg: impl std::fmt::Display) -> Error {
@@ -169,13 +181,11 @@ impl Client {
 
     fn head_once(&self) -> std::result::Result<(u64, Option<String>), Failure> {
         let url = self
-            .store
-            .bucket
-            .head_object(self.store.credentials.as_ref(), &self.key)
+            .bucket()
+            .head_object(self.creds(), &self.key)
             .sign(EXPIRY);
         let r = self
-            .store
-            .agent
+            .agent()
             .head(url.as_str())
             .call()
             .map_err(|e| transport::failure(&self.what, e))?;
@@ -184,12 +194,7 @@ impl Client {
             // AWS answers a HEAD with no body to name the error: a GET of
             // the first byte has one.
             let get = self.get_url();
-            let r = self
-                .store
-                .agent
-                .get(&get)
-                .header("Range", "bytes=0-0")
-                .call();
+            let r = self.agent().get(&get).header("Range", "bytes=0-0").call();
             return Err(match self.send(r) {
                 Err(f) => f,
                 Ok(_) => Failure::Permanent(self.err(
@@ -209,7 +214,7 @@ impl Client {
     fn get_url(&self) -> String {
         self.store
             .bucket
-            .get_object(self.store.credentials.as_ref(), &self.key)
+            .get_object(self.creds(), &self.key)
             .sign(EXPIRY)
             .to_string()
     }
@@ -251,8 +256,7 @@ impl Client {
             let last = at + piece.len() as u64 - 1;
             self.retrying(|c| {
                 let r = c
-                    .store
-                    .agent
+                    .agent()
                     .get(&c.get_url())
                     .header("Range", format!("bytes={at}-{last}"))
                     .call()
@@ -290,7 +294,7 @@ impl Client {
         max: usize,
     ) -> Result<(Vec<String>, Option<String>)> {
         self.retrying(|c| {
-            let mut action = c.store.bucket.list_objects_v2(c.store.credentials.as_ref());
+            let mut action = c.bucket().list_objects_v2(c.creds());
             action.with_prefix(prefix);
             action.with_max_keys(max);
             if let Some(after) = start_after {
@@ -300,7 +304,7 @@ impl Client {
                 action.with_continuation_token(token);
             }
             let url = action.sign(EXPIRY);
-            let mut r = c.send(c.store.agent.get(url.as_str()).call())?;
+            let mut r = c.send(c.agent().get(url.as_str()).call())?;
             let body = read_text(&mut r).map_err(|e| c.transient(e))?;
             let page = ListObjectsV2::parse_response(&body).map_err(|e| {
                 Failure::Permanent(c.err(ErrorKind::Io, format!("ListObjectsV2: {e}")))
@@ -314,11 +318,10 @@ impl Client {
     pub(crate) fn create_upload(&self) -> Result<String> {
         self.retrying(|c| {
             let url = c
-                .store
-                .bucket
-                .create_multipart_upload(c.store.credentials.as_ref(), &c.key)
+                .bucket()
+                .create_multipart_upload(c.creds(), &c.key)
                 .sign(EXPIRY);
-            let mut r = c.send(c.store.agent.post(url.as_str()).send_empty())?;
+            let mut r = c.send(c.agent().post(url.as_str()).send_empty())?;
             let body = read_text(&mut r).map_err(|e| c.transient(e))?;
             CreateMultipartUpload::parse_response(&body)
                 .map(|r| r.upload_id().to_string())
@@ -332,11 +335,10 @@ impl Client {
     pub(crate) fn upload_part(&self, id: &str, number: u16, body: &[u8]) -> Result<String> {
         self.retrying(|c| {
             let url = c
-                .store
-                .bucket
-                .upload_part(c.store.credentials.as_ref(), &c.key, number, id)
+                .bucket()
+                .upload_part(c.creds(), &c.key, number, id)
                 .sign(EXPIRY);
-            let r = c.send(c.store.agent.put(url.as_str()).send(body))?;
+            let r = c.send(c.agent().put(url.as_str()).send(body))?;
             header(r.headers(), "etag").ok_or_else(|| {
                 Failure::Permanent(c.err(
                     ErrorKind::Io,
@@ -349,14 +351,14 @@ impl Client {
     /// Completes upload `id` from its parts' entity tags, in order.
     pub(crate) fn complete(&self, id: &str, etags: &[String]) -> Result<()> {
         self.retrying(|c| {
-            let action = c.store.bucket.complete_multipart_upload(
-                c.store.credentials.as_ref(),
+            let action = c.bucket().complete_multipart_upload(
+                c.creds(),
                 &c.key,
                 id,
                 etags.iter().map(String::as_str),
             );
             let url = action.sign(EXPIRY);
-            let mut r = c.send(c.store.agent.post(url.as_str()).send(action.body()))?;
+            let mut r = c.send(c.agent().post(url.as_str()).send(action.body()))?;
             // S3 may answer 200 and still fail: the body says.
             let body = read_text(&mut r).map_err(|e| c.transient(e))?;
             match xml_text(&body, "Code") {
@@ -372,35 +374,26 @@ impl Client {
     pub(crate) fn abort(&self, id: &str) -> Result<()> {
         self.retrying(|c| {
             let url = c
-                .store
-                .bucket
-                .abort_multipart_upload(c.store.credentials.as_ref(), &c.key, id)
+                .bucket()
+                .abort_multipart_upload(c.creds(), &c.key, id)
                 .sign(EXPIRY);
-            c.send(c.store.agent.delete(url.as_str()).call()).map(drop)
+            c.send(c.agent().delete(url.as_str()).call()).map(drop)
         })
     }
 
     /// Writes the whole object in one request.
     pub(crate) fn put(&self, body: &[u8]) -> Result<()> {
         self.retrying(|c| {
-            let url = c
-                .store
-                .bucket
-                .put_object(c.store.credentials.as_ref(), &c.key)
-                .sign(EXPIRY);
-            c.send(c.store.agent.put(url.as_str()).send(body)).map(drop)
+            let url = c.bucket().put_object(c.creds(), &c.key).sign(EXPIRY);
+            c.send(c.agent().put(url.as_str()).send(body)).map(drop)
         })
     }
 
     /// Removes the object.
     pub(crate) fn delete(&self) -> Result<()> {
         self.retrying(|c| {
-            let url = c
-                .store
-                .bucket
-                .delete_object(c.store.credentials.as_ref(), &c.key)
-                .sign(EXPIRY);
-            c.send(c.store.agent.delete(url.as_str()).call()).map(drop)
+            let url = c.bucket().delete_object(c.creds(), &c.key).sign(EXPIRY);
+            c.send(c.agent().delete(url.as_str()).call()).map(drop)
         })
     }
 
