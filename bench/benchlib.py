@@ -3,8 +3,10 @@ path: its name is libnbd's), a logger named after the script, and the
 selection of contenders from the environment."""
 
 import importlib.util
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 _spec = importlib.util.spec_from_file_location("nbdbench", Path(__file__).resolve().parent / "nbd.py")
@@ -25,3 +27,11 @@ def chosen(var, names):
     """The comma-separated names in environment variable `var`; `names`
     (all of them) when it is unset."""
     return [c for c in os.environ.get(var, ",".join(names)).split(",") if c]
+
+
+def save(name, results, log):
+    """Writes `results` as bench/results/NAME-<date>.json and says where."""
+    out = Path(__file__).resolve().parent / "results" / f"{name}-{time.strftime('%Y-%m-%d-%H%M%S')}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    log(f"results in {out}")

@@ -3,7 +3,8 @@
 //! peers: what diskit writes into a bucket they read back byte for byte
 //! (and `qemu-img check` passes on a qcow2 kept there), what they wrote
 //! diskit reads back, and a failed copy leaves neither an object nor a
-//! multipart upload behind.
+//! multipart upload behind. `diskit serve s3` and nbdkit's S3 plugin
+//! serve the same buckets: what one writes the other reads.
 
 mod ceph;
 mod common;
@@ -101,9 +102,63 @@ impl Store {
         assert!(!text.contains("UploadId"), "uploads left behind: {text}");
     }
 
+    /// Runs `cmd` against an S3 plugin with `args` (the store's endpoint
+    /// and bucket given) served by `server` on a private socket.
+    fn serve(&self, server: Server, args: &[&str], cmd: &str) -> Output {
+        let mut c = match server {
+            Server::Diskit => {
+                let mut c = timed(diskit_bin(), 120);
+                c.args(["serve", "-U", "-", "s3"]);
+                c
+            }
+            Server::Nbdkit => {
+                let mut c = timed("nbdkit", 120);
+                c.args(["-U", "-", "S3"]);
+                c
+            }
+        };
+        c.arg(format!("endpoint-url={}", self.var("AWS_ENDPOINT_URL")))
+            .arg(format!("bucket={BUCKET}"))
+            .args(args)
+            .args(["--run", cmd]);
+        self.with_env(c)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {server:?} ({e}): scripts/test installs it"))
+    }
+
+    /// The keys under `prefix/` and their sizes, the prefix cut.
+    fn objects(&self, prefix: &str) -> Vec<(String, u64)> {
+        let o = ok(self.aws(&["s3", "ls", &format!("s3://{BUCKET}/{prefix}/")]));
+        stdout(&o)
+            .lines()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                Some((w.get(3)?.to_string(), w.get(2)?.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// Downloads `key` with the AWS CLI.
     fn download(&self, key: &str, to: &Path) {
         ok(self.aws(&["s3", "cp", &url(key), s(to)]));
+    }
+}
+
+/// A server of S3 objects over NBD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    /// `diskit serve s3`.
+    Diskit,
+    /// nbdkit's S3 plugin (Python, boto3).
+    Nbdkit,
+}
+
+impl Server {
+    fn other(self) -> Server {
+        match self {
+            Server::Diskit => Server::Nbdkit,
+            Server::Nbdkit => Server::Diskit,
+        }
     }
 }
 
@@ -305,4 +360,222 @@ fn s3_errors_are_named_and_a_failed_copy_leaves_nothing() {
     store.download("there", &back);
     assert!(same_bytes(&src, &back), "the object is as it was");
     store.no_uploads_left();
+}
+
+/// The object size of the sharded tests: nbdkit's plugin advertises it as
+/// its minimum block size, which nbdkit takes up to 64 KiB only.
+const OBJ: u64 = 64 << 10;
+
+/// The plugin arguments of a disk of `size` bytes over objects `key/%016x`.
+fn sharded(key: &str, size: u64) -> Vec<String> {
+    vec![
+        format!("key={key}"),
+        format!("size={size}"),
+        format!("object-size={OBJ}"),
+    ]
+}
+
+/// The command that runs `ops` (see tests/nbd/filter_ops.py) and prints
+/// what came back and the whole disk's digest.
+fn ops(ops: &serde_json::Value) -> String {
+    format!(
+        "{PYTHON} {} \"$uri\" '{ops}'",
+        s(&nbd_script("filter_ops.py"))
+    )
+}
+
+#[test]
+fn serve_s3_and_nbdkits_s3_plugin_lay_out_objects_alike() {
+    let dir = workdir();
+    let d = dir.path();
+    let store = Store::start(d);
+    const SIZE: u64 = 4 << 20;
+    // 64 objects; the zeros in the middle cover blocks 22 to 36 whole.
+    let src = random_file(&d.join("src.raw"), SIZE as usize);
+    let every_block_but_zeros: Vec<(String, u64)> = (0..SIZE / OBJ)
+        .filter(|b| !(22..37).contains(b))
+        .map(|b| (format!("{b:016x}"), OBJ))
+        .collect();
+
+    for writer in [Server::Diskit, Server::Nbdkit] {
+        let key = format!("{writer:?}");
+        let args = sharded(&key, SIZE);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // One writes with nbdcopy (which zeroes the zeros: no objects).
+        ok(store.serve(writer, &args, &format!("nbdcopy {} \"$uri\"", s(&src))));
+        assert_eq!(
+            store.objects(&key),
+            every_block_but_zeros,
+            "{writer:?}'s objects"
+        );
+        // The other reads the same bytes.
+        let back = d.join(format!("{key}.back"));
+        ok(store.serve(
+            writer.other(),
+            &args,
+            &format!("nbdcopy \"$uri\" {}", s(&back)),
+        ));
+        assert!(
+            same_bytes(&src, &back),
+            "{:?} read other bytes",
+            writer.other()
+        );
+    }
+
+    // Whole objects written, zeroed (with and without leave to punch
+    // holes) and trimmed, each server on its own objects (requests of
+    // whole objects: libnbd keeps to nbdkit's minimum block size): the
+    // same answers, and the same objects left (zeroes and trims delete
+    // the objects they cover).
+    let k = OBJ;
+    let aligned = serde_json::json!([
+        ["write", 0, k, 3],
+        ["write", 40 * k, 3 * k, 5],
+        ["zero", 2 * k, 2 * k, "nohole"],
+        ["zero", 8 * k, 3 * k],
+        ["zero", 12 * k, 3 * k, "nohole", "fua"],
+        ["trim", 44 * k, 4 * k],
+        ["trim", 50 * k, 2 * k],
+        ["read", 0, 16 * k],
+        ["read", 38 * k, 12 * k],
+        ["flush"]
+    ]);
+    let mut outputs = Vec::new();
+    for server in [Server::Diskit, Server::Nbdkit] {
+        let key = format!("{server:?}");
+        let args = sharded(&key, SIZE);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = ok(store.serve(server, &args, &ops(&aligned)));
+        assert!(!stdout(&o).contains("error"), "{server:?}: {}", stdout(&o));
+        outputs.push(stdout(&o));
+    }
+    assert_eq!(outputs[0], outputs[1], "the servers answered differently");
+    let (by_diskit, by_nbdkit) = (store.objects("Diskit"), store.objects("Nbdkit"));
+    assert_eq!(by_diskit, by_nbdkit, "other objects left");
+    let gone = |b: u64| !by_diskit.iter().any(|(k, _)| *k == format!("{b:016x}"));
+    for b in [2, 3, 8, 9, 10, 12, 13, 14, 44, 45, 46, 47, 50, 51] {
+        assert!(
+            gone(b),
+            "block {b} was zeroed or trimmed whole: {by_diskit:?}"
+        );
+    }
+    for b in [0, 1, 4, 11, 15, 40, 42, 48, 52] {
+        assert!(!gone(b), "block {b} keeps data: {by_diskit:?}");
+    }
+    // And each reads what the other left.
+    let disk_line = |out: &str| out.lines().last().unwrap().to_string();
+    for server in [Server::Diskit, Server::Nbdkit] {
+        let args = sharded(&format!("{:?}", server.other()), SIZE);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = ok(store.serve(server, &args, &ops(&serde_json::json!([]))));
+        assert_eq!(disk_line(&stdout(&o)), disk_line(&outputs[0]), "{server:?}");
+    }
+
+    // Writes and zeroes of parts of objects (read-modify-write, across
+    // objects, within one, at the very end; zeroes that delete the
+    // objects between their ends) on a new disk give what they give on
+    // nbdkit's memory plugin; nbdkit's S3 plugin reads it back.
+    let unaligned = serde_json::json!([
+        ["write", k - 5, 10, 7],
+        ["write", 5 * k + 1, 3 * k, 9],
+        ["write", 6 * k + 7, 100, 11, "fua"],
+        ["zero", 9 * k - 50, 2 * k + 100],
+        ["write", 30 * k, 5 * k, 15],
+        ["zero", 30 * k + 1, 3 * k, "nohole"],
+        ["zero", 20 * k + 3, 10, "nohole"],
+        ["write", SIZE - 3, 3, 13],
+        ["zero", 5 * k + 10, 10, "fast"],
+        ["read", k - 10, 30],
+        ["read", 5 * k, 4 * k],
+        ["read", SIZE - 100, 100]
+    ]);
+    let mem = timed("nbdkit", 60)
+        .args([
+            "-U",
+            "-",
+            "memory",
+            &SIZE.to_string(),
+            "--run",
+            &ops(&unaligned),
+        ])
+        .output()
+        .unwrap();
+    let mem = stdout(&ok(mem));
+    let args = sharded("rmw", SIZE);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = ok(store.serve(Server::Diskit, &args, &ops(&unaligned)));
+    assert_eq!(stdout(&o), mem, "diskit serve s3 differs from memory");
+    let o = ok(store.serve(Server::Nbdkit, &args, &ops(&serde_json::json!([]))));
+    assert_eq!(
+        disk_line(&stdout(&o)),
+        disk_line(&mem),
+        "nbdkit read other bytes"
+    );
+    assert!(
+        store.objects("rmw").iter().all(|(_, size)| *size == OBJ),
+        "objects are whole"
+    );
+
+    // Served read-only, the disk is read-only.
+    let o = ok(store.serve(Server::Diskit, &args, "nbdinfo \"$uri\""));
+    assert!(stdout(&o).contains("is_read_only: false"), "{}", stdout(&o));
+    // (The endpoint from AWS_ENDPOINT_URL, as the AWS tools find it.)
+    let o = timed(diskit_bin(), 60);
+    let o = store
+        .with_env(o)
+        .args(["serve", "-U", "-"])
+        .args(["-r", "s3", &format!("bucket={BUCKET}")])
+        .args(&args)
+        .args(["--run", "nbdinfo \"$uri\""])
+        .output()
+        .unwrap();
+    assert!(stdout(&ok(o)).contains("is_read_only: true"));
+}
+
+#[test]
+fn serve_s3_serves_one_object_read_only_and_names_its_errors() {
+    let dir = workdir();
+    let d = dir.path();
+    let store = Store::start(d);
+    // Not a multiple of anything.
+    let src = random_file(&d.join("src.raw"), 3_000_001);
+    ok(store.aws(&["s3", "cp", s(&src), &url("vm/disk.img")]));
+    let got = d.join("aws.raw");
+    store.download("vm/disk.img", &got);
+    for server in [Server::Diskit, Server::Nbdkit] {
+        let out = d.join(format!("{server:?}.raw"));
+        let o = ok(store.serve(
+            server,
+            &["key=vm/disk.img"],
+            &format!("nbdinfo \"$uri\" && nbdcopy \"$uri\" {}", s(&out)),
+        ));
+        assert!(stdout(&o).contains("is_read_only: true"), "{}", stdout(&o));
+        assert!(stdout(&o).contains("3000001"), "{}", stdout(&o));
+        assert!(same_bytes(&got, &out), "{server:?} read other bytes");
+    }
+
+    let fails = |args: &[&str], says: &str| {
+        let o = store.serve(Server::Diskit, args, "true");
+        assert_ne!(code(&o), 0, "{args:?}");
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    };
+    fails(&["key=k", "size=1M"], "must always be specified together");
+    fails(
+        &["key=k", "object-size=64k"],
+        "must always be specified together",
+    );
+    fails(
+        &["key=k", "size=100k", "object-size=64k"],
+        "multiple of `object-size`",
+    );
+    fails(&["size=1M"], "missing parameter 'key'");
+    fails(&["key=no-such-object"], "NoSuchKey");
+    let o = store
+        .with_env(timed(diskit_bin(), 60))
+        .args(["serve", "-U", "-", "s3", "bucket=no-such-bucket", "key=k"])
+        .args(["size=1M", "object-size=64k", "--run", "true"])
+        .output()
+        .unwrap();
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("NoSuchBucket"), "{}", stderr(&o));
 }

@@ -325,7 +325,7 @@ mod tests {
     fn every_plugin_is_found_once_by_its_name() {
         let names: Vec<&str> = all().map(|p| p.name).collect();
         for n in [
-            "file", "memory", "null", "pattern", "nbd", "http", "curl", "image",
+            "file", "memory", "null", "pattern", "nbd", "http", "curl", "rbd", "s3", "image",
         ] {
             assert_eq!(
                 names.iter().filter(|m| **m == n).count(),

@@ -6,8 +6,8 @@
 //! `file:`, `nbd+unix://`), its keys and the function that opens it, for
 //! `info`, `convert`, `copy` and every other command. nbdkit's face: the
 //! plugins that serve it with nbdkit's keys (`diskit serve file|nbd|
-//! http|curl|null|memory|pattern`). And how an image is made on it. A new
-//! source is one module and one row here.
+//! http|curl|null|memory|pattern|rbd|s3`). And how an image is made on
+//! it. A new source is one module and one row here.
 
 use std::sync::Arc;
 
@@ -253,7 +253,18 @@ pub const PROTOCOLS: &[Protocol] = &[
             remove: crate::s3::remove,
             finish: crate::s3::finish,
         },
-        plugins: &[],
+        plugins: &[Plugin {
+            name: "s3",
+            magic: "key",
+            magic_required: true,
+            keys: crate::s3::PLUGIN_KEYS,
+            lists: &[],
+            help: "S3 objects, as nbdkit's S3 plugin serves them (bucket=BUCKET key=KEY \
+                   [endpoint-url=URL] [access-key=] [secret-key=] [session-token=] \
+                   [region=] [profile=]: the object KEY, read-only; with size=SIZE \
+                   object-size=SIZE: a disk over objects KEY/%016x, read-write)",
+            open: PluginOpen::Source(crate::s3::open_plugin),
+        }],
     },
 ];
 

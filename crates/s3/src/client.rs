@@ -5,17 +5,18 @@
 //! their XML body and named by their code.
 
 use std::io::Read;
+use std::sync::Arc;
 use std::time::Duration;
 
 use diskit_core::{Error, ErrorKind, Result};
 use diskit_http::transport::{self, Expected, Failure, header};
-use rusty_s3::actions::{CreateMultipartUpload, S3Action};
+use rusty_s3::actions::{CreateMultipartUpload, ListObjectsV2, S3Action};
 use rusty_s3::{Bucket, Credentials, UrlStyle};
 use ureq::Agent;
 use ureq::http::{Response, StatusCode};
 
 use crate::config::{S3Options, Settings, process_env};
-use crate::name::S3Name;
+use crate::name::{PREFIX, S3Name};
 
 /// How long a signed URL stays valid: each request is signed just
 /// before it is sent.
@@ -24,15 +25,22 @@ const EXPIRY: Duration = Duration::from_secs(15 * 60);
 /// The largest read sent as one range request; longer reads are split.
 pub(crate) const MAX_REQUEST: usize = 32 << 20;
 
-/// The object, where it is and who asks.
-pub(crate) struct Client {
+/// The bucket, who asks, and how: what the requests on every object in
+/// it share.
+struct Store {
     agent: Agent,
     bucket: Bucket,
     credentials: Option<Credentials>,
-    key: String,
+    retries: u32,
+}
+
+/// One object, where it is and who asks.
+pub(crate) struct Client {
+    store: Arc<Store>,
+    /// The object's key.
+    pub(crate) key: String,
     /// `s3://BUCKET/KEY`, as messages name it.
     pub(crate) what: String,
-    retries: u32,
 }
 
 impl Client {
@@ -63,14 +71,39 @@ impl Client {
             connections: opts.connections.max(1),
             ..Default::default()
         };
-        Ok(Client {
+        let store = Store {
             agent: transport::agent(&http)?,
             bucket,
             credentials,
+            retries: opts.retries,
+        };
+        Ok(Client {
+            store: Arc::new(store),
             key: name.key.clone(),
             what,
-            retries: opts.retries,
         })
+    }
+
+    /// The object `key` of the same bucket, reached the same way.
+    pub(crate) fn object(&self, key: String) -> Client {
+        let what = format!("{PREFIX}{}/{key}", self.bucket().name());
+        Client {
+            store: self.store.clone(),
+            key,
+            what,
+        }
+    }
+
+    fn bucket(&self) -> &Bucket {
+        &self.store.bucket
+    }
+
+    fn agent(&self) -> &Agent {
+        &self.store.agent
+    }
+
+    fn creds(&self) -> Option<&Credentials> {
+        self.store.credentials.as_ref()
     }
 
     fn err(&self, kind: ErrorKind, msg: impl std::fmt::Display) -> Error {
@@ -82,7 +115,7 @@ impl Client {
         &self,
         mut f: impl FnMut(&Client) -> std::result::Result<T, Failure>,
     ) -> Result<T> {
-        transport::retrying(self.retries, || f(self))
+        transport::retrying(self.store.retries, || f(self))
     }
 
     /// Sends `req`; an answer that is not a success is a failure named by
@@ -95,13 +128,13 @@ impl Client {
         if r.status().is_success() {
             Ok(r)
         } else {
-            Err(self.refused(r))
+            Err(self.refusal(r).1)
         }
     }
 
     /// What an answer other than a success means: S3's error code (from
-    /// the XML body, when there is one), as a failure that may pass or not.
-    fn refused(&self, mut r: Response<ureq::Body>) -> Failure {
+    /// the XML body, when there is one), and a failure that may pass or not.
+    fn refusal(&self, mut r: Response<ureq::Body>) -> (Option<String>, Failure) {
         let status = r.status();
         let mut body = String::new();
         let _ = r
@@ -133,11 +166,12 @@ impl Client {
                 code.as_deref(),
                 Some("SlowDown" | "RequestTimeout" | "InternalError" | "ServiceUnavailable")
             );
-        if may_pass {
+        let failure = if may_pass {
             Failure::Transient(e)
         } else {
             Failure::Permanent(e)
-        }
+        };
+        (code, failure)
     }
 
     /// The object's size and entity tag.
@@ -147,11 +181,11 @@ impl Client {
 
     fn head_once(&self) -> std::result::Result<(u64, Option<String>), Failure> {
         let url = self
-            .bucket
-            .head_object(self.credentials.as_ref(), &self.key)
+            .bucket()
+            .head_object(self.creds(), &self.key)
             .sign(EXPIRY);
         let r = self
-            .agent
+            .agent()
             .head(url.as_str())
             .call()
             .map_err(|e| transport::failure(&self.what, e))?;
@@ -160,7 +194,7 @@ impl Client {
             // AWS answers a HEAD with no body to name the error: a GET of
             // the first byte has one.
             let get = self.get_url();
-            let r = self.agent.get(&get).header("Range", "bytes=0-0").call();
+            let r = self.agent().get(&get).header("Range", "bytes=0-0").call();
             return Err(match self.send(r) {
                 Err(f) => f,
                 Ok(_) => Failure::Permanent(self.err(
@@ -178,8 +212,9 @@ impl Client {
     }
 
     fn get_url(&self) -> String {
-        self.bucket
-            .get_object(self.credentials.as_ref(), &self.key)
+        self.store
+            .bucket
+            .get_object(self.creds(), &self.key)
             .sign(EXPIRY)
             .to_string()
     }
@@ -194,6 +229,23 @@ impl Client {
         size: u64,
         etag: Option<&str>,
     ) -> Result<()> {
+        self.read_ranges(buf, offset, size, etag, IfMissing::Fail)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of the object, which must be
+    /// `size` bytes if it is there; a missing object reads as zeros.
+    pub(crate) fn read_or_zeros(&self, buf: &mut [u8], offset: u64, size: u64) -> Result<()> {
+        self.read_ranges(buf, offset, size, None, IfMissing::Zeros)
+    }
+
+    fn read_ranges(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        size: u64,
+        etag: Option<&str>,
+        missing: IfMissing,
+    ) -> Result<()> {
         let expected = Expected {
             what: &self.what,
             size,
@@ -204,11 +256,21 @@ impl Client {
             let last = at + piece.len() as u64 - 1;
             self.retrying(|c| {
                 let r = c
-                    .agent
+                    .agent()
                     .get(&c.get_url())
                     .header("Range", format!("bytes={at}-{last}"))
-                    .call();
-                let mut r = c.send(r)?;
+                    .call()
+                    .map_err(|e| transport::failure(&c.what, e))?;
+                if !r.status().is_success() {
+                    return match c.refusal(r) {
+                        (Some(code), _) if code == "NoSuchKey" && missing == IfMissing::Zeros => {
+                            piece.fill(0);
+                            Ok(())
+                        }
+                        (_, f) => Err(f),
+                    };
+                }
+                let mut r = r;
                 if r.status() != StatusCode::PARTIAL_CONTENT {
                     return Err(Failure::Permanent(c.err(
                         ErrorKind::Io,
@@ -221,14 +283,45 @@ impl Client {
         Ok(())
     }
 
+    /// One page of at most `max` keys that start with `prefix`, in
+    /// order, after `start_after` (a key) or from `token` (the page
+    /// before's last word); the token of the next page, if there is one.
+    pub(crate) fn list_page(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        token: Option<&str>,
+        max: usize,
+    ) -> Result<(Vec<String>, Option<String>)> {
+        self.retrying(|c| {
+            let mut action = c.bucket().list_objects_v2(c.creds());
+            action.with_prefix(prefix);
+            action.with_max_keys(max);
+            if let Some(after) = start_after {
+                action.with_start_after(after);
+            }
+            if let Some(token) = token {
+                action.with_continuation_token(token);
+            }
+            let url = action.sign(EXPIRY);
+            let mut r = c.send(c.agent().get(url.as_str()).call())?;
+            let body = read_text(&mut r).map_err(|e| c.transient(e))?;
+            let page = ListObjectsV2::parse_response(&body).map_err(|e| {
+                Failure::Permanent(c.err(ErrorKind::Io, format!("ListObjectsV2: {e}")))
+            })?;
+            let keys = page.contents.into_iter().map(|o| o.key).collect();
+            Ok((keys, page.next_continuation_token))
+        })
+    }
+
     /// Starts a multipart upload; its id.
     pub(crate) fn create_upload(&self) -> Result<String> {
         self.retrying(|c| {
             let url = c
-                .bucket
-                .create_multipart_upload(c.credentials.as_ref(), &c.key)
+                .bucket()
+                .create_multipart_upload(c.creds(), &c.key)
                 .sign(EXPIRY);
-            let mut r = c.send(c.agent.post(url.as_str()).send_empty())?;
+            let mut r = c.send(c.agent().post(url.as_str()).send_empty())?;
             let body = read_text(&mut r).map_err(|e| c.transient(e))?;
             CreateMultipartUpload::parse_response(&body)
                 .map(|r| r.upload_id().to_string())
@@ -242,10 +335,10 @@ impl Client {
     pub(crate) fn upload_part(&self, id: &str, number: u16, body: &[u8]) -> Result<String> {
         self.retrying(|c| {
             let url = c
-                .bucket
-                .upload_part(c.credentials.as_ref(), &c.key, number, id)
+                .bucket()
+                .upload_part(c.creds(), &c.key, number, id)
                 .sign(EXPIRY);
-            let r = c.send(c.agent.put(url.as_str()).send(body))?;
+            let r = c.send(c.agent().put(url.as_str()).send(body))?;
             header(r.headers(), "etag").ok_or_else(|| {
                 Failure::Permanent(c.err(
                     ErrorKind::Io,
@@ -258,14 +351,14 @@ impl Client {
     /// Completes upload `id` from its parts' entity tags, in order.
     pub(crate) fn complete(&self, id: &str, etags: &[String]) -> Result<()> {
         self.retrying(|c| {
-            let action = c.bucket.complete_multipart_upload(
-                c.credentials.as_ref(),
+            let action = c.bucket().complete_multipart_upload(
+                c.creds(),
                 &c.key,
                 id,
                 etags.iter().map(String::as_str),
             );
             let url = action.sign(EXPIRY);
-            let mut r = c.send(c.agent.post(url.as_str()).send(action.body()))?;
+            let mut r = c.send(c.agent().post(url.as_str()).send(action.body()))?;
             // S3 may answer 200 and still fail: the body says.
             let body = read_text(&mut r).map_err(|e| c.transient(e))?;
             match xml_text(&body, "Code") {
@@ -281,38 +374,41 @@ impl Client {
     pub(crate) fn abort(&self, id: &str) -> Result<()> {
         self.retrying(|c| {
             let url = c
-                .bucket
-                .abort_multipart_upload(c.credentials.as_ref(), &c.key, id)
+                .bucket()
+                .abort_multipart_upload(c.creds(), &c.key, id)
                 .sign(EXPIRY);
-            c.send(c.agent.delete(url.as_str()).call()).map(drop)
+            c.send(c.agent().delete(url.as_str()).call()).map(drop)
         })
     }
 
     /// Writes the whole object in one request.
     pub(crate) fn put(&self, body: &[u8]) -> Result<()> {
         self.retrying(|c| {
-            let url = c
-                .bucket
-                .put_object(c.credentials.as_ref(), &c.key)
-                .sign(EXPIRY);
-            c.send(c.agent.put(url.as_str()).send(body)).map(drop)
+            let url = c.bucket().put_object(c.creds(), &c.key).sign(EXPIRY);
+            c.send(c.agent().put(url.as_str()).send(body)).map(drop)
         })
     }
 
     /// Removes the object.
     pub(crate) fn delete(&self) -> Result<()> {
         self.retrying(|c| {
-            let url = c
-                .bucket
-                .delete_object(c.credentials.as_ref(), &c.key)
-                .sign(EXPIRY);
-            c.send(c.agent.delete(url.as_str()).call()).map(drop)
+            let url = c.bucket().delete_object(c.creds(), &c.key).sign(EXPIRY);
+            c.send(c.agent().delete(url.as_str()).call()).map(drop)
         })
     }
 
     fn transient(&self, e: std::io::Error) -> Failure {
         Failure::Transient(self.err(ErrorKind::Io, e))
     }
+}
+
+/// What a read of an object that is not there gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IfMissing {
+    /// An error (NoSuchKey).
+    Fail,
+    /// Zeros (a sharded disk's objects never written).
+    Zeros,
 }
 
 /// A small answer's body as text.
