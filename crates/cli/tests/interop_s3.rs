@@ -197,6 +197,24 @@ fn objects_written_and_read_by_diskit_aws_and_boto3_are_the_same_bytes() {
     let back = d.join("back.raw");
     store.download("raw", &back);
     assert!(same_bytes(&src, &back), "aws s3 cp read other bytes");
+    // Many parts (more than the upload keeps open) from a convert with
+    // many workers: the object is written front to back all the same.
+    let big = random_file(&d.join("big.raw"), 72 << 20);
+    ok(store.diskit(&[
+        "convert",
+        "-m",
+        "8",
+        "-W",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        s(&big),
+        &url("big"),
+    ]));
+    let big_back = d.join("big-back.raw");
+    store.download("big", &big_back);
+    assert!(same_bytes(&big, &big_back), "aws s3 cp read other bytes");
 
     // diskit writes qcow2: qemu-img checks and compares the download.
     ok(store.diskit(&[
@@ -278,7 +296,10 @@ fn objects_written_and_read_by_diskit_aws_and_boto3_are_the_same_bytes() {
 
     let mut keys = store.keys();
     keys.sort();
-    assert_eq!(keys, ["boto", "copied", "img.qcow2", "new.qcow2", "raw"]);
+    assert_eq!(
+        keys,
+        ["big", "boto", "copied", "img.qcow2", "new.qcow2", "raw"]
+    );
     store.no_uploads_left();
     drop(store.ceph);
 }

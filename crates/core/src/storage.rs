@@ -260,6 +260,13 @@ pub trait Storage: BlockDevice {
         None
     }
 
+    /// Whether writes must come front to back, nearly in order (a new S3
+    /// object, uploaded part after part as it fills): a copy into it
+    /// writes in source order.
+    fn writes_in_order(&self) -> bool {
+        false
+    }
+
     /// Whether this is a device of a fixed size (a block device, an NBD
     /// export) rather than a file that grows.
     fn is_fixed_size(&self) -> bool {
@@ -398,6 +405,9 @@ macro_rules! forward_storage {
             }
             fn is_fixed_size(&self) -> bool {
                 (**self).is_fixed_size()
+            }
+            fn writes_in_order(&self) -> bool {
+                (**self).writes_in_order()
             }
             fn lock_image(&self, perm: u8, unshare: u8) -> Result<()> {
                 (**self).lock_image(perm, unshare)

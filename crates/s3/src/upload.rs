@@ -481,6 +481,9 @@ impl diskit_core::Storage for S3Writer {
     fn location(&self) -> &str {
         &self.shared.client.what
     }
+    fn writes_in_order(&self) -> bool {
+        true
+    }
     fn protocol(&self) -> &'static str {
         "s3"
     }

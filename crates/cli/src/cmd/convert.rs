@@ -413,8 +413,10 @@ fn copy_into(
         zeros_from,
         min_sparse,
         workers,
-        // Raw has no layout that depends on write order.
-        ordered_writes: !a.out_of_order && out_format != Format::RAW,
+        // Raw has no layout that depends on write order; storage written
+        // front to back (a new S3 object) takes writes in order, -W or not.
+        ordered_writes: (!a.out_of_order && out_format != Format::RAW)
+            || dst.file.writes_in_order(),
         zero_alignment: 1,
         skip_backing,
     };
