@@ -332,6 +332,46 @@ fn copy_blkhash_is_blksum_of_the_source() {
             .unwrap());
         assert_eq!(o.stdout.len() as u64, std::fs::metadata(img).unwrap().len());
         assert_eq!(read_hash(), want_md5);
+        // The checksum file is never the copy's source or destination,
+        // nor an image another process serves: refused before the copy,
+        // and each keeps its bytes.
+        let before = std::fs::read(img).unwrap();
+        let dst_before = std::fs::read(&dst).unwrap();
+        let other = dir.path().join("other.raw");
+        for (hf, to) in [(img, &other), (&dst, &dst)] {
+            let o = diskit(&[
+                "copy",
+                "--blkhash",
+                &format!("--blkhash-file={}", s(hf)),
+                s(img),
+                s(to),
+            ]);
+            assert_eq!(code(&o), 1, "{}", stderr(&o));
+        }
+        assert_eq!(
+            std::fs::read(img).unwrap(),
+            before,
+            "the source keeps its bytes"
+        );
+        assert_eq!(std::fs::read(&dst).unwrap(), dst_before);
+        let served = dir.path().join("served.raw");
+        std::fs::copy(img, &served).unwrap();
+        let sock = dir.path().join("held.sock");
+        let server = QemuNbd::start(&sock, &["-f", "raw", s(&served)]);
+        let o = diskit(&[
+            "copy",
+            "--blkhash",
+            &format!("--blkhash-file={}", s(&served)),
+            s(img),
+            "null:",
+        ]);
+        assert_eq!(code(&o), 1, "{}", stderr(&o));
+        drop(server);
+        assert_eq!(
+            std::fs::read(&served).unwrap(),
+            before,
+            "the served image keeps its bytes"
+        );
     }
 }
 

@@ -432,6 +432,18 @@ pub fn run(a: Args) -> CmdResult {
         Opened::Device(d) => Some(d.size()),
         _ => None,
     };
+    // The checksum file is taken before anything is written, as a
+    // destination is: never the copy's source or destination, nor an
+    // image another process uses, and emptied only at the end.
+    let dst_path = match &dst_side {
+        Side::Local(p) => Some(p.as_str()),
+        _ => None,
+    };
+    let hash_file = a
+        .blkhash_file
+        .as_deref()
+        .map(|p| HashFile::take(p, dst_path))
+        .transpose()?;
     // A destination file the copy makes goes again if the copy fails
     // (never one that was there before).
     let made = match &dst_side {
@@ -504,9 +516,14 @@ pub fn run(a: Args) -> CmdResult {
         (Opened::File(_), _) => unreachable!("a source is a device or a stream"),
     };
     let result = result.and_then(|copied| match hash {
-        Some(h) => print_blkhash(h, copied, a.blkhash_file.as_deref()),
+        Some(h) => print_blkhash(h, copied, hash_file.as_ref()),
         None => Ok(()),
     });
+    if result.is_err()
+        && let Some(f) = &hash_file
+    {
+        f.remove_made();
+    }
     if let Some(p) = printer {
         if result.is_ok() {
             p.completed();
@@ -621,22 +638,99 @@ fn copy_devices(
 
 /// Prints the blkhash of the `size` bytes copied, as nbdcopy does: the
 /// digest in hex on a line of its own, on standard output or in `file`.
-fn print_blkhash(
-    hash: &BlockHash,
-    size: u64,
-    file: Option<&std::path::Path>,
-) -> Result<(), CliError> {
+fn print_blkhash(hash: &BlockHash, size: u64, file: Option<&HashFile>) -> Result<(), CliError> {
     let md = hash
         .finish(size)
         .map_err(|e| CliError::new(format!("--blkhash: {e}")))?;
     let line = format!("{}\n", md.hex());
     match file {
-        Some(path) => {
-            std::fs::write(path, line).map_err(|e| io_error(&path.display().to_string(), &e))
-        }
+        Some(f) => f.write(&line),
         None => std::io::stdout()
             .write_all(line.as_bytes())
             .map_err(|e| CliError::new(format!("write: {e}"))),
+    }
+}
+
+/// Where `--blkhash-file` writes the checksum.
+enum HashFile {
+    /// A regular file, locked as a destination is; its name, and whether
+    /// the copy made it.
+    Storage(diskit_core::StorageRef, String, bool),
+    /// A pipe or character device (`/dev/stdout`), written as it is.
+    Stream(std::fs::File),
+}
+
+impl HashFile {
+    /// Opens `path` without emptying it: a file is refused if the copy
+    /// reads it, if it is the copy's destination (`destination`, by
+    /// device and inode) or if another process uses it (QEMU's locks), a
+    /// block device always, and a missing file is made.
+    fn take(path: &std::path::Path, destination: Option<&str>) -> Result<HashFile, CliError> {
+        use std::os::unix::fs::MetadataExt;
+        let name = path.display().to_string();
+        let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+        if let (Ok(h), Some(Ok(d))) = (std::fs::metadata(path), destination.map(std::fs::metadata))
+            && id(h) == id(d)
+        {
+            return Err(CliError::new(format!(
+                "{name}: --blkhash-file: the copy's destination cannot take its checksum too"
+            )));
+        }
+        let made = std::fs::symlink_metadata(path).is_err();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| io_error(&name, &e))?;
+        let ft = file
+            .metadata()
+            .map_err(|e| io_error(&name, &e))?
+            .file_type();
+        if ft.is_block_device() {
+            return Err(CliError::new(format!(
+                "{name}: --blkhash-file: not a regular file"
+            )));
+        }
+        if !ft.is_file() {
+            return Ok(HashFile::Stream(file));
+        }
+        // Emptied and written whole: no one else may write or resize it
+        // (a file a server has open for writing is refused).
+        let (perm, unshare) = diskit_core::storage::lock::for_image(true, true);
+        let storage = diskit_open::local::adopt_destination(file, &name)
+            .and_then(|s| s.lock_image(perm, unshare).map(|()| s))
+            .map_err(|e| {
+                if made {
+                    let _ = std::fs::remove_file(path);
+                }
+                CliError::new(format!("{name}: {e}"))
+            })?;
+        Ok(HashFile::Storage(storage, name, made))
+    }
+
+    /// Removes the file if the copy made it (the copy failed).
+    fn remove_made(&self) {
+        if let HashFile::Storage(_, name, true) = self {
+            let _ = std::fs::remove_file(name);
+        }
+    }
+
+    /// Replaces what the file holds with `line`.
+    fn write(&self, line: &str) -> Result<(), CliError> {
+        match self {
+            HashFile::Stream(f) => (&*f)
+                .write_all(line.as_bytes())
+                .map_err(|e| CliError::new(format!("write: {e}"))),
+            HashFile::Storage(s, name, _) => {
+                use diskit_core::Preallocation::Off;
+                s.resize(0, Off)
+                    .and_then(|()| s.write_extend(line.as_bytes(), 0))
+                    .and_then(|()| s.close())
+                    .map_err(|e| CliError::new(format!("{name}: {e}")))
+            }
+        }
     }
 }
 
