@@ -90,6 +90,14 @@ pub fn start(
             (Op::Zero(zflags), offset, len as usize, 0)
         }
     };
+    // librbd reads into or writes from the buffer by pointer: the bytes
+    // it is given must lie in it.
+    if let Some(b) = &f.buf
+        && start.checked_add(len).is_none_or(|end| end > b.len())
+    {
+        f.finish(Err(Error::invalid("request outside its buffer")));
+        return;
+    }
     let data = f.buf.as_mut().map(|b| b.as_mut_ptr());
     let arg = Box::into_raw(f);
     let mut c: Handle = std::ptr::null_mut();
@@ -102,8 +110,8 @@ pub fn start(
         f.finish(Err(failed(r.into(), "error creating a completion")));
         return;
     }
-    // SAFETY: the buffer (`data`, whose request range was checked by the
-    // caller) is owned by `arg`, which lives until the callback; the
+    // SAFETY: the buffer (`data`, the request's bytes checked to lie in
+    // it above) is owned by `arg`, which lives until the callback; the
     // image is open and stays so while requests are in flight (closing
     // it waits for them).
     let r = unsafe {
