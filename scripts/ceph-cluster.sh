@@ -100,12 +100,15 @@ step monmaptool --create --fsid "$fsid" --addv a "[v1:$ip:$port]" "$D/monmap"
 step ceph-mon -c "$c" --mkfs -i a --monmap "$D/monmap"
 step ceph-mon -c "$c" -i a
 # The monitor answers commands only once it has formed its quorum of one
-# (before, "EPERM: problem getting command descriptions"): wait for it.
-for _ in $(seq 60); do
-  (cd "$D" && timeout 10 ceph -c "$c" mon stat) >/dev/null 2>&1 && break
+# and loaded its command table (before, "EPERM: problem getting command
+# descriptions"): the first command is tried again until it is taken.
+for try in $(seq 40); do
+  if out=$(cd "$D" && timeout 10 ceph -c "$c" osd create 2>&1); then
+    break
+  fi
+  [ "$try" -lt 40 ] || fail "ceph osd create failed: $out"
   sleep 0.5
 done
-step ceph -c "$c" osd create
 step ceph-osd -c "$c" -i 0 --mkfs
 # The OSD may ask the monitor before it has the monitor's map, with a
 # null fsid ("wrong fsid"), and stop: a race in Ceph's start-up; another
