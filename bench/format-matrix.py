@@ -19,13 +19,16 @@ data (issue targets: sparse at most 2x raw, full at most 1.2x raw; every
 cell at most qemu-img's time). Outputs are compared with qemu-img compare
 once per cell. Free page reporting is held still (bench/nbd.py).
 
-Environment: SIZE_MIB (default 2048), ROUNDS (default 3), LOCATIONS
+Environment: DISKIT_BASELINE (another diskit binary, an older commit's,
+timed as a third tool with diskit's command lines: before/after in one
+run), SIZE_MIB (default 2048), ROUNDS (default 3), LOCATIONS
 (default shm,disk), FORMATS, DATA (default sparse,full), TARGETS
 (default file,null,qcow2), BENCH_DIR (default bench/.work).
 Output: the table on stdout and bench/results/format-matrix-<date>.json.
 """
 
 import json
+import shutil
 import os
 import statistics
 import subprocess
@@ -37,7 +40,12 @@ from benchlib import logger, nbdbench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-DISKIT = REPO / "target" / "release" / "diskit"
+# DISKIT_BIN measures another binary (another commit's, for before/after runs).
+DISKIT = Path(os.environ.get("DISKIT_BIN") or REPO / "target" / "release" / "diskit")
+# DISKIT_BASELINE: another diskit binary (an older commit's), run as a third
+# tool "baseline" with diskit's command lines: before/after in one run.
+BASELINE = os.environ.get("DISKIT_BASELINE")
+TOOLS = ["diskit", "qemu-img"] + (["baseline"] if BASELINE else [])
 SIZE_MIB = int(os.environ.get("SIZE_MIB", "2048"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 LOCATIONS = os.environ.get("LOCATIONS", "shm,disk").split(",")
@@ -94,7 +102,7 @@ def make_source(work, fmt, data):
 
 
 def cell_cmd(tool, src, fmt_name, target, out):
-    exe = str(DISKIT) if tool == "diskit" else "qemu-img"
+    exe = {"diskit": str(DISKIT), "baseline": BASELINE}.get(tool, "qemu-img")
     if target == "file":
         return [exe, "convert", "-f", fmt_name, "-O", "raw", str(src), str(out)]
     if target == "qcow2":
@@ -114,6 +122,44 @@ def timed(cmd, loc, out):
     return time.monotonic() - start
 
 
+def run_format(loc, work, fmt):
+    """Every cell of `fmt` at `loc`: its sources made, the warm-up and
+    correctness runs, ROUNDS timed rounds; the sources removed after."""
+    cells = []
+    for data in DATA:
+        log(f"{loc}: making {fmt} {data}")
+        src, name = make_source(work, fmt, data)
+        for target in TARGETS:
+            cells.append((fmt, data, target, src, name))
+    out = work / "out.img"
+    times = {(c[0], c[1], c[2]): {t: [] for t in TOOLS} for c in cells}
+    # Warm-up and correctness: each tool's output compared with the source.
+    for fmt, data, target, src, name in cells:
+        for tool in TOOLS:
+            timed(cell_cmd(tool, src, name, target, out), loc, out if target != "null" else None)
+            if target != "null":
+                run(["qemu-img", "compare", "-f", name, str(src), str(out)])
+    for r in range(ROUNDS):
+        for i, (fmt, data, target, src, name) in enumerate(cells):
+            k = (r + i) % len(TOOLS)
+            order = TOOLS[k:] + TOOLS[:k]
+            for tool in order:
+                o = out if target != "null" else None
+                times[(fmt, data, target)][tool].append(
+                    timed(cell_cmd(tool, src, name, target, out), loc, o))
+        log(f"{loc}: {fmt} round {r + 1}/{ROUNDS} done")
+    out.unlink(missing_ok=True)
+    for p in work.glob("src-*"):
+        p.unlink()
+    rows = []
+    for (fmt, data, target), t in times.items():
+        rows.append({"location": loc, "format": fmt, "data": data, "target": target,
+                     "diskit_s": statistics.median(t["diskit"]),
+                     "qemu_img_s": statistics.median(t["qemu-img"]), "runs": t,
+                     **({"baseline_s": statistics.median(t["baseline"])} if BASELINE else {})})
+    return rows
+
+
 def main():
     if not DISKIT.exists():
         raise SystemExit("build first: cargo build --release -p diskit")
@@ -123,37 +169,14 @@ def main():
         for loc in LOCATIONS:
             work = Path("/dev/shm/diskit-format-matrix") if loc == "shm" else DISK_DIR / "format-matrix"
             work.mkdir(parents=True, exist_ok=True)
-            cells = []
-            for fmt in FORMATS:
-                for data in DATA:
-                    log(f"{loc}: making {fmt} {data}")
-                    src, name = make_source(work, fmt, data)
-                    for target in TARGETS:
-                        cells.append((fmt, data, target, src, name))
-            out = work / "out.img"
-            times = {(c[0], c[1], c[2]): {"diskit": [], "qemu-img": []} for c in cells}
-            # Warm-up and correctness: each tool's output compared with the source.
-            for fmt, data, target, src, name in cells:
-                for tool in ["diskit", "qemu-img"]:
-                    timed(cell_cmd(tool, src, name, target, out), loc, out if target != "null" else None)
-                    if target != "null":
-                        run(["qemu-img", "compare", "-f", name, str(src), str(out)])
-            for r in range(ROUNDS):
-                for i, (fmt, data, target, src, name) in enumerate(cells):
-                    order = ["diskit", "qemu-img"] if (r + i) % 2 == 0 else ["qemu-img", "diskit"]
-                    for tool in order:
-                        o = out if target != "null" else None
-                        times[(fmt, data, target)][tool].append(
-                            timed(cell_cmd(tool, src, name, target, out), loc, o))
-                log(f"{loc}: round {r + 1}/{ROUNDS} done")
-            out.unlink(missing_ok=True)
-            for (fmt, data, target), t in times.items():
-                rows.append({"location": loc, "format": fmt, "data": data, "target": target,
-                             "diskit_s": statistics.median(t["diskit"]),
-                             "qemu_img_s": statistics.median(t["qemu-img"]), "runs": t})
-            for p in work.glob("src-*"):
-                p.unlink()
-            (work / "full.raw").unlink(missing_ok=True)
+            try:
+                # One format at a time: its sources exist only while its
+                # cells run (every format's full 2 GiB images at once do
+                # not fit in memory).
+                for fmt in FORMATS:
+                    rows += run_format(loc, work, fmt)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     finally:
         nbdbench.quiet_vm_restore(old)
     raw = {(r["location"], r["data"], r["target"]): r["diskit_s"] for r in rows if r["format"] == "raw"}
@@ -166,6 +189,12 @@ def main():
         vs = f"{r['vs_raw']:.2f}x" if r["vs_raw"] else "-"
         print(f"{r['location']:<6}{r['format']:<16}{r['data']:<8}{r['target']:<7}{r['diskit_s']:>10.3f}"
               f"{r['qemu_img_s']:>12.3f}{r['speedup']:>12.2f}x{vs:>8}")
+    if BASELINE:
+        print("\nbefore/after: diskit's median over the baseline binary's (above 1.05: 5% slower)")
+        for r in rows:
+            r["vs_baseline"] = r["diskit_s"] / r["baseline_s"]
+            print(f"{r['location']:<6}{r['format']:<16}{r['data']:<8}{r['target']:<7}"
+                  f"{r['baseline_s']:>8.3f} -> {r['diskit_s']:.3f}{r['vs_baseline']:>8.3f}")
     stamp = time.strftime("%Y-%m-%d-%H%M%S")
     path = REPO / "bench" / "results" / f"format-matrix-{stamp}.json"
     path.write_text(json.dumps({"size_mib": SIZE_MIB, "rounds": ROUNDS, "cells": rows}, indent=1))

@@ -27,7 +27,15 @@ fresh_dst() {
 # build_diskit: builds the release binary (the sourcing script sets
 # REPO_ROOT) and sets DISKIT to it and commit to what was built, taken now:
 # others may commit while the benchmark runs.
+# With DISKIT_BIN set, that binary is measured as it is (no build): another
+# commit's, for before/after runs of the same benchmark.
 build_diskit() {
+    if [[ -n ${DISKIT_BIN:-} ]]; then
+        DISKIT=$DISKIT_BIN
+        [[ -x $DISKIT ]] || die "DISKIT_BIN is not an executable: $DISKIT"
+        commit="$("$DISKIT" --version 2>/dev/null | head -n 1) at $DISKIT"
+        return
+    fi
     log "building diskit (release)"
     (cd "$REPO_ROOT" && cargo build --release -p diskit)
     DISKIT=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/diskit

@@ -71,6 +71,12 @@ ROWS = {
     "memory": (["diskit", "nbdkit"], ["seqread", "randread", "randwrite", "nbdcopy"]),
     "qcow2": (["diskit", "qemu-nbd"], ["seqread", "randread", "randwrite", "nbdcopy"]),
 }
+# DISKIT_BASELINE: another diskit binary (an older commit's), served as a
+# further server "baseline" with diskit's command lines: before/after in
+# one run.
+BASELINE = os.environ.get("DISKIT_BASELINE")
+if BASELINE:
+    ROWS = {row: (servers + ["baseline"], wls) for row, (servers, wls) in ROWS.items()}
 
 
 def log(msg):
@@ -82,6 +88,10 @@ def selected(name):
 
 
 def build():
+    """The diskit binary to measure: DISKIT_BIN as it is (another commit's,
+    for before/after runs), else this tree's release build."""
+    if os.environ.get("DISKIT_BIN"):
+        return Path(os.environ["DISKIT_BIN"])
     log("building diskit (release)")
     subprocess.run(["cargo", "build", "--release", "-p", "diskit"], cwd=REPO, check=True)
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
@@ -119,7 +129,9 @@ class Server:
 
 def server_argv(diskit, server, row, path, sock):
     size = f"{SIZE_MIB}M"
-    if server == "diskit":
+    if server in ("diskit", "baseline"):
+        if server == "baseline":
+            diskit = BASELINE
         plugin = {"file": ["file", str(path)], "memory": ["memory", size],
                   "qcow2": ["image", str(path)]}[row]
         return [str(diskit), "serve", "-f", "-U", str(sock), *plugin]
@@ -203,6 +215,8 @@ def main():
     diskit = build()
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "unknown"
+    if os.environ.get("DISKIT_BIN"):
+        commit = f"binary {diskit}"
     work = Path(tempfile.mkdtemp(prefix="diskit-nbd-bench.", dir="/dev/shm"))
     results = {}
     reporting_old = quiet_vm()
@@ -257,7 +271,8 @@ def main():
     for name, by in results.items():
         med = {s: statistics.median(v) for s, v in by.items()}
         row, wl = name.split("/")
-        ratios = {p: med["diskit"] / med[p] for p in med if p != "diskit" and med[p] > 0}
+        ratios = {p: med["diskit"] / med[p] for p in med
+                  if p not in ("diskit", "baseline") and med[p] > 0}
         verdicts = []
         if "nbdkit" in ratios:
             verdicts.append("goal" if ratios["nbdkit"] >= 1.3 else
@@ -272,6 +287,14 @@ def main():
         print(f"{name:<18}{unit[wl]:>7}{cells}{rcells}  {' '.join(verdicts) or '-'}")
         summary[name] = {"unit": unit[wl], "median": med, "ratio": ratios, "runs": by}
     print(f"\ntargets met in every row: {'yes' if all_met else 'no'}")
+    if BASELINE:
+        print("\nbefore/after: diskit's median over the baseline binary's "
+              "(throughput: below 0.95, 5% slower)")
+        for name, by in summary.items():
+            med = by["median"]
+            by["vs_baseline"] = med["diskit"] / med["baseline"]
+            print(f"{name:<18}{med['baseline']:>12,.0f} -> {med['diskit']:>10,.0f}"
+                  f"{by['vs_baseline']:>8.3f}")
     versions = {t: subprocess.run([t, "--version"], capture_output=True, text=True)
                 .stdout.splitlines()[0] for t in ["nbdkit", "qemu-nbd", "fio", "nbdcopy"]}
     out = write_results("nbd", {"commit": commit, "size_mib": SIZE_MIB, "rounds": ROUNDS,

@@ -44,6 +44,8 @@
 # read once (into the page cache) right before every timed run.
 #
 # Environment:
+#   DISKIT_BASELINE  another diskit binary (an older commit's), timed as a
+#              third tool with diskit's command lines: before/after in one run
 #   SIZE_MIB   virtual size of each image in MiB (default 2048)
 #   ROUNDS     timed rounds per case (default 6: every tool goes first
 #              equally often)
@@ -69,6 +71,12 @@ CASES=${CASES:-*}
 RESULTS_DIR=$SCRIPT_DIR/results
 
 TOOLS=(diskit qemu-img)
+# DISKIT_BASELINE: another diskit binary (an older commit's) run as a third
+# tool, "baseline", with diskit's command lines: before/after in one run.
+if [[ -n ${DISKIT_BASELINE:-} ]]; then
+    [[ -x $DISKIT_BASELINE ]] || { echo "DISKIT_BASELINE is not an executable" >&2; exit 1; }
+    TOOLS+=(baseline)
+fi
 LOCATIONS=(shm disk)
 KINDS=(sparse full)
 PREALLOCS=(default metadata falloc)
@@ -233,6 +241,8 @@ run_tool() {
         qemu-img/null) qemu-img convert -n --target-is-zero -f qcow2 "$3" \
                            --target-image-opts "driver=null-co,size=$SIZE_BYTES" ;;
         diskit/file)   "$DISKIT" convert -f qcow2 -O raw "$3" "$4" ;;
+        baseline/null) "$DISKIT_BASELINE" convert -n --target-is-zero -f qcow2 -O raw "$3" null-co:// ;;
+        baseline/file) "$DISKIT_BASELINE" convert -f qcow2 -O raw "$3" "$4" ;;
         qemu-img/file) qemu-img convert -f qcow2 -O raw "$3" "$4" ;;
         *)             die "unknown tool/target $1/$2" ;;
     esac
@@ -464,6 +474,14 @@ for (loc, kind, pre), im in sorted(images.items()):
     if pre != "default" and im["mapped_bytes"] != meta["size_mib"] << 20:
         print(f"WARNING: {loc}/{kind}/{pre} image maps {im['mapped_bytes']} bytes, "
               f"not the whole {meta['size_mib']} MiB")
+
+if "baseline" in tools:
+    print()
+    print("before/after: diskit's median over the baseline binary's (above 1.05: 5% slower)")
+    for c in cases:
+        m = c["median_s"]
+        print(f"  {c['name']:<28} {m['baseline']:.3f} -> {m['diskit']:.3f}  "
+              f"{m['diskit'] / m['baseline']:.3f}")
 
 worst = max(cases, key=lambda c: c["diskit_vs_qemu_img"])
 worst_ratio = worst["diskit_vs_qemu_img"]
