@@ -20,13 +20,8 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 { command -v pkg-config >/dev/null && pkg-config --exists libnbd; } || need+=(libnbd-dev)
 # blksum reads image files through qemu-nbd.
 command -v qemu-nbd >/dev/null || need+=(qemu-utils)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== blksum: installing: ${need[*]}" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+. scripts/packages.sh
+install_missing blksum "${need[@]}"
 
 cache=$target/blksum
 stamp=$(cat "$src"/*/*.c "$src"/*/*.h "$src"/*.h "$0" | sha256sum | cut -c1-16)

@@ -59,6 +59,12 @@ auth service required = none
 auth client required = none
 osd pool default size = 1
 osd pool default min size = 1
+# Small pools (radosgw makes several), and room for many: the tests give
+# each test a pool of its own.
+osd pool default pg num = 8
+osd pool default pgp num = 8
+osd pool default pg autoscale mode = off
+mon max pg per osd = 2000
 osd crush chooseleaf type = 0
 mon allow pool size one = true
 mon allow pool delete = true

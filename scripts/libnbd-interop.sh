@@ -28,14 +28,8 @@ command -v certtool >/dev/null || need+=(gnutls-bin)
 command -v psktool >/dev/null || need+=(gnutls-bin)
 # PSK: diskit loads OpenSSL 3 when asked for it (nothing links it).
 grep -q 'libssl\.so\.3 ' < <(/sbin/ldconfig -p 2>/dev/null) || need+=(libssl3)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== libnbd-interop: installing: ${need[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+. scripts/packages.sh
+install_missing libnbd-interop "${need[@]}"
 
 # DISKIT: a diskit already built (scripts/test passes the one its test run
 # built).
@@ -65,18 +59,17 @@ for plugin in file memory; do
     tail='"-s", "--exit-with-parent", "memory", "1048576"'
     tmpflag=
   fi
-  variant "interop-$plugin-tls-certs" interop.c $tmpflag -DCERTS=1 -DTLS_MODE=LIBNBD_TLS_REQUIRE \
-    "-DSERVER_PARAMS=\"serve\", \"--tls=require\", $certs, $tail"
-  variant "interop-$plugin-tls-certs-allow-enabled" interop.c $tmpflag -DCERTS=1 -DTLS_MODE=LIBNBD_TLS_ALLOW \
-    "-DSERVER_PARAMS=\"serve\", \"--tls=require\", $certs, $tail"
-  variant "interop-$plugin-tls-certs-allow-fallback" interop.c $tmpflag -DCERTS=1 -DTLS_MODE=LIBNBD_TLS_ALLOW \
-    -DTLS_FALLBACK=1 "-DSERVER_PARAMS=\"serve\", \"--tls=off\", $tail"
-  variant "interop-$plugin-tls-psk" interop.c $tmpflag -DPSK=1 -DTLS_MODE=LIBNBD_TLS_REQUIRE \
-    "-DSERVER_PARAMS=\"serve\", \"--tls=require\", $psk, $tail"
-  variant "interop-$plugin-tls-psk-allow-enabled" interop.c $tmpflag -DPSK=1 -DTLS_MODE=LIBNBD_TLS_ALLOW \
-    "-DSERVER_PARAMS=\"serve\", \"--tls=require\", $psk, $tail"
-  variant "interop-$plugin-tls-psk-allow-fallback" interop.c $tmpflag -DPSK=1 -DTLS_MODE=LIBNBD_TLS_ALLOW \
-    -DTLS_FALLBACK=1 "-DSERVER_PARAMS=\"serve\", \"--tls=off\", $tail"
+  # Each kind of key (X.509 certificates, PSK): TLS required, allowed and
+  # taken, allowed and refused by the server (the client falls back).
+  for kind in certs psk; do
+    if [ $kind = certs ]; then keyflag=-DCERTS=1 keys=$certs; else keyflag=-DPSK=1 keys=$psk; fi
+    variant "interop-$plugin-tls-$kind" interop.c $tmpflag $keyflag -DTLS_MODE=LIBNBD_TLS_REQUIRE \
+      "-DSERVER_PARAMS=\"serve\", \"--tls=require\", $keys, $tail"
+    variant "interop-$plugin-tls-$kind-allow-enabled" interop.c $tmpflag $keyflag -DTLS_MODE=LIBNBD_TLS_ALLOW \
+      "-DSERVER_PARAMS=\"serve\", \"--tls=require\", $keys, $tail"
+    variant "interop-$plugin-tls-$kind-allow-fallback" interop.c $tmpflag $keyflag -DTLS_MODE=LIBNBD_TLS_ALLOW \
+      -DTLS_FALLBACK=1 "-DSERVER_PARAMS=\"serve\", \"--tls=off\", $tail"
+  done
 done
 variant socket-activation-file socket-activation.c '-DSERVER_PARAMS="serve", "file", tmpfile'
 variant socket-activation-memory socket-activation.c '-DSERVER_PARAMS="serve", "memory", "1048576"'

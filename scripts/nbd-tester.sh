@@ -22,13 +22,8 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 { command -v pkg-config >/dev/null && pkg-config --exists glib-2.0; } || need+=(libglib2.0-dev)
 { command -v pkg-config >/dev/null && pkg-config --exists gnutls; } || need+=(libgnutls28-dev)
 command -v python3 >/dev/null || need+=(python3)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== nbd-tester: installing: ${need[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+. scripts/packages.sh
+install_missing nbd-tester "${need[@]}"
 
 # The tester, built once per version of its sources. ISSERVER enables its
 # inetd mode (-I); it only adds syslog calls otherwise.

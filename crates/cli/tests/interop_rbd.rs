@@ -1,5 +1,5 @@
 //! Ceph RBD images wherever an image goes, against a one-node Ceph
-//! cluster started by the test, with Ceph's own `rbd` tool as the oracle:
+//! cluster (tests/ceph: the test run's, or the test's own), with Ceph's own `rbd` tool as the oracle:
 //! what diskit writes into RBD `rbd export` reads back byte for byte (and
 //! `qemu-img check` passes on a qcow2 kept in RBD), what `rbd import`
 //! wrote diskit reads back, snapshots read as they were, and `serve rbd`
@@ -37,9 +37,9 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         &ceph.name("raw1"),
     ]));
     let out = d.join("export.raw");
-    ok(ceph.rbd(&["export", "rbd/raw1", s(&out)]));
+    ok(ceph.rbd(&["export", &ceph.at("raw1"), s(&out)]));
     assert!(same_bytes(&src, &out), "rbd export read other bytes");
-    let du = stdout(&ok(ceph.rbd(&["du", "--format", "json", "rbd/raw1"])));
+    let du = stdout(&ok(ceph.rbd(&["du", "--format", "json", &ceph.at("raw1")])));
     let v: serde_json::Value = serde_json::from_str(&du).unwrap();
     let used = v["images"][0]["used_size"].as_u64().unwrap();
     assert!(
@@ -87,7 +87,7 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         &ceph.name("q1"),
     ]));
     let q = d.join("export.qcow2");
-    ok(ceph.rbd(&["export", "rbd/q1", s(&q)]));
+    ok(ceph.rbd(&["export", &ceph.at("q1"), s(&q)]));
     ok(qemu_img(&["check", s(&q)]));
     let cmp = ok(qemu_img(&["compare", s(&src), s(&q)]));
     assert!(stdout(&cmp).contains("Images are identical"));
@@ -101,15 +101,20 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         &ceph.name("new1"),
         "16M",
     ]));
-    let info = stdout(&ok(ceph.rbd(&["info", "--format", "json", "rbd/new1"])));
+    let info = stdout(&ok(ceph.rbd(&[
+        "info",
+        "--format",
+        "json",
+        &ceph.at("new1"),
+    ])));
     let v: serde_json::Value = serde_json::from_str(&info).unwrap();
     assert_eq!(v["size"], 16 << 20, "{info}");
     let o = diskit(&["create", "-q", "-f", "raw", &ceph.name("new1"), "16M"]);
     assert_eq!(code(&o), 1);
     assert!(stderr(&o).contains("File exists"), "{}", stderr(&o));
     // What `rbd import` wrote, diskit reads; a snapshot reads as it was.
-    ok(ceph.rbd(&["import", s(&src), "rbd/imp"]));
-    ok(ceph.rbd(&["snap", "create", "rbd/imp@s1"]));
+    ok(ceph.rbd(&["import", s(&src), &ceph.at("imp")]));
+    ok(ceph.rbd(&["snap", "create", &format!("{}@s1", ceph.at("imp"))]));
     // The head changes (written through diskit, -n: the image exists).
     let other = d.join("other.raw");
     sparse_file(&other, 64 << 20, &[(0, 1 << 20, 0x55)]);
@@ -122,31 +127,29 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         &ceph.name("imp"),
     ]));
     let head = d.join("head.raw");
-    ok(ceph.rbd(&["export", "rbd/imp", s(&head)]));
+    ok(ceph.rbd(&["export", &ceph.at("imp"), s(&head)]));
     assert!(same_bytes(&other, &head), "the head holds the new bytes");
     let snap = d.join("snap.raw");
     ok(diskit(&[
         "convert",
         "-O",
         "raw",
-        &format!("rbd:rbd/imp@s1:conf={}", ceph.conf().display()),
+        &ceph.name("imp@s1"),
         s(&snap),
     ]));
     assert!(same_bytes(&src, &snap), "the snapshot reads as it was");
-    let o = diskit(&[
-        "resize",
-        &format!("rbd:rbd/imp@s1:conf={}", ceph.conf().display()),
-        "128M",
-    ]);
+    let o = diskit(&["resize", &ceph.name("imp@s1"), "128M"]);
     assert_ne!(code(&o), 0, "a snapshot is read-only");
     // QEMU's keys: --image-opts and json: name the same image.
     let conf = ceph.conf();
     let opts = format!(
-        "driver=raw,file.driver=rbd,file.pool=rbd,file.image=raw1,file.conf={}",
+        "driver=raw,file.driver=rbd,file.pool={},file.image=raw1,file.conf={}",
+        ceph.pool(),
         conf.display()
     );
     let json = format!(
-        r#"json:{{"driver":"raw","file":{{"driver":"rbd","pool":"rbd","image":"raw1","conf":"{}"}}}}"#,
+        r#"json:{{"driver":"raw","file":{{"driver":"rbd","pool":"{}","image":"raw1","conf":"{}"}}}}"#,
+        ceph.pool(),
         conf.display()
     );
     for args in [
@@ -167,7 +170,12 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
     }
     // Growing an image in RBD, and names that lead nowhere.
     ok(diskit(&["resize", &ceph.name("new1"), "32M"]));
-    let info = stdout(&ok(ceph.rbd(&["info", "--format", "json", "rbd/new1"])));
+    let info = stdout(&ok(ceph.rbd(&[
+        "info",
+        "--format",
+        "json",
+        &ceph.at("new1"),
+    ])));
     assert!(info.contains(&format!("\"size\":{}", 32 << 20)), "{info}");
     for (name, why) in [
         (
@@ -194,9 +202,13 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         "{}",
         stderr(&o)
     );
-    let ls = stdout(&ok(
-        ceph.rbd(&["snap", "ls", "--format", "json", "rbd/raw1"])
-    ));
+    let ls = stdout(&ok(ceph.rbd(&[
+        "snap",
+        "ls",
+        "--format",
+        "json",
+        &ceph.at("raw1"),
+    ])));
     assert!(ls.contains("\"name\":\"before\""), "{ls}");
     let list = stdout(&ok(diskit(&["snapshot", "-f", "raw", "-l", &n])));
     let row = list
@@ -220,7 +232,7 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
     ]));
     ok(diskit(&["snapshot", "-f", "raw", "-a", "before", &n]));
     let rolled = d.join("rolled.raw");
-    ok(ceph.rbd(&["export", "rbd/raw1", s(&rolled)]));
+    ok(ceph.rbd(&["export", &ceph.at("raw1"), s(&rolled)]));
     assert!(same_bytes(&src, &rolled), "rolled back to the snapshot");
     ok(diskit(&["snapshot", "-f", "raw", "-d", "before", &n]));
     let o = diskit(&["snapshot", "-f", "raw", "-d", "before", &n]);
@@ -232,9 +244,13 @@ fn convert_create_info_map_and_snapshots_through_rbd() {
         "{}",
         stderr(&o)
     );
-    let ls = stdout(&ok(
-        ceph.rbd(&["snap", "ls", "--format", "json", "rbd/raw1"])
-    ));
+    let ls = stdout(&ok(ceph.rbd(&[
+        "snap",
+        "ls",
+        "--format",
+        "json",
+        &ceph.at("raw1"),
+    ])));
     assert_eq!(ls.trim(), "[]");
 }
 
@@ -261,7 +277,7 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
     let dir = workdir();
     let d = dir.path();
     let src = source(d);
-    ok(ceph.rbd(&["import", s(&src), "rbd/img"]));
+    ok(ceph.rbd(&["import", s(&src), &ceph.at("img")]));
     let copy = d.join("copy.raw");
     let conf = format!("conf={}", ceph.conf().display());
     let o = ok(serve(&[
@@ -269,7 +285,7 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
         "-",
         "-r",
         "rbd",
-        "rbd/img",
+        &ceph.at("img"),
         &conf,
         "--run",
         &format!("nbdinfo --size \"$uri\" && nbdcopy \"$uri\" {}", s(&copy)),
@@ -283,7 +299,8 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
 /// name's `rados_osd_op_timeout`, with a message and exit code 1.
 #[test]
 fn failed_copies_into_rbd_say_so_and_leave_no_image_they_made() {
-    let ceph = Ceph::start();
+    // Its OSD is stopped: a cluster of its own.
+    let ceph = Ceph::start_own(&[]);
     let dir = workdir();
     let d = dir.path();
     // A source whose reads fail (nbdkit's error filter, one read in
@@ -366,12 +383,12 @@ fn a_flushed_write_through_serve_rbd_is_in_the_cluster() {
     let ceph = Ceph::start();
     let dir = workdir();
     let d = dir.path();
-    ok(ceph.rbd(&["create", "--size", "16M", "rbd/w"]));
+    ok(ceph.rbd(&["create", "--size", "16M", &ceph.at("w")]));
     let sock = d.join("w.sock");
     let conf = format!("conf={}", ceph.conf().display());
     let server = start_server(
         diskit_bin().to_str().unwrap(),
-        &["serve", "-f", "-U", s(&sock), "rbd", "rbd/w", &conf],
+        &["serve", "-f", "-U", s(&sock), "rbd", &ceph.at("w"), &conf],
         || sock.exists(),
     );
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
@@ -389,7 +406,7 @@ fn a_flushed_write_through_serve_rbd_is_in_the_cluster() {
     // No orderly shutdown: the server is killed.
     drop(server);
     let out = d.join("w.raw");
-    ok(ceph.rbd(&["export", "rbd/w", s(&out)]));
+    ok(ceph.rbd(&["export", &ceph.at("w"), s(&out)]));
     let data = std::fs::read(&out).unwrap();
     assert!(data[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0x5a));
     assert!(data[4096..8192].iter().all(|&b| b == 0x6b));

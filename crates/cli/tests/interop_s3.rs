@@ -1,6 +1,6 @@
 //! S3 objects wherever an image goes, against Ceph's radosgw on a
-//! one-node cluster started by the test, with the AWS CLI and boto3 as
-//! peers: what diskit writes into a bucket they read back byte for byte
+//! one-node cluster (tests/ceph: the test run's, or the test's own), in
+//! a bucket of the test's own, with the AWS CLI and boto3 as peers: what diskit writes into a bucket they read back byte for byte
 //! (and `qemu-img check` passes on a qcow2 kept there), what they wrote
 //! diskit reads back, and a failed copy leaves neither an object nor a
 //! multipart upload behind. `diskit serve s3` and nbdkit's S3 plugin
@@ -15,14 +15,12 @@ use std::process::{Command, Output};
 use ceph::Ceph;
 use common::*;
 
-/// The bucket the tests use.
-const BUCKET: &str = "diskit-tests";
-
-/// radosgw, and the environment that reaches it (no profile files: the
-/// user's own ~/.aws is no part of a test).
+/// radosgw, the environment that reaches it (no profile files: the
+/// user's own ~/.aws is no part of a test) and the test's own bucket.
 struct Store {
     ceph: Ceph,
     env: Vec<(String, String)>,
+    bucket: String,
 }
 
 impl Store {
@@ -32,9 +30,11 @@ impl Store {
         for var in ["AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"] {
             env.push((var.into(), s(&dir.join("no-such-aws-file")).into()));
         }
-        let store = Store { ceph, env };
+        let bucket = ceph.unique("diskit-tests");
+        let store = Store { ceph, env, bucket };
         store.python(&format!(
-            "boto3.client('s3', endpoint_url=E).create_bucket(Bucket='{BUCKET}')"
+            "boto3.client('s3', endpoint_url=E).create_bucket(Bucket='{}')",
+            store.bucket
         ));
         store
     }
@@ -81,7 +81,7 @@ impl Store {
 
     /// The keys in the bucket.
     fn keys(&self) -> Vec<String> {
-        let o = ok(self.aws(&["s3", "ls", &format!("s3://{BUCKET}/")]));
+        let o = ok(self.aws(&["s3", "ls", &format!("s3://{}/", self.bucket)]));
         stdout(&o)
             .lines()
             .filter_map(|l| l.split_whitespace().nth(3).map(str::to_string))
@@ -94,7 +94,7 @@ impl Store {
             "s3api",
             "list-multipart-uploads",
             "--bucket",
-            BUCKET,
+            &self.bucket,
             "--output",
             "json",
         ]));
@@ -118,7 +118,7 @@ impl Store {
             }
         };
         c.arg(format!("endpoint-url={}", self.var("AWS_ENDPOINT_URL")))
-            .arg(format!("bucket={BUCKET}"))
+            .arg(format!("bucket={}", self.bucket))
             .args(args)
             .args(["--run", cmd]);
         self.with_env(c)
@@ -128,7 +128,7 @@ impl Store {
 
     /// The keys under `prefix/` and their sizes, the prefix cut.
     fn objects(&self, prefix: &str) -> Vec<(String, u64)> {
-        let o = ok(self.aws(&["s3", "ls", &format!("s3://{BUCKET}/{prefix}/")]));
+        let o = ok(self.aws(&["s3", "ls", &format!("s3://{}/{prefix}/", self.bucket)]));
         stdout(&o)
             .lines()
             .filter_map(|l| {
@@ -138,9 +138,22 @@ impl Store {
             .collect()
     }
 
+    /// The URL of `key` in the test's bucket.
+    fn url(&self, key: &str) -> String {
+        format!("s3://{}/{key}", self.bucket)
+    }
+
     /// Downloads `key` with the AWS CLI.
     fn download(&self, key: &str, to: &Path) {
-        ok(self.aws(&["s3", "cp", &url(key), s(to)]));
+        ok(self.aws(&["s3", "cp", &self.url(key), s(to)]));
+    }
+}
+
+impl Drop for Store {
+    /// Removes the test's bucket and what it holds (the cluster may be
+    /// the whole test run's).
+    fn drop(&mut self) {
+        let _ = self.aws(&["s3", "rb", "--force", &format!("s3://{}", self.bucket)]);
     }
 }
 
@@ -160,10 +173,6 @@ impl Server {
             Server::Nbdkit => Server::Diskit,
         }
     }
-}
-
-fn url(key: &str) -> String {
-    format!("s3://{BUCKET}/{key}")
 }
 
 /// `len` bytes that differ everywhere (a xorshift stream), with a hole of
@@ -189,6 +198,7 @@ fn objects_written_and_read_by_diskit_aws_and_boto3_are_the_same_bytes() {
     let dir = workdir();
     let d = dir.path();
     let store = Store::start(d);
+    let url = |key: &str| store.url(key);
     // 20 MiB: three parts of 8 MiB, uploaded while the copy runs.
     let src = random_file(&d.join("src.raw"), 20 << 20);
 
@@ -262,8 +272,9 @@ fn objects_written_and_read_by_diskit_aws_and_boto3_are_the_same_bytes() {
     // boto3's transfer manager writes (a multipart upload of its own);
     // diskit reads the same bytes.
     store.python(&format!(
-        "boto3.client('s3', endpoint_url=E).upload_file('{}', '{BUCKET}', 'boto')",
-        s(&src)
+        "boto3.client('s3', endpoint_url=E).upload_file('{}', '{}', 'boto')",
+        s(&src),
+        store.bucket
     ));
     ok(store.diskit(&["compare", "-f", "raw", "-F", "raw", &url("boto"), s(&src)]));
     let out2 = d.join("out2.raw");
@@ -277,7 +288,8 @@ fn objects_written_and_read_by_diskit_aws_and_boto3_are_the_same_bytes() {
     ok(store.diskit(&["copy", s(&src), &url("copied")]));
     let got = d.join("boto.raw");
     store.python(&format!(
-        "boto3.client('s3', endpoint_url=E).download_file('{BUCKET}', 'copied', '{}')",
+        "boto3.client('s3', endpoint_url=E).download_file('{}', 'copied', '{}')",
+        store.bucket,
         s(&got)
     ));
     assert!(
@@ -301,7 +313,7 @@ fn objects_written_and_read_by_diskit_aws_and_boto3_are_the_same_bytes() {
         ["big", "boto", "copied", "img.qcow2", "new.qcow2", "raw"]
     );
     store.no_uploads_left();
-    drop(store.ceph);
+    drop(store);
 }
 
 #[test]
@@ -309,6 +321,7 @@ fn s3_errors_are_named_and_a_failed_copy_leaves_nothing() {
     let dir = workdir();
     let d = dir.path();
     let store = Store::start(d);
+    let url = |key: &str| store.url(key);
     let src = random_file(&d.join("src.raw"), 1 << 20);
     ok(store.aws(&["s3", "cp", s(&src), &url("there")]));
 
@@ -545,7 +558,7 @@ fn serve_s3_and_nbdkits_s3_plugin_lay_out_objects_alike() {
     let o = store
         .with_env(o)
         .args(["serve", "-U", "-"])
-        .args(["-r", "s3", &format!("bucket={BUCKET}")])
+        .args(["-r", "s3", &format!("bucket={}", store.bucket)])
         .args(&args)
         .args(["--run", "nbdinfo \"$uri\""])
         .output()
@@ -558,6 +571,7 @@ fn serve_s3_serves_one_object_read_only_and_names_its_errors() {
     let dir = workdir();
     let d = dir.path();
     let store = Store::start(d);
+    let url = |key: &str| store.url(key);
     // Not a multiple of anything.
     let src = random_file(&d.join("src.raw"), 3_000_001);
     ok(store.aws(&["s3", "cp", s(&src), &url("vm/disk.img")]));

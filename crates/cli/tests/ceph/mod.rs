@@ -1,22 +1,43 @@
 //! A one-node Ceph cluster for the RBD and S3 tests
 //! (scripts/ceph-cluster.sh: a monitor and one OSD on memstore, on a
-//! loopback address of its own, with no authentication; a pool `rbd`
-//! ready for images; radosgw, Ceph's S3 gateway, when asked), in a
-//! temporary directory. Stopped (and its directory removed) when dropped.
+//! loopback address of its own, with no authentication; radosgw, Ceph's
+//! S3 gateway), and a pool of the test's own in it.
+//!
+//! scripts/test starts one cluster for the whole run and names its
+//! directory in `DISKIT_TEST_CEPH`: tests then share it, each with a pool
+//! (and a bucket) of its own, deleted when the test ends. A test that
+//! stops the cluster's daemons starts a cluster of its own
+//! ([`Ceph::start_own`]), as every test does when the variable is not
+//! set (`cargo test` by hand): in a temporary directory, with a pool
+//! `rbd`, stopped (and its directory removed) when dropped.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The running cluster.
+/// A test's view of a running cluster: the cluster and the pool the
+/// test's images go into.
 pub struct Ceph {
-    dir: tempfile::TempDir,
-    /// Held while the cluster runs: one test cluster at a time on the
-    /// machine (two started side by side confuse each other's OSD
-    /// registration, "wrong fsid", whatever their addresses).
-    _turn: std::fs::File,
+    cluster: Cluster,
+    pool: String,
 }
+
+/// Where the cluster comes from.
+enum Cluster {
+    /// Started by this test, stopped when it ends.
+    Own {
+        dir: tempfile::TempDir,
+        /// Held while the cluster runs: one cluster of a test's own at a
+        /// time on the machine.
+        _turn: std::fs::File,
+    },
+    /// Started by scripts/test for the whole run (`DISKIT_TEST_CEPH`).
+    Shared(PathBuf),
+}
+
+/// The variable in which scripts/test names its cluster's directory.
+const SHARED: &str = "DISKIT_TEST_CEPH";
 
 /// Waits for the machine-wide turn to run a test cluster.
 fn take_turn() -> std::fs::File {
@@ -39,23 +60,51 @@ fn script() -> PathBuf {
 }
 
 impl Ceph {
-    /// Starts a cluster with a pool `rbd`.
+    /// A cluster with a pool of this test's own ([`Ceph::pool`]): the
+    /// run's shared cluster where there is one, else a cluster of its own.
     pub fn start() -> Ceph {
         Ceph::start_with(&[])
     }
 
-    /// Starts a cluster with a pool `rbd` and radosgw (see [`Ceph::s3_env`]).
+    /// As [`Ceph::start`], with radosgw (see [`Ceph::s3_env`]).
     pub fn start_with_s3() -> Ceph {
         Ceph::start_with(&["rgw"])
     }
 
     fn start_with(extra: &[&str]) -> Ceph {
+        let Some(dir) = std::env::var_os(SHARED) else {
+            return Ceph::start_own(extra);
+        };
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ceph = Ceph {
+            cluster: Cluster::Shared(PathBuf::from(dir)),
+            pool: format!("t{}-{n}", std::process::id()),
+        };
+        let conf = ceph.conf();
+        let conf = conf.to_str().unwrap();
+        for args in [
+            vec!["ceph", "-c", conf, "osd", "pool", "create", &ceph.pool, "8"],
+            vec!["rbd", "-c", conf, "pool", "init", &ceph.pool],
+        ] {
+            let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
+            assert!(o.status.success(), "{args:?}: {o:?}");
+        }
+        ceph
+    }
+
+    /// Starts a cluster of this test's own (with radosgw if `extra` says
+    /// `rgw`), with a pool `rbd`: for a test that stops its daemons.
+    pub fn start_own(extra: &[&str]) -> Ceph {
         let turn = take_turn();
         let dir = tempfile::Builder::new().prefix("ceph").tempdir().unwrap();
-        let ceph = Ceph { dir, _turn: turn };
+        let ceph = Ceph {
+            cluster: Cluster::Own { dir, _turn: turn },
+            pool: "rbd".into(),
+        };
         let o = Command::new(script())
             .arg("start")
-            .arg(ceph.dir.path())
+            .arg(ceph.dir())
             .args(extra)
             .output()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
@@ -68,16 +117,38 @@ impl Ceph {
         ceph
     }
 
+    fn dir(&self) -> &Path {
+        match &self.cluster {
+            Cluster::Own { dir, .. } => dir.path(),
+            Cluster::Shared(dir) => dir,
+        }
+    }
+
     /// The configuration file clients read.
     pub fn conf(&self) -> PathBuf {
-        self.dir.path().join("ceph.conf")
+        self.dir().join("ceph.conf")
+    }
+
+    /// The pool this test's images go into.
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    /// `POOL/IMAGE`, as the `rbd` tool and `serve rbd` name an image.
+    pub fn at(&self, image: &str) -> String {
+        format!("{}/{image}", self.pool)
+    }
+
+    /// A name unique to this test in the cluster (a bucket's, say).
+    pub fn unique(&self, what: &str) -> String {
+        format!("{what}-{}", self.pool)
     }
 
     /// What an S3 client needs to reach radosgw (a cluster started by
     /// [`Ceph::start_with_s3`]): `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
     /// `AWS_SECRET_ACCESS_KEY` and `AWS_REGION`, as environment variables.
     pub fn s3_env(&self) -> Vec<(String, String)> {
-        let text = std::fs::read_to_string(self.dir.path().join("s3.env"))
+        let text = std::fs::read_to_string(self.dir().join("s3.env"))
             .expect("the cluster was started with radosgw");
         text.lines()
             .filter_map(|l| l.split_once('='))
@@ -85,23 +156,27 @@ impl Ceph {
             .collect()
     }
 
-    /// QEMU's name of image `image` in pool `rbd`.
+    /// QEMU's name of image `image` in this test's pool.
     pub fn name(&self, image: &str) -> String {
-        format!("rbd:rbd/{image}:conf={}", self.conf().display())
+        format!("rbd:{}:conf={}", self.at(image), self.conf().display())
     }
 
     /// Sends `signal` to the OSD (SIGSTOP: it stops answering; SIGCONT:
-    /// it goes on).
+    /// it goes on) of a cluster of the test's own.
     pub fn signal_osd(&self, signal: i32) {
-        let pid = std::fs::read_to_string(self.dir.path().join("run/osd.0.pid")).unwrap();
+        assert!(
+            matches!(self.cluster, Cluster::Own { .. }),
+            "only a test's own cluster is stopped"
+        );
+        let pid = std::fs::read_to_string(self.dir().join("run/osd.0.pid")).unwrap();
         let pid: i32 = pid.trim().parse().unwrap();
         // SAFETY: kill(2) on the pid this cluster's OSD wrote.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
     }
 
-    /// The images in pool `rbd`.
+    /// The images in this test's pool.
     pub fn images(&self) -> Vec<String> {
-        let o = self.rbd(&["ls"]);
+        let o = self.rbd(&["ls", &self.pool]);
         assert!(o.status.success(), "rbd ls: {o:?}");
         String::from_utf8_lossy(&o.stdout)
             .lines()
@@ -122,9 +197,18 @@ impl Ceph {
 
 impl Drop for Ceph {
     fn drop(&mut self) {
-        let _ = Command::new(script())
-            .arg("stop")
-            .arg(self.dir.path())
-            .status();
+        match &self.cluster {
+            Cluster::Own { dir, .. } => {
+                let _ = Command::new(script()).arg("stop").arg(dir.path()).status();
+            }
+            Cluster::Shared(_) => {
+                let _ = Command::new("ceph")
+                    .arg("-c")
+                    .arg(self.conf())
+                    .args(["osd", "pool", "delete", &self.pool, &self.pool])
+                    .arg("--yes-i-really-really-mean-it")
+                    .output();
+            }
+        }
     }
 }
