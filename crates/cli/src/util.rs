@@ -156,6 +156,28 @@ impl ReportArgs {
     }
 }
 
+/// qemu-img's `-U`/`--force-share`, taken alike by every command that
+/// opens images it only reads.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct ForceShare {
+    /// Open read-only even if the image is in use (no image locks are
+    /// taken: another process may be writing it).
+    #[arg(short = 'U', long = "force-share")]
+    force_share: bool,
+}
+
+impl ForceShare {
+    /// Whether `-U` was given.
+    pub fn given(self) -> bool {
+        self.force_share
+    }
+
+    /// `policy` with this `-U`, given or not.
+    pub fn policy(self, policy: OpenPolicy) -> OpenPolicy {
+        policy.sharing(self.force_share)
+    }
+}
+
 /// How the command line opens the images it names: the global flags
 /// (`--image-opts`, `--untrusted`), and the command's `-U`. A value each
 /// command is given and passes down, never process state.

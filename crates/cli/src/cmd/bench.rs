@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::CmdResult;
-use crate::util::{CliError, OpenPolicy, cache_mode, cvtnum, parse_source_format};
+use crate::util::{CliError, ForceShare, OpenPolicy, cache_mode, cvtnum, parse_source_format};
 use diskit_core::{Error, ErrorKind, WriteFlags};
 use diskit_open::OpenOptions;
 
@@ -55,9 +55,8 @@ pub struct Args {
     /// Cache mode: none, writeback (default), writethrough, directsync, unsafe.
     #[arg(short = 't', long = "cache")]
     cache: Option<String>,
-    /// Open the image even if it is in use (accepted for compatibility).
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
     /// Write instead of read.
     #[arg(short = 'w', long = "write")]
     write: bool,
@@ -67,7 +66,7 @@ pub struct Args {
 
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let _ = a.quiet;
-    let policy = policy.sharing(a.force_share);
+    let policy = a.share.policy(policy);
     let int_max = i128::from(i32::MAX);
     let count = match &a.count {
         Some(v) => cvtnum("request count", v, 1, int_max)?,

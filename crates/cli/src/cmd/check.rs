@@ -3,7 +3,7 @@
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::OpenPolicy;
-use crate::util::{CliError, ReportArgs};
+use crate::util::{CliError, ForceShare, ReportArgs};
 use diskit_open::{Capability, CheckReport, Repair, probe_format};
 
 /// Arguments of `check`.
@@ -20,9 +20,8 @@ pub struct Args {
     /// Cache mode of the image (accepted for compatibility).
     #[arg(short = 'T', long = "cache")]
     cache: Option<String>,
-    /// Open read-only even if the image is in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
 }
 
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
@@ -57,7 +56,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     // QEMU's image locks, as for any open of the image: a reader that
     // lets no one write the qcow2 under it, a writer with -r; -U reads
     // without them.
-    if repair != Repair::None || !a.force_share {
+    if repair != Repair::None || !a.share.given() {
         let (perm, unshare) = diskit_core::storage::lock::for_image(
             repair != Repair::None,
             format == diskit_open::Format::QCOW2,
@@ -86,7 +85,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
                 Some(format),
                 diskit_open::OpenOptions {
                     no_backing: true,
-                    force_share: a.force_share,
+                    force_share: a.share.given(),
                     ..Default::default()
                 },
             )?;

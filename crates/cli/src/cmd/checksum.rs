@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::CmdResult;
-use crate::util::{CliError, OpenPolicy, parse_size_arg, parse_source_format};
+use crate::util::{CliError, ForceShare, OpenPolicy, parse_size_arg, parse_source_format};
 use diskit_copy::blkhash::{ALGORITHMS, Algorithm, BlockHash};
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_open::OpenOptions;
@@ -36,9 +36,8 @@ pub struct Args {
     /// default: the number of processors).
     #[arg(short = 'T', long = "threads", short_alias = 't')]
     threads: Option<usize>,
-    /// Open read-only even if the image is in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
     /// List the digest names and exit.
     #[arg(short = 'l', long = "list-digests")]
     list_digests: bool,
@@ -73,7 +72,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     };
     let format = parse_source_format(a.format.as_deref(), &filename)?;
     let img = policy
-        .sharing(a.force_share)
+        .sharing(a.share.given())
         .open(&filename, format, OpenOptions::default())?;
     let size = img.virtual_size();
     let opts = CopyOptions {

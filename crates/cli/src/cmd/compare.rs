@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use crate::CmdResult;
 use crate::util::OpenPolicy;
-use crate::util::{CliError, parse_format};
+use crate::util::{CliError, ForceShare, parse_format};
 use diskit_core::zero::is_zero;
 use diskit_core::{BlockDevice, Extent};
 use diskit_open::OpenOptions;
@@ -33,9 +33,8 @@ pub struct Args {
     /// Cache mode of both images (default writeback).
     #[arg(short = 'T', long = "cache")]
     cache: Option<String>,
-    /// Open read-only even if the images are in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
     /// First image.
     image1: PathBuf,
     /// Second image.
@@ -52,7 +51,7 @@ enum Verdict {
 
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let _ = a.progress;
-    let policy = policy.sharing(a.force_share);
+    let policy = a.share.policy(policy);
     let cache = crate::util::cache_mode(a.cache.as_deref(), "writeback").map_err(|_| {
         CliError::new(format!(
             "Invalid source cache option: {}",

@@ -8,7 +8,7 @@ use crate::CmdResult;
 use crate::progress::ProgressPrinter;
 use crate::util::OpenPolicy;
 use crate::util::{
-    CacheMode, CliError, cache_mode, parse_format, parse_options, parse_size_arg,
+    CacheMode, CliError, ForceShare, cache_mode, parse_format, parse_options, parse_size_arg,
     parse_source_format,
 };
 use diskit_copy::{CopyOptions, Progress, copy};
@@ -92,9 +92,8 @@ pub struct Args {
     /// With --bitmaps, skip bitmaps marked inconsistent instead of failing.
     #[arg(long = "skip-broken-bitmaps")]
     skip_broken_bitmaps: bool,
-    /// Open sources read-only even if in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
     /// Sources, then the target (options may come between them, as
     /// qemu-img's getopt allows).
     #[arg(required = true, num_args = 1.., action = clap::ArgAction::Append)]
@@ -211,7 +210,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     }
     let src_cache = cache_mode(a.src_cache.as_deref(), "writeback")?;
     let dst_cache = cache_mode(a.cache.as_deref(), "unsafe")?;
-    let policy = policy.sharing(a.force_share);
+    let policy = a.share.policy(policy);
 
     if a.skip_broken_bitmaps && !a.bitmaps {
         return Err(CliError::new("--skip-broken-bitmaps requires --bitmaps"));

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use crate::CmdResult;
-use crate::util::{CliError, OpenPolicy, cvtnum, parse_format, parse_source_format};
+use crate::util::{CliError, ForceShare, OpenPolicy, cvtnum, parse_format, parse_source_format};
 use diskit_open::{Format, OpenOptions, OptionList};
 
 /// Arguments of `dd`.
@@ -22,9 +22,8 @@ pub struct Args {
     /// Output image format (raw if absent).
     #[arg(short = 'O', long = "output-format")]
     output_format: Option<String>,
-    /// Open the input even if it is in use (accepted for compatibility).
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
     /// bs=BLOCK_SIZE count=BLOCKS skip=BLOCKS if=INPUT of=OUTPUT
     #[arg(num_args = 0.., allow_hyphen_values = true)]
     operands: Vec<String>,
@@ -65,7 +64,7 @@ fn parse_operands(list: &[String]) -> Result<Operands, CliError> {
 }
 
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
-    let policy = policy.sharing(a.force_share);
+    let policy = a.share.policy(policy);
     let o = parse_operands(&a.operands)?;
     let (Some(input), Some(output)) = (&o.input, &o.output) else {
         return Err(CliError::usage(

@@ -13,7 +13,7 @@ use crate::CmdResult;
 use crate::cmd::snapshot;
 use crate::qjson::QJson;
 use crate::util::OpenPolicy;
-use crate::util::{CliError, ReportArgs};
+use crate::util::{CliError, ForceShare, ReportArgs};
 use diskit_core::size::human_size;
 use diskit_core::{BlockDevice, NodeInfo, Storage};
 use diskit_open::{Format, FormatInfo, Image, OpenOptions, SnapshotInfo};
@@ -26,15 +26,14 @@ pub struct Args {
     /// Show every image of the backing chain.
     #[arg(short = 'b', long = "backing-chain")]
     backing_chain: bool,
-    /// Open read-only even if the image is in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
 }
 
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let json = a.image.json("info")?;
     let mut format = a.image.format()?;
-    let policy = policy.sharing(a.force_share);
+    let policy = a.share.policy(policy);
     let mut nodes = Vec::new();
     let mut seen = HashSet::new();
     let mut next = Some(a.image.filename.display().to_string());

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use crate::CmdResult;
 use crate::qjson::QJson;
-use crate::util::{CliError, OpenPolicy, ReportArgs, parse_size_arg};
+use crate::util::{CliError, ForceShare, OpenPolicy, ReportArgs, parse_size_arg};
 use diskit_core::extent;
 use diskit_core::{BlockDevice, Extent};
 use diskit_open::OpenOptions;
@@ -20,9 +20,8 @@ pub struct Args {
     /// How many bytes to map.
     #[arg(short = 'l', long = "max-length")]
     max_length: Option<String>,
-    /// Open read-only even if the image is in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
 }
 
 fn offset_arg(s: Option<&str>, what: &str) -> Result<Option<u64>, CliError> {
@@ -48,7 +47,7 @@ pub fn collect_extents(
 pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let json = a.image.json("map")?;
     let format = a.image.format()?;
-    let policy = policy.sharing(a.force_share);
+    let policy = a.share.policy(policy);
     let start = offset_arg(a.start_offset.as_deref(), "start offset")?.unwrap_or(0);
     let max_len = offset_arg(a.max_length.as_deref(), "max length")?;
     let img = policy.open(&a.image.filename, format, OpenOptions::default())?;

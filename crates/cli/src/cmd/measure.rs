@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::OpenPolicy;
-use crate::util::{CliError, parse_format, parse_image_size, parse_options};
+use crate::util::{CliError, ForceShare, parse_format, parse_image_size, parse_options};
 use diskit_open::{Format, OpenOptions};
 
 /// Arguments of `measure`.
@@ -26,9 +26,8 @@ pub struct Args {
     /// Source format.
     #[arg(short = 'f', long = "format")]
     format: Option<String>,
-    /// Open read-only even if the image is in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
     /// Measure this internal snapshot of the image (by id or name).
     #[arg(short = 'l', long = "snapshot")]
     snapshot: Option<String>,
@@ -40,7 +39,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let json = crate::util::output_is_json(&a.output, "measure")?;
     let out_format = parse_format(a.out_format.as_deref())?.unwrap_or(Format::RAW);
     let options = parse_options(&a.options)?;
-    let policy = policy.sharing(a.force_share);
+    let policy = a.share.policy(policy);
     let (size, image) = match (&a.size, &a.filename) {
         (Some(_), Some(_)) => {
             return Err(CliError::new(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::CmdResult;
 use crate::progress::ProgressPrinter;
-use crate::util::{CliError, OpenPolicy, cache_mode, parse_source_format};
+use crate::util::{CliError, ForceShare, OpenPolicy, cache_mode, parse_source_format};
 use diskit_copy::Progress;
 use diskit_copy::rebase::{Backings, copy_differences, copy_differences_into};
 use diskit_core::storage::resolve_relative;
@@ -44,9 +44,8 @@ pub struct Args {
     /// Quiet.
     #[arg(short = 'q', long = "quiet")]
     quiet: bool,
-    /// Open the backing files read-only even if in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
     /// The image.
     filename: PathBuf,
 }
@@ -66,7 +65,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
             a.src_cache.as_deref().unwrap_or_default()
         ))
     })?;
-    let policy = policy.sharing(a.force_share);
+    let policy = a.share.policy(policy);
     let img = policy.open(
         &a.filename,
         format,

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::CmdResult;
-use crate::util::{CliError, OpenPolicy, parse_source_format};
+use crate::util::{CliError, ForceShare, OpenPolicy, parse_source_format};
 use diskit_core::size::human_size;
 use diskit_core::{Error, ErrorKind, SnapshotChange, Storage};
 use diskit_open::{Capability, Format, OpenOptions, SnapshotInfo};
@@ -28,9 +28,8 @@ pub struct Args {
     /// Delete a snapshot.
     #[arg(short = 'd', long = "delete", value_name = "SNAPSHOT")]
     delete: Vec<String>,
-    /// Open read-only even if the image is in use.
-    #[arg(short = 'U', long = "force-share")]
-    force_share: bool,
+    #[command(flatten)]
+    share: ForceShare,
     /// Quiet operation.
     #[arg(short = 'q', long = "quiet")]
     quiet: bool,
@@ -56,7 +55,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
         a.delete.first().map(|name| Change::Delete(name))
     };
     if let Some(change) = change {
-        let policy = policy.sharing(a.force_share);
+        let policy = a.share.policy(policy);
         return modify(&a.filename, format, change, &policy);
     }
     // Like qemu-img, the whole chain is opened (a missing backing file is

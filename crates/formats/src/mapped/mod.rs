@@ -40,6 +40,17 @@ pub struct Backing {
     pub size: u64,
 }
 
+/// What every mapped image holds alike: the storage its data lives in,
+/// the image below it and whether it takes writes.
+pub struct Layers {
+    /// The storage that [`Place::Data`] offsets point into.
+    pub data: StorageRef,
+    /// The image below, if any.
+    pub backing: Option<Backing>,
+    /// Whether the image takes writes.
+    pub writable: bool,
+}
+
 /// Where a guest range lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
@@ -79,16 +90,23 @@ pub trait MappedFormat: Send + Sync {
     /// The guest-visible size.
     fn guest_size(&self) -> u64;
 
-    /// The storage that [`Place::Data`] offsets point into.
-    fn data(&self) -> &StorageRef;
+    /// Its data storage, the image below and whether it takes writes.
+    fn layers(&self) -> &Layers;
 
-    /// The image below, if any (none by default).
+    /// The storage that [`Place::Data`] offsets point into.
+    fn data(&self) -> &StorageRef {
+        &self.layers().data
+    }
+
+    /// The image below, if any.
     fn backing(&self) -> Option<&Backing> {
-        None
+        self.layers().backing.as_ref()
     }
 
     /// Whether the image takes writes.
-    fn writable(&self) -> bool;
+    fn writable(&self) -> bool {
+        self.layers().writable
+    }
 
     /// Whether mappings can change while the image is open (by default:
     /// it is writable): reads then hold their mapping, and no file view is

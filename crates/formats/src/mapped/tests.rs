@@ -6,31 +6,32 @@ use std::sync::{Arc, Mutex};
 
 use diskit_backends::MemoryDevice;
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, ErrorKind, Result, StorageRef, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, ErrorKind, Result, WriteFlags, ZeroFlags};
 
-use super::{Allocation, Backing, Fill, Mapped, MappedFormat, Place};
+use super::{Allocation, Backing, Fill, Layers, Mapped, MappedFormat, Place};
 
 const UNIT: u64 = 4096;
 const UNITS: u64 = 16;
 
 /// A format with one table: each unit unallocated or at a host offset.
 struct Toy {
-    data: StorageRef,
+    /// Its data storage, the image below and whether it takes writes.
+    layers: Layers,
     map: Mutex<Vec<Option<u64>>>,
     next: AtomicU64,
-    backing: Option<Backing>,
-    writable: bool,
     allocations: AtomicUsize,
     flushes: AtomicUsize,
 }
 
 fn toy(writable: bool, backing: Option<Backing>) -> Arc<Mapped<Toy>> {
     Arc::new(Mapped::new(Toy {
-        data: Arc::new(MemoryDevice::new(0)),
+        layers: Layers {
+            data: Arc::new(MemoryDevice::new(0)),
+            backing,
+            writable,
+        },
         map: Mutex::new(vec![None; UNITS as usize]),
         next: AtomicU64::new(0),
-        backing,
-        writable,
         allocations: AtomicUsize::new(0),
         flushes: AtomicUsize::new(0),
     }))
@@ -43,16 +44,8 @@ impl MappedFormat for Toy {
         UNIT * UNITS
     }
 
-    fn data(&self) -> &StorageRef {
-        &self.data
-    }
-
-    fn backing(&self) -> Option<&Backing> {
-        self.backing.as_ref()
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
+    fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
@@ -193,7 +186,7 @@ fn copy_on_write_keeps_what_the_backing_image_holds_around_the_data() {
     want[(2 * UNIT + 1000) as usize..(2 * UNIT + 1100) as usize].fill(0xAA);
     assert!(b == want, "the unit's other bytes come from below");
     // The whole unit was written to the new space.
-    assert_eq!(t.data.size(), UNIT);
+    assert_eq!(t.data().size(), UNIT);
 }
 
 #[test]

@@ -26,7 +26,7 @@ use super::header::Header;
 use super::l2::{COPIED, ClusterKind, L2Entry, Mapping, ZERO, map_in_cluster};
 use super::layout::{Geometry, GuestOffset, HostOffset};
 use super::meta::{Meta, RangeTicket};
-use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place, Zeroed};
+use crate::mapped::{self, Allocation, Fill, Layers, Mapped, MappedFormat, Place, Zeroed};
 
 pub use crate::mapped::Backing;
 
@@ -37,11 +37,10 @@ pub type Qcow2 = Mapped<Qcow2Format>;
 /// An open qcow2 image's format: metadata, mappings, allocation.
 pub struct Qcow2Format {
     pub(super) file: StorageRef,
-    data: StorageRef,
-    backing: Option<Backing>,
+    /// Its data storage, the image below and whether it takes writes.
+    layers: Layers,
     header: Header,
     geo: Geometry,
-    pub(super) writable: bool,
     /// The virtual size (changed by resize).
     pub(super) size: AtomicU64,
     meta: Mutex<Meta>,
@@ -84,10 +83,12 @@ impl Qcow2Format {
             geo: Geometry::of(&header),
             size: AtomicU64::new(header.size),
             file,
-            data,
-            backing,
+            layers: Layers {
+                data,
+                backing,
+                writable,
+            },
             header,
-            writable,
             autoclear_pending: std::sync::atomic::AtomicBool::new(pending),
             bitmaps: std::sync::Mutex::new(None),
             has_bitmaps: std::sync::atomic::AtomicBool::new(false),
@@ -145,7 +146,7 @@ impl Qcow2Format {
 
     /// The backing image, if any.
     pub fn backing(&self) -> Option<&Backing> {
-        self.backing.as_ref()
+        self.layers.backing.as_ref()
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Meta> {
@@ -338,7 +339,7 @@ impl Qcow2Format {
             let r = (|| -> Result<()> {
                 let (e, kind) = meta.kind(GuestOffset(pos))?;
                 let whole = n == cs;
-                let unalloc_reads_zero = self.backing.is_none();
+                let unalloc_reads_zero = self.layers.backing.is_none();
                 if !geo.extended_l2 {
                     let new_word = if discard && !v3 || discard && unalloc_reads_zero && !keep_alloc
                     {
@@ -447,7 +448,7 @@ impl Qcow2Format {
     /// The file that holds guest data (the image itself, or its external
     /// data file).
     pub fn data_location(&self) -> &str {
-        self.data.location()
+        self.layers.data.location()
     }
 
     /// Before the image first changes: marks the enabled persistent bitmaps
@@ -485,7 +486,7 @@ impl Qcow2Format {
 
     /// The file that holds guest data.
     pub(super) fn data_file(&self) -> &StorageRef {
-        &self.data
+        &self.layers.data
     }
 
     /// Whether guest data lives in an external data file.
@@ -496,7 +497,7 @@ impl Qcow2Format {
     /// Writes all cached metadata out and syncs (twice, so that deferred
     /// refcount decrements land too).
     pub fn close(&self) -> Result<()> {
-        if self.writable {
+        if self.layers.writable {
             self.persist_bitmaps()?;
             let mut meta = self.lock();
             meta.write_back()?;
@@ -614,20 +615,12 @@ impl MappedFormat for Qcow2Format {
         self.size()
     }
 
-    fn data(&self) -> &StorageRef {
-        &self.data
+    fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     fn guest_cipher(&self) -> Option<&crate::crypto::SectorCipher> {
         self.guest_cipher.as_deref()
-    }
-
-    fn backing(&self) -> Option<&Backing> {
-        self.backing.as_ref()
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
     }
 
     fn lookup(&self, g: u64, max: u64, hold: bool) -> Result<(u64, Place, Option<ReadHold<'_>>)> {
@@ -686,7 +679,7 @@ impl MappedFormat for Qcow2Format {
             can_cache: true,
             ..mapped::image_capabilities(true, true, false)
         };
-        if self.writable {
+        if self.layers.writable {
             caps
         } else {
             Capabilities {
@@ -867,7 +860,7 @@ impl MappedFormat for Qcow2Format {
     /// cheaply stays.
     fn discard(&self, g: u64, len: u64) -> Result<()> {
         let (a, b) = self.whole(g, g + len, self.geo.cluster_size());
-        if a < b && !(self.header.version < 3 && self.backing.is_some()) {
+        if a < b && !(self.header.version < 3 && self.layers.backing.is_some()) {
             match self.zero_aligned(a, b - a, false, true) {
                 Err(e) if e.kind() == ErrorKind::NotSupported => {}
                 r => r?,
@@ -877,13 +870,13 @@ impl MappedFormat for Qcow2Format {
     }
 
     fn flush(&self) -> Result<()> {
-        if !self.writable {
+        if !self.layers.writable {
             return Ok(());
         }
         let mut meta = self.lock();
         meta.write_back()?;
         drop(meta);
-        self.data.flush()?;
+        self.layers.data.flush()?;
         if self.data_is_external() {
             self.file.flush()?;
         }

@@ -1,5 +1,6 @@
 //! Growing and shrinking a qcow2 image.
 
+use crate::mapped::MappedFormat;
 use std::sync::atomic::Ordering;
 
 use diskit_core::Preallocation;
@@ -23,7 +24,7 @@ impl Qcow2 {
     /// in the file; full: and written with zeros), as `qemu-img resize
     /// --preallocation` does.
     pub fn resize_with(&self, new_size: u64, shrink: bool, prealloc: Prealloc) -> Result<()> {
-        if !self.writable {
+        if !self.writable() {
             return Err(Error::new(
                 ErrorKind::PermissionDenied,
                 "image is read-only",

@@ -9,6 +9,7 @@
 //! references). The new snapshot table is written to new clusters and the
 //! header switched to it in one write.
 
+use crate::mapped::MappedFormat;
 use std::sync::atomic::Ordering;
 
 use diskit_core::{BlockDevice, Error, ErrorKind, Result};
@@ -95,7 +96,7 @@ fn read_l1(meta: &Meta, sn: &Snapshot) -> Result<Vec<u64>> {
 
 impl Qcow2Format {
     fn snapshot_state(&self) -> Result<(Header, Vec<Snapshot>)> {
-        if !self.writable {
+        if !self.writable() {
             return Err(Error::new(
                 ErrorKind::PermissionDenied,
                 "image is read-only",

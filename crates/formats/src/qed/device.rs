@@ -19,19 +19,18 @@ use diskit_core::{
 };
 
 use super::header::{F_NEED_CHECK, Header};
-use crate::mapped::{self, Allocation, Backing, Fill, Mapped, MappedFormat, Place, Zeroed};
+use crate::mapped::{self, Allocation, Backing, Fill, Layers, Mapped, MappedFormat, Place, Zeroed};
 
 /// An L2 entry for a cluster that reads as zeros.
 pub const ZERO_CLUSTER: u64 = 1;
 
 /// An open QED image.
 pub struct Qed {
-    file: StorageRef,
+    /// Its data storage, the image below and whether it takes writes.
+    layers: Layers,
     header: Mutex<Header>,
     l1: RwLock<Vec<u64>>,
     l2: Mutex<HashMap<u64, Arc<Vec<u64>>>>,
-    backing: Option<Backing>,
-    writable: bool,
     /// Where the next cluster goes (the end of the file, whole clusters).
     file_end: AtomicU64,
 }
@@ -78,12 +77,14 @@ impl Qed {
             file.file_len()? / cs * cs
         };
         Ok(Mapped::new(Qed {
-            file,
+            layers: Layers {
+                data: file,
+                backing,
+                writable,
+            },
             header: Mutex::new(header),
             l1: RwLock::new(l1),
             l2: Mutex::new(HashMap::new()),
-            backing,
-            writable,
             file_end: AtomicU64::new(file_end),
         }))
     }
@@ -102,7 +103,7 @@ impl Qed {
         if let Some(t) = lock(&self.l2).get(&offset) {
             return Ok(t.clone());
         }
-        let t = Arc::new(read_table(&self.file, offset, h)?);
+        let t = Arc::new(read_table(&self.layers.data, offset, h)?);
         let mut cache = lock(&self.l2);
         if cache.len() >= 64 {
             cache.clear();
@@ -146,8 +147,10 @@ impl Qed {
     pub fn set_image_size(&self, size: u64) -> Result<()> {
         let mut h = lock(&self.header);
         h.image_size = size;
-        self.file.write_at(&h.to_bytes(), 0, WriteFlags::NONE)?;
-        self.file.flush()
+        self.layers
+            .data
+            .write_at(&h.to_bytes(), 0, WriteFlags::NONE)?;
+        self.layers.data.flush()
     }
 
     fn set_need_check(&self, on: bool) -> Result<()> {
@@ -159,12 +162,14 @@ impl Qed {
         if on {
             h.features |= F_NEED_CHECK;
         } else {
-            self.file.flush()?;
+            self.layers.data.flush()?;
             h.features &= !F_NEED_CHECK;
         }
-        self.file.write_at(&h.to_bytes(), 0, WriteFlags::NONE)?;
+        self.layers
+            .data
+            .write_at(&h.to_bytes(), 0, WriteFlags::NONE)?;
         if !on {
-            self.file.flush()?;
+            self.layers.data.flush()?;
         }
         Ok(())
     }
@@ -181,20 +186,20 @@ impl Qed {
         let mut table: Vec<u64> = match (had_table, cache.get(&had_table)) {
             (0, _) => vec![0; h.table_entries() as usize],
             (_, Some(t)) => t.as_ref().clone(),
-            (at, None) => read_table(&self.file, at, h)?,
+            (at, None) => read_table(&self.layers.data, at, h)?,
         };
         table[idx0..idx0 + entries.len()].copy_from_slice(entries);
         let table_at = if had_table == 0 {
             // A new L2 table after the data, written whole, then the L1
             // sector that points at it.
             let at = self.file_end.fetch_add(h.table_bytes(), Ordering::AcqRel);
-            self.file.write_extend(&table_bytes(&table), at)?;
-            self.file.flush()?;
+            self.layers.data.write_extend(&table_bytes(&table), at)?;
+            self.layers.data.flush()?;
             let mut l1 = sync::write(&self.l1);
             l1[l1_index] = at;
             let first = l1_index / 64 * 64;
             let sector: Vec<u64> = l1.iter().skip(first).take(64).copied().collect();
-            self.file.write_at(
+            self.layers.data.write_at(
                 &table_bytes(&sector),
                 h.l1_table_offset + first as u64 * 8,
                 WriteFlags::NONE,
@@ -205,7 +210,7 @@ impl Qed {
             let lo = idx0 / 64 * 64;
             let hi = ((idx0 + entries.len() - 1) / 64 + 1) * 64;
             let hi = hi.min(table.len());
-            self.file.write_at(
+            self.layers.data.write_at(
                 &table_bytes(&table[lo..hi]),
                 had_table + lo as u64 * 8,
                 WriteFlags::NONE,
@@ -222,7 +227,7 @@ impl Qed {
 
 impl Drop for Qed {
     fn drop(&mut self) {
-        if self.writable {
+        if self.layers.writable {
             let _ = self.set_need_check(false);
         }
     }
@@ -235,16 +240,8 @@ impl MappedFormat for Qed {
         lock(&self.header).image_size
     }
 
-    fn data(&self) -> &StorageRef {
-        &self.file
-    }
-
-    fn backing(&self) -> Option<&Backing> {
-        self.backing.as_ref()
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
+    fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
@@ -285,7 +282,7 @@ impl MappedFormat for Qed {
     }
 
     fn capabilities(&self) -> Capabilities {
-        mapped::image_capabilities(self.writable, true, false)
+        mapped::image_capabilities(self.layers.writable, true, false)
     }
 
     fn block_size(&self) -> BlockSizeLimits {
@@ -297,7 +294,7 @@ impl MappedFormat for Qed {
     }
 
     fn describe(&self) -> String {
-        format!("qed {}", self.file.location())
+        format!("qed {}", self.layers.data.location())
     }
 
     /// New clusters at the end of the file for the run from `g` (inside
@@ -311,7 +308,7 @@ impl MappedFormat for Qed {
             .div_ceil(cs)
             .saturating_mul(cs)
             .min((g / span + 1) * span);
-        if self.backing.is_none() {
+        if self.layers.backing.is_none() {
             self.set_need_check(true)?;
         }
         let len = end - start;
@@ -326,8 +323,8 @@ impl MappedFormat for Qed {
     /// The table entries, once the data is written (and flushed, with a
     /// backing file).
     fn commit(&self, a: Allocation) -> Result<()> {
-        if self.backing.is_some() {
-            self.file.flush()?;
+        if self.layers.backing.is_some() {
+            self.layers.data.flush()?;
         }
         let h = self.header();
         let cs = h.cluster_size as u64;
@@ -362,7 +359,8 @@ impl MappedFormat for Qed {
             if e > ZERO_CLUSTER {
                 // Allocated: zeros in place, the cluster stays.
                 if let Place::Data(at) = self.place_of(e, 0, &h)? {
-                    self.file
+                    self.layers
+                        .data
                         .write_at(&vec![0u8; cs as usize], at, WriteFlags::NONE)?;
                 }
             } else {
@@ -371,7 +369,7 @@ impl MappedFormat for Qed {
             entries.push(e.max(ZERO_CLUSTER));
         }
         if changed {
-            if self.backing.is_none() {
+            if self.layers.backing.is_none() {
                 self.set_need_check(true)?;
             }
             self.set_entries(g, &entries, &h)?;
@@ -380,8 +378,8 @@ impl MappedFormat for Qed {
     }
 
     fn flush(&self) -> Result<()> {
-        self.file.flush()?;
-        if self.writable {
+        self.layers.data.flush()?;
+        if self.layers.writable {
             self.set_need_check(false)?;
         }
         Ok(())

@@ -9,14 +9,14 @@ use diskit_core::sync::{self, lock};
 use diskit_core::{Capabilities, Error, ErrorKind, Result, StorageRef};
 
 use super::header::{BLOCK_SIZE, DISCARDED, HEADER_LEN, Header};
-use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Fill, Layers, Mapped, MappedFormat, Place};
 
 /// An open VDI image.
 pub struct Vdi {
-    file: StorageRef,
+    /// Its data storage, the image below and whether it takes writes.
+    layers: Layers,
     header: Mutex<Header>,
     bmap: RwLock<Vec<u32>>,
-    writable: bool,
 }
 
 /// Whether a block map entry names a data block.
@@ -48,10 +48,13 @@ impl Vdi {
         let mut bmap = crate::bytes::le32s(&raw);
         bmap.truncate(header.blocks_in_image as usize);
         Ok(Mapped::new(Vdi {
-            file,
+            layers: Layers {
+                data: file,
+                backing: None,
+                writable,
+            },
             header: Mutex::new(header),
             bmap: RwLock::new(bmap),
-            writable,
         }))
     }
 
@@ -88,12 +91,8 @@ impl MappedFormat for Vdi {
         lock(&self.header).disk_size
     }
 
-    fn data(&self) -> &StorageRef {
-        &self.file
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
+    fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
@@ -138,11 +137,11 @@ impl MappedFormat for Vdi {
     }
 
     fn capabilities(&self) -> Capabilities {
-        mapped::image_capabilities(self.writable, true, true)
+        mapped::image_capabilities(self.layers.writable, true, true)
     }
 
     fn describe(&self) -> String {
-        format!("vdi {}", self.file.location())
+        format!("vdi {}", self.layers.data.location())
     }
 
     /// The next data block, written whole (zeros around the data), as
@@ -164,7 +163,7 @@ impl MappedFormat for Vdi {
         let block = a.guest / BLOCK_SIZE;
         let h = self.header();
         let index = ((a.host - h.offset_data as u64) / BLOCK_SIZE) as u32;
-        self.file.write_extend(&h.to_bytes(), 0)?;
+        self.layers.data.write_extend(&h.to_bytes(), 0)?;
         let sector = {
             let mut map = sync::write(&self.bmap);
             map[block as usize] = index;
@@ -175,7 +174,8 @@ impl MappedFormat for Vdi {
             }
             bytes
         };
-        self.file
+        self.layers
+            .data
             .write_extend(&sector, h.offset_bmap as u64 + (block / 128) * 512)
     }
 }

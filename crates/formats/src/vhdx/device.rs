@@ -27,7 +27,7 @@ use super::header::{
     RegionTable, Regions, SIGNATURE, TABLE_LEN, entry_offset, entry_state, invalid, reads_as_zero,
 };
 use super::log::{self, Log};
-use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place};
+use crate::mapped::{self, Allocation, Fill, Layers, Mapped, MappedFormat, Place};
 
 /// How an image is opened.
 #[derive(Debug, Clone, Copy, Default)]
@@ -88,7 +88,8 @@ impl State {
 
 /// An open VHDX image.
 pub struct Vhdx {
-    file: StorageRef,
+    /// Its data storage, the image below and whether it takes writes.
+    layers: Layers,
     mode: Mode,
     geo: Geometry,
     md: Metadata,
@@ -235,7 +236,11 @@ impl Vhdx {
             } else {
                 file.file_len()?
             }),
-            file,
+            layers: Layers {
+                data: file,
+                backing: None,
+                writable: mode.writable,
+            },
             mode,
             geo,
             md,
@@ -280,7 +285,7 @@ impl Vhdx {
     /// QEMU prints them: blocks past the end of the file or over the log,
     /// BAT or metadata (`first_only`: the first, as an open stops there).
     pub fn bat_errors(&self, first_only: bool) -> Result<Vec<String>> {
-        let file_len = self.file.file_len()?;
+        let file_len = self.layers.data.file_len()?;
         let bat = sync::read(&self.bat);
         let bs = self.geo.block_size;
         let mut out = Vec::new();
@@ -342,8 +347,8 @@ impl Vhdx {
         }
         let mut st = self.lock();
         if !self.written.load(Ordering::Acquire) {
-            st.update_headers(&self.file, None, true)?;
-            self.file.flush()?;
+            st.update_headers(&self.layers.data, None, true)?;
+            self.layers.data.flush()?;
             self.written.store(true, Ordering::Release);
         }
         Ok(())
@@ -360,7 +365,7 @@ impl Vhdx {
             .checked_next_multiple_of(MIB)
             .filter(|a| a.checked_add(bs).is_some())
             .ok_or_else(|| Error::new(ErrorKind::NoSpace, "VHDX file offsets overflow"))?;
-        self.file.resize(at + bs, Preallocation::Off)?;
+        self.layers.data.resize(at + bs, Preallocation::Off)?;
         self.file_end.store(at + bs, Ordering::Release);
         Ok(at)
     }
@@ -370,9 +375,9 @@ impl Vhdx {
         if st.pending.is_empty() {
             return Ok(());
         }
-        let file_len = self.file.file_len()?;
+        let file_len = self.layers.data.file_len()?;
         // The data the new entries point at first.
-        self.file.flush()?;
+        self.layers.data.flush()?;
         let sectors: Vec<u64> = st.pending.iter().copied().collect();
         let h = st.header.clone();
         for chunk in sectors.chunks(self.capacity as usize) {
@@ -386,14 +391,14 @@ impl Vhdx {
             let guid = header::new_guid()?;
             let entry = log::build_entry(&guid, st.next_sequence, 0, file_len, &contents);
             st.next_sequence = st.next_sequence.wrapping_add(1).max(1);
-            log::write(&*self.file, &entry, h.log_offset)?;
-            st.update_headers(&self.file, Some(guid), false)?;
-            self.file.flush()?;
+            log::write(&*self.layers.data, &entry, h.log_offset)?;
+            st.update_headers(&self.layers.data, Some(guid), false)?;
+            self.layers.data.flush()?;
             for (off, bytes) in &contents {
-                self.file.write_at(bytes, *off, WriteFlags::NONE)?;
+                self.layers.data.write_at(bytes, *off, WriteFlags::NONE)?;
             }
-            self.file.flush()?;
-            st.update_headers(&self.file, Some(NULL_GUID), false)?;
+            self.layers.data.flush()?;
+            st.update_headers(&self.layers.data, Some(NULL_GUID), false)?;
         }
         st.pending.clear();
         Ok(())
@@ -402,11 +407,11 @@ impl Vhdx {
 
 impl Drop for Vhdx {
     fn drop(&mut self) {
-        if self.mode.writable {
+        if self.layers.writable {
             let mut st = self.lock();
             let _ = self.commit_log(&mut st);
             drop(st);
-            let _ = self.file.flush();
+            let _ = self.layers.data.flush();
         }
     }
 }
@@ -418,12 +423,8 @@ impl MappedFormat for Vhdx {
         self.geo.virtual_size
     }
 
-    fn data(&self) -> &StorageRef {
-        &self.file
-    }
-
-    fn writable(&self) -> bool {
-        self.mode.writable
+    fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
@@ -473,11 +474,11 @@ impl MappedFormat for Vhdx {
     }
 
     fn capabilities(&self) -> Capabilities {
-        mapped::image_capabilities(self.mode.writable, true, true)
+        mapped::image_capabilities(self.layers.writable, true, true)
     }
 
     fn describe(&self) -> String {
-        format!("vhdx {}", self.file.location())
+        format!("vhdx {}", self.layers.data.location())
     }
 
     fn before_change(&self, _g: u64, _len: u64) -> Result<()> {
@@ -522,11 +523,11 @@ impl MappedFormat for Vhdx {
     }
 
     fn flush(&self) -> Result<()> {
-        if self.mode.writable {
+        if self.layers.writable {
             let mut st = self.lock();
             self.commit_log(&mut st)?;
         }
-        self.file.flush()
+        self.layers.data.flush()
     }
 
     fn close(&self) -> Result<()> {

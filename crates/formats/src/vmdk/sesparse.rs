@@ -11,7 +11,7 @@ use diskit_core::sync::lock;
 use diskit_core::{Error, Result, StorageRef};
 
 use super::header::SECTOR;
-use crate::mapped::{Backing, MappedFormat, Place};
+use crate::mapped::{Backing, Layers, MappedFormat, Place};
 
 const CONST_MAGIC: u64 = 0xcafe_babe;
 const VOLATILE_MAGIC: u64 = 0xcafe_cafe;
@@ -35,14 +35,14 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
 
 /// An open seSparse extent.
 pub struct SeSparseExtent {
-    file: StorageRef,
+    /// Its data storage, the image below and whether it takes writes.
+    layers: Layers,
     capacity: u64,
     /// The grain directory (entries inside the file).
     gd: Vec<u64>,
     tables_at: u64,
     grains_at: u64,
     tables: Mutex<HashMap<u64, Arc<Vec<u64>>>>,
-    backing: Option<Backing>,
 }
 
 impl SeSparseExtent {
@@ -135,13 +135,16 @@ impl SeSparseExtent {
         file.read_padded(&mut raw, gd_at)?;
         let gd = crate::bytes::le64s(&raw);
         Ok(SeSparseExtent {
-            file,
+            layers: Layers {
+                data: file,
+                backing,
+                writable: false,
+            },
             capacity: f(2).saturating_mul(SECTOR),
             gd,
             tables_at: f(18).saturating_mul(SECTOR),
             grains_at: f(24).saturating_mul(SECTOR),
             tables: Mutex::new(HashMap::new()),
-            backing,
         })
     }
 
@@ -152,7 +155,7 @@ impl SeSparseExtent {
 
     /// The extent's file.
     pub fn file(&self) -> &StorageRef {
-        &self.file
+        &self.layers.data
     }
 
     /// The bytes of a grain.
@@ -178,7 +181,7 @@ impl SeSparseExtent {
             .tables_at
             .saturating_add(index * TABLE_SECTORS * SECTOR);
         let mut raw = vec![0u8; (TABLE_ENTRIES * 8) as usize];
-        self.file.read_padded(&mut raw, at)?;
+        self.layers.data.read_padded(&mut raw, at)?;
         let t = Arc::new(crate::bytes::le64s(&raw));
         let mut c = lock(&self.tables);
         if c.len() >= CACHED_TABLES {
@@ -249,12 +252,8 @@ impl MappedFormat for SeSparseExtent {
         self.capacity
     }
 
-    fn data(&self) -> &StorageRef {
-        &self.file
-    }
-
-    fn backing(&self) -> Option<&Backing> {
-        self.backing.as_ref()
+    fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
@@ -266,11 +265,7 @@ impl MappedFormat for SeSparseExtent {
         GRAIN
     }
 
-    fn writable(&self) -> bool {
-        false
-    }
-
     fn describe(&self) -> String {
-        format!("vmdk seSparse extent {}", self.file.location())
+        format!("vmdk seSparse extent {}", self.layers.data.location())
     }
 }

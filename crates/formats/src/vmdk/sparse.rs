@@ -16,7 +16,7 @@ use super::header::{
     COWD_GTES, CowdHeader, FLAG_MARKERS, FLAG_RGD, GD_AT_END, GRAIN_MARKER, GTE_ZERO, SECTOR,
     SparseHeader,
 };
-use crate::mapped::{Allocation, Backing, Fill, MappedFormat, Place, Zeroed};
+use crate::mapped::{Allocation, Backing, Fill, Layers, MappedFormat, Place, Zeroed};
 
 /// The largest compressed grain read (bytes).
 const MAX_COMPRESSED_GRAIN: u64 = 16 << 20;
@@ -109,7 +109,8 @@ struct Tables {
 
 /// An open sparse extent.
 pub struct SparseExtent {
-    file: StorageRef,
+    /// Its data storage, the image below and whether it takes writes.
+    layers: Layers,
     geo: Geometry,
     /// The directory: the sector of each grain table (0: none).
     gd: RwLock<Vec<u32>>,
@@ -118,8 +119,6 @@ pub struct SparseExtent {
     tables: Mutex<Tables>,
     /// Where the next grain goes (bytes); held while tables change.
     next: Mutex<u64>,
-    backing: Option<Backing>,
-    writable: bool,
     /// The last grain decompressed: its host offset and contents.
     last_grain: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
 }
@@ -213,13 +212,15 @@ impl SparseExtent {
         }
         let next = end.div_ceil(geo.grain) * geo.grain;
         Ok(SparseExtent {
-            file,
+            layers: Layers {
+                data: file,
+                backing,
+                writable,
+            },
             gd: RwLock::new(gd),
             rgd: RwLock::new(rgd),
             tables: Mutex::new(Tables::default()),
             next: Mutex::new(next),
-            backing,
-            writable,
             last_grain: Mutex::new(None),
             geo,
         })
@@ -232,7 +233,7 @@ impl SparseExtent {
 
     /// The extent's file.
     pub fn file(&self) -> &StorageRef {
-        &self.file
+        &self.layers.data
     }
 
     /// Guest bytes the extent holds.
@@ -255,7 +256,7 @@ impl SparseExtent {
                 c.generation
             };
             let t = Arc::new(read_dir(
-                &self.file,
+                &self.layers.data,
                 u64::from(sector) * SECTOR,
                 self.geo.gtes,
             )?);
@@ -399,7 +400,7 @@ impl SparseExtent {
             if raw.len() < first {
                 raw.resize(first, 0);
             }
-            self.file.read_padded(&mut raw[..first], offset)?;
+            self.layers.data.read_padded(&mut raw[..first], offset)?;
             let (from, len) = if self.geo.markers {
                 let size = u32::from_le_bytes(raw[8..12].try_into().expect("4 bytes")) as u64;
                 if size == 0 || size > 2 * grain {
@@ -413,7 +414,8 @@ impl SparseExtent {
                 if raw.len() < from + len {
                     raw.resize(from + len, 0);
                 }
-                self.file
+                self.layers
+                    .data
                     .read_padded(&mut raw[first..from + len], offset + first as u64)?;
             }
             let z = match inflater {
@@ -519,10 +521,12 @@ impl SparseExtent {
         let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
         let rgt = sync::read(&self.rgd).get(l1 as usize).copied();
         if let Some(r) = rgt.filter(|&r| r != 0) {
-            self.file
+            self.layers
+                .data
                 .write_extend(&bytes, u64::from(r) * SECTOR + first * 4)?;
         }
-        self.file
+        self.layers
+            .data
             .write_extend(&bytes, u64::from(gt) * SECTOR + first * 4)?;
         let mut c = lock(&self.tables);
         let table = match c.map.get(&l1) {
@@ -533,7 +537,7 @@ impl SparseExtent {
             }
             None => {
                 drop(c);
-                let t = read_dir(&self.file, u64::from(gt) * SECTOR, self.geo.gtes)?;
+                let t = read_dir(&self.layers.data, u64::from(gt) * SECTOR, self.geo.gtes)?;
                 c = lock(&self.tables);
                 t
             }
@@ -557,7 +561,7 @@ impl SparseExtent {
         let zeros = vec![0u8; tb as usize];
         let place = |next: &mut u64| -> Result<u32> {
             let at = *next;
-            self.file.write_extend(&zeros, at)?;
+            self.layers.data.write_extend(&zeros, at)?;
             *next = (at + tb).div_ceil(self.geo.grain) * self.geo.grain;
             u32::try_from(at / SECTOR)
                 .map_err(|_| Error::new(ErrorKind::NoSpace, "VMDK extent is full"))
@@ -568,10 +572,13 @@ impl SparseExtent {
             None => None,
         };
         if let (Some(at), Some(r)) = (self.geo.rgd_at, rgt) {
-            self.file.write_extend(&r.to_le_bytes(), at + l1 * 4)?;
+            self.layers
+                .data
+                .write_extend(&r.to_le_bytes(), at + l1 * 4)?;
             set_entry(&mut sync::write(&self.rgd), l1, r);
         }
-        self.file
+        self.layers
+            .data
             .write_extend(&gt.to_le_bytes(), self.geo.gd_at + l1 * 4)?;
         set_entry(&mut sync::write(&self.gd), l1, gt);
         Ok(gt)
@@ -595,16 +602,8 @@ impl MappedFormat for SparseExtent {
         self.geo.capacity
     }
 
-    fn data(&self) -> &StorageRef {
-        &self.file
-    }
-
-    fn backing(&self) -> Option<&Backing> {
-        self.backing.as_ref()
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
+    fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
@@ -621,7 +620,7 @@ impl MappedFormat for SparseExtent {
     }
 
     fn describe(&self) -> String {
-        format!("vmdk extent {}", self.file.location())
+        format!("vmdk extent {}", self.layers.data.location())
     }
 
     /// Whole grains at the end of the file (what they held before copied
@@ -675,7 +674,7 @@ impl MappedFormat for SparseExtent {
         let (m, place) = self.locate(g, len)?;
         let zero_already = match place {
             Place::Zero { .. } => true,
-            Place::Unallocated { .. } => self.backing.is_none(),
+            Place::Unallocated { .. } => self.layers.backing.is_none(),
             _ => false,
         };
         if zero_already {

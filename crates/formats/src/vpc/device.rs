@@ -11,7 +11,7 @@ use diskit_core::sync::{self, lock};
 use diskit_core::{Capabilities, Error, ErrorKind, Result, StorageRef, ZeroFlags};
 
 use super::footer::{DYN_LEN, DynHeader, FOOTER_LEN, Footer, MAX_SECTORS, SizeCalc, too_large};
-use crate::mapped::{self, Allocation, Fill, Mapped, MappedFormat, Place, Zeroed};
+use crate::mapped::{self, Allocation, Fill, Layers, Mapped, MappedFormat, Place, Zeroed};
 
 /// A BAT entry for a block never written.
 const FREE: u32 = 0xFFFF_FFFF;
@@ -31,11 +31,11 @@ enum Layout {
 
 /// An open VHD image.
 pub struct Vpc {
-    file: StorageRef,
+    /// Its data storage, the image below and whether it takes writes.
+    layers: Layers,
     footer: Footer,
     layout: Layout,
     size: u64,
-    writable: bool,
     /// Ask the file about allocated blocks too ([`crate::OpenOptions::host_zeros`]).
     host_zeros: bool,
 }
@@ -121,11 +121,14 @@ impl Vpc {
             Layout::Fixed
         };
         Ok(Mapped::new(Vpc {
-            file,
+            layers: Layers {
+                data: file,
+                backing: None,
+                writable,
+            },
             footer,
             layout,
             size,
-            writable,
             host_zeros,
         }))
     }
@@ -151,12 +154,8 @@ impl MappedFormat for Vpc {
         self.size
     }
 
-    fn data(&self) -> &StorageRef {
-        &self.file
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
+    fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     fn lookup(&self, g: u64, max: u64, _hold: bool) -> Result<(u64, Place, Option<()>)> {
@@ -200,11 +199,11 @@ impl MappedFormat for Vpc {
     }
 
     fn capabilities(&self) -> Capabilities {
-        mapped::image_capabilities(self.writable, false, false)
+        mapped::image_capabilities(self.layers.writable, false, false)
     }
 
     fn describe(&self) -> String {
-        format!("vpc {}", self.file.location())
+        format!("vpc {}", self.layers.data.location())
     }
 
     /// Zeros are written, never marked: a fast zero is refused.
@@ -233,10 +232,13 @@ impl MappedFormat for Vpc {
         if start / 512 >= FREE as u64 {
             return Err(Error::new(ErrorKind::NoSpace, "VHD image is full"));
         }
-        self.file
+        self.layers
+            .data
             .write_extend(&vec![0xFF; *bitmap_size as usize], start)?;
         *next = start + bitmap_size + block_size;
-        self.file.write_extend(self.footer.to_bytes(), *next)?;
+        self.layers
+            .data
+            .write_extend(self.footer.to_bytes(), *next)?;
         Ok(Allocation {
             guest: g / block_size * block_size,
             len: *block_size,
@@ -259,7 +261,8 @@ impl MappedFormat for Vpc {
         };
         let block = a.guest / block_size;
         let entry = ((a.host - bitmap_size) / 512) as u32;
-        self.file
+        self.layers
+            .data
             .write_extend(&entry.to_be_bytes(), table_offset + block * 4)?;
         sync::write(bat)[block as usize] = entry;
         Ok(())
