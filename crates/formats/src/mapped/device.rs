@@ -15,7 +15,7 @@ use diskit_core::{
     WriteFlags, ZeroFlags,
 };
 
-use super::{Allocation, Fill, MappedFormat, Zeroed, file_view, read, read_place};
+use super::{Allocation, Fill, MappedFormat, Place, Zeroed, file_view, read, read_place};
 
 /// The most guest bytes one allocation or one zeroing step covers.
 const MAX_STEP: u64 = 32 << 20;
@@ -124,6 +124,22 @@ impl<F: MappedFormat> Mapped<F> {
             Fill::Whole | Fill::OverZeros if data.len() as u64 == a.len => {
                 f.data().write_extend(data, a.host)
             }
+            // Around the data only zeros that stay so (their mappings
+            // say it, nothing is read): the data alone is written.
+            Fill::OverZeros
+                if self.known_zeros(a.guest, g - a.guest)?
+                    && self.known_zeros(
+                        g + data.len() as u64,
+                        a.guest + a.len - g - data.len() as u64,
+                    )? =>
+            {
+                f.data().write_extend(data, a.host + (g - a.guest))?;
+                if g + (data.len() as u64) < a.guest + a.len {
+                    // The space's last byte, so that storage ends there.
+                    f.data().write_extend(&[0], a.host + a.len - 1)?;
+                }
+                Ok(())
+            }
             Fill::Whole | Fill::OverZeros => {
                 with_reused(&FILL_BUFFER, a.len as usize, MAX_KEPT, |region| {
                     let d = (g - a.guest) as usize;
@@ -161,6 +177,25 @@ impl<F: MappedFormat> Mapped<F> {
     pub fn with_units<R>(&self, g: u64, len: u64, change: impl FnOnce(&F) -> R) -> R {
         let _units = self.hold_units(g, len);
         change(&self.format)
+    }
+
+    /// Whether guest `[g, g+len)` reads as zeros by its mappings alone
+    /// (zero places, unallocated ones without a backing image, past the
+    /// end of the image), nothing read.
+    fn known_zeros(&self, g: u64, len: u64) -> Result<bool> {
+        let f = &self.format;
+        let inside = f.guest_size().saturating_sub(g).min(len);
+        let mut done = 0;
+        while done < inside {
+            let (n, place, _) = f.lookup(g + done, inside - done, false)?;
+            match place {
+                Place::Zero { .. } => {}
+                Place::Unallocated { .. } if f.backing().is_none() => {}
+                _ => return Ok(false),
+            }
+            done += n;
+        }
+        Ok(true)
     }
 
     /// Reads what `buf.len()` bytes at guest `g` held before new space

@@ -56,6 +56,10 @@ pub struct Layers {
 pub enum Place {
     /// At this offset of the format's data storage, byte for byte.
     Data(u64),
+    /// As [`Place::Data`], in space other images share (qcow2's clusters
+    /// that a snapshot also maps): read in place, written through new
+    /// space.
+    Shared(u64),
     /// Reads as zeros; `alloc` is host space kept for it, if any.
     Zero {
         /// Host bytes reserved for the range.
@@ -182,8 +186,8 @@ pub trait MappedFormat: Send + Sync {
     /// Where a write of `len` bytes at guest `g` goes in place, given the
     /// place `lookup` found for them: the host offset and how many of the
     /// bytes (> 0) go there, or `None` when new space must be allocated
-    /// (by default data places take writes in place; a format whose data
-    /// may be shared, as qcow2's clusters with snapshots, says less).
+    /// (by default data places take writes in place, and shared data
+    /// never does).
     fn write_in_place(&self, g: u64, len: u64, place: Place) -> Result<Option<(u64, u64)>> {
         let _ = g;
         Ok(match place {
@@ -340,7 +344,7 @@ pub fn read_place<F: MappedFormat + ?Sized>(
     buf: &mut [u8],
 ) -> Result<()> {
     match place {
-        Place::Data(h) => match f.guest_cipher() {
+        Place::Data(h) | Place::Shared(h) => match f.guest_cipher() {
             None => f.data().read_padded(buf, h),
             Some(c) => read_guest_encrypted(f, c, h, g, buf),
         },
@@ -418,7 +422,7 @@ pub fn extents<F: MappedFormat + ?Sized>(f: &F, offset: u64, len: u64) -> Result
     let (n, place, _) = f.lookup(offset, len, false)?;
     let mut e = Extent::data(n);
     match place {
-        Place::Data(h) => {
+        Place::Data(h) | Place::Shared(h) => {
             e = e.at_host(h);
             if sparse {
                 // Ask the storage: preallocated clusters never written are
@@ -466,7 +470,7 @@ pub fn file_view<F: MappedFormat + ?Sized>(f: &F, offset: u64, len: u64) -> Opti
         return None;
     }
     match f.lookup(offset, len, false).ok()? {
-        (n, Place::Data(h), _) if n == len => f.data().file_view(h, len),
+        (n, Place::Data(h) | Place::Shared(h), _) if n == len => f.data().file_view(h, len),
         _ => None,
     }
 }

@@ -582,6 +582,7 @@ fn own_host(e: &L2Entry, kind: ClusterKind) -> Option<HostOffset> {
 fn place(m: Mapping) -> Place {
     match m {
         Mapping::Data(h) => Place::Data(h.0),
+        Mapping::Shared(h) => Place::Shared(h.0),
         Mapping::Zero { alloc } => Place::Zero {
             alloc: alloc.map(|h| h.0),
         },
@@ -699,26 +700,6 @@ impl MappedFormat for Qcow2Format {
 
     fn before_change(&self, g: u64, len: u64) -> Result<()> {
         self.changing(g, len)
-    }
-
-    /// Data clusters take writes in place only while they are this
-    /// image's alone (the copied flag: no snapshot shares them); the
-    /// run ends at the first shared one.
-    fn write_in_place(&self, g: u64, len: u64, place: Place) -> Result<Option<(u64, u64)>> {
-        let Place::Data(h) = place else {
-            return Ok(None);
-        };
-        let geo = self.geo;
-        let mut meta = self.lock();
-        let mut n = 0;
-        while n < len {
-            let (e, _) = meta.kind(GuestOffset(g + n))?;
-            if e.word & COPIED == 0 {
-                break;
-            }
-            n = (geo.cluster_start(GuestOffset(g + n)).0 + geo.cluster_size() - g).min(len);
-        }
-        Ok((n > 0).then_some((h, n)))
     }
 
     /// A run of new clusters may go on over clusters that map something

@@ -183,6 +183,9 @@ impl L2Entry {
 pub enum Mapping {
     /// Guest data at this host offset.
     Data(HostOffset),
+    /// Guest data at this host offset in a cluster other images share
+    /// (its entry lacks the copied flag: a snapshot maps it too).
+    Shared(HostOffset),
     /// Zeros; `alloc` is the host space kept for it, if any.
     Zero {
         /// Host bytes reserved for the range (preallocated zero clusters).
@@ -209,6 +212,7 @@ impl Mapping {
         let adv = |h: Option<HostOffset>| h.map(|h| h + n);
         match *self {
             Mapping::Data(h) => Mapping::Data(h + n),
+            Mapping::Shared(h) => Mapping::Shared(h + n),
             Mapping::Zero { alloc } => Mapping::Zero { alloc: adv(alloc) },
             Mapping::Backing { alloc } => Mapping::Backing { alloc: adv(alloc) },
             Mapping::Compressed { stream, skip } => Mapping::Compressed {
@@ -240,6 +244,14 @@ pub fn map_in_cluster(
     let cs = geo.cluster_size();
     let rest = (cs - in_cluster).min(max);
     let simple = |m: Mapping| (rest, m);
+    // Data of a cluster without the copied flag is shared with others.
+    let data = |h: HostOffset| {
+        if entry.word & COPIED != 0 {
+            Mapping::Data(h)
+        } else {
+            Mapping::Shared(h)
+        }
+    };
     match kind {
         ClusterKind::Compressed(stream) => simple(Mapping::Compressed {
             stream,
@@ -267,7 +279,7 @@ pub fn map_in_cluster(
             let at = host.map(|h| h + in_cluster);
             let m = match s {
                 0 => Mapping::Zero { alloc: at },
-                1 => Mapping::Data(at.expect("validated: allocated subclusters have a host")),
+                1 => data(at.expect("validated: allocated subclusters have a host")),
                 _ => Mapping::Backing { alloc: at },
             };
             (len, m)
@@ -277,7 +289,7 @@ pub fn map_in_cluster(
         ClusterKind::ZeroAlloc(h) => simple(Mapping::Zero {
             alloc: Some(h + in_cluster),
         }),
-        ClusterKind::Normal(h) => simple(Mapping::Data(h + in_cluster)),
+        ClusterKind::Normal(h) => simple(data(h + in_cluster)),
     }
 }
 

@@ -326,7 +326,8 @@ impl SparseExtent {
                 Place::Zero { .. } | Place::Unallocated { .. } => {
                     std::mem::discriminant(&self.place_of(e, 0)) == std::mem::discriminant(&place)
                 }
-                Place::Compressed { .. } => false,
+                // (vmdk shares no grains.)
+                Place::Compressed { .. } | Place::Shared(_) => false,
             };
             if !same {
                 break;
