@@ -18,7 +18,8 @@ use common::*;
 /// radosgw, the environment that reaches it (no profile files: the
 /// user's own ~/.aws is no part of a test) and the test's own bucket.
 struct Store {
-    ceph: Ceph,
+    /// Held for the test's pool (or cluster), dropped after the bucket.
+    _ceph: Ceph,
     env: Vec<(String, String)>,
     bucket: String,
 }
@@ -31,7 +32,11 @@ impl Store {
             env.push((var.into(), s(&dir.join("no-such-aws-file")).into()));
         }
         let bucket = ceph.unique("diskit-tests");
-        let store = Store { ceph, env, bucket };
+        let store = Store {
+            _ceph: ceph,
+            env,
+            bucket,
+        };
         store.python(&format!(
             "boto3.client('s3', endpoint_url=E).create_bucket(Bucket='{}')",
             store.bucket
