@@ -351,8 +351,11 @@ fn option_lists_hold_what_the_tools_take() {
         |o: Output| -> BTreeSet<String> { stdout(&o).lines().map(str::to_string).collect() };
     // nbdcopy's and nbdinfo's lists are the real ones, with the options of
     // a later nbdcopy than the one installed that diskit takes too
-    // (libnbd 1.24's --blkhash).
-    let later: BTreeSet<String> = ["--blkhash", "--blkhash-file"].map(str::to_string).into();
+    // (libnbd 1.24's --blkhash), and diskit's own (--dirty-bitmap, an
+    // incremental copy).
+    let later: BTreeSet<String> = ["--blkhash", "--blkhash-file", "--dirty-bitmap"]
+        .map(str::to_string)
+        .into();
     for (tool, flag) in [
         ("nbdcopy", "--short-options"),
         ("nbdcopy", "--long-options"),

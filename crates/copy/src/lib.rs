@@ -8,8 +8,10 @@
 //! `min_sparse` bytes (holes are only made where the destination can have
 //! them), and written. Reads and writes of different workers overlap; writes
 //! may be kept in source order for destinations whose layout depends on it.
+//! An incremental copy sees its source through [`changed::OnlyChanged`].
 
 pub mod blkhash;
+pub mod changed;
 pub mod commit;
 mod plan;
 pub mod rebase;

@@ -13,6 +13,7 @@
 //! when the I/O has completed.
 
 pub mod aio;
+pub mod bits;
 pub mod buffer;
 pub mod concat;
 pub mod device;

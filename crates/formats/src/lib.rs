@@ -7,7 +7,7 @@
 //! lives in its own module; raw is the identity mapping, so a raw image is
 //! its storage.
 
-pub mod bits;
+pub use diskit_core::bits;
 mod bytes;
 mod chain;
 pub mod check;

@@ -15,6 +15,7 @@
 //! that a tool reaches formats through this crate alone.
 
 pub mod create;
+pub mod export_bitmaps;
 pub mod gate;
 pub mod local;
 mod nbd_plugin;

@@ -13,6 +13,8 @@ use diskit_core::StorageOptions;
 use diskit_core::size::parse_size;
 use diskit_core::{DeviceRef, Error, Result};
 
+use diskit_nbd::server::ExportBitmap;
+
 use crate::protocol::PROTOCOLS;
 use crate::{Format, Image, OpenOptions};
 
@@ -52,13 +54,32 @@ pub struct Plugin {
     pub open: PluginOpen,
 }
 
-/// What a plugin opened: the device to serve, and the image behind it, if
-/// any, to close (write back its metadata) when the server stops.
+/// What a plugin opened: the device to serve, the image behind it, if
+/// any, to close (write back its metadata) when the server stops, and
+/// what the export offers besides the bytes.
 pub struct Opened {
     /// The device to serve.
     pub device: DeviceRef,
     /// The image behind it, for `image`.
     pub image: Option<Image>,
+    /// The image's dirty bitmaps to serve (`bitmap=NAME`), describing
+    /// `device`'s offsets.
+    pub bitmaps: Vec<Arc<ExportBitmap>>,
+    /// Whether `qemu:allocation-depth` is offered (`allocation-depth=`;
+    /// offered unless told otherwise).
+    pub allocation_depth: bool,
+}
+
+impl Opened {
+    /// A device with nothing more to serve.
+    fn device(device: DeviceRef) -> Opened {
+        Opened {
+            device,
+            image: None,
+            bitmaps: Vec::new(),
+            allocation_depth: true,
+        }
+    }
 }
 
 /// The `image` plugin: every format, over every source the opener knows.
@@ -66,13 +87,24 @@ pub const IMAGE: Plugin = Plugin {
     name: "image",
     magic: "file",
     magic_required: true,
-    keys: &["file", "format", "l2-cache-size", "cache"],
-    lists: &[],
+    keys: &[
+        "file",
+        "format",
+        "l2-cache-size",
+        "cache",
+        "bitmap",
+        "allocation-depth",
+    ],
+    lists: &["bitmap"],
     help: "a disk image of any format diskit reads, with its backing chain \
            (file=NAME: a path, a protocol URI or json:{...} [format=FORMAT] \
            [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's] \
            [cache=none|writeback|unsafe: as qemu-nbd's --cache; none bypasses \
-           the page cache (O_DIRECT) for the image and its backing chain])",
+           the page cache (O_DIRECT) for the image and its backing chain] \
+           [bitmap=NAME: serve the persistent dirty bitmap NAME as the \
+           qemu:dirty-bitmap:NAME context, as qemu-nbd -B; repeatable] \
+           [allocation-depth=BOOL: offer qemu:allocation-depth (default \
+           true; qemu-nbd offers it only with -A)])",
     open: PluginOpen::Image,
 };
 
@@ -158,10 +190,7 @@ pub fn open_plugin(
 ) -> Result<Opened> {
     let kv = parse_args(name, args)?;
     match find(name)?.open {
-        PluginOpen::Source(open) => Ok(Opened {
-            device: open(&kv, readonly)?,
-            image: None,
-        }),
+        PluginOpen::Source(open) => Ok(Opened::device(open(&kv, readonly)?)),
         PluginOpen::Image => open_image_plugin(&kv, readonly, base),
     }
 }
@@ -276,11 +305,28 @@ fn open_image_plugin(kv: &PluginArgs, readonly: bool, base: &OpenOptions) -> Res
         no_flush,
         ..base.clone()
     };
+    let allocation_depth = kv
+        .get("allocation-depth")
+        .map_or(Ok(true), |v| boolean("image", "allocation-depth", v))?;
     let image = crate::open_image(name, format, opts)
         .map_err(|e| Error::new(e.kind(), format!("Could not open '{name}': {e}")))?;
+    let names: Vec<String> = kv
+        .get("bitmap")
+        .map(|v| v.split(LIST_SEPARATOR).map(str::to_string).collect())
+        .unwrap_or_default();
+    let bitmaps = match crate::export_bitmaps::for_export(&image, &names) {
+        Ok(b) => b,
+        Err(e) => {
+            // Best effort: the bitmap's error is the one to report.
+            let _ = image.close();
+            return Err(e);
+        }
+    };
     Ok(Opened {
         device: image.device.clone(),
         image: Some(image),
+        bitmaps,
+        allocation_depth,
     })
 }
 
@@ -307,6 +353,17 @@ mod tests {
         assert!(parse_args("memory", &args(&["1M", "2M"])).is_err());
         assert!(parse_args("memory", &args(&["colour=red"])).is_err());
         assert!(parse_args("nope", &args(&[])).is_err());
+        let kv = parse_args("image", &args(&["d.qcow2", "bitmap=a", "bitmap=b"])).unwrap();
+        assert_eq!(kv["bitmap"], format!("a{LIST_SEPARATOR}b"), "repeatable");
+        assert!(
+            open_plugin(
+                "image",
+                &args(&["d.qcow2", "allocation-depth=maybe"]),
+                true,
+                &OpenOptions::default()
+            )
+            .is_err()
+        );
         let kv = parse_args("image", &args(&["d.qcow2", "l2-cache-size=1M"])).unwrap();
         assert_eq!(kv["l2-cache-size"], "1M");
         let base = OpenOptions::default();

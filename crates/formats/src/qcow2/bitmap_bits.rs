@@ -49,7 +49,7 @@ pub fn read_bits(file: &dyn Storage, cluster_size: u64, bm: &Bitmap, size: u64) 
         }
         let at = i * cluster_size as usize;
         let dst_len = (need as usize - at).min(cluster_size as usize);
-        let dst = &mut bits.bytes[at..at + dst_len];
+        let dst = &mut bits.bytes_mut()[at..at + dst_len];
         if off == 0 {
             dst.fill(if e & ENTRY_ALL_ONES != 0 { 0xff } else { 0 });
             continue;

@@ -380,6 +380,12 @@ impl NbdClient {
         self.status_of(self.context_id(context)?, offset, len, 0)
     }
 
+    /// Whether the server agreed to the metadata context `context` when
+    /// the client asked for it.
+    pub fn offers_context(&self, context: &str) -> bool {
+        self.export.contexts.contains_key(context)
+    }
+
     /// The id the server gave `context`.
     fn context_id(&self, context: &str) -> Result<u32> {
         self.export.contexts.get(context).copied().ok_or_else(|| {

@@ -1,10 +1,12 @@
 //! Exports: a named device with its description, its read-only switch, the
-//! transmission flags it earns and its request counters.
+//! transmission flags it earns, the metadata contexts it offers and its
+//! request counters.
 
 use std::sync::Arc;
 
 use diskit_core::{BlockSizeLimits, Capabilities, DeviceRef};
 
+use super::bitmap::ExportBitmap;
 use super::stats::Stats;
 use crate::proto::consts::*;
 
@@ -18,6 +20,8 @@ pub struct Export {
     description: String,
     device: DeviceRef,
     read_only: bool,
+    allocation_depth: bool,
+    bitmaps: Vec<Arc<ExportBitmap>>,
     stats: Stats,
 }
 
@@ -29,7 +33,36 @@ impl Export {
             description: String::new(),
             device,
             read_only: false,
+            allocation_depth: true,
+            bitmaps: Vec::new(),
             stats: Stats::default(),
+        }
+    }
+
+    /// Whether `qemu:allocation-depth` is offered: by default, as `diskit
+    /// serve` always has; qemu-nbd offers it only with `-A`.
+    pub fn with_allocation_depth(mut self, offered: bool) -> Export {
+        self.allocation_depth = offered;
+        self
+    }
+
+    /// The dirty bitmaps served as `qemu:dirty-bitmap:NAME` (qemu-nbd's
+    /// `-B NAME`), in the order given; their names must differ.
+    pub fn with_bitmaps(mut self, bitmaps: Vec<Arc<ExportBitmap>>) -> Export {
+        self.bitmaps = bitmaps;
+        self
+    }
+
+    /// The dirty bitmaps served.
+    pub fn bitmaps(&self) -> &[Arc<ExportBitmap>] {
+        &self.bitmaps
+    }
+
+    /// Records that guest bytes `[offset, offset + len)` are being written
+    /// (a write, zero or trim): the enabled bitmaps mark them dirty.
+    pub fn note_write(&self, offset: u64, len: u64) {
+        for b in &self.bitmaps {
+            b.note_write(offset, len);
         }
     }
 
@@ -181,50 +214,99 @@ impl ExportSet {
     }
 }
 
-/// The metadata contexts this server offers for block status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The metadata contexts an export may offer for block status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum MetaContext {
     /// `base:allocation`: HOLE and ZERO bits.
     BaseAllocation,
     /// `qemu:allocation-depth`: 0 unallocated, 1 this layer, n+1 the n-th backing file.
     AllocationDepth,
+    /// `qemu:dirty-bitmap:NAME`: the export's bitmap at this index.
+    DirtyBitmap(usize),
 }
 
 impl MetaContext {
-    /// Every context offered.
-    pub const ALL: [MetaContext; 2] = [MetaContext::BaseAllocation, MetaContext::AllocationDepth];
-
-    /// The context's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            MetaContext::BaseAllocation => "base:allocation",
-            MetaContext::AllocationDepth => "qemu:allocation-depth",
-        }
-    }
-
     /// The id given to the context by SET_META_CONTEXT.
     pub fn id(self) -> u32 {
         match self {
             MetaContext::BaseAllocation => 1,
             MetaContext::AllocationDepth => 2,
+            MetaContext::DirtyBitmap(i) => 3u32.saturating_add(i as u32),
+        }
+    }
+}
+
+impl Export {
+    /// Every context the export offers, in the order replies list them
+    /// (qemu-nbd's: base, allocation depth, then the bitmaps).
+    pub fn contexts(&self) -> Vec<MetaContext> {
+        let mut v = vec![MetaContext::BaseAllocation];
+        if self.allocation_depth {
+            v.push(MetaContext::AllocationDepth);
+        }
+        v.extend((0..self.bitmaps.len()).map(MetaContext::DirtyBitmap));
+        v
+    }
+
+    /// The name of one of the export's contexts.
+    pub fn context_name(&self, ctx: MetaContext) -> String {
+        match ctx {
+            MetaContext::BaseAllocation => "base:allocation".into(),
+            MetaContext::AllocationDepth => "qemu:allocation-depth".into(),
+            MetaContext::DirtyBitmap(i) => self.bitmaps[i].context_name(),
         }
     }
 
     /// The contexts a LIST_META_CONTEXT query names: an exact name, or a
-    /// namespace wildcard ("base:", "qemu:"). Unknown names match nothing.
-    pub fn list_matches(query: &str) -> Vec<MetaContext> {
-        Self::ALL
-            .into_iter()
-            .filter(|c| {
-                let name = c.name();
-                query == name || (query.ends_with(':') && name.starts_with(query))
-            })
-            .collect()
+    /// namespace left empty ("base:", "qemu:", "qemu:dirty-bitmap:") for
+    /// all of it, as qemu-nbd reads them. Unknown names match nothing.
+    pub fn list_matches(&self, query: &str) -> Vec<MetaContext> {
+        self.matches(query, true)
     }
 
-    /// The context a SET_META_CONTEXT query selects: exact names only.
-    pub fn set_match(query: &str) -> Option<MetaContext> {
-        Self::ALL.into_iter().find(|c| c.name() == query)
+    /// The context a SET_META_CONTEXT query selects: exact names only (a
+    /// bitmap the export does not serve selects nothing).
+    pub fn set_match(&self, query: &str) -> Option<MetaContext> {
+        self.matches(query, false).first().copied()
+    }
+
+    /// What `query` names; empty namespaces only when listing.
+    fn matches(&self, query: &str, list: bool) -> Vec<MetaContext> {
+        let bitmaps = || (0..self.bitmaps.len()).map(MetaContext::DirtyBitmap);
+        if let Some(rest) = query.strip_prefix("base:") {
+            return match rest {
+                "allocation" => vec![MetaContext::BaseAllocation],
+                "" if list => vec![MetaContext::BaseAllocation],
+                _ => Vec::new(),
+            };
+        }
+        let Some(rest) = query.strip_prefix("qemu:") else {
+            return Vec::new();
+        };
+        let depth = self
+            .allocation_depth
+            .then_some(MetaContext::AllocationDepth);
+        if rest.is_empty() {
+            return if list {
+                depth.into_iter().chain(bitmaps()).collect()
+            } else {
+                Vec::new()
+            };
+        }
+        if rest == "allocation-depth" {
+            return depth.into_iter().collect();
+        }
+        match rest.strip_prefix("dirty-bitmap:") {
+            Some("") if list => bitmaps().collect(),
+            Some("") => Vec::new(),
+            Some(name) => bitmaps()
+                .filter(
+                    |&c| matches!(c, MetaContext::DirtyBitmap(i) if self.bitmaps[i].name() == name),
+                )
+                .take(1)
+                .collect(),
+            None => Vec::new(),
+        }
     }
 }
 
@@ -301,15 +383,43 @@ mod tests {
         let mut set = ExportSet::new();
         set.add(Export::new("a", Arc::new(MemoryDevice::new(512))));
         set.add(Export::new("b", Arc::new(MemoryDevice::new(512))));
-        assert_eq!(set.find("").unwrap().name(), "a");
+        let a = set.find("").unwrap();
+        assert_eq!(a.name(), "a");
         assert_eq!(set.find("b").unwrap().name(), "b");
         assert!(set.find("c").is_none());
+        assert_eq!(a.list_matches("qemu:"), vec![MetaContext::AllocationDepth]);
+        assert_eq!(a.list_matches("base:allocation").len(), 1);
+        assert!(a.list_matches("qemu:dirty-bitmap:x").is_empty());
+        assert!(a.list_matches("qemu:dirty-bitmap:").is_empty());
+        assert_eq!(a.set_match("base:"), None);
+        assert_eq!(a.set_match("qemu:dirty-bitmap:x"), None);
+    }
+
+    #[test]
+    fn bitmap_contexts_as_qemu_nbd_names_them() {
+        use diskit_core::bits::Bits;
+        let bitmap = |n: &str| Arc::new(ExportBitmap::new(n, Bits::new(512, 16), false));
+        let e = Export::new("e", Arc::new(MemoryDevice::new(512)))
+            .with_allocation_depth(false)
+            .with_bitmaps(vec![bitmap("b0"), bitmap("b1")]);
+        let b0 = MetaContext::DirtyBitmap(0);
+        let b1 = MetaContext::DirtyBitmap(1);
         assert_eq!(
-            MetaContext::list_matches("qemu:"),
-            vec![MetaContext::AllocationDepth]
+            e.contexts(),
+            vec![MetaContext::BaseAllocation, b0, b1],
+            "no allocation depth unless asked"
         );
-        assert_eq!(MetaContext::list_matches("base:allocation").len(), 1);
-        assert!(MetaContext::list_matches("qemu:dirty-bitmap:x").is_empty());
-        assert_eq!(MetaContext::set_match("base:"), None);
+        assert_eq!(e.list_matches("qemu:"), vec![b0, b1]);
+        assert_eq!(e.list_matches("qemu:dirty-bitmap:"), vec![b0, b1]);
+        assert_eq!(e.list_matches("qemu:dirty-bitmap:b1"), vec![b1]);
+        assert!(e.list_matches("qemu:allocation-depth").is_empty());
+        assert!(e.list_matches("qemu:dirty-bitmap").is_empty());
+        assert_eq!(e.set_match("qemu:dirty-bitmap:b1"), Some(b1));
+        assert_eq!(e.set_match("qemu:dirty-bitmap:b2"), None);
+        assert_eq!(e.set_match("qemu:dirty-bitmap:"), None);
+        assert_eq!(e.set_match("qemu:allocation-depth"), None);
+        assert_eq!(e.context_name(b1), "qemu:dirty-bitmap:b1");
+        assert_ne!(b0.id(), b1.id());
+        assert_ne!(b0.id(), MetaContext::AllocationDepth.id());
     }
 }

@@ -486,24 +486,23 @@ fn meta_context<S: Write + ?Sized>(
     };
     let mut found: Vec<MetaContext> = Vec::new();
     if req.queries.is_empty() && !set {
-        found.extend(MetaContext::ALL);
+        found.extend(export.contexts());
     }
     for q in &req.queries {
         let matches = if set {
-            MetaContext::set_match(q).into_iter().collect()
+            export.set_match(q).into_iter().collect()
         } else {
-            MetaContext::list_matches(q)
+            export.list_matches(q)
         };
-        for m in matches {
-            if !found.contains(&m) {
-                found.push(m);
-            }
-        }
+        found.extend(matches);
     }
+    // Each once, in the export's order (as qemu-nbd replies).
+    found.sort();
+    found.dedup();
     let mut out = Vec::new();
-    for m in &found {
+    for &m in &found {
         let id = if set { m.id() } else { 0 };
-        out.extend(OptionReply::meta_context(code, id, m.name()).encode());
+        out.extend(OptionReply::meta_context(code, id, &export.context_name(m)).encode());
     }
     out.extend(OptionReply::ack(code).encode());
     stream.write_all(&out)?;

@@ -2,6 +2,7 @@
 //! exports, over any byte stream, one thread per connection plus a bounded
 //! pool of workers per connection.
 
+pub mod bitmap;
 pub mod budget;
 pub mod export;
 pub mod handshake;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+pub use bitmap::ExportBitmap;
 pub use export::{Export, ExportSet, MAX_PAYLOAD, MetaContext};
 pub use handshake::HandshakeEnd;
 pub use stats::{Stats, StatsSnapshot};

@@ -167,10 +167,12 @@ pub fn execute(
             req_one,
         } => return block_status(conn, cookie, offset, len, req_one),
         Command::Write { offset, fua, .. } => {
+            conn.export.note_write(offset, payload_len as u64);
             dev.write_at(&buf[..payload_len], offset, WriteFlags { fua })
         }
         Command::Flush => dev.flush(),
         Command::Trim { offset, len, fua } => {
+            conn.export.note_write(offset, len);
             // A trim is a hint: a device that cannot do it has done enough.
             match dev.trim(offset, len, WriteFlags { fua }) {
                 Err(e) if e.kind() == ErrorKind::NotSupported => Ok(()),
@@ -187,15 +189,18 @@ pub fn execute(
             fua,
             may_trim,
             fast,
-        } => dev.write_zeroes(
-            offset,
-            len,
-            ZeroFlags {
-                fua,
-                may_trim,
-                fast,
-            },
-        ),
+        } => {
+            conn.export.note_write(offset, len);
+            dev.write_zeroes(
+                offset,
+                len,
+                ZeroFlags {
+                    fua,
+                    may_trim,
+                    fast,
+                },
+            )
+        }
         Command::Disconnect => Ok(()),
     };
     match result {
@@ -428,7 +433,7 @@ fn read_reply(
     Reply { parts, ok: true }
 }
 
-/// The status of an extent in a context.
+/// The status of an extent in a context the device's extents answer.
 fn status(ctx: MetaContext, e: &Extent) -> u32 {
     match ctx {
         MetaContext::BaseAllocation => {
@@ -448,6 +453,7 @@ fn status(ctx: MetaContext, e: &Extent) -> u32 {
                 0
             }
         }
+        MetaContext::DirtyBitmap(_) => unreachable!("bitmaps answer for themselves"),
     }
 }
 
@@ -455,14 +461,23 @@ fn block_status(conn: &Conn, cookie: u64, offset: u64, len: u64, req_one: bool) 
     let style = conn.style;
     let dev = conn.device.as_ref();
     let max = if req_one { 1 } else { MAX_DESCRIPTORS };
-    let extents = match collect_extents(dev, offset, len, max) {
-        Ok(e) if !e.is_empty() => e,
-        Ok(_) => vec![Extent::data(len)],
-        Err(e) => {
-            return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
-        }
-    };
     let extended = style == ReplyStyle::Extended;
+    // The device's extents, once, for the contexts they answer.
+    let from_device = conn
+        .contexts
+        .iter()
+        .any(|c| !matches!(c, MetaContext::DirtyBitmap(_)));
+    let extents = if from_device {
+        match collect_extents(dev, offset, len, max) {
+            Ok(e) if !e.is_empty() => e,
+            Ok(_) => vec![Extent::data(len)],
+            Err(e) => {
+                return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
+            }
+        }
+    } else {
+        Vec::new()
+    };
     let kind = if extended {
         REPLY_TYPE_BLOCK_STATUS_EXT
     } else {
@@ -470,17 +485,23 @@ fn block_status(conn: &Conn, cookie: u64, offset: u64, len: u64, req_one: bool) 
     };
     let mut v = Vec::new();
     for (i, &ctx) in conn.contexts.iter().enumerate() {
-        let mut descs: Vec<(u64, u32)> = Vec::new();
-        for e in &extents {
-            let s = status(ctx, e);
-            match descs.last_mut() {
-                Some(last) if last.1 == s => last.0 += e.length,
-                _ => descs.push((e.length, s)),
+        let descs = match ctx {
+            MetaContext::DirtyBitmap(b) => {
+                conn.export.bitmaps()[b].status(offset, len, max, extended)
             }
-        }
-        if req_one {
-            descs.truncate(1);
-        }
+            _ => {
+                let mut descs: Vec<(u64, u32)> = Vec::new();
+                for e in &extents {
+                    let s = status(ctx, e);
+                    match descs.last_mut() {
+                        Some(last) if last.1 == s => last.0 += e.length,
+                        _ => descs.push((e.length, s)),
+                    }
+                }
+                descs.truncate(max);
+                descs
+            }
+        };
         let payload = block_status_payload(ctx.id(), &descs, extended);
         let flags = if i + 1 == conn.contexts.len() {
             REPLY_FLAG_DONE
@@ -651,6 +672,49 @@ mod tests {
                 extents: vec![(P as u64, 0)]
             }
         );
+    }
+
+    #[test]
+    fn block_status_of_a_bitmap_follows_the_export_s_writes() {
+        use crate::server::ExportBitmap;
+        use diskit_core::bits::Bits;
+        let mem = Arc::new(MemoryDevice::new(1 << 20));
+        let mut bits = Bits::new(1 << 20, 16);
+        bits.set_range(0, 1);
+        let bitmap = Arc::new(ExportBitmap::new("b", bits, true));
+        let export = Arc::new(Export::new("", mem).with_bitmaps(vec![bitmap]));
+        let b = MetaContext::DirtyBitmap(0);
+        let c = Conn {
+            device: export.device().clone(),
+            export,
+            style: ReplyStyle::Structured,
+            contexts: vec![b],
+        };
+        let status = |c: &Conn| {
+            let cmd = Command::BlockStatus {
+                offset: 0,
+                len: 4 * P as u64,
+                req_one: false,
+            };
+            let got = chunks(&run(c, 1, 0, cmd).1);
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].0.flags, REPLY_FLAG_DONE);
+            match Chunk::parse(got[0].0.kind, &got[0].1).unwrap() {
+                Chunk::BlockStatus { context, extents } => (context, extents),
+                other => panic!("{other:?}"),
+            }
+        };
+        let p = P as u64;
+        assert_eq!(status(&c), (b.id(), vec![(p, 1), (3 * p, 0)]));
+        let zero = Command::WriteZeroes {
+            offset: 2 * P as u64 + 1,
+            len: 10,
+            fua: false,
+            may_trim: true,
+            fast: false,
+        };
+        run(&c, 2, 2 * P as u64 + 1, zero);
+        assert_eq!(status(&c), (b.id(), vec![(p, 1), (p, 0), (p, 1), (p, 0)]));
     }
 
     #[test]

@@ -309,11 +309,22 @@ fn build(
         }
     };
     let stack = device.clone();
+    // A bitmap describes the image's offsets: the export's must be the
+    // same (no filter that moves or cuts them).
+    if !opened.bitmaps.is_empty() && device.size() != opened.device.size() {
+        // Best effort: closes the filters and the image below them.
+        let _ = device.close();
+        return Err(CliError::new(
+            "bitmap: the filters change the export's size, and a dirty bitmap describes the image's bytes",
+        ));
+    }
     let mut exports = ExportSet::new();
     exports.add(
         Export::new(a.exportname.clone(), device)
             .with_read_only(a.readonly)
-            .with_description(a.description.clone().unwrap_or_default()),
+            .with_description(a.description.clone().unwrap_or_default())
+            .with_allocation_depth(opened.allocation_depth)
+            .with_bitmaps(opened.bitmaps),
     );
     let mut server = Server::new(
         exports,

@@ -5,7 +5,11 @@
 //! activation); the destination may be `null:`. Holes in the source (block
 //! status, SEEK_DATA) are skipped or sent as zero requests, zero blocks in
 //! the data are found, and requests stay in flight over several
-//! connections where the server allows multi-conn.
+//! connections where the server allows multi-conn. With `--dirty-bitmap`
+//! (see [`dirty`]) only the ranges the source's dirty bitmap marks are
+//! written, into the copy made before.
+
+mod dirty;
 
 use std::fs::OpenOptions;
 use std::io::{IsTerminal, Read, Write};
@@ -16,6 +20,7 @@ use crate::CmdResult;
 use crate::progress::{CopyProgressTo, ProgressPrinter};
 use crate::util::CliError;
 use diskit_copy::blkhash::{BlockHash, parse_spec};
+use diskit_copy::changed::{ChangedRanges, OnlyChanged};
 use diskit_copy::{CopyOptions, Progress, copy};
 use diskit_core::{BlockDevice, DeviceRef, Filtered, WriteFlags, ZeroFlags};
 use diskit_filters::noextents::Noextents;
@@ -43,6 +48,16 @@ pub struct Args {
     /// The destination reads as zeros already: zero ranges are skipped.
     #[arg(long = "destination-is-zero", visible_alias = "target-is-zero")]
     destination_is_zero: bool,
+    /// Write only the ranges the source's dirty bitmap NAME marks dirty
+    /// (its `qemu:dirty-bitmap:NAME` context, served by qemu-nbd -B NAME)
+    /// into an existing destination, which keeps the rest: an incremental
+    /// backup.
+    #[arg(
+        long = "dirty-bitmap",
+        value_name = "NAME",
+        conflicts_with_all = ["blkhash", "blkhash_file", "destination_is_zero"]
+    )]
+    dirty_bitmap: Option<String>,
     /// Flush the destination at the end.
     #[arg(long = "flush")]
     flush: bool,
@@ -427,7 +442,13 @@ pub fn run(a: Args) -> CmdResult {
     } else {
         a.connections.min(a.threads.unwrap_or(cores).max(1))
     };
-    let src = open_source(&src_side, connections)?;
+    let (src, changed) = match &a.dirty_bitmap {
+        Some(name) => {
+            let (dev, changed) = dirty::open_source(&src_side, name)?;
+            (Opened::Device(dev), Some(changed))
+        }
+        None => (open_source(&src_side, connections)?, None),
+    };
     let src_size = match &src {
         Opened::Device(d) => Some(d.size()),
         _ => None,
@@ -447,17 +468,25 @@ pub fn run(a: Args) -> CmdResult {
     // A destination file the copy makes goes again if the copy fails
     // (never one that was there before).
     let made = match &dst_side {
-        Side::Local(path) if std::fs::symlink_metadata(path).is_err() => Some(path.clone()),
+        Side::Local(path) if changed.is_none() && std::fs::symlink_metadata(path).is_err() => {
+            Some(path.clone())
+        }
         _ => None,
     };
     // So does storage of the table's that the copy makes (a new S3 object).
     let mut made_storage = None;
-    let (dst, truncated) = open_destination(&dst_side, connections, src_size, &mut made_storage)
-        .inspect_err(|_| {
+    let (dst, truncated) = if changed.is_some() {
+        (
+            Opened::Device(dirty::open_destination(&dst_side, connections)?),
+            false,
+        )
+    } else {
+        open_destination(&dst_side, connections, src_size, &mut made_storage).inspect_err(|_| {
             if let Some(p) = &made {
                 let _ = std::fs::remove_file(p);
             }
-        })?;
+        })?
+    };
     let mut remove_made = || {
         if let Some(p) = &made {
             let _ = std::fs::remove_file(p);
@@ -474,6 +503,8 @@ pub fn run(a: Args) -> CmdResult {
         target_is_zero: destination_is_zero,
         flush: a.flush,
         blkhash: blkhash.clone(),
+        // What the bitmap leaves clean, the destination holds already.
+        skip_backing: changed.is_some(),
         ..CopyOptions::default()
     };
     let progress = Arc::new(Progress::default());
@@ -491,6 +522,7 @@ pub fn run(a: Args) -> CmdResult {
             queue_size,
             base,
             &progress,
+            changed.clone(),
         )
         .and_then(|()| dst.close().map_err(nbd_err))
     };
@@ -548,6 +580,7 @@ fn copy_devices(
     queue_size: u64,
     base: CopyOptions,
     progress: &Progress,
+    changed: Option<Arc<dyn ChangedRanges>>,
 ) -> Result<(), CliError> {
     if !dst.capabilities().can_write {
         return Err(CliError::new(format!(
@@ -567,6 +600,11 @@ fn copy_devices(
         Arc::new(Filtered::new(Noextents, src))
     } else {
         src
+    };
+    // --dirty-bitmap: clean ranges read as left to the destination.
+    let src: DeviceRef = match changed {
+        Some(c) => Arc::new(Filtered::new(OnlyChanged::new(c), src)),
+        None => src,
     };
     // Requests at least the preferred size of both sides; zero blocks no
     // smaller than what the destination prefers.
