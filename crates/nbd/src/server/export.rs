@@ -1,5 +1,6 @@
 //! Exports: a named device with its description, its read-only switch, the
-//! transmission flags it earns and its request counters.
+//! metadata contexts and transmission flags it offers (from its device, or
+//! as QEMU's server advertises them) and its request counters.
 
 use std::sync::Arc;
 
@@ -12,12 +13,63 @@ use crate::proto::consts::*;
 /// device advertises (nbdkit's limit too).
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 
+/// The largest request QEMU's NBD server advertises (NBD_MAX_BUFFER_SIZE).
+const QEMU_MAX_BLOCK: u32 = 32 << 20;
+
+/// How an export advertises itself: its transmission flags and block
+/// sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Advertising {
+    /// From its device's capabilities and block sizes (nbdkit's way).
+    #[default]
+    Device,
+    /// As QEMU's NBD server does (qemu-nbd): FLUSH, FUA and CACHE always,
+    /// TRIM, WRITE_ZEROES and FAST_ZERO whenever writable (the device
+    /// takes them all: trims are advisory, zeroes fall back to writes, a
+    /// fast zero it cannot do fails with ENOTSUP), MULTI_CONN as
+    /// `multi_conn` says; block sizes of `minimum` (at least the
+    /// device's), 4 KiB preferred (at least the minimum) and 32 MiB at
+    /// most.
+    Qemu {
+        /// Whether to advertise NBD_FLAG_CAN_MULTI_CONN (qemu-nbd: when
+        /// more than one client may connect).
+        multi_conn: bool,
+        /// The minimum block size QEMU reports (1, or 512 over a raw
+        /// image whose format was probed).
+        minimum: u32,
+    },
+}
+
+/// The metadata contexts an export offers besides `base:allocation`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Contexts {
+    /// `qemu:allocation-depth` (nbdkit-style servers offer it always,
+    /// qemu-nbd with `-A`).
+    pub allocation_depth: bool,
+    /// The persistent dirty bitmaps to offer as `qemu:dirty-bitmap:NAME`
+    /// (qemu-nbd's `-B NAME`), in the order given. Contexts for them are
+    /// not served yet: the qemu-nbd command refuses `-B` before an export
+    /// is made.
+    pub bitmaps: Vec<String>,
+}
+
+impl Default for Contexts {
+    fn default() -> Self {
+        Contexts {
+            allocation_depth: true,
+            bitmaps: Vec::new(),
+        }
+    }
+}
+
 /// One export: what a client reaches by name.
 pub struct Export {
     name: String,
     description: String,
     device: DeviceRef,
     read_only: bool,
+    advertising: Advertising,
+    contexts: Contexts,
     stats: Stats,
 }
 
@@ -29,8 +81,33 @@ impl Export {
             description: String::new(),
             device,
             read_only: false,
+            advertising: Advertising::default(),
+            contexts: Contexts::default(),
             stats: Stats::default(),
         }
+    }
+
+    /// Sets how the export advertises itself.
+    pub fn with_advertising(mut self, advertising: Advertising) -> Export {
+        self.advertising = advertising;
+        self
+    }
+
+    /// Sets the metadata contexts offered besides `base:allocation`.
+    pub fn with_contexts(mut self, contexts: Contexts) -> Export {
+        self.contexts = contexts;
+        self
+    }
+
+    /// The metadata contexts the export offers, `base:allocation` first.
+    pub fn meta_contexts(&self) -> Vec<MetaContext> {
+        MetaContext::ALL
+            .into_iter()
+            .filter(|c| match c {
+                MetaContext::BaseAllocation => true,
+                MetaContext::AllocationDepth => self.contexts.allocation_depth,
+            })
+            .collect()
     }
 
     /// Sets the description shown by LIST and INFO.
@@ -90,6 +167,14 @@ impl Export {
     pub fn block_size(&self) -> BlockSizeLimits {
         let b = self.device.block_size();
         let minimum = b.minimum.clamp(1, 64 * 1024).next_power_of_two();
+        if let Advertising::Qemu { minimum: qemu, .. } = self.advertising {
+            let minimum = minimum.max(qemu.clamp(1, 64 * 1024).next_power_of_two());
+            return BlockSizeLimits {
+                minimum,
+                preferred: minimum.max(4096),
+                maximum: QEMU_MAX_BLOCK.max(minimum),
+            };
+        }
         let preferred = b
             .preferred
             .clamp(minimum.max(512), 32 << 20)
@@ -123,6 +208,15 @@ impl Export {
                 f |= flag;
             }
         };
+        if let Advertising::Qemu { multi_conn, .. } = self.advertising {
+            set(true, TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE);
+            set(!c.can_write, TFLAG_READ_ONLY);
+            let writes = TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+            set(c.can_write, writes);
+            set(multi_conn, TFLAG_CAN_MULTI_CONN);
+            set(structured, TFLAG_SEND_DF);
+            return f;
+        }
         set(!c.can_write, TFLAG_READ_ONLY);
         // Every writable export takes FLUSH, a no-op where nothing is
         // volatile (nbdkit's memory plugin advertises it too; clients that
@@ -210,11 +304,13 @@ impl MetaContext {
         }
     }
 
-    /// The contexts a LIST_META_CONTEXT query names: an exact name, or a
-    /// namespace wildcard ("base:", "qemu:"). Unknown names match nothing.
-    pub fn list_matches(query: &str) -> Vec<MetaContext> {
-        Self::ALL
-            .into_iter()
+    /// The contexts of `offered` a LIST_META_CONTEXT query names: an
+    /// exact name, or a namespace wildcard ("base:", "qemu:"). Unknown
+    /// names match nothing.
+    pub fn list_matches(query: &str, offered: &[MetaContext]) -> Vec<MetaContext> {
+        offered
+            .iter()
+            .copied()
             .filter(|c| {
                 let name = c.name();
                 query == name || (query.ends_with(':') && name.starts_with(query))
@@ -222,9 +318,10 @@ impl MetaContext {
             .collect()
     }
 
-    /// The context a SET_META_CONTEXT query selects: exact names only.
-    pub fn set_match(query: &str) -> Option<MetaContext> {
-        Self::ALL.into_iter().find(|c| c.name() == query)
+    /// The context of `offered` a SET_META_CONTEXT query selects: exact
+    /// names only.
+    pub fn set_match(query: &str, offered: &[MetaContext]) -> Option<MetaContext> {
+        offered.iter().copied().find(|c| c.name() == query)
     }
 }
 
@@ -252,6 +349,33 @@ mod tests {
         );
         let pat = Export::new("p", Arc::new(PatternDevice::new(1 << 20)));
         assert_ne!(pat.transmission_flags(false) & TFLAG_READ_ONLY, 0);
+    }
+
+    #[test]
+    fn qemu_advertising_is_qemus_flag_set_and_block_sizes() {
+        let qemu = |multi_conn, minimum| Advertising::Qemu {
+            multi_conn,
+            minimum,
+        };
+        let ro = Export::new("r", Arc::new(PatternDevice::new(1 << 20)))
+            .with_advertising(qemu(false, 1));
+        let always = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE;
+        assert_eq!(
+            ro.transmission_flags(true),
+            always | TFLAG_READ_ONLY | TFLAG_SEND_DF
+        );
+        let rw = Export::new("w", Arc::new(MemoryDevice::new(1 << 20)))
+            .with_advertising(qemu(true, 512));
+        let writes = TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+        assert_eq!(
+            rw.transmission_flags(false),
+            always | writes | TFLAG_CAN_MULTI_CONN
+        );
+        let b = rw.block_size();
+        assert_eq!((b.minimum, b.preferred, b.maximum), (512, 4096, 32 << 20));
+        let b = ro.block_size();
+        assert_eq!((b.minimum, b.preferred, b.maximum), (1, 4096, 32 << 20));
+        assert_eq!(ro.max_payload(), 32 << 20);
     }
 
     /// Hides write-zeroes and accepts requests of any size, as nbdkit's
@@ -304,12 +428,24 @@ mod tests {
         assert_eq!(set.find("").unwrap().name(), "a");
         assert_eq!(set.find("b").unwrap().name(), "b");
         assert!(set.find("c").is_none());
+        let all = MetaContext::ALL;
         assert_eq!(
-            MetaContext::list_matches("qemu:"),
+            MetaContext::list_matches("qemu:", &all),
             vec![MetaContext::AllocationDepth]
         );
-        assert_eq!(MetaContext::list_matches("base:allocation").len(), 1);
-        assert!(MetaContext::list_matches("qemu:dirty-bitmap:x").is_empty());
-        assert_eq!(MetaContext::set_match("base:"), None);
+        assert_eq!(MetaContext::list_matches("base:allocation", &all).len(), 1);
+        assert!(MetaContext::list_matches("qemu:dirty-bitmap:x", &all).is_empty());
+        assert_eq!(MetaContext::set_match("base:", &all), None);
+        let plain = Export::new("p", Arc::new(MemoryDevice::new(512))).with_contexts(Contexts {
+            allocation_depth: false,
+            bitmaps: Vec::new(),
+        });
+        let offered = plain.meta_contexts();
+        assert_eq!(offered, vec![MetaContext::BaseAllocation]);
+        assert!(MetaContext::list_matches("qemu:", &offered).is_empty());
+        assert_eq!(
+            MetaContext::set_match("qemu:allocation-depth", &offered),
+            None
+        );
     }
 }

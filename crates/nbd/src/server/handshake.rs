@@ -484,15 +484,16 @@ fn meta_context<S: Write + ?Sized>(
             error(REP_ERR_UNKNOWN, format!("unknown export '{}'", req.export)),
         );
     };
+    let offered = export.meta_contexts();
     let mut found: Vec<MetaContext> = Vec::new();
     if req.queries.is_empty() && !set {
-        found.extend(MetaContext::ALL);
+        found.extend(&offered);
     }
     for q in &req.queries {
         let matches = if set {
-            MetaContext::set_match(q).into_iter().collect()
+            MetaContext::set_match(q, &offered).into_iter().collect()
         } else {
-            MetaContext::list_matches(q)
+            MetaContext::list_matches(q, &offered)
         };
         for m in matches {
             if !found.contains(&m) {
