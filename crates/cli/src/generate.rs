@@ -2,7 +2,7 @@
 //! definitions for every name diskit answers to.
 //!
 //! `diskit --generate=man DIR` writes `diskit.1`, `diskit-SUBCOMMAND.1`,
-//! `qemu-img.1`, `qemu-img-SUBCOMMAND.1`, `nbdkit.1`, `nbdcopy.1` and
+//! `qemu-img.1`, `qemu-img-SUBCOMMAND.1`, `qemu-nbd.1`, `nbdkit.1`, `nbdcopy.1` and
 //! `nbdinfo.1`; `diskit --generate=completions DIR` writes bash, zsh and
 //! fish completions for each name (`DIR/bash/NAME`, `DIR/zsh/_NAME`,
 //! `DIR/fish/NAME.fish`). Hidden (scripts/install runs it): the first

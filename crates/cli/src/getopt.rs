@@ -84,6 +84,7 @@ fn is_option(w: &str) -> bool {
 pub fn permute(cmd: &clap::Command, args: &[OsString], brackets: bool) -> Vec<OsString> {
     let mut options = Vec::new();
     let mut positionals = Vec::new();
+    let mut dangling = None;
     let mut i = 0;
     while i < args.len() {
         let word = &args[i];
@@ -106,17 +107,31 @@ pub fn permute(cmd: &clap::Command, args: &[OsString], brackets: bool) -> Vec<Os
             continue;
         }
         if is_option(w) {
-            let n = option_words(cmd, w).min(args.len() - i);
-            options.extend(args[i..i + n].iter().cloned());
-            i += n;
+            let want = option_words(cmd, w);
+            if i + want > args.len() {
+                // The last word wants a value that is not there: it stays
+                // last, so that clap reports the missing value as getopt
+                // does (after a `--` it would take that as its value).
+                dangling = Some(word.clone());
+                break;
+            }
+            options.extend(args[i..i + want].iter().cloned());
+            i += want;
         } else {
             positionals.push(word.clone());
             i += 1;
         }
     }
-    if !positionals.is_empty() {
-        options.push("--".into());
-        options.extend(positionals);
+    match dangling {
+        Some(last) => {
+            options.extend(positionals);
+            options.push(last);
+        }
+        None if !positionals.is_empty() => {
+            options.push("--".into());
+            options.extend(positionals);
+        }
+        None => {}
     }
     options
 }
@@ -139,6 +154,11 @@ pub fn options(cmd: &clap::Command, args: &[OsString], brackets: bool) -> Vec<Fo
     let mut i = 0;
     while i < words.len() {
         let w = &words[i];
+        if !is_option(w) {
+            // A positional word before an option left without its value.
+            i += 1;
+            continue;
+        }
         let n = option_words(cmd, w);
         let next = (n == 2).then(|| words.get(i + 1).cloned()).flatten();
         if let Some(long) = w.strip_prefix("--") {
@@ -274,6 +294,7 @@ mod tests {
             ]
         );
         assert_eq!(run(&["--flush"], false), ["--flush"]);
+        assert_eq!(run(&["a", "--requests"], false), ["a", "--requests"]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Subcommands, options, human and JSON output and exit codes follow
 //! qemu-img, so scripts written for qemu-img work with diskit. Run under
-//! the name `qemu-img`, `nbdkit`, `nbdcopy` or `nbdinfo` (a link), it
+//! the name `qemu-img`, `qemu-nbd`, `nbdkit`, `nbdcopy` or `nbdinfo` (a link), it
 //! takes that tool's command line (see [`names`]).
 
 mod cmd;
@@ -69,6 +69,8 @@ enum Command {
     Snapshot(cmd::snapshot::Args),
     /// Serve a device or image over NBD (nbdkit-style command line).
     Serve(cmd::serve::Args),
+    /// Serve an image over NBD with qemu-nbd's command line.
+    QemuNbd(Box<cmd::qemu_nbd::Args>),
     /// Show what an NBD server exports (libnbd's nbdinfo).
     Nbdinfo(cmd::nbdinfo::Args),
     /// Copy between files, devices, pipes and NBD servers (libnbd's nbdcopy).
@@ -87,7 +89,7 @@ enum Command {
 pub type CmdResult = Result<u8, util::CliError>;
 
 /// diskit's subcommands that are not qemu-img's.
-const NOT_QEMU_IMG: [&str; 4] = ["serve", "nbdinfo", "copy", "checksum"];
+const NOT_QEMU_IMG: [&str; 5] = ["serve", "qemu-nbd", "nbdinfo", "copy", "checksum"];
 
 /// The command line of `tool` when it has subcommands (diskit, qemu-img):
 /// getopt's conventions on top of the derived one (a repeated option
@@ -110,8 +112,8 @@ pub fn multi_command(tool: Tool) -> clap::Command {
     c
 }
 
-/// The command line of a single-command name (`nbdkit`, `nbdcopy`,
-/// `nbdinfo`) running diskit's subcommand `sub`.
+/// The command line of a single-command name (`qemu-nbd`, `nbdkit`,
+/// `nbdcopy`, `nbdinfo`) running diskit's subcommand `sub`.
 pub fn single_command(tool: Tool, sub: &str) -> clap::Command {
     let base = clap::Command::new(tool.name())
         .version(tool.version())
@@ -120,6 +122,8 @@ pub fn single_command(tool: Tool, sub: &str) -> clap::Command {
     match sub {
         "serve" => cmd::serve::command(cmd::serve::Args::augment_args(base))
             .about("An NBD server with nbdkit's command line, run by diskit"),
+        "qemu-nbd" => cmd::qemu_nbd::Args::augment_args(base)
+            .about("An NBD server with qemu-nbd's command line, run by diskit"),
         "copy" => cmd::copy::Args::augment_args(base)
             .about("Copy to and from an NBD server (nbdcopy's command line), run by diskit"),
         _ => cmd::nbdinfo::Args::augment_args(base)
@@ -133,8 +137,9 @@ pub fn single_command(tool: Tool, sub: &str) -> clap::Command {
 fn reorder(cmd: &clap::Command, sub: &str, args: &[OsString]) -> Vec<OsString> {
     match sub {
         "copy" | "nbdinfo" => getopt::permute(cmd, args, true),
-        // qemu-img 10's dd takes its options after the operands too.
-        "dd" => getopt::permute(cmd, args, false),
+        // qemu-img 10's dd and qemu-nbd take their options after the
+        // operands too.
+        "dd" | "qemu-nbd" => getopt::permute(cmd, args, false),
         _ => args.to_vec(),
     }
 }
@@ -190,6 +195,13 @@ fn introspect(sub: &str, cmd: &clap::Command, args: &[OsString], as_name: bool) 
     if sub == "serve" {
         return cmd::serve::introspect::handle(cmd, args, as_name).map(finish);
     }
+    if sub == "qemu-nbd" {
+        // clap answers --help; --version is qemu-nbd's line under either name.
+        let found = getopt::options(cmd, args, false);
+        found.iter().find(|(n, _)| n == "--version" || n == "-V")?;
+        println!("qemu-nbd {}", Tool::QemuNbd.version());
+        return Some(0);
+    }
     let tool = match sub {
         "copy" => Tool::Nbdcopy,
         "nbdinfo" => Tool::Nbdinfo,
@@ -210,8 +222,8 @@ fn introspect(sub: &str, cmd: &clap::Command, args: &[OsString], as_name: bool) 
     Some(0)
 }
 
-/// Runs `nbdkit`, `nbdcopy` or `nbdinfo`: diskit's subcommand `sub` with
-/// the words after the program name.
+/// Runs `qemu-nbd`, `nbdkit`, `nbdcopy` or `nbdinfo`: diskit's subcommand
+/// `sub` with the words after the program name.
 fn run_single(tool: Tool, sub: &str, args: &[OsString]) -> u8 {
     let cmd = single_command(tool, sub);
     if let Some(code) = introspect(sub, &cmd, args, true) {
@@ -220,6 +232,12 @@ fn run_single(tool: Tool, sub: &str, args: &[OsString]) -> u8 {
     let words = std::iter::once(OsString::from(tool.name()))
         .chain(reorder(&cmd, sub, args))
         .collect::<Vec<_>>();
+    // qemu-nbd's options in order, for its in-order checks.
+    let given = if sub == "qemu-nbd" {
+        getopt::options(&cmd, args, false)
+    } else {
+        Vec::new()
+    };
     let matches = match cmd.try_get_matches_from(words) {
         Ok(m) => m,
         Err(e) => return parse_failed(&e, Some(sub)),
@@ -228,6 +246,9 @@ fn run_single(tool: Tool, sub: &str, args: &[OsString]) -> u8 {
         // nbdkit has no --untrusted or --image-opts: the default policy.
         "serve" => cmd::serve::Args::from_arg_matches(&matches)
             .map(|a| cmd::serve::run(a, util::OpenPolicy::default())),
+        // qemu-nbd has no --untrusted either.
+        "qemu-nbd" => cmd::qemu_nbd::Args::from_arg_matches(&matches)
+            .map(|a| cmd::qemu_nbd::run(a, &given, util::OpenPolicy::default())),
         "copy" => cmd::copy::Args::from_arg_matches(&matches).map(cmd::copy::run),
         _ => cmd::nbdinfo::Args::from_arg_matches(&matches).map(cmd::nbdinfo::run),
     };
@@ -267,6 +288,8 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
     // The subcommand usage errors name, when it is one.
     let named = sub.clone().filter(|s| cmd.find_subcommand(s).is_some());
     let mut words = argv.to_vec();
+    // qemu-nbd's options in order, for its in-order checks.
+    let mut given = Vec::new();
     if let (Some(i), Some(s)) = (index, sub.as_deref()) {
         if tool == Tool::QemuImg && NOT_QEMU_IMG.contains(&s) {
             eprintln!("{}: Command not found: {s}", tool.name());
@@ -280,6 +303,9 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
             }
             words.truncate(i + 1);
             words.extend(reorder(sc, s, rest));
+            if s == "qemu-nbd" {
+                given = getopt::options(sc, rest, false);
+            }
         }
     }
     let matches = match cmd.try_get_matches_from(words) {
@@ -294,7 +320,13 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
         Ok(c) => c,
         Err(e) => return parse_failed(&e, named.as_deref()),
     };
-    for def in &cli.object {
+    // qemu-nbd defines its --object options itself, in order among its
+    // other options.
+    let objects = match cli.command {
+        Command::QemuNbd(_) => &[][..],
+        _ => &cli.object[..],
+    };
+    for def in objects {
         if let Err(e) = diskit_open::define_object(def) {
             names::print_error(&e.to_string());
             return 1;
@@ -319,6 +351,7 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
         Command::Commit(a) => cmd::commit::run(a, policy),
         Command::Rebase(a) => cmd::rebase::run(a, policy),
         Command::Serve(a) => cmd::serve::run(a, policy),
+        Command::QemuNbd(a) => cmd::qemu_nbd::run(*a, &given, policy),
         Command::Nbdinfo(a) => cmd::nbdinfo::run(a),
         Command::Copy(a) => cmd::copy::run(a),
         Command::Dd(a) => cmd::dd::run(a, policy),
@@ -336,7 +369,7 @@ fn image_opts_with_format(m: &clap::ArgMatches) -> Option<u8> {
     let (name, sub) = m.subcommand()?;
     if matches!(
         name,
-        "resize" | "dd" | "create" | "serve" | "copy" | "nbdinfo"
+        "resize" | "dd" | "create" | "serve" | "qemu-nbd" | "copy" | "nbdinfo"
     ) {
         return None;
     }

@@ -1,5 +1,5 @@
 //! The names diskit answers to: `diskit`, and, through a link named so,
-//! `qemu-img`, `nbdkit`, `nbdcopy` and `nbdinfo`, each taking that tool's
+//! `qemu-img`, `qemu-nbd`, `nbdkit`, `nbdcopy` and `nbdinfo`, each taking that tool's
 //! command line and printing its messages under that tool's name.
 //!
 //! The name is argv\[0\]'s file name, read once at start-up; the
@@ -9,7 +9,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::OnceLock;
 
-/// The version of QEMU whose qemu-img diskit's subcommands reproduce.
+/// The version of QEMU whose qemu-img and qemu-nbd diskit reproduces.
 pub const QEMU_VERSION: &str = "10.0.2";
 /// The version of nbdkit whose command line `serve` reproduces.
 pub const NBDKIT_VERSION: &str = "1.32.5";
@@ -25,6 +25,8 @@ pub enum Tool {
     Diskit,
     /// `qemu-img SUBCOMMAND ...`: the subcommands that are qemu-img's.
     QemuImg,
+    /// `qemu-nbd [OPTIONS] FILE`: `diskit qemu-nbd`.
+    QemuNbd,
     /// `nbdkit [OPTIONS] PLUGIN [ARGS]`: `diskit serve`.
     Nbdkit,
     /// `nbdcopy SOURCE DESTINATION`: `diskit copy`.
@@ -35,9 +37,10 @@ pub enum Tool {
 
 impl Tool {
     /// Every name, diskit's first.
-    pub const ALL: [Tool; 5] = [
+    pub const ALL: [Tool; 6] = [
         Tool::Diskit,
         Tool::QemuImg,
+        Tool::QemuNbd,
         Tool::Nbdkit,
         Tool::Nbdcopy,
         Tool::Nbdinfo,
@@ -61,6 +64,7 @@ impl Tool {
         match self {
             Tool::Diskit => "diskit",
             Tool::QemuImg => "qemu-img",
+            Tool::QemuNbd => "qemu-nbd",
             Tool::Nbdkit => "nbdkit",
             Tool::Nbdcopy => "nbdcopy",
             Tool::Nbdinfo => "nbdinfo",
@@ -70,6 +74,7 @@ impl Tool {
     /// The diskit subcommand a single-command name runs.
     pub fn subcommand(self) -> Option<&'static str> {
         match self {
+            Tool::QemuNbd => Some("qemu-nbd"),
             Tool::Nbdkit => Some("serve"),
             Tool::Nbdcopy => Some("copy"),
             Tool::Nbdinfo => Some("nbdinfo"),
@@ -80,12 +85,14 @@ impl Tool {
     /// What `--version` prints after the program name: the upstream
     /// version whose behaviour diskit reproduces, and diskit's own
     /// (`qemu-img version 10.0.2 (diskit 0.1.0)`, as Cinder parses it;
-    /// libnbd's tools print a second line naming the library).
+    /// `qemu-nbd 10.0.2 (diskit 0.1.0)`, qemu-nbd's first line; libnbd's
+    /// tools print a second line naming the library).
     pub fn version(self) -> String {
         let ours = format!("(diskit {DISKIT_VERSION})");
         match self {
             Tool::Diskit => DISKIT_VERSION.to_string(),
             Tool::QemuImg => format!("version {QEMU_VERSION} {ours}"),
+            Tool::QemuNbd => format!("{QEMU_VERSION} {ours}"),
             Tool::Nbdkit => format!("{NBDKIT_VERSION} {ours}"),
             Tool::Nbdcopy | Tool::Nbdinfo => {
                 format!("{LIBNBD_VERSION} {ours}\nlibnbd {LIBNBD_VERSION} {ours}")
@@ -118,6 +125,8 @@ pub fn hint(sub: Option<&str>) -> String {
         (Tool::Nbdkit, _) => {
             "Use 'nbdkit --help' or read the nbdkit(1) manual page for documentation.".to_string()
         }
+        // getopt's complaint is followed by this, prefixed as a message.
+        (Tool::QemuNbd, _) => "qemu-nbd: Try `qemu-nbd --help' for more information.".to_string(),
         (Tool::Nbdcopy | Tool::Nbdinfo, _) | (_, None) => {
             format!("Try '{} --help' for more info", prog())
         }
@@ -174,6 +183,7 @@ mod tests {
     fn the_file_name_of_argv0_picks_the_tool() {
         let t = |s: &str| Tool::from_argv0(Some(OsStr::new(s)));
         assert_eq!(t("/usr/local/bin/qemu-img"), Tool::QemuImg);
+        assert_eq!(t("qemu-nbd"), Tool::QemuNbd);
         assert_eq!(t("nbdkit"), Tool::Nbdkit);
         assert_eq!(t("./nbdcopy"), Tool::Nbdcopy);
         assert_eq!(t("/x/nbdinfo"), Tool::Nbdinfo);
@@ -195,6 +205,7 @@ mod tests {
     #[test]
     fn version_lines_match_what_callers_parse() {
         assert!(Tool::QemuImg.version().starts_with("version 10."));
+        assert!(Tool::QemuNbd.version().starts_with("10."));
         assert!(Tool::Nbdkit.version().starts_with("1."));
         assert!(Tool::Nbdinfo.version().contains("\nlibnbd 1."));
     }

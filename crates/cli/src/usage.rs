@@ -94,7 +94,11 @@ pub fn word(e: &clap::Error, sub: Option<&str>) -> UsageError {
         ErrorKind::UnknownArgument => {
             let name = context_strings(e, ContextKind::InvalidArg);
             let name = name.first().map(String::as_str).unwrap_or("?");
-            if name.starts_with('-') {
+            let short = name.strip_prefix('-').filter(|c| c.chars().count() == 1);
+            if let Some(c) = short.filter(|c| *c != "-") {
+                // getopt's words for a short option.
+                format!("invalid option -- '{c}'")
+            } else if name.starts_with('-') {
                 format!("unrecognized option '{name}'")
             } else {
                 format!("unexpected argument '{name}'")
@@ -125,7 +129,8 @@ pub fn word(e: &clap::Error, sub: Option<&str>) -> UsageError {
             first.strip_prefix("error: ").unwrap_or(first).to_string()
         }
     };
-    let getopt = e.kind() == ErrorKind::UnknownArgument && message.starts_with("unrecognized");
+    let getopt = e.kind() == ErrorKind::UnknownArgument
+        && (message.starts_with("unrecognized") || message.starts_with("invalid option"));
     UsageError {
         message,
         subcommand: sub.map(str::to_string),

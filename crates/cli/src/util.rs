@@ -258,6 +258,17 @@ impl OpenPolicy {
     }
 }
 
+/// QEMU's warning when an image's format was probed as raw (qemu-img's
+/// writing commands and qemu-nbd print it).
+pub fn warn_probed_raw(path: &Path) {
+    eprintln!(
+        "WARNING: Image format was not specified for '{}' and probing guessed raw.\n         \
+         Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n         \
+         Specify the 'raw' format explicitly to remove the restrictions.",
+        path.display()
+    );
+}
+
 /// An image name given on the command line as text (names are paths,
 /// URIs or `json:` descriptions, which the opener reads as UTF-8).
 pub fn name_of(path: &Path) -> Result<&str, CliError> {

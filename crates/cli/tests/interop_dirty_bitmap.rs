@@ -35,6 +35,22 @@ fn qemu_nbd(dir: &Path, tag: &str, img: &Path, args: &[&str]) -> Server {
     }
 }
 
+/// diskit under qemu-nbd's command line (`diskit qemu-nbd -t -k SOCK
+/// -f qcow2 ARGS IMG`).
+fn diskit_qemu_nbd(dir: &Path, tag: &str, img: &Path, args: &[&str]) -> Server {
+    let sock = dir.join(format!("{tag}.sock"));
+    let _ = std::fs::remove_file(&sock);
+    let mut all = vec!["qemu-nbd", "-t", "-k", s(&sock), "-f", "qcow2"];
+    all.extend_from_slice(args);
+    all.push(s(img));
+    let bin = diskit_bin();
+    let guard = start_server(s(&bin), &all, || sock.exists());
+    Server {
+        uri: format!("nbd+unix:///?socket={}", s(&sock)),
+        _guard: Box::new(guard),
+    }
+}
+
 /// `diskit serve` of `img` with the image plugin's `keys` (such as
 /// `bitmap=b0`) and serve's `opts` (such as `-r`).
 fn diskit_serve(dir: &Path, tag: &str, img: &Path, opts: &[&str], keys: &[&str]) -> Server {
@@ -145,12 +161,22 @@ fn backup_cycle_through_qemu_nbd_and_diskit() {
 
     let theirs = qemu_nbd(d, "q", &src, &["-r", "-B", "b0"]);
     let ours = diskit_serve(d, "d", &src, &["-r"], &["bitmap=b0"]);
+    let ours_as_qemu_nbd = diskit_qemu_nbd(d, "dq", &src, &["-r", "-B", "b0"]);
     let ctx = "qemu:dirty-bitmap:b0";
     let want = map(&theirs.uri, ctx);
     assert_eq!(map(&ours.uri, ctx), want, "the same extents as qemu-nbd");
+    assert_eq!(
+        map(&ours_as_qemu_nbd.uri, ctx),
+        want,
+        "diskit as qemu-nbd: the same extents"
+    );
     assert_eq!(dirty(&want), DIRTY, "qemu-nbd marks what qemu-io wrote");
 
-    for (tag, server) in [("qemu-nbd", &theirs), ("diskit", &ours)] {
+    for (tag, server) in [
+        ("qemu-nbd", &theirs),
+        ("diskit", &ours),
+        ("diskit-qemu-nbd", &ours_as_qemu_nbd),
+    ] {
         let dst = d.join(format!("backup-{tag}.raw"));
         std::fs::copy(&full, &dst).unwrap();
         // Bytes in a clean range that the incremental copy must not touch.
@@ -187,8 +213,10 @@ fn inconsistent(dir: &Path, src: &Path) -> PathBuf {
     img
 }
 
-/// Runs qemu-nbd and diskit serve over `img` with the bitmap `name`, both
-/// expected to refuse before serving: their exit codes and messages.
+/// Runs qemu-nbd, diskit serve and diskit as qemu-nbd over `img` with
+/// the bitmap `name`, all expected to refuse before serving: qemu-nbd's
+/// and diskit serve's exit codes and messages (diskit as qemu-nbd must
+/// say what qemu-nbd says).
 fn both_refuse(dir: &Path, img: &Path, name: &str) -> [(i32, String); 2] {
     // qemu-nbd leaves its socket behind: each its own.
     let sock = dir.join("refused-qemu.sock");
@@ -200,12 +228,29 @@ fn both_refuse(dir: &Path, img: &Path, name: &str) -> [(i32, String); 2] {
     let sock = dir.join("refused-diskit.sock");
     let ours = diskit_timed(&["serve", "-f", "-r", "-U", s(&sock), "image", s(img), &key]);
     assert!(!sock.exists(), "diskit serve removes its socket");
-    [theirs, ours].map(|o| {
+    let sock = dir.join("refused-diskit-qemu-nbd.sock");
+    let as_qemu_nbd = diskit_timed(&[
+        "qemu-nbd",
+        "-r",
+        "-k",
+        s(&sock),
+        "-f",
+        "qcow2",
+        "-B",
+        name,
+        s(img),
+    ]);
+    let [theirs, ours, as_qemu_nbd] = [theirs, ours, as_qemu_nbd].map(|o| {
         let text = stderr(&o)
             .replacen("qemu-nbd: ", "", 1)
             .replacen("diskit: ", "", 1);
         (code(&o), text)
-    })
+    });
+    assert_eq!(
+        as_qemu_nbd, theirs,
+        "diskit as qemu-nbd refuses as qemu-nbd"
+    );
+    [theirs, ours]
 }
 
 #[test]

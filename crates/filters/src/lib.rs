@@ -25,6 +25,11 @@
 //! | [`error`] | `error=`, `error-rate=`, `error-file=`, `error-OP-*=` | fails requests at random |
 //! | [`blocksize`] | `minblock=`, `maxdata=`, `maxlen=` | aligns and splits requests |
 //!
+//! [`unmap`] is QEMU's, not nbdkit's: the `discard=` and `detect-zeroes=`
+//! policy of a block node, stacked by commands that take QEMU's options
+//! (qemu-nbd's `--discard`, `--detect-zeroes`); it has no row in
+//! [`FILTERS`].
+//!
 //! The registry ([`FILTERS`], [`FilterSpec`]) turns a filter's name and its
 //! `key=value` parameters, as nbdkit's command line gives them, into a
 //! checked configuration; [`stack`] puts a list of them over a device, the
@@ -69,6 +74,7 @@ mod submit_tests;
 #[cfg(test)]
 mod testing;
 pub mod truncate;
+pub mod unmap;
 mod watch;
 
 pub use registry::{Configure, FilterInfo, FilterSpec, Params, info, stack, unknown};

@@ -71,6 +71,10 @@ pub struct OpenOptions {
     pub l2_cache_size: Option<u64>,
     /// Read this internal snapshot (qcow2 only; id or name).
     pub snapshot: Option<String>,
+    /// Open the image read-only under a new temporary qcow2 overlay that
+    /// takes the writes and is gone once closed (QEMU's `snapshot=on`,
+    /// qemu-nbd's `-s`); the opener's entry points honour it.
+    pub temporary_overlay: bool,
     /// How many layers of the backing chain below the image are opened
     /// writable too (with `writable`): commit writes into its base.
     pub writable_backing_depth: usize,

@@ -20,6 +20,7 @@ pub mod gate;
 pub mod local;
 mod nbd_plugin;
 pub mod objects;
+mod overlay;
 pub mod plugin;
 pub mod protocol;
 mod rbd;
@@ -56,18 +57,32 @@ use spec::{Spec, Value};
 pub const MAX_CHAIN_DEPTH: usize = 256;
 
 /// Opens the image called `name` (a path, a protocol URI or `json:{...}`)
-/// with `format`, or the probed format.
+/// with `format`, or the probed format; with
+/// [`OpenOptions::temporary_overlay`], under a temporary qcow2 overlay.
 pub fn open_image(name: &str, format: Option<Format>, opts: OpenOptions) -> Result<Image> {
     let spec = name_spec(name, format)?;
-    Chain::new(&opts).open(&spec, name, &opts)
+    open_spec(&spec, name, opts)
 }
 
 /// Opens the image described by qemu-img's `--image-opts` text
-/// (`driver=qcow2,file.filename=...`).
+/// (`driver=qcow2,file.filename=...`), under a temporary overlay as
+/// [`open_image`] opens one.
 pub fn open_image_opts(text: &str, opts: OpenOptions) -> Result<Image> {
     let spec = spec::parse_image_opts(text)?;
     let display = display_name(&spec).unwrap_or_else(|| text.to_string());
-    Chain::new(&opts).open(&spec, &display, &opts)
+    open_spec(&spec, &display, opts)
+}
+
+/// Opens the image `spec` describes, shown as `display`.
+fn open_spec(spec: &Spec, display: &str, opts: OpenOptions) -> Result<Image> {
+    if opts.temporary_overlay {
+        let opts = OpenOptions {
+            temporary_overlay: false,
+            ..opts
+        };
+        return overlay::open(spec, display, &opts);
+    }
+    Chain::new(&opts).open(spec, display, &opts)
 }
 
 /// Opens the storage called `name` (a path or a protocol URI) with no

@@ -374,7 +374,7 @@ fn open_nbd(node: &Spec, mode: StorageOptions) -> Result<StorageRef> {
 /// tls-creds-x509|tls-creds-psk,...`), as QEMU's nbd driver uses it: the
 /// certificates or keys in its directory, the peer checked as it says,
 /// the name checked `tls-hostname` (by default the TCP host).
-fn with_tls_creds(
+pub fn with_tls_creds(
     uri: &mut diskit_nbd::client::uri::NbdUri,
     id: &str,
     hostname: Option<&str>,

@@ -68,6 +68,14 @@ impl Spec {
         }
     }
 
+    /// Sets every key of `child` under `prefix.` (a node given whole as
+    /// this node's child: `backing`, `file`).
+    pub fn nest(&mut self, prefix: &str, child: &Spec) {
+        for (k, v) in &child.keys {
+            self.keys.insert(format!("{prefix}.{k}"), v.clone());
+        }
+    }
+
     /// Whether no key is set.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()

@@ -2,7 +2,7 @@
 //! writes into the image whatever would read differently through the new
 //! backing file; `-u` only changes the name in the header.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::CmdResult;
@@ -77,7 +77,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
         },
     )?;
     if format.is_none() && img.format == Format::RAW {
-        warn_probed_raw(&a.filename);
+        crate::util::warn_probed_raw(&a.filename);
     }
     let new_format = match &a.backing_format {
         Some(f) => Some(
@@ -169,14 +169,4 @@ fn open_new_backing(
     )
     .map_err(|e| CliError::new(format!("Could not open new backing file '{name}': {e}")))?;
     Ok(below.device.clone())
-}
-
-/// qemu-img's warning when the image format was probed as raw.
-fn warn_probed_raw(path: &Path) {
-    eprintln!(
-        "WARNING: Image format was not specified for '{}' and probing guessed raw.\n         \
-         Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n         \
-         Specify the 'raw' format explicitly to remove the restrictions.",
-        path.display()
-    );
 }

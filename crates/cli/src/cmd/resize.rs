@@ -55,12 +55,7 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
         },
     )?;
     if format.is_none() && img.format == Format::RAW {
-        eprintln!(
-            "WARNING: Image format was not specified for '{}' and probing guessed raw.\n         \
-             Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n         \
-             Specify the 'raw' format explicitly to remove the restrictions.",
-            a.filename.display()
-        );
+        crate::util::warn_probed_raw(&a.filename);
     }
     // Relative sizes count from the size the guest sees (whole sectors).
     let current = img.virtual_size();

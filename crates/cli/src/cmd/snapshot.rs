@@ -123,12 +123,7 @@ fn modify(
             1
         };
         for _ in 0..times {
-            eprintln!(
-                "WARNING: Image format was not specified for '{}' and probing guessed raw.\n         \
-                 Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n         \
-                 Specify the 'raw' format explicitly to remove the restrictions.",
-                path.display()
-            );
+            crate::util::warn_probed_raw(path);
         }
     }
     let ops = &img.ops;

@@ -355,13 +355,48 @@ pub fn abort<S: Read + Write>(s: &mut S) {
 /// Enters transmission on `export`: NBD_OPT_GO asking for block sizes and
 /// the description, or EXPORT_NAME for a server that lacks GO.
 pub fn go<S: Read + Write>(s: &mut S, export: &str, no_zeroes: bool) -> Result<ExportInfo> {
-    let go = ClientOption::Go(InfoRequest {
+    let go = ClientOption::Go(info_request(export));
+    let (r, info) = export_info(s, &go)?;
+    if r.kind == REP_ACK {
+        Ok(info)
+    } else if r.kind == REP_ERR_UNSUP {
+        // An old server, without GO.
+        export_name(s, export, no_zeroes)
+    } else {
+        Err(option_error(&format!("export '{export}'"), &r))
+    }
+}
+
+/// What NBD_OPT_INFO tells of `export` (size, flags, block sizes,
+/// description) without entering transmission; `None` from a server
+/// that lacks INFO.
+pub fn info<S: Read + Write>(s: &mut S, export: &str) -> Result<Option<ExportInfo>> {
+    let (r, info) = export_info(s, &ClientOption::Info(info_request(export)))?;
+    match r.kind {
+        REP_ACK => Ok(Some(info)),
+        REP_ERR_UNSUP => Ok(None),
+        _ => Err(option_error(&format!("export '{export}'"), &r)),
+    }
+}
+
+/// INFO or GO on `export`, asking for block sizes and the description.
+fn info_request(export: &str) -> InfoRequest {
+    InfoRequest {
         name: export.to_string(),
         requests: vec![INFO_BLOCK_SIZE, INFO_DESCRIPTION],
-    });
+    }
+}
+
+/// Sends INFO or GO and gathers the information replies: the final reply
+/// and, when it is an ACK, what they said (checked: the export's size and
+/// flags were sent, its block sizes are possible).
+fn export_info<S: Read + Write>(
+    s: &mut S,
+    opt: &ClientOption,
+) -> Result<(OptionReply, ExportInfo)> {
     let mut info = ExportInfo::default();
     let mut export_seen = false;
-    let r = exchange(s, &go, |r| {
+    let r = exchange(s, opt, |r| {
         if r.kind == REP_INFO {
             match Info::parse(&r.data).map_err(|e| protocol(format!("bad info reply: {e}")))? {
                 Info::Export { size, flags } => {
@@ -379,15 +414,11 @@ pub fn go<S: Read + Write>(s: &mut S, export: &str, no_zeroes: bool) -> Result<E
         }
         Ok(())
     })?;
-    if r.kind == REP_ACK {
-        if !export_seen {
-            return Err(protocol("the server sent no export information"));
-        }
-    } else if r.kind == REP_ERR_UNSUP {
-        // An old server, without GO.
-        info = export_name(s, export, no_zeroes)?;
-    } else {
-        return Err(option_error(&format!("export '{export}'"), &r));
+    if r.kind != REP_ACK {
+        return Ok((r, info));
+    }
+    if !export_seen {
+        return Err(protocol("the server sent no export information"));
     }
     if let Some((min, pref, max)) = info.block_size {
         let pow2 = |v: u32| v.is_power_of_two();
@@ -397,7 +428,7 @@ pub fn go<S: Read + Write>(s: &mut S, export: &str, no_zeroes: bool) -> Result<E
             )));
         }
     }
-    Ok(info)
+    Ok((r, info))
 }
 
 /// Negotiates `export` on a fresh connection: structured replies and the

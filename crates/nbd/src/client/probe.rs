@@ -35,6 +35,8 @@ pub struct ExportReport {
     pub info: ExportInfo,
     /// Whether structured replies were negotiated.
     pub structured: bool,
+    /// Whether extended headers were negotiated.
+    pub extended: bool,
     /// The metadata contexts the server offers for it.
     pub contexts: Vec<String>,
 }
@@ -137,7 +139,54 @@ impl Probe {
             tls,
             info,
             structured,
+            extended: false,
             contexts,
         })
+    }
+
+    /// Everything the server tells of each of its exports on this one
+    /// connection, as qemu-nbd's `--list` asks: extended headers (else
+    /// structured replies), the export list, then NBD_OPT_INFO and the
+    /// metadata contexts of each export; then leaves (NBD_OPT_ABORT). The
+    /// description is the list's when INFO sends none.
+    pub fn survey(mut self) -> Result<Vec<ExportReport>> {
+        if !matches!(self.greeting, Greeting::Newstyle { fixed: true, .. }) {
+            return Err(Error::new(
+                ErrorKind::NotSupported,
+                "Server does not support export lists",
+            ));
+        }
+        let s = &mut self.stream;
+        let extended = handshake::extended_headers(s)?;
+        let structured = extended || handshake::structured_replies(s)?;
+        let mut reports = Vec::new();
+        for (name, description) in handshake::list_exports(s)? {
+            let Some(mut info) = handshake::info(s, &name)? else {
+                return Err(Error::new(
+                    ErrorKind::NotSupported,
+                    "Server does not support export lists",
+                ));
+            };
+            if info.description.is_none() && !description.is_empty() {
+                info.description = Some(description);
+            }
+            let contexts = if structured {
+                handshake::list_meta_contexts(s, &name)?
+            } else {
+                Vec::new()
+            };
+            reports.push(ExportReport {
+                name,
+                protocol: self.greeting.protocol(),
+                tls: s.is_tls(),
+                info,
+                structured,
+                extended,
+                contexts,
+            });
+        }
+        handshake::abort(s);
+        self.stream.close();
+        Ok(reports)
     }
 }

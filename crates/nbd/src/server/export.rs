@@ -1,6 +1,7 @@
 //! Exports: a named device with its description, its read-only switch, the
-//! transmission flags it earns, the metadata contexts it offers and its
-//! request counters.
+//! Exports: a named device with its description, its read-only switch,
+//! the metadata contexts and transmission flags it offers (from its
+//! device, or as QEMU's server advertises them) and its request counters.
 
 use std::sync::Arc;
 
@@ -14,6 +15,33 @@ use crate::proto::consts::*;
 /// device advertises (nbdkit's limit too).
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 
+/// The largest request QEMU's NBD server advertises (NBD_MAX_BUFFER_SIZE).
+const QEMU_MAX_BLOCK: u32 = 32 << 20;
+
+/// How an export advertises itself: its transmission flags and block
+/// sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Advertising {
+    /// From its device's capabilities and block sizes (nbdkit's way).
+    #[default]
+    Device,
+    /// As QEMU's NBD server does (qemu-nbd): FLUSH, FUA and CACHE always,
+    /// TRIM, WRITE_ZEROES and FAST_ZERO whenever writable (the device
+    /// takes them all: trims are advisory, zeroes fall back to writes, a
+    /// fast zero it cannot do fails with ENOTSUP), MULTI_CONN as
+    /// `multi_conn` says; block sizes of `minimum` (at least the
+    /// device's), 4 KiB preferred (at least the minimum) and 32 MiB at
+    /// most.
+    Qemu {
+        /// Whether to advertise NBD_FLAG_CAN_MULTI_CONN (qemu-nbd: when
+        /// more than one client may connect).
+        multi_conn: bool,
+        /// The minimum block size QEMU reports (1, or 512 over a raw
+        /// image whose format was probed).
+        minimum: u32,
+    },
+}
+
 /// One export: what a client reaches by name.
 pub struct Export {
     name: String,
@@ -22,6 +50,7 @@ pub struct Export {
     read_only: bool,
     allocation_depth: bool,
     bitmaps: Vec<Arc<ExportBitmap>>,
+    advertising: Advertising,
     stats: Stats,
 }
 
@@ -35,6 +64,7 @@ impl Export {
             read_only: false,
             allocation_depth: true,
             bitmaps: Vec::new(),
+            advertising: Advertising::default(),
             stats: Stats::default(),
         }
     }
@@ -64,6 +94,12 @@ impl Export {
         for b in &self.bitmaps {
             b.note_write(offset, len);
         }
+    }
+
+    /// Sets how the export advertises itself.
+    pub fn with_advertising(mut self, advertising: Advertising) -> Export {
+        self.advertising = advertising;
+        self
     }
 
     /// Sets the description shown by LIST and INFO.
@@ -123,6 +159,14 @@ impl Export {
     pub fn block_size(&self) -> BlockSizeLimits {
         let b = self.device.block_size();
         let minimum = b.minimum.clamp(1, 64 * 1024).next_power_of_two();
+        if let Advertising::Qemu { minimum: qemu, .. } = self.advertising {
+            let minimum = minimum.max(qemu.clamp(1, 64 * 1024).next_power_of_two());
+            return BlockSizeLimits {
+                minimum,
+                preferred: minimum.max(4096),
+                maximum: QEMU_MAX_BLOCK.max(minimum),
+            };
+        }
         let preferred = b
             .preferred
             .clamp(minimum.max(512), 32 << 20)
@@ -156,6 +200,15 @@ impl Export {
                 f |= flag;
             }
         };
+        if let Advertising::Qemu { multi_conn, .. } = self.advertising {
+            set(true, TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE);
+            set(!c.can_write, TFLAG_READ_ONLY);
+            let writes = TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+            set(c.can_write, writes);
+            set(multi_conn, TFLAG_CAN_MULTI_CONN);
+            set(structured, TFLAG_SEND_DF);
+            return f;
+        }
         set(!c.can_write, TFLAG_READ_ONLY);
         // Every writable export takes FLUSH, a no-op where nothing is
         // volatile (nbdkit's memory plugin advertises it too; clients that
@@ -334,6 +387,33 @@ mod tests {
         );
         let pat = Export::new("p", Arc::new(PatternDevice::new(1 << 20)));
         assert_ne!(pat.transmission_flags(false) & TFLAG_READ_ONLY, 0);
+    }
+
+    #[test]
+    fn qemu_advertising_is_qemus_flag_set_and_block_sizes() {
+        let qemu = |multi_conn, minimum| Advertising::Qemu {
+            multi_conn,
+            minimum,
+        };
+        let ro = Export::new("r", Arc::new(PatternDevice::new(1 << 20)))
+            .with_advertising(qemu(false, 1));
+        let always = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE;
+        assert_eq!(
+            ro.transmission_flags(true),
+            always | TFLAG_READ_ONLY | TFLAG_SEND_DF
+        );
+        let rw = Export::new("w", Arc::new(MemoryDevice::new(1 << 20)))
+            .with_advertising(qemu(true, 512));
+        let writes = TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+        assert_eq!(
+            rw.transmission_flags(false),
+            always | writes | TFLAG_CAN_MULTI_CONN
+        );
+        let b = rw.block_size();
+        assert_eq!((b.minimum, b.preferred, b.maximum), (512, 4096, 32 << 20));
+        let b = ro.block_size();
+        assert_eq!((b.minimum, b.preferred, b.maximum), (1, 4096, 32 << 20));
+        assert_eq!(ro.max_payload(), 32 << 20);
     }
 
     /// Hides write-zeroes and accepts requests of any size, as nbdkit's

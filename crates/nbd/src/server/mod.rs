@@ -18,12 +18,12 @@ pub mod watchdog;
 use std::io;
 use std::net::{Shutdown, TcpListener};
 use std::os::unix::net::UnixListener;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use bitmap::ExportBitmap;
-pub use export::{Export, ExportSet, MAX_PAYLOAD, MetaContext};
+pub use export::{Advertising, Export, ExportSet, MAX_PAYLOAD, MetaContext};
 pub use handshake::HandshakeEnd;
 pub use stats::{Stats, StatsSnapshot};
 pub use tls::{TlsConfig, TlsMode};
@@ -62,9 +62,23 @@ pub struct ServerConfig {
     /// A client that has not finished the handshake after this long is
     /// cut off (sockets only; `None`: no limit).
     pub handshake_timeout: Option<Duration>,
-    /// Connections served at once by the accept loops; one more is
-    /// accepted and closed at once (0: no limit).
+    /// Connections served at once by the accept loops (0: no limit); what
+    /// happens to more is `over_limit`'s.
     pub max_connections: usize,
+    /// What the accept loops do with a connection beyond
+    /// `max_connections`.
+    pub over_limit: OverLimit,
+}
+
+/// What happens to a connection beyond [`ServerConfig::max_connections`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OverLimit {
+    /// It is accepted and closed at once (nbdkit's `--max-connections`).
+    #[default]
+    Close,
+    /// It is not accepted until a served one ends: it waits in the
+    /// listening socket's queue (qemu-nbd's `--shared`).
+    Wait,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +89,7 @@ impl Default for ServerConfig {
             verbose: false,
             handshake_timeout: Some(Duration::from_secs(60)),
             max_connections: 0,
+            over_limit: OverLimit::Close,
         }
     }
 }
@@ -109,6 +124,10 @@ impl std::fmt::Display for ConnectionEnd {
     }
 }
 
+/// What runs when the last client that got past its handshake has gone
+/// (see [`Server::on_last_client`]).
+type LastClient = Box<dyn FnOnce() + Send>;
+
 /// An NBD server.
 pub struct Server {
     exports: ExportSet,
@@ -116,14 +135,36 @@ pub struct Server {
     next_id: AtomicU64,
     active: AtomicUsize,
     tls: Option<TlsConfig>,
+    /// Signalled (under its mutex) whenever a connection ends, for accept
+    /// loops waiting for a free place ([`OverLimit::Wait`]).
+    ended: (Mutex<()>, Condvar),
+    last_client: Mutex<Option<LastClient>>,
 }
 
-/// Counts a connection as active while it lives.
-struct ActiveGuard<'a>(&'a AtomicUsize);
+/// Counts a connection as active while it lives; when it ends, wakes
+/// accept loops waiting for a place, and runs the last-client action if
+/// it was the last and had entered transmission.
+struct ActiveGuard<'a> {
+    server: &'a Server,
+    transmitted: bool,
+}
 
 impl Drop for ActiveGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        let s = self.server;
+        let (gate, ended) = &s.ended;
+        let left = {
+            let _held = lock(gate);
+            let left = s.active.fetch_sub(1, Ordering::SeqCst) - 1;
+            ended.notify_all();
+            left
+        };
+        if self.transmitted && left == 0 {
+            let action = lock(&s.last_client).take();
+            if let Some(f) = action {
+                f();
+            }
+        }
     }
 }
 
@@ -136,7 +177,17 @@ impl Server {
             next_id: AtomicU64::new(1),
             active: AtomicUsize::new(0),
             tls: None,
+            ended: (Mutex::new(()), Condvar::new()),
+            last_client: Mutex::new(None),
         }
+    }
+
+    /// Runs `action` once, when a client that entered transmission ends
+    /// and no other connection is open (qemu-nbd's exit after the last
+    /// client, without `--persistent`). Clients that leave during the
+    /// handshake (listing exports, probing) do not count.
+    pub fn on_last_client(&self, action: impl FnOnce() + Send + 'static) {
+        *lock(&self.last_client) = Some(Box::new(action));
     }
 
     /// Offers (or requires) TLS through NBD_OPT_STARTTLS.
@@ -193,7 +244,10 @@ impl Server {
         mut transport: Box<dyn Transport>,
         cutoff: Option<Cutoff>,
     ) -> ConnectionEnd {
-        let _active = ActiveGuard(&self.active);
+        let mut active = ActiveGuard {
+            server: self,
+            transmitted: false,
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let peer = transport.peer();
         let start = Instant::now();
@@ -232,6 +286,7 @@ impl Server {
             "simple replies"
         };
         let conn_stats = Stats::default();
+        active.transmitted = true;
         let tuning = transmission::Tuning {
             threads: self.config.threads,
             max_in_flight: self.config.max_in_flight,
@@ -283,6 +338,7 @@ impl Server {
     /// Accepts connections on a Unix socket forever, one thread each.
     pub fn serve_unix(self: &Arc<Self>, listener: UnixListener) -> io::Result<()> {
         loop {
+            self.wait_for_place();
             match listener.accept() {
                 Ok((stream, _)) => {
                     let cutoff = stream.try_clone().ok().map(|s| -> Cutoff {
@@ -300,6 +356,7 @@ impl Server {
     /// Accepts connections on a TCP socket forever, one thread each.
     pub fn serve_tcp(self: &Arc<Self>, listener: TcpListener) -> io::Result<()> {
         loop {
+            self.wait_for_place();
             match listener.accept() {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
@@ -315,12 +372,26 @@ impl Server {
         }
     }
 
+    /// With [`OverLimit::Wait`], waits until fewer than `max_connections`
+    /// are served, so that the next connection stays queued meanwhile.
+    fn wait_for_place(&self) {
+        let max = self.config.max_connections;
+        if max == 0 || self.config.over_limit != OverLimit::Wait {
+            return;
+        }
+        let (gate, ended) = &self.ended;
+        let mut held = lock(gate);
+        while self.active.load(Ordering::SeqCst) >= max {
+            held = ended.wait(held).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
     /// Serves `transport` in a new thread, or closes it at once when
     /// `max_connections` are being served already.
     fn spawn(self: &Arc<Self>, transport: Box<dyn Transport>, cutoff: Option<Cutoff>) {
         let max = self.config.max_connections;
         let before = self.active.fetch_add(1, Ordering::SeqCst);
-        if max > 0 && before >= max {
+        if max > 0 && before >= max && self.config.over_limit == OverLimit::Close {
             self.active.fetch_sub(1, Ordering::SeqCst);
             if self.config.verbose {
                 log_line!(

@@ -136,20 +136,25 @@ impl NbdkitArgs {
         Ok(())
     }
 
-    /// `--selinux-label`: labels the sockets this thread creates until the
-    /// guard drops, as nbdkit's setsockcreatecon does; nothing when
-    /// SELinux is off (nothing then checks labels).
+    /// `--selinux-label`: see [`label_sockets`].
     pub fn label_sockets(&self) -> Result<SocketLabel, CliError> {
-        let Some(label) = &self.selinux_label else {
-            return Ok(SocketLabel(false));
-        };
-        if !Path::new("/sys/fs/selinux/enforce").exists() {
-            return Ok(SocketLabel(false));
-        }
-        set_sockcreate(label.as_bytes())
-            .map_err(|e| CliError::new(format!("setsockcreatecon: {label}: {e}")))?;
-        Ok(SocketLabel(true))
+        label_sockets(self.selinux_label.as_deref())
     }
+}
+
+/// `--selinux-label` (nbdkit's and qemu-nbd's): labels the sockets this
+/// thread creates until the guard drops, as setsockcreatecon does; nothing
+/// when SELinux is off (nothing then checks labels).
+pub fn label_sockets(label: Option<&str>) -> Result<SocketLabel, CliError> {
+    let Some(label) = label else {
+        return Ok(SocketLabel(false));
+    };
+    if !Path::new("/sys/fs/selinux/enforce").exists() {
+        return Ok(SocketLabel(false));
+    }
+    set_sockcreate(label.as_bytes())
+        .map_err(|e| CliError::new(format!("setsockcreatecon: {label}: {e}")))?;
+    Ok(SocketLabel(true))
 }
 
 /// Writes the label for sockets this thread creates (empty: the default).

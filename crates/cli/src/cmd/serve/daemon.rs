@@ -17,13 +17,13 @@ use crate::util::CliError;
 /// The child's promise to tell its parent when it is ready.
 pub struct Ready {
     pipe: File,
-    verbose: bool,
+    keep_stderr: bool,
 }
 
 impl Ready {
     /// Tells the parent that the daemon is serving (the parent then
     /// exits 0), moves to / (paths used from here on must be absolute),
-    /// and sends stderr to /dev/null unless `verbose`: up to here,
+    /// and sends stderr to /dev/null unless it is kept: up to here,
     /// start-up errors still reach the caller's terminal.
     pub fn signal(mut self) {
         // SAFETY: chdir has no memory-safety preconditions; the path is a
@@ -31,7 +31,7 @@ impl Ready {
         unsafe {
             libc::chdir(c"/".as_ptr());
         }
-        if !self.verbose {
+        if !self.keep_stderr {
             redirect(libc::STDERR_FILENO, libc::O_WRONLY);
         }
         let _ = self.pipe.write_all(b"1");
@@ -63,7 +63,9 @@ fn redirect(fd: libc::c_int, flags: libc::c_int) {
 /// stdin and stdout at /dev/null, still in the caller's directory, so that
 /// the child opens the plugin (which may start threads, as the nbd
 /// plugin's connections do) with the caller's relative paths.
-pub fn daemonize(verbose: bool, on_ready: impl FnOnce()) -> Result<Ready, CliError> {
+/// `keep_stderr`: the daemon keeps the caller's standard error once ready
+/// (nbdkit's `-v`, qemu-nbd's `--fork`), else it goes to /dev/null.
+pub fn daemonize(keep_stderr: bool, on_ready: impl FnOnce()) -> Result<Ready, CliError> {
     if threaded() {
         return Err(CliError::new(
             "internal error: cannot fork into the background with threads running",
@@ -112,6 +114,6 @@ pub fn daemonize(verbose: bool, on_ready: impl FnOnce()) -> Result<Ready, CliErr
     debug_assert!(wr.as_raw_fd() > 2);
     Ok(Ready {
         pipe: File::from(wr),
-        verbose,
+        keep_stderr,
     })
 }

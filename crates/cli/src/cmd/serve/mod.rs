@@ -17,24 +17,26 @@ mod compat;
 mod daemon;
 mod filters;
 pub mod introspect;
+pub mod launch;
 mod lifecycle;
-mod listen;
+pub mod listen;
 mod plugin;
 mod tls;
 
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::CmdResult;
 use crate::util::CliError;
+pub use compat::label_sockets;
 use diskit_core::DeviceRef;
 use diskit_filters::FilterSpec;
 use diskit_nbd::server::{Export, ExportSet, Pipe, Server, ServerConfig};
-use lifecycle::{Cleanup, Parts, RunEnv};
+use launch::{Bound, Place, Plan};
 use listen::{Listener, NBD_PORT};
 
 /// Arguments of `serve`.
@@ -161,13 +163,11 @@ pub fn run(a: Args, policy: crate::util::OpenPolicy) -> CmdResult {
         let (server, stack) = build(&a, &routed, &policy)?;
         let r = serve_stdio(&server, &stack);
         if a.verbose {
-            report_exports(&server);
+            launch::report_exports(&server);
         }
         return r;
     }
 
-    let mut tempdir = None;
-    let mut created_socket = None;
     let label = a.nbdkit.label_sockets()?;
     let activated = if a.unix.is_none() && a.port.is_none() {
         Listener::from_socket_activation()?
@@ -175,114 +175,34 @@ pub fn run(a: Args, policy: crate::util::OpenPolicy) -> CmdResult {
         None
     };
     let activated_socket = activated.is_some();
-    let listener = match (&a.unix, a.port) {
-        _ if activated.is_some() => activated.expect("checked"),
-        (Some(u), _) if u == "-" => {
-            let dir = tempfile::Builder::new()
-                .prefix("diskit")
-                .tempdir()
-                .map_err(|e| CliError::new(format!("cannot create a temporary directory: {e}")))?;
-            let path = dir.path().join("socket");
-            tempdir = Some(dir);
-            Listener::unix(&path)?
-        }
-        (Some(u), _) => {
-            let l = Listener::unix(Path::new(u))?;
-            created_socket = Some(PathBuf::from(u));
-            l
-        }
-        (None, port) => Listener::tcp(
+    let bound = match (activated, &a.unix, a.port) {
+        (Some(l), _, _) => Bound::activated(l),
+        (None, Some(u), _) if u == "-" => Bound::bind(Place::PrivateUnix)?,
+        (None, Some(u), _) => Bound::bind(Place::Unix {
+            path: PathBuf::from(u),
+            replace: false,
+        })?,
+        (None, None, port) => Bound::bind(Place::Tcp(
             a.ipaddr.unwrap_or(a.nbdkit.default_addr()),
             port.unwrap_or(NBD_PORT),
-        )?,
+        ))?,
     };
     drop(label);
-    let foreground = a.foreground || a.run.is_some() || activated_socket || a.exit_with_parent;
-    // The daemon runs in / once ready: the files it removes need absolute
-    // paths.
-    let pidfile = a.pidfile.as_deref().map(absolute).transpose()?;
-    let socket = created_socket.as_deref().map(absolute).transpose()?;
-    let remove_socket = || {
-        if let Some(p) = &socket {
-            let _ = std::fs::remove_file(p);
-        }
+    let plan = Plan {
+        foreground: a.foreground || a.run.is_some() || activated_socket || a.exit_with_parent,
+        keep_stderr: a.verbose,
+        pidfile: a.pidfile.clone(),
+        remove_pidfile: true,
+        print_uri: a.print_uri,
+        verbose: a.verbose,
+        what: a.plugin.clone(),
+        export_name: a.exportname.clone(),
+        tls_required: a.tls.required(),
+        tls_env: a.tls.env_value(),
+        run: a.run.clone(),
+        until_last_client: false,
     };
-
-    let uri = tls::uri(listener.uri(&a.exportname), a.tls.required());
-    // The daemon forks before the plugin opens: a plugin may start threads
-    // (the nbd plugin's connections), which a fork would leave behind.
-    let ready = if foreground {
-        None
-    } else {
-        let daemon = daemon::daemonize(a.verbose, || {
-            if a.print_uri {
-                println!("{uri}");
-            }
-        });
-        match daemon {
-            Ok(r) => Some(r),
-            Err(e) => {
-                remove_socket();
-                return Err(e);
-            }
-        }
-    };
-    // Stop signals wait for the cleanup in every thread, the plugin's too.
-    lifecycle::block_signals();
-    let (server, stack) = build(&a, &routed, &policy).inspect_err(|_| remove_socket())?;
-    let cleanup = Arc::new(Cleanup::new(Parts {
-        device: Some(stack),
-        socket,
-        tempdir,
-        pidfile: pidfile.clone(),
-        on_stop: a.verbose.then(|| {
-            let s = server.clone();
-            Box::new(move || report_exports(&s)) as Box<dyn FnOnce() + Send>
-        }),
-    }));
-    lifecycle::handle_signals(cleanup.clone());
-    if let Some(p) = &pidfile
-        && let Err(e) = lifecycle::write_pidfile(p)
-    {
-        cleanup.run();
-        return Err(e);
-    }
-    if foreground && a.print_uri {
-        println!("{uri}");
-    }
-    if a.verbose {
-        eprintln!("{}: serving {} at {uri}", crate::names::prog(), a.plugin);
-    }
-    if let Some(r) = ready {
-        r.signal();
-    }
-
-    let env = RunEnv {
-        uri,
-        unixsocket: listener
-            .socket_path()
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        port: listener.port().map(|p| p.to_string()).unwrap_or_default(),
-        exportname: a.exportname.clone(),
-        tls: a.tls.env_value(),
-    };
-    match &a.run {
-        Some(cmd) => {
-            let s = server.clone();
-            std::thread::spawn(move || accept_loop(&s, listener));
-            let status = lifecycle::run_captive(cmd, &env);
-            // Let connections the command left behind finish (and log).
-            server.wait_idle(Duration::from_secs(5));
-            cleanup.run();
-            status
-        }
-        None => {
-            let e = accept_loop(&server, listener);
-            cleanup.run();
-            Err(e)
-        }
-    }
+    launch::serve(bound, plan, || build(&a, &routed, &policy))
 }
 
 /// Opens the plugin, stacks the filters over it and makes the server;
@@ -340,37 +260,6 @@ fn build(
         server = server.with_tls(tls);
     }
     Ok((Arc::new(server), stack))
-}
-
-/// Logs each export's request counters (at -v, when the server stops).
-fn report_exports(server: &Server) {
-    for e in server.exports().iter() {
-        let snap = e.stats().snapshot();
-        eprintln!(
-            "{}: export '{}': {} connections, {}",
-            crate::names::prog(),
-            e.name(),
-            snap.connections,
-            snap.summary()
-        );
-    }
-}
-
-/// `p` made absolute against the current directory.
-fn absolute(p: &Path) -> Result<PathBuf, CliError> {
-    std::path::absolute(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))
-}
-
-/// Accepts connections until the listener fails.
-fn accept_loop(server: &Arc<Server>, listener: Listener) -> CliError {
-    let r = match listener {
-        Listener::Unix(l, _) => server.serve_unix(l),
-        Listener::Tcp(l) => server.serve_tcp(l),
-    };
-    match r {
-        Ok(()) => CliError::new("listener closed"),
-        Err(e) => CliError::new(format!("accept: {e}")),
-    }
 }
 
 /// Serves one client on stdin/stdout, then closes the device stack.
