@@ -19,6 +19,10 @@ Workloads (fio's nbd engine, one job, RUNTIME seconds after a 1 s ramp):
   randwrite  --rw=randwrite --bs=4k --iodepth=32     (IOPS)
   nbdcopy    `nbdcopy URI null:` (the whole export; MiB/s of export size)
 
+In the file and qcow2 rows diskit also serves under qemu-nbd's own
+command line (`diskit qemu-nbd ...`, "as q-nbd"; issue #30's target: at
+least 2x qemu-nbd in every such row; QEMU_NBD_NAME=0 leaves it out).
+
 Each round runs every server once per row, the order of the servers
 rotating from round to round; the table gives medians over ROUNDS rounds
 and the ratio diskit/peer (above 1: diskit is faster). Targets from the
@@ -67,10 +71,17 @@ WORKLOADS = {
 
 # row -> (servers, workloads)
 ROWS = {
-    "file": (["diskit", "nbdkit", "qemu-nbd"], ["seqread", "randread", "randwrite", "nbdcopy"]),
+    "file": (["diskit", "nbdkit", "qemu-nbd", "diskit-qemu-nbd"],
+             ["seqread", "randread", "randwrite", "nbdcopy"]),
     "memory": (["diskit", "nbdkit"], ["seqread", "randread", "randwrite", "nbdcopy"]),
-    "qcow2": (["diskit", "qemu-nbd"], ["seqread", "randread", "randwrite", "nbdcopy"]),
+    "qcow2": (["diskit", "qemu-nbd", "diskit-qemu-nbd"],
+              ["seqread", "randread", "randwrite", "nbdcopy"]),
 }
+# QEMU_NBD_NAME=0 leaves out "diskit-qemu-nbd" (diskit under qemu-nbd's
+# command line, the same as qemu-nbd's).
+if os.environ.get("QEMU_NBD_NAME", "1") == "0":
+    ROWS = {row: ([s for s in servers if s != "diskit-qemu-nbd"], wls)
+            for row, (servers, wls) in ROWS.items()}
 # DISKIT_BASELINE: another diskit binary (an older commit's), served as a
 # further server "baseline" with diskit's command lines: before/after in
 # one run.
@@ -141,8 +152,10 @@ def server_argv(diskit, server, row, path, sock):
     fmt = "qcow2" if row == "qcow2" else "raw"
     # -t: keep serving after a client leaves (fio connects twice); -e: as
     # many connections as nbdcopy opens; writeback caching as the
-    # other servers (neither opens with O_DIRECT).
-    return ["qemu-nbd", "-t", "-f", fmt, "-k", str(sock), "-e", "8", "--cache=writeback",
+    # other servers (neither opens with O_DIRECT). diskit-qemu-nbd: the
+    # same command line run by diskit.
+    exe = [str(diskit), "qemu-nbd"] if server == "diskit-qemu-nbd" else ["qemu-nbd"]
+    return [*exe, "-t", "-f", fmt, "-k", str(sock), "-e", "8", "--cache=writeback",
             "--aio=threads", str(path)]
 
 
@@ -264,26 +277,31 @@ def main():
     unit = {"seqread": "MiB/s", "randread": "IOPS", "randwrite": "IOPS", "nbdcopy": "MiB/s"}
     print(f"\nNBD servers, {SIZE_MIB} MiB on /dev/shm, median of {ROUNDS} rounds "
           f"({RUNTIME} s fio runs), commit {commit}")
-    print(f"{'row':<18}{'unit':>7}{'diskit':>12}{'nbdkit':>12}{'qemu-nbd':>12}"
-          f"{'vs nbdkit':>11}{'vs qemu-nbd':>13}  verdict")
+    print(f"{'row':<18}{'unit':>7}{'diskit':>12}{'nbdkit':>12}{'qemu-nbd':>12}{'as q-nbd':>12}"
+          f"{'vs nbdkit':>11}{'vs qemu-nbd':>13}{'as/qemu-nbd':>13}  verdict")
     summary = {}
     all_met = True
     for name, by in results.items():
         med = {s: statistics.median(v) for s, v in by.items()}
         row, wl = name.split("/")
         ratios = {p: med["diskit"] / med[p] for p in med
-                  if p not in ("diskit", "baseline") and med[p] > 0}
+                  if p not in ("diskit", "baseline", "diskit-qemu-nbd") and med[p] > 0}
+        if "diskit-qemu-nbd" in med and med.get("qemu-nbd", 0) > 0:
+            # Issue #30: diskit as qemu-nbd at least 2x qemu-nbd in every row.
+            ratios["as-qemu-nbd"] = med["diskit-qemu-nbd"] / med["qemu-nbd"]
         verdicts = []
         if "nbdkit" in ratios:
             verdicts.append("goal" if ratios["nbdkit"] >= 1.3 else
                             "ok" if ratios["nbdkit"] >= 1.0 else "MISSED")
         if name == "qcow2/randwrite":
             verdicts.append("ok" if ratios["qemu-nbd"] >= 1.5 else "MISSED")
+        if "as-qemu-nbd" in ratios:
+            verdicts.append("2x" if ratios["as-qemu-nbd"] >= 2.0 else "MISSED-2x")
         all_met &= "MISSED" not in verdicts
         cells = "".join(f"{med[s]:>12,.0f}" if s in med else f"{'-':>12}"
-                        for s in ["diskit", "nbdkit", "qemu-nbd"])
+                        for s in ["diskit", "nbdkit", "qemu-nbd", "diskit-qemu-nbd"])
         rcells = "".join(f"{ratios[p]:>{w}.2f}x" if p in ratios else f"{'-':>{w + 1}}"
-                         for p, w in [("nbdkit", 10), ("qemu-nbd", 12)])
+                         for p, w in [("nbdkit", 10), ("qemu-nbd", 12), ("as-qemu-nbd", 12)])
         print(f"{name:<18}{unit[wl]:>7}{cells}{rcells}  {' '.join(verdicts) or '-'}")
         summary[name] = {"unit": unit[wl], "median": med, "ratio": ratios, "runs": by}
     print(f"\ntargets met in every row: {'yes' if all_met else 'no'}")
