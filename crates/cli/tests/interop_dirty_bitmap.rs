@@ -396,3 +396,67 @@ fn a_bitmap_of_the_backing_file_is_found_as_qemu_nbd_finds_it() {
     assert_eq!(dirty(&want), vec![(1 << 20, 64 * KIB)]);
     assert_eq!(map(&ours.uri, ctx), want);
 }
+
+/// libvirt's pull-mode backup reads a bitmap through the nbd driver's
+/// `x-dirty-bitmap` key (the bitmap's context as the allocation): `map`
+/// and `convert` through it answer as qemu-img's, from qemu-nbd and from
+/// diskit as qemu-nbd.
+#[test]
+fn x_dirty_bitmap_reads_the_bitmap_as_qemu_img_does() {
+    let dir = workdir();
+    let d = dir.path();
+    let src = source(d);
+    qemu_io("qcow2", &src, WRITES);
+    let theirs = qemu_nbd(d, "q", &src, &["-r", "-B", "b0"]);
+    let ours = diskit_qemu_nbd(d, "dq", &src, &["-r", "-B", "b0"]);
+    for server in [&theirs, &ours] {
+        let sock = server.uri.split("socket=").nth(1).unwrap();
+        let opts = format!(
+            "driver=nbd,server.type=unix,server.path={sock},x-dirty-bitmap=qemu:dirty-bitmap:b0"
+        );
+        let args = ["map", "--output=json", "--image-opts", opts.as_str()];
+        let want = stdout(&ok(qemu_img(&args)));
+        let got = stdout(&ok(diskit_timed(&args)));
+        assert_eq!(got, want, "map through x-dirty-bitmap ({})", server.uri);
+        let (q, ours_out) = (d.join("q.qcow2"), d.join("d.qcow2"));
+        for (out, o) in [
+            (
+                &q,
+                qemu_img(&["convert", "--image-opts", &opts, "-O", "qcow2", s(&q)]),
+            ),
+            (
+                &ours_out,
+                diskit_timed(&[
+                    "convert",
+                    "--image-opts",
+                    &opts,
+                    "-O",
+                    "qcow2",
+                    s(&ours_out),
+                ]),
+            ),
+        ] {
+            ok(o);
+            assert!(out.exists());
+        }
+        let cmp = qemu_img(&["compare", s(&q), s(&ours_out)]);
+        assert!(cmp.status.success(), "{}{}", stdout(&cmp), stderr(&cmp));
+        let maps = [&q, &ours_out].map(|p| stdout(&ok(qemu_img(&["map", "--output=json", s(p)]))));
+        let data = |m: &str| -> Vec<(u64, u64, bool)> {
+            serde_json::from_str::<Vec<serde_json::Value>>(m)
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    (
+                        e["start"].as_u64().unwrap(),
+                        e["length"].as_u64().unwrap(),
+                        e["data"].as_bool().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(data(&maps[1]), data(&maps[0]), "what convert allocated");
+        std::fs::remove_file(&q).unwrap();
+        std::fs::remove_file(&ours_out).unwrap();
+    }
+}
