@@ -292,6 +292,62 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
     ]));
     assert_eq!(stdout(&o).trim(), (64u64 << 20).to_string());
     assert!(same_bytes(&src, &copy));
+    // An image whose size is no multiple of the object size (4 MiB) nor
+    // of 4 KiB, with data and holes in one object, a run across an object
+    // boundary and data up to its last byte: what nbdcopy reads whole and
+    // what random reads of all sizes read (the big ones read without
+    // asking for extents first) are `rbd export`'s bytes.
+    let size = (9u64 << 20) + 12_800;
+    let odd = d.join("odd.raw");
+    sparse_file(
+        &odd,
+        size,
+        &[
+            (0, 300 << 10, 0xff),
+            ((1 << 20) + 4096, 65536, 0x5a),
+            ((8 << 20) - 100_000, 200_000, 0xff),
+            (size - 5000, 5000, 0xff),
+        ],
+    );
+    ok(ceph.rbd(&["import", s(&odd), "rbd/odd"]));
+    let exported = d.join("odd-export.raw");
+    ok(ceph.rbd(&["export", "rbd/odd", s(&exported)]));
+    assert!(same_bytes(&odd, &exported), "rbd export: the image as made");
+    let script = d.join("reads.py");
+    std::fs::write(
+        &script,
+        "import os, random\n\
+         exp = open(os.environ['EXPORTED'], 'rb').read()\n\
+         size = h.get_size()\n\
+         assert size == len(exp), (size, len(exp))\n\
+         r = random.Random(28)\n\
+         for _ in range(200):\n\
+         \x20   n = r.choice([512, 4096, 65536, 262144, 1 << 20])\n\
+         \x20   off = r.randrange(0, size - n + 1)\n\
+         \x20   assert h.pread(n, off) == exp[off:off + n], (off, n)\n\
+         tail = size - (8 << 20)\n\
+         assert h.pread(size - tail, tail) == exp[tail:]\n\
+         assert h.pread(5000, size - 5000) == exp[-5000:]\n",
+    )
+    .unwrap();
+    let copy = d.join("odd-copy.raw");
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "-r",
+        "rbd",
+        "rbd/odd",
+        &conf,
+        "--run",
+        &format!(
+            "nbdcopy \"$uri\" {} && EXPORTED={} nbdsh -u \"$uri\" -c 'exec(open(\"{}\").read())' && echo read",
+            s(&copy),
+            s(&exported),
+            s(&script)
+        ),
+    ]));
+    assert_eq!(stdout(&o).trim(), "read", "{}", stderr(&o));
+    assert!(same_bytes(&exported, &copy), "nbdcopy read other bytes");
 }
 
 /// A copy whose source fails part way removes the RBD image it created;
