@@ -309,9 +309,9 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
             (size - 5000, 5000, 0xff),
         ],
     );
-    ok(ceph.rbd(&["import", s(&odd), "rbd/odd"]));
+    ok(ceph.rbd(&["import", s(&odd), &ceph.at("odd")]));
     let exported = d.join("odd-export.raw");
-    ok(ceph.rbd(&["export", "rbd/odd", s(&exported)]));
+    ok(ceph.rbd(&["export", &ceph.at("odd"), s(&exported)]));
     assert!(same_bytes(&odd, &exported), "rbd export: the image as made");
     let script = d.join("reads.py");
     std::fs::write(
@@ -336,7 +336,7 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
         "-",
         "-r",
         "rbd",
-        "rbd/odd",
+        &ceph.at("odd"),
         &conf,
         "--run",
         &format!(
