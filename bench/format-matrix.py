@@ -122,6 +122,15 @@ def timed(cmd, loc, out):
     return time.monotonic() - start
 
 
+def rotated(tools, k):
+    """`tools` rotated by k places, reversed in every other cycle of
+    rotations: every tool goes first, and follows every other one, equally
+    often (rotation alone has each always follow the same one)."""
+    n = len(tools)
+    seq = tools if (k // n) % 2 == 0 else tools[::-1]
+    return seq[k % n:] + seq[:k % n]
+
+
 def run_format(loc, work, fmt):
     """Every cell of `fmt` at `loc`: its sources made, the warm-up and
     correctness runs, ROUNDS timed rounds; the sources removed after."""
@@ -141,8 +150,7 @@ def run_format(loc, work, fmt):
                 run(["qemu-img", "compare", "-f", name, str(src), str(out)])
     for r in range(ROUNDS):
         for i, (fmt, data, target, src, name) in enumerate(cells):
-            k = (r + i) % len(TOOLS)
-            order = TOOLS[k:] + TOOLS[:k]
+            order = rotated(TOOLS, r + i)
             for tool in order:
                 o = out if target != "null" else None
                 times[(fmt, data, target)][tool].append(

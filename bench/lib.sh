@@ -58,13 +58,18 @@ scratch_space() {
     CHECKS_TSV=$(mktemp "${TMPDIR:-/tmp}/diskit-bench-checks.XXXXXX")
 }
 
-# rotate_tools ROUND: sets order to TOOLS rotated by ROUND places, so that
-# from round to round every tool goes first equally often.
+# rotate_tools ROUND: sets order to TOOLS rotated by ROUND places, and
+# reversed in every other cycle of rotations, so that over 2 x TOOLS rounds
+# every tool goes first equally often and follows every other tool equally
+# often (with three tools, rotation alone has each follow always the same
+# one, and what the one before leaves behind is no longer spread evenly).
 rotate_tools() {
-    local i
+    local i n=${#TOOLS[@]} j
     order=()
-    for ((i = 0; i < ${#TOOLS[@]}; i++)); do
-        order+=("${TOOLS[($1 + i) % ${#TOOLS[@]}]}")
+    for ((i = 0; i < n; i++)); do
+        j=$((($1 + i) % n))
+        if (($1 / n % 2 == 1)); then j=$((n - 1 - j)); fi
+        order+=("${TOOLS[$j]}")
     done
 }
 
