@@ -29,6 +29,16 @@ def chosen(var, names):
     return [c for c in os.environ.get(var, ",".join(names)).split(",") if c]
 
 
+def rotated(tools, k):
+    """`tools` rotated by k places, reversed in every other cycle of
+    rotations: every tool goes first, and follows every other one, equally
+    often (rotation alone has each always follow the same one)."""
+    tools = list(tools)
+    n = len(tools)
+    seq = tools if (k // n) % 2 == 0 else tools[::-1]
+    return seq[k % n:] + seq[:k % n]
+
+
 def save(name, results, log):
     """Writes `results` as bench/results/NAME-<date>.json and says where."""
     out = Path(__file__).resolve().parent / "results" / f"{name}-{time.strftime('%Y-%m-%d-%H%M%S')}.json"

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import logger
+from benchlib import logger, rotated
 from benchlib import nbdbench as nb
 
 HERE = Path(__file__).resolve().parent
@@ -106,11 +106,6 @@ def make_images(shm):
     return raw, qcow2, sparse
 
 
-def rotate(names, r):
-    k = r % len(names)
-    return names[k:] + names[:k]
-
-
 def measure(row, commands, check):
     """Runs each of `commands` ({name: argv}) ROUNDS times, rotating; `check`
     is given the outputs of the first round. Returns {name: median s}."""
@@ -118,7 +113,7 @@ def measure(row, commands, check):
     names = list(commands)
     for r in range(ROUNDS):
         outs = {}
-        for name in rotate(names, r):
+        for name in rotated(names, r):
             secs, out = run(commands[name])
             times[name].append(secs)
             outs[name] = out

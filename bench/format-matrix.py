@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import logger, nbdbench
+from benchlib import logger, nbdbench, rotated
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -120,15 +120,6 @@ def timed(cmd, loc, out):
     start = time.monotonic()
     run(cmd)
     return time.monotonic() - start
-
-
-def rotated(tools, k):
-    """`tools` rotated by k places, reversed in every other cycle of
-    rotations: every tool goes first, and follows every other one, equally
-    often (rotation alone has each always follow the same one)."""
-    n = len(tools)
-    seq = tools if (k // n) % 2 == 0 else tools[::-1]
-    return seq[k % n:] + seq[:k % n]
 
 
 def run_format(loc, work, fmt):

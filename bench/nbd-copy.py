@@ -36,6 +36,11 @@ into      Copy into an NBD target: a 1 GiB raw file of random data on
           (started afresh for every run), by `diskit copy` and nbdcopy.
           Target: at least as fast as nbdcopy.
 
+Environment: DISKIT_BASELINE (another diskit binary, an older commit's):
+each diskit tool runs again with it as "baseline-..." (and `into` serves
+with it as "baseline-serve"), and a last table gives diskit's median over
+the baseline's for every cell: before/after in one run.
+
 The tools run in a rotating order from round to round; tables give
 medians over ROUNDS rounds (default 5) and ratios of times (peer time /
 diskit time: above 1, diskit is faster). Free page reporting is held
@@ -53,11 +58,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import logger
+from benchlib import logger, rotated
 from benchlib import nbdbench as nb
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
+# DISKIT_BASELINE: an older diskit binary run beside the measured one.
+BASELINE = os.environ.get("DISKIT_BASELINE")
 PARTS = [p for p in os.environ.get("PARTS", "fastzero,from,into").split(",") if p]
 
 # bench/nbd.py's helpers (build, servers, free page reporting), loaded by
@@ -76,9 +83,25 @@ NOZERO = [
 log = logger("nbd-copy.py")
 
 
-def rotate(tools, r):
-    k = r % len(tools)
-    return tools[k:] + tools[:k]
+def with_baseline(tools, diskit):
+    """`tools` (name -> command line, a string or an argv list) with, when
+    DISKIT_BASELINE is set, a "baseline-X" beside every "diskit-X" that
+    runs the same command line with the baseline binary."""
+    if not BASELINE:
+        return tools
+    out = dict(tools)
+    for name, cmd in tools.items():
+        if name.startswith("diskit-"):
+            if isinstance(cmd, str):
+                cmd = cmd.replace(f"{diskit} ", f"{BASELINE} ", 1)
+            else:
+                cmd = [BASELINE if a == str(diskit) else a for a in cmd]
+            out["baseline-" + name[len("diskit-"):]] = cmd
+    return out
+
+
+def is_peer(tool):
+    return not tool.startswith(("diskit", "baseline"))
 
 
 def timed(argv, **kw):
@@ -114,6 +137,7 @@ def part_fastzero(diskit, work):
         "qemu-img-W": f"qemu-img convert -W -n -f qcow2 -O raw {src} $nbd",
         "nbdcopy": f"nbdcopy -- {qnbd} $nbd",
     }
+    tools = with_baseline(tools, diskit)
     names = list(tools)
     logf, statsf = work / "log.txt", work / "stats.txt"
     rows = []
@@ -121,7 +145,7 @@ def part_fastzero(diskit, work):
         times = {t: [] for t in names}
         counts = {}
         for r in range(ROUNDS):
-            for t in rotate(names, r):
+            for t in rotated(names, r):
                 for f in (logf, statsf):
                     f.unlink(missing_ok=True)
                 argv = ["nbdkit", "-U", "-", "--filter=log", "--filter=nozero",
@@ -165,7 +189,7 @@ def print_fastzero(rows):
     ok_all = True
     for row in rows:
         ms = row["median_s"]
-        best_peer = min(ms[t] for t in names if not t.startswith("diskit"))
+        best_peer = min(ms[t] for t in names if is_peer(t))
         worst_ours = max(ms[t] for t in names if t.startswith("diskit"))
         ok = worst_ours < best_peer
         ok_all &= ok
@@ -252,6 +276,8 @@ def part_from(diskit, work, sources):
                                                    uri, str(out)]
                         argvs["qemu-img"] = ["qemu-img", "convert", "-f", "raw", "-O", "raw", uri,
                                              str(out)]
+                    argvs = with_baseline(argvs, diskit)
+                    tools = list(argvs)
                     # The floor reads every byte (no extents): a bound for
                     # the rows of random data only.
                     if floor and data == "random" and dest != "qcow2":
@@ -260,7 +286,7 @@ def part_from(diskit, work, sources):
                                           "/dev/null" if dest == "null" else str(out), "2", "8"]
                     times = {t: [] for t in tools}
                     for r in range(-1, ROUNDS):  # round -1: warm-up, checked
-                        for t in rotate(tools, max(r, 0)):
+                        for t in rotated(tools, max(r, 0)):
                             out.unlink(missing_ok=True)
                             secs, _ = timed(argvs[t])
                             if r < 0:
@@ -321,15 +347,19 @@ def part_into(diskit, work, sources):
         "diskit-serve": [str(diskit), "serve", "-f", "-U", str(sock), "memory", str(size)],
         "nbdkit": ["nbdkit", "-f", "-U", str(sock), "memory", str(size)],
     }
-    tools = ["diskit-copy", "nbdcopy"]
+    if BASELINE:
+        servers["baseline-serve"] = [BASELINE] + servers["diskit-serve"][1:]
+    tools = ["diskit-copy", "nbdcopy"] + (["baseline-copy"] if BASELINE else [])
     rows = []
     for name, argv in servers.items():
         times = {t: [] for t in tools}
         for r in range(-1, ROUNDS):
-            for t in rotate(tools, max(r, 0)):
+            for t in rotated(tools, max(r, 0)):
                 srv = nb.Server(argv, sock)
                 try:
-                    cmd = ([str(diskit), "copy"] if t == "diskit-copy" else ["nbdcopy"]) + [str(src), srv.uri]
+                    client = {"diskit-copy": [str(diskit), "copy"],
+                              "baseline-copy": [BASELINE, "copy"]}.get(t, ["nbdcopy"])
+                    cmd = client + [str(src), srv.uri]
                     secs, _ = timed(cmd)
                     if r < 0:
                         subprocess.run(["nbdcopy", srv.uri, str(work / "check.raw")], check=True)
@@ -355,6 +385,33 @@ def print_into(rows):
         ok_all &= ok
         print(f"{row['server']:14} diskit copy {ms['diskit-copy']:.3f}  nbdcopy {ms['nbdcopy']:.3f}  {rc:4.2f}x {'ok' if ok else 'MISSED'}")
     return ok_all
+
+
+def print_before_after(results):
+    """diskit's median over the baseline binary's, every cell that has both
+    (above 1.05: more than 5% slower than before)."""
+    print("\nbefore/after: diskit's median seconds over the baseline binary's (above 1.05: 5% slower)")
+    worst = 0.0
+    cells = []
+    for row in results.get("fastzero", []):
+        cells.append((f"fastzero {row['nozero']}", row["median_s"]))
+    for row in results.get("from", []):
+        cells.append((f"from {row['server']}/{row['data']}/{row['dest']}", row["median_s"]))
+    for row in results.get("into", []):
+        cells.append((f"into {row['server']}", row["median_s"]))
+    into = {r["server"]: r["median_s"] for r in results.get("into", [])}
+    if "baseline-serve" in into:
+        cells.append(("into serve (client nbdcopy)",
+                      {"diskit-serve": into["diskit-serve"]["nbdcopy"],
+                       "baseline-serve": into["baseline-serve"]["nbdcopy"]}))
+    for label, ms in cells:
+        for t in ms:
+            if t.startswith("diskit-") and "baseline-" + t[len("diskit-"):] in ms:
+                b = ms["baseline-" + t[len("diskit-"):]]
+                r = ms[t] / b if b > 0 else float("inf")
+                worst = max(worst, r)
+                print(f"{label:52} {t:16} {b:8.3f} -> {ms[t]:8.3f} {r:6.3f}")
+    print(f"worst cell: {worst:.3f}")
 
 
 def main():
@@ -387,6 +444,8 @@ def main():
         verdicts.append(("from", print_from(results["from"])))
     if "into" in results:
         verdicts.append(("into", print_into(results["into"])))
+    if BASELINE:
+        print_before_after(results)
     print()
     for part, ok in verdicts:
         print(f"target {part}: {'met' if ok else 'MISSED'}")

@@ -42,7 +42,6 @@ Free page reporting is held still as in bench/nbd.py. Output: tables on
 stdout and bench/results/rbd-<date>.json.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -54,6 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import logger, nbdbench as nb, rotated
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SIZE_MIB = int(os.environ.get("SIZE_MIB", "2048"))
@@ -61,13 +62,7 @@ ROUNDS = int(os.environ.get("ROUNDS", "3"))
 RUNTIME = int(os.environ.get("RUNTIME", "15"))
 PARTS = [p for p in os.environ.get("PARTS", "import,export,serve,fio").split(",") if p]
 
-_spec = importlib.util.spec_from_file_location("nbd_bench", HERE / "nbd.py")
-nb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(nb)
-
-
-def log(msg):
-    print(f"[rbd.py] {msg}", file=sys.stderr, flush=True)
+log = logger("rbd.py")
 
 
 def run(argv, **kw):
@@ -125,11 +120,6 @@ def medians(rounds):
     return {tool: statistics.median(ts) for tool, ts in rounds.items()}
 
 
-def rotate(tools, r):
-    k = r % len(tools)
-    return tools[k:] + tools[:k]
-
-
 def part_import(diskit, cl, work, results):
     rows = []
     for kind in ["full", "sparse"]:
@@ -151,7 +141,7 @@ def part_import(diskit, cl, work, results):
             tools = {"diskit convert": convert, "diskit copy": copy, "rbd import": rbd_import}
             times = {t: [] for t in tools}
             for r in range(ROUNDS):
-                for t in rotate(list(tools), r):
+                for t in rotated(list(tools), r):
                     cl.remove("dst")
                     times[t].append(tools[t]())
             cl.remove("dst")
@@ -192,7 +182,7 @@ def part_export(diskit, cl, work, results):
                 tools["diskit copy"] = copy
             times = {t: [] for t in tools}
             for r in range(ROUNDS):
-                for t in rotate(list(tools), r):
+                for t in rotated(list(tools), r):
                     dst.unlink(missing_ok=True)
                     times[t].append(tools[t]())
             dst.unlink(missing_ok=True)
@@ -232,7 +222,7 @@ def part_serve(diskit, cl, work, results):
         tools = {"nbdcopy from diskit serve": nbdcopy, "rbd export": rbd_export}
         rates = {t: [] for t in tools}
         for r in range(ROUNDS):
-            for t in rotate(list(tools), r):
+            for t in rotated(list(tools), r):
                 rates[t].append(tools[t]())
     finally:
         server.stop()

@@ -27,9 +27,9 @@ sparse    A sparse raw image of SPARSE_MIB (default 4096) with 64 KiB of
             diskit convert -f raw -O qcow2 SRC s3://B/K
             diskit convert -f raw -O vmdk -o subformat=streamOptimized SRC s3://B/K
             aws s3 cp SRC s3://B/K  (its raw form, every byte)
-          A diskit cell that fails (large qcow2 and vmdk targets may, "S3
-          objects are written front to back", until their layouts are
-          planned front to back) is reported as failed, with its message.
+          Both are written once, front to back (qcow2's tables placed after
+          the data); a diskit cell that fails is reported as failed, with
+          its message.
           Target: at most 0.05x of aws s3 cp.
 
 serve     The download part's object served read-only, copied to null by
@@ -56,7 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import chosen, logger, nbdbench as nb, save
+from benchlib import chosen, logger, nbdbench as nb, rotated, save
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -84,11 +84,6 @@ def timed(argv, **kw):
         lines = p.stderr.strip().splitlines()
         raise Failed(lines[-1] if lines else f"exit status {p.returncode}")
     return took
-
-
-def rotate(tools, r):
-    k = r % len(tools)
-    return tools[k:] + tools[:k]
 
 
 class Store:
@@ -162,7 +157,7 @@ def measure(tools, before=None):
     times = {t: [] for t in tools}
     failed = {}
     for r in range(ROUNDS):
-        for t in rotate(list(tools), r):
+        for t in rotated(list(tools), r):
             if t in failed:
                 continue
             if before:

@@ -106,15 +106,20 @@ step monmaptool --create --fsid "$fsid" --addv a "[v1:$ip:$port]" "$D/monmap"
 step ceph-mon -c "$c" --mkfs -i a --monmap "$D/monmap"
 step ceph-mon -c "$c" -i a
 # The monitor answers commands only once it has formed its quorum of one
-# and loaded its command table (before, "EPERM: problem getting command
-# descriptions"): the first command is tried again until it is taken.
-for try in $(seq 40); do
-  if out=$(cd "$D" && timeout 10 ceph -c "$c" osd create 2>&1); then
-    break
-  fi
-  [ "$try" -lt 40 ] || fail "ceph osd create failed: $out"
-  sleep 0.5
-done
+# and loaded its command table, and it may lose that for a while when the
+# OSD joins (meanwhile "EPERM: problem getting command descriptions"): a
+# monitor command is tried again until it is taken.
+mon_step() {
+  local out try
+  for try in $(seq 40); do
+    if out=$(cd "$D" && timeout 20 "$@" 2>&1); then
+      return 0
+    fi
+    [ "$try" -lt 40 ] || fail "$* failed: $out"
+    sleep 0.5
+  done
+}
+mon_step ceph -c "$c" osd create
 step ceph-osd -c "$c" -i 0 --mkfs
 # The OSD may ask the monitor before it has the monitor's map, with a
 # null fsid ("wrong fsid"), and stop: a race in Ceph's start-up; another
@@ -129,8 +134,8 @@ for attempt in 1 2 3 4 5; do
   fi
   fail "ceph-osd -i 0 failed: $out"
 done
-step ceph -c "$c" osd pool create rbd 8
-step rbd -c "$c" pool init rbd
+mon_step ceph -c "$c" osd pool create rbd 8
+mon_step rbd -c "$c" pool init rbd
 if [ "$rgw" = 1 ]; then
   rgw_port=$(python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$ip")
   cat >>"$c" <<EOF

@@ -267,6 +267,17 @@ pub trait Storage: BlockDevice {
         false
     }
 
+    /// How many bytes at the start may still be written at any time, however
+    /// far the writes have gone: all of them (`u64::MAX`) unless the storage
+    /// [writes in order](Self::writes_in_order). A new S3 object keeps its
+    /// first part in memory until it is closed, so that a format writes its
+    /// header, and the tables it keeps next to it, last; metadata a format
+    /// changes in place must lie within these bytes, or be placed at the end
+    /// once the data is written.
+    fn rewritable_head(&self) -> u64 {
+        u64::MAX
+    }
+
     /// Whether this is a device of a fixed size (a block device, an NBD
     /// export) rather than a file that grows.
     fn is_fixed_size(&self) -> bool {
@@ -408,6 +419,9 @@ macro_rules! forward_storage {
             }
             fn writes_in_order(&self) -> bool {
                 (**self).writes_in_order()
+            }
+            fn rewritable_head(&self) -> u64 {
+                (**self).rewritable_head()
             }
             fn lock_image(&self, perm: u8, unshare: u8) -> Result<()> {
                 (**self).lock_image(perm, unshare)

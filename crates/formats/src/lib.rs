@@ -17,6 +17,7 @@ pub mod driver;
 pub mod host_device;
 pub mod image_ops;
 pub mod implied;
+pub mod in_order;
 pub mod info;
 pub mod luks;
 pub mod mapped;

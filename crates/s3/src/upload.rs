@@ -484,6 +484,10 @@ impl diskit_core::Storage for S3Writer {
     fn writes_in_order(&self) -> bool {
         true
     }
+    /// The first part, held in memory until the end.
+    fn rewritable_head(&self) -> u64 {
+        self.shared.part
+    }
     fn protocol(&self) -> &'static str {
         "s3"
     }

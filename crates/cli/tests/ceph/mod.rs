@@ -83,12 +83,26 @@ impl Ceph {
         };
         let conf = ceph.conf();
         let conf = conf.to_str().unwrap();
+        // A cluster that is not there fails the test in a minute, not hangs it.
+        let wait = ["--client_mount_timeout", "60"];
         for args in [
             vec!["ceph", "-c", conf, "osd", "pool", "create", &ceph.pool, "8"],
             vec!["rbd", "-c", conf, "pool", "init", &ceph.pool],
         ] {
-            let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
-            assert!(o.status.success(), "{args:?}: {o:?}");
+            let args = [&args[..], &wait[..]].concat();
+            // A busy monitor may answer "EPERM: problem getting command
+            // descriptions" for a moment: asked again, it takes the command.
+            let mut tries = 0;
+            loop {
+                let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
+                if o.status.success() {
+                    break;
+                }
+                tries += 1;
+                let busy = String::from_utf8_lossy(&o.stderr).contains("command descriptions");
+                assert!(busy && tries < 20, "{args:?}: {o:?}");
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
         }
         ceph
     }

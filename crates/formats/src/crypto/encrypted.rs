@@ -208,6 +208,14 @@ impl Storage for EncryptedStorage {
         self.inner.is_fixed_size()
     }
 
+    fn writes_in_order(&self) -> bool {
+        self.inner.writes_in_order()
+    }
+
+    fn rewritable_head(&self) -> u64 {
+        self.inner.rewritable_head().saturating_sub(self.start)
+    }
+
     fn lock_image(&self, perm: u8, unshare: u8) -> Result<()> {
         self.inner.lock_image(perm, unshare)
     }

@@ -163,11 +163,10 @@ impl Qcow2Format {
         let geo = self.geo;
         let table_end = (g.0 / geo.l2_coverage() + 1) * geo.l2_coverage();
         let max = max.min(table_end - g.0).min(MAX_RUN);
-        let Some(at) = meta.l2_offset(geo.l1_index(g))? else {
+        let cx = meta.cx;
+        let Some(table) = meta.l2_of(geo.l1_index(g))? else {
             return Ok((max, Mapping::Backing { alloc: None }));
         };
-        let cx = meta.cx;
-        let table = meta.l2_table(at)?;
         let mut pos = g.0;
         let mut first: Option<(u64, Mapping)> = None;
         while pos < g.0 + max {
@@ -307,7 +306,7 @@ impl Qcow2Format {
         let mut pos = g;
         while pos < g + len {
             let l1i = self.geo.l1_index(GuestOffset(pos));
-            if meta.l2_offset(l1i)?.is_none() {
+            if !meta.has_l2(l1i)? {
                 // A whole unallocated L2 table: skip to the next one.
                 pos = (pos / self.geo.l2_coverage() + 1) * self.geo.l2_coverage();
                 continue;
@@ -495,11 +494,14 @@ impl Qcow2Format {
     }
 
     /// Writes all cached metadata out and syncs (twice, so that deferred
-    /// refcount decrements land too).
+    /// refcount decrements land too); written front to back, the metadata
+    /// held in memory is placed after the data first
+    /// ([`super::meta::deferred`]).
     pub fn close(&self) -> Result<()> {
         if self.layers.writable {
             self.persist_bitmaps()?;
             let mut meta = self.lock();
+            meta.place_deferred()?;
             meta.write_back()?;
             meta.write_back()?;
             drop(meta);

@@ -4,8 +4,11 @@
 //!
 //! All of it sits behind one mutex that is held only to look things up and
 //! to change them, never while guest data moves.
+//!
+//! On storage written front to back the L2 tables made while writing are
+//! held in memory, and placed after the data at the end ([`deferred`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use diskit_core::{BlockDevice, Error, ErrorKind, Result, WriteFlags};
 use diskit_core::{Storage, StorageRef};
@@ -19,6 +22,8 @@ use super::refcount::Refcounts;
 use super::table::{corrupt, read_u64_table, u64_table_bytes};
 
 pub use diskit_core::range_lock::RangeTicket;
+
+pub mod deferred;
 
 /// Metadata state of an image.
 pub struct Meta {
@@ -46,6 +51,9 @@ pub struct Meta {
     free_byte: u64,
     /// File length when last checked (metadata past it is refused).
     file_len: u64,
+    /// Deferred placement ([`deferred`]): the L2 tables made since, not
+    /// placed yet, by L1 index; `None` when new tables are placed at once.
+    unplaced: Option<BTreeMap<usize, Vec<L2Entry>>>,
 }
 
 impl Meta {
@@ -84,6 +92,7 @@ impl Meta {
             inflight: RangeSet::default(),
             free_byte: 0,
             file_len,
+            unplaced: None,
         })
     }
 
@@ -109,6 +118,28 @@ impl Meta {
             )));
         }
         Ok(Some(HostOffset(off)))
+    }
+
+    /// The L2 table for an L1 index (held in memory or loaded), or None
+    /// when there is none.
+    pub fn l2_of(&mut self, l1i: usize) -> Result<Option<&mut Vec<L2Entry>>> {
+        if self.is_unplaced(l1i) {
+            return Ok(self.unplaced.as_mut().and_then(|u| u.get_mut(&l1i)));
+        }
+        match self.l2_offset(l1i)? {
+            None => Ok(None),
+            Some(at) => self.l2_table(at).map(Some),
+        }
+    }
+
+    /// Whether the L1 index has an L2 table (placed or held in memory).
+    pub fn has_l2(&mut self, l1i: usize) -> Result<bool> {
+        Ok(self.is_unplaced(l1i) || self.l2_offset(l1i)?.is_some())
+    }
+
+    /// Whether the L2 table of an L1 index is held in memory, not placed.
+    fn is_unplaced(&self, l1i: usize) -> bool {
+        self.unplaced.as_ref().is_some_and(|u| u.contains_key(&l1i))
     }
 
     /// Makes room in the L2 cache, writing a dirty victim (after the
@@ -165,9 +196,9 @@ impl Meta {
     /// The L2 entry for a guest offset (all zeros when its table is unallocated).
     pub fn entry(&mut self, g: GuestOffset) -> Result<L2Entry> {
         let geo = *self.geo();
-        match self.l2_offset(geo.l1_index(g))? {
+        match self.l2_of(geo.l1_index(g))? {
             None => Ok(L2Entry::default()),
-            Some(at) => Ok(self.l2_table(at)?[geo.l2_index(g)]),
+            Some(table) => Ok(table[geo.l2_index(g)]),
         }
     }
 
@@ -187,27 +218,34 @@ impl Meta {
     }
 
     /// An L2 table for `g` that may be changed: allocated if missing, copied
-    /// if shared with a snapshot.
-    pub fn l2_for_write(&mut self, g: GuestOffset) -> Result<HostOffset> {
+    /// if shared with a snapshot. Its place, or None for a table held in
+    /// memory until deferred placement.
+    pub fn l2_for_write(&mut self, g: GuestOffset) -> Result<Option<HostOffset>> {
         let geo = *self.geo();
         let l1i = geo.l1_index(g);
         if l1i >= self.l1.len() {
             return Err(Error::invalid("guest offset beyond the L1 table"));
         }
+        if self.is_unplaced(l1i) {
+            return Ok(None);
+        }
         let e = self.l1[l1i];
         let old = self.l2_offset(l1i)?;
         if let Some(at) = old {
             if e & COPIED != 0 {
-                return Ok(at);
+                return Ok(Some(at));
             }
             if self.refs()?.get(geo.host_cluster(at))? == 1 {
                 self.l1[l1i] = at.0 | COPIED;
                 self.l1_dirty.insert(l1i);
-                return Ok(at);
+                return Ok(Some(at));
             }
         }
-        let (c, _) = self.refs()?.alloc(1)?;
-        let at = geo.host_offset(c);
+        // A new table gets its cluster now, or at the end when deferred.
+        let at = match self.unplaced {
+            Some(_) => None,
+            None => Some(geo.host_offset(self.refs()?.alloc(1)?.0)),
+        };
         let table = match old {
             Some(old_at) => {
                 let mut t = self.l2_table(old_at)?.clone();
@@ -219,19 +257,35 @@ impl Meta {
             }
             None => vec![L2Entry::default(); geo.l2_entries() as usize],
         };
+        let Some(at) = at else {
+            if let Some(unplaced) = self.unplaced.as_mut() {
+                unplaced.insert(l1i, table);
+            }
+            return Ok(None);
+        };
         self.evict_l2()?;
         self.l2.insert(at, table, true);
         self.l1[l1i] = at.0 | COPIED;
         self.l1_dirty.insert(l1i);
-        Ok(at)
+        Ok(Some(at))
     }
 
     /// Sets the L2 entry for `g` (its table must come from [`Self::l2_for_write`]).
     pub fn set_entry(&mut self, g: GuestOffset, e: L2Entry) -> Result<()> {
         let geo = *self.geo();
-        let at = self.l2_for_write(g)?;
-        self.l2_table(at)?[geo.l2_index(g)] = e;
-        self.l2.get(at).expect("cached").dirty = true;
+        let i = geo.l2_index(g);
+        match self.l2_for_write(g)? {
+            Some(at) => {
+                self.l2_table(at)?[i] = e;
+                self.l2.get(at).expect("cached").dirty = true;
+            }
+            None => {
+                let table = self.l2_of(geo.l1_index(g))?.ok_or_else(|| {
+                    Error::new(ErrorKind::Io, "qcow2: an L2 table held in memory is gone")
+                })?;
+                table[i] = e;
+            }
+        }
         Ok(())
     }
 
@@ -264,7 +318,11 @@ impl Meta {
         let geo = *self.geo();
         let cs = geo.cluster_size();
         let off = self.free_byte;
-        if !off.is_multiple_of(cs) {
+        // Written front to back, bytes are packed only into the last
+        // cluster (one further back may be written already).
+        let packable = self.unplaced.is_none()
+            || geo.host_cluster(HostOffset(off)).0 + 1 == self.refs()?.top().0;
+        if !off.is_multiple_of(cs) && packable {
             let cluster = geo.host_cluster(HostOffset(off));
             let room = cs - off % cs;
             if size <= room {

@@ -169,7 +169,7 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
         .unwrap_or(DEFAULT_L2_CACHE_BYTES)
         .min(header.l1_size as u64 * cs)
         .max(2 * cs);
-    let meta = Meta::load(
+    let mut meta = Meta::load(
         file.clone(),
         cx,
         header.l1_table_offset,
@@ -177,6 +177,11 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
         (cache_bytes / cs) as usize,
         refs,
     )?;
+    if opts.writable && file.writes_in_order() {
+        // Written once, front to back: the tables writes make are placed
+        // after the data, at the end.
+        meta.defer_placement()?;
+    }
     if !opts.writable {
         // A bitmap directory that does not hold together makes the image
         // unopenable, read-only too, as in QEMU: info, map, convert and

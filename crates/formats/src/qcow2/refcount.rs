@@ -4,7 +4,11 @@
 //! Refcount blocks are cached and written back in [`Refcounts::write_dirty`];
 //! the image layer orders that before the L2 tables that depend on them.
 //! New refcount blocks (and a grown refcount table) are written at once,
-//! before anything points at them.
+//! before anything points at them; or, on storage written front to back,
+//! held in memory and placed after the data at the end (`held`, see
+//! [`super::meta::deferred`]).
+
+use std::collections::BTreeMap;
 
 use diskit_core::{BlockDevice, Error, ErrorKind, Result};
 use diskit_core::{Storage, StorageRef};
@@ -13,6 +17,8 @@ use super::cache::TableCache;
 use super::header::Header;
 use super::layout::{Geometry, HostCluster, HostOffset};
 use super::table::{corrupt, read_u64_table, u64_table_bytes};
+
+mod held;
 
 /// The largest refcount table QEMU accepts (8 MiB).
 pub const MAX_TABLE_BYTES: u64 = 8 << 20;
@@ -33,6 +39,10 @@ pub struct Refcounts {
     /// Clusters whose refcount dropped to zero since [`Self::note_freed`]
     /// (`None`: not noting).
     freed: Option<Vec<u64>>,
+    /// Deferred placement ([`Self::defer`]): the blocks made since, not
+    /// placed yet, by table index; `None` when new blocks are placed and
+    /// written as they are made.
+    held: Option<BTreeMap<u64, Vec<u8>>>,
 }
 
 /// Reads a refcount of width 2^order bits at index `i` of a block.
@@ -95,6 +105,7 @@ impl Refcounts {
             free_hint: 0,
             top: file_len.div_ceil(cs),
             freed: None,
+            held: None,
         })
     }
 
@@ -186,6 +197,9 @@ impl Refcounts {
     /// The refcount of a host cluster (0 where no block covers it).
     pub fn get(&mut self, c: HostCluster) -> Result<u64> {
         let epb = self.entries_per_block();
+        if let Some(block) = self.held_block(c.0 / epb) {
+            return Ok(get_entry(block, self.order, c.0 % epb));
+        }
         let Some(at) = self.block_offset(c.0 / epb)? else {
             return Ok(0);
         };
@@ -207,6 +221,7 @@ impl Refcounts {
         let j = c.0 / epb;
         let at = match self.block_offset(j)? {
             Some(at) => at,
+            None if self.held.is_some() => return self.set_held(c, v),
             None if v == 0 => return Ok(()),
             None => self.new_block(j)?,
         };
@@ -269,6 +284,12 @@ impl Refcounts {
     /// them. Also returns the first free cluster seen (the start of a free
     /// run too short for `n`, or the start of the result).
     fn find_free(&mut self, n: u64) -> Result<(u64, u64)> {
+        if self.held.is_some() {
+            // Written front to back: new clusters only ever go at the end
+            // (space freed behind it may be written already).
+            let top = self.top.max(1);
+            return Ok((top, top));
+        }
         let mut start = self.free_hint.max(1);
         let mut first_free = None;
         let mut run = 0;

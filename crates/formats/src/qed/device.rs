@@ -8,8 +8,16 @@
 //! needing a check while allocations may be in flight, and unmarked at
 //! flush and close; with one, the data is flushed before any table
 //! points at it.
+//!
+//! On storage written front to back (a new S3 object, see
+//! [`crate::in_order`]) a table further back cannot be written again: the
+//! L2 tables made while writing are held in memory (L2 tables only: their
+//! memory is the image's metadata, never its data), and placed after the
+//! data at close, the L1 table (in the head the storage keeps) then
+//! pointing at them. Metadata after the data, not planned before it: the
+//! tables a run of writes needs are known only once it is over.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -33,6 +41,10 @@ pub struct Qed {
     l2: Mutex<HashMap<u64, Arc<Vec<u64>>>>,
     /// Where the next cluster goes (the end of the file, whole clusters).
     file_end: AtomicU64,
+    /// Written front to back: the L2 tables made since opening, by L1
+    /// index, held until [`Qed::place_held`]; `None` when tables are
+    /// placed as they are made.
+    held: Option<Mutex<BTreeMap<usize, Arc<Vec<u64>>>>>,
 }
 
 fn read_table(file: &StorageRef, offset: u64, h: &Header) -> Result<Vec<u64>> {
@@ -76,6 +88,16 @@ impl Qed {
         } else {
             file.file_len()? / cs * cs
         };
+        let held = (writable && file.writes_in_order()).then(Default::default);
+        if held.is_some() {
+            // The header, the L1 table and the L2 tables there are change
+            // in place.
+            let mut end = header.l1_table_offset + header.table_bytes();
+            for &t in l1.iter().filter(|&&t| t != 0) {
+                end = end.max(t + header.table_bytes());
+            }
+            crate::in_order::check_in_place(&*file, "qed", "header, L1 and L2 tables", end)?;
+        }
         Ok(Mapped::new(Qed {
             layers: Layers {
                 data: file,
@@ -86,6 +108,7 @@ impl Qed {
             l1: RwLock::new(l1),
             l2: Mutex::new(HashMap::new()),
             file_end: AtomicU64::new(file_end),
+            held,
         }))
     }
 
@@ -115,10 +138,15 @@ impl Qed {
     /// The L2 entry of guest `g`: None when its L2 table is not allocated.
     fn l2_entry(&self, g: u64, h: &Header) -> Result<(Option<Arc<Vec<u64>>>, u64)> {
         let span = h.l2_span();
-        let l1e = sync::read(&self.l1)[(g / span) as usize];
+        let l1_index = (g / span) as usize;
+        let l1e = sync::read(&self.l1)[l1_index];
         let idx = (g % span) / h.cluster_size as u64;
         if l1e == 0 {
-            return Ok((None, idx));
+            let held = self
+                .held
+                .as_ref()
+                .and_then(|m| lock(m).get(&l1_index).cloned());
+            return Ok((held, idx));
         }
         if !h.table_offset_ok(l1e, self.file_size()) {
             return Err(Error::invalid(format!(
@@ -183,6 +211,15 @@ impl Qed {
         let l1_index = (g / h.l2_span()) as usize;
         let idx0 = ((g % h.l2_span()) / h.cluster_size as u64) as usize;
         let had_table = sync::read(&self.l1)[l1_index];
+        if let (0, Some(held)) = (had_table, &self.held) {
+            // Held in memory until close.
+            let mut held = lock(held);
+            let table = held
+                .entry(l1_index)
+                .or_insert_with(|| Arc::new(vec![0; h.table_entries() as usize]));
+            Arc::make_mut(table)[idx0..idx0 + entries.len()].copy_from_slice(entries);
+            return Ok(());
+        }
         let mut table: Vec<u64> = match (had_table, cache.get(&had_table)) {
             (0, _) => vec![0; h.table_entries() as usize],
             (_, Some(t)) => t.as_ref().clone(),
@@ -222,6 +259,31 @@ impl Qed {
         }
         cache.insert(table_at, Arc::new(table));
         Ok(())
+    }
+}
+
+impl Qed {
+    /// Places the L2 tables held (written front to back) after everything
+    /// written, and points the L1 table at them.
+    fn place_held(&self) -> Result<()> {
+        let Some(held) = &self.held else {
+            return Ok(());
+        };
+        let mut cache = lock(&self.l2);
+        let tables = std::mem::take(&mut *lock(held));
+        if tables.is_empty() {
+            return Ok(());
+        }
+        let h = self.header();
+        let mut l1 = sync::write(&self.l1);
+        for (i, t) in tables {
+            let at = self.file_end.fetch_add(h.table_bytes(), Ordering::AcqRel);
+            self.data().write_extend(&table_bytes(&t), at)?;
+            l1[i] = at;
+            cache.insert(at, t);
+        }
+        self.data()
+            .write_at(&table_bytes(&l1), h.l1_table_offset, WriteFlags::NONE)
     }
 }
 
@@ -380,6 +442,16 @@ impl MappedFormat for Qed {
     fn flush(&self) -> Result<()> {
         self.layers.data.flush()?;
         if self.layers.writable {
+            self.set_need_check(false)?;
+        }
+        Ok(())
+    }
+
+    /// The tables held are placed; the image is marked as needing no
+    /// check (as at a drop, but while the storage still takes writes).
+    fn close(&self) -> Result<()> {
+        if self.writable() {
+            self.place_held()?;
             self.set_need_check(false)?;
         }
         Ok(())

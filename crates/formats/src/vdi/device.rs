@@ -43,6 +43,11 @@ impl Vdi {
                 header.offset_bmap
             )));
         }
+        if writable {
+            // The header and the block map change in place.
+            let end = header.offset_bmap as u64 + len;
+            crate::in_order::check_in_place(&*file, "vdi", "header and block map", end)?;
+        }
         let mut raw = vec![0u8; len as usize];
         file.read_at(&mut raw, header.offset_bmap as u64)?;
         let mut bmap = crate::bytes::le32s(&raw);

@@ -219,6 +219,11 @@ impl Vhdx {
                 "VHDX image cannot be written: its log is too small or its BAT is not in whole 4 KiB sectors",
             ));
         }
+        if mode.writable {
+            // The headers, the log and the BAT change in place.
+            let end = (rt.bat.offset + used * 8).max(h.log_offset + h.log_length as u64);
+            crate::in_order::check_in_place(&*file, "vhdx", "headers, log and BAT", end)?;
+        }
         let v = Vhdx {
             // On storage of a fixed size (an NBD export, a block device)
             // the end of the storage says nothing: new blocks go after the

@@ -188,6 +188,17 @@ impl SparseExtent {
                 return Err(Error::invalid("Invalid grain directory offset"));
             }
         }
+        if writable {
+            // The directories and tables change in place as grains come.
+            let mut end = 0;
+            for at in std::iter::once(geo.gd_at).chain(geo.rgd_at) {
+                end = end.max(at + geo.l1_entries * 4);
+            }
+            for &t in gd.iter().chain(rgd.iter()).filter(|&&t| t != 0) {
+                end = end.max(u64::from(t) * SECTOR + geo.table_bytes());
+            }
+            crate::in_order::check_in_place(&*file, "vmdk", "grain directories and tables", end)?;
+        }
         // New grains go after everything the extent holds: the end of the
         // file, and metadata reaching past it (directories, tables). On
         // storage of a fixed size (an NBD export, a block device) the end

@@ -87,6 +87,10 @@ impl Vpc {
             if h.table_offset.saturating_add(bat_len) > len {
                 return Err(Error::invalid("Error reading pagetable"));
             }
+            if writable {
+                // The BAT changes in place; the footer moves along at the end.
+                crate::in_order::check_in_place(&*file, "vpc", "BAT", h.table_offset + bat_len)?;
+            }
             let mut raw = vec![0u8; bat_len as usize];
             file.read_at(&mut raw, h.table_offset)?;
             let bat: Vec<u32> = raw
