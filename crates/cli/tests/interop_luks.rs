@@ -19,6 +19,17 @@ const OBJECTS: [&str; 4] = [
     "secret,id=sec1,data=battery staple",
 ];
 
+/// Cipher choices: QEMU's default and older or other combinations.
+const CIPHERS: &[&str] = &[
+    "iter-time=10",
+    "iter-time=10,cipher-alg=aes-128,cipher-mode=cbc,ivgen-alg=essiv,hash-alg=sha1",
+    "iter-time=10,cipher-alg=aes-256,cipher-mode=cbc,ivgen-alg=plain64,hash-alg=sha512",
+    "iter-time=10,cipher-alg=twofish-256,cipher-mode=xts",
+    "iter-time=10,cipher-alg=serpent-128,cipher-mode=cbc,ivgen-alg=plain",
+    "iter-time=10,cipher-alg=cast5-128,cipher-mode=cbc,ivgen-alg=plain64,hash-alg=sha256",
+    "iter-time=10,cipher-alg=twofish-128,cipher-mode=cbc,ivgen-alg=essiv,ivgen-hash-alg=sha256",
+];
+
 /// Runs `TOOL ARGS` with the secrets defined, in `dir`.
 fn run(tool: &str, dir: &Path, args: &[&str]) -> std::process::Output {
     let program = if tool == "diskit" {
@@ -112,17 +123,6 @@ fn info_like_qemu(dir: &Path, file: &str, what: &str) {
         assert_eq!(stdout(&ours), stdout(&theirs), "{what}: {args:?}");
     }
 }
-
-/// Cipher choices: QEMU's default and older or other combinations.
-const CIPHERS: &[&str] = &[
-    "iter-time=10",
-    "iter-time=10,cipher-alg=aes-128,cipher-mode=cbc,ivgen-alg=essiv,hash-alg=sha1",
-    "iter-time=10,cipher-alg=aes-256,cipher-mode=cbc,ivgen-alg=plain64,hash-alg=sha512",
-    "iter-time=10,cipher-alg=twofish-256,cipher-mode=xts",
-    "iter-time=10,cipher-alg=serpent-128,cipher-mode=cbc,ivgen-alg=plain",
-    "iter-time=10,cipher-alg=cast5-128,cipher-mode=cbc,ivgen-alg=plain64,hash-alg=sha256",
-    "iter-time=10,cipher-alg=twofish-128,cipher-mode=cbc,ivgen-alg=essiv,ivgen-hash-alg=sha256",
-];
 
 #[test]
 fn luks_images_qemu_makes_read_back_byte_equal() {

@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 use common::*;
 
@@ -18,9 +17,7 @@ const MALLORY: &str = "ffeeddccbbaa99887766554433221100";
 
 /// A 4 MiB sparse file with data at 0 and at 1 MiB.
 fn test_file(dir: &Path) -> PathBuf {
-    let p = dir.join("t.raw");
-    sparse_file(&p, 4 << 20, &[(0, 65536, 0x11), (1 << 20, 300_000, 0x22)]);
-    p
+    served_file(dir, 300_000)
 }
 
 /// DIR/NAME/keys.psk holding `text` (qemu wants the file under that name
@@ -54,24 +51,6 @@ fn qemu_psk(user: &str, keys: &Path) -> String {
          driver=nbd,path=$unixsocket,tls-creds=tls0",
         s(keys)
     )
-}
-
-/// The connection lines of the server's `-v` log.
-fn connections(o: &Output) -> Vec<String> {
-    stderr(o)
-        .lines()
-        .filter(|l| l.starts_with("diskit: connection"))
-        .map(String::from)
-        .collect()
-}
-
-/// The value `tool=N` recorded in the command's output.
-fn status(o: &Output, tool: &str) -> String {
-    let text = stdout(o);
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{tool}=")))
-        .unwrap_or_else(|| panic!("no {tool} result in {text}"))
-        .to_string()
 }
 
 #[test]
@@ -196,10 +175,10 @@ fn unknown_users_wrong_keys_and_plain_clients_are_refused() {
         "plain",
         "qemu-plain",
     ] {
-        assert_ne!(status(&o, tool), "0", "{tool} got in: {}", stdout(&o));
+        assert_ne!(recorded(&o, tool), "0", "{tool} got in: {}", stdout(&o));
     }
     // The server lived on.
-    assert_eq!(status(&o, "good"), "0");
+    assert_eq!(recorded(&o, "good"), "0");
     assert_contains(&stdout(&o), "4194304\ngood=0");
     assert!(
         !out.exists() || std::fs::metadata(&out).unwrap().len() == 0,
@@ -244,12 +223,12 @@ fn tls_psk_alone_offers_tls_as_nbdkit_does() {
     let text = stdout(&o);
     assert_contains(&text, "uri=nbd+unix:///?socket=");
     assert_contains(&text, " tls=1\n");
-    assert_eq!(status(&o, "plain"), "0", "{text}");
-    assert_eq!(status(&o, "psk"), "0", "{text}");
+    assert_eq!(recorded(&o, "plain"), "0", "{text}");
+    assert_eq!(recorded(&o, "psk"), "0", "{text}");
     // nbdkit, the oracle, agrees on all but the URI's spelling.
     let n = ok(run(&["nbdkit"]));
     for key in ["plain", "psk"] {
-        assert_eq!(status(&n, key), status(&o, key), "{key}");
+        assert_eq!(recorded(&n, key), recorded(&o, key), "{key}");
     }
     assert_contains(&stdout(&n), " tls=1\n");
 }

@@ -13,9 +13,7 @@ use common::*;
 
 /// A 4 MiB sparse file: 64 KiB of 0x11 at 0, 64 KiB of 0x22 at 1 MiB.
 fn test_file(dir: &Path) -> PathBuf {
-    let p = dir.join("t.raw");
-    sparse_file(&p, 4 << 20, &[(0, 65536, 0x11), (1 << 20, 65536, 0x22)]);
-    p
+    served_file(dir, 65536)
 }
 
 fn json(o: &Output) -> serde_json::Value {

@@ -17,9 +17,7 @@ use common::*;
 
 /// A 4 MiB sparse file: 64 KiB of 0x11 at 0, 300000 bytes of 0x22 at 1 MiB.
 fn test_file(dir: &Path) -> PathBuf {
-    let p = dir.join("t.raw");
-    sparse_file(&p, 4 << 20, &[(0, 65536, 0x11), (1 << 20, 300_000, 0x22)]);
-    p
+    served_file(dir, 300_000)
 }
 
 /// A CA, server and client certificates in DIR/NAME.
@@ -42,15 +40,6 @@ fn nbdkit(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("nbdkit is installed")
-}
-
-/// The value `tool=N` the command recorded.
-fn status(o: &Output, tool: &str) -> String {
-    let text = stdout(o);
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{tool}=")))
-        .unwrap_or_else(|| panic!("no {tool} result in {text}\n{}", stderr(o)))
-        .to_string()
 }
 
 #[test]
@@ -85,13 +74,9 @@ fn nbdinfo_copy_and_convert_from_diskit_serve_over_tls() {
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
     assert!(same_bytes(&f, &conv), "diskit convert read other bytes");
     // Every connection the server logged was encrypted.
-    let log = stderr(&o);
-    let conns: Vec<&str> = log
-        .lines()
-        .filter(|l| l.starts_with("diskit: connection"))
-        .collect();
+    let conns = connections(&o);
     assert!(!conns.is_empty(), "{}", stderr(&o));
-    for c in conns {
+    for c in &conns {
         assert_contains(c, "TLSv1.3");
     }
 }
@@ -125,9 +110,9 @@ fn copy_to_and_from_nbdkit_over_tls_with_a_client_certificate() {
         "-U - --tls=require --tls-verify-peer --tls-certificates",
         &[s(&pki), "memory", &format!("{}", data.len()), "--run", &cmd],
     )));
-    assert_eq!(status(&o, "in"), "0", "{}", stderr(&o));
-    assert_eq!(status(&o, "out"), "0", "{}", stderr(&o));
-    assert_ne!(status(&o, "anonymous"), "0");
+    assert_eq!(recorded(&o, "in"), "0", "{}", stderr(&o));
+    assert_eq!(recorded(&o, "out"), "0", "{}", stderr(&o));
+    assert_ne!(recorded(&o, "anonymous"), "0");
     assert!(
         std::fs::read(&back).unwrap() == data,
         "the bytes did not survive the round trip"
@@ -189,7 +174,7 @@ fn servers_without_tls_are_refused_by_name() {
         };
         for tool in ["nbdinfo", "copy"] {
             assert_ne!(
-                status(&o, tool),
+                recorded(&o, tool),
                 "0",
                 "{server}: {tool} went on in plain text"
             );
@@ -249,7 +234,7 @@ fn certificates_that_do_not_check_out_are_refused() {
         &cmd,
     ));
     let err = stderr(&o);
-    assert_ne!(status(&o, "wrong"), "0");
+    assert_ne!(recorded(&o, "wrong"), "0");
     assert!(
         err.contains(&format!(
             "not signed by a CA in {}",
@@ -257,11 +242,11 @@ fn certificates_that_do_not_check_out_are_refused() {
         )),
         "{err}"
     );
-    assert_eq!(status(&o, "unchecked"), "0", "{err}");
-    assert_eq!(status(&o, "named"), "0", "{err}");
-    assert_ne!(status(&o, "misnamed"), "0");
+    assert_eq!(recorded(&o, "unchecked"), "0", "{err}");
+    assert_eq!(recorded(&o, "named"), "0", "{err}");
+    assert_ne!(recorded(&o, "misnamed"), "0");
     assert_contains(&err, "elsewhere.example");
-    assert_ne!(status(&o, "empty"), "0");
+    assert_ne!(recorded(&o, "empty"), "0");
     assert_contains(&err, "no ca-cert.pem");
     assert_eq!(stdout(&o).matches("1048576").count(), 2, "{}", stdout(&o));
 }
@@ -288,10 +273,10 @@ fn over_tcp_the_certificate_names_the_host() {
         &[s(&pki), "file", s(&f), "--run", &cmd],
     )));
     let err = stderr(&o);
-    assert_eq!(status(&o, "by-name"), "0", "{err}");
+    assert_eq!(recorded(&o, "by-name"), "0", "{err}");
     assert!(same_bytes(&f, &copy), "diskit copy read other bytes");
-    assert_eq!(status(&o, "by-address"), "0", "{err}");
-    assert_ne!(status(&o, "wrong-name"), "0");
+    assert_eq!(recorded(&o, "by-address"), "0", "{err}");
+    assert_ne!(recorded(&o, "wrong-name"), "0");
     assert_contains(&err, "wrong.example");
 }
 
@@ -356,19 +341,19 @@ fn copy_to_and_from_nbdkit_with_pre_shared_keys() {
         ],
     )));
     let err = stderr(&o);
-    assert_eq!(status(&o, "in"), "0", "{err}");
-    assert_eq!(status(&o, "out"), "0", "{err}");
+    assert_eq!(recorded(&o, "in"), "0", "{err}");
+    assert_eq!(recorded(&o, "out"), "0", "{err}");
     assert!(
         same_bytes(&f, &back),
         "the bytes did not survive the round trip"
     );
-    assert_eq!(status(&o, "info"), "0", "{err}");
+    assert_eq!(recorded(&o, "info"), "0", "{err}");
     assert_contains(&stdout(&o), "newstyle-fixed with TLS");
-    assert_eq!(status(&o, "logname"), "0", "{err}");
-    assert_ne!(status(&o, "wrong"), "0");
-    assert_ne!(status(&o, "mallory"), "0");
+    assert_eq!(recorded(&o, "logname"), "0", "{err}");
+    assert_ne!(recorded(&o, "wrong"), "0");
+    assert_ne!(recorded(&o, "mallory"), "0");
     assert_contains(&err, "username \"mallory\"");
-    assert_ne!(status(&o, "carol"), "0");
+    assert_ne!(recorded(&o, "carol"), "0");
     assert_contains(&err, "username \"carol\" is not in the key file");
 }
 

@@ -654,22 +654,7 @@ fn resize_preallocates_and_truncates_like_qemu_img() {
         let check = qemu_img(&["check", s(&ours)]);
         assert_eq!(code(&check), 0, "{mode}: {}", stdout(&check));
         ok(qemu_img(&["compare", s(&ours), s(&theirs)]));
-        let map = |p: &Path| -> Vec<(u64, u64, bool)> {
-            let out = stdout(&ok(qemu_img(&["map", "--output=json", s(p)])));
-            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-            v.as_array()
-                .unwrap()
-                .iter()
-                .map(|e| {
-                    (
-                        e["start"].as_u64().unwrap(),
-                        e["length"].as_u64().unwrap(),
-                        e["data"].as_bool().unwrap(),
-                    )
-                })
-                .collect()
-        };
-        assert_eq!(map(&ours), map(&theirs), "{mode}");
+        assert_eq!(data_extents(&ours), data_extents(&theirs), "{mode}");
         if mode == "metadata" {
             same_as_qemu_img(&["map", "--output=json", s(&ours)], "metadata preallocated");
         } else {

@@ -77,6 +77,12 @@ fn info_like_qemu(dir: &Path, img: &str, what: &str) {
     same_in(dir, &["snapshot", "-l", img], what);
 }
 
+/// Runs qemu-img's command line `line` (see [`words`]) in `dir`; it must
+/// succeed.
+fn qemu_img_line(dir: &Path, line: &str) {
+    qemu_in(dir, "qemu-img", &words(line));
+}
+
 fn create(dir: &Path, name: &str, opts: &str, size: &str) {
     let mut args = vec!["create", "-q", "-f", "qcow2"];
     if !opts.is_empty() {
@@ -86,11 +92,20 @@ fn create(dir: &Path, name: &str, opts: &str, size: &str) {
     qemu_in(dir, "qemu-img", &args);
 }
 
+/// For each of `opts`: qemu-img creates `img` of `size` with them,
+/// qemu-io runs `write` on it, and every `info` variant agrees on it.
+fn written_images_read_alike(dir: &Path, img: &str, size: &str, write: &str, opts: &[&str]) {
+    for opts in opts {
+        create(dir, img, opts, size);
+        qemu_in(dir, "qemu-io", &["-c", write, img]);
+        info_like_qemu(dir, img, opts);
+    }
+}
+
 #[test]
 fn every_creation_option() {
     let dir = workdir();
-    let d = dir.path();
-    for opts in [
+    let opts = [
         "compat=0.10",
         "compat=0.10,cluster_size=4096",
         "compat=1.1",
@@ -105,11 +120,9 @@ fn every_creation_option() {
         "refcount_bits=64",
         "preallocation=metadata",
         "extended_l2=on,compression_type=zstd,lazy_refcounts=on,refcount_bits=32",
-    ] {
-        create(d, "img.qcow2", opts, "100M");
-        qemu_in(d, "qemu-io", &["-c", "write -P 1 1M 300k", "img.qcow2"]);
-        info_like_qemu(d, "img.qcow2", opts);
-    }
+    ];
+    let write = "write -P 1 1M 300k";
+    written_images_read_alike(dir.path(), "img.qcow2", "100M", write, &opts);
 }
 
 #[test]
@@ -129,52 +142,15 @@ fn backing_chains_with_relative_names() {
     std::fs::create_dir_all(d.join("sub/deeper")).unwrap();
     sparse_file(&d.join("base.raw"), 3 << 20, &[(0, 4096, 7)]);
     // sub/mid.qcow2 -> ../base.raw (raw), top -> sub/mid.qcow2 (qcow2).
-    qemu_in(
+    qemu_img_line(d, "create -q -f qcow2 -b ../base.raw -F raw sub/mid.qcow2");
+    qemu_img_line(
         d,
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "../base.raw",
-            "-F",
-            "raw",
-            "sub/mid.qcow2",
-        ],
-    );
-    qemu_in(
-        d,
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "sub/mid.qcow2",
-            "-F",
-            "qcow2",
-            "top.qcow2",
-            "8M",
-        ],
+        "create -q -f qcow2 -b sub/mid.qcow2 -F qcow2 top.qcow2 8M",
     );
     // Deeper: sub/deeper/leaf.qcow2 -> ../../top.qcow2 (a longer chain).
-    qemu_in(
+    qemu_img_line(
         d,
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "../../top.qcow2",
-            "-F",
-            "qcow2",
-            "sub/deeper/leaf.qcow2",
-        ],
+        "create -q -f qcow2 -b ../../top.qcow2 -F qcow2 sub/deeper/leaf.qcow2",
     );
     qemu_in(d, "qemu-io", &["-c", "write -P 2 0 64k", "top.qcow2"]);
     for img in [
@@ -187,21 +163,11 @@ fn backing_chains_with_relative_names() {
     }
     // Absolute names, and an absolute backing name.
     let abs_base = d.join("base.raw");
-    qemu_in(
-        d,
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            s(&abs_base),
-            "-F",
-            "raw",
-            "abs.qcow2",
-        ],
+    let create_abs = argv(
+        "create -q -f qcow2 -b",
+        &[s(&abs_base), "-F", "raw", "abs.qcow2"],
     );
+    qemu_in(d, "qemu-img", &create_abs);
     let abs_top = d.join("top.qcow2");
     info_like_qemu(d, "abs.qcow2", "absolute backing");
     info_like_qemu(d, s(&abs_top), "absolute image name");
@@ -220,23 +186,7 @@ fn backing_chains_with_relative_names() {
 fn missing_backing_file_and_loops() {
     let dir = workdir();
     let d = dir.path();
-    qemu_in(
-        d,
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-u",
-            "-b",
-            "gone.qcow2",
-            "-F",
-            "qcow2",
-            "m.qcow2",
-            "1M",
-        ],
-    );
+    qemu_img_line(d, "create -q -f qcow2 -u -b gone.qcow2 -F qcow2 m.qcow2 1M");
     // info does not open the backing file...
     same_in(d, &["info", "m.qcow2"], "missing backing");
     same_in(d, &["info", "--output=json", "m.qcow2"], "missing backing");
@@ -256,13 +206,11 @@ fn missing_backing_file_and_loops() {
     }
     // a -> b -> a: fine without the chain, a loop error with it.
     for (img, backing) in [("a.qcow2", "b.qcow2"), ("b.qcow2", "a.qcow2")] {
-        qemu_in(
-            d,
-            "qemu-img",
-            &[
-                "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", "qcow2", img, "1M",
-            ],
+        let create = argv(
+            "create -q -f qcow2 -u -b",
+            &[backing, "-F", "qcow2", img, "1M"],
         );
+        qemu_in(d, "qemu-img", &create);
     }
     same_in(d, &["info", "a.qcow2"], "loop");
     let args = ["info", "--backing-chain", "a.qcow2"];
@@ -281,20 +229,14 @@ fn missing_backing_file_and_loops() {
 fn a_chain_too_deep_is_said_once() {
     let dir = workdir();
     let d = dir.path();
-    qemu_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", "c0.qcow2", "1M"],
-    );
+    qemu_img_line(d, "create -q -f qcow2 c0.qcow2 1M");
     for i in 1..=300 {
         let (img, backing) = (format!("c{i}.qcow2"), format!("c{}.qcow2", i - 1));
-        qemu_in(
-            d,
-            "qemu-img",
-            &[
-                "create", "-q", "-f", "qcow2", "-u", "-b", &backing, "-F", "qcow2", &img, "1M",
-            ],
+        let create = argv(
+            "create -q -f qcow2 -u -b",
+            &[&backing, "-F", "qcow2", &img, "1M"],
         );
+        qemu_in(d, "qemu-img", &create);
     }
     let o = run_in(d, &diskit_bin(), &["map", "--output=json", "c300.qcow2"]);
     assert_eq!(code(&o), 1);
@@ -306,21 +248,6 @@ fn a_chain_too_deep_is_said_once() {
         "{err}"
     );
     assert!(err.len() < 300, "{} bytes: {err}", err.len());
-}
-
-#[test]
-fn external_data_files() {
-    let dir = workdir();
-    let d = dir.path();
-    for opts in [
-        "data_file=data.raw",
-        "data_file=data.raw,data_file_raw=on",
-        "data_file=data.raw,data_file_raw=on,extended_l2=on,lazy_refcounts=on",
-    ] {
-        create(d, "df.qcow2", opts, "10M");
-        qemu_in(d, "qemu-io", &["-c", "write -P 3 0 1M", "df.qcow2"]);
-        info_like_qemu(d, "df.qcow2", opts);
-    }
 }
 
 #[test]
@@ -342,29 +269,31 @@ fn internal_snapshots() {
             qemu_in(d, "qemu-io", &["-c", &cmd, "s.qcow2"]);
             qemu_in(d, "qemu-img", &["snapshot", "-c", n, "s.qcow2"]);
         }
-        qemu_in(d, "qemu-img", &["snapshot", "-d", "second", "s.qcow2"]);
+        qemu_img_line(d, "snapshot -d second s.qcow2");
         info_like_qemu(d, "s.qcow2", opts);
     }
     // Snapshots in a chain: each image lists its own.
     create(d, "base.qcow2", "", "20M");
-    qemu_in(d, "qemu-img", &["snapshot", "-c", "in-base", "base.qcow2"]);
-    qemu_in(
-        d,
-        "qemu-img",
+    qemu_img_line(d, "snapshot -c in-base base.qcow2");
+    qemu_img_line(d, "create -q -f qcow2 -b base.qcow2 -F qcow2 over.qcow2");
+    qemu_img_line(d, "snapshot -c in-over over.qcow2");
+    info_like_qemu(d, "over.qcow2", "snapshots in a chain");
+}
+
+#[test]
+fn external_data_files() {
+    let dir = workdir();
+    written_images_read_alike(
+        dir.path(),
+        "df.qcow2",
+        "10M",
+        "write -P 3 0 1M",
         &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "base.qcow2",
-            "-F",
-            "qcow2",
-            "over.qcow2",
+            "data_file=data.raw",
+            "data_file=data.raw,data_file_raw=on",
+            "data_file=data.raw,data_file_raw=on,extended_l2=on,lazy_refcounts=on",
         ],
     );
-    qemu_in(d, "qemu-img", &["snapshot", "-c", "in-over", "over.qcow2"]);
-    info_like_qemu(d, "over.qcow2", "snapshots in a chain");
 }
 
 /// Rewrites the snapshot table of `img` with entries qemu-img never
@@ -422,7 +351,7 @@ fn hostile_snapshot_tables_fail_cleanly() {
     let dir = workdir();
     let d = dir.path();
     create(d, "h.qcow2", "", "1M");
-    qemu_in(d, "qemu-img", &["snapshot", "-c", "x", "h.qcow2"]);
+    qemu_img_line(d, "snapshot -c x h.qcow2");
     let p = d.join("h.qcow2");
     let head = std::fs::read(&p).unwrap();
     let off = u64::from_be_bytes(head[64..72].try_into().unwrap());
@@ -458,7 +387,7 @@ fn bitmaps() {
     let d = dir.path();
     for opts in ["", "cluster_size=512", "cluster_size=2M", "extended_l2=on"] {
         create(d, "b.qcow2", opts, "100M");
-        qemu_in(d, "qemu-img", &["bitmap", "--add", "b.qcow2", "plain"]);
+        qemu_img_line(d, "bitmap --add b.qcow2 plain");
         qemu_in(
             d,
             "qemu-img",
@@ -471,13 +400,9 @@ fn bitmaps() {
                 "with granularity",
             ],
         );
-        qemu_in(
-            d,
-            "qemu-img",
-            &["bitmap", "--add", "-g", "2G", "b.qcow2", "huge"],
-        );
-        qemu_in(d, "qemu-img", &["bitmap", "--add", "b.qcow2", "off"]);
-        qemu_in(d, "qemu-img", &["bitmap", "--disable", "b.qcow2", "off"]);
+        qemu_img_line(d, "bitmap --add -g 2G b.qcow2 huge");
+        qemu_img_line(d, "bitmap --add b.qcow2 off");
+        qemu_img_line(d, "bitmap --disable b.qcow2 off");
         info_like_qemu(d, "b.qcow2", opts);
     }
     // One marked in use (saved uncleanly).

@@ -10,110 +10,39 @@ use std::path::Path;
 
 use common::*;
 
-fn scribble(dir: &Path, img: &str) {
-    qemu_io_in(
-        dir,
-        "qed",
-        img,
-        &[
-            "write -P 0x5a 5M 100k",
-            "write -P 0x33 1000 70000",
-            "write -z 2M 128k",
-            "write -P 0x77 3M 4k",
-        ],
-    );
-}
+/// QED as qemu-img sees it: every command, the format probed.
+const QED: Format = Format {
+    name: "qed",
+    convert: &[],
+    reads: READS_ALL,
+    writes: &["write -z 2M 128k", "write -P 0x77 3M 4k"],
+};
 
 #[test]
 fn images_qemu_img_makes_read_back_byte_equal() {
     let dir = workdir();
     let d = dir.path();
-    sparse_file(
-        &d.join("base.raw"),
-        8 << 20,
-        &[(0, 3 << 20, 0x11), (6 << 20, 4096, 0x12)],
-    );
-    good_in(
+    // The backing files: raw, and the same in qcow2.
+    let data = [(0, 3 << 20, 0x11), (6 << 20, 4096, 0x12)];
+    sparse_file(&d.join("base.raw"), 8 << 20, &data);
+    qemu_img_in(d, "convert -O qcow2 base.raw base.qcow2");
+    QED.qemu_images_read_alike(
         d,
-        "qemu-img",
-        &["convert", "-O", "qcow2", "base.raw", "base.qcow2"],
+        &[
+            ("plain.qed", "-o cluster_size=65536", "8M"),
+            ("small.qed", "-o cluster_size=4096,table_size=2", "8M"),
+            ("raw-backed.qed", "-b base.raw -F raw", "8M"),
+            ("qcow2-backed.qed", "-b base.qcow2 -F qcow2", "8M"),
+        ],
     );
-    for (img, args) in [
-        ("plain.qed", vec!["-o", "cluster_size=65536"]),
-        ("small.qed", vec!["-o", "cluster_size=4096,table_size=2"]),
-        ("raw-backed.qed", vec!["-b", "base.raw", "-F", "raw"]),
-        ("qcow2-backed.qed", vec!["-b", "base.qcow2", "-F", "qcow2"]),
-    ] {
-        let mut create = vec!["create", "-q", "-f", "qed"];
-        create.extend(&args);
-        create.push(img);
-        create.push("8M");
-        good_in(d, "qemu-img", &create);
-        reads_like_qemu(d, img);
-        scribble(d, img);
-        reads_like_qemu(d, img);
-    }
-}
-
-#[test]
-fn create_is_qemu_img_byte_for_byte() {
-    let dir = workdir();
-    let d = dir.path();
-    sparse_file(&d.join("base.raw"), 1 << 20, &[]);
-    for args in [
-        vec!["16M"],
-        vec!["-o", "cluster_size=4096,table_size=2", "16M"],
-        vec!["-o", "cluster_size=1M,table_size=16", "1G"],
-        vec!["-b", "base.raw", "-F", "raw", "16M"],
-        vec!["-b", "base.raw", "-F", "raw"],
-        vec!["1000"],
-        vec!["0"],
-    ] {
-        for dir in [d.join("q"), d.join("k")] {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::copy(d.join("base.raw"), dir.join("base.raw")).unwrap();
-        }
-        let mut full = vec!["create", "-f", "qed"];
-        full.extend(&args[..args.len() - 1]);
-        full.push("x.qed");
-        full.push(args[args.len() - 1]);
-        if args.last() == Some(&"raw") {
-            full = vec![
-                "create", "-f", "qed", "-b", "base.raw", "-F", "raw", "x.qed",
-            ];
-        }
-        let (a, b) = create_alike(d, &full, "x.qed");
-        assert!(a == b, "{args:?}: other bytes");
-    }
-    for line in [
-        "create -f qed -o help",
-        "create -f qed -o help x.qed 1M",
-        "create -f qed -o cluster_size=1000 x.qed 1M",
-        "create -f qed -o table_size=3 x.qed 1M",
-        "create -f qed x.qed 65T",
-        "measure -O qed --size 1G",
-    ] {
-        alike_in(d, &words(line));
-    }
 }
 
 #[test]
 fn images_diskit_writes_pass_qemu_img_check() {
     let dir = workdir();
     let d = dir.path();
-    sparse_file(
-        &d.join("src.raw"),
-        20 << 20,
-        &[
-            (0, 70_000, 0x21),
-            (3 << 20, 2 << 20, 0x22),
-            ((20 << 20) - 4096, 4096, 0x23),
-        ],
-    );
-    good_in(d, "diskit", &["convert", "-O", "qed", "src.raw", "c.qed"]);
-    good_in(d, "qemu-img", &["check", "c.qed"]);
-    good_in(d, "qemu-img", &["compare", "c.qed", "src.raw"]);
-    reads_like_qemu(d, "c.qed");
+    three_run_source(d, 20 << 20, [0x21, 0x22, 0x23]);
+    QED.converts_into(d, &[], "src.raw", "c.qed");
     // Odd writes over NBD through `diskit serve`, into an image with a
     // backing file (copy-on-write from it) and one without (zeros).
     sparse_file(&d.join("base.raw"), 24 << 20, &[(0, 24 << 20, 0x31)]);
@@ -124,7 +53,7 @@ fn images_diskit_writes_pass_qemu_img_check() {
         }
         create.extend(["-o", "cluster_size=65536", "w.qed", "24M"]);
         good_in(d, "qemu-img", &create);
-        qemu_io_over_nbd(
+        QED.written_over_nbd(
             d,
             "w.qed",
             &[
@@ -134,19 +63,13 @@ fn images_diskit_writes_pass_qemu_img_check() {
                 "write -z 9M 1M",
                 "write -z 12582913 70000",
             ],
-        );
-        good_in(d, "qemu-img", &["check", "w.qed"]);
-        qemu_io_in(
-            d,
-            "qed",
-            "w.qed",
             &[
                 "read -P 0x44 7340033 1000",
                 "read -P 0x46 4194303 2097154",
                 "read -P 0 9M 1M",
             ],
         );
-        reads_like_qemu(d, "w.qed");
+        QED.reads_like_qemu(d, "w.qed");
         std::fs::remove_file(d.join("w.qed")).unwrap();
     }
 }
@@ -155,7 +78,7 @@ fn images_diskit_writes_pass_qemu_img_check() {
 fn check_and_repairs_find_what_qemu_img_finds() {
     let dir = workdir();
     let d = dir.path();
-    good_in(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
+    qemu_img_in(d, "create -q -f qed g.qed 8M");
     qemu_io_in(d, "qed", "g.qed", &["write -P 1 0 4k"]);
     let read_u64 = |p: &Path, at: u64| u64::from_le_bytes(read_bytes(p, at, 8).try_into().unwrap());
     let l2 = read_u64(&d.join("g.qed"), 65536);
@@ -212,7 +135,7 @@ fn check_and_repairs_find_what_qemu_img_finds() {
 fn hostile_headers_and_resize_as_qemu_img() {
     let dir = workdir();
     let d = dir.path();
-    good_in(d, "qemu-img", &["create", "-q", "-f", "qed", "g.qed", "8M"]);
+    qemu_img_in(d, "create -q -f qed g.qed 8M");
     let cases: Vec<Mutation> = vec![
         Box::new(move |p| patch(p, 16, &[8])),
         Box::new(move |p| patch(p, 4, &[0, 0x10, 0, 0])),
@@ -231,6 +154,40 @@ fn hostile_headers_and_resize_as_qemu_img() {
     std::fs::copy(d.join("g.qed"), d.join("r.qed")).unwrap();
     alike_in(d, &["resize", "-f", "qed", "r.qed", "1000"]);
     good_in(d, "diskit", &["resize", "-f", "qed", "r.qed", "64M"]);
-    good_in(d, "qemu-img", &["resize", "-f", "qed", "g.qed", "64M"]);
+    qemu_img_in(d, "resize -f qed g.qed 64M");
     assert!(same_bytes(&d.join("g.qed"), &d.join("r.qed")));
+}
+
+#[test]
+fn create_is_qemu_img_byte_for_byte() {
+    let dir = workdir();
+    let d = dir.path();
+    // Each tool's directory holds the same backing file.
+    for dir in [d.join("q"), d.join("k")] {
+        std::fs::create_dir_all(&dir).unwrap();
+        sparse_file(&dir.join("base.raw"), 1 << 20, &[]);
+    }
+    for line in [
+        "create -f qed x.qed 16M",
+        "create -f qed -o cluster_size=4096,table_size=2 x.qed 16M",
+        "create -f qed -o cluster_size=1M,table_size=16 x.qed 1G",
+        "create -f qed -b base.raw -F raw x.qed 16M",
+        "create -f qed -b base.raw -F raw x.qed",
+        "create -f qed x.qed 1000",
+        "create -f qed x.qed 0",
+    ] {
+        let (a, b) = create_alike(d, &words(line), "x.qed");
+        assert!(a == b, "{line}: other bytes");
+    }
+    alike_lines(
+        d,
+        &[
+            "create -f qed -o help",
+            "create -f qed -o help x.qed 1M",
+            "create -f qed -o cluster_size=1000 x.qed 1M",
+            "create -f qed -o table_size=3 x.qed 1M",
+            "create -f qed x.qed 65T",
+            "measure -O qed --size 1G",
+        ],
+    );
 }

@@ -10,41 +10,30 @@ use std::path::Path;
 
 use common::*;
 
-fn scribble(dir: &Path, img: &str) {
-    qemu_io_in(
-        dir,
-        "vdi",
-        img,
-        &[
-            "write -P 0x5a 5M 100k",
-            "write -P 0x33 1000 70000",
-            "write -P 0x77 1536k 4k",
-        ],
-    );
-}
+/// VDI as qemu-img sees it: every command, the format probed.
+const VDI: Format = Format {
+    name: "vdi",
+    convert: &[],
+    reads: READS_ALL,
+    writes: &["write -P 0x77 1536k 4k"],
+};
 
 #[test]
 fn images_qemu_img_makes_read_back_byte_equal() {
     let dir = workdir();
     let d = dir.path();
-    for (img, opts, size) in [
-        ("dyn.vdi", "static=off", "16M"),
-        ("odd.vdi", "static=off", "3000000"),
-        ("stat.vdi", "static=on", "8M"),
-    ] {
-        good_in(
-            d,
-            "qemu-img",
-            &["create", "-q", "-f", "vdi", "-o", opts, img, size],
-        );
-        reads_like_qemu(d, img);
-        if size != "3000000" {
-            scribble(d, img);
-        } else {
-            qemu_io_in(d, "vdi", img, &["write -P 1 2M 900000"]);
-        }
-        reads_like_qemu(d, img);
-    }
+    VDI.qemu_images_read_alike(
+        d,
+        &[
+            ("dyn.vdi", "-o static=off", "16M"),
+            ("stat.vdi", "-o static=on", "8M"),
+        ],
+    );
+    // An odd size, too small for the scribble: one write inside it.
+    qemu_img_in(d, "create -q -f vdi -o static=off odd.vdi 3000000");
+    VDI.reads_like_qemu(d, "odd.vdi");
+    qemu_io_in(d, "vdi", "odd.vdi", &["write -P 1 2M 900000"]);
+    VDI.reads_like_qemu(d, "odd.vdi");
 }
 
 #[test]
@@ -68,59 +57,37 @@ fn create_is_qemu_img_but_for_the_uuids() {
         assert!(mask(&a) == mask(&b), "{opts} {size}: other bytes");
         assert_ne!(b[0x188..0x198], [0u8; 16], "no image UUID");
     }
-    for line in [
-        "create -f vdi -o help",
-        "create -f vdi -o help x.vdi 1M",
-        "create -f vdi -o preallocation=metadata x.vdi 1M",
-        "create -f vdi x.vdi 600T",
-    ] {
-        alike_in(d, &words(line));
-    }
+    alike_lines(
+        d,
+        &[
+            "create -f vdi -o help",
+            "create -f vdi -o help x.vdi 1M",
+            "create -f vdi -o preallocation=metadata x.vdi 1M",
+            "create -f vdi x.vdi 600T",
+        ],
+    );
 }
 
 #[test]
 fn images_diskit_writes_pass_qemu_img_check() {
     let dir = workdir();
     let d = dir.path();
-    sparse_file(
-        &d.join("src.raw"),
-        (20 << 20) + 4096,
-        &[
-            (0, 70_000, 0x11),
-            (3 << 20, 2 << 20, 0x22),
-            (20 << 20, 4096, 0x33),
-        ],
-    );
+    three_run_source(d, (20 << 20) + 4096, [0x11, 0x22, 0x33]);
     // convert -O vdi, dynamic and static.
     for opts in ["static=off", "static=on"] {
-        good_in(
-            d,
-            "diskit",
-            &["convert", "-O", "vdi", "-o", opts, "src.raw", "c.vdi"],
-        );
-        good_in(d, "qemu-img", &["check", "c.vdi"]);
-        good_in(
-            d,
-            "qemu-img",
-            &["compare", "-f", "vdi", "-F", "raw", "c.vdi", "src.raw"],
-        );
-        reads_like_qemu(d, "c.vdi");
+        VDI.converts_into(d, &["-o", opts], "src.raw", "c.vdi");
         std::fs::remove_file(d.join("c.vdi")).unwrap();
     }
     // Into a qemu-made image: a convert, then writes at odd offsets sent
     // over NBD through `diskit serve` (allocating blocks mid-block and
     // writing into allocated ones), then qemu-io's writes on top.
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "vdi", "w.vdi", "24M"],
-    );
+    qemu_img_in(d, "create -q -f vdi w.vdi 24M");
     good_in(
         d,
         "diskit",
         &words("convert -n -f raw -O vdi src.raw w.vdi"),
     );
-    qemu_io_over_nbd(
+    VDI.written_over_nbd(
         d,
         "w.vdi",
         &[
@@ -128,25 +95,19 @@ fn images_diskit_writes_pass_qemu_img_check() {
             "write -P 0x45 1000 3",
             "write -P 0x46 23068671 1048577",
         ],
-    );
-    good_in(d, "qemu-img", &["check", "w.vdi"]);
-    qemu_io_in(
-        d,
-        "vdi",
-        "w.vdi",
         &["read -P 0x44 7340033 1000", "read -P 0x46 23068671 1048577"],
     );
-    scribble(d, "w.vdi");
-    good_in(d, "qemu-img", &["check", "w.vdi"]);
-    reads_like_qemu(d, "w.vdi");
+    VDI.scribble(d, "w.vdi");
+    qemu_img_in(d, "check w.vdi");
+    VDI.reads_like_qemu(d, "w.vdi");
 }
 
 #[test]
 fn check_finds_what_qemu_img_finds() {
     let dir = workdir();
     let d = dir.path();
-    good_in(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
-    scribble(d, "g.vdi");
+    qemu_img_in(d, "create -q -f vdi g.vdi 8M");
+    VDI.scribble(d, "g.vdi");
     let bmap = |p: &Path, block: u64, value: u32| patch(p, 0x200 + block * 4, &value.to_le_bytes());
     let header_count = |p: &Path, value: u32| patch(p, 0x184, &value.to_le_bytes());
     let cases: Vec<(&str, Mutation)> = vec![
@@ -169,7 +130,7 @@ fn check_finds_what_qemu_img_finds() {
 fn hostile_images_get_clear_errors() {
     let dir = workdir();
     let d = dir.path();
-    good_in(d, "qemu-img", &["create", "-q", "-f", "vdi", "g.vdi", "8M"]);
+    qemu_img_in(d, "create -q -f vdi g.vdi 8M");
     let cases: Vec<(&str, Mutation)> = vec![
         ("version", Box::new(move |p| patch(p, 0x44, &[0, 0, 2, 0]))),
         (

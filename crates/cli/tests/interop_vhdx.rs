@@ -16,60 +16,38 @@ use std::time::Duration;
 
 use common::*;
 
-fn reads_like_qemu(dir: &Path, img: &str) {
-    converts_alike(dir, &["-f", "vhdx"], img);
-    alike_each(
-        dir,
-        img,
-        &[
-            &["info", "-f", "vhdx"],
-            &["info", "--output=json"],
-            &["map", "-f", "vhdx", "--output=json"],
-            &["map"],
-            &["check"],
-        ],
-    );
-}
-
-fn scribble(dir: &Path, img: &str) {
-    qemu_io_in(
-        dir,
-        "vhdx",
-        img,
-        &[
-            "write -P 0x5a 5M 100k",
-            "write -P 0x33 1000 70000",
-            "write -z 2M 64k",
-            "write -P 0x77 3145727 4099",
-        ],
-    );
-}
+/// VHDX as qemu-img sees it: no JSON check.
+const VHDX: Format = Format {
+    name: "vhdx",
+    convert: &["-f", "vhdx"],
+    reads: &[
+        "info -f vhdx",
+        "info --output=json",
+        "map -f vhdx --output=json",
+        "map",
+        "check",
+    ],
+    writes: &["write -z 2M 64k", "write -P 0x77 3145727 4099"],
+};
 
 #[test]
 fn images_qemu_img_makes_read_back_byte_equal() {
     let dir = workdir();
-    let d = dir.path();
-    for (img, opts, size) in [
-        ("dyn.vhdx", "subformat=dynamic", "16M"),
-        ("small.vhdx", "block_size=1M", "7000000"),
-        ("nozero.vhdx", "block_state_zero=off,block_size=2M", "9M"),
-        ("fix.vhdx", "subformat=fixed", "10000000"),
-        (
-            "fixoff.vhdx",
-            "subformat=fixed,block_state_zero=off,block_size=4M",
-            "12M",
-        ),
-        ("big.vhdx", "block_size=32M", "40M"),
-    ] {
-        good_in(
-            d,
-            "qemu-img",
-            &["create", "-q", "-f", "vhdx", "-o", opts, img, size],
-        );
-        reads_like_qemu(d, img);
-        scribble(d, img);
-        reads_like_qemu(d, img);
-    }
+    VHDX.qemu_images_read_alike(
+        dir.path(),
+        &[
+            ("dyn.vhdx", "-o subformat=dynamic", "16M"),
+            ("small.vhdx", "-o block_size=1M", "7000000"),
+            ("nozero.vhdx", "-o block_state_zero=off,block_size=2M", "9M"),
+            ("fix.vhdx", "-o subformat=fixed", "10000000"),
+            (
+                "fixoff.vhdx",
+                "-o subformat=fixed,block_state_zero=off,block_size=4M",
+                "12M",
+            ),
+            ("big.vhdx", "-o block_size=32M", "40M"),
+        ],
+    );
 }
 
 /// What differs between two creations: the creator, the headers' random
@@ -104,53 +82,42 @@ fn create_is_qemu_img_but_for_random_fields() {
         let (q, k) = (d.join("q"), d.join("k"));
         assert!(masked(&a) == masked(&b), "{opts} {size}: other bytes");
         if size != "64T" {
-            reads_like_qemu(&k, "x.vhdx");
+            VHDX.reads_like_qemu(&k, "x.vhdx");
         }
         std::fs::remove_file(q.join("x.vhdx")).unwrap();
         std::fs::remove_file(k.join("x.vhdx")).unwrap();
     }
-    good_in(
+    qemu_img_in(d, "create -q -f vhdx e.vhdx 8M");
+    alike_lines(
         d,
-        "qemu-img",
-        &["create", "-q", "-f", "vhdx", "e.vhdx", "8M"],
+        &[
+            "create -f vhdx -o help",
+            "create -f vhdx -o help x.vhdx 1M",
+            "create -f vhdx -o subformat=Fixed x.vhdx 1M",
+            "create -f vhdx -o block_size=3M x.vhdx 1M",
+            "create -f vhdx -o log_size=0 x.vhdx 1M",
+            "create -f vhdx -o log_size=4G x.vhdx 1M",
+            "create -f vhdx -o block_state_zero=maybe x.vhdx 1M",
+            "create -f vhdx -o cluster_size=1M x.vhdx 1M",
+            "create -f vhdx -b e.vhdx x.vhdx 1M",
+            "create -f vhdx x.vhdx 65T",
+            "measure -O vhdx --size 1G",
+            "resize e.vhdx 16M",
+            "resize e.vhdx 4M",
+            "resize --shrink e.vhdx 4M",
+            "amend -o block_size=1M e.vhdx",
+            "snapshot -l e.vhdx",
+            "snapshot -c s1 e.vhdx",
+            "commit e.vhdx",
+        ],
     );
-    for line in [
-        "create -f vhdx -o help",
-        "create -f vhdx -o help x.vhdx 1M",
-        "create -f vhdx -o subformat=Fixed x.vhdx 1M",
-        "create -f vhdx -o block_size=3M x.vhdx 1M",
-        "create -f vhdx -o log_size=0 x.vhdx 1M",
-        "create -f vhdx -o log_size=4G x.vhdx 1M",
-        "create -f vhdx -o block_state_zero=maybe x.vhdx 1M",
-        "create -f vhdx -o cluster_size=1M x.vhdx 1M",
-        "create -f vhdx -b e.vhdx x.vhdx 1M",
-        "create -f vhdx x.vhdx 65T",
-        "measure -O vhdx --size 1G",
-        "resize e.vhdx 16M",
-        "resize e.vhdx 4M",
-        "resize --shrink e.vhdx 4M",
-        "amend -o block_size=1M e.vhdx",
-        "snapshot -l e.vhdx",
-        "snapshot -c s1 e.vhdx",
-        "commit e.vhdx",
-    ] {
-        alike_in(d, &words(line));
-    }
 }
 
 #[test]
 fn images_diskit_writes_pass_qemu_img_check() {
     let dir = workdir();
     let d = dir.path();
-    sparse_file(
-        &d.join("src.raw"),
-        20 << 20,
-        &[
-            (0, 70_000, 0x11),
-            (3 << 20, 2 << 20, 0xff),
-            ((20 << 20) - 4096, 4096, 0x33),
-        ],
-    );
+    three_run_source(d, 20 << 20, [0x11, 0xff, 0x33]);
     for opts in [
         "subformat=dynamic",
         "subformat=fixed",
@@ -158,36 +125,17 @@ fn images_diskit_writes_pass_qemu_img_check() {
         "block_size=1M,block_state_zero=off",
         "block_size=256M",
     ] {
-        good_in(
-            d,
-            "diskit",
-            &["convert", "-O", "vhdx", "-o", opts, "src.raw", "c.vhdx"],
-        );
-        good_in(d, "qemu-img", &["check", "c.vhdx"]);
-        good_in(
-            d,
-            "qemu-img",
-            &["compare", "-f", "vhdx", "-F", "raw", "c.vhdx", "src.raw"],
-        );
-        reads_like_qemu(d, "c.vhdx");
+        VHDX.converts_into(d, &["-o", opts], "src.raw", "c.vhdx");
         // And back: vhdx to vhdx, and qemu-io writes into diskit's image.
         good_in(d, "diskit", &["convert", "-O", "vhdx", "c.vhdx", "c2.vhdx"]);
-        good_in(
-            d,
-            "qemu-img",
-            &["compare", "-f", "vhdx", "-F", "raw", "c2.vhdx", "src.raw"],
-        );
-        scribble(d, "c.vhdx");
-        reads_like_qemu(d, "c.vhdx");
+        qemu_img_in(d, "compare -f vhdx -F raw c2.vhdx src.raw");
+        VHDX.scribble(d, "c.vhdx");
+        VHDX.reads_like_qemu(d, "c.vhdx");
         std::fs::remove_file(d.join("c.vhdx")).unwrap();
     }
     // Odd writes over NBD through `diskit serve` into a qemu-made image.
-    good_in(
-        d,
-        "qemu-img",
-        &words("create -q -f vhdx -o block_size=1M w.vhdx 24M"),
-    );
-    qemu_io_over_nbd(
+    qemu_img_in(d, "create -q -f vhdx -o block_size=1M w.vhdx 24M");
+    VHDX.written_over_nbd(
         d,
         "w.vhdx",
         &[
@@ -197,36 +145,22 @@ fn images_diskit_writes_pass_qemu_img_check() {
             "write -P 0x46 4194303 2097154",
             "write -z 16M 1M",
         ],
-    );
-    good_in(d, "qemu-img", &["check", "w.vhdx"]);
-    qemu_io_in(
-        d,
-        "vhdx",
-        "w.vhdx",
         &[
             "read -P 0x44 7340033 1000",
             "read -P 0x45 1000 3",
             "read -P 0x46 4194303 2097154",
         ],
     );
-    scribble(d, "w.vhdx");
-    reads_like_qemu(d, "w.vhdx");
+    VHDX.scribble(d, "w.vhdx");
+    VHDX.reads_like_qemu(d, "w.vhdx");
 }
 
 /// CRC-32C, as VHDX checksums.
 fn crc32c(b: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &x in b {
-        c ^= x as u32;
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82F6_3B78
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
+    // Bit by bit, the reflected polynomial taken where the low bit is set.
+    let bit = |c: u32| (c >> 1) ^ (0x82F6_3B78 & (c & 1).wrapping_neg());
+    !b.iter()
+        .fold(!0u32, |c, &x| (0..8).fold(c ^ u32::from(x), |c, _| bit(c)))
 }
 
 /// Checksums `len` bytes at `at` again (checksum field at `at + 4`).
@@ -258,11 +192,7 @@ fn make_dirty(src: &Path, dst: &Path) {
 fn a_log_to_replay_is_refused_read_only_and_replayed_as_qemu() {
     let dir = workdir();
     let d = dir.path();
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "vhdx", "w.vhdx", "100M"],
-    );
+    qemu_img_in(d, "create -q -f vhdx w.vhdx 100M");
     qemu_io_in(d, "vhdx", "w.vhdx", &["write -P 0x77 4096 64k"]);
     make_dirty(&d.join("w.vhdx"), &d.join("dirty.vhdx"));
     // Read-only: QEMU's message, exit 1, for info, check and convert.
@@ -295,7 +225,7 @@ fn a_log_to_replay_is_refused_read_only_and_replayed_as_qemu() {
         );
         alike_in(d, &["check", "a.vhdx"]);
         qemu_io_in(d, "vhdx", "a.vhdx", &["read -P 0x77 4096 64k"]);
-        good_in(d, "qemu-img", &["compare", "a.vhdx", "b.vhdx"]);
+        qemu_img_in(d, "compare a.vhdx b.vhdx");
     }
     // A read-write open (a server) replays it too, and writes after it.
     std::fs::copy(d.join("dirty.vhdx"), d.join("s.vhdx")).unwrap();
@@ -304,7 +234,7 @@ fn a_log_to_replay_is_refused_read_only_and_replayed_as_qemu() {
         "s.vhdx",
         &["read -P 0x77 4096 64k", "write -P 0x12 50M 8k"],
     );
-    good_in(d, "qemu-img", &["check", "s.vhdx"]);
+    qemu_img_in(d, "check s.vhdx");
     qemu_io_in(
         d,
         "vhdx",
@@ -317,11 +247,7 @@ fn a_log_to_replay_is_refused_read_only_and_replayed_as_qemu() {
 fn hostile_images_get_clear_errors() {
     let dir = workdir();
     let d = dir.path();
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "vhdx", "g.vhdx", "16M"],
-    );
+    qemu_img_in(d, "create -q -f vhdx g.vhdx 16M");
     qemu_io_in(d, "vhdx", "g.vhdx", &["write -P 0x77 0 4k"]);
     make_dirty(&d.join("g.vhdx"), &d.join("dirty.vhdx"));
     const MD: u64 = 3 << 20;
@@ -474,11 +400,7 @@ fn a_writer_killed_at_any_point_leaves_an_image_qemu_img_accepts() {
     let d = dir.path();
     let sock = d.join("s");
     for delay in [30u64, 90, 200, 400] {
-        good_in(
-            d,
-            "qemu-img",
-            &words("create -q -f vhdx -o block_size=1M k.vhdx 256M"),
-        );
+        qemu_img_in(d, "create -q -f vhdx -o block_size=1M k.vhdx 256M");
         let server = serve_image(&sock, &d.join("k.vhdx"));
         let uri = format!("nbd+unix:///?socket={}", s(&sock));
         let mut args = vec!["-f".to_string(), "raw".to_string()];
@@ -508,14 +430,7 @@ fn a_writer_killed_at_any_point_leaves_an_image_qemu_img_accepts() {
     // A convert killed half-way.
     sparse_file(&d.join("big.raw"), 256 << 20, &[(0, 256 << 20, 0xff)]);
     for delay in [100u64, 300] {
-        let mut conv = Command::new(diskit_bin())
-            .args(["convert", "-O", "vhdx", "big.raw", "c.vhdx"])
-            .current_dir(d)
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(delay));
-        let _ = conv.kill();
-        let _ = conv.wait();
+        diskit_killed_after(d, &words("convert -O vhdx big.raw c.vhdx"), delay);
         if d.join("c.vhdx").exists() && std::fs::metadata(d.join("c.vhdx")).unwrap().len() > 0 {
             qemu_img_accepts(d, "c.vhdx", &format!("convert killed after {delay} ms"));
             std::fs::remove_file(d.join("c.vhdx")).unwrap();
@@ -527,11 +442,7 @@ fn a_writer_killed_at_any_point_leaves_an_image_qemu_img_accepts() {
 fn concurrent_writers_allocate_each_block_once() {
     let dir = workdir();
     let d = dir.path();
-    good_in(
-        d,
-        "qemu-img",
-        &words("create -q -f vhdx -o block_size=1M m.vhdx 32M"),
-    );
+    qemu_img_in(d, "create -q -f vhdx -o block_size=1M m.vhdx 32M");
     let sock = d.join("s");
     let server = serve_image(&sock, &d.join("m.vhdx"));
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
@@ -554,7 +465,7 @@ fn concurrent_writers_allocate_each_block_once() {
         assert!(w.wait().unwrap().success());
     }
     drop(server);
-    good_in(d, "qemu-img", &["check", "m.vhdx"]);
+    qemu_img_in(d, "check m.vhdx");
     // 8 MiB of metadata, then each 1 MiB block once.
     assert_eq!(std::fs::metadata(d.join("m.vhdx")).unwrap().len(), 40 << 20);
     for b in [0u64, 17, 31] {

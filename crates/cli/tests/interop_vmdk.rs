@@ -31,11 +31,7 @@ fn reads_like_qemu(dir: &Path, img: &str) {
     );
     good_in(dir, "diskit", &["convert", "-O", "raw", img, "ours.raw"]);
     // (qemu-img compare skips the holes of these big sparse files.)
-    good_in(
-        dir,
-        "qemu-img",
-        &words("compare -f raw -F raw theirs.raw ours.raw"),
-    );
+    qemu_img_in(dir, "compare -f raw -F raw theirs.raw ours.raw");
     alike_in(dir, &["info", img]);
     alike_in(dir, &["info", "--output=json", img]);
     alike_in(dir, &["map", "--output=json", img]);
@@ -135,11 +131,7 @@ fn create_is_qemu_img_but_for_the_content_ids() {
     let dir = workdir();
     let d = dir.path();
     std::fs::write(d.join("base.vmdk"), b"").unwrap();
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "vmdk", "base.vmdk", "3M"],
-    );
+    qemu_img_in(d, "create -q -f vmdk base.vmdk 3M");
     let mut cases: Vec<(String, &str)> = Vec::new();
     for sub in SUBFORMATS {
         for size in ["1M", "100M", "1000000", "5G", "0"] {
@@ -242,8 +234,8 @@ fn disks_diskit_writes_pass_qemu_img_check() {
             "diskit",
             &["convert", "-O", "vmdk", "-o", &opts, "src.raw", "o.vmdk"],
         );
-        good_in(d, "qemu-img", &["check", "o.vmdk"]);
-        good_in(d, "qemu-img", &["compare", "src.raw", "o.vmdk"]);
+        qemu_img_in(d, "check o.vmdk");
+        qemu_img_in(d, "compare src.raw o.vmdk");
         // And back, through diskit.
         good_in(d, "diskit", &["convert", "-O", "raw", "o.vmdk", "back.raw"]);
         assert!(same_bytes(&d.join("src.raw"), &d.join("back.raw")), "{sub}");
@@ -260,11 +252,7 @@ fn disks_diskit_writes_pass_qemu_img_check() {
 fn writes_through_serve_over_a_parent_match_qemu_io() {
     let dir = workdir();
     let d = dir.path();
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "vmdk", "base.vmdk", "10M"],
-    );
+    qemu_img_in(d, "create -q -f vmdk base.vmdk 10M");
     good_in(d, "qemu-io", &["-c", "write -P 1 0 10M", "base.vmdk"]);
     for (img, extra) in [("ov.vmdk", ""), ("zg.vmdk", "zeroed_grain=on,")] {
         let twin = format!("twin-{img}");
@@ -477,21 +465,13 @@ fn vmware_streams_and_esx_sparse_extents_read_as_qemu_reads_them() {
     }
     // A descriptor mixing flat and sparse extents, in a subdirectory.
     std::fs::create_dir(d.join("sub")).unwrap();
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "raw", "sub/flat.raw", "1M"],
-    );
+    qemu_img_in(d, "create -q -f raw sub/flat.raw 1M");
     good_in(
         d,
         "qemu-io",
         &["-f", "raw", "-c", "write -P 9 4k 8k", "sub/flat.raw"],
     );
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "vmdk", "sub/sp.vmdk", "2M"],
-    );
+    qemu_img_in(d, "create -q -f vmdk sub/sp.vmdk 2M");
     good_in(d, "qemu-io", &["-c", "write -P 8 1M 70k", "sub/sp.vmdk"]);
     std::fs::write(
         d.join("sub/mixed.vmdk"),
@@ -508,11 +488,7 @@ fn vmware_streams_and_esx_sparse_extents_read_as_qemu_reads_them() {
 fn hostile_disks_get_clear_errors() {
     let dir = workdir();
     let d = dir.path();
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "vmdk", "good.vmdk", "4M"],
-    );
+    qemu_img_in(d, "create -q -f vmdk good.vmdk 4M");
     good_in(d, "qemu-io", &["-c", "write -P 3 0 256k", "good.vmdk"]);
     let good = std::fs::read(d.join("good.vmdk")).unwrap();
     let mutate = |name: &str, f: &dyn Fn(&mut Vec<u8>)| {
@@ -611,11 +587,7 @@ fn hostile_disks_get_clear_errors() {
 fn descriptors_are_probed_as_qemu_img_probes_them() {
     let dir = workdir();
     let d = dir.path();
-    good_in(
-        d,
-        "qemu-img",
-        &words("create -q -f vmdk -o subformat=monolithicFlat f.vmdk 1M"),
-    );
+    qemu_img_in(d, "create -q -f vmdk -o subformat=monolithicFlat f.vmdk 1M");
     alike_in(d, &["info", "f.vmdk"]);
     // A descriptor whose version line is not first is raw to both.
     let text = std::fs::read_to_string(d.join("f.vmdk")).unwrap();
@@ -649,14 +621,8 @@ fn a_writer_killed_mid_copy_leaves_a_disk_qemu_img_accepts() {
         ("twoGbMaxExtentSparse", 60),
     ] {
         let opts = format!("subformat={sub}");
-        let mut child = std::process::Command::new(diskit_bin())
-            .args(["convert", "-O", "vmdk", "-o", &opts, "src.raw", "k.vmdk"])
-            .current_dir(d)
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        let _ = child.kill();
-        let _ = child.wait();
+        let convert = argv("convert -O vmdk -o", &[&opts, "src.raw", "k.vmdk"]);
+        diskit_killed_after(d, &convert, delay_ms);
         if d.join("k.vmdk").exists() {
             // What was written reads back; the rest is unallocated.
             let o = tool_in(d, "qemu-img", &["check", "k.vmdk"]);

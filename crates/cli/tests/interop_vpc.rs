@@ -11,53 +11,32 @@ use std::path::Path;
 
 use common::*;
 
-fn reads_like_qemu(dir: &Path, img: &str) {
-    converts_alike(dir, &["-f", "vpc"], img);
-    alike_each(
-        dir,
-        img,
-        &[
-            &["info", "-f", "vpc"],
-            &["info", "-f", "vpc", "--output=json"],
-            &["map", "-f", "vpc", "--output=json"],
-            &["info"],
-        ],
-    );
-}
-
-fn scribble(dir: &Path, img: &str) {
-    qemu_io_in(
-        dir,
-        "vpc",
-        img,
-        &[
-            "write -P 0x5a 5M 100k",
-            "write -P 0x33 1000 70000",
-            "write -P 0x77 3M 4k",
-        ],
-    );
-}
+/// VHD as qemu-img sees it: no `check`, and a `map` only as JSON.
+const VPC: Format = Format {
+    name: "vpc",
+    convert: &["-f", "vpc"],
+    reads: &[
+        "info -f vpc",
+        "info -f vpc --output=json",
+        "map -f vpc --output=json",
+        "info",
+    ],
+    writes: &["write -P 0x77 3M 4k"],
+};
 
 #[test]
 fn images_qemu_img_makes_read_back_byte_equal() {
     let dir = workdir();
-    let d = dir.path();
-    for (img, opts, size) in [
-        ("dyn.vhd", "subformat=dynamic", "16M"),
-        ("odd.vhd", "subformat=dynamic", "7000000"),
-        ("fix.vhd", "subformat=fixed", "8M"),
-        ("azure.vhd", "subformat=fixed,force_size=on", "10M"),
-        ("forced.vhd", "subformat=dynamic,force_size=on", "9M"),
-    ] {
-        good_in(
-            d,
-            "qemu-img",
-            &["create", "-q", "-f", "vpc", "-o", opts, img, size],
-        );
-        reads_like_qemu(d, img);
-        scribble(d, img);
-        reads_like_qemu(d, img);
-    }
+    VPC.qemu_images_read_alike(
+        dir.path(),
+        &[
+            ("dyn.vhd", "-o subformat=dynamic", "16M"),
+            ("odd.vhd", "-o subformat=dynamic", "7000000"),
+            ("fix.vhd", "-o subformat=fixed", "8M"),
+            ("azure.vhd", "-o subformat=fixed,force_size=on", "10M"),
+            ("forced.vhd", "-o subformat=dynamic,force_size=on", "9M"),
+        ],
+    );
 }
 
 /// Sets a footer's creator application and its checksum again.
@@ -75,11 +54,7 @@ fn the_virtual_size_follows_the_creator_as_in_qemu_10() {
     let dir = workdir();
     let d = dir.path();
     for app in [b"vpc ", b"win ", b"d2v ", b"xyz "] {
-        good_in(
-            d,
-            "qemu-img",
-            &["create", "-q", "-f", "vpc", "c.vhd", "16M"],
-        );
+        qemu_img_in(d, "create -q -f vpc c.vhd 16M");
         // qemu-img made it with the geometry's size; a current size other
         // than that shows which one each tool reads.
         patch(&d.join("c.vhd"), 48, &(16u64 << 20).to_be_bytes());
@@ -143,62 +118,40 @@ fn create_is_qemu_img_but_for_time_and_uuid() {
             masked(&a, dynamic) == masked(&b, dynamic),
             "{opts} {size}: other bytes"
         );
-        reads_like_qemu(&d.join("k"), "x.vhd");
+        VPC.reads_like_qemu(&d.join("k"), "x.vhd");
     }
-    for line in [
-        "create -f vpc -o help",
-        "create -f vpc -o help x.vhd 1M",
-        "create -f vpc -o subformat=bogus x.vhd 1M",
-        "create -f vpc x.vhd 3T",
-        "measure -O vpc --size 1G",
-    ] {
-        alike_in(d, &words(line));
-    }
+    alike_lines(
+        d,
+        &[
+            "create -f vpc -o help",
+            "create -f vpc -o help x.vhd 1M",
+            "create -f vpc -o subformat=bogus x.vhd 1M",
+            "create -f vpc x.vhd 3T",
+            "measure -O vpc --size 1G",
+        ],
+    );
 }
 
 #[test]
 fn images_diskit_writes_read_the_same_in_qemu_img() {
     let dir = workdir();
     let d = dir.path();
-    sparse_file(
-        &d.join("src.raw"),
-        20 << 20,
-        &[
-            (0, 70_000, 0x11),
-            (3 << 20, 2 << 20, 0x22),
-            ((20 << 20) - 4096, 4096, 0x33),
-        ],
-    );
+    three_run_source(d, 20 << 20, [0x11, 0x22, 0x33]);
     for opts in [
         "subformat=dynamic",
         "subformat=fixed",
         "subformat=fixed,force_size=on",
     ] {
-        good_in(
-            d,
-            "diskit",
-            &["convert", "-O", "vpc", "-o", opts, "src.raw", "c.vhd"],
-        );
-        let o = tool_in(
-            d,
-            "qemu-img",
-            &["compare", "-f", "vpc", "-F", "raw", "c.vhd", "src.raw"],
-        );
         // The geometry may round the image up: compare allows a larger
         // image whose tail reads as zeros (exit 0) and says so.
-        assert_eq!(code(&o), 0, "{opts}: {}{}", stdout(&o), stderr(&o));
-        reads_like_qemu(d, "c.vhd");
-        scribble(d, "c.vhd");
-        reads_like_qemu(d, "c.vhd");
+        VPC.converts_into(d, &["-o", opts], "src.raw", "c.vhd");
+        VPC.scribble(d, "c.vhd");
+        VPC.reads_like_qemu(d, "c.vhd");
         std::fs::remove_file(d.join("c.vhd")).unwrap();
     }
     // Odd writes over NBD through `diskit serve` into a qemu-made image.
-    good_in(
-        d,
-        "qemu-img",
-        &["create", "-q", "-f", "vpc", "w.vhd", "24M"],
-    );
-    qemu_io_over_nbd(
+    qemu_img_in(d, "create -q -f vpc w.vhd 24M");
+    VPC.written_over_nbd(
         d,
         "w.vhd",
         &[
@@ -206,22 +159,17 @@ fn images_diskit_writes_read_the_same_in_qemu_img() {
             "write -P 0x45 1000 3",
             "write -P 0x46 4194303 2097154",
         ],
-    );
-    qemu_io_in(
-        d,
-        "vpc",
-        "w.vhd",
         &["read -P 0x44 7340033 1000", "read -P 0x46 4194303 2097154"],
     );
-    scribble(d, "w.vhd");
-    reads_like_qemu(d, "w.vhd");
+    VPC.scribble(d, "w.vhd");
+    VPC.reads_like_qemu(d, "w.vhd");
 }
 
 #[test]
 fn hostile_images_get_clear_errors() {
     let dir = workdir();
     let d = dir.path();
-    good_in(d, "qemu-img", &["create", "-q", "-f", "vpc", "g.vhd", "8M"]);
+    qemu_img_in(d, "create -q -f vpc g.vhd 8M");
     let cases: Vec<(&str, Mutation)> = vec![
         (
             "Incorrect header checksum",

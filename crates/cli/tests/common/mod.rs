@@ -186,6 +186,33 @@ pub fn sparse_file(path: &Path, size: u64, runs: &[(u64, usize, u8)]) {
     f.sync_all().unwrap();
 }
 
+/// DIR/t.raw, the file the NBD tests serve: 4 MiB, holes but for 64 KiB
+/// of 0x11 at 0 and `second` bytes of 0x22 at 1 MiB.
+pub fn served_file(dir: &Path, second: usize) -> PathBuf {
+    let p = dir.join("t.raw");
+    sparse_file(&p, 4 << 20, &[(0, 65536, 0x11), (1 << 20, second, 0x22)]);
+    p
+}
+
+/// The value `NAME=V` that a `--run` command recorded on its standard
+/// output (`echo NAME=$?`).
+pub fn recorded(o: &Output, name: &str) -> String {
+    let text = stdout(o);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} result in {text}\n{}", stderr(o)))
+        .to_string()
+}
+
+/// The connection lines of a server's `-v` log.
+pub fn connections(o: &Output) -> Vec<String> {
+    stderr(o)
+        .lines()
+        .filter(|l| l.starts_with("diskit: connection"))
+        .map(String::from)
+        .collect()
+}
+
 /// Bytes allocated to a file (du).
 pub fn allocated(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().blocks() * 512
@@ -260,6 +287,12 @@ pub fn good_in(dir: &Path, tool: &str, args: &[&str]) -> Output {
     o
 }
 
+/// Runs qemu-img's command line `line` (see [`words`]) in `dir`; it must
+/// succeed.
+pub fn qemu_img_in(dir: &Path, line: &str) -> Output {
+    good_in(dir, "qemu-img", &words(line))
+}
+
 /// diskit and qemu-img run `args` in `dir` alike: the same standard
 /// output, the same message (program prefix aside), the same exit status.
 pub fn alike_in(dir: &Path, args: &[&str]) {
@@ -306,6 +339,19 @@ pub fn alike_under_serve(
     let theirs = theirs.trim_start_matches("== qemu-img\n");
     assert_eq!(ours, theirs, "diskit and qemu-img differ");
     ours.to_string()
+}
+
+/// Runs `diskit ARGS` in `dir` and kills it (SIGKILL) after `ms`
+/// milliseconds, wherever it has got to.
+pub fn diskit_killed_after(dir: &Path, args: &[&str], ms: u64) {
+    let mut child = Command::new(diskit_bin())
+        .args(args)
+        .current_dir(dir)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Starts `diskit serve -f -U SOCKET image IMAGE` and waits for its
