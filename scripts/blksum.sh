@@ -9,18 +9,12 @@
 # everything else goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
-src=$root/third_party/blkhash
-target=${CARGO_TARGET_DIR:-$root/target}
-
-need=()
-command -v cc >/dev/null || need+=(gcc)
-command -v pkg-config >/dev/null || need+=(pkg-config)
-{ command -v pkg-config >/dev/null && pkg-config --exists openssl; } || need+=(libssl-dev)
-{ command -v pkg-config >/dev/null && pkg-config --exists libnbd; } || need+=(libnbd-dev)
+. scripts/packages.sh
+c_build_setup blkhash
+need_pkg openssl libssl-dev
+need_pkg libnbd libnbd-dev
 # blksum reads image files through qemu-nbd.
 command -v qemu-nbd >/dev/null || need+=(qemu-utils)
-. scripts/packages.sh
 install_missing blksum "${need[@]}"
 
 cache=$target/blksum

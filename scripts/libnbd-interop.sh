@@ -16,19 +16,13 @@
 # "libnbd-interop: N passed, N failed" last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
-src=$root/third_party/libnbd-interop
-target=${CARGO_TARGET_DIR:-$root/target}
-
-need=()
-command -v cc >/dev/null || need+=(gcc)
-command -v pkg-config >/dev/null || need+=(pkg-config)
-{ command -v pkg-config >/dev/null && pkg-config --exists libnbd; } || need+=(libnbd-dev)
+. scripts/packages.sh
+c_build_setup libnbd-interop
+need_pkg libnbd libnbd-dev
 command -v certtool >/dev/null || need+=(gnutls-bin)
 command -v psktool >/dev/null || need+=(gnutls-bin)
 # PSK: diskit loads OpenSSL 3 when asked for it (nothing links it).
 grep -q 'libssl\.so\.3 ' < <(/sbin/ldconfig -p 2>/dev/null) || need+=(libssl3)
-. scripts/packages.sh
 install_missing libnbd-interop "${need[@]}"
 
 # DISKIT: a diskit already built (scripts/test passes the one its test run

@@ -12,17 +12,11 @@
 # Prints "nbd-tester: N passed, N failed" last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
-src=$root/third_party/nbd-tester
-target=${CARGO_TARGET_DIR:-$root/target}
-
-need=()
-command -v cc >/dev/null || need+=(gcc)
-command -v pkg-config >/dev/null || need+=(pkg-config)
-{ command -v pkg-config >/dev/null && pkg-config --exists glib-2.0; } || need+=(libglib2.0-dev)
-{ command -v pkg-config >/dev/null && pkg-config --exists gnutls; } || need+=(libgnutls28-dev)
-command -v python3 >/dev/null || need+=(python3)
 . scripts/packages.sh
+c_build_setup nbd-tester
+need_pkg glib-2.0 libglib2.0-dev
+need_pkg gnutls libgnutls28-dev
+command -v python3 >/dev/null || need+=(python3)
 install_missing nbd-tester "${need[@]}"
 
 # The tester, built once per version of its sources. ISSERVER enables its
