@@ -31,27 +31,17 @@ export LC_ALL=C
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
-
-SIZE_MIB=${SIZE_MIB:-2048}
-ROUNDS=${ROUNDS:-6}
-BENCH_DIR=${BENCH_DIR:-$SCRIPT_DIR/.work}
-RESULTS_DIR=$SCRIPT_DIR/results
-
 TOOLS=(diskit qemu-img cp)
 
 BENCH_NAME=convert.sh
 # shellcheck source=bench/lib.sh
 source "$SCRIPT_DIR/lib.sh"
 
-[[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || die "SIZE_MIB must be a positive integer (got '$SIZE_MIB')"
-[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer (got '$ROUNDS')"
-
 # --------------------------------------------------------------------------
-# Prerequisites
+# Settings and prerequisites
 # --------------------------------------------------------------------------
 
-(( BASH_VERSINFO[0] >= 5 )) || die "bash 5 or later is required (for \$EPOCHREALTIME)"
-command -v python3 >/dev/null || die "python3 is required"
+bench_settings
 if ! command -v qemu-img >/dev/null; then
     die "qemu-img not found; install it with: sudo apt-get install qemu-utils"
 fi
@@ -205,36 +195,21 @@ done
 # Report: table on stdout, JSON in bench/results/
 # --------------------------------------------------------------------------
 
-stamp=$(date +%Y-%m-%d-%H%M%S)
-
 # Everything the report needs goes through the environment.
-export B_TIMES=$TIMES_TSV B_CHECKS=$CHECKS_TSV B_JSON=$RESULTS_DIR/convert-$stamp.json
-export B_DATE=$stamp B_COMMIT=$commit B_SIZE_MIB=$SIZE_MIB B_ROUNDS=$ROUNDS B_TOOLS="${TOOLS[*]}"
-export B_DISKIT_VERSION=$("$DISKIT" --version 2>/dev/null | head -n 1 || true)
-export B_QEMU_VERSION=$(qemu-img --version | head -n 1)
-export B_CP_VERSION=$(cp --version | head -n 1)
-export B_SHM_FS=$(fstype "$SHM_WORK") B_DISK_DIR=$BENCH_DIR B_DISK_FS=$(fstype "$DISK_WORK")
+report_env convert
+B_CP_VERSION=$(cp --version | head -n 1)
+export B_CP_VERSION
 
 python3 - <<'EOF'
-import json, os, platform, statistics
+import json, os, statistics, sys
 from collections import defaultdict
+
+sys.path.insert(0, os.environ["B_LIB"])
+from report import meta as run_meta, print_table
 
 env = os.environ
 tools = env["B_TOOLS"].split()
-meta = {
-    "date": env["B_DATE"],
-    "commit": env["B_COMMIT"],
-    "diskit": env["B_DISKIT_VERSION"],
-    "qemu_img": env["B_QEMU_VERSION"],
-    "cp": env["B_CP_VERSION"],
-    "host": {"kernel": platform.release(), "cpus": os.cpu_count()},
-    "size_mib": int(env["B_SIZE_MIB"]),
-    "rounds": int(env["B_ROUNDS"]),
-    "locations": {
-        "shm": {"path": "/dev/shm", "fs": env["B_SHM_FS"]},
-        "disk": {"path": env["B_DISK_DIR"], "fs": env["B_DISK_FS"]},
-    },
-}
+meta = run_meta(env, versions={"cp": env["B_CP_VERSION"]})
 
 runs = defaultdict(list)                      # (loc, kind, tool) -> [seconds]
 for line in open(env["B_TIMES"]):
@@ -272,15 +247,8 @@ for c in cases:
                  f"{c['diskit_vs_qemu_img']:.2f}x", f"{c['diskit_vs_cp']:.2f}x",
                  str(a["diskit"]), str(a["qemu-img"]),
                  "ok" if c["diskit_identical"] else "DIFFERS"))
-widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-print()
-print(f"convert raw -> raw, {meta['size_mib']} MiB, median of {meta['rounds']} rounds "
-      f"(wall clock, seconds), diskit at {meta['commit']}")
-for i, r in enumerate(rows):
-    print("  ".join(cell.ljust(w) if j < 2 else cell.rjust(w)
-                    for j, (cell, w) in enumerate(zip(r, widths))))
-    if i == 0:
-        print("  ".join("-" * w for w in widths))
+print_table(f"convert raw -> raw, {meta['size_mib']} MiB, median of {meta['rounds']} rounds "
+            f"(wall clock, seconds), diskit at {meta['commit']}", rows, 2)
 
 # Verdict against the target (<= 1.0x qemu-img everywhere) and goal (<= 0.8x).
 worst = max(cases, key=lambda c: c["diskit_vs_qemu_img"])

@@ -33,7 +33,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -75,12 +74,9 @@ def argv(diskit, server, name, work, sock):
 
 
 def main():
-    for tool in ["fio", "nbdkit", "nbdcopy"]:
-        if not shutil.which(tool):
-            sys.exit(f"{tool} not found (scripts/test installs it)")
+    nbdbench.require(["fio", "nbdkit", "nbdcopy"])
     diskit = nbdbench.build()
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip() or "unknown"
+    commit = nbdbench.head_commit()
     work = Path(tempfile.mkdtemp(prefix="diskit-filter-bench.", dir="/dev/shm"))
     os.environ["TMPDIR"] = str(work)
     nbdbench.SIZE_MIB = SIZE_MIB
@@ -120,10 +116,9 @@ def main():
         nbdbench.quiet_vm_restore(reporting_old)
 
     unit = {"randread": "IOPS", "nbdcopy": "MiB/s"}
-    print(f"\nFilter overhead over memory {SIZE_MIB} MiB, median of {ROUNDS} rounds "
-          f"({RUNTIME} s fio runs), commit {commit}")
-    print(f"{'filter/workload':<22}{'unit':>6}{'diskit':>11}{'nbdkit':>11}"
-          f"{'diskit/bare':>13}{'nbdkit/bare':>13}{'vs nbdkit':>11}  verdict")
+    nbdbench.print_heading(f"Filter overhead over memory {SIZE_MIB} MiB", ROUNDS, commit,
+                           f"{'filter/workload':<22}{'unit':>6}{'diskit':>11}{'nbdkit':>11}"
+                           f"{'diskit/bare':>13}{'nbdkit/bare':>13}{'vs nbdkit':>11}  verdict")
     summary = {}
     all_met = True
     for wl, by_filter in results.items():

@@ -16,6 +16,39 @@ timed() {
     printf '%d.%06d\n' $((us / 1000000)) $((us % 1000000))
 }
 
+# bench_settings: what the sourcing script (which sets SCRIPT_DIR) takes
+# from the environment, with its default, checked: SIZE_MIB (2048), ROUNDS
+# (6: every tool goes first equally often), BENCH_DIR (bench/.work, git-
+# ignored); RESULTS_DIR is bench/results. Also checks for bash 5 (for
+# $EPOCHREALTIME) and python3 (the report).
+bench_settings() {
+    SIZE_MIB=${SIZE_MIB:-2048}
+    ROUNDS=${ROUNDS:-6}
+    BENCH_DIR=${BENCH_DIR:-$SCRIPT_DIR/.work}
+    RESULTS_DIR=$SCRIPT_DIR/results
+    [[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || die "SIZE_MIB must be a positive integer (got '$SIZE_MIB')"
+    [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer (got '$ROUNDS')"
+    (( BASH_VERSINFO[0] >= 5 )) || die "bash 5 or later is required (for \$EPOCHREALTIME)"
+    command -v python3 >/dev/null || die "python3 is required"
+}
+
+# report_env NAME: exports everything the report (Python, with
+# bench/report.py) reads from the environment: the files scratch_space
+# made (B_TIMES, B_CHECKS), B_JSON (bench/results/NAME-DATE.json), the
+# settings, TOOLS, commit, the versions of diskit and qemu-img, the file
+# systems of the two locations, and B_LIB (bench/, for the import).
+report_env() {
+    local stamp
+    stamp=$(date +%Y-%m-%d-%H%M%S)
+    export B_TIMES=$TIMES_TSV B_CHECKS=$CHECKS_TSV B_JSON=$RESULTS_DIR/$1-$stamp.json
+    export B_DATE=$stamp B_COMMIT=$commit B_SIZE_MIB=$SIZE_MIB B_ROUNDS=$ROUNDS B_TOOLS="${TOOLS[*]}"
+    B_DISKIT_VERSION=$("$DISKIT" --version 2>/dev/null | head -n 1 || true)
+    B_QEMU_VERSION=$(qemu-img --version | head -n 1)
+    B_SHM_FS=$(fstype "$SHM_WORK") B_DISK_FS=$(fstype "$DISK_WORK")
+    export B_DISKIT_VERSION B_QEMU_VERSION B_SHM_FS B_DISK_FS B_DISK_DIR=$BENCH_DIR B_LIB=$SCRIPT_DIR
+    export PYTHONDONTWRITEBYTECODE=1   # no __pycache__ in bench/
+}
+
 # fresh_dst LOC DST...: remove previous outputs and, on the disk, flush
 # everything so that no write-back of an earlier run overlaps the next one.
 fresh_dst() {

@@ -98,6 +98,26 @@ def selected(name):
     return any(fnmatch.fnmatch(name, p) for p in ROW_PATTERNS)
 
 
+def require(tools):
+    """Exits, saying which, when one of `tools` is not on PATH."""
+    for tool in tools:
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found (scripts/test installs it)")
+
+
+def head_commit():
+    """The short hash of this tree's HEAD ("unknown" outside git)."""
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip() or "unknown"
+
+
+def print_heading(title, rounds, commit, columns):
+    """A table's heading on stdout: `title`, the rounds, fio's run time
+    and the commit, then the column names."""
+    print(f"\n{title}, median of {rounds} rounds ({RUNTIME} s fio runs), commit {commit}")
+    print(columns)
+
+
 def build():
     """The diskit binary to measure: DISKIT_BIN as it is (another commit's,
     for before/after runs), else this tree's release build."""
@@ -222,14 +242,9 @@ def write_results(name, data):
 
 
 def main():
-    for tool in ["fio", "nbdkit", "qemu-nbd", "qemu-img", "nbdcopy"]:
-        if not shutil.which(tool):
-            sys.exit(f"{tool} not found (scripts/test installs it)")
+    require(["fio", "nbdkit", "qemu-nbd", "qemu-img", "nbdcopy"])
     diskit = build()
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip() or "unknown"
-    if os.environ.get("DISKIT_BIN"):
-        commit = f"binary {diskit}"
+    commit = f"binary {diskit}" if os.environ.get("DISKIT_BIN") else head_commit()
     work = Path(tempfile.mkdtemp(prefix="diskit-nbd-bench.", dir="/dev/shm"))
     results = {}
     reporting_old = quiet_vm()
@@ -275,10 +290,10 @@ def main():
         quiet_vm_restore(reporting_old)
 
     unit = {"seqread": "MiB/s", "randread": "IOPS", "randwrite": "IOPS", "nbdcopy": "MiB/s"}
-    print(f"\nNBD servers, {SIZE_MIB} MiB on /dev/shm, median of {ROUNDS} rounds "
-          f"({RUNTIME} s fio runs), commit {commit}")
-    print(f"{'row':<18}{'unit':>7}{'diskit':>12}{'nbdkit':>12}{'qemu-nbd':>12}{'as q-nbd':>12}"
-          f"{'vs nbdkit':>11}{'vs qemu-nbd':>13}{'as/qemu-nbd':>13}  verdict")
+    print_heading(f"NBD servers, {SIZE_MIB} MiB on /dev/shm", ROUNDS, commit,
+                  f"{'row':<18}{'unit':>7}{'diskit':>12}{'nbdkit':>12}{'qemu-nbd':>12}"
+                  f"{'as q-nbd':>12}{'vs nbdkit':>11}{'vs qemu-nbd':>13}{'as/qemu-nbd':>13}"
+                  "  verdict")
     summary = {}
     all_met = True
     for name, by in results.items():

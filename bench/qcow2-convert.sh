@@ -63,12 +63,7 @@ export LC_ALL=C
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
-
-SIZE_MIB=${SIZE_MIB:-2048}
-ROUNDS=${ROUNDS:-6}
-BENCH_DIR=${BENCH_DIR:-$SCRIPT_DIR/.work}
 CASES=${CASES:-*}
-RESULTS_DIR=$SCRIPT_DIR/results
 
 TOOLS=(diskit qemu-img)
 # DISKIT_BASELINE: another diskit binary (an older commit's) run as a third
@@ -86,8 +81,7 @@ BENCH_NAME=qcow2-convert.sh
 # shellcheck source=bench/lib.sh
 source "$SCRIPT_DIR/lib.sh"
 
-[[ $SIZE_MIB =~ ^[1-9][0-9]*$ ]] || die "SIZE_MIB must be a positive integer (got '$SIZE_MIB')"
-[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer (got '$ROUNDS')"
+bench_settings
 SIZE_BYTES=$((SIZE_MIB << 20))
 
 # --------------------------------------------------------------------------
@@ -127,8 +121,6 @@ log "$ncases case(s) selected"
 # Prerequisites
 # --------------------------------------------------------------------------
 
-(( BASH_VERSINFO[0] >= 5 )) || die "bash 5 or later is required (for \$EPOCHREALTIME)"
-command -v python3 >/dev/null || die "python3 is required"
 command -v cmp >/dev/null || die "cmp is required (diffutils)"
 for tool in qemu-img qemu-io; do
     command -v "$tool" >/dev/null ||
@@ -333,20 +325,16 @@ elapsed_us=$(( ${t_end/./} - ${t_start/./} ))
 # Report: table on stdout, JSON in bench/results/
 # --------------------------------------------------------------------------
 
-stamp=$(date +%Y-%m-%d-%H%M%S)
-
 # Everything the report needs goes through the environment.
-export B_TIMES=$TIMES_TSV B_CHECKS=$CHECKS_TSV B_IMAGES=$IMAGES_TSV
-export B_JSON=$RESULTS_DIR/qcow2-convert-$stamp.json
-export B_DATE=$stamp B_COMMIT=$commit B_SIZE_MIB=$SIZE_MIB B_ROUNDS=$ROUNDS B_TOOLS="${TOOLS[*]}"
-export B_CASES=$CASES B_ELAPSED_S=$((elapsed_us / 1000000))
-export B_DISKIT_VERSION=$("$DISKIT" --version 2>/dev/null | head -n 1 || true)
-export B_QEMU_VERSION=$(qemu-img --version | head -n 1)
-export B_SHM_FS=$(fstype "$SHM_WORK") B_DISK_DIR=$BENCH_DIR B_DISK_FS=$(fstype "$DISK_WORK")
+report_env qcow2-convert
+export B_IMAGES=$IMAGES_TSV B_CASES=$CASES B_ELAPSED_S=$((elapsed_us / 1000000))
 
 python3 - <<'EOF'
-import json, os, platform, statistics
+import json, os, statistics, sys
 from collections import defaultdict
+
+sys.path.insert(0, os.environ["B_LIB"])
+from report import meta as run_meta, print_table
 
 TARGET, GOAL = 1.0, 0.7        # diskit/qemu-img: target and goal
 PATHOLOGY = 1.5                # prealloc sparse / default sparse above this: suspicious,
@@ -354,21 +342,8 @@ NOISE_S = 0.02                 # unless the difference is below this (start-up, 
 
 env = os.environ
 tools = env["B_TOOLS"].split()
-meta = {
-    "date": env["B_DATE"],
-    "commit": env["B_COMMIT"],
-    "diskit": env["B_DISKIT_VERSION"],
-    "qemu_img": env["B_QEMU_VERSION"],
-    "host": {"kernel": platform.release(), "cpus": os.cpu_count()},
-    "size_mib": int(env["B_SIZE_MIB"]),
-    "rounds": int(env["B_ROUNDS"]),
-    "cases_filter": env["B_CASES"],
-    "elapsed_s": int(env["B_ELAPSED_S"]),
-    "locations": {
-        "shm": {"path": "/dev/shm", "fs": env["B_SHM_FS"]},
-        "disk": {"path": env["B_DISK_DIR"], "fs": env["B_DISK_FS"]},
-    },
-}
+meta = run_meta(env, extra={"cases_filter": env["B_CASES"],
+                             "elapsed_s": int(env["B_ELAPSED_S"])})
 
 runs = defaultdict(list)       # (loc, kind, pre, tgt, tool) -> [seconds]
 for line in open(env["B_TIMES"]):
@@ -425,16 +400,9 @@ for c in cases:
                  str(c["allocated_bytes"]["diskit"]) if file else "-",
                  str(c["allocated_bytes"]["qemu-img"]) if file else "-",
                  ("ok" if c["identical_to_qemu_img"] else "DIFFERS") if file else "-"))
-widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-print()
-print(f"convert qcow2 -> raw, {meta['size_mib']} MiB, median of {meta['rounds']} rounds "
-      f"(wall clock, seconds), diskit at {meta['commit']}; "
-      f"verdict: goal <= {GOAL}x, ok <= {TARGET}x, MISSED above")
-for i, r in enumerate(rows):
-    print("  ".join(cell.ljust(w) if j < 4 else cell.rjust(w)
-                    for j, (cell, w) in enumerate(zip(r, widths))))
-    if i == 0:
-        print("  ".join("-" * w for w in widths))
+print_table(f"convert qcow2 -> raw, {meta['size_mib']} MiB, median of {meta['rounds']} rounds "
+            f"(wall clock, seconds), diskit at {meta['commit']}; "
+            f"verdict: goal <= {GOAL}x, ok <= {TARGET}x, MISSED above", rows, 4)
 
 # Pathology check: a preallocated sparse image should convert about as fast
 # as a default sparse one (the preallocated clusters hold no data).
