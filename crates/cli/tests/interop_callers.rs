@@ -556,7 +556,38 @@ fn long_options_of_qemu_10_mean_their_short_ones() {
         "qemu-img",
         &words("create -f qcow2 -b a.raw -F raw top.qcow2"),
     );
+    // An internal snapshot holding less than the image now does.
+    good_in(
+        d,
+        "qemu-img",
+        &["create", "-f", "qcow2", "snap.qcow2", "8M"],
+    );
+    good_in(d, "qemu-io", &["-c", "write 0 1M", "snap.qcow2"]);
+    good_in(d, "qemu-img", &["snapshot", "-c", "s1", "snap.qcow2"]);
+    good_in(d, "qemu-io", &["-c", "write 2M 3M", "snap.qcow2"]);
     let cases: &[Spelled<'_>] = &[
+        Spelled {
+            short: &["measure", "-O", "qcow2", "-l", "s1", "snap.qcow2"],
+            long: &[
+                "measure",
+                "--target-format",
+                "qcow2",
+                "--snapshot",
+                "s1",
+                "snap.qcow2",
+            ],
+        },
+        Spelled {
+            short: &["measure", "-O", "qcow2", "-l", "nope", "snap.qcow2"],
+            long: &[
+                "measure",
+                "--target-format",
+                "qcow2",
+                "-l",
+                "nope",
+                "snap.qcow2",
+            ],
+        },
         Spelled {
             short: &["info", "-b", "top.qcow2"],
             long: &["info", "--backing-chain", "top.qcow2"],
