@@ -545,13 +545,22 @@ fn long_options_of_qemu_10_mean_their_short_ones() {
     let dir = workdir();
     let d = dir.path();
     sparse_file(&d.join("a.raw"), 2 << 20, &[(65536, 70000, 0xff)]);
-    good_in(
-        d,
-        "qemu-img",
-        &words("create -f qcow2 -b a.raw -F raw top.qcow2"),
-    );
+    qemu_img_in(d, "create -f qcow2 -b a.raw -F raw top.qcow2");
+    // An internal snapshot holding less than the image now does.
+    qemu_img_in(d, "create -f qcow2 snap.qcow2 8M");
+    good_in(d, "qemu-io", &["-c", "write 0 1M", "snap.qcow2"]);
+    qemu_img_in(d, "snapshot -c s1 snap.qcow2");
+    good_in(d, "qemu-io", &["-c", "write 2M 3M", "snap.qcow2"]);
     // Each case: qemu-img's short spelling, diskit's long one.
     let cases = [
+        (
+            "measure -O qcow2 -l s1 snap.qcow2",
+            "measure --target-format qcow2 --snapshot s1 snap.qcow2",
+        ),
+        (
+            "measure -O qcow2 -l nope snap.qcow2",
+            "measure --target-format qcow2 -l nope snap.qcow2",
+        ),
         ("info -b top.qcow2", "info --backing-chain top.qcow2"),
         ("info -b top.qcow2", "info -b top.qcow2"),
         ("info -f qcow2 top.qcow2", "info --format qcow2 top.qcow2"),

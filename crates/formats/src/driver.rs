@@ -13,6 +13,27 @@ use crate::image_ops::{Capability, FormatImage, unsupported_op};
 use crate::implied::ImpliedFiles;
 use crate::{Image, OpenOptions, OptionList};
 
+/// A backing file as an image's header records it: its name and its
+/// format (QEMU refuses a name without a format, and so does this type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackingName<'a> {
+    /// The name, as the header keeps it (relative to the image's
+    /// directory, or absolute, or a protocol's name).
+    pub file: &'a str,
+    /// Its format (`raw`, `qcow2`, ...).
+    pub format: &'a str,
+}
+
+/// What `qemu-img measure` sizes an image for: a new image of a size
+/// (`--size`), or one converted from an image.
+#[derive(Clone, Copy)]
+pub enum Measured<'a> {
+    /// An empty image of this many bytes.
+    Size(u64),
+    /// The image converted, its allocation as it is.
+    Image(&'a Image),
+}
+
 /// The result of a measurement, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Measurement {
@@ -126,15 +147,10 @@ pub trait FormatDriver: Sync {
         Err(unsupported_op(self.name(), "option amendment"))
     }
 
-    /// Records `name` (in format `format`) as the backing file of the
-    /// closed image on `storage`, or no backing file.
-    fn change_backing_file(
-        &self,
-        storage: &dyn Storage,
-        name: Option<&str>,
-        format: Option<&str>,
-    ) -> Result<()> {
-        let _ = (storage, name, format);
+    /// Records `to` as the backing file of the closed image on `file`
+    /// (None: no backing file).
+    fn change_backing_file(&self, file: &dyn Storage, to: Option<BackingName<'_>>) -> Result<()> {
+        let _ = (file, to);
         Err(unsupported_op(self.name(), "backing files"))
     }
 
@@ -169,15 +185,10 @@ pub trait FormatDriver: Sync {
         )
     }
 
-    /// What an image of this format made from `source` (or of `size`
-    /// bytes) with `options` needs on disk, as `qemu-img measure`.
-    fn measure(
-        &self,
-        options: &OptionList,
-        size: Option<u64>,
-        source: Option<&Image>,
-    ) -> Result<Measurement> {
-        let _ = (options, size, source);
+    /// What an image of this format made from `of` with `options` needs
+    /// on disk, as `qemu-img measure`.
+    fn measure(&self, options: &OptionList, of: Measured<'_>) -> Result<Measurement> {
+        let _ = (options, of);
         if self.supported() {
             Err(Error::unsupported(format!(
                 "Block driver '{}' does not support size measurement",

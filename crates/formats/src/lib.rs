@@ -41,7 +41,7 @@ use diskit_core::{BlockDevice, DeviceRef, Result, StorageRef};
 
 pub use check::{CheckReport, Repair};
 pub use creation::Creation;
-pub use driver::{Format, FormatDriver};
+pub use driver::{BackingName, Format, FormatDriver, Measured};
 pub use image_ops::{BitmapEdit, BitmapInfo, Capability, FormatImage, NewBitmap};
 pub use info::{FormatInfo, InfoValue, SnapshotInfo};
 pub use options::OptionList;

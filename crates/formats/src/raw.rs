@@ -4,8 +4,9 @@ use diskit_core::{Error, ErrorKind, Preallocation, Result, StorageRef};
 
 use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned};
 
+use crate::driver::Measurement;
 use crate::image_ops::FormatImage;
-use crate::{Format, OptionList, Prealloc};
+use crate::{Format, Measured, OptionList, Prealloc};
 
 /// The creation options raw offers.
 const OFFERED: Offered = Offered(&["size=<size>            - Virtual disk size"]);
@@ -109,16 +110,11 @@ impl crate::driver::FormatDriver for RawDriver {
         OFFERED.help("raw", with_file)
     }
 
-    fn measure(
-        &self,
-        options: &OptionList,
-        size: Option<u64>,
-        source: Option<&crate::Image>,
-    ) -> Result<crate::driver::Measurement> {
+    fn measure(&self, options: &OptionList, of: Measured<'_>) -> Result<Measurement> {
         OFFERED.check(options)?;
-        Ok(crate::driver::Measurement::fixed(match source {
-            Some(img) => img.virtual_size(),
-            None => size.unwrap_or(0).div_ceil(512) * 512,
+        Ok(Measurement::fixed(match of {
+            Measured::Image(img) => img.virtual_size(),
+            Measured::Size(size) => size.div_ceil(512) * 512,
         }))
     }
 }

@@ -111,18 +111,8 @@ impl Source {
             return Err(f);
         }
         // No word on ranges in the HEAD (or no HEAD): ask for a byte.
-        let mut r = self
-            .get()
-            .header("Range", "bytes=0-0")
-            .call()
-            .map_err(|e| self.failure(e))?;
-        let status = r.status();
-        if status == StatusCode::OK {
-            return Err(Failure::Permanent(self.cannot_range(
-                "it answered a range request with the whole resource",
-            )));
-        }
-        if let Some(f) = self.bad_status(status, true) {
+        let mut r = self.get_range("bytes=0-0".into())?;
+        if let Some(f) = self.bad_status(r.status(), true) {
             return Err(f);
         }
         let (_, _, total) = content_range(r.headers()).ok_or_else(|| {
@@ -155,17 +145,8 @@ impl Source {
 
     fn read_once(&self, buf: &mut [u8], offset: u64) -> std::result::Result<(), Failure> {
         let last = offset + buf.len() as u64 - 1;
-        let mut r = self
-            .get()
-            .header("Range", format!("bytes={offset}-{last}"))
-            .call()
-            .map_err(|e| self.failure(e))?;
+        let mut r = self.get_range(format!("bytes={offset}-{last}"))?;
         let status = r.status();
-        if status == StatusCode::OK {
-            return Err(Failure::Permanent(self.cannot_range(
-                "it answered a range request with the whole resource",
-            )));
-        }
         if status == StatusCode::RANGE_NOT_SATISFIABLE {
             return Err(Failure::Permanent(self.err(
                 ErrorKind::Io,
@@ -184,6 +165,25 @@ impl Source {
             etag: self.etag.as_deref(),
         };
         expected.take(&mut r, buf, offset)
+    }
+
+    /// A GET of the byte range `range` (`bytes=A-B`); a server that answers
+    /// with the whole resource cannot serve ranges.
+    fn get_range(
+        &self,
+        range: String,
+    ) -> std::result::Result<ureq::http::Response<ureq::Body>, Failure> {
+        let r = self
+            .get()
+            .header("Range", range)
+            .call()
+            .map_err(|e| self.failure(e))?;
+        if r.status() == StatusCode::OK {
+            return Err(Failure::Permanent(self.cannot_range(
+                "it answered a range request with the whole resource",
+            )));
+        }
+        Ok(r)
     }
 
     fn err(&self, kind: ErrorKind, msg: impl std::fmt::Display) -> Error {

@@ -42,9 +42,9 @@ pub use diskit_formats::implied::Named;
 pub use diskit_formats::info::ChildFile;
 pub use diskit_formats::probe::probe as probe_format;
 pub use diskit_formats::{
-    BitmapEdit, BitmapInfo, Capability, CheckReport, Creation, Format, FormatDriver, FormatImage,
-    FormatInfo, Image, InfoValue, NewBitmap, OpenOptions, OptionList, Prealloc, Repair,
-    SnapshotInfo,
+    BackingName, BitmapEdit, BitmapInfo, Capability, CheckReport, Creation, Format, FormatDriver,
+    FormatImage, FormatInfo, Image, InfoValue, Measured, NewBitmap, OpenOptions, OptionList,
+    Prealloc, Repair, SnapshotInfo,
 };
 pub use objects::define_object;
 

@@ -54,6 +54,26 @@ pub struct Plugin {
     pub open: PluginOpen,
 }
 
+impl Plugin {
+    /// A plugin whose one key, `size=` (the magic key, required), is the
+    /// size of the device it makes.
+    pub const fn sized(
+        name: &'static str,
+        help: &'static str,
+        open: fn(&PluginArgs, bool) -> Result<DeviceRef>,
+    ) -> Plugin {
+        Plugin {
+            name,
+            magic: "size",
+            magic_required: true,
+            keys: &["size"],
+            lists: &[],
+            help,
+            open: PluginOpen::Source(open),
+        }
+    }
+}
+
 /// What a plugin opened: the device to serve, the image behind it, if
 /// any, to close (write back its metadata) when the server stops, and
 /// what the export offers besides the bytes.

@@ -44,6 +44,24 @@ pub struct Protocol {
     pub plugins: &'static [Plugin],
 }
 
+impl Protocol {
+    /// A source only nbdkit's face reaches (`diskit serve NAME`), named
+    /// after its first plugin: no QEMU name or description opens it, and
+    /// no image is made on it.
+    const fn served_only(plugins: &'static [Plugin]) -> Protocol {
+        Protocol {
+            name: plugins[0].name,
+            prefixes: &[],
+            keys: &[],
+            local: false,
+            network: false,
+            open: None,
+            made: Made::Never,
+            plugins,
+        }
+    }
+}
+
 /// How a protocol makes the storage of a new image.
 #[derive(Debug, Clone, Copy)]
 pub enum Made {
@@ -182,42 +200,16 @@ pub const PROTOCOLS: &[Protocol] = &[
             open: PluginOpen::Source(plugin::open_null),
         }],
     },
-    Protocol {
-        name: "memory",
-        prefixes: &[],
-        keys: &[],
-        local: false,
-        network: false,
-        open: None,
-        made: Made::Never,
-        plugins: &[Plugin {
-            name: "memory",
-            magic: "size",
-            magic_required: true,
-            keys: &["size"],
-            lists: &[],
-            help: "a sparse RAM disk (size=SIZE)",
-            open: PluginOpen::Source(plugin::open_memory),
-        }],
-    },
-    Protocol {
-        name: "pattern",
-        prefixes: &[],
-        keys: &[],
-        local: false,
-        network: false,
-        open: None,
-        made: Made::Never,
-        plugins: &[Plugin {
-            name: "pattern",
-            magic: "size",
-            magic_required: true,
-            keys: &["size"],
-            lists: &[],
-            help: "read-only test data: each 8-byte word holds its offset (size=SIZE)",
-            open: PluginOpen::Source(plugin::open_pattern),
-        }],
-    },
+    Protocol::served_only(&[Plugin::sized(
+        "memory",
+        "a sparse RAM disk (size=SIZE)",
+        plugin::open_memory,
+    )]),
+    Protocol::served_only(&[Plugin::sized(
+        "pattern",
+        "read-only test data: each 8-byte word holds its offset (size=SIZE)",
+        plugin::open_pattern,
+    )]),
     Protocol {
         name: "rbd",
         prefixes: &["rbd:"],

@@ -6,7 +6,7 @@ use crate::CmdResult;
 use crate::qjson::QJson;
 use crate::util::OpenPolicy;
 use crate::util::{CliError, ForceShare, parse_format, parse_image_size, parse_options};
-use diskit_open::{Format, OpenOptions};
+use diskit_open::{Format, Measured, OpenOptions};
 
 /// Arguments of `measure`.
 #[derive(clap::Args, Debug)]
@@ -85,7 +85,11 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     driver
         .check_create_options(&options)
         .map_err(|e| invalid_options(e, out_format))?;
-    let m = driver.measure(&options, size, image.as_ref())?;
+    let of = match &image {
+        Some(img) => Measured::Image(img),
+        None => Measured::Size(size.unwrap_or(0)),
+    };
+    let m = driver.measure(&options, of)?;
     if json {
         let mut v = QJson::dict();
         if let Some(b) = m.bitmaps {

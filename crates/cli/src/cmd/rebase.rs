@@ -12,7 +12,7 @@ use diskit_copy::Progress;
 use diskit_copy::rebase::{Backings, copy_differences, copy_differences_into};
 use diskit_core::storage::resolve_relative;
 use diskit_core::{DeviceRef, ErrorKind};
-use diskit_open::{Format, Image, OpenOptions, open_image};
+use diskit_open::{BackingName, Format, Image, OpenOptions, open_image};
 
 /// Arguments of `rebase`.
 #[derive(clap::Args, Debug)]
@@ -128,10 +128,10 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
             "backing format must be specified",
         ))
     } else {
+        let to = name.zip(a.backing_format.as_deref());
         driver.change_backing_file(
             &*file,
-            name,
-            a.backing_format.as_deref().filter(|_| name.is_some()),
+            to.map(|(file, format)| BackingName { file, format }),
         )
     };
     changed.map_err(|e| {

@@ -18,7 +18,7 @@ use crate::creation::Offered;
 use crate::creation::Planned;
 use crate::crypto::encrypted::EncryptedStorage;
 use crate::crypto::{SECTOR_SIZE, Secrets, SectorCipher};
-use crate::driver::{FormatDriver, Opened, Opening};
+use crate::driver::{FormatDriver, Measured, Measurement, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
 use crate::info::{FormatInfo, InfoValue};
 use crate::{Format, OptionList, Prealloc};
@@ -206,16 +206,14 @@ impl FormatDriver for LuksDriver {
         create::check_amend(options, "")
     }
 
-    fn measure(
-        &self,
-        options: &OptionList,
-        size: Option<u64>,
-        source: Option<&crate::Image>,
-    ) -> Result<crate::driver::Measurement> {
+    fn measure(&self, options: &OptionList, of: Measured<'_>) -> Result<Measurement> {
         let opts = Planned::new(options, create::LuksCreateOptions::parse(options)?)?.opts;
-        let v = source.map_or(size.unwrap_or(0), |img| img.virtual_size());
+        let v = match of {
+            Measured::Size(size) => size,
+            Measured::Image(img) => img.virtual_size(),
+        };
         let v = v.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
-        Ok(crate::driver::Measurement::fixed(
+        Ok(Measurement::fixed(
             create::payload_offset(&opts.plan()?) + v,
         ))
     }

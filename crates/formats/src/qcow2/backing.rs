@@ -9,44 +9,35 @@ use diskit_core::{Error, ErrorKind, Result};
 
 use super::header::{Header, HeaderExtension, autoclear, ext, incompat};
 use super::open::read_header;
+use crate::driver::BackingName;
 
-/// The header of `header` with its backing file changed to `name` (None:
-/// no backing file) in format `format`.
-///
-/// A name without a format is refused ([`ErrorKind::InvalidInput`]), as
-/// QEMU refuses it: an image must say what its backing file is.
-pub fn with_backing(header: &Header, name: Option<&str>, format: Option<&str>) -> Result<Header> {
-    if name.is_some() && format.is_none() {
-        return Err(Error::invalid("backing format must be specified"));
-    }
+/// The header of `header` with its backing file changed to `to` (None:
+/// no backing file).
+pub fn with_backing(header: &Header, to: Option<BackingName<'_>>) -> Header {
     let mut h = header.clone();
     h.extensions.retain(|e| e.kind != ext::BACKING_FORMAT);
-    h.backing_file = name.map(str::to_string);
-    if let (Some(_), Some(f)) = (name, format) {
+    h.backing_file = to.map(|b| b.file.to_string());
+    if let Some(b) = to {
         h.extensions.insert(
             0,
             HeaderExtension {
                 kind: ext::BACKING_FORMAT,
-                data: f.as_bytes().to_vec(),
+                data: b.format.as_bytes().to_vec(),
             },
         );
     }
     // A writer clears the autoclear bits it does not know (and keeps the
     // ones it does: the header says nothing new about bitmaps).
     h.autoclear_features &= autoclear::KNOWN;
-    Ok(h)
+    h
 }
 
 /// Rewrites the header of the (closed) qcow2 image in `file` so that its
-/// backing file is `name` in format `format`, or none.
+/// backing file is `to`, or none.
 ///
 /// Fails with [`ErrorKind::NoSpace`] when the name does not fit in the
 /// header cluster, leaving the image as it was.
-pub fn change_backing_file(
-    file: &dyn Storage,
-    name: Option<&str>,
-    format: Option<&str>,
-) -> Result<()> {
+pub fn change_backing_file(file: &dyn Storage, to: Option<BackingName<'_>>) -> Result<()> {
     let header = read_header(file)?;
     if header.incompatible_features & incompat::CORRUPT != 0 {
         return Err(Error::new(
@@ -54,7 +45,7 @@ pub fn change_backing_file(
             "qcow2: Image is corrupt; cannot be opened read/write",
         ));
     }
-    let bytes = with_backing(&header, name, format)?.to_bytes()?;
+    let bytes = with_backing(&header, to).to_bytes()?;
     file.write_extend(&bytes, 0)?;
     file.flush()
 }
@@ -88,7 +79,13 @@ mod tests {
 
     #[test]
     fn adds_name_and_format_first_keeping_unknown_extensions() {
-        let h = parsed(&with_backing(&sample(), Some("base.img"), Some("raw")).unwrap());
+        let h = parsed(&with_backing(
+            &sample(),
+            Some(BackingName {
+                file: "base.img",
+                format: "raw",
+            }),
+        ));
         assert_eq!(h.backing_file.as_deref(), Some("base.img"));
         assert_eq!(h.backing_format().as_deref(), Some("raw"));
         assert_eq!(h.extensions[0].kind, ext::BACKING_FORMAT);
@@ -97,8 +94,20 @@ mod tests {
 
     #[test]
     fn replaces_and_removes() {
-        let one = with_backing(&sample(), Some("a"), Some("qcow2")).unwrap();
-        let two = parsed(&with_backing(&one, Some("b"), Some("raw")).unwrap());
+        let one = with_backing(
+            &sample(),
+            Some(BackingName {
+                file: "a",
+                format: "qcow2",
+            }),
+        );
+        let two = parsed(&with_backing(
+            &one,
+            Some(BackingName {
+                file: "b",
+                format: "raw",
+            }),
+        ));
         assert_eq!(two.backing_file.as_deref(), Some("b"));
         assert_eq!(
             two.extensions
@@ -107,22 +116,22 @@ mod tests {
                 .count(),
             1
         );
-        let none = parsed(&with_backing(&two, None, None).unwrap());
+        let none = parsed(&with_backing(&two, None));
         assert_eq!(none.backing_file, None);
         assert_eq!(none.backing_format(), None);
         assert_eq!(none.extensions.len(), 1);
     }
 
     #[test]
-    fn a_name_needs_a_format() {
-        let e = with_backing(&sample(), Some("a"), None).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::InvalidInput);
-    }
-
-    #[test]
     fn a_name_too_long_for_the_cluster_is_no_space() {
         let long = "x".repeat(5000);
-        let h = with_backing(&sample(), Some(&long), Some("raw")).unwrap();
+        let h = with_backing(
+            &sample(),
+            Some(BackingName {
+                file: &long,
+                format: "raw",
+            }),
+        );
         assert_eq!(h.to_bytes().unwrap_err().kind(), ErrorKind::NoSpace);
     }
 }

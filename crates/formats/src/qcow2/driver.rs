@@ -10,9 +10,9 @@ use super::measure::{Measurement, Source};
 use super::ops::Qcow2Image;
 use crate::check::{CheckReport, Repair};
 use crate::creation::Creation;
-use crate::driver::{FormatDriver, Opened, Opening};
+use crate::driver::{BackingName, FormatDriver, Measured, Opened, Opening};
 use crate::image_ops::Capability;
-use crate::{Format, Image, OptionList};
+use crate::{Format, OptionList};
 
 /// qcow2's probe: the qcow magic with version 2 or more.
 pub fn probe(h: &[u8], _: &str) -> u32 {
@@ -132,13 +132,8 @@ impl FormatDriver for Qcow2Driver {
         Amend::parse(options).map(drop)
     }
 
-    fn change_backing_file(
-        &self,
-        storage: &dyn Storage,
-        name: Option<&str>,
-        format: Option<&str>,
-    ) -> Result<()> {
-        super::backing::change_backing_file(storage, name, format)
+    fn change_backing_file(&self, file: &dyn Storage, to: Option<BackingName<'_>>) -> Result<()> {
+        super::backing::change_backing_file(file, to)
     }
 
     fn check_create_options(&self, options: &OptionList) -> Result<()> {
@@ -149,20 +144,18 @@ impl FormatDriver for Qcow2Driver {
         OFFERED.help("qcow2", with_file)
     }
 
-    fn measure(
-        &self,
-        options: &OptionList,
-        size: Option<u64>,
-        source: Option<&Image>,
-    ) -> Result<Measurement> {
+    fn measure(&self, options: &OptionList, of: Measured<'_>) -> Result<Measurement> {
         let mut opts = Qcow2CreateOptions::parse(options)?;
-        if let Some(s) = size {
-            opts.set_size(s);
-        }
-        let source = source.map(|img| Source {
-            device: &*img.device,
-            qcow2_file: (img.format == Format::QCOW2).then_some(&*img.file as &dyn BlockDevice),
-        });
+        let source = match of {
+            Measured::Size(s) => {
+                opts.set_size(s);
+                None
+            }
+            Measured::Image(img) => Some(Source {
+                device: &*img.device,
+                qcow2_file: (img.format == Format::QCOW2).then_some(&*img.file as &dyn BlockDevice),
+            }),
+        };
         super::measure::measure(&opts, source)
     }
 }

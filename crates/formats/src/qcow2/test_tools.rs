@@ -30,6 +30,13 @@ pub fn qemu_img(args: &[&str]) -> String {
     run("qemu-img", args)
 }
 
+/// Makes a qcow2 image of `size` at `p` with qemu-img, with creation
+/// options `options` (`-o`).
+pub fn qemu_img_create(p: &Path, options: &str, size: &str) {
+    let p = p.to_str().expect("a UTF-8 path");
+    qemu_img(&["create", "-q", "-f", "qcow2", "-o", options, p, size]);
+}
+
 /// The image file at `p`, and its header.
 pub fn open(p: &Path) -> (FileDevice, Header) {
     let f = FileDevice::open(p, StorageOptions::default()).unwrap();

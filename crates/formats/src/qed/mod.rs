@@ -16,7 +16,7 @@ use diskit_core::{BlockDevice, Error, Result, Storage, StorageRef, WriteFlags};
 
 use crate::check::{CheckReport, Repair};
 use crate::creation::{Basics, FormatOptions, NewFiles, Offered, Planned, given_summary};
-use crate::driver::{FormatDriver, Opened, Opening};
+use crate::driver::{BackingName, FormatDriver, Opened, Opening};
 use crate::image_ops::{Capability, FormatImage};
 use crate::implied::Named;
 use crate::info::FormatInfo;
@@ -80,21 +80,17 @@ impl QedCreateOptions {
 /// image on `storage`, or none, as QEMU does: the header is rewritten with
 /// the name right after it (the raw-format bit set for a raw backing file),
 /// all within the header clusters.
-fn change_backing_file(
-    storage: &dyn Storage,
-    name: Option<&str>,
-    format: Option<&str>,
-) -> Result<()> {
+fn change_backing_file(storage: &dyn Storage, to: Option<BackingName<'_>>) -> Result<()> {
     let mut h = read_header(storage)?;
     // An unknown compatible feature may keep data after the header.
-    if name.is_some() && h.compat_features != 0 {
+    if to.is_some() && h.compat_features != 0 {
         return Err(Error::from_kind(diskit_core::ErrorKind::NotSupported));
     }
     h.features &= !(F_BACKING_FILE | F_BACKING_FORMAT_NO_PROBE);
-    let name = name.unwrap_or("");
+    let name = to.map_or("", |b| b.file);
     if !name.is_empty() {
         h.features |= F_BACKING_FILE;
-        if format == Some("raw") {
+        if to.is_some_and(|b| b.format == "raw") {
             h.features |= F_BACKING_FORMAT_NO_PROBE;
         }
     }
@@ -358,13 +354,8 @@ impl FormatDriver for QedDriver {
         matches!(what, Capability::Check | Capability::BackingFile)
     }
 
-    fn change_backing_file(
-        &self,
-        storage: &dyn Storage,
-        name: Option<&str>,
-        format: Option<&str>,
-    ) -> Result<()> {
-        change_backing_file(storage, name, format)
+    fn change_backing_file(&self, file: &dyn Storage, to: Option<BackingName<'_>>) -> Result<()> {
+        change_backing_file(file, to)
     }
 
     fn parse_create(&self, options: &OptionList) -> Result<Box<dyn crate::Creation>> {

@@ -2,7 +2,7 @@ use diskit_backends::FileDevice;
 use diskit_core::StorageOptions;
 
 use super::*;
-use crate::qcow2::test_tools::qemu_img;
+use crate::qcow2::test_tools::{qemu_img, qemu_img_create};
 
 #[test]
 fn bitmap_space_is_what_qemu_img_measures() {
@@ -59,16 +59,7 @@ fn bitmap_space_is_what_qemu_img_measures() {
         );
     }
     let v2 = dir.path().join("v2.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "compat=0.10",
-        v2.to_str().unwrap(),
-        "1M",
-    ]);
+    qemu_img_create(&v2, "compat=0.10", "1M");
     let dev = FileDevice::open(&v2, StorageOptions::default()).unwrap();
     assert_eq!(source_bitmaps_size(&dev, 1 << 20, 65536).unwrap(), None);
 }

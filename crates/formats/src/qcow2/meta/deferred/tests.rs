@@ -15,7 +15,7 @@ use diskit_core::{
 use crate::implied::NoImpliedFiles;
 use crate::qcow2::compressed::CompressedWriter;
 use crate::qcow2::open::{Qcow2Options, open};
-use crate::qcow2::test_tools::qemu_img;
+use crate::qcow2::test_tools::{qemu_img, qemu_img_create};
 
 /// How far behind the furthest byte written a write may start.
 const SLACK: u64 = 64 << 10;
@@ -168,17 +168,7 @@ fn write_image(img: &Path, head: u64, data: &[u8], compress: bool) -> Result<()>
 /// per 32 KiB of guest, a refcount block per 128 KiB of file, and a
 /// refcount table of one cluster (8 MiB of file) that must grow.
 fn new_image(img: &Path) -> std::path::PathBuf {
-    let p = img.to_str().unwrap();
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=512",
-        p,
-        "32M",
-    ]);
+    qemu_img_create(img, "cluster_size=512", "32M");
     img.to_path_buf()
 }
 
