@@ -385,6 +385,27 @@ fn large_images_are_written_into_s3_front_to_back() {
         std::fs::remove_file(&back).unwrap();
     }
 
+    // `diskit copy` of a sparse raw image into a new object: its workers
+    // take ranges of 32 MiB in turn (one runs through the holes far ahead
+    // of one copying data), and the object is written front to back all
+    // the same (the copy failed before, "S3 objects are written front to
+    // back").
+    let sparse = d.join("sparse.raw");
+    sparse_file(&sparse, 256 << 20, &[(200 << 20, 1 << 20, 7)]);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&sparse)
+            .unwrap();
+        f.write_all_at(&random_bytes(10 << 20, 3), 0).unwrap();
+    }
+    ok(store.diskit(&["copy", s(&sparse), &url("copied.raw")]));
+    let back = d.join("copied-back.raw");
+    store.download("copied.raw", &back);
+    assert!(same_bytes(&sparse, &back), "aws s3 cp read other bytes");
+    std::fs::remove_file(&back).unwrap();
+
     // A qcow2 whose L1 table (small clusters, a large disk) reaches past
     // the object's first part cannot be written so: it is refused before
     // any data is, in one line, and nothing is left.
@@ -414,6 +435,7 @@ fn large_images_are_written_into_s3_front_to_back() {
         keys,
         [
             "compressed.qcow2",
+            "copied.raw",
             "image.qed",
             "plain.qcow2",
             "stream.vmdk"

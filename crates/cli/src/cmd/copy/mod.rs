@@ -188,6 +188,9 @@ enum Opened {
     /// A regular file the destination truncated (it grows as written
     /// when the source's size is unknown).
     File(diskit_core::StorageRef),
+    /// Storage the copy made (a new S3 object), which may take its writes
+    /// only in order.
+    New(diskit_core::StorageRef),
 }
 
 /// An I/O error on `what`, as nbdcopy words it (`PATH: strerror`).
@@ -273,7 +276,7 @@ fn open_destination(
     if let (Side::Network(name), Some(size)) = (side, src_size)
         && let Some(d) = make_network(name, connections, size, made)?
     {
-        return Ok((Opened::Device(d), true));
+        return Ok((Opened::New(d), true));
     }
     if let Some(d) = open_network(side, connections, true)? {
         return Ok((Opened::Device(d), false));
@@ -339,7 +342,7 @@ fn make_network(
     connections: usize,
     size: u64,
     made: &mut Option<diskit_open::create::Undo>,
-) -> Result<Option<DeviceRef>, CliError> {
+) -> Result<Option<diskit_core::StorageRef>, CliError> {
     use diskit_open::protocol::{Made, for_name};
     let Ok(p) = for_name(name) else {
         return Ok(None);
@@ -496,6 +499,9 @@ pub fn run(a: Args) -> CmdResult {
         }
     };
     let destination_is_zero = a.destination_is_zero || truncated;
+    // Storage written front to back (a new S3 object) takes the copy's
+    // writes in order, whatever the threads and requests in flight.
+    let in_order = matches!(&dst, Opened::New(s) if s.writes_in_order());
 
     let opts_base = CopyOptions {
         min_sparse: sparse,
@@ -505,6 +511,7 @@ pub fn run(a: Args) -> CmdResult {
         blkhash: blkhash.clone(),
         // What the bitmap leaves clean, the destination holds already.
         skip_backing: changed.is_some(),
+        ordered_writes: in_order,
         ..CopyOptions::default()
     };
     let progress = Arc::new(Progress::default());
@@ -533,7 +540,7 @@ pub fn run(a: Args) -> CmdResult {
             let size = src.size();
             into_device(src, dst, &mut sparse, opts_base).map(|()| size)
         }
-        (Opened::Device(src), Opened::File(dst)) => {
+        (Opened::Device(src), Opened::File(dst) | Opened::New(dst)) => {
             let size = src.size();
             into_device(src, dst, &mut sparse, opts_base).map(|()| size)
         }
@@ -545,7 +552,9 @@ pub fn run(a: Args) -> CmdResult {
         (Opened::Stream(input), dst) => {
             from_stream(input, dst, request_size, sparse, a.flush, hash, &progress)
         }
-        (Opened::File(_), _) => unreachable!("a source is a device or a stream"),
+        (Opened::File(_) | Opened::New(_), _) => {
+            unreachable!("a source is a device or a stream")
+        }
     };
     let result = result.and_then(|copied| match hash {
         Some(h) => print_blkhash(h, copied, hash_file.as_ref()),
@@ -826,6 +835,11 @@ fn from_stream(
     hash: Option<&BlockHash>,
     progress: &Progress,
 ) -> Result<u64, CliError> {
+    // A stream is written in order anyway: made storage is a device here.
+    let dst = match dst {
+        Opened::New(s) => Opened::Device(s),
+        d => d,
+    };
     let mut buf = vec![0u8; request as usize];
     let mut off = 0u64;
     let werr = |off: u64, e: diskit_core::Error| CliError::new(format!("write at {off}: {e}"));
@@ -864,6 +878,7 @@ fn from_stream(
                 }
                 .map_err(|e| werr(off, e))?;
             }
+            Opened::New(_) => unreachable!("made storage is written as a device"),
         }
         off += n as u64;
         progress.advance(n as u64);
@@ -883,6 +898,7 @@ fn from_stream(
             d.close().map_err(nbd_err)?;
         }
         Opened::Stream(_) => {}
+        Opened::New(_) => unreachable!("made storage is written as a device"),
     }
     Ok(off)
 }
