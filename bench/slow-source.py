@@ -224,10 +224,16 @@ def run_one(name, diskit, img, work, trace_file, want):
         if r["digest"] != want:
             raise RuntimeError(f"{name}: wrong data (digest {r['digest']}, want {want})")
     finally:
-        # The top first: its close may still read below.
+        # The top first: its close may still read below. nbdkit's
+        # readahead drains its queue of cache requests (50 ms each) before
+        # it exits and writes its stats: time for that.
         for p in reversed(procs):
-            p.stop()
-    return r["secs"], source_reads(stats)
+            p.stop(grace=300)
+    got = source_reads(stats)
+    if got is None:
+        codes = [p.proc.returncode for p in procs]
+        log(f"{name}: no read count in the stats file (exit statuses {codes})")
+    return r["secs"], got
 
 
 def image(work):
