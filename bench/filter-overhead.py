@@ -14,8 +14,10 @@ socket. The disk is first filled with random data through the filter
              then reads nothing of them)
 
 Filters: cow, cache, readahead, log (logfile on /dev/shm), stats
-(statsfile on /dev/shm), blocksize; overlays and caches go to /dev/shm
-(TMPDIR) for both servers. Each round runs every server once per cell,
+(statsfile on /dev/shm), blocksize, and cow-on-read and cache-on-read
+(cow and cache keeping what they read: over a fast source they must not
+prefetch, issue #33); overlays and caches go to /dev/shm (TMPDIR) for
+both servers. Each round runs every server once per cell,
 the order alternating from round to round; the table gives medians over
 ROUNDS rounds, each filter's throughput as a share of the bare plugin's
 on the same server (target: diskit above 0.90, that is under 10% cost),
@@ -24,7 +26,9 @@ The free page reporting knobs are held still for the run (bench/nbd.py).
 
 Environment: SIZE_MIB (default 256), ROUNDS (default 3), RUNTIME (fio
 seconds, default 5), FILTERS (comma separated, default all),
-WORKLOADS (default randread,nbdcopy).
+WORKLOADS (default randread,nbdcopy), DISKIT_BIN (the diskit binary to
+measure, else this tree's release build), DISKIT_BASELINE (a column
+"vs baseline": diskit over that binary with the same filter).
 Output: the table on stdout and bench/results/filter-overhead-<date>.json.
 """
 
@@ -44,12 +48,19 @@ REPO = HERE.parent
 SIZE_MIB = int(os.environ.get("SIZE_MIB", "256"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 RUNTIME = int(os.environ.get("RUNTIME", "5"))
-ALL_FILTERS = ["bare", "cow", "cache", "readahead", "log", "stats", "blocksize"]
+ALL_FILTERS = ["bare", "cow", "cache", "readahead", "log", "stats", "blocksize", "cow-on-read",
+               "cache-on-read"]
 FILTERS = [f for f in os.environ.get("FILTERS", ",".join(ALL_FILTERS)).split(",") if f]
 if "bare" not in FILTERS:
     FILTERS.insert(0, "bare")
 WORKLOADS = [w for w in os.environ.get("WORKLOADS", "randread,nbdcopy").split(",") if w]
 SERVERS = ["diskit", "nbdkit"]
+# DISKIT_BASELINE: another diskit binary (an older commit's), run as a
+# third server "baseline" with diskit's command lines: before/after in one
+# run, alternating with the others.
+BASELINE = os.environ.get("DISKIT_BASELINE")
+if BASELINE:
+    SERVERS.append("baseline")
 
 
 log = logger("filter-overhead.py")
@@ -62,14 +73,18 @@ def filter_args(name, work, server):
         "log": [f"logfile={work}/log-{server}"],
         "stats": [f"statsfile={work}/stats-{server}"],
     }.get(name, [])
+    if name.endswith("-on-read"):
+        # The filter with its own name's parameter: cow-on-read=true.
+        return [f"--filter={name.removesuffix('-on-read')}"], [f"{name}=true"]
     return [f"--filter={name}"], params
 
 
 def argv(diskit, server, name, work, sock):
     filters, params = filter_args(name, work, server)
     plugin = ["memory", f"{SIZE_MIB}M"]
-    if server == "diskit":
-        return [str(diskit), "serve", "-f", "-U", str(sock), *filters, *plugin, *params]
+    if server in ("diskit", "baseline"):
+        binary = BASELINE if server == "baseline" else diskit
+        return [str(binary), "serve", "-f", "-U", str(sock), *filters, *plugin, *params]
     return ["nbdkit", "-f", "-U", str(sock), *filters, *plugin, *params]
 
 
@@ -133,11 +148,14 @@ def main():
                 verdicts.append("cost ok" if share["diskit"] >= 0.9 else "cost MISSED")
                 verdicts.append("faster" if vs > 1.0 else "SLOWER")
             all_met &= not any("MISSED" in v or "SLOWER" in v for v in verdicts)
+            before = f"  vs baseline {med['diskit'] / med['baseline']:.3f}x" if BASELINE else ""
             print(f"{name + '/' + wl:<22}{unit[wl]:>6}{med['diskit']:>11,.0f}"
                   f"{med['nbdkit']:>11,.0f}{share['diskit']:>12.2f}x{share['nbdkit']:>12.2f}x"
-                  f"{vs:>10.2f}x  {' '.join(verdicts)}")
+                  f"{vs:>10.2f}x  {' '.join(verdicts)}{before}")
             summary[f"{name}/{wl}"] = {"unit": unit[wl], "median": med, "share_of_bare": share,
                                        "vs_nbdkit": vs, "runs": by}
+            if BASELINE:
+                summary[f"{name}/{wl}"]["vs_baseline"] = med["diskit"] / med["baseline"]
     print(f"\ntargets met in every row: {'yes' if all_met else 'no'}")
     out = nbdbench.write_results("filter-overhead", {
         "commit": commit, "size_mib": SIZE_MIB, "rounds": ROUNDS, "runtime_s": RUNTIME,

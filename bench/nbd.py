@@ -148,11 +148,12 @@ class Server:
             time.sleep(0.01)
         self.uri = f"nbd+unix:///?socket={sock}"
 
-    def stop(self):
+    def stop(self, grace=10):
+        """SIGTERM, then SIGKILL if it is still there after `grace` seconds."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()

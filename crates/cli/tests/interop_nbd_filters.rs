@@ -754,6 +754,75 @@ fn readahead_passes_everything_through_as_nbdkit() {
     same_files(&runs);
 }
 
+#[test]
+fn prefetching_over_a_slow_source_gives_what_nbdkit_gives() {
+    // 12 MiB with different data every 256 KiB, behind 5 ms a read: slow
+    // enough that the cache and cow filters prefetch around each read.
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    let size = 12u64 << 20;
+    let runs: Vec<(u64, usize, u8)> = (0..48u64)
+        .map(|i| (i << 18, 65536 + i as usize * 1000, i as u8 + 1))
+        .collect();
+    sparse_file(&src, size, &runs);
+    // Scattered reads, each followed at once by writes near it (racing
+    // the prefetch the read starts), a flush, a sequential stretch, and
+    // everything.
+    let mut ops = Vec::new();
+    for (i, off) in [7u64, 5_000_000, 2_500_000, 9_990_000, 300_000]
+        .into_iter()
+        .enumerate()
+    {
+        ops.push(json!(["read", off, 4096]));
+        ops.push(json!(["write", off + 70_000, 5000, 0xa0 + i]));
+        ops.push(json!([
+            "write",
+            (off + 600_000) / 65536 * 65536,
+            65536,
+            0xb0 + i
+        ]));
+    }
+    ops.push(json!(["flush"]));
+    for i in 0..24u64 {
+        ops.push(json!(["read", (6 << 20) + i * 65536, 65536]));
+    }
+    ops.push(json!(["read", 0, size]));
+    let ops = ops_only(&json!(ops));
+    let slow = ["--filter=delay"];
+    let delay = ["delay-read=5ms"];
+    for (filters, params) in [
+        // virt-v2v's order, readahead at either end or none.
+        (
+            &["--filter=cow", "--filter=cache"][..],
+            &["cache-on-read=true"][..],
+        ),
+        (
+            &["--filter=readahead", "--filter=cow", "--filter=cache"],
+            &["cache-on-read=true"],
+        ),
+        (
+            &["--filter=cow", "--filter=cache", "--filter=readahead"],
+            &["cache-on-read=true"],
+        ),
+        // Writes that reach the file, at the flush.
+        (&["--filter=cache"], &["cache-on-read=true"]),
+        (&["--filter=cow"], &["cow-on-read=true"]),
+        (
+            &["--filter=cow", "--filter=readahead"],
+            &["cow-on-read=true", "cow-block-size=4K"],
+        ),
+    ] {
+        let args = cat(&cat(&cat(&cat(filters, &slow), &FILE), params), &delay);
+        let runs = same_output(dir.path(), Some(&src), &args, &ops);
+        same_files(&runs);
+        if filters == ["--filter=cache"] {
+            assert!(!same_bytes(runs[1].file.as_ref().unwrap(), &src));
+        } else {
+            assert!(same_bytes(runs[1].file.as_ref().unwrap(), &src));
+        }
+    }
+}
+
 /// Runs requests (filter_ops.py's list) and nothing else.
 const STATS_CLIENT: &str = r#"
 import json, sys, nbd

@@ -100,6 +100,14 @@ pub struct RangeLock {
 pub struct RangeGuard<'a> {
     lock: &'a RangeLock,
     ticket: Option<RangeTicket>,
+    range: (u64, u64),
+}
+
+impl RangeGuard<'_> {
+    /// The range held: `(start, end)`.
+    pub fn range(&self) -> (u64, u64) {
+        self.range
+    }
 }
 
 impl RangeLock {
@@ -122,10 +130,44 @@ impl RangeLock {
                 return RangeGuard {
                     lock: self,
                     ticket: Some(t),
+                    range: (start, end),
                 };
             }
             st = self.released.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Holds, without waiting, every part of `start..end` that conflicts
+    /// with no range held (all of it, some pieces, or none), in order: for
+    /// work that is worth doing where nobody else is busy (a prefetch),
+    /// and needless where someone is. Each part stays held until its
+    /// guard is dropped.
+    pub fn try_lock_free(&self, start: u64, end: u64, exclusive: bool) -> Vec<RangeGuard<'_>> {
+        let mut st = self.state();
+        let mut busy: Vec<(u64, u64)> = st
+            .held
+            .iter()
+            .filter(|h| h.conflicts(start, end, exclusive))
+            .map(|h| (h.start.max(start), h.end.min(end)))
+            .collect();
+        busy.sort_unstable();
+        let mut free = Vec::new();
+        let mut at = start;
+        for (s, e) in busy.into_iter().chain(std::iter::once((end, end))) {
+            if at < s {
+                free.push((at, s));
+            }
+            at = at.max(e);
+        }
+        free.into_iter()
+            .filter_map(|(s, e)| {
+                st.try_take(s, e, exclusive).map(|t| RangeGuard {
+                    lock: self,
+                    ticket: Some(t),
+                    range: (s, e),
+                })
+            })
+            .collect()
     }
 
     #[cfg(test)]
@@ -173,6 +215,31 @@ mod tests {
         t.join().unwrap();
         assert!(got.load(Ordering::SeqCst));
         drop(c);
+        assert_eq!(l.held(), 0);
+    }
+
+    #[test]
+    fn the_free_parts_of_a_range_are_taken_around_the_busy_ones() {
+        let l = RangeLock::default();
+        let a = l.lock(10, 20, true);
+        let b = l.lock(25, 30, false);
+        let c = l.lock(50, 60, false);
+        let parts = l.try_lock_free(0, 55, true);
+        let ranges: Vec<_> = parts.iter().map(RangeGuard::range).collect();
+        assert_eq!(ranges, [(0, 10), (20, 25), (30, 50)]);
+        assert_eq!(l.held(), 6);
+        // Taken: nothing in them can be had now.
+        assert!(l.try_lock_free(0, 10, false).is_empty());
+        assert!(l.try_lock_free(30, 50, false).is_empty());
+        drop(parts);
+        // Shared: only exclusive ranges are in the way.
+        let shared = l.try_lock_free(0, 70, false);
+        let ranges: Vec<_> = shared.iter().map(RangeGuard::range).collect();
+        assert_eq!(ranges, [(0, 10), (20, 70)]);
+        drop(shared);
+        drop((a, b, c));
+        assert_eq!(l.try_lock_free(0, 70, true).len(), 1);
+        assert!(l.try_lock_free(5, 5, true).is_empty(), "an empty range");
         assert_eq!(l.held(), 0);
     }
 }

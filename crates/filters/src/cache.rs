@@ -20,11 +20,26 @@
 //! a run of missing blocks is one read below, and blocks the device below
 //! reports as zeros are marked so (taking no room) rather than read. Extents report dirty blocks as data and
 //! ask the device below for the rest.
+//!
+//! With `cache-on-read`, when reads below are slow (a remote source: a
+//! millisecond or more each, on average), the filter prefetches as the
+//! readahead filter does (see [`crate::prefetch`]): after each read, a
+//! few background threads fill the blocks around it, or ahead of a
+//! sequential stream, several reads below in flight at once, so that a
+//! client reading one request at a time waits for far fewer of them. Cache
+//! requests fill the cache the same way (a readahead filter above sends
+//! them, wherever it sits). Prefetching fills only blocks that nobody is
+//! filling or changing at the time (a write racing it keeps its data), a
+//! failed prefetch costs nothing but the guess (the client's own read of
+//! the block fails or not on its own), prefetched blocks count as not yet
+//! used (the clock drops them first), and with `cache-max-size` it fills
+//! only room below the high threshold: it never makes the cache drop a
+//! block.
 
 use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use diskit_core::sync::lock;
 use diskit_core::{
@@ -33,10 +48,13 @@ use diskit_core::{
 };
 
 pub use crate::overlay::OnRead;
-use crate::overlay::{self, BELOW as MISSING, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held};
+use crate::overlay::{
+    self, BELOW as MISSING, Busy, DIRTY, Fill, HELD as CLEAN, Overlay, ZERO, is_held,
+};
 use crate::params;
-use crate::registry::{Configure, over, unknown};
-use diskit_core::DeviceRef;
+use crate::prefetch::{self, Prefetcher, Prefetching};
+use crate::registry::{Configure, unknown};
+use diskit_core::{DeviceRef, Filtered};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &[
@@ -136,7 +154,7 @@ impl Configure for CacheConfig {
     }
 
     fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
-        Ok(over(Cache::new(&*next, self)?, next))
+        Ok(Cache::stacked(next, self)?)
     }
 }
 
@@ -172,6 +190,11 @@ pub struct Cache {
     reclaiming: AtomicBool,
     /// Some block may be dirty.
     dirty: AtomicBool,
+    /// Blocks reserved by prefetches filling now (with `cache-max-size`).
+    prefetching: AtomicU64,
+    /// Fills what reads make likely (started by the configuration's
+    /// `stack` with `cache-on-read`).
+    prefetch: Prefetcher,
 }
 
 impl Cache {
@@ -188,14 +211,24 @@ impl Cache {
             clock: Mutex::new(VecDeque::new()),
             reclaiming: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
+            prefetching: AtomicU64::new(0),
+            prefetch: Prefetcher::new(),
         })
     }
 
+    /// The filter over `next`, prefetching with `cache-on-read`.
+    pub fn stacked(next: DeviceRef, config: &CacheConfig) -> Result<Arc<Filtered<Cache>>> {
+        let cache = Cache::new(&*next, config)?;
+        prefetch::stacked(cache, next, config.on_read != OnRead::Never)
+    }
+
+    /// Marks block `b` used since the clock hand last passed.
     fn touch(&self, b: u64) {
         self.used[(b / 64) as usize].fetch_or(1 << (b % 64), Ordering::Relaxed);
     }
 
-    /// Sets block `b` to `state`, keeping the count of held blocks.
+    /// Sets block `b` to `state`, keeping the count of held blocks. The
+    /// block does not count as used (a client's read or write marks it).
     fn put(&self, b: u64, state: u8) {
         let was = self.ov.get(b);
         self.ov.set(b, state);
@@ -214,15 +247,30 @@ impl Cache {
         if state == DIRTY {
             self.dirty.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// [`put`](Self::put), for a block a client writes.
+    fn put_used(&self, b: u64, state: u8) {
+        self.put(b, state);
         self.touch(b);
     }
 
     /// Reads blocks `first..last` still missing into the cache, clean,
-    /// one read below per run; the blocks are held meanwhile.
-    fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
-        self.ov.fill(next, first, last, &|b, s| self.put(b, s))?;
+    /// one read below per run; the blocks are held meanwhile. Those that
+    /// someone else fills or changes now are waited for, or not (`busy`).
+    fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64, busy: Busy) -> Result<()> {
+        let filled = self
+            .ov
+            .fill(next, first, last, &|b, s| self.put(b, s), busy);
         self.reclaim();
-        Ok(())
+        filled
+    }
+
+    /// Fills what nobody else is filling of `offset..offset+len` (a cache
+    /// request).
+    fn fill_free(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
+        let (first, last) = self.ov.blocks_of(offset, len);
+        self.fill(next, first, last, Busy::Skip)
     }
 
     /// Drops clean blocks not used since the clock hand last passed, while
@@ -347,7 +395,7 @@ impl Cache {
                 }
             } else {
                 self.ov
-                    .store(next, b, part, pos, DIRTY, &|b, s| self.put(b, s))?;
+                    .store(next, b, part, pos, DIRTY, &|b, s| self.put_used(b, s))?;
             }
             pos += n as u64;
         }
@@ -355,6 +403,35 @@ impl Cache {
             self.reclaim();
         }
         Ok(())
+    }
+}
+
+impl Prefetching for Cache {
+    fn prefetcher(&self) -> &Prefetcher {
+        &self.prefetch
+    }
+
+    /// A prefetch of `offset..offset+len`: as a cache request, but only
+    /// into room the cache has below its high threshold; errors are the
+    /// guess's, not a client's.
+    fn fetch(&self, next: &dyn BlockDevice, offset: u64, len: u64) {
+        let Some(max) = self.config.max_size else {
+            let _ = self.fill_free(next, offset, len);
+            return;
+        };
+        // The room is reserved first: prefetches in parallel do not count
+        // on the same room.
+        let high = ((max / self.ov.block).max(1) as f64 * self.config.high) as u64;
+        let blocks = len.div_ceil(self.ov.block) + 1;
+        let reserved = self
+            .prefetching
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                (self.held.load(Ordering::Acquire) + r + blocks <= high).then_some(r + blocks)
+            });
+        if reserved.is_ok() {
+            let _ = self.fill_free(next, offset, len);
+            self.prefetching.fetch_sub(blocks, Ordering::AcqRel);
+        }
     }
 }
 
@@ -397,8 +474,13 @@ impl Filter for Cache {
     }
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let fill = |first, last| self.fill(next, first, last);
-        let fill = self.config.on_read.now().then_some(&fill as Fill<'_>);
+        let on_read = self.config.on_read.now();
+        if on_read && self.ov.slow() {
+            self.prefetch
+                .after_read(offset, buf.len() as u64, self.ov.size);
+        }
+        let fill = |first, last| self.fill(next, first, last, Busy::Wait);
+        let fill = on_read.then_some(&fill as Fill<'_>);
         self.ov.read(next, buf, offset, fill, &|first, last| {
             (first..last).for_each(|b| self.touch(b))
         })
@@ -451,7 +533,7 @@ impl Filter for Cache {
             let n = ((b + 1) * self.ov.block).min(end) - pos;
             self.ov
                 .store(next, b, &zeros[..n as usize], pos, DIRTY, &|b, s| {
-                    self.put(b, s)
+                    self.put_used(b, s)
                 })?;
             pos += n;
         }
@@ -491,15 +573,13 @@ impl Filter for Cache {
         next.flush()
     }
 
+    /// Fills the blocks of the range that nobody else is filling or
+    /// changing (those will be there when that is done).
     fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
-        self.fill(
-            next,
-            offset / self.ov.block,
-            (offset + len).div_ceil(self.ov.block),
-        )
+        self.fill_free(next, offset, len)
     }
 
     /// Dirty blocks are data; below has the rest right.
@@ -510,6 +590,7 @@ impl Filter for Cache {
     }
 
     fn close(&self, next: &dyn BlockDevice) -> Result<()> {
+        self.prefetch.stop();
         // Dirty blocks are not lost when the server stops.
         let written = self.write_back(next).and_then(|()| {
             if next.capabilities().can_flush {
@@ -526,7 +607,9 @@ impl Filter for Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{Probe, kv, read};
+    use crate::testing::{
+        Probe, kv, pattern, read, read_first, slow_source, wait_until, writes_racing_a_prefetch,
+    };
     use diskit_core::{DeviceRef, Filtered};
     use std::sync::Arc;
 
@@ -633,6 +716,57 @@ mod tests {
             17,
             "16 data blocks, 1 written"
         );
+    }
+
+    /// cache-on-read with `params` over `size` bytes of the test pattern,
+    /// each read below taking 2 ms (slow enough to prefetch), made slow by
+    /// a first read.
+    fn prefetching(size: u64, params: &[(&str, &str)]) -> (Arc<Probe>, Arc<Filtered<Cache>>) {
+        let below = slow_source(Probe::new(size), size);
+        let mut params = params.to_vec();
+        params.push(("cache-on-read", "true"));
+        let cfg = CacheConfig::from_params(&kv(&params)).unwrap();
+        let d = Cache::stacked(below.clone(), &cfg).unwrap();
+        read_first(&*d);
+        assert!(d.filter().ov.slow());
+        (below, d)
+    }
+
+    #[test]
+    fn a_write_racing_a_prefetch_of_its_block_keeps_the_write() {
+        let size = 8 << 20;
+        let (below, d) = prefetching(size, &[]);
+        let want = writes_racing_a_prefetch(&(d.clone() as DeviceRef), &below, size);
+        wait_until(|| d.filter().prefetch.idle());
+        assert_eq!(d.filter().ov.get(16), CLEAN, "prefetched");
+        assert!(read(&*d, 0, size as usize) == want, "a write was lost");
+        // Dirty until the flush, then below.
+        assert_eq!(d.filter().ov.get(20), DIRTY);
+        d.flush().unwrap();
+        assert!(read(&below.mem, 0, size as usize) == want);
+    }
+
+    #[test]
+    fn prefetching_stays_within_cache_max_size() {
+        let size = 64 << 20;
+        let max = 8 << 20;
+        let (below, d) = prefetching(
+            size,
+            &[("cache-max-size", "8M"), ("cache-min-block-size", "4K")],
+        );
+        let all = pattern(size);
+        let held = || d.filter().held.load(Ordering::Relaxed) * 4096;
+        let mut used = 0;
+        for i in 0..200u64 {
+            let off = (i * 7_777_777) % (size - 65536);
+            assert!(read(&*d, off, 65536) == all[off as usize..off as usize + 65536]);
+            used += 16;
+            assert!(held() <= max, "{} bytes cached after read {i}", held());
+        }
+        wait_until(|| d.filter().prefetch.idle());
+        assert!(held() <= max, "{} bytes cached", held());
+        // It prefetched: more went below than the reads asked for.
+        assert!(below.bytes() > used * 4096, "{} bytes read", below.bytes());
     }
 
     #[test]

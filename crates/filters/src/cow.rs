@@ -10,7 +10,8 @@
 //!   from below, so that the device below is read at most once per block
 //!   (with a path: only while PATH exists).
 //! - `cow-on-cache=true|false`: cache requests copy blocks into the
-//!   overlay (otherwise they go to the device below).
+//!   overlay (otherwise they go to the device below, unless
+//!   `cow-on-read` keeps what is read: then they copy too).
 //!
 //! Requests run in parallel. Only the blocks being filled or changed are
 //! held, never a lock around all I/O: a block that several requests need
@@ -23,6 +24,17 @@
 //! With cow-on-read, blocks the device below reports as zeros are marked
 //! zero rather than read and stored (nbdkit copies them): they stay holes.
 //!
+//! With `cow-on-read`, when reads below are slow (a remote source: a
+//! millisecond or more each, on average), the filter prefetches as the
+//! readahead filter does (see [`crate::prefetch`]): after each read, a few
+//! background threads copy the blocks around it, or ahead of a sequential
+//! stream, into the overlay, several reads below in flight at once, so
+//! that a client reading one request at a time waits for far fewer of
+//! them. Prefetching copies only blocks still below that nobody is filling
+//! or changing at the time: a client's write racing it keeps its data,
+//! and a failed prefetch costs nothing but the guess (the client's own
+//! read of the block fails or not on its own).
+//!
 //! The overlay is an unlinked file in `$TMPDIR` (or /var/tmp), gone when
 //! the server stops: flush has nothing to make durable and is a no-op, as
 //! in nbdkit. The export is writable, trims, zeroes (fast), caches and
@@ -30,6 +42,7 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use diskit_core::{
@@ -38,10 +51,11 @@ use diskit_core::{
 };
 
 pub use crate::overlay::OnRead;
-use crate::overlay::{self, BELOW, Fill, HELD, Overlay, ZERO};
+use crate::overlay::{self, BELOW, Busy, Fill, HELD, Overlay, ZERO};
 use crate::params;
+use crate::prefetch::{self, Prefetcher, Prefetching};
 use crate::registry::{Configure, over, unknown};
-use diskit_core::DeviceRef;
+use diskit_core::{DeviceRef, Filtered};
 
 /// The keys the filter takes.
 pub const KEYS: &[&str] = &["cow-block-size", "cow-on-read", "cow-on-cache", "cow-file"];
@@ -92,7 +106,7 @@ impl Configure for CowConfig {
         if self.file.is_some() {
             return Ok(over(crate::cow_file::CowFile::new(&next, self)?, next));
         }
-        Ok(over(Cow::new(&*next, self)?, next))
+        Ok(Cow::stacked(next, self)?)
     }
 }
 
@@ -105,6 +119,9 @@ pub struct Cow {
     on_cache: bool,
     /// A client has written data (the overlay may hold non-zeros).
     written: AtomicBool,
+    /// Copies what reads make likely (started by the configuration's
+    /// `stack` with `cow-on-read`).
+    prefetch: Prefetcher,
 }
 
 impl Cow {
@@ -115,12 +132,29 @@ impl Cow {
             on_read: config.on_read.clone(),
             on_cache: config.on_cache,
             written: AtomicBool::new(false),
+            prefetch: Prefetcher::new(),
         })
     }
 
-    /// Copies blocks `first..last` still below into the overlay.
-    fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64) -> Result<()> {
-        self.ov.fill(next, first, last, &|b, s| self.ov.set(b, s))
+    /// The filter over `next`, prefetching with `cow-on-read`.
+    pub fn stacked(next: DeviceRef, config: &CowConfig) -> Result<Arc<Filtered<Cow>>> {
+        let cow = Cow::new(&*next, config)?;
+        prefetch::stacked(cow, next, config.on_read != OnRead::Never)
+    }
+
+    /// Copies blocks `first..last` still below into the overlay, waiting
+    /// for those someone else fills or changes now, or not (`busy`).
+    fn fill(&self, next: &dyn BlockDevice, first: u64, last: u64, busy: Busy) -> Result<()> {
+        self.ov
+            .fill(next, first, last, &|b, s| self.ov.set(b, s), busy)
+    }
+
+    /// Copies what nobody else is copying or changing of
+    /// `offset..offset+len` into the overlay (a cache request, a
+    /// prefetch).
+    fn fill_free(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
+        let (first, last) = self.ov.blocks_of(offset, len);
+        self.fill(next, first, last, Busy::Skip)
     }
 
     /// Puts `data` at `offset`, inside block `b` but not all of it: the rest
@@ -188,6 +222,16 @@ impl Cow {
     }
 }
 
+impl Prefetching for Cow {
+    fn prefetcher(&self) -> &Prefetcher {
+        &self.prefetch
+    }
+
+    fn fetch(&self, next: &dyn BlockDevice, offset: u64, len: u64) {
+        let _ = self.fill_free(next, offset, len);
+    }
+}
+
 impl Filter for Cow {
     fn name(&self) -> &str {
         "cow"
@@ -236,8 +280,13 @@ impl Filter for Cow {
     }
 
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        let fill = |first, last| self.fill(next, first, last);
-        let fill = self.on_read.now().then_some(&fill as Fill<'_>);
+        let on_read = self.on_read.now();
+        if on_read && self.ov.slow() {
+            self.prefetch
+                .after_read(offset, buf.len() as u64, self.ov.size);
+        }
+        let fill = |first, last| self.fill(next, first, last, Busy::Wait);
+        let fill = on_read.then_some(&fill as Fill<'_>);
         self.ov.read(next, buf, offset, fill, &|_, _| {})
     }
 
@@ -303,9 +352,10 @@ impl Filter for Cow {
         if len == 0 {
             return Ok(());
         }
-        if self.on_cache {
-            let block = self.ov.block;
-            return self.fill(next, offset / block, (offset + len).div_ceil(block));
+        // With cow-on-read what is read is kept anyway: what a client (a
+        // readahead filter) asks to cache is kept too.
+        if self.on_cache || self.on_read.now() {
+            return self.fill_free(next, offset, len);
         }
         if next.capabilities().can_cache {
             return next.cache(offset, len);
@@ -320,12 +370,20 @@ impl Filter for Cow {
             _ => None,
         })
     }
+
+    fn close(&self, next: &dyn BlockDevice) -> Result<()> {
+        self.prefetch.stop();
+        next.close()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{FAST, Probe, kv, pattern};
+    use crate::testing::{
+        FAST, Probe, kv, pattern, read, read_first, slow_source, wait_until,
+        writes_racing_a_prefetch,
+    };
     use diskit_backends::MemoryDevice;
     use diskit_core::{DeviceRef, Filtered};
     use std::sync::Arc;
@@ -472,6 +530,59 @@ mod tests {
         // Blocks below that read as zeros stay holes in the overlay.
         let e = d.extents(size / 2, size / 2).unwrap();
         assert!(e.iter().all(|e| e.flags.zero), "{e:?}");
+    }
+
+    /// cow-on-read over `size` bytes of the test pattern, each read below
+    /// taking 2 ms (slow enough to prefetch), made slow by a first read.
+    fn prefetching(size: u64, below: Probe) -> (Arc<Probe>, Arc<Filtered<Cow>>) {
+        let below = slow_source(below.caps(|c| c.read_only()), size);
+        let cfg = CowConfig::from_params(&kv(&[("cow-on-read", "true")])).unwrap();
+        let d = Cow::stacked(below.clone(), &cfg).unwrap();
+        assert!(!d.filter().ov.slow(), "not before a read below");
+        read_first(&*d);
+        assert!(d.filter().ov.slow());
+        (below, d)
+    }
+
+    #[test]
+    fn writes_racing_prefetches_of_their_blocks_keep_their_data() {
+        let size = 8 << 20;
+        let (below, d) = prefetching(size, Probe::new(size));
+        let mut want = writes_racing_a_prefetch(&(d.clone() as DeviceRef), &below, size);
+        // A write before a prefetch: the prefetch leaves the block alone.
+        d.write_at(&[0xcc; 10], 3 << 20, WriteFlags::NONE).unwrap();
+        read(&*d, (3 << 20) + 100_000, 10);
+        wait_until(|| d.filter().prefetch.idle());
+        // Both prefetches filled their blocks around the writes.
+        for b in [1, 14, 16, 30, 47, 49, 70] {
+            assert_eq!(d.filter().ov.get(b), HELD, "block {b}");
+        }
+        want[3 << 20..(3 << 20) + 10].fill(0xcc);
+        assert!(read_all(&*d) == want, "a write was lost");
+    }
+
+    #[test]
+    fn a_source_failing_mid_prefetch_fails_only_the_block_asked_for() {
+        let size = 8 << 20;
+        let (below, d) = prefetching(size, Probe::new(size).failing(5 << 20, 512));
+        let reads = below.reads();
+        // The prefetch around it covers the bad block and fails.
+        assert_eq!(
+            read(&*d, 4 << 20, 4096),
+            pattern((4 << 20) + 4096)[4 << 20..]
+        );
+        wait_until(|| d.filter().prefetch.idle());
+        assert!(below.reads() > reads + 1, "the prefetch ran");
+        let all = pattern(size);
+        for off in [3 << 20, (5 << 20) + (64 << 10), 6 << 20, (5 << 20) - 4096] {
+            let got = read(&*d, off as u64, 4096);
+            assert!(got == all[off..off + 4096], "{off}");
+        }
+        let mut buf = vec![0u8; 4096];
+        let e = d.read_at(&mut buf, (5 << 20) + 100).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        // Asked again, it fails again: nothing pretends it is held.
+        assert!(d.read_at(&mut buf, 5 << 20).is_err());
     }
 
     #[test]

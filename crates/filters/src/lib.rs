@@ -64,6 +64,7 @@ pub mod offset;
 mod overlay;
 pub mod params;
 pub mod partition;
+mod prefetch;
 pub mod rate;
 pub mod readahead;
 mod registry;

@@ -9,11 +9,19 @@
 //! of missing blocks is one read below, not one per block; blocks the
 //! device below reports as zeros are marked so (taking no room) rather
 //! than read.
+//!
+//! When reads below are slow (a remote source), the filters also prefetch
+//! (see [`crate::prefetch`]) with [`Busy::Skip`] fills, which fill only
+//! the blocks nobody else is filling or changing at the time: a client
+//! that needs one of them waits for whoever holds it, never for a second
+//! read of it.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use diskit_core::extent::walk;
 use diskit_core::range_lock::RangeLock;
@@ -79,7 +87,11 @@ pub(crate) fn block_size(filter: &str, key: &str, value: &str) -> Result<u64> {
 }
 
 /// Bytes read below in one go when filling a run of blocks.
-const FILL_CHUNK: u64 = 8 << 20;
+const FILL_CHUNK: u64 = crate::prefetch::PIECE;
+
+/// Reads below that take this long on average are worth prefetching
+/// around: a remote source's, not memory's or a local disk's cache.
+const SLOW: Duration = Duration::from_millis(1);
 
 /// Whether a block in `state` lies in the file.
 pub(crate) fn is_held(state: u8) -> bool {
@@ -89,6 +101,15 @@ pub(crate) fn is_held(state: u8) -> bool {
 /// What a filter does when a block changes state (the cache counts the
 /// blocks it holds): it sets the state, at least.
 pub(crate) type Put<'a> = &'a dyn Fn(u64, u8);
+
+/// What a fill does about blocks someone else is filling or changing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Busy {
+    /// Waits for them, then fills what is still below.
+    Wait,
+    /// Leaves them alone.
+    Skip,
+}
 
 /// How a filter fills blocks `first..last` from below.
 pub(crate) type Fill<'a> = &'a dyn Fn(u64, u64) -> Result<()>;
@@ -108,6 +129,9 @@ pub(crate) struct Overlay {
     pub(crate) states: BlockMap,
     /// Blocks being filled or changed.
     pub(crate) busy: RangeLock,
+    /// How long a client's read below takes, in microseconds (a moving
+    /// average).
+    latency_us: AtomicU64,
 }
 
 impl Overlay {
@@ -121,7 +145,29 @@ impl Overlay {
             file: temp_file(filter, blocks * block)?,
             states: BlockMap::new(filter, blocks)?,
             busy: RangeLock::new(),
+            latency_us: AtomicU64::new(0),
         })
+    }
+
+    /// Whether the reads below that clients waited for took long enough
+    /// (on average, lately) that prefetching pays.
+    pub(crate) fn slow(&self) -> bool {
+        self.latency_us.load(Ordering::Relaxed) >= SLOW.as_micros() as u64
+    }
+
+    /// Counts a read below that a client waited `took`.
+    fn waited(&self, took: Duration) {
+        let us = took.as_micros().min(u128::from(u32::MAX)) as u64;
+        let _ = self
+            .latency_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+                Some(if avg == 0 { us } else { (avg * 3 + us) / 4 })
+            });
+    }
+
+    /// The blocks `first..last` that `offset..offset+len` touches.
+    pub(crate) fn blocks_of(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset / self.block, (offset + len).div_ceil(self.block))
     }
 
     /// Block `b`'s state.
@@ -204,17 +250,58 @@ impl Overlay {
     }
 
     /// Copies blocks `first..last` still below into the overlay, as
-    /// [`HELD`] (or [`ZERO`] where the device below reports zeros): one
+    /// [`HELD`] (or [`ZERO`] where the device below reports zeros), one
     /// read below per run of them, the blocks held meanwhile so that other
-    /// requests for them wait and then find them filled.
+    /// requests for them wait and then find them filled. Blocks that
+    /// someone else fills or changes now are waited for ([`Busy::Wait`]:
+    /// a client's read; the time the reads take is counted, see
+    /// [`slow`](Self::slow)) or left alone ([`Busy::Skip`]: a cache
+    /// request, a prefetch; they will be there when that is done; the
+    /// rest is filled in pieces of at most 8 MiB, each held only while it
+    /// is filled). The first error is returned; the blocks it concerns
+    /// stay below.
     pub(crate) fn fill(
         &self,
         next: &dyn BlockDevice,
         first: u64,
         last: u64,
         put: Put<'_>,
+        busy: Busy,
     ) -> Result<()> {
-        let _held = self.busy.lock(first * self.block, last * self.block, true);
+        if busy == Busy::Wait {
+            let _held = self.busy.lock(first * self.block, last * self.block, true);
+            return self.fill_held(next, first, last, put, true);
+        }
+        let per_piece = (FILL_CHUNK / self.block).max(1);
+        let mut b = first;
+        while b < last {
+            let end = (b + per_piece).min(last);
+            for part in self
+                .busy
+                .try_lock_free(b * self.block, end * self.block, true)
+            {
+                let (start, stop) = part.range();
+                // Held ranges are whole blocks; inward all the same.
+                let (f, l) = (start.div_ceil(self.block), stop / self.block);
+                if f < l {
+                    self.fill_held(next, f, l, put, false)?;
+                }
+            }
+            b = end;
+        }
+        Ok(())
+    }
+
+    /// [`fill`](Self::fill) with blocks `first..last` held by the caller;
+    /// `waited`: a client waits for it.
+    fn fill_held(
+        &self,
+        next: &dyn BlockDevice,
+        first: u64,
+        last: u64,
+        put: Put<'_>,
+        waited: bool,
+    ) -> Result<()> {
         let mut b = first;
         let mut buf = Vec::new();
         while b < last {
@@ -237,7 +324,11 @@ impl Overlay {
                 if !zero {
                     let (start, len) = (i * self.block, (j - i) * self.block);
                     buf.resize(len as usize, 0);
+                    let t = Instant::now();
                     self.read_below(next, &mut buf, start)?;
+                    if waited {
+                        self.waited(t.elapsed());
+                    }
                     self.file.write_all_at(&buf, start)?;
                 }
                 for k in i..j {

@@ -3,14 +3,16 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use diskit_backends::MemoryDevice;
 use diskit_core::aio::{Completion, CompletionQueue, Request};
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, Capabilities, DeviceRef, Extent, Result, WriteFlags, ZeroFlags};
+use diskit_core::{
+    BlockDevice, Capabilities, DeviceRef, Error, Extent, Result, WriteFlags, ZeroFlags,
+};
 
 use crate::{FilterSpec, stack};
 
@@ -23,7 +25,7 @@ pub(crate) struct Probe {
     caps: Capabilities,
     /// How long each read takes.
     read_delay: Duration,
-    /// Reads that reached it.
+    /// Reads that reached it (failed ones too).
     pub(crate) reads: AtomicU64,
     /// The bytes they read.
     pub(crate) bytes: AtomicU64,
@@ -37,6 +39,14 @@ pub(crate) struct Probe {
     pub(crate) log: Mutex<Vec<String>>,
     /// The ranges asked to be cached (nothing is done with them).
     pub(crate) cached: Mutex<Vec<(u64, u64)>>,
+    /// Reads wait while this is true (see [`Probe::hold_reads`]).
+    held: Mutex<bool>,
+    /// The reads were let go.
+    let_go: Condvar,
+    /// Reads waiting now.
+    waiting: AtomicU64,
+    /// Reads that touch this range fail with EIO.
+    failing: Option<(u64, u64)>,
 }
 
 impl Probe {
@@ -52,7 +62,36 @@ impl Probe {
             flushes: AtomicU64::new(0),
             log: Mutex::new(Vec::new()),
             cached: Mutex::new(Vec::new()),
+            held: Mutex::new(false),
+            let_go: Condvar::new(),
+            waiting: AtomicU64::new(0),
+            failing: None,
         }
+    }
+
+    /// The same, reads touching `offset..offset+len` failing with EIO.
+    pub(crate) fn failing(self, offset: u64, len: u64) -> Probe {
+        Probe {
+            failing: Some((offset, offset + len)),
+            ..self
+        }
+    }
+
+    /// From now on reads wait (counted by [`waiting`](Self::waiting))
+    /// until [`let_reads_go`](Self::let_reads_go).
+    pub(crate) fn hold_reads(&self) {
+        *lock(&self.held) = true;
+    }
+
+    /// Lets waiting reads and later ones go.
+    pub(crate) fn let_reads_go(&self) {
+        *lock(&self.held) = false;
+        self.let_go.notify_all();
+    }
+
+    /// Reads waiting now.
+    pub(crate) fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// The same, its first `len` bytes holding [`pattern`].
@@ -110,7 +149,23 @@ impl BlockDevice for Probe {
         if !self.read_delay.is_zero() {
             std::thread::sleep(self.read_delay);
         }
+        {
+            let mut held = lock(&self.held);
+            if *held {
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                while *held {
+                    held = self.let_go.wait(held).unwrap();
+                }
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
         self.reads.fetch_add(1, Ordering::SeqCst);
+        if let Some((start, end)) = self.failing
+            && offset < end
+            && start < offset + buf.len() as u64
+        {
+            return Err(Error::from(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
         self.bytes.fetch_add(buf.len() as u64, Ordering::SeqCst);
         self.mem.read_at(buf, offset)
     }
@@ -232,6 +287,60 @@ pub(crate) fn submit(dev: &dyn BlockDevice, req: Request) -> Completion {
     let cq = CompletionQueue::new();
     dev.submit(1, req, &cq);
     cq.wait()
+}
+
+/// Waits until `f` holds (at most a minute, then fails: something that
+/// should happen in the background did not).
+pub(crate) fn wait_until(f: impl Fn() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(60), "timed out");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// `below` holding `size` bytes of [`pattern`], each read taking 2 ms:
+/// slow enough that the cache and cow filters prefetch over it.
+pub(crate) fn slow_source(below: Probe, size: u64) -> Arc<Probe> {
+    Arc::new(below.patterned(size).slow_reads(Duration::from_millis(2)))
+}
+
+/// Reads the first 4 KiB of `d` over a [`slow_source`]: the first read
+/// below, which tells the filter that reads below are slow.
+pub(crate) fn read_first(d: &dyn BlockDevice) {
+    assert_eq!(read(d, 0, 4096), pattern(4096));
+}
+
+/// Writes racing a prefetch: a read of block 0 of `d` (held already, in
+/// 64 KiB blocks, over `below` holding the test pattern) makes it prefetch
+/// the 2 MiB after it; while that prefetch waits below (`below` holds its
+/// reads), a partial and a whole-block write into them start, and wait for
+/// it; then the reads go. Returns the disk's bytes as they must read now
+/// (`size` of them): the writes kept.
+pub(crate) fn writes_racing_a_prefetch(d: &DeviceRef, below: &Probe, size: u64) -> Vec<u8> {
+    below.hold_reads();
+    assert_eq!(read(&**d, 100, 4096), pattern(4196)[100..]);
+    wait_until(|| below.waiting() == 1);
+    let writes = [(1_000_100u64, 1000usize, 0xaa), (20 << 16, 1 << 16, 0xbb)];
+    let writers: Vec<_> = writes
+        .into_iter()
+        .map(|(off, len, v)| {
+            let d = d.clone();
+            std::thread::spawn(move || d.write_at(&vec![v; len], off, WriteFlags::NONE))
+        })
+        .collect();
+    // Time to reach the blocks the prefetch holds (if they have not,
+    // they write after it: they must win all the same).
+    std::thread::sleep(Duration::from_millis(20));
+    below.let_reads_go();
+    for w in writers {
+        w.join().unwrap().unwrap();
+    }
+    let mut want = pattern(size);
+    for (off, len, v) in writes {
+        want[off as usize..off as usize + len].fill(v);
+    }
+    want
 }
 
 /// A fast zero.
