@@ -22,6 +22,37 @@ pub struct FileView<'a> {
     pub offset: u64,
 }
 
+/// Bytes a device holds in memory (a chunk of a remote object read ahead),
+/// lent to a reader instead of copied out (see
+/// [`BlockDevice::read_or_lend`]): a server sends them as they are.
+#[derive(Clone)]
+pub struct Lent {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: std::ops::Range<usize>,
+}
+
+impl Lent {
+    /// The bytes `range` of `owner`; `None` when the range is not in it.
+    pub fn new(
+        owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        range: std::ops::Range<usize>,
+    ) -> Option<Lent> {
+        (*owner).as_ref().get(range.clone())?;
+        Some(Lent { owner, range })
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lent({} bytes)", self.range.len())
+    }
+}
+
 /// A client connection, as the layers of a device see it when it starts
 /// (see [`BlockDevice::connect`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -188,6 +219,14 @@ pub trait BlockDevice: Send + Sync {
 
     /// Reads `buf.len()` bytes at `offset`, fully.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+
+    /// Reads `buf.len()` bytes at `offset` as [`read_at`](Self::read_at)
+    /// does, or leaves `buf` as it is and lends the same bytes out of
+    /// memory the device holds (`Some`), so that a server sends them
+    /// without copying them first. The default reads.
+    fn read_or_lend(&self, buf: &mut [u8], offset: u64) -> Result<Option<Lent>> {
+        self.read_at(buf, offset).map(|()| None)
+    }
 
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, _buf: &[u8], _offset: u64, _flags: WriteFlags) -> Result<()> {
@@ -383,6 +422,9 @@ macro_rules! forward_device {
             }
             fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
                 (**self).read_at(buf, offset)
+            }
+            fn read_or_lend(&self, buf: &mut [u8], offset: u64) -> Result<Option<Lent>> {
+                (**self).read_or_lend(buf, offset)
             }
             fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
                 (**self).write_at(buf, offset, flags)

@@ -13,6 +13,7 @@
 //! TLS is verified against the system's certificates, or `cainfo` /
 //! `capath`. nbdkit's curl plugin is the model for the options.
 
+mod chunks;
 mod options;
 mod source;
 pub mod transport;
@@ -23,8 +24,9 @@ use diskit_core::aio::{self, CompletionQueue, Request};
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::device::check_range;
 use diskit_core::workers::Workers;
-use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Result};
+use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, Lent, Result};
 
+pub use chunks::{CHUNK, SLOTS};
 pub use options::{HttpOptions, KEYS, PLUGIN_KEYS};
 pub use source::Source;
 pub use transport::parse_content_range;
@@ -47,9 +49,10 @@ impl HttpDevice {
 /// A resource read by ranges over the network as a read-only device and
 /// storage (a URL, an S3 object): reads from any number of threads, and
 /// `submit` keeps up to `connections` of them in flight without a thread
-/// per request.
+/// per request. Made [`RangeDevice::chunked`], small reads that continue
+/// one another are served from whole chunks (see [`CHUNK`]).
 pub struct RangeDevice<R> {
-    reader: Arc<R>,
+    reader: Arc<Ranges<R>>,
     connections: usize,
     /// Threads that run submitted requests, started at the first one.
     pool: Workers,
@@ -58,7 +61,7 @@ pub struct RangeDevice<R> {
 impl<R: RangeRead> std::fmt::Debug for RangeDevice<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RangeDevice")
-            .field("name", &self.reader.name())
+            .field("name", &self.reader.inner.name())
             .finish_non_exhaustive()
     }
 }
@@ -67,18 +70,84 @@ impl<R: RangeRead> RangeDevice<R> {
     /// The device over `reader`, with `connections` threads named
     /// `thread_name` for submitted reads.
     pub fn new(reader: R, connections: usize, thread_name: &'static str) -> RangeDevice<R> {
+        Self::made(reader, None, connections, thread_name)
+    }
+
+    /// As [`RangeDevice::new`], and a read shorter than a chunk that
+    /// continues a recent one takes the whole chunk it falls in with one
+    /// request, which the reads after it share: a stream read in small
+    /// requests costs the server few big ones. At most [`SLOTS`] chunks
+    /// of [`CHUNK`] bytes are held.
+    pub fn chunked(reader: R, connections: usize, thread_name: &'static str) -> RangeDevice<R> {
+        let chunked = Chunked {
+            chunks: chunks::Chunks::new(reader.size()),
+            ahead: Workers::new(thread_name, AHEAD_THREADS),
+        };
+        Self::made(reader, Some(chunked), connections, thread_name)
+    }
+
+    fn made(
+        inner: R,
+        chunked: Option<Chunked>,
+        connections: usize,
+        thread_name: &'static str,
+    ) -> RangeDevice<R> {
         let connections = connections.max(1);
         RangeDevice {
-            reader: Arc::new(reader),
+            reader: Arc::new(Ranges { inner, chunked }),
             connections,
             pool: Workers::new(thread_name, connections),
         }
     }
 }
 
+/// Threads that load chunks ahead of the streams read: as many streams
+/// as nbdcopy reads at once by default.
+const AHEAD_THREADS: usize = 4;
+
+/// A resource's reader, and the chunks its small reads may share.
+struct Ranges<R> {
+    inner: R,
+    chunked: Option<Chunked>,
+}
+
+/// The chunks held, and the threads that load chunks ahead (threads of
+/// their own: they wait for nothing but their request).
+struct Chunked {
+    chunks: chunks::Chunks,
+    ahead: Workers,
+}
+
+impl<R: RangeRead> Ranges<R> {
+    fn read(self: &Arc<Self>, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_or_lend(buf, offset, false).map(drop)
+    }
+
+    /// Reads, or with `lend` may lend bytes of a held chunk instead.
+    fn read_or_lend(
+        self: &Arc<Self>,
+        buf: &mut [u8],
+        offset: u64,
+        lend: bool,
+    ) -> Result<Option<Lent>> {
+        let Some(c) = &self.chunked else {
+            return self.inner.read_range(buf, offset).map(|()| None);
+        };
+        let fetch = |b: &mut [u8], at| self.inner.read_range(b, at);
+        c.chunks.read(buf, offset, lend, fetch, |p| {
+            let me = self.clone();
+            c.ahead.run(move || {
+                if let Some(c) = &me.chunked {
+                    c.chunks.fill(p, |b, at| me.inner.read_range(b, at));
+                }
+            });
+        })
+    }
+}
+
 impl<R: RangeRead> BlockDevice for RangeDevice<R> {
     fn size(&self) -> u64 {
-        self.reader.size()
+        self.reader.inner.size()
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities::READ_ONLY
@@ -95,10 +164,17 @@ impl<R: RangeRead> BlockDevice for RangeDevice<R> {
         if buf.is_empty() {
             return Ok(());
         }
-        self.reader.read_range(buf, offset)
+        self.reader.read(buf, offset)
+    }
+    fn read_or_lend(&self, buf: &mut [u8], offset: u64) -> Result<Option<Lent>> {
+        check_range(self.size(), offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        self.reader.read_or_lend(buf, offset, true)
     }
     fn describe(&self) -> String {
-        self.reader.name().to_string()
+        self.reader.inner.name().to_string()
     }
     fn submit(&self, tag: u64, req: Request, cq: &CompletionQueue) {
         submit_reads(self, &self.pool, &self.reader, tag, req, cq);
@@ -110,11 +186,11 @@ impl<R: RangeRead> BlockDevice for RangeDevice<R> {
 
 impl<R: RangeRead> diskit_core::Storage for RangeDevice<R> {
     fn location(&self) -> &str {
-        self.reader.name()
+        self.reader.inner.name()
     }
 
     fn protocol(&self) -> &'static str {
-        self.reader.protocol()
+        self.reader.inner.protocol()
     }
 }
 
@@ -155,10 +231,10 @@ impl RangeRead for Source {
 /// sink if it has one and posts the completion to `cq`, so that as many
 /// reads are in flight as the pool has threads; other requests run at
 /// once on `dev`.
-pub fn submit_reads<R: RangeRead>(
+fn submit_reads<R: RangeRead>(
     dev: &dyn BlockDevice,
     pool: &Workers,
-    reader: &Arc<R>,
+    reader: &Arc<Ranges<R>>,
     tag: u64,
     req: Request,
     cq: &CompletionQueue,
@@ -180,7 +256,7 @@ pub fn submit_reads<R: RangeRead>(
         let mut buf: AlignedBuf = buf;
         let result = match buf.get_mut(..len) {
             Some(b) => check_range(size, offset, len as u64)
-                .and_then(|()| reader.read_range(b, offset))
+                .and_then(|()| reader.read(b, offset))
                 .and_then(|()| match &sink {
                     Some(sink) => aio::hand_over(&**sink, offset, b),
                     None => Ok(()),

@@ -1,6 +1,8 @@
 //! An object as a read-only device: its size and entity tag from a HEAD,
 //! its bytes by signed range requests, many in flight at once
-//! (diskit-http's [`RangeDevice`]).
+//! (diskit-http's [`RangeDevice`]), small reads that continue one another
+//! served from whole chunks ([`RangeDevice::chunked`]: a store's cost is
+//! mostly per request).
 
 use diskit_core::Result;
 use diskit_http::{RangeDevice, RangeRead};
@@ -40,7 +42,7 @@ impl RangeRead for Seen {
 pub fn open(name: &S3Name, opts: &S3Options) -> Result<S3Object> {
     let client = Client::new(name, opts)?;
     let (size, etag) = client.head()?;
-    Ok(RangeDevice::new(
+    Ok(RangeDevice::chunked(
         Seen { client, size, etag },
         opts.connections,
         "diskit-s3",

@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use diskit_core::{BlockDevice, DeviceRef, Error, ErrorKind, Extent, WriteFlags, ZeroFlags};
+use diskit_core::{BlockDevice, DeviceRef, Error, ErrorKind, Extent, Lent, WriteFlags, ZeroFlags};
 
 use super::export::{Export, MetaContext};
 use super::splice::ZeroCopy;
@@ -50,6 +50,8 @@ pub enum Part {
     Data(Range<usize>),
     /// Bytes waiting in the worker's splice pipe, sent from there.
     Piped(u64),
+    /// Bytes the device lent out of memory it holds, sent from there.
+    Lent(Lent),
 }
 
 /// A reply to one request, ready to write. Its [`Part::Data`] pieces are
@@ -77,6 +79,7 @@ impl Reply {
             .map(|p| match p {
                 Part::Data(r) => r.len() as u64,
                 Part::Piped(n) => *n,
+                Part::Lent(l) => l.bytes().len() as u64,
                 Part::Bytes(_) => 0,
             })
             .sum()
@@ -318,14 +321,25 @@ fn read(
     // Every byte sent is read first: parts of the buffer left from an
     // earlier request are only ever under hole chunks, which carry no data.
     let data = request_buf(buf, len as usize);
+    let may_be_hole =
+        |bytes: &[u8]| structured && !df && len64 >= MIN_HOLE && diskit_core::zero::is_zero(bytes);
     let runs = match plan {
         Some(runs) => runs,
-        None => {
-            if let Err(e) = dev.read_at(data, offset) {
+        None => match dev.read_or_lend(data, offset) {
+            Err(e) => {
                 return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
             }
-            whole(structured && !df && len64 >= MIN_HOLE && diskit_core::zero::is_zero(data))
-        }
+            // Bytes the device holds go out from there, not copied first.
+            Ok(Some(lent)) if lent.bytes().len() == data.len() => {
+                let runs = whole(may_be_hole(lent.bytes()));
+                return read_reply(style, cookie, offset, &runs, |_| Part::Lent(lent.clone()));
+            }
+            Ok(Some(_)) => {
+                let e = Error::new(ErrorKind::Io, "the device lent other than the bytes asked");
+                return error_reply(style, cookie, offset, wire_error(&e, false), &e.to_string());
+            }
+            Ok(None) => whole(may_be_hole(data)),
+        },
     };
     // Read everything first: an error then fails the request as a whole,
     // before any chunk is on the wire.
@@ -549,6 +563,7 @@ mod tests {
             match p {
                 Part::Bytes(b) => v.extend_from_slice(b),
                 Part::Data(range) => v.extend_from_slice(&buf[range.clone()]),
+                Part::Lent(l) => v.extend_from_slice(l.bytes()),
                 Part::Piped(_) => panic!("piped data without a pipe"),
             }
         }
@@ -577,6 +592,87 @@ mod tests {
             buf = &buf[end..];
         }
         out
+    }
+
+    /// A read-only device that lends its bytes (data, then zeros).
+    struct Lender(Arc<Vec<u8>>);
+
+    impl BlockDevice for Lender {
+        fn size(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn capabilities(&self) -> diskit_core::Capabilities {
+            diskit_core::Capabilities::READ_ONLY
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+            let at = offset as usize;
+            buf.copy_from_slice(&self.0[at..at + buf.len()]);
+            Ok(())
+        }
+        fn read_or_lend(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<Option<Lent>> {
+            let at = offset as usize;
+            Ok(Lent::new(self.0.clone(), at..at + buf.len()))
+        }
+    }
+
+    #[test]
+    fn lent_bytes_are_sent_as_they_are_and_zeros_as_holes() {
+        let bytes: Vec<u8> = (0..4 * P)
+            .map(|i| if i < 2 * P { (i % 253) as u8 + 1 } else { 0 })
+            .collect();
+        let dev: DeviceRef = Arc::new(Lender(Arc::new(bytes.clone())));
+        for style in [
+            ReplyStyle::Simple,
+            ReplyStyle::Structured,
+            ReplyStyle::Extended,
+        ] {
+            let export = Arc::new(Export::new("", dev.clone()));
+            let c = Conn {
+                device: dev.clone(),
+                export,
+                style,
+                contexts: vec![],
+            };
+            let read = |offset: u64, len: u32| {
+                let cmd = Command::Read {
+                    offset,
+                    len,
+                    df: false,
+                };
+                run(&c, 9, offset, cmd)
+            };
+            let (r, w) = read(17, P as u32);
+            assert!(
+                r.parts.iter().any(|p| matches!(p, Part::Lent(_))),
+                "{style:?}"
+            );
+            assert_eq!(r.data_len(), P as u64);
+            let data = if style == ReplyStyle::Simple {
+                w[crate::proto::reply::SIMPLE_REPLY_LEN..].to_vec()
+            } else {
+                let got = chunks(&w);
+                assert_eq!(got.len(), 1);
+                match Chunk::parse(got[0].0.kind, &got[0].1).unwrap() {
+                    Chunk::Data { offset, data } => {
+                        assert_eq!(offset, 17);
+                        data.to_vec()
+                    }
+                    other => panic!("{other:?}"),
+                }
+            };
+            assert_eq!(data, bytes[17..17 + P], "{style:?}");
+            // Lent zeros go as a hole where holes may be sent.
+            let (_, w) = read(2 * P as u64, P as u32);
+            if style == ReplyStyle::Simple {
+                assert_eq!(
+                    w[crate::proto::reply::SIMPLE_REPLY_LEN..],
+                    bytes[2 * P..3 * P]
+                );
+            } else {
+                let got = chunks(&w);
+                assert_eq!(got[0].0.kind, REPLY_TYPE_OFFSET_HOLE, "{style:?}");
+            }
+        }
     }
 
     #[test]
@@ -790,6 +886,7 @@ mod tests {
                 Part::Bytes(x) => a.write_all(x).unwrap(),
                 Part::Data(range) => a.write_all(&buf[range.clone()]).unwrap(),
                 Part::Piped(n) => zc.pipe().unwrap().drain(a.as_fd(), *n).unwrap(),
+                Part::Lent(l) => a.write_all(l.bytes()).unwrap(),
             }
         }
         drop(a);

@@ -176,6 +176,7 @@ impl Shared<'_> {
                     .map(|p| match p {
                         Part::Bytes(b) => IoSlice::new(b),
                         Part::Data(r) => IoSlice::new(&buf[r.clone()]),
+                        Part::Lent(l) => IoSlice::new(l.bytes()),
                         Part::Piped(_) => unreachable!("split off above"),
                     })
                     .collect();
