@@ -100,6 +100,10 @@ pub struct OpenOptions {
     /// copier wants; `map` and block status keep qemu-img's answer, which
     /// asks only for images with preallocated metadata.
     pub host_zeros: bool,
+    /// Trims and write-zeroes never deallocate while the image is open
+    /// (QEMU's `discard=ignore`, qemu-nbd's default; see
+    /// [`mapped::Mapped::keeping_allocations`]).
+    pub keep_allocations: bool,
 }
 
 /// An open image: the guest-visible device plus what the format offers

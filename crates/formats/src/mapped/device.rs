@@ -34,6 +34,8 @@ pub struct Mapped<F> {
     format: F,
     /// Guest units being allocated or zeroed (held exclusively).
     units: RangeLock,
+    /// Trims and write-zeroes never deallocate (QEMU's `discard=ignore`).
+    keep_allocations: bool,
 }
 
 impl<F: MappedFormat> Mapped<F> {
@@ -42,7 +44,28 @@ impl<F: MappedFormat> Mapped<F> {
         Mapped {
             format,
             units: RangeLock::new(),
+            keep_allocations: false,
         }
+    }
+
+    /// The device with trims that do nothing and write-zeroes that never
+    /// deallocate, when `keep` (QEMU's `discard=ignore`, see
+    /// [`OpenOptions::keep_allocations`](crate::OpenOptions)): in a format
+    /// that frees data only when trimming, the data space the image maps
+    /// then stays its own while open, and reads of a writable image may be
+    /// served as views of its file.
+    pub fn keeping_allocations(mut self, keep: bool) -> Mapped<F> {
+        self.keep_allocations = keep;
+        self
+    }
+
+    /// Whether data space the image maps may come to hold other guest
+    /// bytes while it is open (freed, then allocated again): a view of
+    /// the file given out for a read (pages a server spliced into a
+    /// socket outlive the read) is safe only where it cannot.
+    fn data_space_reused(&self) -> bool {
+        self.format.writable()
+            && !(self.keep_allocations && self.format.frees_data_only_when_trimmed())
     }
 
     /// The format.
@@ -251,6 +274,10 @@ impl<F: MappedFormat> BlockDevice for Mapped<F> {
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         self.check_change(offset, len)?;
+        let flags = ZeroFlags {
+            may_trim: flags.may_trim && !self.keep_allocations,
+            ..flags
+        };
         if flags.fast && !self.format.capabilities().can_fast_zero {
             return Err(Error::from_kind(ErrorKind::NotSupported));
         }
@@ -284,7 +311,8 @@ impl<F: MappedFormat> BlockDevice for Mapped<F> {
 
     fn trim(&self, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.check_change(offset, len)?;
-        if len > 0 {
+        // Discard is advisory: one that may not deallocate does nothing.
+        if len > 0 && !self.keep_allocations {
             self.format.before_change(offset, len)?;
             let _units = self.hold_units(offset, len);
             self.format.discard(offset, len)?;
@@ -301,6 +329,9 @@ impl<F: MappedFormat> BlockDevice for Mapped<F> {
     }
 
     fn file_view(&self, offset: u64, len: u64) -> Option<FileView<'_>> {
+        if self.data_space_reused() {
+            return None;
+        }
         file_view(&self.format, offset, len)
     }
 

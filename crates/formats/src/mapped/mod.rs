@@ -119,6 +119,15 @@ pub trait MappedFormat: Send + Sync {
         self.writable()
     }
 
+    /// Whether the format frees data space only when a change may
+    /// deallocate (a discard, a zero with `may_trim`): a range it maps as
+    /// data then keeps its space, holding its bytes or newer ones of the
+    /// same range, while neither happens (see
+    /// [`Mapped::keeping_allocations`]). False unless the format says so.
+    fn frees_data_only_when_trimmed(&self) -> bool {
+        false
+    }
+
     /// Where guest byte `g` lives: the place of a prefix of `[g, g+max)`
     /// (`max > 0`) and its length (> 0, at most `max`). With `hold`, the
     /// mapping stays valid until the returned hold is dropped.
@@ -463,14 +472,20 @@ pub fn extents<F: MappedFormat + ?Sized>(f: &F, offset: u64, len: u64) -> Result
 }
 
 /// The data storage's file under `offset..offset+len`, when the whole
-/// range is one run of data that cannot move (a read-only image), so that
-/// a server can splice it without copying.
+/// range is one run of data, so that a server can splice it without
+/// copying; only for an image whose data space cannot go to other guest
+/// bytes meanwhile (the caller's to know: [`Mapped`] asks, and a format
+/// inside another asks for its own).
 pub fn file_view<F: MappedFormat + ?Sized>(f: &F, offset: u64, len: u64) -> Option<FileView<'_>> {
-    if len == 0 || f.mappings_change() || check_range(f.guest_size(), offset, len).is_err() {
+    // Bytes encrypted by guest sector are not the guest's.
+    if len == 0 || f.guest_cipher().is_some() || check_range(f.guest_size(), offset, len).is_err() {
         return None;
     }
     match f.lookup(offset, len, false).ok()? {
-        (n, Place::Data(h) | Place::Shared(h), _) if n == len => f.data().file_view(h, len),
+        (n, Place::Data(h), _) if n == len => f.data().file_view(h, len),
+        // A write moves shared data to new space and may free the old
+        // (its count was one after all): read-only images only.
+        (n, Place::Shared(h), _) if n == len && !f.writable() => f.data().file_view(h, len),
         _ => None,
     }
 }

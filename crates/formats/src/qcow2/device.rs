@@ -622,6 +622,15 @@ impl MappedFormat for Qcow2Format {
         &self.layers
     }
 
+    /// Clusters mapped as [`Place::Data`] (copied: this image alone maps
+    /// them) are freed only by a discard or a zero that may deallocate; a
+    /// zero that keeps allocations keeps them as preallocated zero
+    /// clusters. (Shared and compressed clusters are freed when written
+    /// over, but neither is viewed in a writable image.)
+    fn frees_data_only_when_trimmed(&self) -> bool {
+        true
+    }
+
     fn guest_cipher(&self) -> Option<&crate::crypto::SectorCipher> {
         self.guest_cipher.as_deref()
     }

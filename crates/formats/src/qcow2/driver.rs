@@ -94,6 +94,7 @@ impl FormatDriver for Qcow2Driver {
                     .map(|(_, v)| v.clone()),
                 metadata_only: opts.metadata_only,
                 host_zeros: opts.host_zeros,
+                keep_allocations: opts.keep_allocations,
             },
             implied,
         )?);

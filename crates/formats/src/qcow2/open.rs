@@ -39,6 +39,9 @@ pub struct Qcow2Options {
     pub metadata_only: bool,
     /// Ask the file about every data cluster's zeros (a copier's source).
     pub host_zeros: bool,
+    /// Trims and write-zeroes never deallocate (see
+    /// [`Mapped::keeping_allocations`]).
+    pub keep_allocations: bool,
 }
 
 /// Reads and validates the header of an open file.
@@ -196,5 +199,5 @@ pub fn open(file: StorageRef, opts: Qcow2Options, implied: &mut dyn ImpliedFiles
     if opts.writable {
         image.track_bitmaps()?;
     }
-    Ok(Mapped::new(image))
+    Ok(Mapped::new(image).keeping_allocations(opts.keep_allocations))
 }

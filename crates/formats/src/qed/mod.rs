@@ -343,7 +343,10 @@ impl FormatDriver for QedDriver {
                 Some(Backing { device, size })
             }
         };
-        let qed = Arc::new(Qed::open(storage.clone(), h, backing, opts.writable)?);
+        let qed = Arc::new(
+            Qed::open(storage.clone(), h, backing, opts.writable)?
+                .keeping_allocations(opts.keep_allocations),
+        );
         Ok(Opened {
             device: qed.clone(),
             image: Arc::new(QedImage { qed, storage }),

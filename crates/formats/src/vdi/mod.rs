@@ -175,7 +175,9 @@ impl FormatDriver for VdiDriver {
 
     fn open(&self, at: Opening<'_>) -> Result<Opened> {
         let Opening { storage, opts, .. } = at;
-        let vdi = Arc::new(Vdi::open(storage.clone(), opts.writable)?);
+        let vdi = Arc::new(
+            Vdi::open(storage.clone(), opts.writable)?.keeping_allocations(opts.keep_allocations),
+        );
         Ok(Opened {
             device: vdi.clone(),
             image: Arc::new(VdiImage),

@@ -304,14 +304,17 @@ impl FormatDriver for VhdxDriver {
 
     fn open(&self, at: Opening<'_>) -> Result<Opened> {
         let Opening { storage, opts, .. } = at;
-        let v = Arc::new(Vhdx::open(
-            storage,
-            Mode {
-                writable: opts.writable,
-                for_check: false,
-                host_zeros: opts.host_zeros,
-            },
-        )?);
+        let v = Arc::new(
+            Vhdx::open(
+                storage,
+                Mode {
+                    writable: opts.writable,
+                    for_check: false,
+                    host_zeros: opts.host_zeros,
+                },
+            )?
+            .keeping_allocations(opts.keep_allocations),
+        );
         Ok(Opened {
             device: v.clone(),
             image: Arc::new(VhdxImage {

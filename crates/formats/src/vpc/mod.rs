@@ -203,7 +203,10 @@ impl FormatDriver for VpcDriver {
             Some((_, v)) => footer::SizeCalc::parse(v)?,
             None => footer::SizeCalc::Auto,
         };
-        let vpc = Arc::new(Vpc::open(storage, opts.writable, calc, opts.host_zeros)?);
+        let vpc = Arc::new(
+            Vpc::open(storage, opts.writable, calc, opts.host_zeros)?
+                .keeping_allocations(opts.keep_allocations),
+        );
         Ok(Opened {
             device: vpc.clone(),
             image: Arc::new(VpcImage { vpc }),

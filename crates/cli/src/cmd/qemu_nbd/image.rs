@@ -11,6 +11,7 @@ use super::settings::Settings;
 use crate::util::{CliError, OpenPolicy};
 use diskit_core::DeviceRef;
 use diskit_filters::FilterSpec;
+use diskit_filters::unmap::Discard;
 use diskit_nbd::server::ExportBitmap;
 use diskit_open::{Format, OpenOptions};
 
@@ -75,6 +76,9 @@ pub fn open(r: &Request<'_>, s: &Settings, policy: &OpenPolicy) -> Result<Served
         no_flush: s.cache.no_flush,
         snapshot: s.load_snapshot.clone(),
         temporary_overlay: r.snapshot,
+        // --discard=ignore (the default): nothing the image maps is freed
+        // while served, so reads may be spliced from its file.
+        keep_allocations: s.unmap.discard == Discard::Ignore,
         ..policy.options()
     };
     let img = policy
