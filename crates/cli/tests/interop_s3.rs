@@ -715,6 +715,22 @@ fn serve_s3_serves_one_object_read_only_and_names_its_errors() {
         assert!(stdout(&o).contains("is_read_only: true"), "{}", stdout(&o));
         assert!(stdout(&o).contains("3000001"), "{}", stdout(&o));
         assert!(same_bytes(&got, &out), "{server:?} read other bytes");
+        // nbdkit's plugin also spells its keys with underscores: they are
+        // the same keys (a wrong key given so is used, and refused).
+        let id = format!("access_key={}", store.var("AWS_ACCESS_KEY_ID"));
+        let secret = format!("secret_key={}", store.var("AWS_SECRET_ACCESS_KEY"));
+        let o = ok(store.serve(
+            server,
+            &["key=vm/disk.img", &id, &secret],
+            &format!("nbdcopy \"$uri\" {}", s(&out)),
+        ));
+        assert!(same_bytes(&got, &out), "{server:?}: {}", stderr(&o));
+        let o = store.serve(
+            server,
+            &["key=vm/disk.img", "access_key=NOSUCHKEY", &secret],
+            "nbdinfo \"$uri\"",
+        );
+        assert_ne!(code(&o), 0, "{server:?} took a wrong access_key");
     }
 
     let fails = |args: &[&str], says: &str| {

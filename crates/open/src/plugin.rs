@@ -48,6 +48,9 @@ pub struct Plugin {
     /// The keys that may be given more than once: their values are kept in
     /// order, joined by [`LIST_SEPARATOR`].
     pub lists: &'static [&'static str],
+    /// Other spellings the plugin takes for some of its keys, `(spelling,
+    /// key)`: the arguments hold the key.
+    pub aliases: &'static [(&'static str, &'static str)],
     /// One line of help.
     pub help: &'static str,
     /// Opens it.
@@ -55,6 +58,26 @@ pub struct Plugin {
 }
 
 impl Plugin {
+    /// The key `spelling` names, if the plugin takes it: one of its keys,
+    /// or another spelling of one ([`aliases`](Plugin::aliases)).
+    pub fn key(&self, spelling: &str) -> Option<&'static str> {
+        self.keys
+            .iter()
+            .copied()
+            .find(|k| *k == spelling)
+            .or_else(|| {
+                self.aliases
+                    .iter()
+                    .find(|(other, _)| *other == spelling)
+                    .map(|(_, key)| *key)
+            })
+    }
+
+    /// Whether the plugin takes `spelling` as a key.
+    pub fn takes(&self, spelling: &str) -> bool {
+        self.key(spelling).is_some()
+    }
+
     /// A plugin whose one key, `size=` (the magic key, required), is the
     /// size of the device it makes.
     pub const fn sized(
@@ -68,6 +91,7 @@ impl Plugin {
             magic_required: true,
             keys: &["size"],
             lists: &[],
+            aliases: &[],
             help,
             open: PluginOpen::Source(open),
         }
@@ -116,6 +140,7 @@ pub const IMAGE: Plugin = Plugin {
         "allocation-depth",
     ],
     lists: &["bitmap"],
+    aliases: &[],
     help: "a disk image of any format diskit reads, with its backing chain \
            (file=NAME: a path, a protocol URI or json:{...} [format=FORMAT] \
            [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's] \
@@ -159,25 +184,26 @@ pub use diskit_core::params::boolean;
 
 /// Sorts a plugin's arguments into keys, bare values going to its magic key.
 pub fn parse_args(name: &str, args: &[String]) -> Result<PluginArgs> {
+    let plugin = find(name)?;
     let Plugin {
         magic,
         magic_required,
         keys,
         lists,
         ..
-    } = find(name)?;
+    } = plugin;
     let mut out = BTreeMap::new();
     for a in args {
         let (k, v) = match a.split_once('=') {
             Some((k, v)) if is_key(k) => (k.to_string(), v.to_string()),
             _ => (magic.to_string(), a.clone()),
         };
-        if !keys.contains(&k.as_str()) {
+        let Some(k) = plugin.key(&k).map(str::to_string) else {
             return Err(Error::invalid(format!(
                 "{name}: unknown parameter '{k}' (parameters: {})",
                 keys.join(", ")
             )));
-        }
+        };
         if lists.contains(&k.as_str()) {
             let all = out.entry(k).or_insert_with(String::new);
             if !all.is_empty() {
@@ -396,6 +422,23 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn other_spellings_of_a_key_are_the_key() {
+        let kv = parse_args(
+            "s3",
+            &args(&["bucket=b", "key=k", "access_key=A", "secret-key=S"]),
+        )
+        .unwrap();
+        assert_eq!(kv["access-key"], "A");
+        assert_eq!(kv["secret-key"], "S");
+        assert!(!kv.contains_key("access_key"));
+        // One key under both spellings is given twice.
+        let twice = args(&["k", "endpoint-url=http://a", "endpoint_url=http://b"]);
+        assert!(parse_args("s3", &twice).is_err());
+        // Only where the plugin takes them.
+        assert!(parse_args("memory", &args(&["1M", "access_key=A"])).is_err());
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             magic_required: true,
             keys: &["file"],
             lists: &[],
+            aliases: &[],
             help: "a file or block device (file=PATH)",
             open: PluginOpen::Source(plugin::open_file),
         }],
@@ -131,6 +132,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             magic_required: false,
             keys: crate::nbd_plugin::KEYS,
             lists: &["arg"],
+            aliases: &[],
             help: "proxies another NBD server, as nbdkit's nbd plugin \
                    ([uri=]NBD_URI | socket=PATH | hostname=HOST [port=PORT] | \
                    command=PROGRAM [arg=ARG]... | socket-fd=FD; [export=NAME] \
@@ -154,6 +156,7 @@ pub const PROTOCOLS: &[Protocol] = &[
                 magic_required: true,
                 keys: diskit_http::PLUGIN_KEYS,
                 lists: &["header"],
+                aliases: &[],
                 help: "an http:// or https:// URL, read-only, by range requests over a \
                        pool of connections (url=URL [cainfo=FILE] [capath=DIR] [sslverify=BOOL] \
                        [user=NAME] [password=PASSWORD|+FILE] [header='NAME: VALUE']... \
@@ -167,6 +170,7 @@ pub const PROTOCOLS: &[Protocol] = &[
                 magic_required: true,
                 keys: diskit_http::PLUGIN_KEYS,
                 lists: &["header"],
+                aliases: &[],
                 help: "the http plugin under nbdkit's name for it",
                 open: PluginOpen::Source(plugin::open_http),
             },
@@ -196,6 +200,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             magic_required: false,
             keys: &["size"],
             lists: &[],
+            aliases: &[],
             help: "reads zeros, discards writes (size=SIZE, default 0 as in nbdkit)",
             open: PluginOpen::Source(plugin::open_null),
         }],
@@ -228,6 +233,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             magic_required: true,
             keys: crate::rbd::PLUGIN_KEYS,
             lists: &[],
+            aliases: &[],
             help: "a Ceph RBD image, through librbd (image=POOL[/NAMESPACE]/IMAGE \
                    [snap=SNAPSHOT: read-only] [conf=CEPH.CONF] [id=USER])",
             open: PluginOpen::Source(crate::rbd::open_plugin),
@@ -251,6 +257,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             magic_required: true,
             keys: crate::s3::PLUGIN_KEYS,
             lists: &[],
+            aliases: crate::s3::PLUGIN_ALIASES,
             help: "S3 objects, as nbdkit's S3 plugin serves them (bucket=BUCKET key=KEY \
                    [endpoint-url=URL] [access-key=] [secret-key=] [session-token=] \
                    [region=] [profile=]: the object KEY, read-only; with size=SIZE \

@@ -42,6 +42,14 @@ pub const KEYS: &[&str] = ALL_KEYS.split_at(2).1;
 /// `profile`).
 pub const PLUGIN_KEYS: &[&str] = ALL_KEYS.split_at(10).0;
 
+/// The spellings with underscores that nbdkit's S3 plugin also takes.
+pub const PLUGIN_ALIASES: &[(&str, &str)] = &[
+    ("access_key", "access-key"),
+    ("secret_key", "secret-key"),
+    ("session_token", "session-token"),
+    ("endpoint_url", "endpoint-url"),
+];
+
 /// Requests in flight at once for a server (its connections' threads).
 const SERVER_CONNECTIONS: usize = 64;
 
