@@ -131,6 +131,11 @@ class Store:
     def delete(self, key):
         subprocess.run(self.aws("s3", "rm", self.url(key)), env=self.env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # radosgw frees a deleted object's data later (its garbage
+        # collector): at once here, or the memory store fills up within a
+        # run, and a full cluster blocks every write.
+        subprocess.run(["radosgw-admin", "-c", str(self.dir / "ceph.conf"), "gc", "process",
+                        "--include-all"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self):
         subprocess.run([REPO / "scripts" / "ceph-cluster.sh", "stop", self.dir])

@@ -27,6 +27,11 @@ pub struct HttpOptions {
     pub user_agent: Option<String>,
     /// A limit on each request, connection included.
     pub timeout: Option<Duration>,
+    /// How long connecting may take, and a connection may stay silent (no
+    /// byte of an answer, no room to send), before the request is given
+    /// up as failed (and tried again): see
+    /// [`STALL_TIMEOUT`](crate::transport::STALL_TIMEOUT), the default.
+    pub stall_timeout: Duration,
     /// Follow redirects (default true).
     pub follow_location: bool,
     /// Connections kept open to the server, and requests in flight at
@@ -49,6 +54,7 @@ impl Default for HttpOptions {
             cookie: None,
             user_agent: None,
             timeout: None,
+            stall_timeout: crate::transport::STALL_TIMEOUT,
             follow_location: true,
             connections: 16,
             retries: 5,

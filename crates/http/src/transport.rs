@@ -222,6 +222,14 @@ impl Expected<'_> {
     }
 }
 
+/// How long connecting may take, and how long a connection may stay
+/// silent (no byte of an answer, no room to send) before the request is
+/// given up and tried again, by default ([`HttpOptions::stall_timeout`]):
+/// a server or store that stops answering (a Ceph cluster that is full
+/// blocks every write) makes a command fail, never hang. The same minute
+/// as botocore's connect and read timeouts.
+pub const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The agent: its TLS roots, verification, timeouts, redirects and pool.
 pub fn agent(opts: &HttpOptions) -> Result<Agent> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
@@ -236,6 +244,9 @@ pub fn agent(opts: &HttpOptions) -> Result<Agent> {
         .max_idle_connections(opts.connections.max(1) * 2)
         .max_idle_connections_per_host(opts.connections.max(1))
         .timeout_global(opts.timeout)
+        .timeout_connect(Some(opts.stall_timeout))
+        .timeout_per_read(Some(opts.stall_timeout))
+        .timeout_per_write(Some(opts.stall_timeout))
         .max_redirects(if opts.follow_location { 10 } else { 0 });
     if let Some(ua) = &opts.user_agent {
         config = config.user_agent(ua.as_str());
@@ -307,6 +318,29 @@ mod tests {
             h.insert("content-range", bad.parse().unwrap());
             assert_eq!(content_range(&h), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_server_that_stops_answering_fails_the_request_and_may_pass() {
+        use std::io::Read;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/disk", listener.local_addr().unwrap());
+        // Takes the request, then says nothing until the client is gone.
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            while matches!(c.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        let opts = HttpOptions {
+            stall_timeout: std::time::Duration::from_millis(300),
+            ..Default::default()
+        };
+        let e = agent(&opts).unwrap().get(&url).call().unwrap_err();
+        match failure("'disk'", e) {
+            Failure::Transient(e) => assert!(e.to_string().contains("'disk'"), "{e}"),
+            Failure::Permanent(e) => panic!("a stall is worth another try: {e}"),
+        }
+        server.join().unwrap();
     }
 
     #[test]
