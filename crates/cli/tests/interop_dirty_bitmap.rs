@@ -197,6 +197,42 @@ fn backup_cycle_through_qemu_nbd_and_diskit() {
             stderr(&cmp)
         );
     }
+
+    // The server run by the copy, as nbdcopy runs `[ CMD ]` (socket
+    // activation).
+    let dst = d.join("backup-cmd.raw");
+    std::fs::copy(&full, &dst).unwrap();
+    let o = diskit_timed(&[
+        "copy",
+        "--dirty-bitmap=b0",
+        "[",
+        "qemu-nbd",
+        "-r",
+        "-f",
+        "qcow2",
+        "-B",
+        "b0",
+        s(&src),
+        "]",
+        s(&dst),
+    ]);
+    ok(o);
+    let cmp = qemu_img(&["compare", "-f", "qcow2", "-F", "raw", s(&src), s(&dst)]);
+    assert!(cmp.status.success(), "[ CMD ]: {}", stdout(&cmp));
+    let o = diskit_timed(&[
+        "copy",
+        "--dirty-bitmap=nope",
+        "[",
+        "qemu-nbd",
+        "-r",
+        "-f",
+        "qcow2",
+        s(&src),
+        "]",
+        s(&dst),
+    ]);
+    assert_ne!(code(&o), 0);
+    assert!(stderr(&o).contains("does not offer"), "{}", stderr(&o));
 }
 
 /// A copy of `src` whose bitmap "b0" is marked in use (inconsistent), as

@@ -295,10 +295,21 @@ impl NbdClient {
     /// Runs `argv` as a server as [`connect_command`](Self::connect_command)
     /// does, and connects to its export `export`.
     pub fn connect_command_export(argv: &[String], export: &str) -> Result<NbdClient> {
+        Self::connect_command_to(argv, export, &[BASE_ALLOCATION])
+    }
+
+    /// Runs `argv` as a server as [`connect_command`](Self::connect_command)
+    /// does, and connects to its export `export` asking for `contexts`.
+    pub fn connect_command_to(
+        argv: &[String],
+        export: &str,
+        contexts: &[&str],
+    ) -> Result<NbdClient> {
         let (sub, stream) = command::spawn(argv)?;
         let name = format!("[ {} ]", sub.name);
-        let mut client = Self::over(Stream::Unix(stream), &name, export)?;
+        let mut client = Self::over_with(Stream::Unix(stream), &name, export, contexts, None)?;
         client.subprocess = Some(sub);
+        client.asked = contexts.iter().map(|c| c.to_string()).collect();
         Ok(client)
     }
 

@@ -38,21 +38,30 @@ pub(super) fn open_source(
     side: &Side,
     name: &str,
 ) -> Result<(DeviceRef, Arc<dyn ChangedRanges>), CliError> {
-    let uri = match side {
-        Side::Network(uri) if is_nbd_uri(uri) => uri,
+    let context = format!("{DIRTY_BITMAP_PREFIX}{name}");
+    let contexts = [BASE_ALLOCATION, context.as_str()];
+    let (client, what) = match side {
+        Side::Network(uri) if is_nbd_uri(uri) => {
+            let parsed = NbdUri::parse(uri).map_err(nbd_err)?;
+            let client = NbdClient::connect_to(parsed, &contexts).map_err(nbd_err)?;
+            (client, uri.clone())
+        }
+        // A server nbdcopy-style: `[ qemu-nbd -B NAME ... ]`.
+        Side::Command(argv) => {
+            let client = NbdClient::connect_command_to(argv, "", &contexts).map_err(nbd_err)?;
+            (client, format!("[ {} ]", argv.join(" ")))
+        }
         _ => {
             return Err(CliError::new(
-                "--dirty-bitmap: the source must be an NBD URI (the export serving the bitmap)",
+                "--dirty-bitmap: the source must be an NBD URI or [ CMD ] (the export serving \
+                 the bitmap)",
             ));
         }
     };
-    let context = format!("{DIRTY_BITMAP_PREFIX}{name}");
-    let parsed = NbdUri::parse(uri).map_err(nbd_err)?;
-    let client =
-        Arc::new(NbdClient::connect_to(parsed, &[BASE_ALLOCATION, &context]).map_err(nbd_err)?);
+    let client = Arc::new(client);
     if !client.offers_context(&context) {
         return Err(CliError::new(format!(
-            "{uri}: the server does not offer the metadata context '{context}' \
+            "{what}: the server does not offer the metadata context '{context}' \
              (is the bitmap exported? qemu-nbd -B {name}, or diskit serve image ... bitmap={name})"
         )));
     }
