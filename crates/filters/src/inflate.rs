@@ -160,10 +160,12 @@ impl Filter for Inflated {
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.file.size()
     }
-    fn capabilities(&self, _next: &dyn BlockDevice) -> Capabilities {
+    /// Read-only; flush passes through, as in nbdkit.
+    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         Capabilities {
             can_extents: true,
             can_cache: true,
+            can_flush: next.capabilities().can_flush,
             ..Capabilities::READ_ONLY
         }
     }
@@ -181,9 +183,6 @@ impl Filter for Inflated {
     }
     fn trim(&self, _: &dyn BlockDevice, _: u64, _: u64, _: WriteFlags) -> Result<()> {
         Err(read_only(self.name))
-    }
-    fn flush(&self, _next: &dyn BlockDevice) -> Result<()> {
-        Ok(())
     }
     fn cache(&self, _next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
         self.file.cache(offset, len)

@@ -141,9 +141,11 @@ impl Filter for Xz {
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.blocks.index().size
     }
-    fn capabilities(&self, _next: &dyn BlockDevice) -> Capabilities {
+    /// Read-only; flush passes through, as in nbdkit.
+    fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
         Capabilities {
             can_cache: true,
+            can_flush: next.capabilities().can_flush,
             ..Capabilities::READ_ONLY
         }
     }
@@ -189,9 +191,6 @@ impl Filter for Xz {
     }
     fn trim(&self, _: &dyn BlockDevice, _: u64, _: u64, _: WriteFlags) -> Result<()> {
         Err(read_only("xz"))
-    }
-    fn flush(&self, _next: &dyn BlockDevice) -> Result<()> {
-        Ok(())
     }
     /// Decompresses the blocks of the range (nbdkit emulates cache with
     /// reads).
