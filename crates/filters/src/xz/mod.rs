@@ -153,9 +153,12 @@ impl Filter for Xz {
         false
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        if let Some(last) = self.blocks.index().find((offset + len).saturating_sub(1)) {
+            self.note(last, offset, buf.len());
+        }
         let mut done = 0;
-        self.pieces(offset, buf.len() as u64, |i, at, n| {
-            self.note(i, offset, buf.len());
+        self.pieces(offset, len, |i, at, n| {
             let data = self.blocks.get(i, next)?;
             let (at, n) = (at as usize, n as usize);
             buf[done..done + n].copy_from_slice(&data[at..at + n]);
