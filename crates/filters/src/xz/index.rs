@@ -118,12 +118,11 @@ pub fn parse(read: &dyn Fn(u64, &mut [u8]) -> Result<()>, size: u64) -> Result<I
     if magic != HEADER_MAGIC {
         return Err(bad("not an xz file"));
     }
-    if size % 4 != 0 {
+    if !size.is_multiple_of(4) {
         return Err(bad("not an xz file: size is not a multiple of 4 bytes"));
     }
-    // Streams from the last to the first, each with its blocks as offsets
-    // into the file and uncompressed sizes.
-    let mut streams: Vec<([u8; 12], Vec<(u64, u64, u64)>)> = Vec::new();
+    // Streams from the last to the first.
+    let mut streams: Vec<Stream> = Vec::new();
     let mut pos = size;
     // What is left of MAX_INDEX for the indexes still to read.
     let mut index_budget = MAX_INDEX;
@@ -141,12 +140,12 @@ pub fn parse(read: &dyn Fn(u64, &mut [u8]) -> Result<()>, size: u64) -> Result<I
             return Err(bad(format!("more than {MAX_STREAMS} streams")));
         }
         pos -= HEADER;
-        let (header, blocks, start) = stream(read, pos, &footer, &mut index_budget)?;
-        streams.push((header, blocks));
-        pos = start;
+        let one = stream(read, pos, &footer, &mut index_budget)?;
+        pos = one.start;
+        streams.push(one);
     }
     let mut index = Index::default();
-    for (n, (header, blocks)) in streams.into_iter().rev().enumerate() {
+    for (n, Stream { header, blocks, .. }) in streams.into_iter().rev().enumerate() {
         index.streams.push(header);
         for (offset, unpadded, usize_) in blocks {
             let start = index.size;
@@ -185,16 +184,23 @@ fn skip_padding(read: &dyn Fn(u64, &mut [u8]) -> Result<()>, mut pos: u64) -> Re
     Ok(pos)
 }
 
-/// Reads the stream whose footer (`footer`) starts at `pos`: its header,
-/// its blocks (file offset, unpadded size, uncompressed size) and where
-/// it starts.
-#[allow(clippy::type_complexity)]
+/// One stream, as read from its footer back.
+struct Stream {
+    header: [u8; HEADER as usize],
+    /// Its blocks: file offset, unpadded size, uncompressed size.
+    blocks: Vec<(u64, u64, u64)>,
+    /// Where it starts in the file.
+    start: u64,
+}
+
+/// Reads the stream whose footer (`footer`) starts at `pos`, taking its
+/// index's bytes from `budget`.
 fn stream(
     read: &dyn Fn(u64, &mut [u8]) -> Result<()>,
     pos: u64,
     footer: &[u8; 12],
     budget: &mut u64,
-) -> Result<([u8; 12], Vec<(u64, u64, u64)>, u64)> {
+) -> Result<Stream> {
     if footer[10..12] != FOOTER_MAGIC {
         return Err(bad("invalid stream footer (no magic bytes)"));
     }
@@ -253,14 +259,18 @@ fn stream(
             b
         })
         .collect();
-    Ok((header, blocks, start))
+    Ok(Stream {
+        header,
+        blocks,
+        start,
+    })
 }
 
 /// The records (unpadded size, uncompressed size) of an index, checked
 /// whole: indicator, count, records, padding and CRC32.
 pub fn records(raw: &[u8]) -> Result<Vec<(u64, u64)>> {
     let invalid = || bad("invalid index");
-    if raw.len() < 8 || raw.len() % 4 != 0 || raw[0] != 0 {
+    if raw.len() < 8 || !raw.len().is_multiple_of(4) || raw[0] != 0 {
         return Err(invalid());
     }
     let (body, crc) = raw.split_at(raw.len() - 4);
@@ -281,7 +291,7 @@ pub fn records(raw: &[u8]) -> Result<Vec<(u64, u64)>> {
     }
     // Index padding: zeros up to the CRC32, fewer than 4.
     let rest = &body[at..];
-    if rest.len() >= 4 || rest.iter().any(|&b| b != 0) || body.len() % 4 != 0 {
+    if rest.len() >= 4 || rest.iter().any(|&b| b != 0) || !body.len().is_multiple_of(4) {
         return Err(invalid());
     }
     Ok(out)
