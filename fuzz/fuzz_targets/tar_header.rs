@@ -6,6 +6,8 @@
 
 use libfuzzer_sys::fuzz_target;
 
+mod common;
+
 const NAMES: [&[u8]; 4] = [
     b"disk.img",
     b"a/b/c.vmdk",
@@ -20,14 +22,7 @@ fuzz_target!(|data: &[u8]| {
     let name = NAMES[usize::from(pick & 3)];
     let limit = u64::from(pick >> 2) * 512;
     let size = tar.len() as u64;
-    let read = |off: u64, buf: &mut [u8]| -> diskit_core::Result<()> {
-        let end = off
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= size)
-            .ok_or_else(|| diskit_core::Error::invalid("read past the end"))?;
-        buf.copy_from_slice(&tar[off as usize..end as usize]);
-        Ok(())
-    };
+    let read = common::slice_reader(tar);
     if let Ok((offset, len)) = diskit_filters::tar::locate(&read, size, name, limit) {
         assert!(offset.checked_add(len).is_some_and(|e| e <= size));
         assert!(offset % 512 == 0 && offset >= 512);

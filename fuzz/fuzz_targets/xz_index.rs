@@ -7,6 +7,8 @@
 
 use libfuzzer_sys::fuzz_target;
 
+mod common;
+
 use diskit_filters::xz::index;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,14 +20,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let size = file.len() as u64;
-    let read = |off: u64, buf: &mut [u8]| -> diskit_core::Result<()> {
-        let end = off
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= size)
-            .ok_or_else(|| diskit_core::Error::invalid("read past the end"))?;
-        buf.copy_from_slice(&file[off as usize..end as usize]);
-        Ok(())
-    };
+    let read = common::slice_reader(file);
     if let Ok(ix) = index::parse(&read, size) {
         let mut at = 0u64;
         for b in &ix.blocks {

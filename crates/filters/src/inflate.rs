@@ -19,7 +19,7 @@ use diskit_core::{
 
 use crate::overlay::temp_file;
 use crate::registry::{Configure, over, unknown};
-use crate::xz::read_only;
+use crate::xz::{decompressed, read_only};
 
 /// How much is read below, and written, at once.
 const PIECE: usize = 1 << 20;
@@ -160,14 +160,9 @@ impl Filter for Inflated {
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.file.size()
     }
-    /// Read-only; flush passes through, as in nbdkit.
+    /// Extents are the temporary file's holes.
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
-        Capabilities {
-            can_extents: true,
-            can_cache: true,
-            can_flush: next.capabilities().can_flush,
-            ..Capabilities::READ_ONLY
-        }
+        decompressed(next, true)
     }
     fn is_known_zero(&self, _next: &dyn BlockDevice) -> bool {
         false

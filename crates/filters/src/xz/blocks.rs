@@ -59,6 +59,19 @@ impl State {
         self.slots.iter_mut().find(|s| s.block == block)
     }
 
+    /// Adds a slot for `block`, to be decompressed (for a read when
+    /// `read`); returns a buffer for it.
+    fn claim(&mut self, block: usize, read: bool) -> Vec<u8> {
+        let used = self.tick();
+        self.slots.push(Slot {
+            block,
+            data: None,
+            used,
+            read,
+        });
+        self.spare.pop().unwrap_or_default()
+    }
+
     /// Gives up the least recently used block held (only one that was
     /// read, when `read_only`; never `keep`); false when none may go.
     fn evict(&mut self, read_only: bool, keep: usize) -> bool {
@@ -132,14 +145,7 @@ impl Blocks {
             // Being decompressed, or no room until something is.
             st = wait(&self.changed, st);
         }
-        let used = st.tick();
-        st.slots.push(Slot {
-            block: i,
-            data: None,
-            used,
-            read: true,
-        });
-        let spare = st.spare.pop().unwrap_or_default();
+        let spare = st.claim(i, true);
         drop(st);
         self.finish(i, decode(&self.index, i, next, self.memlimit, spare))
     }
@@ -195,15 +201,9 @@ impl Blocks {
             if st.slots.len() >= self.depth && !st.evict(true, i) {
                 break;
             }
-            let used = st.tick();
-            st.slots.push(Slot {
-                block: j,
-                data: None,
-                used,
-                read: false,
-            });
             st.ahead += 1;
-            start.push((j, st.spare.pop().unwrap_or_default()));
+            let spare = st.claim(j, false);
+            start.push((j, spare));
         }
         drop(st);
         for (j, spare) in start {

@@ -104,6 +104,18 @@ pub(crate) fn read_only(filter: &str) -> Error {
     )
 }
 
+/// What a decompressing filter offers over `next`: read-only, with
+/// cache (it decompresses) and flush passed through, as nbdkit's;
+/// extents when `extents`.
+pub(crate) fn decompressed(next: &dyn BlockDevice, extents: bool) -> Capabilities {
+    Capabilities {
+        can_cache: true,
+        can_extents: extents,
+        can_flush: next.capabilities().can_flush,
+        ..Capabilities::READ_ONLY
+    }
+}
+
 /// The uncompressed contents of an .xz file.
 pub struct Xz {
     blocks: Arc<Blocks>,
@@ -141,13 +153,8 @@ impl Filter for Xz {
     fn size(&self, _next: &dyn BlockDevice) -> u64 {
         self.blocks.index().size
     }
-    /// Read-only; flush passes through, as in nbdkit.
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
-        Capabilities {
-            can_cache: true,
-            can_flush: next.capabilities().can_flush,
-            ..Capabilities::READ_ONLY
-        }
+        decompressed(next, false)
     }
     fn is_known_zero(&self, _next: &dyn BlockDevice) -> bool {
         false
