@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::aio::{Completion, CompletionQueue, Request};
 use crate::device::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Session, WriteFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Lent, Session, WriteFlags,
     ZeroFlags, check_range,
 };
 use crate::error::{Error, Result};
@@ -59,6 +59,17 @@ pub trait Filter: Send + Sync {
     }
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
         next.read_at(buf, offset)
+    }
+    /// See [`BlockDevice::read_or_lend`]: reads with
+    /// [`read_at`](Self::read_at) by default; a filter that holds the
+    /// bytes in memory (decompressed blocks) lends them.
+    fn read_or_lend(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> Result<Option<Lent>> {
+        self.read_at(next, buf, offset).map(|()| None)
     }
     fn write_at(
         &self,
@@ -240,6 +251,10 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
         self.filter.read_at(&*self.next, buf, offset)
+    }
+    fn read_or_lend(&self, buf: &mut [u8], offset: u64) -> Result<Option<Lent>> {
+        self.check(offset, buf.len() as u64)?;
+        self.filter.read_or_lend(&*self.next, buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
         self.check(offset, buf.len() as u64)?;

@@ -24,6 +24,10 @@
 //! | [`delay`] | `rdelay=`, `wdelay=`, `delay-*=` | sleeps before each request |
 //! | [`error`] | `error=`, `error-rate=`, `error-file=`, `error-OP-*=` | fails requests at random |
 //! | [`blocksize`] | `minblock=`, `maxdata=`, `maxlen=` | aligns and splits requests |
+//! | [`xz`] | `xz-max-block=`, `xz-max-depth=` | serves an .xz file decompressed, by block, read-only |
+//! | [`gzip`] | | serves a gzip file decompressed (whole, into a temporary file), read-only |
+//! | [`bzip2`] | | serves a bzip2 file decompressed as gzip does, read-only |
+//! | [`tar`] | `tar-entry=`, `tar-limit=` | serves one file inside a tarball |
 //!
 //! [`unmap`] is QEMU's, not nbdkit's: the `discard=` and `detect-zeroes=`
 //! policy of a block node, stacked by commands that take QEMU's options
@@ -48,6 +52,7 @@
 
 mod blockmap;
 pub mod blocksize;
+pub mod bzip2;
 pub mod cache;
 mod call;
 pub mod cow;
@@ -56,6 +61,8 @@ pub mod delay;
 pub mod error;
 pub mod fua;
 mod gate;
+pub mod gzip;
+pub mod inflate;
 pub mod log;
 pub mod multi_conn;
 pub mod noextents;
@@ -72,11 +79,13 @@ pub mod retry;
 pub mod stats;
 #[cfg(test)]
 mod submit_tests;
+pub mod tar;
 #[cfg(test)]
 mod testing;
 pub mod truncate;
 pub mod unmap;
 mod watch;
+pub mod xz;
 
 pub use registry::{Configure, FilterInfo, FilterSpec, Params, info, stack, unknown};
 
@@ -87,6 +96,11 @@ pub const FILTERS: &[FilterInfo] = &[
         blocksize::KEYS,
         "aligns and splits requests, read-modify-write for unaligned ones (minblock= maxdata= maxlen=)",
     ),
+    FilterInfo::new::<bzip2::Bzip2Config>(
+        "bzip2",
+        bzip2::KEYS,
+        "serves a bzip2 file decompressed, read-only: the whole stream once, into a temporary file in $TMPDIR (or /var/tmp)",
+    ).reads_only_below(),
     FilterInfo::new::<cache::CacheConfig>(
         "cache",
         cache::KEYS,
@@ -112,6 +126,11 @@ pub const FILTERS: &[FilterInfo] = &[
         fua::KEYS,
         "changes FUA and flush handling (fuamode=none|emulate|native|force|pass|discard)",
     ),
+    FilterInfo::new::<gzip::GzipConfig>(
+        "gzip",
+        gzip::KEYS,
+        "serves a gzip file decompressed, read-only: the whole stream once, into a temporary file in $TMPDIR (or /var/tmp)",
+    ).reads_only_below(),
     FilterInfo::new::<log::LogConfig>(
         "log",
         log::KEYS,
@@ -162,11 +181,21 @@ pub const FILTERS: &[FilterInfo] = &[
         stats::KEYS,
         "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)",
     ),
+    FilterInfo::new::<tar::TarConfig>(
+        "tar",
+        tar::KEYS,
+        "serves one file inside a tarball (ustar, GNU long names, pax headers), found by its headers (tar-entry=NAME, required; tar-limit=SIZE: look only that far in)",
+    ),
     FilterInfo::new::<truncate::TruncateConfig>(
         "truncate",
         truncate::KEYS,
         "changes the size: cut, or extend with zeros (truncate= round-up= round-down=)",
     ),
+    FilterInfo::new::<xz::XzConfig>(
+        "xz",
+        xz::KEYS,
+        "serves an .xz file decompressed, read-only, seeking by xz block; blocks are kept and decompressed ahead of sequential reads on every processor (xz-max-block=512M: larger blocks are refused; xz-max-depth=8: blocks kept)",
+    ).reads_only_below(),
 ];
 
 #[cfg(test)]

@@ -478,7 +478,7 @@ impl Overlay {
 }
 
 /// A new unlinked file of `len` bytes for `filter`.
-fn temp_file(filter: &str, len: u64) -> Result<File> {
+pub(crate) fn temp_file(filter: &str, len: u64) -> Result<File> {
     let dir = std::env::var_os("TMPDIR")
         .filter(|d| !d.is_empty())
         .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);

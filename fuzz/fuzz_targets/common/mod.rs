@@ -43,3 +43,16 @@ pub fn read_and_map(dev: &dyn BlockDevice, limit: u64, chunk: usize) {
         }
     }
 }
+
+/// Reads of `bytes` at an offset, as the table readers take them: a read
+/// past the end is an error.
+pub fn slice_reader(bytes: &[u8]) -> impl Fn(u64, &mut [u8]) -> diskit_core::Result<()> + '_ {
+    move |off, buf| {
+        let end = off
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= bytes.len() as u64)
+            .ok_or_else(|| diskit_core::Error::invalid("read past the end"))?;
+        buf.copy_from_slice(&bytes[off as usize..end as usize]);
+        Ok(())
+    }
+}
