@@ -152,10 +152,20 @@ impl<R: RangeRead> BlockDevice for RangeDevice<R> {
     fn capabilities(&self) -> Capabilities {
         Capabilities::READ_ONLY
     }
+    /// Made [`chunked`](RangeDevice::chunked), whole chunks are preferred:
+    /// a copier or converter reading that much at once sends each read as
+    /// one request of its own, neither split nor copied out of a chunk
+    /// (1 GiB from radosgw to null: 1.2-1.3 s in 4 MiB requests, 1.6-1.7 s
+    /// in the copier's 1 MiB ones served from chunks).
     fn block_size(&self) -> BlockSizeLimits {
+        let preferred = if self.reader.chunked.is_some() {
+            CHUNK as u32
+        } else {
+            64 << 10
+        };
         BlockSizeLimits {
             minimum: 1,
-            preferred: 64 << 10,
+            preferred,
             maximum: source::MAX_REQUEST as u32,
         }
     }
