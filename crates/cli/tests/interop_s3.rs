@@ -75,6 +75,49 @@ impl Store {
             .unwrap_or_else(|e| panic!("cannot run aws ({e}): scripts/test installs awscli"))
     }
 
+    /// Runs s3cmd against the store (path-style, plain HTTP, no config
+    /// file).
+    fn s3cmd(&self, args: &[&str]) -> Output {
+        let endpoint = self.var("AWS_ENDPOINT_URL");
+        let host = endpoint.trim_start_matches("http://");
+        let mut c = self.with_env(Command::new("s3cmd"));
+        c.args(["--config=/dev/null", "--no-ssl"])
+            .arg(format!("--host={host}"))
+            .arg(format!("--host-bucket={host}"))
+            .arg(format!("--access_key={}", self.var("AWS_ACCESS_KEY_ID")))
+            .arg(format!(
+                "--secret_key={}",
+                self.var("AWS_SECRET_ACCESS_KEY")
+            ))
+            .arg(format!("--region={}", self.var("AWS_REGION")))
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run s3cmd ({e}): scripts/test installs it"))
+    }
+
+    /// Runs rclone against the store, as the remote `store:` (configured
+    /// by the environment).
+    fn rclone(&self, args: &[&str]) -> Output {
+        let mut c = self.with_env(Command::new("rclone"));
+        c.env("RCLONE_CONFIG", "/dev/null")
+            .env("RCLONE_CONFIG_STORE_TYPE", "s3")
+            .env("RCLONE_CONFIG_STORE_PROVIDER", "Ceph")
+            .env_remove("AWS_CA_BUNDLE")
+            .env(
+                "RCLONE_CONFIG_STORE_ACCESS_KEY_ID",
+                self.var("AWS_ACCESS_KEY_ID"),
+            )
+            .env(
+                "RCLONE_CONFIG_STORE_SECRET_ACCESS_KEY",
+                self.var("AWS_SECRET_ACCESS_KEY"),
+            )
+            .env("RCLONE_CONFIG_STORE_ENDPOINT", self.var("AWS_ENDPOINT_URL"))
+            .env("RCLONE_CONFIG_STORE_REGION", self.var("AWS_REGION"))
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run rclone ({e}): scripts/test installs it"))
+    }
+
     /// Runs Python `code` with boto3 imported and the endpoint as `E`.
     fn python(&self, code: &str) -> Output {
         let mut c = self.with_env(Command::new("/usr/bin/python3"));
@@ -203,6 +246,51 @@ fn random_file(path: &Path, len: usize) -> PathBuf {
     data[len / 3..len / 3 + hole].fill(0);
     std::fs::write(path, &data).unwrap();
     path.to_path_buf()
+}
+
+#[test]
+fn objects_written_by_s3cmd_and_rclone_are_read_by_diskit_and_back() {
+    let dir = workdir();
+    let d = dir.path();
+    let store = Store::start(d);
+    let url = |key: &str| store.url(key);
+    // More than one part for each tool (s3cmd's 15 MiB, rclone's 5 MiB).
+    let src = random_file(&d.join("src.raw"), 17 << 20);
+    // diskit writes; each reads the same bytes back.
+    ok(store.diskit(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        s(&src),
+        &url("by-diskit"),
+    ]));
+    let by_s3cmd = d.join("s3cmd.raw");
+    ok(store.s3cmd(&["get", &url("by-diskit"), s(&by_s3cmd)]));
+    assert!(same_bytes(&src, &by_s3cmd), "s3cmd read other bytes");
+    let by_rclone = d.join("rclone.raw");
+    let remote = format!("store:{}/by-diskit", store.bucket);
+    ok(store.rclone(&["copyto", &remote, s(&by_rclone)]));
+    assert!(same_bytes(&src, &by_rclone), "rclone read other bytes");
+    // Each writes (multipart); diskit reads the same bytes, as an image.
+    ok(store.s3cmd(&["put", s(&src), &url("by-s3cmd")]));
+    let remote = format!("store:{}/by-rclone", store.bucket);
+    ok(store.rclone(&[
+        "copyto",
+        "--s3-chunk-size=5M",
+        "--s3-upload-cutoff=5M",
+        s(&src),
+        &remote,
+    ]));
+    for key in ["by-s3cmd", "by-rclone"] {
+        let o = ok(store.diskit(&["compare", "-f", "raw", "-F", "raw", &url(key), s(&src)]));
+        assert!(
+            stdout(&o).contains("Images are identical"),
+            "{key}: {}",
+            stdout(&o)
+        );
+    }
 }
 
 #[test]
