@@ -23,7 +23,8 @@ pub struct Routed {
 /// rest, bare values included, go to the plugin. A key that neither a
 /// filter nor the plugin takes is an error naming it.
 pub fn route(plugin: &str, filters: &[String], args: &[String]) -> Result<Routed, CliError> {
-    let plugin_keys = plugin::keys(plugin)?;
+    let taker = plugin::find(plugin)?;
+    let plugin_keys = taker.keys;
     let mut params: Vec<Vec<(String, String)>> = vec![Vec::new(); filters.len()];
     let mut plugin_args = Vec::new();
     // Unknown filter names first: their parameters would look unknown too.
@@ -38,7 +39,7 @@ pub fn route(plugin: &str, filters: &[String], args: &[String]) -> Result<Routed
         };
         if let Some(i) = infos.iter().position(|f| f.keys.contains(&k)) {
             params[i].push((k.to_string(), v.to_string()));
-        } else if plugin_keys.contains(&k) {
+        } else if taker.takes(k) {
             plugin_args.push(a.clone());
         } else {
             let mut takers = vec![format!("{plugin} takes {}", plugin_keys.join(", "))];

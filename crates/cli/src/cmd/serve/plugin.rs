@@ -17,11 +17,6 @@ pub fn find(name: &str) -> Result<&'static Plugin, CliError> {
     plugin::find(name).map_err(cli)
 }
 
-/// Every key the plugin takes.
-pub fn keys(name: &str) -> Result<&'static [&'static str], CliError> {
-    Ok(find(name)?.keys)
-}
-
 /// Opens the device a plugin describes (an image under the command's
 /// policy: `--untrusted`).
 pub fn open_plugin(
