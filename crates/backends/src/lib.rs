@@ -5,15 +5,31 @@
 //! - [`memory::MemoryDevice`]: a sparse RAM disk.
 //! - [`null::NullDevice`]: reads zeros, discards writes.
 //! - [`pattern::PatternDevice`]: deterministic data for tests.
+//! - nbdkit's synthetic disks: [`zero::ZeroDevice`] (no bytes),
+//!   [`ones::OnesDevice`] (one byte repeated), [`full::FullDevice`] (always
+//!   full), [`random::RandomDevice`] and
+//!   [`sparse_random::SparseRandomDevice`] (nbdkit's bytes for a seed, from
+//!   [`nbdkit_random`]).
 
 pub mod file;
+pub mod full;
 pub mod image_lock;
 pub mod memory;
+pub mod nbdkit_random;
 pub mod null;
+pub mod ones;
 pub mod pattern;
+pub mod random;
+pub mod sparse_random;
 mod sys;
+pub mod zero;
 
 pub use file::{FileDevice, Preallocation};
+pub use full::FullDevice;
 pub use memory::MemoryDevice;
 pub use null::NullDevice;
+pub use ones::OnesDevice;
 pub use pattern::PatternDevice;
+pub use random::RandomDevice;
+pub use sparse_random::{SparseRandomDevice, SparseRandomLayout};
+pub use zero::ZeroDevice;

@@ -26,6 +26,7 @@ pub mod protocol;
 mod rbd;
 mod s3;
 pub mod spec;
+mod synthetic;
 mod waiting;
 
 use std::path::PathBuf;

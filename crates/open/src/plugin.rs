@@ -32,6 +32,11 @@ pub enum PluginOpen {
     Source(fn(&PluginArgs, bool) -> Result<DeviceRef>),
     /// An image of any format over any source, with its backing chain.
     Image,
+    /// A source whose parameters apply to those that follow them (the
+    /// partitioning plugin's `alignment=` to the next `file=`s): the
+    /// `key=value` pairs in command-line order, bare values under the
+    /// magic key.
+    InOrder(fn(&[(String, String)], bool) -> Result<DeviceRef>),
 }
 
 /// One plugin: the name nbdkit's command line gives it and its keys.
@@ -51,6 +56,9 @@ pub struct Plugin {
     /// Other spellings the plugin takes for some of its keys, `(spelling,
     /// key)`: the arguments hold the key.
     pub aliases: &'static [(&'static str, &'static str)],
+    /// Whether keys beyond `keys` are taken too, as the plugin's
+    /// variables (the data plugin's `$VAR`s, tmpdisk's shell variables).
+    pub variables: bool,
     /// One line of help.
     pub help: &'static str,
     /// Opens it.
@@ -59,18 +67,17 @@ pub struct Plugin {
 
 impl Plugin {
     /// The key `spelling` names, if the plugin takes it: one of its keys,
-    /// or another spelling of one ([`aliases`](Plugin::aliases)).
-    pub fn key(&self, spelling: &str) -> Option<&'static str> {
-        self.keys
+    /// another spelling of one ([`aliases`](Plugin::aliases)), or, for a
+    /// plugin that takes [`variables`](Plugin::variables), any other.
+    pub fn key<'a>(&self, spelling: &'a str) -> Option<&'a str> {
+        if let Some(k) = self.keys.iter().copied().find(|k| *k == spelling) {
+            return Some(k);
+        }
+        self.aliases
             .iter()
-            .copied()
-            .find(|k| *k == spelling)
-            .or_else(|| {
-                self.aliases
-                    .iter()
-                    .find(|(other, _)| *other == spelling)
-                    .map(|(_, key)| *key)
-            })
+            .find(|(other, _)| *other == spelling)
+            .map(|(_, key)| *key)
+            .or(self.variables.then_some(spelling))
     }
 
     /// Whether the plugin takes `spelling` as a key.
@@ -92,6 +99,7 @@ impl Plugin {
             keys: &["size"],
             lists: &[],
             aliases: &[],
+            variables: false,
             help,
             open: PluginOpen::Source(open),
         }
@@ -141,6 +149,7 @@ pub const IMAGE: Plugin = Plugin {
     ],
     lists: &["bitmap"],
     aliases: &[],
+    variables: false,
     help: "a disk image of any format diskit reads, with its backing chain \
            (file=NAME: a path, a protocol URI or json:{...} [format=FORMAT] \
            [l2-cache-size=SIZE: qcow2 L2 tables cached, as QEMU's] \
@@ -185,26 +194,9 @@ pub use diskit_core::params::boolean;
 /// Sorts a plugin's arguments into keys, bare values going to its magic key.
 pub fn parse_args(name: &str, args: &[String]) -> Result<PluginArgs> {
     let plugin = find(name)?;
-    let Plugin {
-        magic,
-        magic_required,
-        keys,
-        lists,
-        ..
-    } = plugin;
     let mut out = BTreeMap::new();
-    for a in args {
-        let (k, v) = match a.split_once('=') {
-            Some((k, v)) if is_key(k) => (k.to_string(), v.to_string()),
-            _ => (magic.to_string(), a.clone()),
-        };
-        let Some(k) = plugin.key(&k).map(str::to_string) else {
-            return Err(Error::invalid(format!(
-                "{name}: unknown parameter '{k}' (parameters: {})",
-                keys.join(", ")
-            )));
-        };
-        if lists.contains(&k.as_str()) {
+    for (k, v) in in_order(plugin, args)? {
+        if plugin.lists.contains(&k.as_str()) {
             let all = out.entry(k).or_insert_with(String::new);
             if !all.is_empty() {
                 all.push(LIST_SEPARATOR);
@@ -218,9 +210,37 @@ pub fn parse_args(name: &str, args: &[String]) -> Result<PluginArgs> {
             )));
         }
     }
-    if *magic_required && !out.contains_key(*magic) {
+    Ok(out)
+}
+
+/// A plugin's arguments as `(key, value)` pairs in command-line order,
+/// bare values under its magic key; each key checked, and the magic key's
+/// presence if it is required.
+fn in_order(plugin: &Plugin, args: &[String]) -> Result<Vec<(String, String)>> {
+    let name = plugin.name;
+    if plugin.keys.is_empty() && !plugin.variables && !args.is_empty() {
         return Err(Error::invalid(format!(
-            "{name}: missing parameter '{magic}'"
+            "{name}: this plugin does not need command line configuration"
+        )));
+    }
+    let mut out = Vec::with_capacity(args.len());
+    for a in args {
+        let (k, v) = match a.split_once('=') {
+            Some((k, v)) if is_key(k) => (k.to_string(), v.to_string()),
+            _ => (plugin.magic.to_string(), a.clone()),
+        };
+        let Some(key) = plugin.key(&k) else {
+            return Err(Error::invalid(format!(
+                "{name}: unknown parameter '{k}' (parameters: {})",
+                plugin.keys.join(", ")
+            )));
+        };
+        out.push((key.to_string(), v));
+    }
+    if plugin.magic_required && !out.iter().any(|(k, _)| k == plugin.magic) {
+        return Err(Error::invalid(format!(
+            "{name}: missing parameter '{}'",
+            plugin.magic
         )));
     }
     Ok(out)
@@ -234,10 +254,11 @@ pub fn open_plugin(
     readonly: bool,
     base: &OpenOptions,
 ) -> Result<Opened> {
-    let kv = parse_args(name, args)?;
-    match find(name)?.open {
-        PluginOpen::Source(open) => Ok(Opened::device(open(&kv, readonly)?)),
-        PluginOpen::Image => open_image_plugin(&kv, readonly, base),
+    let plugin = find(name)?;
+    match plugin.open {
+        PluginOpen::Source(open) => Ok(Opened::device(open(&parse_args(name, args)?, readonly)?)),
+        PluginOpen::Image => open_image_plugin(&parse_args(name, args)?, readonly, base),
+        PluginOpen::InOrder(open) => Ok(Opened::device(open(&in_order(plugin, args)?, readonly)?)),
     }
 }
 
@@ -445,7 +466,21 @@ mod tests {
     fn every_plugin_is_found_once_by_its_name() {
         let names: Vec<&str> = all().map(|p| p.name).collect();
         for n in [
-            "file", "memory", "null", "pattern", "nbd", "http", "curl", "rbd", "s3", "image",
+            "file",
+            "memory",
+            "null",
+            "pattern",
+            "zero",
+            "ones",
+            "full",
+            "random",
+            "sparse-random",
+            "nbd",
+            "http",
+            "curl",
+            "rbd",
+            "s3",
+            "image",
         ] {
             assert_eq!(
                 names.iter().filter(|m| **m == n).count(),

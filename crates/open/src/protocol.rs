@@ -6,7 +6,8 @@
 //! `file:`, `nbd+unix://`), its keys and the function that opens it, for
 //! `info`, `convert`, `copy` and every other command. nbdkit's face: the
 //! plugins that serve it with nbdkit's keys (`diskit serve file|nbd|
-//! http|curl|null|memory|pattern|rbd|s3`). And how an image is made on
+//! http|curl|null|memory|pattern|zero|ones|full|random|
+//! sparse-random|rbd|s3`). And how an image is made on
 //! it. A new source is one module and one row here.
 
 use std::sync::Arc;
@@ -104,6 +105,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             keys: &["file"],
             lists: &[],
             aliases: &[],
+            variables: false,
             help: "a file or block device (file=PATH)",
             open: PluginOpen::Source(plugin::open_file),
         }],
@@ -133,6 +135,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             keys: crate::nbd_plugin::KEYS,
             lists: &["arg"],
             aliases: &[],
+            variables: false,
             help: "proxies another NBD server, as nbdkit's nbd plugin \
                    ([uri=]NBD_URI | socket=PATH | hostname=HOST [port=PORT] | \
                    command=PROGRAM [arg=ARG]... | socket-fd=FD; [export=NAME] \
@@ -157,6 +160,7 @@ pub const PROTOCOLS: &[Protocol] = &[
                 keys: diskit_http::PLUGIN_KEYS,
                 lists: &["header"],
                 aliases: &[],
+                variables: false,
                 help: "an http:// or https:// URL, read-only, by range requests over a \
                        pool of connections (url=URL [cainfo=FILE] [capath=DIR] [sslverify=BOOL] \
                        [user=NAME] [password=PASSWORD|+FILE] [header='NAME: VALUE']... \
@@ -171,6 +175,7 @@ pub const PROTOCOLS: &[Protocol] = &[
                 keys: diskit_http::PLUGIN_KEYS,
                 lists: &["header"],
                 aliases: &[],
+                variables: false,
                 help: "the http plugin under nbdkit's name for it",
                 open: PluginOpen::Source(plugin::open_http),
             },
@@ -201,6 +206,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             keys: &["size"],
             lists: &[],
             aliases: &[],
+            variables: false,
             help: "reads zeros, discards writes (size=SIZE, default 0 as in nbdkit)",
             open: PluginOpen::Source(plugin::open_null),
         }],
@@ -215,6 +221,58 @@ pub const PROTOCOLS: &[Protocol] = &[
         "read-only test data: each 8-byte word holds its offset (size=SIZE)",
         plugin::open_pattern,
     )]),
+    Protocol::served_only(&[Plugin {
+        name: "zero",
+        magic: "",
+        magic_required: false,
+        keys: &[],
+        lists: &[],
+        aliases: &[],
+        variables: false,
+        help: "a read-only disk of no bytes (no parameters)",
+        open: PluginOpen::Source(crate::synthetic::open_zero),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "ones",
+        magic: "size",
+        magic_required: false,
+        keys: &["size", "byte"],
+        lists: &[],
+        aliases: &[],
+        variables: false,
+        help: "every byte 0xff, or byte=N; writes are dropped ([size=]SIZE (default 0) [byte=N])",
+        open: PluginOpen::Source(crate::synthetic::open_ones),
+    }]),
+    Protocol::served_only(&[Plugin::sized(
+        "full",
+        "reads as zeros, every write fails with ENOSPC (size=SIZE)",
+        crate::synthetic::open_full,
+    )]),
+    Protocol::served_only(&[Plugin {
+        name: "random",
+        magic: "size",
+        magic_required: false,
+        keys: &["size", "seed"],
+        lists: &[],
+        aliases: &[],
+        variables: false,
+        help: "random bytes, nbdkit's for the same seed; writes must match them \
+               ([size=]SIZE [seed=N (default: the time)])",
+        open: PluginOpen::Source(crate::synthetic::open_random),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "sparse-random",
+        magic: "size",
+        magic_required: false,
+        keys: &["size", "seed", "percent", "runlength", "random-content"],
+        lists: &[],
+        aliases: &[],
+        variables: false,
+        help: "a disk shaped like a VM's, runs of data between holes, nbdkit's layout and \
+               bytes for the same seed ([size=]SIZE [seed=N] [percent=10] \
+               [runlength=16777216] [random-content=BOOL])",
+        open: PluginOpen::Source(crate::synthetic::open_sparse_random),
+    }]),
     Protocol {
         name: "rbd",
         prefixes: &["rbd:"],
@@ -234,6 +292,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             keys: crate::rbd::PLUGIN_KEYS,
             lists: &[],
             aliases: &[],
+            variables: false,
             help: "a Ceph RBD image, through librbd (image=POOL[/NAMESPACE]/IMAGE \
                    [snap=SNAPSHOT: read-only] [conf=CEPH.CONF] [id=USER])",
             open: PluginOpen::Source(crate::rbd::open_plugin),
@@ -258,6 +317,7 @@ pub const PROTOCOLS: &[Protocol] = &[
             keys: crate::s3::PLUGIN_KEYS,
             lists: &[],
             aliases: crate::s3::PLUGIN_ALIASES,
+            variables: false,
             help: "S3 objects, as nbdkit's S3 plugin serves them (bucket=BUCKET key=KEY \
                    [endpoint-url=URL] [access-key=] [secret-key=] [session-token=] \
                    [region=] [profile=]: the object KEY, read-only; with size=SIZE \

@@ -171,7 +171,7 @@ const WRITE_CALLBACKS: &[&str] = &[
 
 /// The callbacks the plugin `name` has.
 fn callbacks(name: &str) -> impl Iterator<Item = &'static str> {
-    let read_only = matches!(name, "pattern" | "http" | "curl");
+    let read_only = matches!(name, "pattern" | "http" | "curl" | "zero");
     CALLBACKS
         .iter()
         .copied()
