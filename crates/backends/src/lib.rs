@@ -3,10 +3,11 @@
 //! - [`file::FileDevice`]: regular files and block devices, positional I/O,
 //!   extents from SEEK_DATA/SEEK_HOLE (guarded), hole punching and zeroing.
 //! - [`memory::MemoryDevice`]: a sparse RAM disk.
-//! - [`null::NullDevice`]: reads zeros, discards writes.
+//! - [`null::NullDevice`]: reads zeros (or one byte repeated: nbdkit's
+//!   ones plugin), discards writes.
 //! - [`pattern::PatternDevice`]: deterministic data for tests.
 //! - nbdkit's synthetic disks: [`zero::ZeroDevice`] (no bytes),
-//!   [`ones::OnesDevice`] (one byte repeated), [`full::FullDevice`] (always
+//!   [`null::NullDevice::filled`] (one byte repeated), [`full::FullDevice`] (always
 //!   full), [`random::RandomDevice`] and
 //!   [`sparse_random::SparseRandomDevice`] (nbdkit's bytes for a seed, from
 //!   [`nbdkit_random`]).
@@ -17,7 +18,6 @@ pub mod image_lock;
 pub mod memory;
 pub mod nbdkit_random;
 pub mod null;
-pub mod ones;
 pub mod pattern;
 pub mod random;
 pub mod sparse_random;
@@ -28,7 +28,6 @@ pub use file::{FileDevice, Preallocation};
 pub use full::FullDevice;
 pub use memory::MemoryDevice;
 pub use null::NullDevice;
-pub use ones::OnesDevice;
 pub use pattern::PatternDevice;
 pub use random::RandomDevice;
 pub use sparse_random::{SparseRandomDevice, SparseRandomLayout};

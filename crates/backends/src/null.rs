@@ -1,15 +1,24 @@
-//! The null device: reads zeros, accepts and discards writes (a sink for
-//! benchmarks and a source of an empty disk).
+//! The null device: reads one byte repeated (zeros, or nbdkit's ones
+//! plugin's byte), accepts and discards writes (a sink for benchmarks and
+//! a source of an empty disk).
 
 use diskit_core::device::check_range;
 use diskit_core::{BlockDevice, Capabilities, Extent, Result, Storage, WriteFlags, ZeroFlags};
 
+/// What a null device reads, and what its extents say of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Contents {
+    /// Zeros, promised by the extents (QEMU's `read-zeroes`) or not (they
+    /// then say nothing is known of the contents, as QEMU's null-co does).
+    Zeros { known: bool },
+    /// This byte everywhere, all of it data (nbdkit's ones plugin).
+    Filled(u8),
+}
+
 /// A device of a given size that stores nothing.
 pub struct NullDevice {
     size: u64,
-    /// Whether extents promise zeros (QEMU's `read-zeroes`); without it they
-    /// say nothing is known of the contents, as QEMU's null-co does.
-    zeroes_known: bool,
+    contents: Contents,
     /// The name it shows (QEMU's `null-co://`, or its options in full).
     location: String,
 }
@@ -19,8 +28,18 @@ impl NullDevice {
     pub fn new(size: u64) -> NullDevice {
         NullDevice {
             size,
-            zeroes_known: true,
+            contents: Contents::Zeros { known: true },
             location: "null-co://".into(),
+        }
+    }
+
+    /// `size` bytes of `byte`, all data; writes, zeroes and trims are
+    /// accepted and dropped (nbdkit's ones plugin).
+    pub fn filled(size: u64, byte: u8) -> NullDevice {
+        NullDevice {
+            size,
+            contents: Contents::Filled(byte),
+            location: format!("ones({size}, {byte:#04x})"),
         }
     }
 
@@ -30,7 +49,7 @@ impl NullDevice {
     pub fn unknown_contents(size: u64) -> NullDevice {
         NullDevice {
             size,
-            zeroes_known: false,
+            contents: Contents::Zeros { known: false },
             location: "null-co://".into(),
         }
     }
@@ -50,14 +69,17 @@ impl BlockDevice for NullDevice {
         Capabilities::IN_MEMORY
     }
     fn is_known_zero(&self) -> bool {
-        self.zeroes_known
+        self.contents == Contents::Zeros { known: true }
     }
     fn discards_writes(&self) -> bool {
         true
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(self.size, offset, buf.len() as u64)?;
-        buf.fill(0);
+        buf.fill(match self.contents {
+            Contents::Zeros { .. } => 0,
+            Contents::Filled(byte) => byte,
+        });
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
@@ -71,16 +93,22 @@ impl BlockDevice for NullDevice {
     }
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         check_range(self.size, offset, len)?;
-        if !self.zeroes_known {
-            let mut e = Extent::hole(len);
-            e.flags.zero = false;
-            e.flags.present = false;
-            return Ok(vec![e]);
-        }
-        Ok(vec![Extent::hole(len).at_host(offset)])
+        Ok(vec![match self.contents {
+            Contents::Zeros { known: true } => Extent::hole(len).at_host(offset),
+            Contents::Zeros { known: false } => {
+                let mut e = Extent::hole(len);
+                e.flags.zero = false;
+                e.flags.present = false;
+                e
+            }
+            Contents::Filled(_) => Extent::data(len),
+        }])
     }
     fn describe(&self) -> String {
-        format!("null({})", self.size)
+        match self.contents {
+            Contents::Filled(_) => self.location.clone(),
+            Contents::Zeros { .. } => format!("null({})", self.size),
+        }
     }
 }
 
@@ -97,5 +125,23 @@ impl Storage for NullDevice {
 
     fn allocated_bytes(&self) -> Option<u64> {
         Some(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filled_device_reads_its_byte_as_data_and_drops_writes() {
+        let d = NullDevice::filled(4096, 0x5a);
+        d.write_at(&[0; 16], 8, WriteFlags::NONE).unwrap();
+        let mut b = [0u8; 32];
+        d.read_at(&mut b, 0).unwrap();
+        assert!(b.iter().all(|&x| x == 0x5a));
+        assert!(d.read_at(&mut b, 4090).is_err());
+        let e = d.extents(0, 4096).unwrap();
+        assert!(e.len() == 1 && !e[0].flags.zero, "{e:?}");
+        assert!(!d.is_known_zero());
     }
 }

@@ -60,15 +60,20 @@ pub trait Filter: Send + Sync {
     fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
         next.read_at(buf, offset)
     }
-    /// See [`BlockDevice::read_or_lend`]: reads with
-    /// [`read_at`](Self::read_at) by default; a filter that holds the
-    /// bytes in memory (decompressed blocks) lends them.
+    /// See [`BlockDevice::read_or_lend`]: as [`file_view`](Self::file_view),
+    /// a filter whose [`reads_unchanged`](Self::reads_unchanged) says so
+    /// lets the device below lend; any other reads with
+    /// [`read_at`](Self::read_at) by default, and one that holds the bytes
+    /// in memory (decompressed blocks) lends them.
     fn read_or_lend(
         &self,
         next: &dyn BlockDevice,
         buf: &mut [u8],
         offset: u64,
     ) -> Result<Option<Lent>> {
+        if self.reads_unchanged() {
+            return next.read_or_lend(buf, offset);
+        }
         self.read_at(next, buf, offset).map(|()| None)
     }
     fn write_at(

@@ -281,6 +281,66 @@ mod tests {
         assert_eq!(d.size(), 5 << 20);
     }
 
+    /// A device that lends every read out of the bytes it holds.
+    struct Lending(Arc<Vec<u8>>);
+
+    impl diskit_core::BlockDevice for Lending {
+        fn size(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn capabilities(&self) -> diskit_core::Capabilities {
+            diskit_core::Capabilities::READ_ONLY
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+            let at = offset as usize;
+            buf.copy_from_slice(&self.0[at..at + buf.len()]);
+            Ok(())
+        }
+        fn read_or_lend(
+            &self,
+            buf: &mut [u8],
+            offset: u64,
+        ) -> diskit_core::Result<Option<diskit_core::Lent>> {
+            let at = offset as usize;
+            Ok(diskit_core::Lent::new(self.0.clone(), at..at + buf.len()))
+        }
+    }
+
+    #[test]
+    fn lent_reads_pass_only_through_filters_that_keep_reads() {
+        let data: Arc<Vec<u8>> = Arc::new((0..1u32 << 20).map(|i| (i % 251) as u8).collect());
+        let dev: DeviceRef = Arc::new(Lending(data.clone()));
+        let one = |name: &str, params: &[(&str, &str)]| {
+            let spec = FilterSpec::parse(name, &kv(params)).unwrap();
+            stack(&[spec], dev.clone(), true).unwrap()
+        };
+        let mut buf = vec![0u8; 4096];
+        // (stack, whether it lends, where below its byte 8192 lies).
+        for (d, lends, below) in [
+            (one("nozero", &[]), true, 8192),
+            (one("noextents", &[]), true, 8192),
+            (one("offset", &[("offset", "4096")]), false, 8192 + 4096),
+            (one("log", &[("logfile", "/dev/null")]), false, 8192),
+        ] {
+            buf.fill(0);
+            let want = &data[below..below + 4096];
+            match d.read_or_lend(&mut buf, 8192).unwrap() {
+                Some(lent) => {
+                    assert!(
+                        lends,
+                        "{}: lent past a filter that sees reads",
+                        d.describe()
+                    );
+                    assert_eq!(lent.bytes(), want);
+                }
+                None => {
+                    assert!(!lends, "{}: the bytes below were not lent", d.describe());
+                    assert_eq!(&buf[..], want);
+                }
+            }
+        }
+    }
+
     #[test]
     fn file_views_pass_only_through_filters_that_keep_reads() {
         use diskit_backends::FileDevice;

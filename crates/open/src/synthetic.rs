@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use diskit_backends::{
-    FullDevice, OnesDevice, RandomDevice, SparseRandomDevice, SparseRandomLayout, ZeroDevice,
+    FullDevice, NullDevice, RandomDevice, SparseRandomDevice, SparseRandomLayout, ZeroDevice,
 };
 use diskit_core::params::{boolean, nbdkit_unsigned};
 use diskit_core::{DeviceRef, Error, Result};
@@ -38,7 +38,10 @@ pub fn open_ones(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
         Some(v) => nbdkit_unsigned("byte", v, 0xff)? as u8,
         None => 0xff,
     };
-    Ok(Arc::new(OnesDevice::new(size_or_zero("ones", kv)?, byte)))
+    Ok(Arc::new(NullDevice::filled(
+        size_or_zero("ones", kv)?,
+        byte,
+    )))
 }
 
 /// nbdkit's full plugin: zeros, and ENOSPC for every write.
