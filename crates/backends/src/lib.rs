@@ -9,8 +9,10 @@
 //!   [`ones::OnesDevice`] (one byte repeated), [`full::FullDevice`] (always
 //!   full), [`random::RandomDevice`] and
 //!   [`sparse_random::SparseRandomDevice`] (nbdkit's bytes for a seed, from
-//!   [`nbdkit_random`]).
+//!   [`nbdkit_random`]), [`data::DataDevice`] (a RAM disk from nbdkit's
+//!   data language).
 
+pub mod data;
 pub mod file;
 pub mod full;
 pub mod image_lock;

@@ -7,7 +7,7 @@
 //! `info`, `convert`, `copy` and every other command. nbdkit's face: the
 //! plugins that serve it with nbdkit's keys (`diskit serve file|nbd|
 //! http|curl|null|memory|pattern|zero|ones|full|random|
-//! sparse-random|rbd|s3`). And how an image is made on
+//! sparse-random|data|rbd|s3`). And how an image is made on
 //! it. A new source is one module and one row here.
 
 use std::sync::Arc;
@@ -263,6 +263,21 @@ pub const PROTOCOLS: &[Protocol] = &[
                bytes for the same seed ([size=]SIZE [seed=N] [percent=10] \
                [runlength=16777216] [random-content=BOOL])",
         open: PluginOpen::Source(crate::synthetic::open_sparse_random),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "data",
+        magic: "data",
+        magic_required: false,
+        keys: crate::synthetic::DATA_KEYS,
+        lists: &[],
+        variables: true,
+        help: "a RAM disk starting with the bytes given, laid out (and its holes \
+               reported) as nbdkit's ([data=]'EXPRESSION' | raw=BYTES | base64=TEXT \
+               [size=SIZE] [NAME=EXPRESSION: for $NAME]; the expressions: bytes, \
+               @OFFSET @+N @-N @^ALIGN, le16:/be16:/le32:/be32:/le64:/be64:WORD, \
+               \"STRING\", <FILE, <(SCRIPT), ( ... ), EXPR*N, EXPR[N:M], \
+               EXPR -> \\NAME, \\NAME, $VAR, # comments)",
+        open: PluginOpen::Source(crate::synthetic::open_data),
     }]),
     Protocol {
         name: "rbd",

@@ -1,9 +1,10 @@
 //! nbdkit's synthetic-disk plugins, their parameters read as nbdkit reads
-//! them: `zero`, `ones`, `full`, `random` and `sparse-random`. The devices
-//! are diskit-backends'.
+//! them: `zero`, `ones`, `full`, `random`, `sparse-random` and `data`. The
+//! devices are diskit-backends'.
 
 use std::sync::Arc;
 
+use diskit_backends::data::{DataDevice, Source};
 use diskit_backends::{
     FullDevice, OnesDevice, RandomDevice, SparseRandomDevice, SparseRandomLayout, ZeroDevice,
 };
@@ -82,6 +83,58 @@ pub fn open_sparse_random(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef>
         layout.random_content = boolean("sparse-random", "random-content", v)?;
     }
     Ok(Arc::new(SparseRandomDevice::new(layout)))
+}
+
+/// The data plugin's own keys; any other is a variable for `$NAME`.
+pub const DATA_KEYS: &[&str] = &["data", "raw", "base64", "size", "allocator"];
+
+/// nbdkit's data plugin: a RAM disk starting with `data=` (an
+/// expression), `raw=` or `base64=` bytes, `size=` long.
+pub fn open_data(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
+    use base64::Engine as _;
+    let given: Vec<&str> = ["raw", "base64", "data"]
+        .into_iter()
+        .filter(|k| kv.contains_key(*k))
+        .collect();
+    match given.len() {
+        0 => return Err(Error::invalid("raw|base64|data parameter was not specified")),
+        1 => {}
+        _ => {
+            return Err(Error::invalid(
+                "raw|base64|data parameter must be specified exactly once",
+            ));
+        }
+    }
+    let has_variables = kv.keys().any(|k| !DATA_KEYS.contains(&k.as_str()));
+    if given[0] != "data" && has_variables {
+        return Err(Error::invalid(
+            "extra parameters passed and not using data='...'",
+        ));
+    }
+    if let Some(a) = kv.get("allocator").filter(|a| *a != "sparse") {
+        return Err(Error::unsupported(format!(
+            "data: allocator={a}: only the sparse allocator is available"
+        )));
+    }
+    let size = kv.get("size").map(|v| size_arg("data", v)).transpose()?;
+    let lookup = |name: &str| -> Option<String> {
+        match kv.get(name).filter(|_| !DATA_KEYS.contains(&name)) {
+            Some(v) => Some(v.clone()),
+            None => std::env::var(name).ok(),
+        }
+    };
+    let decoded;
+    let source = match given[0] {
+        "raw" => Source::Raw(kv["raw"].as_bytes()),
+        "base64" => {
+            decoded = base64::engine::general_purpose::STANDARD
+                .decode(kv["base64"].as_bytes())
+                .map_err(|_| Error::invalid("base64: Base64 decoding error."))?;
+            Source::Raw(&decoded)
+        }
+        _ => Source::Expression(&kv["data"]),
+    };
+    Ok(Arc::new(DataDevice::new(source, size, &lookup)?))
 }
 
 #[cfg(test)]
