@@ -10,7 +10,8 @@
 //!   full), [`random::RandomDevice`] and
 //!   [`sparse_random::SparseRandomDevice`] (nbdkit's bytes for a seed, from
 //!   [`nbdkit_random`]), [`data::DataDevice`] (a RAM disk from nbdkit's
-//!   data language).
+//!   data language), [`split::SplitDevice`] (files end to end) and
+//!   [`partitioning::PartitioningDevice`] (files as partitions).
 
 pub mod data;
 pub mod file;
@@ -20,9 +21,11 @@ pub mod memory;
 pub mod nbdkit_random;
 pub mod null;
 pub mod ones;
+pub mod partitioning;
 pub mod pattern;
 pub mod random;
 pub mod sparse_random;
+pub mod split;
 mod sys;
 pub mod zero;
 
@@ -34,4 +37,5 @@ pub use ones::OnesDevice;
 pub use pattern::PatternDevice;
 pub use random::RandomDevice;
 pub use sparse_random::{SparseRandomDevice, SparseRandomLayout};
+pub use split::SplitDevice;
 pub use zero::ZeroDevice;

@@ -7,7 +7,7 @@
 //! `info`, `convert`, `copy` and every other command. nbdkit's face: the
 //! plugins that serve it with nbdkit's keys (`diskit serve file|nbd|
 //! http|curl|null|memory|pattern|zero|ones|full|random|
-//! sparse-random|data|rbd|s3`). And how an image is made on
+//! sparse-random|data|split|partitioning|rbd|s3`). And how an image is made on
 //! it. A new source is one module and one row here.
 
 use std::sync::Arc;
@@ -278,6 +278,29 @@ pub const PROTOCOLS: &[Protocol] = &[
                \"STRING\", <FILE, <(SCRIPT), ( ... ), EXPR*N, EXPR[N:M], \
                EXPR -> \\NAME, \\NAME, $VAR, # comments)",
         open: PluginOpen::Source(crate::synthetic::open_data),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "split",
+        magic: "file",
+        magic_required: true,
+        keys: &["file"],
+        lists: &["file"],
+        variables: false,
+        help: "several files end to end as one disk ([file=]FILE...)",
+        open: PluginOpen::Source(crate::synthetic::open_split),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "partitioning",
+        magic: "file",
+        magic_required: true,
+        keys: &["file", "partition-type", "alignment", "mbr-id", "type-guid"],
+        lists: &[],
+        variables: false,
+        help: "files as the partitions of a disk with a made-up MBR or GPT, laid out as \
+               nbdkit's ([file=]FILE... [partition-type=mbr|gpt]; before the files they \
+               apply to: [alignment=SIZE (1M)] [mbr-id=ID|default (0x83)] \
+               [type-guid=GUID|default])",
+        open: PluginOpen::InOrder(crate::synthetic::open_partitioning),
     }]),
     Protocol {
         name: "rbd",
