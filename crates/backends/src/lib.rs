@@ -11,7 +11,8 @@
 //!   [`sparse_random::SparseRandomDevice`] (nbdkit's bytes for a seed, from
 //!   [`nbdkit_random`]), [`data::DataDevice`] (a RAM disk from nbdkit's
 //!   data language), [`split::SplitDevice`] (files end to end) and
-//!   [`partitioning::PartitioningDevice`] (files as partitions).
+//!   [`partitioning::PartitioningDevice`] (files as partitions), and
+//!   [`tmpdisk::TmpDisk`] (a new filesystem for each client).
 
 pub mod data;
 pub mod file;
@@ -27,6 +28,7 @@ pub mod random;
 pub mod sparse_random;
 pub mod split;
 mod sys;
+pub mod tmpdisk;
 pub mod zero;
 
 pub use file::{FileDevice, Preallocation};

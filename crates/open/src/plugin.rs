@@ -450,6 +450,7 @@ mod tests {
             "data",
             "split",
             "partitioning",
+            "tmpdisk",
             "nbd",
             "http",
             "curl",

@@ -7,7 +7,7 @@
 //! `info`, `convert`, `copy` and every other command. nbdkit's face: the
 //! plugins that serve it with nbdkit's keys (`diskit serve file|nbd|
 //! http|curl|null|memory|pattern|zero|ones|full|random|
-//! sparse-random|data|split|partitioning|rbd|s3`). And how an image is made on
+//! sparse-random|data|split|partitioning|tmpdisk|rbd|s3`). And how an image is made on
 //! it. A new source is one module and one row here.
 
 use std::sync::Arc;
@@ -301,6 +301,19 @@ pub const PROTOCOLS: &[Protocol] = &[
                apply to: [alignment=SIZE (1M)] [mbr-id=ID|default (0x83)] \
                [type-guid=GUID|default])",
         open: PluginOpen::InOrder(crate::synthetic::open_partitioning),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "tmpdisk",
+        magic: "size",
+        magic_required: true,
+        keys: crate::synthetic::TMPDISK_KEYS,
+        lists: &[],
+        variables: true,
+        help: "a new disk for each client, with a filesystem made by mkfs, gone when the \
+               client goes ([size=]SIZE [type=ext4|xfs|vfat|...] [label=LABEL] \
+               [command=SHELL COMMAND making $disk of $size] [NAME=VALUE: a shell \
+               variable for the command])",
+        open: PluginOpen::Source(crate::synthetic::open_tmpdisk),
     }]),
     Protocol {
         name: "rbd",

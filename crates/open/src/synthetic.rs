@@ -1,6 +1,6 @@
 //! nbdkit's synthetic-disk plugins, their parameters read as nbdkit reads
-//! them: `zero`, `ones`, `full`, `random`, `sparse-random`, `data`, `split`
-//! and `partitioning`. The devices are diskit-backends'.
+//! them: `zero`, `ones`, `full`, `random`, `sparse-random`, `data`,
+//! `split`, `partitioning` and `tmpdisk`. The devices are diskit-backends'.
 
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use diskit_backends::partitioning::{
     DEFAULT_MBR_ID, DEFAULT_TYPE_GUID, MAX_ALIGNMENT, Partition, PartitioningDevice, SECTOR,
     TableType, parse_guid,
 };
+use diskit_backends::tmpdisk::{DEFAULT_COMMAND, TmpDisk, TmpDiskSpec};
 use diskit_backends::{
     FileDevice, FullDevice, OnesDevice, RandomDevice, SparseRandomDevice, SparseRandomLayout,
     SplitDevice, ZeroDevice,
@@ -232,6 +233,35 @@ pub fn open_partitioning(args: &[(String, String)], readonly: bool) -> Result<De
     Ok(Arc::new(PartitioningDevice::new(
         partitions, table, !readonly,
     )?))
+}
+
+/// tmpdisk's own keys; any other is a shell variable for the command.
+pub const TMPDISK_KEYS: &[&str] = &["size", "command"];
+
+/// nbdkit's tmpdisk plugin: a new disk for each client, made by
+/// `command=` (nbdkit's mkfs script by default) with the other
+/// parameters (`type=`, `label=`, ...) as shell variables.
+pub fn open_tmpdisk(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
+    if kv.contains_key("disk") {
+        return Err(Error::invalid(
+            "'disk' parameter cannot be set on the command line",
+        ));
+    }
+    let spec = TmpDiskSpec {
+        size: size_arg("tmpdisk", &kv["size"])?,
+        command: kv
+            .get("command")
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_COMMAND.to_string()),
+        variables: kv
+            .iter()
+            .filter(|(k, _)| !TMPDISK_KEYS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        tmpdir: std::env::var_os("TMPDIR")
+            .map_or_else(|| "/var/tmp".into(), std::path::PathBuf::from),
+    };
+    Ok(Arc::new(TmpDisk::new(spec, readonly)?))
 }
 
 #[cfg(test)]
