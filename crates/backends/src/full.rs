@@ -78,7 +78,10 @@ mod tests {
         d.read_at(&mut b, 100).unwrap();
         assert_eq!(b, [0; 16]);
         let kind = |r: Result<()>| r.unwrap_err().kind();
-        assert_eq!(kind(d.write_at(&b, 0, WriteFlags::NONE)), ErrorKind::NoSpace);
+        assert_eq!(
+            kind(d.write_at(&b, 0, WriteFlags::NONE)),
+            ErrorKind::NoSpace
+        );
         assert_eq!(kind(d.trim(0, 512, WriteFlags::NONE)), ErrorKind::NoSpace);
         let fast = ZeroFlags {
             fast: true,

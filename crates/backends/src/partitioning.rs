@@ -69,9 +69,8 @@ pub fn parse_guid(s: &str) -> Option<[u8; 16]> {
     if hex.len() != 32 || !hex.iter().all(u8::is_ascii_hexdigit) {
         return None;
     }
-    let byte = |i: usize| {
-        u8::from_str_radix(std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?, 16).ok()
-    };
+    let byte =
+        |i: usize| u8::from_str_radix(std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?, 16).ok();
     let mut out = [0u8; 16];
     let order = [3, 2, 1, 0, 5, 4, 7, 6, 8, 9, 10, 11, 12, 13, 14, 15];
     for (o, &i) in out.iter_mut().zip(&order) {
@@ -175,7 +174,9 @@ impl PartitioningDevice {
         writable: bool,
     ) -> Result<PartitioningDevice> {
         if partitions.is_empty() {
-            return Err(Error::invalid("at least one file= parameter must be supplied"));
+            return Err(Error::invalid(
+                "at least one file= parameter must be supplied",
+            ));
         }
         let total: u64 = partitions.iter().map(|p| p.device.size()).sum();
         let needs_gpt = total > MAX_MBR_DISK_SIZE;
@@ -258,22 +259,46 @@ impl PartitioningDevice {
 
 /// The MBR (and the EBRs of logical partitions past the third when there
 /// are more than four).
-fn mbr_tables(tables: &mut [Vec<u8>], parts: &[Partition], files: &[Region], ebrs: &[Region], size: u64) {
+fn mbr_tables(
+    tables: &mut [Vec<u8>],
+    parts: &[Partition],
+    files: &[Region],
+    ebrs: &[Region],
+    size: u64,
+) {
     boot_signature(&mut tables[0]);
     if parts.len() <= 4 {
         for (i, f) in files.iter().enumerate() {
             let at = 0x1be + 16 * i;
-            mbr_entry(&mut tables[0][at..at + 16], f.start, f.len, i == 0, parts[i].mbr_id);
+            mbr_entry(
+                &mut tables[0][at..at + 16],
+                f.start,
+                f.len,
+                i == 0,
+                parts[i].mbr_id,
+            );
         }
         return;
     }
     for (i, f) in files.iter().take(3).enumerate() {
         let at = 0x1be + 16 * i;
-        mbr_entry(&mut tables[0][at..at + 16], f.start, f.len, i == 0, parts[i].mbr_id);
+        mbr_entry(
+            &mut tables[0][at..at + 16],
+            f.start,
+            f.len,
+            i == 0,
+            parts[i].mbr_id,
+        );
     }
     // The extended partition: from the first EBR to the end of the disk.
     let first = ebrs[0];
-    mbr_entry(&mut tables[0][0x1ee..0x1fe], first.start, size - first.start, false, 0xf);
+    mbr_entry(
+        &mut tables[0][0x1ee..0x1fe],
+        first.start,
+        size - first.start,
+        false,
+        0xf,
+    );
     for i in 3..parts.len() {
         let (ebr, file) = (ebrs[i - 3], files[i]);
         let Content::Table(t) = ebr.content else {
@@ -281,7 +306,13 @@ fn mbr_tables(tables: &mut [Vec<u8>], parts: &[Partition], files: &[Region], ebr
         };
         let sector = &mut tables[t];
         boot_signature(sector);
-        mbr_entry(&mut sector[0x1be..0x1ce], file.start - ebr.start, file.len, false, parts[i].mbr_id);
+        mbr_entry(
+            &mut sector[0x1be..0x1ce],
+            file.start - ebr.start,
+            file.len,
+            false,
+            parts[i].mbr_id,
+        );
         if i + 1 < parts.len() {
             let (next_ebr, next_file) = (ebrs[i - 2], files[i + 1]);
             mbr_entry(
@@ -296,11 +327,23 @@ fn mbr_tables(tables: &mut [Vec<u8>], parts: &[Partition], files: &[Region], ebr
 }
 
 /// GPT's protective MBR, headers and entries, primary and backup.
-fn gpt_tables(tables: &mut [Vec<u8>], parts: &[Partition], files: &[Region], size: u64, pta_lbas: u64) {
+fn gpt_tables(
+    tables: &mut [Vec<u8>],
+    parts: &[Partition],
+    files: &[Region],
+    size: u64,
+    pta_lbas: u64,
+) {
     let backup = tables.len() - 1;
     // Protective MBR: as much of the disk as it can describe.
     let end = (size - 1).min(u32::MAX as u64 * SECTOR);
-    mbr_entry(&mut tables[0][0x1be..0x1ce], SECTOR, end - SECTOR + 1, false, 0xee);
+    mbr_entry(
+        &mut tables[0][0x1be..0x1ce],
+        SECTOR,
+        end - SECTOR + 1,
+        false,
+        0xee,
+    );
     boot_signature(&mut tables[0]);
     // The entries, in the order of the partitions on the disk.
     let mut rng = Xoshiro256::seeded(
@@ -334,7 +377,11 @@ fn gpt_tables(tables: &mut [Vec<u8>], parts: &[Partition], files: &[Region], siz
         h[0..8].copy_from_slice(b"EFI PART");
         h[8..12].copy_from_slice(&[0, 0, 1, 0]);
         h[12..16].copy_from_slice(&(GPT_HEADER_SIZE as u32).to_le_bytes());
-        let (current, other) = if primary { (1, lbas - 1) } else { (lbas - 1, 1) };
+        let (current, other) = if primary {
+            (1, lbas - 1)
+        } else {
+            (lbas - 1, 1)
+        };
         h[24..32].copy_from_slice(&current.to_le_bytes());
         h[32..40].copy_from_slice(&other.to_le_bytes());
         h[40..48].copy_from_slice(&(2 + pta_lbas).to_le_bytes());
@@ -383,7 +430,9 @@ impl BlockDevice for PartitioningDevice {
         self.pieces(offset, buf.len() as u64, |r, at, from, n| {
             let out = &mut buf[from..from + n];
             match r.content {
-                Content::Table(t) => out.copy_from_slice(&self.tables[t][at as usize..at as usize + n]),
+                Content::Table(t) => {
+                    out.copy_from_slice(&self.tables[t][at as usize..at as usize + n])
+                }
                 Content::File(i) => self.partitions[i].device.read_at(out, at)?,
                 Content::Zero => out.fill(0),
             }
@@ -394,9 +443,9 @@ impl BlockDevice for PartitioningDevice {
         self.pieces(offset, buf.len() as u64, |r, at, from, n| {
             let data = &buf[from..from + n];
             match r.content {
-                Content::Table(t) if data != &self.tables[t][at as usize..at as usize + n] => {
-                    Err(Error::io("attempt to change partition table of virtual disk"))
-                }
+                Content::Table(t) if data != &self.tables[t][at as usize..at as usize + n] => Err(
+                    Error::io("attempt to change partition table of virtual disk"),
+                ),
                 Content::Zero if !diskit_core::zero::is_zero(data) => {
                     Err(Error::io("write non-zeroes to padding region"))
                 }
@@ -457,9 +506,15 @@ mod tests {
         d.read_at(&mut mbr, 0).unwrap();
         assert_eq!(&mbr[0x1fe..], &[0x55, 0xaa]);
         assert_eq!(mbr[0x1be], 0x80);
-        assert_eq!(u32::from_le_bytes(mbr[0x1c6..0x1ca].try_into().unwrap()), 2048);
+        assert_eq!(
+            u32::from_le_bytes(mbr[0x1c6..0x1ca].try_into().unwrap()),
+            2048
+        );
         assert_eq!(u32::from_le_bytes(mbr[0x1ca..0x1ce].try_into().unwrap()), 2);
-        assert_eq!(u32::from_le_bytes(mbr[0x1d6..0x1da].try_into().unwrap()), 4096);
+        assert_eq!(
+            u32::from_le_bytes(mbr[0x1d6..0x1da].try_into().unwrap()),
+            4096
+        );
         assert_eq!(d.size(), (4096 + 1) * 512);
         assert!(d.write_at(&[1], 0, WriteFlags::NONE).is_err());
         assert!(d.write_at(&[1], 1500, WriteFlags::NONE).is_err(), "padding");

@@ -217,7 +217,11 @@ impl BlockDevice for SparseRandomDevice {
             let n = stop - pos;
             push_merged(
                 &mut out,
-                if data { Extent::data(n) } else { Extent::hole(n) },
+                if data {
+                    Extent::data(n)
+                } else {
+                    Extent::hole(n)
+                },
             );
             pos = stop;
         }

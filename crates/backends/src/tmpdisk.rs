@@ -101,8 +101,12 @@ impl TmpDiskSpec {
             writable: !readonly,
             ..StorageOptions::default()
         };
-        let file = FileDevice::open(&disk, opts)
-            .map_err(|e| Error::new(e.kind(), format!("open: {}: {}", disk.display(), e.detail())))?;
+        let file = FileDevice::open(&disk, opts).map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!("open: {}: {}", disk.display(), e.detail()),
+            )
+        })?;
         // Held open: the name and the directory can go.
         let _ = std::fs::remove_file(&disk);
         drop(dir);

@@ -185,7 +185,10 @@ fn ones_reads_its_byte_as_nbdkit_s_data_plugin_would() {
         );
         let map = stdout(&ok(dk));
         assert!(
-            same_bytes(&dir.path().join("out.nbdkit"), &dir.path().join("out.diskit")),
+            same_bytes(
+                &dir.path().join("out.nbdkit"),
+                &dir.path().join("out.diskit")
+            ),
             "{ones:?}"
         );
         assert_eq!(map.lines().count(), 1, "{map}");
@@ -201,7 +204,12 @@ fn ones_reads_its_byte_as_nbdkit_s_data_plugin_would() {
     let answers = stdout(&ok(o));
     assert_contains(&answers, "write-changed ok");
     assert_contains(&answers, "after True");
-    let o = run(Server::Diskit, dir.path(), &["ones", "1M", "byte=256"], "true");
+    let o = run(
+        Server::Diskit,
+        dir.path(),
+        &["ones", "1M", "byte=256"],
+        "true",
+    );
     assert_fails_with(&o, 1, "byte: could not parse number: \"256\"");
 }
 
@@ -235,18 +243,43 @@ fn random_gives_nbdkit_s_bytes_for_a_seed() {
 fn sparse_random_gives_nbdkit_s_layout_and_bytes() {
     let dir = workdir();
     for args in [
-        &["sparse-random", "64M", "seed=1", "percent=30", "runlength=1048576"][..],
-        &["sparse-random", "size=32M", "seed=7", "percent=50", "runlength=100000", "random-content=true"],
+        &[
+            "sparse-random",
+            "64M",
+            "seed=1",
+            "percent=30",
+            "runlength=1048576",
+        ][..],
+        &[
+            "sparse-random",
+            "size=32M",
+            "seed=7",
+            "percent=50",
+            "runlength=100000",
+            "random-content=true",
+        ],
         &["sparse-random", "16M", "seed=3", "percent=100"],
         &["sparse-random", "16M", "seed=3", "percent=0"],
-        &["sparse-random", "10000000", "seed=42", "percent=12.5", "runlength=0x10000"],
+        &[
+            "sparse-random",
+            "10000000",
+            "seed=42",
+            "percent=12.5",
+            "runlength=0x10000",
+        ],
     ] {
         same_flags(dir.path(), args, &[]);
         same_bytes_and_map(dir.path(), args);
     }
     // Whole blocks: nbdkit draws a partial block's bytes from the read's
     // offset.
-    let args = ["sparse-random", "16M", "seed=5", "percent=50", "runlength=65536"];
+    let args = [
+        "sparse-random",
+        "16M",
+        "seed=5",
+        "percent=50",
+        "runlength=65536",
+    ];
     let answers = same_answers(dir.path(), &args, 0, 1 << 20);
     assert_contains(&answers, "write-same ok");
     assert_contains(&answers, "write-changed EIO");
@@ -333,7 +366,14 @@ fn data_takes_raw_base64_and_variables() {
     same_bytes_and_map(dir.path(), &["data", "base64=aGVsbG8gbmJka2l0IHVzZXI="]);
     same_bytes_and_map(
         dir.path(),
-        &["data", " $a $b $c ", "a= 1 2 ", "b= 3 4 ", "c= $d*5 ", "d= 5 "],
+        &[
+            "data",
+            " $a $b $c ",
+            "a= 1 2 ",
+            "b= 3 4 ",
+            "c= $d*5 ",
+            "d= 5 ",
+        ],
     );
     // From the environment when no parameter has the name.
     let cmd = "nbdcopy \"$uri\" out.$S";
@@ -360,21 +400,48 @@ fn data_takes_raw_base64_and_variables() {
         &dir.path().join("out.diskit")
     ));
     for (args, msg) in [
-        (&["data", "256"][..], "data parameter BYTE must be in the range 0..255"),
+        (
+            &["data", "256"][..],
+            "data parameter BYTE must be in the range 0..255",
+        ),
         (&["data", "( 1"], "unmatched '(' in data string"),
         (&["data", "1 )"], "unmatched ')' in data string"),
-        (&["data", "@0*2"], "*N cannot be applied to this type of expression"),
+        (
+            &["data", "@0*2"],
+            "*N cannot be applied to this type of expression",
+        ),
         (&["data", "$nope"], "$nope: variable not found"),
-        (&["data", "1 x"], "data parameter: parsing error at offset 2"),
+        (
+            &["data", "1 x"],
+            "data parameter: parsing error at offset 2",
+        ),
         (&["data", "\"abc"], "data parameter: unterminated string"),
         (&["data", "le16:0x10000"], "Numerical result out of range"),
         (&["data", "@^3"], "data parameter @^3 must be a power of 2"),
-        (&["data", "@-4"], "must not be larger than the current offset 0"),
-        (&["data", "\"Hello\"[2:9]"], "[N:M] does not describe a valid slice"),
-        (&["data", "<no-such-file"], "no-such-file: No such file or directory"),
-        (&["data", "raw=a", "base64=YQ=="], "raw|base64|data parameter must be specified exactly once"),
-        (&["data", "size=1M"], "raw|base64|data parameter was not specified"),
-        (&["data", "raw=a", "x=1"], "extra parameters passed and not using data='...'"),
+        (
+            &["data", "@-4"],
+            "must not be larger than the current offset 0",
+        ),
+        (
+            &["data", "\"Hello\"[2:9]"],
+            "[N:M] does not describe a valid slice",
+        ),
+        (
+            &["data", "<no-such-file"],
+            "no-such-file: No such file or directory",
+        ),
+        (
+            &["data", "raw=a", "base64=YQ=="],
+            "raw|base64|data parameter must be specified exactly once",
+        ),
+        (
+            &["data", "size=1M"],
+            "raw|base64|data parameter was not specified",
+        ),
+        (
+            &["data", "raw=a", "x=1"],
+            "extra parameters passed and not using data='...'",
+        ),
     ] {
         both_refuse(dir.path(), args, msg);
     }
@@ -392,7 +459,8 @@ fn split_joins_files_and_their_holes() {
     let a = file_with(dir.path(), "a.img", 3 << 20, &[(1 << 20, 4096, 0x41)]);
     let b = file_with(dir.path(), "b.img", 5000, &[(0, 5000, 0x42)]);
     let c = file_with(dir.path(), "c.img", 2 << 20, &[(100_000, 10, 0x43)]);
-    let args = ["split", &a, &b, "file=c.img"];
+    let file_c = format!("file={c}");
+    let args = ["split", &a, &b, &file_c];
     same_flags(dir.path(), &args, &["can_flush"]);
     same_bytes_and_map(dir.path(), &args);
     let ro = ["-r", "split", &a, &b];
@@ -411,7 +479,10 @@ fn split_joins_files_and_their_holes() {
         "nbdsh -u \"$uri\" -c 'h.pwrite(b\"Z\" * 10, (3 << 20) + 100)'",
     );
     ok(o);
-    assert_eq!(read_bytes(&dir.path().join("b.img"), 100, 10), b"ZZZZZZZZZZ");
+    assert_eq!(
+        read_bytes(&dir.path().join("b.img"), 100, 10),
+        b"ZZZZZZZZZZ"
+    );
 }
 
 /// `out.nbdkit` and `out.diskit` with GPT's unique partition GUIDs and
@@ -447,7 +518,16 @@ fn partitioning_lays_out_nbdkit_s_tables() {
         vec!["partitioning", &a, &b],
         vec!["partitioning", &a, &b, &c, &a, &b, &c, &b],
         vec!["partitioning", "partition-type=gpt", &a, &b],
-        vec!["partitioning", "alignment=4096", "mbr-id=7", &a, "alignment=512", &b, "mbr-id=default", &c],
+        vec![
+            "partitioning",
+            "alignment=4096",
+            "mbr-id=7",
+            &a,
+            "alignment=512",
+            &b,
+            "mbr-id=default",
+            &c,
+        ],
         vec![
             "partitioning",
             "partition-type=gpt",
@@ -463,7 +543,12 @@ fn partitioning_lays_out_nbdkit_s_tables() {
         same_flags(dir.path(), &args, &[]);
         let cmd = "nbdcopy \"$uri\" \"out.$S\"";
         for server in SERVERS {
-            ok(run(server, dir.path(), &args, &cmd.replace("$S", server.name())));
+            ok(run(
+                server,
+                dir.path(),
+                &args,
+                &cmd.replace("$S", server.name()),
+            ));
         }
         same_disks(dir.path());
     }
@@ -474,11 +559,26 @@ fn partitioning_lays_out_nbdkit_s_tables() {
     let answers = same_answers(dir.path(), &args, 1 << 20, 4096);
     assert_contains(&answers, "write-changed ok");
     for (args, msg) in [
-        (&["partitioning", "no-such.img"][..], "no-such.img: No such file or directory"),
-        (&["partitioning", "alignment=100", "a.img"], "partition alignment 100 should be >= sector size 512"),
-        (&["partitioning", "partition-type=xyz", "a.img"], "unknown partition-type: xyz"),
-        (&["partitioning", "type-guid=zz", "a.img"], "could not validate GUID: zz"),
-        (&["partitioning", "mbr-id=300", "a.img"], "mbr-id: could not parse number: \"300\""),
+        (
+            &["partitioning", "no-such.img"][..],
+            "no-such.img: No such file or directory",
+        ),
+        (
+            &["partitioning", "alignment=100", "a.img"],
+            "partition alignment 100 should be >= sector size 512",
+        ),
+        (
+            &["partitioning", "partition-type=xyz", "a.img"],
+            "unknown partition-type: xyz",
+        ),
+        (
+            &["partitioning", "type-guid=zz", "a.img"],
+            "could not validate GUID: zz",
+        ),
+        (
+            &["partitioning", "mbr-id=300", "a.img"],
+            "mbr-id: could not parse number: \"300\"",
+        ),
     ] {
         both_refuse(dir.path(), args, msg);
     }
@@ -532,13 +632,21 @@ fn tmpdisk_makes_a_new_disk_for_each_client() {
     let args = ["tmpdisk", "1M", cmd, "greeting=hi \"there\" $x"];
     let run_cmd = "nbdsh -u \"$uri\" -c 'h.pwrite(b\"x\" * 512, 0)' && nbdcopy \"$uri\" out.$S";
     for server in SERVERS {
-        ok(run(server, dir.path(), &args, &run_cmd.replace("$S", server.name())));
+        ok(run(
+            server,
+            dir.path(),
+            &args,
+            &run_cmd.replace("$S", server.name()),
+        ));
     }
     assert!(same_bytes(
         &dir.path().join("out.nbdkit"),
         &dir.path().join("out.diskit")
     ));
-    assert_eq!(read_bytes(&dir.path().join("out.diskit"), 0, 14), b"hi \"there\" $x\0");
+    assert_eq!(
+        read_bytes(&dir.path().join("out.diskit"), 0, 14),
+        b"hi \"there\" $x\0"
+    );
     both_refuse(
         dir.path(),
         &["tmpdisk", "1M", "disk=x"],
@@ -546,6 +654,11 @@ fn tmpdisk_makes_a_new_disk_for_each_client() {
     );
     // diskit makes the first disk at start-up: a failing command is
     // reported then (nbdkit tells the first client).
-    let o = run(Server::Diskit, dir.path(), &["tmpdisk", "1M", "command=exit 3"], "true");
+    let o = run(
+        Server::Diskit,
+        dir.path(),
+        &["tmpdisk", "1M", "command=exit 3"],
+        "true",
+    );
     assert_fails_with(&o, 1, "command exited with code 3");
 }

@@ -25,7 +25,10 @@ pub fn boolean(who: &str, key: &str, value: &str) -> Result<bool> {
 pub fn c_integer_prefix(s: &str) -> Option<(i128, usize, bool)> {
     let b = s.as_bytes();
     let mut i = 0;
-    while b.get(i).is_some_and(|c| c.is_ascii_whitespace() || *c == 0x0b) {
+    while b
+        .get(i)
+        .is_some_and(|c| c.is_ascii_whitespace() || *c == 0x0b)
+    {
         i += 1;
     }
     let negative = match b.get(i) {
@@ -127,7 +130,11 @@ mod tests {
         assert_eq!(c_integer_prefix("42 rest"), Some((42, 2, false)));
         assert_eq!(c_integer_prefix("  0x1fe)"), Some((0x1fe, 7, false)));
         assert_eq!(c_integer_prefix("017"), Some((15, 3, false)));
-        assert_eq!(c_integer_prefix("08"), Some((0, 1, false)), "octal stops at 8");
+        assert_eq!(
+            c_integer_prefix("08"),
+            Some((0, 1, false)),
+            "octal stops at 8"
+        );
         assert_eq!(c_integer_prefix("0xg"), Some((0, 1, false)));
         assert_eq!(c_integer_prefix("-5"), Some((-5, 2, false)));
         assert_eq!(c_integer_prefix("x"), None);
@@ -137,7 +144,10 @@ mod tests {
 
     #[test]
     fn nbdkit_unsigned_messages() {
-        assert_eq!(nbdkit_unsigned("seed", "0x10", u32::MAX as u64).unwrap(), 16);
+        assert_eq!(
+            nbdkit_unsigned("seed", "0x10", u32::MAX as u64).unwrap(),
+            16
+        );
         let e = |v: &str, max: u64| nbdkit_unsigned("byte", v, max).unwrap_err().to_string();
         assert!(e("256", 255).contains("Numerical result out of range"));
         assert!(e("-1", 255).contains("negative numbers are not allowed"));

@@ -21,6 +21,9 @@ use crate::{Format, Image, OpenOptions};
 /// Parsed `key=value` arguments of a plugin.
 pub type PluginArgs = BTreeMap<String, String>;
 
+/// A plugin's arguments as `(key, value)` pairs in command-line order.
+pub type OrderedArgs = [(String, String)];
+
 /// Joins the values of a key given more than once (a NUL: no command-line
 /// argument holds one).
 pub const LIST_SEPARATOR: char = '\0';
@@ -36,7 +39,7 @@ pub enum PluginOpen {
     /// partitioning plugin's `alignment=` to the next `file=`s): the
     /// `key=value` pairs in command-line order, bare values under the
     /// magic key.
-    InOrder(fn(&[(String, String)], bool) -> Result<DeviceRef>),
+    InOrder(fn(&OrderedArgs, bool) -> Result<DeviceRef>),
 }
 
 /// One plugin: the name nbdkit's command line gives it and its keys.
@@ -239,10 +242,7 @@ pub fn open_plugin(
     match plugin.open {
         PluginOpen::Source(open) => Ok(Opened::device(open(&parse_args(name, args)?, readonly)?)),
         PluginOpen::Image => open_image_plugin(&parse_args(name, args)?, readonly, base),
-        PluginOpen::InOrder(open) => Ok(Opened::device(open(
-            &in_order(plugin, args)?,
-            readonly,
-        )?)),
+        PluginOpen::InOrder(open) => Ok(Opened::device(open(&in_order(plugin, args)?, readonly)?)),
     }
 }
 

@@ -17,7 +17,7 @@ use diskit_backends::{
 use diskit_core::params::{boolean, nbdkit_unsigned};
 use diskit_core::{DeviceRef, Error, Result, StorageOptions};
 
-use crate::plugin::{LIST_SEPARATOR, PluginArgs, realpath, size_arg};
+use crate::plugin::{LIST_SEPARATOR, OrderedArgs, PluginArgs, realpath, size_arg};
 
 /// A size that may be left out (0 then, as nbdkit's plugins default it).
 fn size_or_zero(plugin: &str, kv: &PluginArgs) -> Result<u64> {
@@ -103,7 +103,11 @@ pub fn open_data(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
         .filter(|k| kv.contains_key(*k))
         .collect();
     match given.len() {
-        0 => return Err(Error::invalid("raw|base64|data parameter was not specified")),
+        0 => {
+            return Err(Error::invalid(
+                "raw|base64|data parameter was not specified",
+            ));
+        }
         1 => {}
         _ => {
             return Err(Error::invalid(
@@ -169,7 +173,7 @@ pub fn open_split(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
 
 /// nbdkit's partitioning plugin: each `file=` a partition, described by
 /// the `alignment=`, `mbr-id=` and `type-guid=` given before it.
-pub fn open_partitioning(args: &[(String, String)], readonly: bool) -> Result<DeviceRef> {
+pub fn open_partitioning(args: &OrderedArgs, readonly: bool) -> Result<DeviceRef> {
     let mut alignment = MAX_ALIGNMENT;
     let mut mbr_id = DEFAULT_MBR_ID;
     let default_guid = parse_guid(DEFAULT_TYPE_GUID).expect("a valid GUID");

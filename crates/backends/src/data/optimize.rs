@@ -63,7 +63,9 @@ fn repeat(inner: Rc<Expr>, n: u64) -> Rc<Expr> {
     match &*inner {
         Expr::Repeat(e, m) => return Rc::new(Expr::Repeat(e.clone(), n.wrapping_mul(*m))),
         Expr::Fill(b, m) => return Rc::new(Expr::Fill(*b, n.wrapping_mul(*m))),
-        Expr::Bytes(s) if n <= 4 && s.len() <= 512 => return Rc::new(Expr::Bytes(s.repeat(n as usize))),
+        Expr::Bytes(s) if n <= 4 && s.len() <= 512 => {
+            return Rc::new(Expr::Bytes(s.repeat(n as usize)));
+        }
         _ => {}
     }
     match single_byte(&inner) {

@@ -165,9 +165,8 @@ fn parser(level: usize, v: &[u8], i: &mut usize, lookup: Lookup<'_>) -> Result<E
             b'[' => {
                 *i += 1;
                 let e = last_data(&mut list, "[N:M]")?;
-                let (n, m, used) = slice_bounds(&v[*i..]).ok_or_else(|| {
-                    Error::invalid("enclosed pattern (...)[N:M] not numeric")
-                })?;
+                let (n, m, used) = slice_bounds(&v[*i..])
+                    .ok_or_else(|| Error::invalid("enclosed pattern (...)[N:M] not numeric"))?;
                 *i += used;
                 list.push(Rc::new(Expr::Slice(e, n as u64, m)));
             }
