@@ -41,3 +41,17 @@ pub use random::RandomDevice;
 pub use sparse_random::{SparseRandomDevice, SparseRandomLayout};
 pub use split::SplitDevice;
 pub use zero::ZeroDevice;
+
+/// What nbdkit offers for a plugin over files that writes but has no
+/// zero of its own (split, partitioning, tmpdisk): writes when
+/// `writable`, write-zeroes by writing zeros (so a fast zero is refused at
+/// once), and nothing else; each plugin adds what it has.
+fn zeroes_by_writing(writable: bool) -> diskit_core::Capabilities {
+    diskit_core::Capabilities {
+        can_write: writable,
+        can_write_zeroes: writable,
+        can_fast_zero: writable,
+        can_multi_conn: false,
+        ..diskit_core::Capabilities::READ_ONLY
+    }
+}

@@ -267,20 +267,9 @@ fn mbr_tables(
     size: u64,
 ) {
     boot_signature(&mut tables[0]);
-    if parts.len() <= 4 {
-        for (i, f) in files.iter().enumerate() {
-            let at = 0x1be + 16 * i;
-            mbr_entry(
-                &mut tables[0][at..at + 16],
-                f.start,
-                f.len,
-                i == 0,
-                parts[i].mbr_id,
-            );
-        }
-        return;
-    }
-    for (i, f) in files.iter().take(3).enumerate() {
+    // Four primary partitions, or three and the extended one.
+    let primaries = if parts.len() <= 4 { parts.len() } else { 3 };
+    for (i, f) in files.iter().take(primaries).enumerate() {
         let at = 0x1be + 16 * i;
         mbr_entry(
             &mut tables[0][at..at + 16],
@@ -289,6 +278,9 @@ fn mbr_tables(
             i == 0,
             parts[i].mbr_id,
         );
+    }
+    if parts.len() <= 4 {
+        return;
     }
     // The extended partition: from the first EBR to the end of the disk.
     let first = ebrs[0];
@@ -413,17 +405,11 @@ impl BlockDevice for PartitioningDevice {
         // trim, write-zeroes by writing zeros, everything data.
         let w = self.writable;
         Capabilities {
-            can_write: w,
             can_flush: w,
             can_fua: w,
-            can_trim: false,
-            can_write_zeroes: w,
-            can_zero: false,
-            can_fast_zero: w,
-            can_extents: false,
             can_multi_conn: true,
             can_cache: true,
-            is_rotational: false,
+            ..crate::zeroes_by_writing(w)
         }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -33,17 +33,9 @@ impl BlockDevice for SplitDevice {
     }
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            can_write: self.writable,
-            can_flush: false,
-            can_fua: false,
-            can_trim: false,
-            can_write_zeroes: self.writable,
-            can_zero: false,
-            can_fast_zero: self.writable,
             can_extents: true,
-            can_multi_conn: false,
             can_cache: true,
-            is_rotational: false,
+            ..crate::zeroes_by_writing(self.writable)
         }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -132,17 +132,10 @@ impl BlockDevice for TmpDiskFile {
     fn capabilities(&self) -> Capabilities {
         let w = self.writable;
         Capabilities {
-            can_write: w,
             can_flush: w,
             can_fua: w,
             can_trim: w,
-            can_write_zeroes: w,
-            can_zero: false,
-            can_fast_zero: w,
-            can_extents: false,
-            can_multi_conn: false,
-            can_cache: false,
-            is_rotational: false,
+            ..crate::zeroes_by_writing(w)
         }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -43,33 +43,9 @@ const BLOCK_SIZES: &[&str] = &[
     "block_size_maximum",
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Server {
-    Nbdkit,
-    Diskit,
-}
-
-const SERVERS: [Server; 2] = [Server::Nbdkit, Server::Diskit];
-
-impl Server {
-    fn name(self) -> &'static str {
-        match self {
-            Server::Nbdkit => "nbdkit",
-            Server::Diskit => "diskit",
-        }
-    }
-}
-
 /// Runs `SERVER -U - ARGS --run CMD`; every "FILE" in ARGS becomes `file`.
 fn run(server: Server, args: &[&str], file: Option<&Path>, cmd: &str) -> Output {
-    let mut c = match server {
-        Server::Nbdkit => timed("nbdkit", 120),
-        Server::Diskit => {
-            let mut c = timed(diskit_bin(), 120);
-            c.arg("serve");
-            c
-        }
-    };
+    let mut c = server.command(120);
     c.args(["-U", "-"]);
     for a in args {
         match (*a, file) {

@@ -18,33 +18,9 @@ use std::process::Output;
 use common::*;
 use serde_json::Value;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Server {
-    Nbdkit,
-    Diskit,
-}
-
-const SERVERS: [Server; 2] = [Server::Nbdkit, Server::Diskit];
-
-impl Server {
-    fn name(self) -> &'static str {
-        match self {
-            Server::Nbdkit => "nbdkit",
-            Server::Diskit => "diskit",
-        }
-    }
-}
-
 /// Runs `SERVER -U - ARGS --run CMD` in `dir`.
 fn run(server: Server, dir: &Path, args: &[&str], cmd: &str) -> Output {
-    let mut c = match server {
-        Server::Nbdkit => timed("nbdkit", 120),
-        Server::Diskit => {
-            let mut c = timed(diskit_bin(), 120);
-            c.arg("serve");
-            c
-        }
-    };
+    let mut c = server.command(120);
     c.current_dir(dir)
         .args(["-U", "-"])
         .args(args)
@@ -378,14 +354,7 @@ fn data_takes_raw_base64_and_variables() {
     // From the environment when no parameter has the name.
     let cmd = "nbdcopy \"$uri\" out.$S";
     for server in SERVERS {
-        let mut c = match server {
-            Server::Nbdkit => timed("nbdkit", 60),
-            Server::Diskit => {
-                let mut c = timed(diskit_bin(), 60);
-                c.arg("serve");
-                c
-            }
-        };
+        let mut c = server.command(60);
         let o = c
             .current_dir(dir.path())
             .env("pattern", "0x55 0xAA")
@@ -602,14 +571,7 @@ fn tmpdisk_makes_a_new_disk_for_each_client() {
     );
     let mut infos = Vec::new();
     for server in SERVERS {
-        let mut c = match server {
-            Server::Nbdkit => timed("nbdkit", 60),
-            Server::Diskit => {
-                let mut c = timed(diskit_bin(), 60);
-                c.arg("serve");
-                c
-            }
-        };
+        let mut c = server.command(60);
         let o = c
             .env("TMPDIR", tmp)
             .args(["-U", "-"])

@@ -298,44 +298,47 @@ fn script_len(s: &[u8]) -> usize {
     0
 }
 
-/// The `\NAME` at or after blanks from `i`, as nbdkit's `get_name` finds
-/// it: where the parse goes on (after the backslash once there is one:
-/// an error is reported there) and the name's length, 0 for none.
-fn name_at(v: &[u8], mut i: usize) -> (usize, usize) {
+/// The word after `sigil` at or after blanks from `i`, as nbdkit's
+/// `get_name` (`\NAME`) and `get_var` (`$VAR`) find it: where the parse
+/// goes on (after the sigil once there is one: an error is reported
+/// there) and the word's length, 0 for none. A word starts with a byte
+/// `first` takes and goes on with bytes `rest` takes.
+fn word_after(
+    v: &[u8],
+    mut i: usize,
+    sigil: u8,
+    first: fn(u8) -> bool,
+    rest: fn(u8) -> bool,
+) -> (usize, usize) {
     let from = i;
     while i < v.len() && is_space(v[i]) {
         i += 1;
     }
-    if v.get(i) != Some(&b'\\') || i + 1 >= v.len() {
+    if v.get(i) != Some(&sigil) || i + 1 >= v.len() {
         return (from, 0);
     }
     let start = i + 1;
-    let n = v[start..]
-        .iter()
-        .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_' || **c == b'-')
-        .count();
-    (start, n)
-}
-
-/// The `$VAR` at or after blanks from `i` (a letter or `_`, then letters,
-/// digits or `_`), as nbdkit's `get_var` finds it (see [`name_at`]).
-fn var_at(v: &[u8], mut i: usize) -> (usize, usize) {
-    let from = i;
-    while i < v.len() && is_space(v[i]) {
-        i += 1;
-    }
-    if v.get(i) != Some(&b'$') || i + 1 >= v.len() {
-        return (from, 0);
-    }
-    let start = i + 1;
-    if !(v[start].is_ascii_alphabetic() || v[start] == b'_') {
+    if !first(v[start]) {
         return (start, 0);
     }
-    let n = v[start..]
-        .iter()
-        .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
-        .count();
-    (start, n)
+    (start, v[start..].iter().take_while(|c| rest(**c)).count())
+}
+
+/// A `\NAME`: letters, digits, `_` and `-`.
+fn name_at(v: &[u8], i: usize) -> (usize, usize) {
+    let name = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
+    word_after(v, i, b'\\', name, name)
+}
+
+/// A `$VAR`: a letter or `_`, then letters, digits or `_`.
+fn var_at(v: &[u8], i: usize) -> (usize, usize) {
+    word_after(
+        v,
+        i,
+        b'$',
+        |c| c.is_ascii_alphabetic() || c == b'_',
+        |c| c.is_ascii_alphanumeric() || c == b'_',
+    )
 }
 
 /// A `"string"` with C's escapes, from after its opening quote.

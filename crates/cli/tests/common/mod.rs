@@ -67,6 +67,41 @@ pub fn timed(program: impl AsRef<OsStr>, secs: u32) -> Command {
     c
 }
 
+/// The servers with nbdkit's command line that the tests compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// nbdkit itself.
+    Nbdkit,
+    /// `diskit serve`.
+    Diskit,
+}
+
+/// nbdkit first, then diskit.
+pub const SERVERS: [Server; 2] = [Server::Nbdkit, Server::Diskit];
+
+impl Server {
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Server::Nbdkit => "nbdkit",
+            Server::Diskit => "diskit",
+        }
+    }
+
+    /// A command running it under `timeout` (see [`timed`]), its
+    /// arguments to follow.
+    pub fn command(self, secs: u32) -> Command {
+        match self {
+            Server::Nbdkit => timed("nbdkit", secs),
+            Server::Diskit => {
+                let mut c = timed(diskit_bin(), secs);
+                c.arg("serve");
+                c
+            }
+        }
+    }
+}
+
 /// Runs `diskit serve ARGS` under a timeout and returns its output.
 pub fn serve(args: &[&str]) -> Output {
     timed(diskit_bin(), 120)
