@@ -21,21 +21,6 @@ use std::process::Output;
 use common::*;
 use serde_json::{Value, json};
 
-/// The flags nbdinfo reports that filters may change.
-const FLAGS: &[&str] = &[
-    "export-size",
-    "is_read_only",
-    "is_rotational",
-    "can_flush",
-    "can_fua",
-    "can_trim",
-    "can_zero",
-    "can_fast_zero",
-    "can_cache",
-    "can_multi_conn",
-    "can_df",
-];
-
 /// nbdinfo's block size fields (nbdkit 1.32 sends them only when a layer sets them).
 const BLOCK_SIZES: &[&str] = &[
     "block_size_minimum",
@@ -138,7 +123,7 @@ fn same_info(
     let [nb_base, dk_base] = infos(dir, src, base);
     let [nb, dk] = infos(dir, src, filtered);
     let mut compared = Vec::new();
-    for &k in FLAGS {
+    for &k in NBDINFO_FLAGS {
         if nb_base[k] == dk_base[k] {
             assert_eq!(
                 nb[k], dk[k],

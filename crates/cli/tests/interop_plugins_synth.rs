@@ -46,21 +46,6 @@ fn both_ok(dir: &Path, args: &[&str], cmd: &str) -> [String; 2] {
     })
 }
 
-/// The flags nbdinfo reports, compared between the servers.
-const FLAGS: &[&str] = &[
-    "export-size",
-    "is_read_only",
-    "is_rotational",
-    "can_flush",
-    "can_fua",
-    "can_trim",
-    "can_zero",
-    "can_fast_zero",
-    "can_cache",
-    "can_multi_conn",
-    "can_df",
-];
-
 /// nbdinfo's view of the export: both servers', nbdkit's first.
 fn infos(dir: &Path, args: &[&str]) -> [Value; 2] {
     both_ok(dir, args, "nbdinfo --json \"$uri\"").map(|out| {
@@ -73,7 +58,7 @@ fn infos(dir: &Path, args: &[&str]) -> [Value; 2] {
 /// The servers agree on every flag but those in `skip`.
 fn same_flags(dir: &Path, args: &[&str], skip: &[&str]) -> Value {
     let [nb, dk] = infos(dir, args);
-    for k in FLAGS.iter().filter(|k| !skip.contains(k)) {
+    for k in NBDINFO_FLAGS.iter().filter(|k| !skip.contains(k)) {
         assert_eq!(nb[k], dk[k], "{k} with {args:?}: nbdkit {nb}, diskit {dk}");
     }
     dk
@@ -584,7 +569,7 @@ fn tmpdisk_makes_a_new_disk_for_each_client() {
         let json: Value = serde_json::from_str(out.split_once('\n').unwrap().1).unwrap();
         infos.push(json["exports"][0].clone());
     }
-    for k in FLAGS {
+    for k in NBDINFO_FLAGS {
         assert_eq!(infos[0][k], infos[1][k], "{k}");
     }
     // command= and the parameters as shell variables: the same bytes; each

@@ -76,6 +76,22 @@ pub enum Server {
     Diskit,
 }
 
+/// The flags `nbdinfo --json` reports of an export, the export's size
+/// first: what the tests compare between servers.
+pub const NBDINFO_FLAGS: &[&str] = &[
+    "export-size",
+    "is_read_only",
+    "is_rotational",
+    "can_flush",
+    "can_fua",
+    "can_trim",
+    "can_zero",
+    "can_fast_zero",
+    "can_cache",
+    "can_multi_conn",
+    "can_df",
+];
+
 /// nbdkit first, then diskit.
 pub const SERVERS: [Server; 2] = [Server::Nbdkit, Server::Diskit];
 
