@@ -10,18 +10,25 @@
 //!   [`null::NullDevice::filled`] (one byte repeated), [`full::FullDevice`] (always
 //!   full), [`random::RandomDevice`] and
 //!   [`sparse_random::SparseRandomDevice`] (nbdkit's bytes for a seed, from
-//!   [`nbdkit_random`]).
+//!   [`nbdkit_random`]), [`data::DataDevice`] (a RAM disk from nbdkit's
+//!   data language), [`split::SplitDevice`] (files end to end) and
+//!   [`partitioning::PartitioningDevice`] (files as partitions), and
+//!   [`tmpdisk::TmpDisk`] (a new filesystem for each client).
 
+pub mod data;
 pub mod file;
 pub mod full;
 pub mod image_lock;
 pub mod memory;
 pub mod nbdkit_random;
 pub mod null;
+pub mod partitioning;
 pub mod pattern;
 pub mod random;
 pub mod sparse_random;
+pub mod split;
 mod sys;
+pub mod tmpdisk;
 pub mod zero;
 
 pub use file::{FileDevice, Preallocation};
@@ -31,4 +38,19 @@ pub use null::NullDevice;
 pub use pattern::PatternDevice;
 pub use random::RandomDevice;
 pub use sparse_random::{SparseRandomDevice, SparseRandomLayout};
+pub use split::SplitDevice;
 pub use zero::ZeroDevice;
+
+/// What nbdkit offers for a plugin over files that writes but has no
+/// zero of its own (split, partitioning, tmpdisk): writes when
+/// `writable`, write-zeroes by writing zeros (so a fast zero is refused at
+/// once), and nothing else; each plugin adds what it has.
+fn zeroes_by_writing(writable: bool) -> diskit_core::Capabilities {
+    diskit_core::Capabilities {
+        can_write: writable,
+        can_write_zeroes: writable,
+        can_fast_zero: writable,
+        can_multi_conn: false,
+        ..diskit_core::Capabilities::READ_ONLY
+    }
+}

@@ -21,21 +21,6 @@ use std::process::Output;
 use common::*;
 use serde_json::{Value, json};
 
-/// The flags nbdinfo reports that filters may change.
-const FLAGS: &[&str] = &[
-    "export-size",
-    "is_read_only",
-    "is_rotational",
-    "can_flush",
-    "can_fua",
-    "can_trim",
-    "can_zero",
-    "can_fast_zero",
-    "can_cache",
-    "can_multi_conn",
-    "can_df",
-];
-
 /// nbdinfo's block size fields (nbdkit 1.32 sends them only when a layer sets them).
 const BLOCK_SIZES: &[&str] = &[
     "block_size_minimum",
@@ -43,33 +28,9 @@ const BLOCK_SIZES: &[&str] = &[
     "block_size_maximum",
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Server {
-    Nbdkit,
-    Diskit,
-}
-
-const SERVERS: [Server; 2] = [Server::Nbdkit, Server::Diskit];
-
-impl Server {
-    fn name(self) -> &'static str {
-        match self {
-            Server::Nbdkit => "nbdkit",
-            Server::Diskit => "diskit",
-        }
-    }
-}
-
 /// Runs `SERVER -U - ARGS --run CMD`; every "FILE" in ARGS becomes `file`.
 fn run(server: Server, args: &[&str], file: Option<&Path>, cmd: &str) -> Output {
-    let mut c = match server {
-        Server::Nbdkit => timed("nbdkit", 120),
-        Server::Diskit => {
-            let mut c = timed(diskit_bin(), 120);
-            c.arg("serve");
-            c
-        }
-    };
+    let mut c = server.command(120);
     c.args(["-U", "-"]);
     for a in args {
         match (*a, file) {
@@ -162,7 +123,7 @@ fn same_info(
     let [nb_base, dk_base] = infos(dir, src, base);
     let [nb, dk] = infos(dir, src, filtered);
     let mut compared = Vec::new();
-    for &k in FLAGS {
+    for &k in NBDINFO_FLAGS {
         if nb_base[k] == dk_base[k] {
             assert_eq!(
                 nb[k], dk[k],

@@ -102,6 +102,25 @@ pub fn nbdkit_unsigned(what: &str, value: &str, max: u64) -> Result<u64> {
     Ok(n as u64)
 }
 
+/// `s` as nbdkit quotes strings for the shell (its log lines, tmpdisk's
+/// variables): as is when every character is safe in a shell word, else
+/// in double quotes with `$`, `` ` ``, `\` and `"` escaped.
+pub fn shell_quote(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || ".-_=,:/".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        return s.to_string();
+    }
+    let mut q = String::from("\"");
+    for c in s.chars() {
+        if matches!(c, '$' | '`' | '\\' | '"') {
+            q.push('\\');
+        }
+        q.push(c);
+    }
+    q.push('"');
+    q
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use diskit_core::params::shell_quote;
 use diskit_core::sync::lock;
 use diskit_core::{DeviceRef, Error, ErrorKind, Extent, Result, Session};
 
@@ -362,25 +363,6 @@ fn errno_name(kind: ErrorKind) -> &'static str {
         ErrorKind::Overflow => "EOVERFLOW",
         ErrorKind::InvalidInput | ErrorKind::NotFound => "EINVAL",
     }
-}
-
-/// `s` as nbdkit's log quotes strings: as is when every character is safe
-/// in a shell word, else in double quotes with `$`, `` ` ``, `\` and `"`
-/// escaped.
-fn shell_quote(s: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || ".-_=,:/".contains(c);
-    if !s.is_empty() && s.chars().all(safe) {
-        return s.to_string();
-    }
-    let mut q = String::from("\"");
-    for c in s.chars() {
-        if matches!(c, '$' | '`' | '\\' | '"') {
-            q.push('\\');
-        }
-        q.push(c);
-    }
-    q.push('"');
-    q
 }
 
 /// `t` as `YYYY-MM-DD HH:MM:SS.uuuuuu` in UTC.

@@ -284,18 +284,23 @@ pub fn size_arg(plugin: &str, v: &str) -> Result<u64> {
     parse_size(v).map_err(|_| Error::invalid(format!("{plugin}: invalid size '{v}'")))
 }
 
-/// nbdkit's file plugin: a file or block device, locked as a writer when
-/// served writable.
-pub fn open_file(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
-    let path = Path::new(&kv["file"]);
-    // nbdkit's file plugin resolves the name first, with this message.
+/// The absolute name of `path`, or nbdkit's message when it cannot be
+/// resolved (its plugins resolve file names first).
+pub fn realpath(path: &Path) -> Result<std::path::PathBuf> {
     std::fs::canonicalize(path).map_err(|e| {
         let e = Error::from(e);
         Error::new(
             e.kind(),
             format!("realpath: {}: {}", path.display(), e.detail()),
         )
-    })?;
+    })
+}
+
+/// nbdkit's file plugin: a file or block device, locked as a writer when
+/// served writable.
+pub fn open_file(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
+    let path = Path::new(&kv["file"]);
+    realpath(path)?;
     let opts = StorageOptions {
         writable: !readonly,
         ..StorageOptions::default()
@@ -478,6 +483,10 @@ mod tests {
             "full",
             "random",
             "sparse-random",
+            "data",
+            "split",
+            "partitioning",
+            "tmpdisk",
             "nbd",
             "http",
             "curl",

@@ -7,7 +7,7 @@
 //! `info`, `convert`, `copy` and every other command. nbdkit's face: the
 //! plugins that serve it with nbdkit's keys (`diskit serve file|nbd|
 //! http|curl|null|memory|pattern|zero|ones|full|random|
-//! sparse-random|rbd|s3`). And how an image is made on
+//! sparse-random|data|split|partitioning|tmpdisk|rbd|s3`). And how an image is made on
 //! it. A new source is one module and one row here.
 
 use std::sync::Arc;
@@ -272,6 +272,61 @@ pub const PROTOCOLS: &[Protocol] = &[
                bytes for the same seed ([size=]SIZE [seed=N] [percent=10] \
                [runlength=16777216] [random-content=BOOL])",
         open: PluginOpen::Source(crate::synthetic::open_sparse_random),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "data",
+        magic: "data",
+        magic_required: false,
+        keys: crate::synthetic::DATA_KEYS,
+        lists: &[],
+        aliases: &[],
+        variables: true,
+        help: "a RAM disk starting with the bytes given, laid out (and its holes \
+               reported) as nbdkit's ([data=]'EXPRESSION' | raw=BYTES | base64=TEXT \
+               [size=SIZE] [NAME=EXPRESSION: for $NAME]; the expressions: bytes, \
+               @OFFSET @+N @-N @^ALIGN, le16:/be16:/le32:/be32:/le64:/be64:WORD, \
+               \"STRING\", <FILE, <(SCRIPT), ( ... ), EXPR*N, EXPR[N:M], \
+               EXPR -> \\NAME, \\NAME, $VAR, # comments)",
+        open: PluginOpen::Source(crate::synthetic::open_data),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "split",
+        magic: "file",
+        magic_required: true,
+        keys: &["file"],
+        lists: &["file"],
+        aliases: &[],
+        variables: false,
+        help: "several files end to end as one disk ([file=]FILE...)",
+        open: PluginOpen::Source(crate::synthetic::open_split),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "partitioning",
+        magic: "file",
+        magic_required: true,
+        keys: &["file", "partition-type", "alignment", "mbr-id", "type-guid"],
+        lists: &[],
+        aliases: &[],
+        variables: false,
+        help: "files as the partitions of a disk with a made-up MBR or GPT, laid out as \
+               nbdkit's ([file=]FILE... [partition-type=mbr|gpt]; before the files they \
+               apply to: [alignment=SIZE (1M)] [mbr-id=ID|default (0x83)] \
+               [type-guid=GUID|default])",
+        open: PluginOpen::InOrder(crate::synthetic::open_partitioning),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "tmpdisk",
+        magic: "size",
+        magic_required: true,
+        keys: crate::synthetic::TMPDISK_KEYS,
+        lists: &[],
+        aliases: &[],
+        variables: true,
+        help: "a new disk for each client, with a filesystem made by mkfs, gone when the \
+               client goes ([size=]SIZE [type=ext4|xfs|vfat|...] [label=LABEL] \
+               [command=SHELL COMMAND making $disk of $size] [NAME=VALUE: a shell \
+               variable for the command])",
+        open: PluginOpen::Source(crate::synthetic::open_tmpdisk),
     }]),
     Protocol {
         name: "rbd",

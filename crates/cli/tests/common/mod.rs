@@ -67,6 +67,57 @@ pub fn timed(program: impl AsRef<OsStr>, secs: u32) -> Command {
     c
 }
 
+/// The servers with nbdkit's command line that the tests compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// nbdkit itself.
+    Nbdkit,
+    /// `diskit serve`.
+    Diskit,
+}
+
+/// The flags `nbdinfo --json` reports of an export, the export's size
+/// first: what the tests compare between servers.
+pub const NBDINFO_FLAGS: &[&str] = &[
+    "export-size",
+    "is_read_only",
+    "is_rotational",
+    "can_flush",
+    "can_fua",
+    "can_trim",
+    "can_zero",
+    "can_fast_zero",
+    "can_cache",
+    "can_multi_conn",
+    "can_df",
+];
+
+/// nbdkit first, then diskit.
+pub const SERVERS: [Server; 2] = [Server::Nbdkit, Server::Diskit];
+
+impl Server {
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Server::Nbdkit => "nbdkit",
+            Server::Diskit => "diskit",
+        }
+    }
+
+    /// A command running it under `timeout` (see [`timed`]), its
+    /// arguments to follow.
+    pub fn command(self, secs: u32) -> Command {
+        match self {
+            Server::Nbdkit => timed("nbdkit", secs),
+            Server::Diskit => {
+                let mut c = timed(diskit_bin(), secs);
+                c.arg("serve");
+                c
+            }
+        }
+    }
+}
+
 /// Runs `diskit serve ARGS` under a timeout and returns its output.
 pub fn serve(args: &[&str]) -> Output {
     timed(diskit_bin(), 120)

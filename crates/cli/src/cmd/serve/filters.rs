@@ -38,7 +38,8 @@ pub fn route(plugin: &str, filters: &[String], args: &[String]) -> Result<Routed
         };
         if let Some(i) = infos.iter().position(|f| f.keys.contains(&k)) {
             params[i].push((k.to_string(), v.to_string()));
-        } else if row.takes(k) {
+        } else if row.takes(k) || row.keys.is_empty() {
+            // (A plugin that takes nothing says so in nbdkit's words.)
             plugin_args.push(a.clone());
         } else {
             let mut takers = vec![format!("{plugin} takes {}", row.keys.join(", "))];

@@ -203,12 +203,14 @@ fn dump_plugin(name: Option<&str>, filters: &[String]) -> CmdResult {
     let p = plugin::find(name)?;
     let mut out = format!(
         "path={}\nname={}\nversion={NBDKIT_VERSION}\napi_version=2\nstruct_size=384\n\
-         max_thread_model=parallel\nthread_model=parallel\nerrno_is_preserved=1\n\
-         magic_config_key={}\n",
+         max_thread_model=parallel\nthread_model=parallel\nerrno_is_preserved=1\n",
         exe().display(),
         p.name,
-        p.magic
     );
+    // A plugin without parameters has no magic key (nbdkit's zero).
+    if !p.magic.is_empty() {
+        out += &format!("magic_config_key={}\n", p.magic);
+    }
     for c in callbacks(p.name) {
         out += &format!("has_{c}=1\n");
     }

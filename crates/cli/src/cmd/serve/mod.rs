@@ -122,8 +122,10 @@ pub struct Args {
     /// Worker threads per connection.
     #[arg(short = 't', long = "threads", default_value_t = 16)]
     threads: usize,
-    /// The plugin: file, nbd, http, curl, rbd, memory, null, pattern,
-    /// image, and the other sources diskit reaches.
+    /// The plugin: file, nbd, http, curl, rbd, s3, memory, null, pattern,
+    /// image, nbdkit's synthetic disks (zero, ones, full, random,
+    /// sparse-random, data, split, partitioning, tmpdisk), and the other
+    /// sources diskit reaches.
     plugin: String,
     /// The plugin's arguments: a bare value for its main parameter, and key=value pairs.
     args: Vec<String>,
