@@ -14,7 +14,10 @@
 //!   data language), [`split::SplitDevice`] (files end to end) and
 //!   [`partitioning::PartitioningDevice`] (files as partitions), and
 //!   [`tmpdisk::TmpDisk`] (a new filesystem for each client).
+//! - nbdkit's plugin API as a device ([`callbacks::CallbackDevice`]), and
+//!   the script plugins over it ([`script::ScriptPlugin`]: sh and eval).
 
+pub mod callbacks;
 pub mod data;
 pub mod file;
 pub mod full;
@@ -25,6 +28,7 @@ pub mod null;
 pub mod partitioning;
 pub mod pattern;
 pub mod random;
+pub mod script;
 pub mod sparse_random;
 pub mod split;
 mod sys;

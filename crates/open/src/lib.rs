@@ -25,6 +25,7 @@ pub mod plugin;
 pub mod protocol;
 mod rbd;
 mod s3;
+mod scripts;
 pub mod spec;
 mod synthetic;
 mod waiting;

@@ -328,6 +328,32 @@ pub const PROTOCOLS: &[Protocol] = &[
                variable for the command])",
         open: PluginOpen::Source(crate::synthetic::open_tmpdisk),
     }]),
+    Protocol::served_only(&[Plugin {
+        name: "sh",
+        magic: "script",
+        magic_required: true,
+        keys: &["script"],
+        lists: &[],
+        aliases: &[],
+        variables: true,
+        help: "a script answers each request, nbdkit's sh-plugin protocol: `SCRIPT METHOD \
+               ARGS...`, exit 0 done, 1 error (an errno name on stderr), 2 missing, 3 false \
+               ([script=]SCRIPT|- [KEY=VALUE...: the script's config method])",
+        open: PluginOpen::InOrder(crate::scripts::open_sh),
+    }]),
+    Protocol::served_only(&[Plugin {
+        name: "eval",
+        magic: "",
+        magic_required: false,
+        keys: crate::scripts::EVAL_METHODS,
+        lists: &[],
+        aliases: &[],
+        variables: true,
+        help: "a shell snippet per method, nbdkit's sh-plugin protocol (get_size='SCRIPT' \
+               pread='SCRIPT' [pwrite= zero= trim= flush= extents= can_*= open= close= \
+               thread_model= missing= ...] [KEY=VALUE...: the config method])",
+        open: PluginOpen::InOrder(crate::scripts::open_eval),
+    }]),
     Protocol {
         name: "rbd",
         prefixes: &["rbd:"],

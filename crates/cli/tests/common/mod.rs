@@ -10,9 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod images;
+mod plugins;
 
 #[allow(unused_imports)]
 pub use images::*;
+#[allow(unused_imports)]
+pub use plugins::*;
 
 /// The Python with libnbd's `nbd` module (a pyenv python3 first on PATH
 /// may lack it).

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use diskit_core::{BlockSizeLimits, Capabilities, DeviceRef};
+use diskit_core::{BlockDevice, BlockSizeLimits, Capabilities, DeviceRef};
 
 use super::bitmap::ExportBitmap;
 use super::stats::Stats;
@@ -142,7 +142,14 @@ impl Export {
     /// What the export offers: the device's capabilities, minus writes
     /// when served read-only.
     pub fn capabilities(&self) -> Capabilities {
-        let caps = self.device.capabilities();
+        self.capabilities_of(&*self.device)
+    }
+
+    /// What the export offers through `device`: the export's own device or
+    /// a connection's view of it ([`diskit_core::BlockDevice::connect`]),
+    /// which may answer for itself (nbdkit's plugins answer per connection).
+    pub fn capabilities_of(&self, device: &dyn BlockDevice) -> Capabilities {
+        let caps = device.capabilities();
         if self.read_only || !caps.can_write {
             caps.read_only()
         } else {
@@ -157,7 +164,13 @@ impl Export {
     /// gives it (up to 4 GiB - 1, as nbdkit's blocksize filter does); what
     /// the server accepts in one READ or WRITE is [`Export::max_payload`].
     pub fn block_size(&self) -> BlockSizeLimits {
-        let b = self.device.block_size();
+        self.block_size_of(&*self.device)
+    }
+
+    /// [`Export::block_size`] through `device` (see
+    /// [`Export::capabilities_of`]).
+    pub fn block_size_of(&self, device: &dyn BlockDevice) -> BlockSizeLimits {
+        let b = device.block_size();
         let minimum = b.minimum.clamp(1, 64 * 1024).next_power_of_two();
         if let Advertising::Qemu { minimum: qemu, .. } = self.advertising {
             let minimum = minimum.max(qemu.clamp(1, 64 * 1024).next_power_of_two());
@@ -182,7 +195,12 @@ impl Export {
     /// The longest READ or WRITE payload the server accepts: the advertised
     /// maximum, capped at [`MAX_PAYLOAD`].
     pub fn max_payload(&self) -> u32 {
-        self.block_size().maximum.min(MAX_PAYLOAD)
+        self.max_payload_of(&*self.device)
+    }
+
+    /// [`Export::max_payload`] through `device`.
+    pub fn max_payload_of(&self, device: &dyn BlockDevice) -> u32 {
+        self.block_size_of(device).maximum.min(MAX_PAYLOAD)
     }
 
     /// The transmission flags advertised to a client; DF only once
@@ -193,7 +211,12 @@ impl Export {
     /// without a cheap path writes zeros itself), and FAST_ZERO only with
     /// WRITE_ZEROES, when the device can sometimes zero cheaply.
     pub fn transmission_flags(&self, structured: bool) -> u16 {
-        let c = self.capabilities();
+        self.transmission_flags_of(&*self.device, structured)
+    }
+
+    /// [`Export::transmission_flags`] through `device`.
+    pub fn transmission_flags_of(&self, device: &dyn BlockDevice, structured: bool) -> u16 {
+        let c = self.capabilities_of(device);
         let mut f = TFLAG_HAS_FLAGS;
         let mut set = |cond: bool, flag: u16| {
             if cond {

@@ -4,7 +4,7 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
-use diskit_core::{DeviceRef, Session};
+use diskit_core::{BlockDevice, DeviceRef, Session};
 
 use super::export::{Export, ExportSet, MetaContext};
 use crate::proto::consts::*;
@@ -288,9 +288,9 @@ fn handle<S: Read + Write + ?Sized>(
                 .ok_or_else(|| HandshakeEnd::Protocol(format!("unknown export '{name}'")))?;
             let device = connect(st, &export, &name)
                 .map_err(|e| HandshakeEnd::Protocol(format!("export '{name}': {e}")))?;
-            let tflags = export.transmission_flags(st.structured);
+            let tflags = export.transmission_flags_of(&*device, st.structured);
             let mut out = Vec::with_capacity(134);
-            out.extend_from_slice(&export.device().size().to_be_bytes());
+            out.extend_from_slice(&device.size().to_be_bytes());
             out.extend_from_slice(&tflags.to_be_bytes());
             if !st.no_zeroes {
                 out.extend_from_slice(&[0u8; 124]);
@@ -347,8 +347,14 @@ fn handle<S: Read + Write + ?Sized>(
             } else {
                 None
             };
-            let tflags = export.transmission_flags(st.structured);
-            send_info(stream, code, &export, &req, tflags)?;
+            // What the client is told is what its connection will see
+            // (INFO, with no connection, asks the export's device).
+            let seen: &dyn BlockDevice = match &device {
+                Some(d) => &**d,
+                None => &**export.device(),
+            };
+            let tflags = export.transmission_flags_of(seen, st.structured);
+            send_info(stream, code, &export, seen, &req, tflags)?;
             send(stream, &OptionReply::ack(code))?;
             if let Some(device) = device {
                 let contexts = selected_contexts(st, &export);
@@ -430,13 +436,14 @@ fn send_info<S: Write + ?Sized>(
     stream: &mut S,
     code: u32,
     export: &Export,
+    device: &dyn BlockDevice,
     req: &InfoRequest,
     tflags: u16,
 ) -> io::Result<()> {
     let mut out = Vec::new();
     let mut put = |info: Info| out.extend(OptionReply::info(code, &info).encode());
     put(Info::Export {
-        size: export.device().size(),
+        size: device.size(),
         flags: tflags,
     });
     if req.requests.contains(&INFO_NAME) {
@@ -445,7 +452,7 @@ fn send_info<S: Write + ?Sized>(
     if !export.description().is_empty() {
         put(Info::Description(export.description().to_string()));
     }
-    let b = export.block_size();
+    let b = export.block_size_of(device);
     put(Info::BlockSize {
         minimum: b.minimum,
         preferred: b.preferred,

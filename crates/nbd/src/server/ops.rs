@@ -300,7 +300,7 @@ fn read(
     let planned = structured
         && !df
         && len64 >= PLANNED_READ
-        && conn.export.capabilities().can_extents
+        && conn.export.capabilities_of(dev).can_extents
         && dev.extents_before_reads();
     let plan = planned.then(|| plan_read(dev, offset, len64));
     if let Some(zc) = zero_copy

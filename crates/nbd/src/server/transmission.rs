@@ -380,12 +380,12 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
     } else {
         ReplyStyle::Simple
     };
-    let bs = export.block_size();
+    let bs = export.block_size_of(&*neg.device);
     let limits = Limits {
-        size: export.device().size(),
+        size: neg.device.size(),
         tflags: neg.tflags,
         min_block: bs.minimum,
-        max_payload: export.max_payload(),
+        max_payload: export.max_payload_of(&*neg.device),
         structured: neg.structured,
         extended: neg.extended,
         meta_contexts: !neg.contexts.is_empty(),

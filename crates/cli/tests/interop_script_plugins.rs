@@ -1,0 +1,169 @@
+//! nbdkit's script plugins, `sh` and `eval`, under nbdkit 1.32 and under
+//! `diskit serve` on the same command lines: nbdkit's own example.sh
+//! (vendored unmodified in tests/scripts) and a RAM-disk script with every
+//! method (tests/scripts/ram.sh), compared by flags, bytes, maps and the
+//! answers to the same requests (errors by errno name), and the same
+//! refusals of bad command lines.
+//!
+//! diskit's server takes FLUSH on every writable export, so `can_flush`
+//! is compared only where the script flushes too.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use common::*;
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scripts")
+        .join(name)
+}
+
+/// A 1 MiB file with data in its first 64 KiB, a hole after.
+fn disk(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(&p, &data).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    p
+}
+
+#[test]
+fn nbdkit_s_example_sh_serves_a_file_as_nbdkit_does() {
+    let dir = workdir();
+    let ex = script("example.sh");
+    let file = disk(dir.path(), "pristine.img");
+    let args = ["sh", s(&ex), "file=disk.img"];
+    std::fs::copy(&file, dir.path().join("disk.img")).unwrap();
+    // The example lists the directory's files as exports; the default
+    // export's name is not compared.
+    same_flags(dir.path(), &args, &["can_flush"]);
+    // The same requests, each server from the same file, which ends equal.
+    let ops = nbd_script("synth_ops.py");
+    let cmd = format!("{PYTHON} {} \"$uri\" 0 65536", s(&ops));
+    let answers = SERVERS.map(|server| {
+        std::fs::copy(&file, dir.path().join("disk.img")).unwrap();
+        let o = ok(run(server, dir.path(), &args, &cmd));
+        std::fs::copy(
+            dir.path().join("disk.img"),
+            dir.path().join(format!("after.{}", server.name())),
+        )
+        .unwrap();
+        stdout(&o)
+    });
+    assert_eq!(answers[0], answers[1]);
+    assert!(answers[1].contains("write-changed ok"), "{}", answers[1]);
+    assert!(same_bytes(
+        &dir.path().join("after.nbdkit"),
+        &dir.path().join("after.diskit")
+    ));
+    both_refuse(dir.path(), &["sh", s(&ex)], "file parameter missing");
+}
+
+#[test]
+fn a_ram_script_answers_every_method_as_under_nbdkit() {
+    let dir = workdir();
+    let ram = script("ram.sh");
+    let args = ["sh", s(&ram), "size=2M"];
+    let dk = same_flags(dir.path(), &args, &[]);
+    assert_eq!(dk["export-size"], 2 << 20);
+    assert_eq!(dk["can_fua"], true);
+    assert_eq!(dk["can_multi_conn"], false);
+    // Writes, zeroes and trims land; a write past the first megabyte is
+    // ENOSPC, as the script says.
+    let a = same_answers(dir.path(), &args, 4096, 8192);
+    assert!(
+        a.contains("write-changed ok") && a.contains("trim ok"),
+        "{a}"
+    );
+    let a = same_answers(dir.path(), &args, 1 << 20, 4096);
+    assert!(a.contains("write-same ENOSPC"), "{a}");
+    // The map is the script's: data written, holes elsewhere.
+    let cmd = "nbdsh -u \"$uri\" -c 'h.pwrite(b\"x\" * 65536, 131072)' && nbdinfo --map \"$uri\"";
+    let [nb, dk] = both_ok(dir.path(), &args, cmd);
+    assert_eq!(nb, dk);
+    assert!(dk.contains("131072       65536    0  data"), "{dk}");
+    both_refuse(dir.path(), &["sh", s(&ram)], "size parameter missing");
+    both_refuse(
+        dir.path(),
+        &["sh", s(&ram), "size=1M", "colour=blue"],
+        "unknown parameter colour",
+    );
+}
+
+#[test]
+fn eval_snippets_answer_as_under_nbdkit() {
+    let dir = workdir();
+    let args = [
+        "eval",
+        "config_complete=dd if=/dev/zero bs=64K count=1 status=none | tr '\\0' e >$tmpdir/d; \
+         truncate -s 128K $tmpdir/d",
+        "get_size=echo 128K",
+        "pread=dd if=$tmpdir/d iflag=skip_bytes,count_bytes skip=$4 count=$3 status=none",
+        "pwrite=cat >/dev/null; echo 'EROFS not today' >&2; exit 1",
+        "extents=echo 0 64K; echo 64K 64K hole,zero",
+    ];
+    let dk = same_flags(dir.path(), &args, &["can_flush"]);
+    assert_eq!(dk["is_read_only"], false);
+    same_bytes_and_map(dir.path(), &args);
+    // EROFS reaches the client as EPERM, under both.
+    let a = same_answers(dir.path(), &args, 0, 4096);
+    assert!(a.contains("write-same EPERM"), "{a}");
+    // A can_* snippet overrides the one nbdkit makes up: read-only.
+    let mut ro = args.to_vec();
+    ro.push("can_write=exit 3");
+    let dk = same_flags(dir.path(), &ro, &[]);
+    assert_eq!(dk["is_read_only"], true);
+    both_refuse(
+        dir.path(),
+        &["eval", "get_size=echo 1M", "get_size=echo 2M"],
+        "method get_size defined more than once on the command line",
+    );
+    both_refuse(
+        dir.path(),
+        &["eval", "get_size=echo 1M", "colour=blue"],
+        "callback 'colour' is unknown, and there is no 'config' callback to handle it",
+    );
+}
+
+#[test]
+fn an_inline_script_is_read_from_standard_input() {
+    let dir = workdir();
+    let body = "case \"$1\" in\n  get_size) echo 1M ;;\n  \
+                pread) dd if=/dev/zero count=$3 iflag=count_bytes status=none | tr '\\0' 'i' ;;\n  \
+                *) exit 2 ;;\nesac\n";
+    let outs = SERVERS.map(|server| {
+        let mut c = server.command(60);
+        c.current_dir(dir.path())
+            .args(["-U", "-", "sh", "-", "--run"])
+            .arg(format!("{PYTHON} -c \"import nbd,sys; h=nbd.NBD(); h.connect_uri(sys.argv[1]); print(h.get_size(), h.pread(3, 5))\" \"$uri\""))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+        stdout(&ok(child.wait_with_output().unwrap()))
+    });
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[1].trim(), "1048576 bytearray(b'iii')");
+}
+
+#[test]
+fn every_connection_opens_and_closes_its_own_handle() {
+    let dir = workdir();
+    let ram = script("ram.sh");
+    // Two clients, one after the other, each with its own handle; the
+    // script refuses a handle that is not one it opened.
+    let cmd = "nbdinfo --size \"$uri\" && nbdinfo --size \"$uri\"";
+    let outs = both_ok(dir.path(), &["sh", s(&ram), "size=64K"], cmd);
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[1].trim(), "65536\n65536");
+}
