@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use common::*;
@@ -21,25 +21,12 @@ fn script(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A 1 MiB file with data in its first 64 KiB, a hole after.
-fn disk(dir: &Path, name: &str) -> PathBuf {
-    let p = dir.join(name);
-    let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8 + 1).collect();
-    std::fs::write(&p, &data).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&p)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-    p
-}
-
 #[test]
 fn nbdkit_s_example_sh_serves_a_file_as_nbdkit_does() {
     let dir = workdir();
     let ex = script("example.sh");
-    let file = disk(dir.path(), "pristine.img");
+    let file = dir.path().join("pristine.img");
+    data_then_hole(&file, 65536, 1 << 20);
     let args = ["sh", s(&ex), "file=disk.img"];
     std::fs::copy(&file, dir.path().join("disk.img")).unwrap();
     // The example lists the directory's files as exports; the default

@@ -58,6 +58,30 @@ impl Library {
     }
 }
 
+/// A library's table of functions, loaded by the first caller (from any
+/// thread; later callers wait for the first and share its result, a
+/// failure included): `name` opened and `T` resolved in it once.
+///
+/// # Safety
+///
+/// As [`Library::open`] for `name`'s initialisers, and `resolve` must be
+/// a table's `resolve` (see [`functions!`](crate::functions)) whose
+/// declared signatures are `name`'s.
+pub unsafe fn load_once<T>(
+    cell: &'static std::sync::OnceLock<Result<T, String>>,
+    name: &'static CStr,
+    resolve: unsafe fn(&Library) -> Result<T, String>,
+) -> Result<&'static T, String> {
+    cell.get_or_init(|| {
+        // SAFETY: the caller vouches for the library and the table.
+        let lib = unsafe { Library::open(name) }?;
+        // SAFETY: as above.
+        unsafe { resolve(&lib) }
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
 /// dlerror()'s text for the last failure on this thread.
 fn last_error() -> String {
     // SAFETY: dlerror() returns null or a NUL-terminated string that stays

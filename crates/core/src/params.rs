@@ -121,9 +121,49 @@ pub fn shell_quote(s: &str) -> String {
     q
 }
 
+/// A secret as nbdkit's plugins take one (`password=`, `cookie=`): the
+/// value itself, `+FILE` (the file's text without its last newline) or
+/// `-FD` (read from that inherited descriptor, as `+/dev/fd/FD`); `-`, a
+/// prompt on the terminal, is refused (a server has none to ask on).
+pub fn secret(who: &str, key: &str, value: &str) -> Result<String> {
+    if value == "-" {
+        return Err(Error::invalid(format!(
+            "{who}: {key}=- (asking on the terminal) is not supported: use {key}=+FILE"
+        )));
+    }
+    let path = match (value.strip_prefix('+'), value.strip_prefix('-')) {
+        (Some(path), _) => path.to_string(),
+        (_, Some(fd)) if fd.parse::<u32>().is_ok() => {
+            if fd.parse::<u32>().is_ok_and(|n| n <= 2) {
+                return Err(Error::invalid(format!(
+                    "{who}: cannot use {key} -FD for stdin/stdout/stderr"
+                )));
+            }
+            format!("/dev/fd/{fd}")
+        }
+        _ => return Ok(value.to_string()),
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::from(e).context(format!("{who}: {key}: {path}")))?;
+    Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_come_as_values_files_or_descriptors() {
+        let f = std::env::temp_dir().join(format!("diskit-secret-{}", std::process::id()));
+        std::fs::write(&f, "s3cret\n").unwrap();
+        assert_eq!(secret("p", "password", "plain").unwrap(), "plain");
+        let plus = format!("+{}", f.display());
+        assert_eq!(secret("p", "password", &plus).unwrap(), "s3cret");
+        assert!(secret("p", "password", "-").is_err());
+        assert!(secret("p", "password", "-1").is_err());
+        assert!(secret("p", "password", "+/nonexistent/pw").is_err());
+        std::fs::remove_file(&f).unwrap();
+    }
 
     #[test]
     fn c_integers_read_as_strtoll_reads_them() {

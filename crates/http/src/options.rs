@@ -98,8 +98,8 @@ impl HttpOptions {
                 self.follow_location = boolean(value).ok_or_else(|| bad("not a boolean"))?
             }
             "user" => self.user = Some(value.to_string()),
-            "password" => self.password = Some(secret(key, value)?),
-            "cookie" => self.cookie = Some(secret(key, value)?),
+            "password" => self.password = Some(diskit_core::params::secret("http", key, value)?),
+            "cookie" => self.cookie = Some(diskit_core::params::secret("http", key, value)?),
             "user-agent" => self.user_agent = Some(value.to_string()),
             "header" => {
                 let (name, v) = value
@@ -134,24 +134,6 @@ fn boolean(v: &str) -> Option<bool> {
         "1" | "true" | "yes" | "on" => Some(true),
         "0" | "false" | "no" | "off" => Some(false),
         _ => None,
-    }
-}
-
-/// A secret: `+FILE` reads it from FILE (its first line), `-` would ask
-/// on the terminal, which a server cannot do: refused.
-fn secret(key: &str, value: &str) -> Result<String> {
-    if value == "-" {
-        return Err(Error::invalid(format!(
-            "http: {key}=- (asking on the terminal) is not supported: use {key}=+FILE"
-        )));
-    }
-    match value.strip_prefix('+') {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Error::from(e).context(format!("http: {key}: {path}")))?;
-            Ok(text.lines().next().unwrap_or("").to_string())
-        }
-        None => Ok(value.to_string()),
     }
 }
 

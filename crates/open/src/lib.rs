@@ -27,6 +27,7 @@ mod rbd;
 mod s3;
 mod scripts;
 pub mod spec;
+mod ssh;
 mod synthetic;
 mod waiting;
 

@@ -354,6 +354,20 @@ pub const PROTOCOLS: &[Protocol] = &[
                thread_model= missing= ...] [KEY=VALUE...: the config method])",
         open: PluginOpen::InOrder(crate::scripts::open_eval),
     }]),
+    Protocol::served_only(&[Plugin {
+        name: "ssh",
+        magic: "path",
+        magic_required: false,
+        keys: crate::ssh::KEYS,
+        lists: &[],
+        aliases: &[],
+        variables: false,
+        help: "a file on another machine over SSH (SFTP), through libssh, as nbdkit's ssh \
+               plugin (host=HOST [path=]PATH [port=PORT] [user=USER] [password=PASSWORD|+FILE|-FD] \
+               [identity=KEYFILE...] [known-hosts=FILE] [verify-remote-host=BOOL] [config=FILE] \
+               [timeout=SECS] [compression=BOOL] [create=true create-size=SIZE [create-mode=MODE]])",
+        open: PluginOpen::InOrder(crate::ssh::open_plugin),
+    }]),
     Protocol {
         name: "rbd",
         prefixes: &["rbd:"],

@@ -6,7 +6,6 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
-use diskit_core::dynlib::Library;
 use diskit_core::{Error, ErrorKind, Result};
 
 /// The library loaded at the first RBD use.
@@ -110,17 +109,10 @@ diskit_core::functions! {
 /// for the first and share its result).
 pub fn api() -> Result<&'static Api> {
     static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
-    API.get_or_init(|| {
-        // SAFETY: librbd's and librados's initialisers are made to run in
-        // multi-threaded programs (QEMU loads them as a module).
-        let lib = unsafe { Library::open(LIBRBD) }?;
-        // SAFETY: `lib` is librbd by its soname; its functions and
-        // librados's (a dependency it brings) have the signatures of
-        // librbd.h and librados.h declared above.
-        unsafe { Api::resolve(&lib) }
-    })
-    .as_ref()
-    .map_err(|why| {
+    // SAFETY: the library's initialisers are made to run in multi-threaded
+    // programs (QEMU and nbdkit load it in a module or plugin), and `Api`
+    // declares the signatures of its C headers.
+    unsafe { diskit_core::dynlib::load_once(&API, LIBRBD, Api::resolve) }.map_err(|why| {
         Error::new(
             ErrorKind::NotSupported,
             format!(

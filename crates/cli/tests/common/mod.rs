@@ -277,6 +277,19 @@ pub fn same_bytes(a: &Path, b: &Path) -> bool {
     std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
 }
 
+/// Writes `path`: `data` bytes of a pattern with no zero byte, then a
+/// hole up to `size`.
+pub fn data_then_hole(path: &Path, data: usize, size: u64) {
+    let bytes: Vec<u8> = (0..data).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(path, &bytes).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+}
+
 /// A fresh temporary directory on the work disk (not tmpfs, so holes behave
 /// as on a real file system; falls back to the default temp dir).
 pub fn workdir() -> tempfile::TempDir {
