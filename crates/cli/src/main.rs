@@ -83,13 +83,16 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Print the blkhash checksum of an image's guest data (as blksum).
     Checksum(cmd::checksum::Args),
+    /// libnbd's NBD shell (nbdsh's command line) over diskit's Python client.
+    #[command(disable_help_flag = true)]
+    Nbdsh(cmd::nbdsh::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
 pub type CmdResult = Result<u8, util::CliError>;
 
 /// diskit's subcommands that are not qemu-img's.
-const NOT_QEMU_IMG: [&str; 5] = ["serve", "qemu-nbd", "nbdinfo", "copy", "checksum"];
+const NOT_QEMU_IMG: [&str; 6] = ["serve", "qemu-nbd", "nbdinfo", "copy", "checksum", "nbdsh"];
 
 /// The command line of `tool` when it has subcommands (diskit, qemu-img):
 /// getopt's conventions on top of the derived one (a repeated option
@@ -358,6 +361,7 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
         Command::Bitmap(a) => cmd::bitmap::run(a, policy),
         Command::Bench(a) => cmd::bench::run(a, policy),
         Command::Checksum(a) => cmd::checksum::run(a, policy),
+        Command::Nbdsh(a) => cmd::nbdsh::run(a),
     })
 }
 

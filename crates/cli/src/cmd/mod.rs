@@ -16,6 +16,7 @@ pub mod info;
 pub mod map;
 pub mod measure;
 pub mod nbdinfo;
+pub mod nbdsh;
 pub mod qemu_nbd;
 pub mod rebase;
 pub mod resize;

@@ -23,7 +23,9 @@ const FIRST_FD: i32 = 3;
 /// A running server subprocess and the directory of its socket.
 pub struct Subprocess {
     child: Mutex<Option<Child>>,
-    dir: PathBuf,
+    /// The private directory of its socket (none for a server on its
+    /// standard input and output).
+    dir: Option<PathBuf>,
     socket: PathBuf,
     /// The command, for messages.
     pub name: String,
@@ -90,14 +92,43 @@ pub fn start(argv: &[String]) -> Result<Subprocess> {
     Ok(Subprocess {
         child: Mutex::new(Some(child)),
         socket: path,
-        dir,
+        dir: Some(dir),
         name: argv.join(" "),
     })
+}
+
+/// Starts `argv` as a server talking NBD on its standard input and
+/// output (libnbd's `nbd_connect_command`, `nbdkit -s`), and returns the
+/// other end of that socket.
+pub fn spawn_stdio(argv: &[String]) -> Result<(Subprocess, UnixStream)> {
+    let Some(program) = argv.first() else {
+        return Err(Error::invalid("an empty server command"));
+    };
+    let (ours, theirs) = UnixStream::pair()?;
+    let stdin = theirs.try_clone()?;
+    let child = Command::new(program)
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(stdin)))
+        .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs,
+        )))
+        .spawn()
+        .map_err(|e| Error::from(e).context(format!("running '{program}'")))?;
+    Ok((
+        Subprocess {
+            child: Mutex::new(Some(child)),
+            socket: PathBuf::new(),
+            dir: None,
+            name: argv.join(" "),
+        },
+        ours,
+    ))
 }
 
 impl Subprocess {
     /// The socket the server listens on: more clients may connect while it
     /// runs.
+    /// (Empty for a server on its standard input and output.)
     pub fn socket(&self) -> &std::path::Path {
         &self.socket
     }
@@ -111,7 +142,9 @@ impl Subprocess {
             }
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

@@ -306,6 +306,29 @@ impl NbdClient {
         contexts: &[&str],
     ) -> Result<NbdClient> {
         let (sub, stream) = command::spawn(argv)?;
+        Self::over_subprocess(sub, stream, export, contexts)
+    }
+
+    /// Runs `argv` as a server on its standard input and output, as
+    /// libnbd's `nbd_connect_command` does (`nbdkit -s ...`), and connects
+    /// to its export `export` asking for `contexts`; the server is stopped
+    /// when the client closes.
+    pub fn connect_stdio_command(
+        argv: &[String],
+        export: &str,
+        contexts: &[&str],
+    ) -> Result<NbdClient> {
+        let (sub, stream) = command::spawn_stdio(argv)?;
+        Self::over_subprocess(sub, stream, export, contexts)
+    }
+
+    /// A client over the socket of a server this client runs.
+    fn over_subprocess(
+        sub: command::Subprocess,
+        stream: std::os::unix::net::UnixStream,
+        export: &str,
+        contexts: &[&str],
+    ) -> Result<NbdClient> {
         let name = format!("[ {} ]", sub.name);
         let mut client = Self::over_with(Stream::Unix(stream), &name, export, contexts, None)?;
         client.subprocess = Some(sub);
@@ -436,6 +459,31 @@ impl NbdClient {
 
     /// Block status of context `id` for a prefix of the range (in range),
     /// clipped to what was asked; an empty answer is an error.
+    /// The server's answer to one BLOCK_STATUS request for `context`, as
+    /// it sent it (libnbd's `nbd_block_status`): (length, flags) from
+    /// `offset`, the last extent possibly reaching past the request;
+    /// `flags` are the command's (NBD_CMD_FLAG_REQ_ONE).
+    pub fn block_status_as_sent(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u64,
+        flags: u16,
+    ) -> Result<Vec<(u64, u32)>> {
+        check_range(self.size(), offset, len)?;
+        let id = self.context_id(context)?;
+        let answer = self
+            .first()
+            .request(CMD_BLOCK_STATUS, flags, offset, len, None)?;
+        Ok(answer
+            .status
+            .into_iter()
+            .filter(|(c, _)| *c == id)
+            .flat_map(|(_, d)| d)
+            .map(|(l, f)| (l, f as u32))
+            .collect())
+    }
+
     fn status_of(&self, id: u32, offset: u64, len: u64, flags: u16) -> Result<Vec<(u64, u32)>> {
         // Asked in whole blocks of the server's minimum; what precedes
         // `offset` is dropped from the answer.
