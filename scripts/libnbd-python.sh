@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs libnbd's own Python tests (vendored unmodified in
-# third_party/libnbd-python) against diskit's Python client: the extension
+# third_party/libnbd-python) against diskit's Python client, diskit's own
+# Python tests (python/tests), and nbdsh's command lines: the extension
 # (python/, a cdylib of its own workspace) is built with cargo into the
 # tree's target directory and put beside its Python sources as
 # diskit/_diskit.abi3.so (maturin builds the same crate into a wheel:
@@ -16,6 +17,7 @@ export PATH=/usr/bin:$PATH
 need=()
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need+=(python3-libnbd)
 command -v nbdkit >/dev/null || need+=(nbdkit)
+command -v qemu-img >/dev/null || need+=(qemu-utils)
 install_missing libnbd-python "${need[@]}"
 
 target=${CARGO_TARGET_DIR:-$PWD/target}
@@ -47,6 +49,20 @@ for t in third_party/libnbd-python/t/*.py; do
     rm -rf "$dir" "$dir.log"
   done
 done
+# diskit's own Python tests (python/tests), each in a scratch directory.
+for t in python/tests/*.py; do
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/diskit-python.XXXXXX")
+  if (cd "$dir" && PYTHONPATH=$root/python timeout 300 /usr/bin/python3 "$root/$t") \
+       >"$dir.log" 2>&1; then
+    passed=$((passed + 1))
+  else
+    echo "== $t failed:"
+    cat "$dir.log"
+    failed=$((failed + 1))
+  fi
+  rm -rf "$dir" "$dir.log"
+done
+
 # nbdsh's command lines under libnbd's nbdsh and under `diskit nbdsh`,
 # against one nbdkit memory disk: the same output and exit status.
 diskit=${DISKIT:-}

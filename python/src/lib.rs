@@ -417,10 +417,156 @@ impl Drop for Client {
     }
 }
 
+/// An image of any format diskit reads, over any storage the opener
+/// knows (a file, an NBD URI, http, rbd:, s3://, a `json:` description).
+#[pyclass(frozen)]
+struct Image {
+    image: RwLock<Option<Arc<diskit_open::Image>>>,
+    format: String,
+}
+
+impl Image {
+    fn get(&self) -> PyResult<Arc<diskit_open::Image>> {
+        self.image
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| Error::new_err(("the image is closed".to_string(), libc::EBADF)))
+    }
+}
+
+#[pymethods]
+impl Image {
+    /// Opens `name` (its format probed unless given), for writing when
+    /// `writable`.
+    #[new]
+    #[pyo3(signature = (name, format=None, writable=false))]
+    fn open(
+        py: Python<'_>,
+        name: String,
+        format: Option<String>,
+        writable: bool,
+    ) -> PyResult<Image> {
+        let format = format
+            .map(|f| diskit_open::Format::from_name(&f))
+            .transpose()
+            .map_err(err)?;
+        let opts = diskit_open::OpenOptions {
+            writable,
+            ..Default::default()
+        };
+        let image = py
+            .detach(|| diskit_open::open_image(&name, format, opts))
+            .map_err(err)?;
+        Ok(Image {
+            format: image.format.name().to_string(),
+            image: RwLock::new(Some(Arc::new(image))),
+        })
+    }
+
+    /// The image's format.
+    #[getter]
+    fn format(&self) -> String {
+        self.format.clone()
+    }
+
+    /// The guest-visible size.
+    #[getter]
+    fn size(&self) -> PyResult<u64> {
+        Ok(self.get()?.virtual_size())
+    }
+
+    /// The backing chain's file names, this image's first.
+    fn chain(&self) -> PyResult<Vec<String>> {
+        Ok(self
+            .get()?
+            .chain()
+            .iter()
+            .map(|i| i.filename.display().to_string())
+            .collect())
+    }
+
+    /// Reads `count` bytes at `offset`.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        count: usize,
+        offset: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let img = self.get()?;
+        let mut buf = vec![0u8; count];
+        py.detach(|| img.device.read_at(&mut buf, offset))
+            .map_err(err)?;
+        Ok(PyBytes::new(py, &buf))
+    }
+
+    /// Writes `data` at `offset`.
+    #[pyo3(signature = (data, offset, fua=false))]
+    fn write(&self, py: Python<'_>, data: PyBackedBytes, offset: u64, fua: bool) -> PyResult<()> {
+        let img = self.get()?;
+        py.detach(|| img.device.write_at(&data, offset, WriteFlags { fua }))
+            .map_err(err)
+    }
+
+    /// Makes `count` bytes at `offset` read as zeros.
+    #[pyo3(signature = (count, offset, may_trim=true))]
+    fn zero(&self, py: Python<'_>, count: u64, offset: u64, may_trim: bool) -> PyResult<()> {
+        let img = self.get()?;
+        let flags = ZeroFlags {
+            may_trim,
+            ..Default::default()
+        };
+        py.detach(|| img.device.write_zeroes(offset, count, flags))
+            .map_err(err)
+    }
+
+    /// Makes what was written durable.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let img = self.get()?;
+        py.detach(|| img.device.flush()).map_err(err)
+    }
+
+    /// The allocation from `offset` for `length` bytes (to the end when
+    /// None): (offset, length, data, zero, depth) runs, as qemu-img map
+    /// describes them.
+    #[pyo3(signature = (offset=0, length=None))]
+    fn map(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        length: Option<u64>,
+    ) -> PyResult<Vec<(u64, u64, bool, bool, u32)>> {
+        let img = self.get()?;
+        let end = length.map_or(img.virtual_size(), |l| offset.saturating_add(l));
+        py.detach(|| {
+            let mut out = Vec::new();
+            let mut at = offset;
+            while at < end {
+                for e in img.device.extents(at, end - at)? {
+                    out.push((at, e.length, e.flags.data, e.flags.zero, e.depth));
+                    at += e.length;
+                }
+            }
+            Ok(out)
+        })
+        .map_err(err)
+    }
+
+    /// Writes the image's metadata back and closes it.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self.image.write().unwrap_or_else(|e| e.into_inner()).take();
+        match taken {
+            Some(img) => py.detach(|| img.close()).map_err(err),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The module.
 #[pymodule]
 fn _diskit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
+    m.add_class::<Image>()?;
     m.add("Error", m.py().get_type::<Error>())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
