@@ -417,6 +417,9 @@ impl Drop for Client {
     }
 }
 
+/// One run of a map: offset, length, data, zero, depth.
+type Run = (u64, u64, bool, bool, u32);
+
 /// An image of any format diskit reads, over any storage the opener
 /// knows (a file, an NBD URI, http, rbd:, s3://, a `json:` description).
 #[pyclass(frozen)]
@@ -530,12 +533,7 @@ impl Image {
     /// None): (offset, length, data, zero, depth) runs, as qemu-img map
     /// describes them.
     #[pyo3(signature = (offset=0, length=None))]
-    fn map(
-        &self,
-        py: Python<'_>,
-        offset: u64,
-        length: Option<u64>,
-    ) -> PyResult<Vec<(u64, u64, bool, bool, u32)>> {
+    fn map(&self, py: Python<'_>, offset: u64, length: Option<u64>) -> PyResult<Vec<Run>> {
         let img = self.get()?;
         let end = length.map_or(img.virtual_size(), |l| offset.saturating_add(l));
         py.detach(|| {
