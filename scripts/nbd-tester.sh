@@ -40,16 +40,9 @@ cargo build -p diskit --quiet
 diskit=$target/debug/diskit
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/diskit-nbd-tester.XXXXXX")
-server=""
-stop_server() {
-  if [ -n "$server" ]; then
-    kill "$server" 2>/dev/null || true
-    wait "$server" 2>/dev/null || true
-    server=""
-  fi
-}
 cleanup() {
-  stop_server
+  # Servers a failed run left behind.
+  jobs -p | xargs -r kill 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -61,101 +54,113 @@ free_port() {
 passed=0
 failed=0
 failures=()
-
-# report NAME STATUS: one line per mode; on failure, both sides' output.
+# report NAME: prints how mode NAME went (its status file: the tester's
+# exit status and the seconds it took) and counts it.
 report() {
-  local name=$1 status=$2
+  local name=$1 dir=$tmp/$1 status secs
+  read -r status secs <"$dir/status"
   if [ "$status" -eq 0 ]; then
-    echo "nbd-tester $name: ok ($((SECONDS - started))s)"
+    echo "nbd-tester $name: ok (${secs}s)"
     passed=$((passed + 1))
   else
     echo "nbd-tester $name: FAILED (tester exit status $status)"
     echo "--- tester output (last lines)"
     # Without the progress counters, which hide the message.
-    tr '\r' '\n' <"$tmp/$name.tester" | grep -Ev 'Requests: [0-9]+|Seq [0-9a-f]+ Queued' | tail -20 || true
-    if [ -f "$tmp/$name.server" ]; then
+    tr '\r' '\n' <"$dir/tester" | grep -Ev 'Requests: [0-9]+|Seq [0-9a-f]+ Queued' | tail -20 || true
+    if [ -f "$dir/server" ]; then
       echo "--- server output"
-      tail -20 "$tmp/$name.server"
+      tail -20 "$dir/server"
     fi
     failed=$((failed + 1))
     failures+=("$name")
   fi
 }
 
-# mode NAME SERVER-ARGS... -- TESTER-ARGS...: serves, in the foreground, with
-# the server's arguments; runs the tester with its own, in which @PORT@ stands
-# for the server's TCP port; stops the server.
+# mode NAME SERVER-ARGS... -- TESTER-ARGS...: one run of the tester
+# against `diskit serve SERVER-ARGS`, in its own directory ($tmp/NAME:
+# @DISK@ is a 4 MiB file there, @SOCK@ a socket, @PORT@ the TCP port,
+# $PORT if set, else a free one), its outcome in $tmp/NAME/status. Modes
+# may run side by side.
 mode() {
-  local name=$1
+  local name=$1 dir=$tmp/$1
   shift
-  local sargs=()
+  mkdir -p "$dir"
+  local port=${PORT:-$(free_port)}
+  local sargs=() targs=() a
   while [ "$1" != "--" ]; do
-    sargs+=("$1")
+    a=${1//@PORT@/$port}
+    a=${a//@DISK@/$dir/disk}
+    sargs+=("${a//@SOCK@/$dir/sock}")
     shift
   done
   shift
-  local port
-  port=$(free_port)
-  local targs=("${@//@PORT@/$port}")
-  started=$SECONDS
-  rm -f "$tmp/pid" "$tmp/sock"
-  truncate -s 0 "$tmp/disk"
-  truncate -s 4M "$tmp/disk"
-  "$diskit" serve -f -P "$tmp/pid" "${sargs[@]//@PORT@/$port}" >"$tmp/$name.server" 2>&1 &
-  server=$!
+  for a in "$@"; do
+    a=${a//@PORT@/$port}
+    targs+=("${a//@SOCK@/$dir/sock}")
+  done
+  local started=$SECONDS
+  truncate -s 4M "$dir/disk"
+  "$diskit" serve -f -P "$dir/pid" "${sargs[@]}" >"$dir/server" 2>&1 &
+  local server=$!
   local i
   for i in $(seq 100); do
-    [ -s "$tmp/pid" ] && break
+    [ -s "$dir/pid" ] && break
     kill -0 "$server" 2>/dev/null || break
     sleep 0.1
   done
   local status=0
-  if [ ! -s "$tmp/pid" ]; then
-    echo "server did not start" >"$tmp/$name.tester"
+  if [ ! -s "$dir/pid" ]; then
+    echo "server did not start" >"$dir/tester"
     status=1
   else
-    (cd "$src" && timeout 120 "$tester" "${targs[@]}") >"$tmp/$name.tester" 2>&1 || status=$?
+    (cd "$src" && timeout 120 "$tester" "${targs[@]}") >"$dir/tester" 2>&1 || status=$?
   fi
-  stop_server
-  report "$name" "$status"
+  kill "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+  echo "$status $((SECONDS - started))" >"$dir/status"
 }
 
 tcp=(-i 127.0.0.1 -p @PORT@)
-# nbd-server verifies client certificates against cacertfile: --tls-verify-peer.
 tls=(--tls=require --tls-certificates="$src/certs" --tls-verify-peer)
 client_cert=(-C certs/client-cert.pem -K certs/client-key.pem -A certs/ca-cert.pem)
-
 echo "== nbd-tester: $tester against $diskit"
-mode cfg1 "${tcp[@]}" -e export file "$tmp/disk" -- -N export 127.0.0.1 @PORT@
-mode cfgsize "${tcp[@]}" -e export file "$tmp/disk" -- -o -N export 127.0.0.1 @PORT@
-mode write "${tcp[@]}" -e export1 file "$tmp/disk" -- -N export1 -w 127.0.0.1 @PORT@
-mode flush "${tcp[@]}" -e export1 file "$tmp/disk" -- -N export1 -w -f 127.0.0.1 @PORT@
+mode cfg1 "${tcp[@]}" -e export file @DISK@ -- -N export 127.0.0.1 @PORT@
+mode cfgsize "${tcp[@]}" -e export file @DISK@ -- -o -N export 127.0.0.1 @PORT@
+mode write "${tcp[@]}" -e export1 file @DISK@ -- -N export1 -w 127.0.0.1 @PORT@
+mode flush "${tcp[@]}" -e export1 file @DISK@ -- -N export1 -w -f 127.0.0.1 @PORT@
 mode integrity "${tcp[@]}" -e export1 memory 50M -- -N export1 -i -t integrity-test.tr 127.0.0.1 @PORT@
-mode integrityhuge "${tcp[@]}" -e export1 memory 50M -- -N export1 -i -t integrityhuge-test.tr 127.0.0.1 @PORT@
-mode list "${tcp[@]}" -r -e export1 file "$tmp/disk" -- -N export1 127.0.0.1 @PORT@
-# -F: the writes must fail.
-mode rowrite "${tcp[@]}" -r -e export1 file "$tmp/disk" -- -N export1 -w -F 127.0.0.1 @PORT@
-mode unix -U "$tmp/sock" -e export1 file "$tmp/disk" -- -N export1 -u "$tmp/sock"
-mode handshake "${tcp[@]}" -e export1 file "$tmp/disk" -- -h -N export1 127.0.0.1 @PORT@
-# The server's certificate names localhost, which the tester checks.
+mode list "${tcp[@]}" -r -e export1 file @DISK@ -- -N export1 127.0.0.1 @PORT@
+mode rowrite "${tcp[@]}" -r -e export1 file @DISK@ -- -N export1 -w -F 127.0.0.1 @PORT@
+mode unix -U @SOCK@ -e export1 file @DISK@ -- -N export1 -u @SOCK@
+mode handshake "${tcp[@]}" -e export1 file @DISK@ -- -h -N export1 127.0.0.1 @PORT@
 mode tls "${tcp[@]}" "${tls[@]}" -e export1 memory 50M -- \
   -N export1 -i -t integrity-test.tr "${client_cert[@]}" localhost @PORT@
-mode tlshuge "${tcp[@]}" "${tls[@]}" -e export1 memory 50M -- \
-  -N export1 -i -t integrityhuge-test.tr "${client_cert[@]}" -H localhost 127.0.0.1 @PORT@
-# A client certificate the CA did not sign: the handshake must fail (-F).
 mode tlswrongcert "${tcp[@]}" "${tls[@]}" -e export1 memory 50M -- \
   -N export1 -t integrity-test.tr -C certs/selfsigned-cert.pem -K certs/selfsigned-key.pem -F 127.0.0.1 @PORT@
-
-# inetd: the tester runs the server itself, the connection on its stdin only
-# (nbd-server's inetd mode talks both ways on fd 0); diskit's -s reads stdin
-# and writes stdout, so stdout is pointed at the same socket.
-truncate -s 4M "$tmp/disk"
+# The two long traces (about 35 s each) side by side, on two ports taken
+# now (nothing else of this script listens meanwhile).
+port1=$(free_port)
+port2=$(free_port)
+while [ "$port2" = "$port1" ]; do port2=$(free_port); done
+PORT=$port1 mode integrityhuge "${tcp[@]}" -e export1 memory 50M -- \
+  -N export1 -i -t integrityhuge-test.tr 127.0.0.1 @PORT@ &
+huge1=$!
+PORT=$port2 mode tlshuge "${tcp[@]}" "${tls[@]}" -e export1 memory 50M -- \
+  -N export1 -i -t integrityhuge-test.tr "${client_cert[@]}" -H localhost 127.0.0.1 @PORT@ &
+huge2=$!
+mkdir -p "$tmp/inetd"
+truncate -s 4M "$tmp/inetd/disk"
 started=$SECONDS
 status=0
 (cd "$src" && timeout 120 "$tester" -N export1 -I -- \
-  sh -c 'exec "$0" serve -s -e export1 file "$1" >&0 2>"$2"' "$diskit" "$tmp/disk" "$tmp/inetd.server") \
-  >"$tmp/inetd.tester" 2>&1 || status=$?
-report inetd "$status"
+  sh -c 'exec "$0" serve -s -e export1 file "$1" >&0 2>"$2"' "$diskit" "$tmp/inetd/disk" "$tmp/inetd/server") \
+  >"$tmp/inetd/tester" 2>&1 || status=$?
+echo "$status $((SECONDS - started))" >"$tmp/inetd/status"
+wait "$huge1" "$huge2" || true
+for name in cfg1 cfgsize write flush integrity integrityhuge list rowrite unix handshake \
+  tls tlshuge tlswrongcert inetd; do
+  report "$name"
+done
 
 echo "nbd-tester: $passed passed, $failed failed"
 if [ "$failed" -gt 0 ]; then
