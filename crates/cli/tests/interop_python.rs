@@ -104,7 +104,12 @@ fn same_info(runs: &[(Output, PathBuf)]) -> serde_json::Value {
     let theirs = export(&runs[0].1.join("info.json"));
     for (_, dir) in &runs[1..] {
         let ours = export(&dir.join("info.json"));
-        assert_eq!(ours["export-size"], theirs["export-size"], "{}", dir.display());
+        assert_eq!(
+            ours["export-size"],
+            theirs["export-size"],
+            "{}",
+            dir.display()
+        );
         for f in FLAGS {
             assert_eq!(ours[f], theirs[f], "{f}: {}", dir.display());
         }
@@ -169,7 +174,10 @@ fn file_example_writes_the_file_as_nbdkit_does() {
             let d = dir.path().join(format!("{server:?}"));
             std::fs::create_dir_all(&d).unwrap();
             served_file(&d, 65536);
-            (run_in(server, &d, &[&script("file.py"), "file=t.raw"], cmd), d)
+            (
+                run_in(server, &d, &[&script("file.py"), "file=t.raw"], cmd),
+                d,
+            )
         })
         .collect();
     for (o, d) in &runs {
@@ -323,7 +331,10 @@ fn exceptions_are_eio_and_set_error_gives_the_errno() {
         let o = run_in(
             server,
             &d,
-            &[&script("error.py"), &format!("file={}", s(&d.join("disk.raw")))],
+            &[
+                &script("error.py"),
+                &format!("file={}", s(&d.join("disk.raw"))),
+            ],
             &reads,
         );
         assert!(o.status.success(), "{server:?}: {}", stderr(&o));
@@ -354,11 +365,17 @@ fn start_up_errors_are_nbdkits() {
         ),
         (
             vec![script("python-exception.py"), "test=simple".into()],
-            &["config_complete: error: Traceback", "this is the test string"],
+            &[
+                "config_complete: error: Traceback",
+                "this is the test string",
+            ],
         ),
         (
             vec![script("file.py"), "colour=red".into()],
-            &["config: error: Traceback", "RuntimeError: unknown parameter: colour"],
+            &[
+                "config: error: Traceback",
+                "RuntimeError: unknown parameter: colour",
+            ],
         ),
     ];
     for (args, msgs) in &cases {

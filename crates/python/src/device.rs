@@ -16,12 +16,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use diskit_core::device::write_zero_buffer;
 use diskit_core::sync::{lock, wait};
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent,
-    ExtentFlags, Result, Session, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, ExtentFlags,
+    Result, Session, WriteFlags, ZeroFlags,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyBool, PyTuple};
 
 use crate::lend::lend;
 use crate::module::{
@@ -248,7 +248,8 @@ fn boolean(
     plain: Option<&str>,
 ) -> Result<bool> {
     if s.defines(py, can) {
-        return Ok(s.call(py, can, (h,))?.is(py.True()));
+        let r = s.call(py, can, (h,))?;
+        return Ok(r.cast::<PyBool>().is_ok_and(|b| b.is_true()));
     }
     Ok(plain.is_some_and(|p| s.defines(py, p)))
 }
@@ -261,7 +262,10 @@ fn mode(py: Python<'_>, s: &Script, h: &Bound<'_, PyAny>, name: &str) -> Result<
         .extract::<i64>()
         .map_err(|e| s.error(py, name, &e))?;
     if !(MODE_NONE..=MODE_NATIVE).contains(&m) {
-        return Err(Error::invalid(format!("{}: {name}: unknown mode {m}", s.path)));
+        return Err(Error::invalid(format!(
+            "{}: {name}: unknown mode {m}",
+            s.path
+        )));
     }
     Ok(m)
 }
@@ -498,9 +502,9 @@ impl BlockDevice for PythonDevice {
 
     fn cache(&self, offset: u64, len: u64) -> Result<()> {
         match self.cache {
-            MODE_NATIVE => self.python(|py, s, h| {
-                s.call(py, "cache", (h, len, offset, 0u32)).map(drop)
-            }),
+            MODE_NATIVE => {
+                self.python(|py, s, h| s.call(py, "cache", (h, len, offset, 0u32)).map(drop))
+            }
             MODE_EMULATE => {
                 // Read and drop, as nbdkit emulates it.
                 const CHUNK: u64 = 1 << 20;

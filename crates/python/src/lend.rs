@@ -103,7 +103,9 @@ pub(crate) unsafe fn lend<'py, R>(
 /// Stops the process if a view of `loan` outlived the call (the loan is
 /// held by our reference alone once every view is gone).
 fn returned(py: Python<'_>, loan: &Bound<'_, Loan>) {
-    if loan.get_refcnt() == 1 {
+    // SAFETY: a live object's reference count, read under the GIL.
+    let alone = || unsafe { ffi::Py_REFCNT(loan.as_ptr()) } == 1;
+    if alone() {
         return;
     }
     // A view may only be caught in a reference cycle (an exception's
@@ -111,7 +113,7 @@ fn returned(py: Python<'_>, loan: &Bound<'_, Loan>) {
     if let Ok(gc) = py.import("gc") {
         let _ = gc.call_method0("collect");
     }
-    if loan.get_refcnt() == 1 {
+    if alone() {
         return;
     }
     eprintln!(

@@ -5,6 +5,7 @@
 use std::sync::OnceLock;
 
 use diskit_core::{Error, ErrorKind, Result};
+use pyo3::BoundObject;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule, PyTuple};
 
@@ -40,7 +41,10 @@ impl Script {
         interpreter()?;
         let source = std::fs::read_to_string(path).map_err(|e| {
             let e = Error::from(e);
-            Error::new(e.kind(), format!("{path}: cannot open file: {}", e.detail()))
+            Error::new(
+                e.kind(),
+                format!("{path}: cannot open file: {}", e.detail()),
+            )
         })?;
         Python::attach(|py| {
             let main = py
@@ -110,6 +114,10 @@ impl Script {
         let Some(f) = self.callback(py, name) else {
             return Err(Error::unsupported(format!("{name} not implemented")));
         };
+        let args = args
+            .into_pyobject(py)
+            .map_err(|e| self.error(py, name, &e.into()))?
+            .into_bound();
         module::clear_errno();
         f.call1(args).map_err(|e| self.error(py, name, &e))
     }
@@ -159,9 +167,10 @@ fn one_line(py: Python<'_>, e: &PyErr) -> String {
         && !e.is_instance_of::<pyo3::exceptions::PySyntaxError>(py)
     {
         let mut last = tb;
-        while let Ok(Some(next)) = last
+        while let Some(next) = last
             .getattr("tb_next")
-            .and_then(|n| n.extract::<Option<Bound<'_, pyo3::types::PyTraceback>>>())
+            .ok()
+            .and_then(|n| n.cast_into::<pyo3::types::PyTraceback>().ok())
         {
             last = next;
         }
@@ -176,11 +185,10 @@ fn one_line(py: Python<'_>, e: &PyErr) -> String {
 /// text when that fails.
 fn traceback(py: Python<'_>, e: &PyErr) -> String {
     let formatted = (|| -> PyResult<String> {
-        let lines = py.import("traceback")?.getattr("format_exception")?.call1((
-            e.get_type(py),
-            e.value(py),
-            e.traceback(py),
-        ))?;
+        let lines = py
+            .import("traceback")?
+            .getattr("format_exception")?
+            .call1((e.get_type(py), e.value(py), e.traceback(py)))?;
         let joined: String = py
             .import("builtins")?
             .getattr("str")?
