@@ -393,3 +393,36 @@ fn start_up_errors_are_nbdkits() {
     assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
     assert_contains(&stderr(&o), "line 4");
 }
+
+#[test]
+fn the_scripts_thread_model_is_kept() {
+    let dir = workdir();
+    // Eight reads in flight on one connection, then the most that ran at
+    // once.
+    let cmd = "nbdsh -u \"$uri\" -c '\
+bufs = [nbd.Buffer(512) for _ in range(8)]
+for i, b in enumerate(bufs):
+    h.aio_pread(b, i * 512)
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+print(h.pread(512, 0)[0])' > most.txt";
+    for model in ["serialize_all_requests", "serialize_requests", "parallel"] {
+        for (o, d) in under_all(
+            &dir.path().join(model),
+            &[&script("threads.py"), &format!("model={model}")],
+            cmd,
+        ) {
+            assert!(o.status.success(), "{}: {}", d.display(), stderr(&o));
+            let most: u32 = std::fs::read_to_string(d.join("most.txt"))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            if model == "parallel" {
+                assert!(most > 1, "{model} {}: {most}", d.display());
+            } else {
+                assert_eq!(most, 1, "{model} {}", d.display());
+            }
+        }
+    }
+}
