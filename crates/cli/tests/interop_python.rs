@@ -426,3 +426,26 @@ print(h.pread(512, 0)[0])' > most.txt";
         }
     }
 }
+
+#[test]
+fn api_version_1_scripts_run_too() {
+    let dir = workdir();
+    let cmd = "nbdinfo --json \"$uri\" > info.json && \
+               qemu-io -f raw -c 'write -P 0x21 512 4096' -c 'write -z 1024 512' \
+               -c 'write -f -P 0x22 8192 512' -c 'discard 8192 512' -c 'flush' \
+               \"$uri\" > /dev/null && qemu-img convert -f raw -O raw \"$uri\" out.raw";
+    let runs = under_all(dir.path(), &[&script("api1.py")], cmd);
+    for (o, d) in &runs {
+        assert!(o.status.success(), "{}: {}", d.display(), stderr(o));
+    }
+    let e = same_info(&runs);
+    assert_eq!(e["can_fua"], true, "emulated by flush");
+    let want = read(&runs[0].1.join("out.raw"));
+    assert!(want[512..1024].iter().all(|&b| b == 0x21));
+    assert!(want[1024..1536].iter().all(|&b| b == 0));
+    assert!(want[1536..4608].iter().all(|&b| b == 0x21));
+    assert!(want[8192..8704].iter().all(|&b| b == 0x22));
+    for (_, d) in &runs[1..] {
+        assert!(read(&d.join("out.raw")) == want, "{}", d.display());
+    }
+}
