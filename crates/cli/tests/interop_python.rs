@@ -120,6 +120,28 @@ fn same_info(runs: &[(Output, PathBuf)]) -> serde_json::Value {
     theirs
 }
 
+/// Every run succeeded, and qemu-io's output in `qemu_io` (when given)
+/// names no failed request.
+fn all_ok(runs: &[(Output, PathBuf)], qemu_io: Option<&str>) {
+    for (o, d) in runs {
+        assert!(o.status.success(), "{}: {}", d.display(), stderr(o));
+        if let Some(f) = qemu_io {
+            let text = std::fs::read_to_string(d.join(f)).unwrap();
+            assert!(!text.contains("fail"), "{}: {text}", d.display());
+        }
+    }
+}
+
+/// Each range of `bytes` holds only its byte.
+fn holds(bytes: &[u8], runs: &[(std::ops::Range<usize>, u8)]) {
+    for (r, b) in runs {
+        assert!(
+            bytes[r.clone()].iter().all(|x| x == b),
+            "{r:?} is not {b:#x}"
+        );
+    }
+}
+
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -137,19 +159,22 @@ fn ramdisk_example_bytes_flags_and_map() {
                qemu-img convert -f raw -O raw \"$uri\" out.raw && \
                nbdinfo --map \"$uri\" > map.txt";
     let runs = under_all(dir.path(), &[&script("ramdisk.py"), "test1=foo"], cmd);
-    for (o, d) in &runs {
-        assert!(o.status.success(), "{}: {}", d.display(), stderr(o));
-    }
+    all_ok(&runs, None);
     let e = same_info(&runs);
     assert_eq!(e["export-size"], 1 << 20);
     assert_eq!(e["can_zero"], true);
     let want = read(&runs[0].1.join("out.raw"));
     assert_eq!(want.len(), 1 << 20);
-    assert!(want[4096..8192].iter().all(|&b| b == 0x5a));
-    assert!(want[8192..8704].iter().all(|&b| b == 0));
-    assert!(want[8704..12288].iter().all(|&b| b == 0x5a));
-    assert!(want[131072..132096].iter().all(|&b| b == 0));
-    assert!(want[132096..135168].iter().all(|&b| b == 0x77));
+    holds(
+        &want,
+        &[
+            (4096..8192, 0x5a),
+            (8192..8704, 0),
+            (8704..12288, 0x5a),
+            (131072..132096, 0),
+            (132096..135168, 0x77),
+        ],
+    );
     for (_, d) in &runs[1..] {
         assert!(read(&d.join("out.raw")) == want, "{}", d.display());
         assert_eq!(
@@ -180,20 +205,13 @@ fn file_example_writes_the_file_as_nbdkit_does() {
             )
         })
         .collect();
-    for (o, d) in &runs {
-        assert!(o.status.success(), "{}: {}", d.display(), stderr(o));
-        assert!(
-            !std::fs::read_to_string(d.join("read.txt"))
-                .unwrap()
-                .contains("fail"),
-            "{}",
-            d.display()
-        );
-    }
+    all_ok(&runs, Some("read.txt"));
     same_info(&runs);
     let want = read(&runs[0].1.join("t.raw"));
-    assert!(want[65536..196608].iter().all(|&b| b == 0x61));
-    assert!(want[1 << 20..(1 << 20) + 4096].iter().all(|&b| b == 0));
+    holds(
+        &want,
+        &[(65536..196608, 0x61), (1 << 20..(1 << 20) + 4096, 0)],
+    );
     for (_, d) in &runs[1..] {
         assert!(read(&d.join("t.raw")) == want, "{}", d.display());
     }
@@ -239,16 +257,7 @@ fn test_plugin_flags_extents_fua_and_cache() {
                nbdsh -u \"$uri\" -c 'h.cache(4096, 0)' -c 'h.flush()' && \
                qemu-img convert -f raw -O raw \"$uri\" out.raw";
     let runs = under_all(dir.path(), &[&script("test-python-plugin.py"), &cfg], cmd);
-    for (o, d) in &runs {
-        assert!(o.status.success(), "{}: {}", d.display(), stderr(o));
-        assert!(
-            !std::fs::read_to_string(d.join("write.txt"))
-                .unwrap()
-                .contains("fail"),
-            "{}",
-            d.display()
-        );
-    }
+    all_ok(&runs, Some("write.txt"));
     let e = same_info(&runs);
     for flag in [
         "can_fua",
@@ -435,16 +444,19 @@ fn api_version_1_scripts_run_too() {
                -c 'write -f -P 0x22 8192 512' -c 'discard 8192 512' -c 'flush' \
                \"$uri\" > /dev/null && qemu-img convert -f raw -O raw \"$uri\" out.raw";
     let runs = under_all(dir.path(), &[&script("api1.py")], cmd);
-    for (o, d) in &runs {
-        assert!(o.status.success(), "{}: {}", d.display(), stderr(o));
-    }
+    all_ok(&runs, None);
     let e = same_info(&runs);
     assert_eq!(e["can_fua"], true, "emulated by flush");
     let want = read(&runs[0].1.join("out.raw"));
-    assert!(want[512..1024].iter().all(|&b| b == 0x21));
-    assert!(want[1024..1536].iter().all(|&b| b == 0));
-    assert!(want[1536..4608].iter().all(|&b| b == 0x21));
-    assert!(want[8192..8704].iter().all(|&b| b == 0x22));
+    holds(
+        &want,
+        &[
+            (512..1024, 0x21),
+            (1024..1536, 0),
+            (1536..4608, 0x21),
+            (8192..8704, 0x22),
+        ],
+    );
     for (_, d) in &runs[1..] {
         assert!(read(&d.join("out.raw")) == want, "{}", d.display());
     }

@@ -487,6 +487,8 @@ mod tests {
             "full",
             "random",
             "sparse-random",
+            #[cfg(feature = "python")]
+            "python",
             "nbd",
             "http",
             "curl",
