@@ -322,6 +322,11 @@ fn exceptions_are_eio_and_set_error_gives_the_errno() {
             assert!(o.status.success(), "{}: {}", d.display(), stderr(&o));
             let seen = std::fs::read_to_string(d.join("seen.txt")).unwrap();
             assert_eq!(seen, want, "{args:?} {}", d.display());
+            // The server's log has the script, the callback and the
+            // traceback.
+            assert_contains(&stderr(&o), "enospc.py: pwrite: error: Traceback");
+            assert_contains(&stderr(&o), "RuntimeError: write refused at 0");
+            assert_contains(&stderr(&o), "cleanup called");
         }
     }
     // nbdkit's error.py fails every other call with an exception: EIO.

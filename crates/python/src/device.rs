@@ -196,10 +196,16 @@ impl PythonDevice {
         let model = self.shared.model;
         let _all = (model <= THREAD_MODEL_SERIALIZE_ALL_REQUESTS).then(|| lock(&self.shared.all));
         let _one = (model == THREAD_MODEL_SERIALIZE_REQUESTS).then(|| lock(&self.requests));
-        Python::attach(|py| {
+        let r = Python::attach(|py| {
             module::set_export(&self.export);
             f(py, &self.shared.script, self.handle.bind(py))
-        })
+        });
+        if let Err(e) = &r {
+            // As nbdkit logs a failed callback (the client only sees the
+            // errno): the script, the callback, the traceback.
+            eprintln!("nbdkit: python: error: {e}");
+        }
+        r
     }
 
     /// The flags of a request as the script gets them: FUA only when the
@@ -562,6 +568,16 @@ impl BlockDevice for PythonDevice {
         let cleanup = self.python(|py, s, _| {
             if s.defines(py, "cleanup") {
                 s.call(py, "cleanup", ())?;
+            }
+            // The interpreter is not finalized: the script's atexit
+            // handlers run now, as they would when nbdkit unloads it.
+            py.import("atexit")
+                .and_then(|m| m.call_method0("_run_exitfuncs"))
+                .map_err(|e| s.error(py, "atexit", &e))?;
+            // Nor are its files flushed at exit: what it printed goes now.
+            let sys = py.import("sys").map_err(|e| s.error(py, "sys", &e))?;
+            for stream in ["stdout", "stderr"] {
+                let _ = sys.getattr(stream).and_then(|f| f.call_method0("flush"));
             }
             Ok(())
         });

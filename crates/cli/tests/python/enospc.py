@@ -2,9 +2,10 @@
 # work and whose writes fail with the errno the script sets, to check that
 # nbdkit.set_error reaches the client. With key "fail=EPERM" (any errno
 # name) another errno; with "plain=1" the script raises without setting
-# one (EIO).
+# one (EIO). cleanup() says it ran, on standard error.
 
 import errno
+import sys
 
 import nbdkit
 
@@ -40,3 +41,7 @@ def pwrite(h, buf, offset, flags):
     if not plain:
         nbdkit.set_error(err)
     raise RuntimeError("write refused at %d" % offset)
+
+
+def cleanup():
+    sys.stderr.write("cleanup called\n")
