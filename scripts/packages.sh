@@ -23,6 +23,13 @@ install_missing() {
   apt_install "$@"
 }
 
+# install_build_needs: what building diskit needs besides Rust and a C
+# compiler: the system's CPython for the python plugin (python3-dev:
+# headers, python3-config, libpython3), when missing.
+install_build_needs() {
+  [ -x /usr/bin/python3-config ] || install_missing "the build" python3-dev
+}
+
 # c_build_setup NAME: for a script, run from the top of the tree, that
 # builds the C sources vendored in third_party/NAME: sets src (those
 # sources), target (cargo's target directory) and need, the packages to

@@ -265,6 +265,15 @@ pub fn open_plugin(
     }
 }
 
+/// Prints plugins' debug messages (a Python script's `nbdkit.debug`) on
+/// standard error from now on: the server's `-v`.
+pub fn set_verbose(on: bool) {
+    #[cfg(feature = "python")]
+    diskit_python::set_verbose(on);
+    #[cfg(not(feature = "python"))]
+    let _ = on;
+}
+
 /// The plugin list for --help.
 pub fn help() -> String {
     let mut s = String::from("Plugins:\n");
@@ -487,6 +496,11 @@ mod tests {
             "split",
             "partitioning",
             "tmpdisk",
+            "sh",
+            "eval",
+            "ssh",
+            #[cfg(feature = "python")]
+            "python",
             "nbd",
             "http",
             "curl",

@@ -7,7 +7,8 @@
 //! `info`, `convert`, `copy` and every other command. nbdkit's face: the
 //! plugins that serve it with nbdkit's keys (`diskit serve file|nbd|
 //! http|curl|null|memory|pattern|zero|ones|full|random|
-//! sparse-random|data|split|partitioning|tmpdisk|rbd|s3`). And how an image is made on
+//! sparse-random|data|split|partitioning|tmpdisk|sh|eval|ssh|python|rbd|s3`). And how an
+//! image is made on
 //! it. A new source is one module and one row here.
 
 use std::sync::Arc;
@@ -367,6 +368,20 @@ pub const PROTOCOLS: &[Protocol] = &[
                [identity=KEYFILE...] [known-hosts=FILE] [verify-remote-host=BOOL] [config=FILE] \
                [timeout=SECS] [compression=BOOL] [create=true create-size=SIZE [create-mode=MODE]])",
         open: PluginOpen::InOrder(crate::ssh::open_plugin),
+    }]),
+    #[cfg(feature = "python")]
+    Protocol::served_only(&[Plugin {
+        name: "python",
+        magic: "script",
+        magic_required: true,
+        keys: &["script"],
+        lists: &[],
+        aliases: &[],
+        variables: true,
+        help: "a Python script written for nbdkit's python plugin (API 1 or 2), run \
+               unmodified on embedded CPython (script=SCRIPT.py [key=value]...: the \
+               others go to the script's config(key, value), in order)",
+        open: PluginOpen::InOrder(diskit_python::open),
     }]),
     Protocol {
         name: "rbd",

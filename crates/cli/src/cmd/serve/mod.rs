@@ -219,6 +219,9 @@ fn build(
     // Under a filter that never writes below (cow) the plugin opens
     // read-only, as nbdkit opens it: a read-only file serves.
     let plugin_readonly = a.readonly || routed.filters.iter().any(FilterSpec::reads_only_below);
+    if a.verbose {
+        plugin::set_verbose(true);
+    }
     let opened = plugin::open_plugin(&a.plugin, &routed.plugin_args, plugin_readonly, policy)?;
     let device = match filters::stack(&routed.filters, opened.device.clone(), a.readonly) {
         Ok(d) => d,
