@@ -66,7 +66,7 @@ class Mounted:
         self.proc = subprocess.Popen([*program, "-P", str(pidfile), str(mountpoint), uri],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
-        while not (pidfile.exists() and pidfile.read_text().endswith("\n")):
+        while not (pidfile.exists() and pidfile.read_text().strip().isdigit()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.unmount()
                 raise RuntimeError(f"{program} did not mount: {self.proc.stderr.read().decode()}")

@@ -283,7 +283,8 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     };
     let mounted = diskit_fuse::mount(dev, &opts).map_err(|e| CliError::new(e.to_string()))?;
     if let Some(p) = &a.pidfile {
-        std::fs::write(p, format!("{}\n", std::process::id()))
+        // As nbdfuse: the number alone, no newline.
+        std::fs::write(p, std::process::id().to_string())
             .map_err(|e| CliError::new(format!("{}: {}", p.display(), crate::util::strerror(&e))))?;
     }
     let served = mounted.serve().map_err(|e| CliError::new(e.to_string()));
