@@ -114,7 +114,11 @@ impl Mount {
                 let out = m.child.take().unwrap().wait_with_output().unwrap();
                 panic!("{}: {status}: {}", m.what, stderr(&out));
             }
-            assert!(t.elapsed() < Duration::from_secs(20), "{} did not mount", m.what);
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{} did not mount",
+                m.what
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -169,7 +173,11 @@ fn patterned(path: &Path, size: u64) {
     sparse_file(
         path,
         size,
-        &[(0, 65536, 0x11), (size / 2, 100_000, 0x22), (size - 4096, 4096, 0x33)],
+        &[
+            (0, 65536, 0x11),
+            (size / 2, 100_000, 0x22),
+            (size - 4096, 4096, 0x33),
+        ],
     );
 }
 
@@ -213,10 +221,18 @@ fn reads_and_writes_a_qemu_nbd_export_as_nbdfuse_does() {
         let m = Mount::start(&prog, &[], &mp, &[s(&mp), &server.uri]);
         let file = mp.join("nbd");
         assert_eq!(std::fs::metadata(&file).unwrap().len(), SIZE, "{name}");
-        assert!(same_bytes(&file, &src), "{name}: the file reads as the export");
+        assert!(
+            same_bytes(&file, &src),
+            "{name}: the file reads as the export"
+        );
         // dd with large blocks and O_DIRECT reads alike.
         let o = Command::new("dd")
-            .args([&format!("if={}", s(&file)), "bs=1M", "iflag=direct", "status=none"])
+            .args([
+                &format!("if={}", s(&file)),
+                "bs=1M",
+                "iflag=direct",
+                "status=none",
+            ])
             .output()
             .unwrap();
         assert!(o.status.success(), "{name}: dd: {}", stderr(&o));
@@ -261,7 +277,15 @@ fn runs_a_server_for_the_mount_in_brackets_and_with_command() {
             &prog,
             &[],
             &mp,
-            &[s(&file), "--command", "nbdkit", "-s", "--exit-with-parent", "memory", "1M"],
+            &[
+                s(&file),
+                "--command",
+                "nbdkit",
+                "-s",
+                "--exit-with-parent",
+                "memory",
+                "1M",
+            ],
         );
         let names: Vec<_> = std::fs::read_dir(&mp)
             .unwrap()
@@ -314,7 +338,11 @@ fn nbdinfo_map(uri: &str) -> Vec<(u64, u64, String)> {
         .lines()
         .map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
-            (w[0].parse().unwrap(), w[1].parse().unwrap(), w[3..].join(" "))
+            (
+                w[0].parse().unwrap(),
+                w[1].parse().unwrap(),
+                w[3..].join(" "),
+            )
         })
         .collect()
 }
@@ -337,18 +365,33 @@ fn fallocate_punches_holes_and_zeroes_ranges_on_the_server() {
         let m = Mount::start(&prog, &[], &mp, &[s(&mp), &server.uri]);
         let file = mp.join("nbd");
         let fallocate = |args: &[&str]| {
-            let o = Command::new("fallocate").args(args).arg(&file).output().unwrap();
-            assert!(o.status.success(), "{name}: fallocate {args:?}: {}", stderr(&o));
+            let o = Command::new("fallocate")
+                .args(args)
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "{name}: fallocate {args:?}: {}",
+                stderr(&o)
+            );
         };
         fallocate(&["-p", "-o", "1M", "-l", "1M"]);
         fallocate(&["-z", "-o", "3M", "-l", "64K"]);
         let f = std::fs::read(&file).unwrap();
-        assert!(f[1 << 20..2 << 20].iter().all(|&b| b == 0), "{name}: punched");
-        assert!(f[3 << 20..(3 << 20) + 65536].iter().all(|&b| b == 0), "{name}: zeroed");
+        assert!(
+            f[1 << 20..2 << 20].iter().all(|&b| b == 0),
+            "{name}: punched"
+        );
+        assert!(
+            f[3 << 20..(3 << 20) + 65536].iter().all(|&b| b == 0),
+            "{name}: zeroed"
+        );
         assert!(f[..1 << 20].iter().all(|&b| b == 0x77), "{name}");
         let map = nbdinfo_map(&server.uri);
         assert!(
-            map.iter().any(|(o, l, d)| *o <= 1 << 20 && o + l >= 2 << 20 && d.contains("hole")),
+            map.iter()
+                .any(|(o, l, d)| *o <= 1 << 20 && o + l >= 2 << 20 && d.contains("hole")),
             "{name}: the punched range is a hole on the server: {map:?}"
         );
         maps.push(map);
@@ -396,7 +439,12 @@ fn diskit_fuse_mounts_a_qcow2_image_read_write() {
     let want = t.at("want.raw");
     expected(&src, &want, 123_456, &data);
     let mp = t.mountpoint("mp");
-    let m = Mount::start(&diskit_bin(), &["fuse"], &mp, &[s(&mp.join("disk.raw")), s(&img)]);
+    let m = Mount::start(
+        &diskit_bin(),
+        &["fuse"],
+        &mp,
+        &[s(&mp.join("disk.raw")), s(&img)],
+    );
     let file = mp.join("disk.raw");
     assert!(same_bytes(&file, &src));
     write_through(&file, 123_456, &data);

@@ -66,7 +66,9 @@ pub fn mount(dev: DeviceRef, opts: &MountOptions) -> Result<Mounted> {
                 "direct_io" => file.direct_io = true,
                 "allow_other" => config.acl = SessionACL::All,
                 "allow_root" => config.acl = SessionACL::RootAndOwner,
-                _ => config.mount_options.push(MountOption::CUSTOM(o.to_string())),
+                _ => config
+                    .mount_options
+                    .push(MountOption::CUSTOM(o.to_string())),
             }
         }
     }

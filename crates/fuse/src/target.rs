@@ -37,9 +37,13 @@ impl Target {
                 });
             }
         }
-        let dir = path
-            .parent()
-            .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+        let dir = path.parent().map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        });
         match (dir, path.file_name()) {
             (Some(dir), Some(name)) if dir.is_dir() => Ok(Target {
                 mountpoint: dir.to_path_buf(),
@@ -70,13 +74,19 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("diskit-fuse-target-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let t = Target::resolve(&dir).unwrap();
-        assert_eq!((t.mountpoint.as_path(), t.name.as_deref()), (dir.as_path(), Some("nbd".as_ref())));
+        assert_eq!(
+            (t.mountpoint.as_path(), t.name.as_deref()),
+            (dir.as_path(), Some("nbd".as_ref()))
+        );
         let file = dir.join("naked");
         std::fs::write(&file, b"").unwrap();
         let t = Target::resolve(&file).unwrap();
         assert_eq!((t.mountpoint, t.name), (file, None));
         let t = Target::resolve(&dir.join("disk.raw")).unwrap();
-        assert_eq!((t.mountpoint, t.name), (dir.clone(), Some("disk.raw".into())));
+        assert_eq!(
+            (t.mountpoint, t.name),
+            (dir.clone(), Some("disk.raw".into()))
+        );
         let e = Target::resolve(&dir.join("no/such")).unwrap_err();
         assert!(e.to_string().contains("mountpoint must be"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();

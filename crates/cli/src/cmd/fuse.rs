@@ -164,8 +164,8 @@ fn connect_stdio(argv: &[String]) -> Result<(NbdClient, StdioServer), CliError> 
         .map_err(|e| CliError::new(format!("{}: {e}", argv[0])))?;
     let server = StdioServer(child);
     let name = argv.join(" ");
-    let client = NbdClient::over(Stream::Unix(ours), &name, "")
-        .map_err(|e| CliError::new(e.to_string()))?;
+    let client =
+        NbdClient::over(Stream::Unix(ours), &name, "").map_err(|e| CliError::new(e.to_string()))?;
     Ok((client, server))
 }
 
@@ -185,7 +185,10 @@ fn connected_fd(fd: i32) -> Result<Stream, CliError> {
     };
     if r != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(CliError::new(format!("--fd {fd}: {}", crate::util::strerror(&e))));
+        return Err(CliError::new(format!(
+            "--fd {fd}: {}",
+            crate::util::strerror(&e)
+        )));
     }
     // SAFETY: the descriptor was given to this process to own (nbdfuse
     // takes it over likewise); it is a socket, as getsockopt said.
@@ -284,8 +287,9 @@ pub fn run(a: Args, policy: OpenPolicy) -> CmdResult {
     let mounted = diskit_fuse::mount(dev, &opts).map_err(|e| CliError::new(e.to_string()))?;
     if let Some(p) = &a.pidfile {
         // As nbdfuse: the number alone, no newline.
-        std::fs::write(p, std::process::id().to_string())
-            .map_err(|e| CliError::new(format!("{}: {}", p.display(), crate::util::strerror(&e))))?;
+        std::fs::write(p, std::process::id().to_string()).map_err(|e| {
+            CliError::new(format!("{}: {}", p.display(), crate::util::strerror(&e)))
+        })?;
     }
     let served = mounted.serve().map_err(|e| CliError::new(e.to_string()));
     drop(keep);
@@ -320,9 +324,21 @@ mod tests {
             Source::Stdio(words("nbdkit -s memory 1M"))
         );
         assert_eq!(p("--fd 5").unwrap(), Source::Fd(5));
-        assert_eq!(p("--tcp h 10809").unwrap(), Source::Tcp("h".into(), "10809".into()));
+        assert_eq!(
+            p("--tcp h 10809").unwrap(),
+            Source::Tcp("h".into(), "10809".into())
+        );
         assert_eq!(p("--unix /s").unwrap(), Source::Unix("/s".into()));
-        for bad in ["[ ]", "[ x", "--tcp h", "--fd x", "--unix", "a b", "--vsock 1 2", ""] {
+        for bad in [
+            "[ ]",
+            "[ x",
+            "--tcp h",
+            "--fd x",
+            "--unix",
+            "a b",
+            "--vsock 1 2",
+            "",
+        ] {
             assert!(p(bad).is_err(), "{bad}");
         }
     }
