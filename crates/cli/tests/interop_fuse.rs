@@ -124,25 +124,31 @@ impl Mount {
     }
 
     /// Unmounts with fusermount3 -u and returns how the process ended.
-    fn unmount(mut self) -> ExitStatus {
+    fn unmount(self) -> ExitStatus {
         let out = Command::new("fusermount3")
             .arg("-u")
             .arg(&self.mountpoint)
             .output()
             .unwrap();
         assert!(out.status.success(), "fusermount3 -u: {}", stderr(&out));
-        let mut child = self.child.take().unwrap();
+        self.ended().status
+    }
+
+    /// Sends the process `signal`.
+    fn signal(&self, signal: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: kill(2) on our own child's pid, which is not reaped yet.
+        unsafe { libc::kill(pid, signal) };
+    }
+
+    /// Waits for the process to end (the guard unmounts if it does not).
+    fn ended(mut self) -> std::process::Output {
         let t = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            if t.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                panic!("{} did not end after the unmount", self.what);
-            }
+        while self.child.as_mut().unwrap().try_wait().unwrap().is_none() {
+            assert!(t.elapsed() < Duration::from_secs(20), "{} did not end", self.what);
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.child.take().unwrap().wait_with_output().unwrap()
     }
 }
 
@@ -398,6 +404,23 @@ fn fallocate_punches_holes_and_zeroes_ranges_on_the_server() {
         assert_eq!(m.unmount().code(), Some(0), "{name}: exit status");
     }
     assert_eq!(maps[0], maps[1], "the server's map as nbdfuse leaves it");
+}
+
+#[test]
+fn a_signal_unmounts_and_fails_as_nbdfuse_does() {
+    need_fuse!();
+    let t = Setup::new();
+    for (i, (name, prog)) in t.nbdfuses().into_iter().enumerate() {
+        let mp = t.mountpoint(&format!("mp{i}"));
+        let server = ["[", "nbdkit", "--exit-with-parent", "memory", "1M", "]"];
+        let m = Mount::start(&prog, &[], &mp, &[&[s(&mp)], &server[..]].concat());
+        m.signal(libc::SIGTERM);
+        let out = m.ended();
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        assert_contains(&stderr(&out), "terminated by signal 15");
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        assert!(!mounts.contains(s(&mp)), "{name}: still mounted");
+    }
 }
 
 #[test]

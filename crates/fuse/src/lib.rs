@@ -6,7 +6,8 @@
 //! punch-hole trims and zero-range zeroes. The mount is made through
 //! fusermount3 (no libfuse needed) and served until it is unmounted
 //! (`fusermount3 -u`), or the process is sent SIGINT, SIGTERM or SIGHUP,
-//! which unmount it. See [`fs`] for how requests reach the device.
+//! which unmount it (and make it fail, as nbdfuse). See [`fs`] for how
+//! requests reach the device.
 
 pub mod fs;
 mod pool;
@@ -73,22 +74,32 @@ pub fn mount(dev: DeviceRef, opts: &MountOptions) -> Result<Mounted> {
         }
     }
     let fs = OneFile::new(dev.clone(), file);
-    let session = Session::new(fs, &opts.target.mountpoint, &config)
+    let mut session = Session::new(fs, &opts.target.mountpoint, &config)
         .map_err(|e| mount_error(&opts.target, e))?;
+    // From here on a signal unmounts (a caller told of the mount may
+    // send one at once).
+    signals::unmount_on_signals(session.unmount_callable())?;
     Ok(Mounted { session, dev })
 }
 
 impl Mounted {
     /// Serves requests until the file is unmounted, then flushes and
-    /// closes the device.
-    pub fn serve(mut self) -> Result<()> {
-        signals::unmount_on_signals(self.session.unmount_callable())?;
+    /// closes the device. An unmount caused by a signal is an error
+    /// (nbdfuse's words), after the device is closed all the same.
+    pub fn serve(self) -> Result<()> {
         self.session
             .run()
             .map_err(|e| Error::new(ErrorKind::Io, format!("serving the mount: {e}")))?;
         if self.dev.capabilities().can_write {
             self.dev.flush()?;
         }
-        self.dev.close()
+        self.dev.close()?;
+        match signals::received() {
+            Some(sig) => Err(Error::new(
+                ErrorKind::Shutdown,
+                format!("fuse_loop: fuse loop terminated by signal {sig}"),
+            )),
+            None => Ok(()),
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! SIGINT, SIGTERM and SIGHUP unmount the file (as libfuse's handlers
 //! end nbdfuse's loop), so that the process ends as after
-//! `fusermount3 -u`, its device flushed and closed.
+//! `fusermount3 -u`, its device flushed and closed; it then reports the
+//! signal and fails, as nbdfuse does.
 
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -11,8 +12,16 @@ use fuser::SessionUnmounter;
 
 /// The write end of the pipe the handler writes to (-1: none yet).
 static WAKE: AtomicI32 = AtomicI32::new(-1);
+/// The first signal received (0: none).
+static RECEIVED: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_signal(_sig: libc::c_int) {
+/// The signal that ended the mount, if one did.
+pub fn received() -> Option<i32> {
+    Some(RECEIVED.load(Ordering::Relaxed)).filter(|&s| s != 0)
+}
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let _ = RECEIVED.compare_exchange(0, sig, Ordering::Relaxed, Ordering::Relaxed);
     let fd = WAKE.load(Ordering::Relaxed);
     if fd >= 0 {
         let b = 1u8;
