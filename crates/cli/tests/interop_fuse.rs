@@ -67,6 +67,16 @@ impl Setup {
         ]
     }
 
+    /// `src.raw` ([`patterned`], SIZE) and `want.raw`: it with `data`
+    /// written at `offset`, what a write through the mount must make.
+    fn source_and_want(&self, offset: u64, data: &[u8]) -> (PathBuf, PathBuf) {
+        let (src, want) = (self.at("src.raw"), self.at("want.raw"));
+        patterned(&src, SIZE);
+        std::fs::copy(&src, &want).unwrap();
+        write_through(&want, offset, data);
+        (src, want)
+    }
+
     /// A new empty directory to mount on.
     fn mountpoint(&self, name: &str) -> PathBuf {
         let p = self.at(name);
@@ -145,7 +155,11 @@ impl Mount {
     fn ended(mut self) -> std::process::Output {
         let t = Instant::now();
         while self.child.as_mut().unwrap().try_wait().unwrap().is_none() {
-            assert!(t.elapsed() < Duration::from_secs(20), "{} did not end", self.what);
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{} did not end",
+                self.what
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         self.child.take().unwrap().wait_with_output().unwrap()
@@ -201,24 +215,14 @@ fn assert_identical(a: &Path, b: &Path) {
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
 }
 
-/// Writes a raw file with `bytes` at `offset` over a copy of `src`: what
-/// a write through the mount must make of it.
-fn expected(src: &Path, out: &Path, offset: u64, bytes: &[u8]) {
-    std::fs::copy(src, out).unwrap();
-    write_through(out, offset, bytes);
-}
-
 const SIZE: u64 = 4 << 20;
 
 #[test]
 fn reads_and_writes_a_qemu_nbd_export_as_nbdfuse_does() {
     need_fuse!();
     let t = Setup::new();
-    let src = t.at("src.raw");
-    patterned(&src, SIZE);
     let data = vec![0x5a; 200_000];
-    let want = t.at("want.raw");
-    expected(&src, &want, 1_000_000, &data);
+    let (src, want) = t.source_and_want(1_000_000, &data);
     for (i, (name, prog)) in t.nbdfuses().into_iter().enumerate() {
         let served = t.at(&format!("served{i}.raw"));
         std::fs::copy(&src, &served).unwrap();
@@ -254,11 +258,8 @@ fn reads_and_writes_a_qemu_nbd_export_as_nbdfuse_does() {
 fn runs_a_server_for_the_mount_in_brackets_and_with_command() {
     need_fuse!();
     let t = Setup::new();
-    let src = t.at("src.raw");
-    patterned(&src, SIZE);
     let data = vec![0xc3; 70_000];
-    let want = t.at("want.raw");
-    expected(&src, &want, 3_000_000, &data);
+    let (src, want) = t.source_and_want(3_000_000, &data);
     for (i, (name, prog)) in t.nbdfuses().into_iter().enumerate() {
         // qemu-nbd run with socket activation, over a qcow2 image.
         let img = t.at(&format!("img{i}.qcow2"));
@@ -407,6 +408,50 @@ fn fallocate_punches_holes_and_zeroes_ranges_on_the_server() {
 }
 
 #[test]
+fn unix_tcp_and_fd_modes_read_as_nbdfuse_does() {
+    need_fuse!();
+    let t = Setup::new();
+    let sock = t.at("p.sock");
+    let port = free_port().to_string();
+    let _unix = start_server("nbdkit", &["-f", "-U", s(&sock), "pattern", "1M"], || {
+        sock.exists()
+    });
+    let addr = format!("127.0.0.1:{port}");
+    let _tcp = start_server(
+        "nbdkit",
+        &["-f", "-i", "127.0.0.1", "-p", &port, "pattern", "1M"],
+        || std::net::TcpStream::connect(&addr).is_ok(),
+    );
+    let mut read = Vec::new();
+    for (i, (name, prog)) in t.nbdfuses().into_iter().enumerate() {
+        // A connected socket handed over as a descriptor the child keeps.
+        let conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&conn);
+        // SAFETY: fcntl on a descriptor this test owns.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+        let fd = fd.to_string();
+        for (mode, args) in [
+            ("unix", vec!["--unix", s(&sock)]),
+            ("tcp", vec!["--tcp", "127.0.0.1", &port]),
+            ("fd", vec!["--fd", &fd]),
+        ] {
+            let mp = t.mountpoint(&format!("{mode}{i}"));
+            let m = Mount::start(&prog, &[], &mp, &[&[s(&mp)], &args[..]].concat());
+            read.push((name, mode, std::fs::read(mp.join("nbd")).unwrap()));
+            assert_eq!(m.unmount().code(), Some(0), "{name} {mode}");
+        }
+        drop(conn);
+    }
+    // nbdkit's pattern: each 8-byte word is its offset, big-endian.
+    let want: Vec<u8> = (0..1u64 << 17)
+        .flat_map(|w| (w * 8).to_be_bytes())
+        .collect();
+    for (name, mode, bytes) in &read {
+        assert!(bytes == &want, "{name} --{mode}");
+    }
+}
+
+#[test]
 fn a_signal_unmounts_and_fails_as_nbdfuse_does() {
     need_fuse!();
     let t = Setup::new();
@@ -454,13 +499,10 @@ fn a_missing_server_fails_with_one_line() {
 fn diskit_fuse_mounts_a_qcow2_image_read_write() {
     need_fuse!();
     let t = Setup::new();
-    let src = t.at("src.raw");
-    patterned(&src, SIZE);
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let (src, want) = t.source_and_want(123_456, &data);
     let img = t.at("disk.qcow2");
     ok(qemu_img(&["convert", "-O", "qcow2", s(&src), s(&img)]));
-    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    let want = t.at("want.raw");
-    expected(&src, &want, 123_456, &data);
     let mp = t.mountpoint("mp");
     let m = Mount::start(
         &diskit_bin(),

@@ -155,6 +155,14 @@ fn errno(e: &diskit_core::Error) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// Replies with the outcome of an operation that returns nothing.
+fn answer(reply: ReplyEmpty, result: diskit_core::Result<()>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 impl Filesystem for OneFile {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large requests for sequential readers and writers, many in
@@ -331,10 +339,7 @@ impl Filesystem for OneFile {
         if !self.is_file(ino) {
             return reply.ok();
         }
-        match self.dev.flush() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        answer(reply, self.dev.flush());
     }
 
     fn fallocate(
@@ -381,10 +386,7 @@ impl Filesystem for OneFile {
         } else {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
         };
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        answer(reply, result);
     }
 
     fn readdir(

@@ -21,7 +21,7 @@ use crate::util::{CliError, OpenPolicy, parse_source_format};
 use diskit_core::DeviceRef;
 use diskit_fuse::{MountOptions, Target};
 use diskit_nbd::client::NbdClient;
-use diskit_nbd::client::conn::Stream;
+use diskit_nbd::client::conn::{Stream, socket_option};
 use diskit_nbd::client::uri::is_nbd_uri;
 use diskit_open::{Format, OpenOptions};
 
@@ -169,29 +169,16 @@ fn connect_stdio(argv: &[String]) -> Result<(NbdClient, StdioServer), CliError> 
     Ok((client, server))
 }
 
-/// A socket passed as descriptor `fd`.
+/// A connected stream socket passed as descriptor `fd`.
 fn connected_fd(fd: i32) -> Result<Stream, CliError> {
-    let mut domain: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `domain`.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            (&mut domain as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(CliError::new(format!(
-            "--fd {fd}: {}",
-            crate::util::strerror(&e)
-        )));
+    let fail =
+        |e: std::io::Error| CliError::new(format!("--fd {fd}: {}", crate::util::strerror(&e)));
+    if socket_option(fd, libc::SO_TYPE).map_err(fail)? != libc::SOCK_STREAM {
+        return Err(CliError::new(format!("--fd {fd}: not a stream socket")));
     }
+    let domain = socket_option(fd, libc::SO_DOMAIN).map_err(fail)?;
     // SAFETY: the descriptor was given to this process to own (nbdfuse
-    // takes it over likewise); it is a socket, as getsockopt said.
+    // takes it over likewise); it is a stream socket, as checked.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     Ok(if domain == libc::AF_UNIX {
         Stream::Unix(UnixStream::from(owned))
