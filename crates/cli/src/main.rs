@@ -86,13 +86,17 @@ enum Command {
     /// libnbd's NBD shell (nbdsh's command line) over diskit's Python client.
     #[command(disable_help_flag = true)]
     Nbdsh(cmd::nbdsh::Args),
+    /// Show an NBD export or an image as a file through FUSE (libnbd's nbdfuse).
+    Fuse(cmd::fuse::Args),
 }
 
 /// The outcome of a command: an exit status, or an error to report.
 pub type CmdResult = Result<u8, util::CliError>;
 
 /// diskit's subcommands that are not qemu-img's.
-const NOT_QEMU_IMG: [&str; 6] = ["serve", "qemu-nbd", "nbdinfo", "copy", "checksum", "nbdsh"];
+const NOT_QEMU_IMG: [&str; 7] = [
+    "serve", "qemu-nbd", "nbdinfo", "copy", "checksum", "nbdsh", "fuse",
+];
 
 /// The command line of `tool` when it has subcommands (diskit, qemu-img):
 /// getopt's conventions on top of the derived one (a repeated option
@@ -116,7 +120,7 @@ pub fn multi_command(tool: Tool) -> clap::Command {
 }
 
 /// The command line of a single-command name (`qemu-nbd`, `nbdkit`,
-/// `nbdcopy`, `nbdinfo`) running diskit's subcommand `sub`.
+/// `nbdcopy`, `nbdinfo`, `nbdfuse`) running diskit's subcommand `sub`.
 pub fn single_command(tool: Tool, sub: &str) -> clap::Command {
     let base = clap::Command::new(tool.name())
         .version(tool.version())
@@ -129,6 +133,8 @@ pub fn single_command(tool: Tool, sub: &str) -> clap::Command {
             .about("An NBD server with qemu-nbd's command line, run by diskit"),
         "copy" => cmd::copy::Args::augment_args(base)
             .about("Copy to and from an NBD server (nbdcopy's command line), run by diskit"),
+        "fuse" => cmd::fuse::Args::augment_args(base)
+            .about("Mount an NBD server as a virtual file (nbdfuse's command line), run by diskit"),
         _ => cmd::nbdinfo::Args::augment_args(base)
             .about("Show what an NBD server exports (nbdinfo's command line), run by diskit"),
     }
@@ -208,6 +214,7 @@ fn introspect(sub: &str, cmd: &clap::Command, args: &[OsString], as_name: bool) 
     let tool = match sub {
         "copy" => Tool::Nbdcopy,
         "nbdinfo" => Tool::Nbdinfo,
+        "fuse" => Tool::Nbdfuse,
         _ => return None,
     };
     let found = getopt::options(cmd, args, true);
@@ -225,7 +232,7 @@ fn introspect(sub: &str, cmd: &clap::Command, args: &[OsString], as_name: bool) 
     Some(0)
 }
 
-/// Runs `qemu-nbd`, `nbdkit`, `nbdcopy` or `nbdinfo`: diskit's subcommand
+/// Runs `qemu-nbd`, `nbdkit`, `nbdcopy`, `nbdinfo` or `nbdfuse`: diskit's subcommand
 /// `sub` with the words after the program name.
 fn run_single(tool: Tool, sub: &str, args: &[OsString]) -> u8 {
     let cmd = single_command(tool, sub);
@@ -253,6 +260,8 @@ fn run_single(tool: Tool, sub: &str, args: &[OsString]) -> u8 {
         "qemu-nbd" => cmd::qemu_nbd::Args::from_arg_matches(&matches)
             .map(|a| cmd::qemu_nbd::run(a, &given, util::OpenPolicy::default())),
         "copy" => cmd::copy::Args::from_arg_matches(&matches).map(cmd::copy::run),
+        "fuse" => cmd::fuse::Args::from_arg_matches(&matches)
+            .map(|a| cmd::fuse::run(a, util::OpenPolicy::default())),
         _ => cmd::nbdinfo::Args::from_arg_matches(&matches).map(cmd::nbdinfo::run),
     };
     match result {
@@ -362,6 +371,7 @@ fn run_multi(tool: Tool, argv: &[OsString]) -> u8 {
         Command::Bench(a) => cmd::bench::run(a, policy),
         Command::Checksum(a) => cmd::checksum::run(a, policy),
         Command::Nbdsh(a) => cmd::nbdsh::run(a),
+        Command::Fuse(a) => cmd::fuse::run(a, policy),
     })
 }
 

@@ -1,5 +1,5 @@
 //! The names diskit answers to: `diskit`, and, through a link named so,
-//! `qemu-img`, `qemu-nbd`, `nbdkit`, `nbdcopy` and `nbdinfo`, each taking that tool's
+//! `qemu-img`, `qemu-nbd`, `nbdkit`, `nbdcopy`, `nbdinfo` and `nbdfuse`, each taking that tool's
 //! command line and printing its messages under that tool's name.
 //!
 //! The name is argv\[0\]'s file name, read once at start-up; the
@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 pub const QEMU_VERSION: &str = "10.0.2";
 /// The version of nbdkit whose command line `serve` reproduces.
 pub const NBDKIT_VERSION: &str = "1.32.5";
-/// The version of libnbd whose nbdcopy and nbdinfo diskit reproduces.
+/// The version of libnbd whose nbdcopy, nbdinfo and nbdfuse diskit reproduces.
 pub const LIBNBD_VERSION: &str = "1.14.2";
 /// diskit's own version.
 pub const DISKIT_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -33,17 +33,20 @@ pub enum Tool {
     Nbdcopy,
     /// `nbdinfo URI`: `diskit nbdinfo`.
     Nbdinfo,
+    /// `nbdfuse MOUNTPOINT URI`: `diskit fuse`.
+    Nbdfuse,
 }
 
 impl Tool {
     /// Every name, diskit's first.
-    pub const ALL: [Tool; 6] = [
+    pub const ALL: [Tool; 7] = [
         Tool::Diskit,
         Tool::QemuImg,
         Tool::QemuNbd,
         Tool::Nbdkit,
         Tool::Nbdcopy,
         Tool::Nbdinfo,
+        Tool::Nbdfuse,
     ];
 
     /// The tool a program name (argv\[0\]) stands for: its file name, so
@@ -68,6 +71,7 @@ impl Tool {
             Tool::Nbdkit => "nbdkit",
             Tool::Nbdcopy => "nbdcopy",
             Tool::Nbdinfo => "nbdinfo",
+            Tool::Nbdfuse => "nbdfuse",
         }
     }
 
@@ -78,6 +82,7 @@ impl Tool {
             Tool::Nbdkit => Some("serve"),
             Tool::Nbdcopy => Some("copy"),
             Tool::Nbdinfo => Some("nbdinfo"),
+            Tool::Nbdfuse => Some("fuse"),
             Tool::Diskit | Tool::QemuImg => None,
         }
     }
@@ -94,7 +99,7 @@ impl Tool {
             Tool::QemuImg => format!("version {QEMU_VERSION} {ours}"),
             Tool::QemuNbd => format!("{QEMU_VERSION} {ours}"),
             Tool::Nbdkit => format!("{NBDKIT_VERSION} {ours}"),
-            Tool::Nbdcopy | Tool::Nbdinfo => {
+            Tool::Nbdcopy | Tool::Nbdinfo | Tool::Nbdfuse => {
                 format!("{LIBNBD_VERSION} {ours}\nlibnbd {LIBNBD_VERSION} {ours}")
             }
         }
@@ -127,7 +132,7 @@ pub fn hint(sub: Option<&str>) -> String {
         }
         // getopt's complaint is followed by this, prefixed as a message.
         (Tool::QemuNbd, _) => "qemu-nbd: Try `qemu-nbd --help' for more information.".to_string(),
-        (Tool::Nbdcopy | Tool::Nbdinfo, _) | (_, None) => {
+        (Tool::Nbdcopy | Tool::Nbdinfo | Tool::Nbdfuse, _) | (_, None) => {
             format!("Try '{} --help' for more info", prog())
         }
         (_, Some(sub)) => format!("Try '{} {sub} --help' for more info", prog()),
@@ -187,6 +192,7 @@ mod tests {
         assert_eq!(t("nbdkit"), Tool::Nbdkit);
         assert_eq!(t("./nbdcopy"), Tool::Nbdcopy);
         assert_eq!(t("/x/nbdinfo"), Tool::Nbdinfo);
+        assert_eq!(t("nbdfuse"), Tool::Nbdfuse);
         assert_eq!(t("/x/diskit"), Tool::Diskit);
         assert_eq!(t("/x/qemu-img-old"), Tool::Diskit);
         assert_eq!(Tool::from_argv0(None), Tool::Diskit);

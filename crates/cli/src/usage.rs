@@ -49,6 +49,9 @@ fn missing_files_message(sub: &str) -> Option<&'static str> {
         "copy" => "Expecting a source and a destination (SOURCE DESTINATION)",
         "nbdinfo" => "Expecting an NBD URI (or a server command in [ ])",
         "serve" => "Expecting a plugin name, or an image file",
+        "fuse" => {
+            "Expecting MOUNTPOINT and a URI, an image, or a mode ([ CMD ], --fd, --tcp, --unix)"
+        }
         _ => return None,
     })
 }

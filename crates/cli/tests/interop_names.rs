@@ -1,5 +1,5 @@
 //! diskit under the names of the tools it stands in for (`qemu-img`,
-//! `nbdkit`, `nbdcopy`, `nbdinfo`: links to the binary under test), run
+//! `nbdkit`, `nbdcopy`, `nbdinfo`, `nbdfuse`: links to the binary under test), run
 //! with the command lines their callers use, against the real tools:
 //! version lines, repeated options, options after positional arguments,
 //! nbdkit's introspection and options, and error messages.
@@ -23,7 +23,7 @@ impl Names {
         let dir = workdir();
         let bin = dir.path().join("bin");
         std::fs::create_dir(&bin).unwrap();
-        for name in ["qemu-img", "nbdkit", "nbdcopy", "nbdinfo"] {
+        for name in ["qemu-img", "nbdkit", "nbdcopy", "nbdinfo", "nbdfuse"] {
             std::os::unix::fs::symlink(diskit_bin(), bin.join(name)).unwrap();
         }
         Names { dir }
@@ -123,6 +123,7 @@ fn version_lines_pass_the_callers_checks() {
         ("nbdkit", "nbdkit 1", None),
         ("nbdcopy", "nbdcopy 1", Some("libnbd 1")),
         ("nbdinfo", "nbdinfo 1", Some("libnbd 1")),
+        ("nbdfuse", "nbdfuse 1", Some("libnbd 1")),
     ];
     for (tool, first, second) in checks {
         for (who, o) in [

@@ -234,25 +234,13 @@ fn with_retries(retries: u32, mut connect: impl FnMut() -> Result<NbdClient>) ->
 
 /// The connected stream socket `fd`, checked to be one.
 fn inherited_socket(fd: RawFd) -> Result<UnixStream> {
-    let mut ty: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `ty`.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut ty as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 || ty != libc::SOCK_STREAM {
+    let ty = diskit_nbd::client::conn::socket_option(fd, libc::SO_TYPE);
+    if !matches!(ty, Ok(libc::SOCK_STREAM)) {
         return Err(err(format!(
             "socket-fd={fd}: not a connected stream socket ({})",
-            if r != 0 {
-                std::io::Error::last_os_error().to_string()
-            } else {
-                "another kind of socket".to_string()
+            match ty {
+                Err(e) => e.to_string(),
+                Ok(_) => "another kind of socket".to_string(),
             }
         )));
     }

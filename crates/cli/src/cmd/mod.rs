@@ -12,6 +12,7 @@ pub mod convert_io;
 pub mod copy;
 pub mod create;
 pub mod dd;
+pub mod fuse;
 pub mod info;
 pub mod map;
 pub mod measure;

@@ -52,6 +52,28 @@ type Split = (
     Option<RawFd>,
 );
 
+/// An integer option of socket `fd` at the SOL_SOCKET level (SO_TYPE,
+/// SO_DOMAIN): what an inherited descriptor is checked by.
+pub fn socket_option(fd: RawFd, name: libc::c_int) -> std::io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(value)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 impl Stream {
     /// Splits the stream for transmission: the reader thread reads one
     /// half while writers write the other.
