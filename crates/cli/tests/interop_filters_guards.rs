@@ -1,0 +1,331 @@
+//! The guard and limit filters (protect, checkwrite, swab, nocache,
+//! cacheextents, ddrescue, noparallel, limit, ip, exitlast) against
+//! nbdkit 1.32 on the same command lines: what nbdinfo reports, and the
+//! answers to the same requests (tests/nbd/filter_ops.py through libnbd:
+//! EPERM, EIO, EINVAL where the filters refuse), each server over its own
+//! copy of the disk. nbdkit 1.32 has no readonly, count or time-limit
+//! filter: those are checked against their manual pages.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// Runs `nbdkit` or `diskit serve` (`diskit` true) with `-U - ARGS --run
+/// CMD`, each "FILE" in ARGS replaced by `file`.
+fn served(diskit: bool, args: &[&str], file: &Path, cmd: &str) -> Output {
+    let mut c = if diskit {
+        let mut c = timed(diskit_bin(), 120);
+        c.arg("serve");
+        c
+    } else {
+        timed("nbdkit", 120)
+    };
+    c.args(["-U", "-"]);
+    c.args(args.iter().map(|a| if *a == "FILE" { s(file) } else { a }));
+    c.args(["--run", cmd]);
+    c.output().expect("run a server")
+}
+
+/// Runs both servers, each over its own copy of `src`; both must succeed
+/// and print the same. Returns diskit's output.
+fn alike(dir: &Path, src: &Path, args: &[&str], cmd: &str) -> String {
+    let outs = [false, true].map(|diskit| {
+        let copy = dir.join(if diskit { "diskit.raw" } else { "nbdkit.raw" });
+        std::fs::copy(src, &copy).unwrap();
+        ok(served(diskit, args, &copy, cmd))
+    });
+    let [theirs, ours] = outs.each_ref().map(stdout);
+    assert_eq!(theirs, ours, "nbdkit (left) and diskit (right) differ with {args:?}");
+    ours
+}
+
+/// The command that runs `ops` (see filter_ops.py).
+fn ops(ops: &Value) -> String {
+    format!("{PYTHON} {} \"$uri\" '{ops}'", s(&nbd_script("filter_ops.py")))
+}
+
+/// nbdinfo's JSON, its export's fields, and the map.
+const INFO: &str = "nbdinfo --json \"$uri\" | jq -c '.exports[0] | del(.\"export-name\", .description, .\"block_size_preferred\", .\"block_size_maximum\", .\"is_rotational\", .\"can_df\")' && nbdinfo --map \"$uri\"";
+
+/// A 1 MiB disk: data in the first 64 KiB and at 512 KiB, holes between.
+fn disk(dir: &Path) -> PathBuf {
+    let p = dir.join("src.raw");
+    sparse_file(&p, 1 << 20, &[(0, 65536, 0x5a), (512 << 10, 8192, 0xc3)]);
+    p
+}
+
+#[test]
+fn protect_refuses_changes_to_protected_ranges_with_eperm() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    let writes = json!([
+        ["write", 0, 512, 3],
+        ["write", 4096, 4096, 0],
+        ["read", 0, 8192],
+        ["write", 70000, 100, 4],
+        ["zero", 65536, 4096],
+        ["zero", 60000, 10000],
+        ["trim", 600_000, 4096],
+        ["write", 1000, 100, 5, "fua"],
+    ]);
+    for params in [
+        &["protect=0-0x1ff"][..],
+        &["protect=0x1000-0x1fff", "protect=0x2000-0x10fff"],
+        &["protect=~65536-"],
+        &["protect=-4095", "protect=600000-"],
+    ] {
+        let args: Vec<&str> = ["--filter=protect", "file", "FILE"]
+            .iter()
+            .chain(params)
+            .copied()
+            .collect();
+        let out = alike(dir.path(), &src, &args, &format!("{INFO} && {}", ops(&writes)));
+        assert!(out.contains("error EPERM"), "{params:?}: {out}");
+    }
+}
+
+#[test]
+fn checkwrite_passes_a_faithful_copy_and_fails_a_change_with_eio() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    let args = ["--filter=checkwrite", "file", "FILE"];
+    let copy = "nbdcopy \"$uri\" \"$uri\" && echo copied";
+    assert!(alike(dir.path(), &src, &args, copy).contains("copied"));
+    let ops_ = json!([
+        ["write", 0, 4096, 0],
+        ["write", 100_000, 4096, 0],
+        ["zero", 100_000, 65536],
+        ["zero", 0, 4096],
+        ["trim", 200_000, 4096],
+        ["flush"],
+        ["write", 70000, 10, 7],
+    ]);
+    let out = alike(dir.path(), &src, &args, &format!("{INFO} && {}", ops(&ops_)));
+    assert!(out.contains("error EIO"), "{out}");
+    // Nothing was written.
+    let copy = dir.path().join("diskit.raw");
+    assert!(same_bytes(&src, &copy));
+}
+
+#[test]
+fn swab_swaps_words_and_refuses_unaligned_requests() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    let bytes: Vec<u8> = (0..1_000_003u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&src, bytes).unwrap();
+    for bits in ["8", "16", "32", "64"] {
+        let param = format!("swab-bits={bits}");
+        let args = ["--filter=swab", "file", "FILE", &param];
+        let ops_ = json!([
+            ["size"],
+            ["read", 0, 4096],
+            ["read", 999_936, 64],
+            ["write", 8, 64, 9],
+            ["read", 0, 128],
+            ["zero", 4096, 4096],
+            ["status", 0, 65536],
+        ]);
+        alike(dir.path(), &src, &args, &format!("{INFO} && {}", ops(&ops_)));
+    }
+}
+
+#[test]
+fn nocache_modes_advertise_and_answer_cache_as_nbdkit() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    for mode in ["none", "emulate", "nop", "no-op"] {
+        let param = format!("cachemode={mode}");
+        let args = ["--filter=nocache", "file", "FILE", &param];
+        let cmd = format!(
+            "nbdinfo --can cache \"$uri\"; echo $?; {}",
+            ops(&json!([["read", 0, 4096]]))
+        );
+        alike(dir.path(), &src, &args, &cmd);
+    }
+}
+
+#[test]
+fn cacheextents_and_noparallel_serve_as_without_them() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    let ops_ = json!([
+        ["status", 0, 1 << 20, "req_one"],
+        ["status", 4096, 1 << 20, "req_one"],
+        ["write", 600_000, 4096, 3],
+        ["status", 0, 1 << 20],
+        ["read", 0, 1 << 20],
+    ]);
+    for args in [
+        &["--filter=cacheextents", "file", "FILE"][..],
+        &["--filter=noparallel", "file", "FILE"],
+        &["--filter=noparallel", "file", "FILE", "serialize=all-requests"],
+        &["--filter=noparallel", "file", "FILE", "serialize=connections"],
+    ] {
+        let cmd = format!("{INFO} && {} && nbdcopy \"$uri\" /dev/null", ops(&ops_));
+        alike(dir.path(), &src, args, &cmd);
+    }
+}
+
+#[test]
+fn ddrescue_fails_reads_of_bad_blocks_with_eio() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    let map = dir.path().join("disk.map");
+    std::fs::write(
+        &map,
+        "# Mapfile. Created by GNU ddrescue version 1.27\n\
+         # current_pos  current_status  current_pass\n\
+         0x00010000     +               1\n\
+         #      pos        size  status\n\
+         0x00000000  0x00008000  +\n\
+         0x00008000  0x00000200  -\n\
+         0x00008200  0x00077E00  +\n\
+         0x00080000  0x00001000  *\n\
+         0x00081000  0x0007F000  +\n",
+    )
+    .unwrap();
+    let param = format!("ddrescue-mapfile={}", s(&map));
+    let args = ["--filter=ddrescue", "file", "FILE", &param];
+    let ops_ = json!([
+        ["read", 0, 32768],
+        ["read", 32000, 1024],
+        ["read", 0x8200, 4096],
+        ["read", 0x80000, 512],
+        ["read", 0x81000, 4096],
+    ]);
+    // The whole-disk digest at the end fails on both: only the requests.
+    let cmd = format!("nbdinfo --json \"$uri\" | jq -c '.exports[0] | [.is_read_only, .can_cache]'; {} ; true", ops(&ops_));
+    let out = alike(dir.path(), &src, &args, &cmd);
+    assert!(out.contains("error EIO"), "{out}");
+}
+
+/// Python for nbdsh: holds one connection open, then tries a second.
+const SECOND_CLIENT: &str = "nbdsh -u \"$uri\" -c '
+import os
+h2 = nbd.NBD()
+try:
+    h2.connect_uri(os.environ[\"uri\"])
+    print(\"second connected\")
+except nbd.Error:
+    print(\"second refused\")
+'";
+
+#[test]
+fn limit_refuses_clients_beyond_the_limit() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    let one = alike(dir.path(), &src, &["--filter=limit", "file", "FILE"], SECOND_CLIENT);
+    assert_eq!(one.trim(), "second refused");
+    let two = ["--filter=limit", "file", "FILE", "limit=2"];
+    assert_eq!(alike(dir.path(), &src, &two, SECOND_CLIENT).trim(), "second connected");
+    let none = ["--filter=limit", "file", "FILE", "limit=0"];
+    assert_eq!(alike(dir.path(), &src, &none, SECOND_CLIENT).trim(), "second connected");
+}
+
+#[test]
+fn ip_allows_and_denies_unix_clients_by_credentials() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    let uid = format!("allow=uid:{}", unsafe_uid());
+    let cmd = "nbdinfo --size \"$uri\" 2>/dev/null; echo $?";
+    for (rules, allowed) in [
+        (vec!["deny=all"], false),
+        (vec![uid.as_str(), "deny=all"], true),
+        (vec!["allow=uid:12345", "deny=anyunix"], false),
+        (vec!["deny=127.0.0.1,::1"], true),
+        (vec!["allow=gid:12345", "deny=pid:1"], true),
+    ] {
+        let args: Vec<&str> = ["--filter=ip", "file", "FILE"]
+            .into_iter()
+            .chain(rules.iter().copied())
+            .collect();
+        let out = alike(dir.path(), &src, &args, cmd);
+        assert_eq!(out.ends_with("0\n"), allowed, "{rules:?}: {out}");
+    }
+}
+
+/// The user id of the tests.
+fn unsafe_uid() -> String {
+    stdout(&ok(std::process::Command::new("id").arg("-u").output().unwrap()))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn exitlast_stops_the_server_when_its_last_client_leaves() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    for diskit in [false, true] {
+        let sock = dir.path().join(format!("{diskit}.sock"));
+        let mut c = if diskit {
+            let mut c = timed(diskit_bin(), 60);
+            c.arg("serve");
+            c
+        } else {
+            timed("nbdkit", 60)
+        };
+        let mut child = c
+            .args(["-f", "-U", s(&sock), "--filter=exitlast", "file", s(&src)])
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while !sock.exists() && t.elapsed().as_secs() < 20 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let uri = format!("nbd+unix:///?socket={}", s(&sock));
+        // Listing exports does not count; a client that reads does.
+        ok(std::process::Command::new("nbdinfo").args(["--list", &uri]).output().unwrap());
+        assert!(child.try_wait().unwrap().is_none(), "diskit={diskit}: stopped early");
+        ok(std::process::Command::new("nbdinfo").arg(&uri).output().unwrap());
+        let status = child.wait().unwrap();
+        assert!(status.success(), "diskit={diskit}: {status}");
+        assert!(!sock.exists(), "diskit={diskit}: the socket is left");
+    }
+}
+
+#[test]
+fn readonly_count_and_time_limit_do_what_their_manuals_say() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    let file = dir.path().join("rw.raw");
+    std::fs::copy(&src, &file).unwrap();
+    let flag = dir.path().join("ro");
+    let write = ops(&json!([["write", 0, 512, 3], ["trim", 4096, 4096]]));
+    // Always read-only.
+    let o = ok(serve_run(&["--filter=readonly"], &["file", s(&file)], "nbdinfo --is read-only \"$uri\" && echo ro"));
+    assert_eq!(stdout(&o).trim(), "ro");
+    // Read-only while the file exists.
+    let param = format!("readonly-file={}", s(&flag));
+    let plugin = ["file", s(&file), &param];
+    let o = ok(serve_run(&["--filter=readonly"], &plugin, &write));
+    assert!(!stdout(&o).contains("error"), "{}", stdout(&o));
+    std::fs::write(&flag, "").unwrap();
+    let o = ok(serve_run(&["--filter=readonly"], &plugin, &write));
+    assert_eq!(stdout(&o).matches("error EPERM").count(), 2, "{}", stdout(&o));
+    assert_stderr_has(&o, "rejected by readonly filter");
+
+    // count: the totals at the end.
+    let o = ok(serve_run(&["--filter=count"], &["file", s(&file)], &ops(&json!([["read", 0, 4096], ["zero", 0, 512]]))));
+    assert_stderr_has(&o, "count bytes: read 1052672, written 0, zeroed 512, trimmed 0");
+
+    // time-limit: requests after the limit fail, and the client is cut off.
+    let late = "nbdsh -u \"$uri\" -c '
+import time
+h.pread(512, 0)
+time.sleep(2.5)
+for i in range(2):
+    try:
+        h.pread(512, 0)
+        print(\"served\")
+    except nbd.Error:
+        print(\"refused\")
+'";
+    let o = ok(serve_run(&["--filter=time-limit"], &["file", s(&file), "time-limit=1"], late));
+    assert_eq!(stdout(&o), "refused\nrefused\n");
+    let o = ok(serve_run(&["--filter=time-limit"], &["file", s(&file), "time-limit=0"], late));
+    assert_eq!(stdout(&o), "served\nserved\n");
+}

@@ -1,0 +1,169 @@
+//! The time-limit filter (nbdkit-time-limit-filter, nbdkit 1.42): limits
+//! how long a client stays connected.
+//!
+//! `time-limit=TIME` (also spelled `time_limit=`, `timelimit=`; seconds,
+//! or with a unit as the delay filter reads them; default 60; 0: no
+//! limit). The time counts from the start of transmission; the first
+//! request after it fails with ESHUTDOWN and the connection is closed.
+//! As in nbdkit, an idle client is not cut off until it sends a request.
+
+use std::time::{Duration, Instant};
+
+use diskit_core::{
+    BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Hangup, Request, Result, Route,
+    Session, WriteFlags, ZeroFlags,
+};
+
+use crate::params;
+use crate::registry::{Configure, over, unknown};
+
+/// The keys the filter takes.
+pub const KEYS: &[&str] = &["time-limit", "time_limit", "timelimit"];
+
+/// The configuration: the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeLimitConfig {
+    /// `time-limit=`: zero for none.
+    pub limit: Duration,
+}
+
+impl Default for TimeLimitConfig {
+    fn default() -> Self {
+        TimeLimitConfig {
+            limit: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Configure for TimeLimitConfig {
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "time-limit" | "time_limit" | "timelimit" => {
+                self.limit = params::delay("time-limit", key, value)?
+            }
+            _ => return Err(unknown("time-limit", key)),
+        }
+        Ok(())
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(
+            TimeLimit {
+                limit: self.limit,
+                connection: None,
+            },
+            next,
+        ))
+    }
+}
+
+/// The filter; a connection's view knows when it started and how to
+/// hang up.
+pub struct TimeLimit {
+    limit: Duration,
+    connection: Option<(Instant, Hangup)>,
+}
+
+impl TimeLimit {
+    /// Fails, and hangs up, once the connection is over its time.
+    fn check(&self) -> Result<()> {
+        match &self.connection {
+            Some((start, hangup)) if !self.limit.is_zero() && start.elapsed() > self.limit => {
+                hangup.raise();
+                Err(Error::new(
+                    ErrorKind::Shutdown,
+                    "time-limit: time limit exceeded, connection closed",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Filter for TimeLimit {
+    fn name(&self) -> &str {
+        "time-limit"
+    }
+    fn reads_unchanged(&self) -> bool {
+        // Every read is checked first: no view of the bytes below.
+        false
+    }
+    fn submits_below(&self) -> bool {
+        true
+    }
+    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
+        match self.check() {
+            Ok(()) => Route::Below(req),
+            Err(e) => Route::Failed(req, e),
+        }
+    }
+    fn connect(&self, _next: &DeviceRef, session: &Session) -> Result<Option<TimeLimit>> {
+        Ok(Some(TimeLimit {
+            limit: self.limit,
+            connection: Some((Instant::now(), session.hangup.clone())),
+        }))
+    }
+    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.check()?;
+        next.read_at(buf, offset)
+    }
+    fn write_at(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+    ) -> Result<()> {
+        self.check()?;
+        next.write_at(buf, offset, flags)
+    }
+    fn write_zeroes(
+        &self,
+        next: &dyn BlockDevice,
+        offset: u64,
+        len: u64,
+        flags: ZeroFlags,
+    ) -> Result<()> {
+        self.check()?;
+        next.write_zeroes(offset, len, flags)
+    }
+    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.check()?;
+        next.trim(offset, len, flags)
+    }
+    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
+        self.check()?;
+        next.cache(offset, len)
+    }
+    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.check()?;
+        next.extents(offset, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diskit_backends::MemoryDevice;
+    use diskit_core::Filtered;
+    use std::sync::Arc;
+
+    #[test]
+    fn requests_after_the_limit_fail_and_hang_up() {
+        let d: DeviceRef = Arc::new(Filtered::new(
+            TimeLimit {
+                limit: Duration::from_nanos(1),
+                connection: None,
+            },
+            Arc::new(MemoryDevice::new(4096)),
+        ));
+        let mut b = [0u8; 16];
+        d.read_at(&mut b, 0).unwrap();
+        let s = Session::default();
+        let view = d.connect(&s).unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let e = view.read_at(&mut b, 0).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Shutdown);
+        assert!(s.hangup.raised());
+    }
+}
