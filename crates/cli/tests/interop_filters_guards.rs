@@ -39,17 +39,24 @@ fn alike(dir: &Path, src: &Path, args: &[&str], cmd: &str) -> String {
         ok(served(diskit, args, &copy, cmd))
     });
     let [theirs, ours] = outs.each_ref().map(stdout);
-    assert_eq!(theirs, ours, "nbdkit (left) and diskit (right) differ with {args:?}");
+    assert_eq!(
+        theirs, ours,
+        "nbdkit (left) and diskit (right) differ with {args:?}"
+    );
     ours
 }
 
 /// The command that runs `ops` (see filter_ops.py).
 fn ops(ops: &Value) -> String {
-    format!("{PYTHON} {} \"$uri\" '{ops}'", s(&nbd_script("filter_ops.py")))
+    format!(
+        "{PYTHON} {} \"$uri\" '{ops}'",
+        s(&nbd_script("filter_ops.py"))
+    )
 }
 
-/// nbdinfo's JSON, its export's fields, and the map.
-const INFO: &str = "nbdinfo --json \"$uri\" | jq -c '.exports[0] | del(.\"export-name\", .description, .\"block_size_preferred\", .\"block_size_maximum\", .\"is_rotational\", .\"can_df\")' && nbdinfo --map \"$uri\"";
+/// nbdinfo's JSON, its export's fields (less those the two file plugins
+/// differ on), and the map.
+const INFO: &str = "nbdinfo --json \"$uri\" | jq -c '.exports[0] | del(.uri, .contexts, .\"export-name\", .description, .block_size_minimum, .block_size_preferred, .block_size_maximum, .is_rotational, .can_df, .can_fast_zero)' && nbdinfo --map \"$uri\"";
 
 /// A 1 MiB disk: data in the first 64 KiB and at 512 KiB, holes between.
 fn disk(dir: &Path) -> PathBuf {
@@ -83,7 +90,12 @@ fn protect_refuses_changes_to_protected_ranges_with_eperm() {
             .chain(params)
             .copied()
             .collect();
-        let out = alike(dir.path(), &src, &args, &format!("{INFO} && {}", ops(&writes)));
+        let out = alike(
+            dir.path(),
+            &src,
+            &args,
+            &format!("{INFO} && {}", ops(&writes)),
+        );
         assert!(out.contains("error EPERM"), "{params:?}: {out}");
     }
 }
@@ -104,7 +116,12 @@ fn checkwrite_passes_a_faithful_copy_and_fails_a_change_with_eio() {
         ["flush"],
         ["write", 70000, 10, 7],
     ]);
-    let out = alike(dir.path(), &src, &args, &format!("{INFO} && {}", ops(&ops_)));
+    let out = alike(
+        dir.path(),
+        &src,
+        &args,
+        &format!("{INFO} && {}", ops(&ops_)),
+    );
     assert!(out.contains("error EIO"), "{out}");
     // Nothing was written.
     let copy = dir.path().join("diskit.raw");
@@ -129,7 +146,12 @@ fn swab_swaps_words_and_refuses_unaligned_requests() {
             ["zero", 4096, 4096],
             ["status", 0, 65536],
         ]);
-        alike(dir.path(), &src, &args, &format!("{INFO} && {}", ops(&ops_)));
+        alike(
+            dir.path(),
+            &src,
+            &args,
+            &format!("{INFO} && {}", ops(&ops_)),
+        );
     }
 }
 
@@ -162,8 +184,18 @@ fn cacheextents_and_noparallel_serve_as_without_them() {
     for args in [
         &["--filter=cacheextents", "file", "FILE"][..],
         &["--filter=noparallel", "file", "FILE"],
-        &["--filter=noparallel", "file", "FILE", "serialize=all-requests"],
-        &["--filter=noparallel", "file", "FILE", "serialize=connections"],
+        &[
+            "--filter=noparallel",
+            "file",
+            "FILE",
+            "serialize=all-requests",
+        ],
+        &[
+            "--filter=noparallel",
+            "file",
+            "FILE",
+            "serialize=connections",
+        ],
     ] {
         let cmd = format!("{INFO} && {} && nbdcopy \"$uri\" /dev/null", ops(&ops_));
         alike(dir.path(), &src, args, &cmd);
@@ -198,7 +230,10 @@ fn ddrescue_fails_reads_of_bad_blocks_with_eio() {
         ["read", 0x81000, 4096],
     ]);
     // The whole-disk digest at the end fails on both: only the requests.
-    let cmd = format!("nbdinfo --json \"$uri\" | jq -c '.exports[0] | [.is_read_only, .can_cache]'; {} ; true", ops(&ops_));
+    let cmd = format!(
+        "nbdinfo --json \"$uri\" | jq -c '.exports[0] | [.is_read_only, .can_cache]'; {} ; true",
+        ops(&ops_)
+    );
     let out = alike(dir.path(), &src, &args, &cmd);
     assert!(out.contains("error EIO"), "{out}");
 }
@@ -218,12 +253,23 @@ except nbd.Error:
 fn limit_refuses_clients_beyond_the_limit() {
     let dir = workdir();
     let src = disk(dir.path());
-    let one = alike(dir.path(), &src, &["--filter=limit", "file", "FILE"], SECOND_CLIENT);
+    let one = alike(
+        dir.path(),
+        &src,
+        &["--filter=limit", "file", "FILE"],
+        SECOND_CLIENT,
+    );
     assert_eq!(one.trim(), "second refused");
     let two = ["--filter=limit", "file", "FILE", "limit=2"];
-    assert_eq!(alike(dir.path(), &src, &two, SECOND_CLIENT).trim(), "second connected");
+    assert_eq!(
+        alike(dir.path(), &src, &two, SECOND_CLIENT).trim(),
+        "second connected"
+    );
     let none = ["--filter=limit", "file", "FILE", "limit=0"];
-    assert_eq!(alike(dir.path(), &src, &none, SECOND_CLIENT).trim(), "second connected");
+    assert_eq!(
+        alike(dir.path(), &src, &none, SECOND_CLIENT).trim(),
+        "second connected"
+    );
 }
 
 #[test]
@@ -250,9 +296,12 @@ fn ip_allows_and_denies_unix_clients_by_credentials() {
 
 /// The user id of the tests.
 fn unsafe_uid() -> String {
-    stdout(&ok(std::process::Command::new("id").arg("-u").output().unwrap()))
-        .trim()
-        .to_string()
+    stdout(&ok(std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()))
+    .trim()
+    .to_string()
 }
 
 #[test]
@@ -278,9 +327,18 @@ fn exitlast_stops_the_server_when_its_last_client_leaves() {
         }
         let uri = format!("nbd+unix:///?socket={}", s(&sock));
         // Listing exports does not count; a client that reads does.
-        ok(std::process::Command::new("nbdinfo").args(["--list", &uri]).output().unwrap());
-        assert!(child.try_wait().unwrap().is_none(), "diskit={diskit}: stopped early");
-        ok(std::process::Command::new("nbdinfo").arg(&uri).output().unwrap());
+        ok(std::process::Command::new("nbdinfo")
+            .args(["--list", &uri])
+            .output()
+            .unwrap());
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "diskit={diskit}: stopped early"
+        );
+        ok(std::process::Command::new("nbdinfo")
+            .arg(&uri)
+            .output()
+            .unwrap());
         let status = child.wait().unwrap();
         assert!(status.success(), "diskit={diskit}: {status}");
         assert!(!sock.exists(), "diskit={diskit}: the socket is left");
@@ -296,7 +354,11 @@ fn readonly_count_and_time_limit_do_what_their_manuals_say() {
     let flag = dir.path().join("ro");
     let write = ops(&json!([["write", 0, 512, 3], ["trim", 4096, 4096]]));
     // Always read-only.
-    let o = ok(serve_run(&["--filter=readonly"], &["file", s(&file)], "nbdinfo --is read-only \"$uri\" && echo ro"));
+    let o = ok(serve_run(
+        &["--filter=readonly"],
+        &["file", s(&file)],
+        "nbdinfo --is read-only \"$uri\" && echo ro",
+    ));
     assert_eq!(stdout(&o).trim(), "ro");
     // Read-only while the file exists.
     let param = format!("readonly-file={}", s(&flag));
@@ -305,12 +367,24 @@ fn readonly_count_and_time_limit_do_what_their_manuals_say() {
     assert!(!stdout(&o).contains("error"), "{}", stdout(&o));
     std::fs::write(&flag, "").unwrap();
     let o = ok(serve_run(&["--filter=readonly"], &plugin, &write));
-    assert_eq!(stdout(&o).matches("error EPERM").count(), 2, "{}", stdout(&o));
+    assert_eq!(
+        stdout(&o).matches("error EPERM").count(),
+        2,
+        "{}",
+        stdout(&o)
+    );
     assert_stderr_has(&o, "rejected by readonly filter");
 
     // count: the totals at the end.
-    let o = ok(serve_run(&["--filter=count"], &["file", s(&file)], &ops(&json!([["read", 0, 4096], ["zero", 0, 512]]))));
-    assert_stderr_has(&o, "count bytes: read 1052672, written 0, zeroed 512, trimmed 0");
+    let o = ok(serve_run(
+        &["--filter=count"],
+        &["file", s(&file)],
+        &ops(&json!([["read", 0, 4096], ["zero", 0, 512]])),
+    ));
+    assert_stderr_has(
+        &o,
+        "count bytes: read 1052672, written 0, zeroed 512, trimmed 0",
+    );
 
     // time-limit: requests after the limit fail, and the client is cut off.
     let late = "nbdsh -u \"$uri\" -c '
@@ -324,8 +398,16 @@ for i in range(2):
     except nbd.Error:
         print(\"refused\")
 '";
-    let o = ok(serve_run(&["--filter=time-limit"], &["file", s(&file), "time-limit=1"], late));
+    let o = ok(serve_run(
+        &["--filter=time-limit"],
+        &["file", s(&file), "time-limit=1"],
+        late,
+    ));
     assert_eq!(stdout(&o), "refused\nrefused\n");
-    let o = ok(serve_run(&["--filter=time-limit"], &["file", s(&file), "time-limit=0"], late));
+    let o = ok(serve_run(
+        &["--filter=time-limit"],
+        &["file", s(&file), "time-limit=0"],
+        late,
+    ));
     assert_eq!(stdout(&o), "served\nserved\n");
 }

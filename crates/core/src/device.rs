@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::aio::{CompletionQueue, Request};
 use crate::error::{Error, ErrorKind, Result};
 use crate::extent::Extent;
-use crate::serving::{Peer, ServerRef, Serialize};
+use crate::serving::{Peer, Serialize, ServerRef};
 
 /// A shared, dynamically typed block device: what layers hold of the layer below.
 pub type DeviceRef = Arc<dyn BlockDevice>;

@@ -22,7 +22,7 @@ use crate::device::{
 };
 use crate::error::{Error, Result};
 use crate::extent::Extent;
-use crate::serving::{Peer, ServerRef, Serialize};
+use crate::serving::{Peer, Serialize, ServerRef};
 
 /// Where a request submitted through a filter goes (see [`Filter::route`]).
 pub enum Route {

@@ -161,7 +161,9 @@ mod tests {
     #[test]
     fn answers_from_the_last_extents_until_a_write() {
         let below = Arc::new(Asked(MemoryDevice::new(1 << 20), AtomicUsize::new(0)));
-        below.write_at(&[1u8; 8192], 65536, WriteFlags::NONE).unwrap();
+        below
+            .write_at(&[1u8; 8192], 65536, WriteFlags::NONE)
+            .unwrap();
         let d = Filtered::new(Cacheextents::default(), below.clone());
         let all = d.extents(0, 1 << 20).unwrap();
         let again = d.extents(65536 + 100, 4096).unwrap();

@@ -44,7 +44,7 @@ fn mismatch() -> Error {
 impl Checkwrite {
     /// Checks that `offset..offset+len` reads as zeros.
     fn check_zeros(&self, next: &dyn BlockDevice, offset: u64, len: u64, fast: bool) -> Result<()> {
-        let mut check = |at: u64, n: u64| {
+        let check = |at: u64, n: u64| {
             if fast {
                 return Err(Error::from_kind(ErrorKind::NotSupported));
             }
@@ -88,7 +88,13 @@ impl Filter for Checkwrite {
             ..next.capabilities()
         }
     }
-    fn write_at(&self, next: &dyn BlockDevice, buf: &[u8], offset: u64, _: WriteFlags) -> Result<()> {
+    fn write_at(
+        &self,
+        next: &dyn BlockDevice,
+        buf: &[u8],
+        offset: u64,
+        _: WriteFlags,
+    ) -> Result<()> {
         match below_holds(next, offset, Expected::Bytes(buf))? {
             true => Ok(()),
             false => Err(mismatch()),
@@ -131,7 +137,9 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Io);
         d.write_zeroes(0, 4096, ZeroFlags::default()).unwrap();
         assert_eq!(
-            d.write_zeroes(0, 8192, ZeroFlags::default()).unwrap_err().kind(),
+            d.write_zeroes(0, 8192, ZeroFlags::default())
+                .unwrap_err()
+                .kind(),
             ErrorKind::Io
         );
         d.trim(8192, 8192, WriteFlags::NONE).unwrap();

@@ -61,10 +61,14 @@ pub fn parse_mapfile(text: &str) -> Result<Vec<Rescued>> {
             continue;
         };
         if pos < 0 {
-            return Err(Error::invalid("ddrescue: block offset must not be negative"));
+            return Err(Error::invalid(
+                "ddrescue: block offset must not be negative",
+            ));
         }
         if size < 0 {
-            return Err(Error::invalid("ddrescue: block length must not be negative"));
+            return Err(Error::invalid(
+                "ddrescue: block length must not be negative",
+            ));
         }
         if status == '+' && size > 0 {
             let start = pos as u64;
@@ -88,9 +92,8 @@ impl Configure for Ddrescue {
     fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
             "ddrescue-mapfile" => {
-                let bytes = std::fs::read(value).map_err(|e| {
-                    Error::from(e).context(format!("{value}: ddrescue: open"))
-                })?;
+                let bytes = std::fs::read(value)
+                    .map_err(|e| Error::from(e).context(format!("{value}: ddrescue: open")))?;
                 let mut all = parse_mapfile(&String::from_utf8_lossy(&bytes))
                     .map_err(|e| e.context(value))?;
                 all.extend_from_slice(&self.rescued);
@@ -136,7 +139,10 @@ impl Filter for Ddrescue {
             Some(r) if r.start <= offset && end <= r.end => next.read_at(buf, offset),
             _ => Err(Error::new(
                 ErrorKind::Io,
-                format!("ddrescue: read of {} bytes at {offset} touches a bad block", buf.len()),
+                format!(
+                    "ddrescue: read of {} bytes at {offset} touches a bad block",
+                    buf.len()
+                ),
             )),
         }
     }

@@ -75,9 +75,7 @@ fn rule(key: &str, item: &str) -> Result<Rule> {
                 None => (item, None),
             };
             let addr: IpAddr = addr.parse().map_err(|_| {
-                Error::invalid(format!(
-                    "ip: don't know how to parse rule: {key}={item}"
-                ))
+                Error::invalid(format!("ip: don't know how to parse rule: {key}={item}"))
             })?;
             let max = if addr.is_ipv4() { 32 } else { 128 };
             let prefix = match prefix {
@@ -140,7 +138,9 @@ impl Configure for Ip {
         };
         for item in value.split(',') {
             if item.is_empty() {
-                return Err(Error::invalid(format!("ip: {key}: empty entry in rule list")));
+                return Err(Error::invalid(format!(
+                    "ip: {key}: empty entry in rule list"
+                )));
             }
             list.push(rule(key, item)?);
         }
@@ -200,7 +200,11 @@ mod tests {
             uid: Some(uid),
             gid: Some(0),
         };
-        let f = ip(&[("deny", "all"), ("allow", "127.0.0.1,10.0.0.0/8"), ("allow", "uid:1000")]);
+        let f = ip(&[
+            ("deny", "all"),
+            ("allow", "127.0.0.1,10.0.0.0/8"),
+            ("allow", "uid:1000"),
+        ]);
         assert!(f.allows(&v4("127.0.0.1")));
         assert!(f.allows(&v4("10.20.30.40")));
         assert!(!f.allows(&v4("11.0.0.1")));

@@ -48,7 +48,7 @@ impl Configure for LimitConfig {
             Limit {
                 limit: self.limit,
                 open: Arc::default(),
-                ticket: None,
+                _ticket: None,
             },
             next,
         ))
@@ -69,7 +69,8 @@ impl Drop for Ticket {
 pub struct Limit {
     limit: u64,
     open: Arc<Mutex<u64>>,
-    ticket: Option<Ticket>,
+    /// Held, not read: its drop uncounts the connection.
+    _ticket: Option<Ticket>,
 }
 
 /// The refusal.
@@ -106,7 +107,7 @@ impl Filter for Limit {
         Ok(Some(Limit {
             limit: self.limit,
             open: self.open.clone(),
-            ticket: Some(Ticket(self.open.clone())),
+            _ticket: Some(Ticket(self.open.clone())),
         }))
     }
 }
@@ -123,7 +124,7 @@ mod tests {
             Limit {
                 limit: 2,
                 open: Arc::default(),
-                ticket: None,
+                _ticket: None,
             },
             Arc::new(MemoryDevice::new(4096)),
         ));

@@ -233,7 +233,7 @@ mod tests {
         for (v, why) in [
             ("100", "missing '-'"),
             ("20-10", "end < start"),
-            ("x-10", "could not parse"),
+            ("x-10", "protect: range: "),
         ] {
             let e = parse_range(v).unwrap_err().to_string();
             assert!(e.contains(why), "{v}: {e}");

@@ -66,7 +66,9 @@ impl Swab {
     fn aligned(&self, offset: u64, len: u64) -> Result<()> {
         let w = self.word();
         if offset % w != 0 || len % w != 0 {
-            return Err(Error::invalid("swab: requests to this filter must be aligned"));
+            return Err(Error::invalid(
+                "swab: requests to this filter must be aligned",
+            ));
         }
         Ok(())
     }

@@ -118,7 +118,13 @@ pub fn negotiate<S: Read + Write + ?Sized>(
     exports: &ExportSet,
 ) -> Result<Negotiated, HandshakeEnd> {
     let flags = greet(stream)?;
-    match haggle(stream, exports, flags, TlsState::Unavailable, &Client::default())? {
+    match haggle(
+        stream,
+        exports,
+        flags,
+        TlsState::Unavailable,
+        &Client::default(),
+    )? {
         Step::Go(n) => Ok(n),
         Step::StartTls => Err(HandshakeEnd::Protocol("STARTTLS without TLS".into())),
     }
