@@ -48,10 +48,11 @@ pub struct Exitlast {
 
 impl Drop for Exitlast {
     fn drop(&mut self) {
-        if self.counted && self.shared.open.fetch_sub(1, Ordering::SeqCst) == 1 {
-            if let Some(s) = self.shared.server.get() {
-                s.shutdown();
-            }
+        if self.counted
+            && self.shared.open.fetch_sub(1, Ordering::SeqCst) == 1
+            && let Some(s) = self.shared.server.get()
+        {
+            s.shutdown();
         }
     }
 }

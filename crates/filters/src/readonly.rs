@@ -9,10 +9,10 @@
 
 use std::path::PathBuf;
 
-use diskit_core::{
-    BlockDevice, Capabilities, DeviceRef, Error, ErrorKind, Filter, Request, Result, Route,
-    WriteFlags, ZeroFlags,
-};
+use diskit_core::{BlockDevice, Capabilities, DeviceRef, Error, ErrorKind, Result};
+
+use crate::call::{Call, Op};
+use crate::gate::{Gate, Gated};
 
 use crate::registry::{Configure, over, unknown};
 
@@ -41,7 +41,7 @@ impl Configure for Readonly {
     }
 
     fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
-        Ok(over(self.clone(), next))
+        Ok(over(Gated(self.clone()), next))
     }
 }
 
@@ -58,25 +58,15 @@ impl Readonly {
     }
 }
 
-impl Filter for Readonly {
-    fn name(&self) -> &str {
-        "readonly"
-    }
-    fn reads_unchanged(&self) -> bool {
-        true
-    }
-    fn submits_below(&self) -> bool {
-        true
-    }
-    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
-        let op = match req {
-            Request::Read { .. } | Request::ReadTo { .. } => return Route::Below(req),
-            Request::Write { .. } => "pwrite",
-            Request::Zero { .. } => "zero",
-        };
-        match self.check(op) {
-            Ok(()) => Route::Below(req),
-            Err(e) => Route::Failed(req, e),
+impl Gate for Readonly {
+    const NAME: &'static str = "readonly";
+
+    fn before(&self, call: &Call) -> Result<()> {
+        match call.op {
+            Op::Write => self.check("pwrite"),
+            Op::Zero => self.check("zero"),
+            Op::Trim => self.check("trim"),
+            _ => Ok(()),
         }
     }
     fn capabilities(&self, next: &dyn BlockDevice) -> Capabilities {
@@ -85,29 +75,8 @@ impl Filter for Readonly {
             Some(_) => next.capabilities(),
         }
     }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.check("pwrite")?;
-        next.write_at(buf, offset, flags)
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        self.check("zero")?;
-        next.write_zeroes(offset, len, flags)
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.check("trim")?;
-        next.trim(offset, len, flags)
+    fn reads_unchanged(&self) -> bool {
+        true
     }
 }
 
@@ -115,7 +84,7 @@ impl Filter for Readonly {
 mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
-    use diskit_core::Filtered;
+    use diskit_core::{Filtered, WriteFlags, ZeroFlags};
     use std::sync::Arc;
 
     #[test]
@@ -124,9 +93,9 @@ mod tests {
         let flag = dir.path().join("ro");
         let mem = Arc::new(MemoryDevice::new(1 << 20));
         let d = Filtered::new(
-            Readonly {
+            Gated(Readonly {
                 file: Some(flag.clone()),
-            },
+            }),
             mem.clone(),
         );
         assert!(d.capabilities().can_write);
@@ -139,7 +108,7 @@ mod tests {
         d.flush().unwrap();
         std::fs::remove_file(&flag).unwrap();
         d.write_zeroes(0, 512, ZeroFlags::default()).unwrap();
-        let always = Filtered::new(Readonly::default(), mem);
+        let always = Filtered::new(Gated(Readonly::default()), mem);
         assert!(!always.capabilities().can_write);
     }
 }

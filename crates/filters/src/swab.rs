@@ -65,7 +65,7 @@ impl Swab {
     /// Refuses a request not aligned to a word.
     fn aligned(&self, offset: u64, len: u64) -> Result<()> {
         let w = self.word();
-        if offset % w != 0 || len % w != 0 {
+        if !offset.is_multiple_of(w) || !len.is_multiple_of(w) {
             return Err(Error::invalid(
                 "swab: requests to this filter must be aligned",
             ));

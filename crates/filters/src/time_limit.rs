@@ -9,10 +9,10 @@
 
 use std::time::{Duration, Instant};
 
-use diskit_core::{
-    BlockDevice, DeviceRef, Error, ErrorKind, Extent, Filter, Hangup, Request, Result, Route,
-    Session, WriteFlags, ZeroFlags,
-};
+use diskit_core::{DeviceRef, Error, ErrorKind, Hangup, Result, Session};
+
+use crate::call::Call;
+use crate::gate::{Gate, Gated};
 
 use crate::params;
 use crate::registry::{Configure, over, unknown};
@@ -48,10 +48,10 @@ impl Configure for TimeLimitConfig {
 
     fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
         Ok(over(
-            TimeLimit {
+            Gated(TimeLimit {
                 limit: self.limit,
                 connection: None,
-            },
+            }),
             next,
         ))
     }
@@ -80,22 +80,11 @@ impl TimeLimit {
     }
 }
 
-impl Filter for TimeLimit {
-    fn name(&self) -> &str {
-        "time-limit"
-    }
-    fn reads_unchanged(&self) -> bool {
-        // Every read is checked first: no view of the bytes below.
-        false
-    }
-    fn submits_below(&self) -> bool {
-        true
-    }
-    fn route(&self, _next: &dyn BlockDevice, req: Request) -> Route {
-        match self.check() {
-            Ok(()) => Route::Below(req),
-            Err(e) => Route::Failed(req, e),
-        }
+impl Gate for TimeLimit {
+    const NAME: &'static str = "time-limit";
+
+    fn before(&self, _call: &Call) -> Result<()> {
+        self.check()
     }
     fn connect(&self, _next: &DeviceRef, session: &Session) -> Result<Option<TimeLimit>> {
         Ok(Some(TimeLimit {
@@ -103,58 +92,22 @@ impl Filter for TimeLimit {
             connection: Some((Instant::now(), session.hangup.clone())),
         }))
     }
-    fn read_at(&self, next: &dyn BlockDevice, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.check()?;
-        next.read_at(buf, offset)
-    }
-    fn write_at(
-        &self,
-        next: &dyn BlockDevice,
-        buf: &[u8],
-        offset: u64,
-        flags: WriteFlags,
-    ) -> Result<()> {
-        self.check()?;
-        next.write_at(buf, offset, flags)
-    }
-    fn write_zeroes(
-        &self,
-        next: &dyn BlockDevice,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> Result<()> {
-        self.check()?;
-        next.write_zeroes(offset, len, flags)
-    }
-    fn trim(&self, next: &dyn BlockDevice, offset: u64, len: u64, flags: WriteFlags) -> Result<()> {
-        self.check()?;
-        next.trim(offset, len, flags)
-    }
-    fn cache(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
-        self.check()?;
-        next.cache(offset, len)
-    }
-    fn extents(&self, next: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.check()?;
-        next.extents(offset, len)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use diskit_backends::MemoryDevice;
-    use diskit_core::Filtered;
+    use diskit_core::{BlockDevice, Filtered};
     use std::sync::Arc;
 
     #[test]
     fn requests_after_the_limit_fail_and_hang_up() {
         let d: DeviceRef = Arc::new(Filtered::new(
-            TimeLimit {
+            Gated(TimeLimit {
                 limit: Duration::from_nanos(1),
                 connection: None,
-            },
+            }),
             Arc::new(MemoryDevice::new(4096)),
         ));
         let mut b = [0u8; 16];
