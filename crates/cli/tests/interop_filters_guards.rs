@@ -1,6 +1,6 @@
 //! The guard and limit filters (protect, checkwrite, swab, nocache,
-//! cacheextents, ddrescue, noparallel, limit, ip, exitlast) against
-//! nbdkit 1.32 on the same command lines: what nbdinfo reports, and the
+//! cacheextents, ddrescue, noparallel, limit, ip, exitlast, exitwhen)
+//! against nbdkit 1.32 on the same command lines: what nbdinfo reports, and the
 //! answers to the same requests (tests/nbd/filter_ops.py through libnbd:
 //! EPERM, EIO, EINVAL where the filters refuse), each server over its own
 //! copy of the disk. nbdkit 1.32 has no readonly, count or time-limit
@@ -472,4 +472,143 @@ for i in range(2):
         late,
     ));
     assert_eq!(stdout(&o), "served\nserved\n");
+}
+
+/// `diskit serve` or `nbdkit` (`diskit` false) in the foreground on the
+/// socket `sock` with `--filter=exitwhen file FILE ARGS`, once it listens.
+fn exitwhen_server(diskit: bool, sock: &Path, file: &Path, args: &[&str]) -> std::process::Child {
+    let mut c = if diskit {
+        let mut c = timed(diskit_bin(), 60);
+        c.arg("serve");
+        c
+    } else {
+        timed("nbdkit", 60)
+    };
+    let child = c
+        .args(["-f", "-U", s(sock), "--filter=exitwhen", "file", s(file)])
+        .args(args)
+        .spawn()
+        .unwrap();
+    wait_for_socket(sock);
+    child
+}
+
+#[test]
+fn exitwhen_refuses_new_clients_after_an_event_and_stops_after_the_last() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    for diskit in [false, true] {
+        let flag = dir.path().join(format!("stop-{diskit}"));
+        let sock = dir.path().join(format!("{diskit}.sock"));
+        let created = format!("exit-when-file-created={}", s(&flag));
+        let mut child = exitwhen_server(diskit, &sock, &src, &[&created, "exit-when-poll=1"]);
+        let uri = format!("nbd+unix:///?socket={}", s(&sock));
+        let script = format!(
+            "
+h1 = nbd.NBD()
+h1.connect_uri(h.get_uri())
+print(\"before: connected\")
+h1.shutdown()
+open(\"{}\", \"w\").close()
+h2 = nbd.NBD()
+try:
+    h2.connect_uri(h.get_uri())
+    print(\"second connected\")
+except nbd.Error:
+    print(\"second refused\")
+print(h.get_size())
+",
+            s(&flag)
+        );
+        let o = timed("nbdsh", 60)
+            .args(["-u", &uri, "-c", &script])
+            .output()
+            .unwrap();
+        if !o.status.success() {
+            let _ = child.kill();
+        }
+        assert_eq!(
+            stdout(&ok(o)),
+            "before: connected\nsecond refused\n1048576\n",
+            "diskit={diskit}"
+        );
+        let status = child.wait().unwrap();
+        assert!(status.success(), "diskit={diskit}: {status}");
+        // The event there already: the server stops at once.
+        let sock = dir.path().join(format!("again-{diskit}.sock"));
+        let mut c = if diskit {
+            let mut c = timed(diskit_bin(), 60);
+            c.arg("serve");
+            c
+        } else {
+            timed("nbdkit", 60)
+        };
+        let o = c
+            .args([
+                "-f",
+                "-U",
+                s(&sock),
+                "--filter=exitwhen",
+                "file",
+                s(&src),
+                &created,
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "diskit={diskit}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn exitwhen_events_stop_an_idle_server() {
+    let dir = workdir();
+    let src = disk(dir.path());
+    let flag = dir.path().join("flag");
+    for diskit in [false, true] {
+        // A file deleted; a script that sees a file (88).
+        std::fs::write(&flag, "").unwrap();
+        let deleted = format!("exit-when-file-deleted={}", s(&flag));
+        let sock = dir.path().join(format!("del-{diskit}.sock"));
+        let mut child = exitwhen_server(diskit, &sock, &src, &[&deleted, "exit-when-poll=1"]);
+        std::fs::remove_file(&flag).unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "deleted, diskit={diskit}: {status}");
+        let script = format!(
+            "exit-when-script=test -e {} && exit 88; echo not yet >/dev/null",
+            s(&flag)
+        );
+        let sock = dir.path().join(format!("script-{diskit}.sock"));
+        let mut child = exitwhen_server(diskit, &sock, &src, &[&script, "exit-when-poll=1"]);
+        std::fs::write(&flag, "").unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "script, diskit={diskit}: {status}");
+        // A process that exits (reaped here).
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("1")
+            .spawn()
+            .unwrap();
+        let pid = format!("exit-when-process-exits={}", sleeper.id());
+        let sock = dir.path().join(format!("pid-{diskit}.sock"));
+        let mut child = exitwhen_server(diskit, &sock, &src, &[&pid, "exit-when-poll=1"]);
+        sleeper.wait().unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "process, diskit={diskit}: {status}");
+        // A pipe closed at the other end.
+        let prog = if diskit {
+            format!("{} serve", s(&diskit_bin()))
+        } else {
+            "nbdkit".into()
+        };
+        let sock = dir.path().join(format!("pipe-{diskit}.sock"));
+        let o = timed("bash", 60)
+            .arg("-c")
+            .arg(format!(
+                "{prog} -f -U {} --filter=exitwhen file {} exit-when-pipe-closed=3 exit-when-poll=1 3< <(sleep 1)",
+                s(&sock),
+                s(&src)
+            ))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "pipe, diskit={diskit}: {}", stderr(&o));
+    }
 }

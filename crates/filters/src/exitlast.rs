@@ -83,17 +83,9 @@ impl Filter for Exitlast {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Stops;
     use diskit_backends::MemoryDevice;
-    use diskit_core::{Filtered, ServerHandle};
-    use std::sync::atomic::AtomicUsize;
-
-    #[derive(Default)]
-    struct Stops(AtomicUsize);
-    impl ServerHandle for Stops {
-        fn shutdown(&self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use diskit_core::Filtered;
 
     #[test]
     fn the_server_stops_when_the_last_client_leaves() {
@@ -110,8 +102,8 @@ mod tests {
         let a = d.connect(&s).unwrap();
         let b = d.connect(&s).unwrap();
         drop(a);
-        assert_eq!(stops.0.load(Ordering::SeqCst), 0);
+        assert_eq!(stops.count(), 0);
         drop(b);
-        assert_eq!(stops.0.load(Ordering::SeqCst), 1);
+        assert_eq!(stops.count(), 1);
     }
 }

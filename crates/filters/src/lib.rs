@@ -40,9 +40,10 @@
 //! | [`limit`] | `limit=` | limits the clients connected at once |
 //! | [`ip`] | `allow=`, `deny=` | allows or denies clients by address or credentials |
 //! | [`exitlast`] | | the server stops when its last client leaves |
+//! | [`exitwhen`] | `exit-when-*=` | the server stops when an event occurs |
 //! | [`time_limit`] | `time-limit=` | closes connections after a time |
 //!
-//! The last four, and noparallel's `connections`, act on connections:
+//! The last five, and noparallel's `connections`, act on connections:
 //! through the server's events that every layer passes on
 //! ([`diskit_core::serving`]).
 //!
@@ -81,6 +82,7 @@ pub mod ddrescue;
 pub mod delay;
 pub mod error;
 pub mod exitlast;
+pub mod exitwhen;
 pub mod fua;
 mod gate;
 pub mod gzip;
@@ -176,6 +178,11 @@ pub const FILTERS: &[FilterInfo] = &[
         "exitlast",
         exitlast::KEYS,
         "stops the server when the last client leaves (not before the first comes)",
+    ),
+    FilterInfo::new::<exitwhen::ExitwhenConfig>(
+        "exitwhen",
+        exitwhen::KEYS,
+        "stops the server gracefully when an event occurs: new clients are refused, the connected ones finish (exit-when-file-created=FILE exit-when-file-deleted=FILE exit-when-pipe-closed=FD exit-when-process-exits=PID exit-when-script=COMMAND exit-when-poll=SECS)",
     ),
     FilterInfo::new::<fua::Fua>(
         "fua",
