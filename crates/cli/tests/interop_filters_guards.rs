@@ -1,5 +1,5 @@
 //! The guard and limit filters (protect, checkwrite, swab, nocache,
-//! cacheextents, ddrescue, noparallel, limit, ip, exitlast, exitwhen)
+//! cacheextents, ddrescue, noparallel, limit, ip, exitlast, exitwhen, scan)
 //! against nbdkit 1.32 on the same command lines: what nbdinfo reports, and the
 //! answers to the same requests (tests/nbd/filter_ops.py through libnbd:
 //! EPERM, EIO, EINVAL where the filters refuse), each server over its own
@@ -611,4 +611,66 @@ fn exitwhen_events_stop_an_idle_server() {
             .unwrap();
         assert!(o.status.success(), "pipe, diskit={diskit}: {}", stderr(&o));
     }
+}
+
+/// An nbdsh client that waits (20 s at most) until the log `log` shows
+/// `n` cache requests answered.
+fn until_cached(log: &Path, n: usize) -> String {
+    format!(
+        "nbdsh -u \"$uri\" -c '
+import time
+for _ in range(2000):
+    if open(\"{}\").read().count(\"Cache id=\") >= {}:
+        break
+    time.sleep(0.01)
+'",
+        s(log),
+        2 * n
+    )
+}
+
+#[test]
+fn scan_caches_the_disk_below_while_a_client_is_connected() {
+    let dir = workdir();
+    let src = dir.path().join("src.raw");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len((5 << 20) + 512).unwrap();
+    let log = dir.path().join("log");
+    let logfile = format!("logfile={}", s(&log));
+    let args = [
+        "--filter=scan",
+        "--filter=log",
+        "file",
+        "FILE",
+        &logfile,
+        "scan-size=1M",
+        "scan-ahead=false",
+    ];
+    // One client: the disk in pieces; the next goes on where the clock
+    // stopped (the last piece again).
+    let cmd = format!(
+        "{} && {} && grep -o \"Cache id=[0-9]* offset=[^ ]* count=[^ ]*\" {}",
+        until_cached(&log, 6),
+        until_cached(&log, 7),
+        s(&log)
+    );
+    let out = alike(dir.path(), &src, &args, &cmd);
+    assert_eq!(out.lines().count(), 7, "{out}");
+    assert!(out.ends_with("offset=0x500000 count=0x200\n"), "{out}");
+    // Nothing to scan with: a warning, and the disk served.
+    let args = ["--filter=scan", "--filter=nocache", "file", "FILE"];
+    for diskit in [false, true] {
+        let o = ok(served(diskit, &args, &src, "nbdinfo --size \"$uri\""));
+        assert_eq!(stdout(&o), "5243392\n");
+        assert_stderr_has(
+            &o,
+            "scan: warning: underlying plugin does not support NBD_CMD_CACHE",
+        );
+    }
+    let o = serve_run(
+        &["--filter=scan"],
+        &["file", s(&src), "scan-size=1000"],
+        "true",
+    );
+    assert_eq!(code(&o), 1);
 }

@@ -36,6 +36,7 @@
 //! | [`count`] | | counts bytes read, written, zeroed, trimmed |
 //! | [`cacheextents`] | | keeps the last extents answer |
 //! | [`ddrescue`] | `ddrescue-mapfile=` | fails reads of the bad blocks of a ddrescue mapfile |
+//! | [`scan`] | `scan-ahead=`, `scan-clock=`, `scan-forever=`, `scan-size=` | caches the whole disk below, in the background, while connected |
 //! | [`noparallel`] | `serialize=` | one request, or one connection, at a time |
 //! | [`limit`] | `limit=` | limits the clients connected at once |
 //! | [`ip`] | `allow=`, `deny=` | allows or denies clients by address or credentials |
@@ -106,6 +107,7 @@ pub mod readahead;
 pub mod readonly;
 mod registry;
 pub mod retry;
+pub mod scan;
 pub mod stats;
 #[cfg(test)]
 mod submit_tests;
@@ -268,6 +270,11 @@ pub const FILTERS: &[FilterInfo] = &[
         "retry",
         retry::KEYS,
         "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)",
+    ),
+    FilterInfo::new::<scan::ScanConfig>(
+        "scan",
+        scan::KEYS,
+        "while a client is connected, asks the layer below to cache the whole disk in the background (stack cache below where the device has no cache) (scan-ahead=BOOL scan-clock=BOOL scan-forever=BOOL scan-size=2M)",
     ),
     FilterInfo::new::<stats::StatsConfig>(
         "stats",
