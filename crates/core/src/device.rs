@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::aio::{CompletionQueue, Request};
 use crate::error::{Error, ErrorKind, Result};
 use crate::extent::Extent;
+use crate::serving::{Peer, Serialize, ServerRef};
 
 /// A shared, dynamically typed block device: what layers hold of the layer below.
 pub type DeviceRef = Arc<dyn BlockDevice>;
@@ -65,6 +66,10 @@ pub struct Session {
     pub tls: bool,
     /// Whether the export is served read-only.
     pub read_only: bool,
+    /// Who the client is.
+    pub peer: crate::serving::Peer,
+    /// Raised to have the server close the connection.
+    pub hangup: crate::serving::Hangup,
 }
 
 /// Flags of a write request.
@@ -302,6 +307,25 @@ pub trait BlockDevice: Send + Sync {
         Ok(None)
     }
 
+    /// The server that serves the device starts: a layer that may stop it
+    /// keeps `server` (see [`crate::serving`]). Nothing by default.
+    fn serving(&self, server: &ServerRef) {
+        let _ = server;
+    }
+
+    /// A client `peer` connects, before its handshake: an error refuses
+    /// it (the server closes the connection). Accepted by default.
+    fn preconnect(&self, peer: &Peer) -> Result<()> {
+        let _ = peer;
+        Ok(())
+    }
+
+    /// How many requests and connections the device takes at once: any
+    /// number by default.
+    fn serialize(&self) -> Serialize {
+        Serialize::Parallel
+    }
+
     /// Whether a server may ask for extents before a large read, to send
     /// the holes in it as hole chunks: true where extents are real. A layer
     /// that counts or logs requests answers false, so that what it sees is
@@ -452,6 +476,15 @@ macro_rules! forward_device {
             }
             fn connect(&self, session: &Session) -> Result<Option<DeviceRef>> {
                 (**self).connect(session)
+            }
+            fn serving(&self, server: &ServerRef) {
+                (**self).serving(server)
+            }
+            fn preconnect(&self, peer: &Peer) -> Result<()> {
+                (**self).preconnect(peer)
+            }
+            fn serialize(&self) -> Serialize {
+                (**self).serialize()
             }
             fn extents_before_reads(&self) -> bool {
                 (**self).extents_before_reads()

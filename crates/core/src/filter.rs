@@ -22,6 +22,7 @@ use crate::device::{
 };
 use crate::error::{Error, Result};
 use crate::extent::Extent;
+use crate::serving::{Peer, Serialize, ServerRef};
 
 /// Where a request submitted through a filter goes (see [`Filter::route`]).
 pub enum Route {
@@ -114,13 +115,28 @@ pub trait Filter: Send + Sync {
     }
     /// The filter as one connection sees it (see [`BlockDevice::connect`]):
     /// `None`, the default, when it keeps no per-connection state. `next`
-    /// is the connection's view of the layer below.
+    /// is the connection's view of the layer below. An error refuses the
+    /// connection (nbdkit's open failing); the value returned is dropped
+    /// when the connection ends (nbdkit's close).
     fn connect(&self, next: &DeviceRef, session: &Session) -> Result<Option<Self>>
     where
         Self: Sized,
     {
         let _ = (next, session);
         Ok(None)
+    }
+    /// See [`BlockDevice::serving`]: passes through.
+    fn serving(&self, next: &dyn BlockDevice, server: &ServerRef) {
+        next.serving(server)
+    }
+    /// See [`BlockDevice::preconnect`]: passes through. A filter that
+    /// refuses some clients checks them, then asks `next`.
+    fn preconnect(&self, next: &dyn BlockDevice, peer: &Peer) -> Result<()> {
+        next.preconnect(peer)
+    }
+    /// See [`BlockDevice::serialize`]: the answer below.
+    fn serialize(&self, next: &dyn BlockDevice) -> Serialize {
+        next.serialize()
     }
     /// See [`BlockDevice::extents_before_reads`]: passes through, unless
     /// the filter hides extents.
@@ -306,6 +322,15 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
     }
     fn extents_before_reads(&self) -> bool {
         self.filter.extents_before_reads(&*self.next)
+    }
+    fn serving(&self, server: &ServerRef) {
+        self.filter.serving(&*self.next, server)
+    }
+    fn preconnect(&self, peer: &Peer) -> Result<()> {
+        self.filter.preconnect(&*self.next, peer)
+    }
+    fn serialize(&self) -> Serialize {
+        self.filter.serialize(&*self.next)
     }
     fn reopen(&self) -> Result<()> {
         self.filter.reopen(&*self.next)

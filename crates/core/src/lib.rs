@@ -23,6 +23,7 @@ pub mod extent;
 pub mod filter;
 pub mod params;
 pub mod range_lock;
+pub mod serving;
 pub mod size;
 pub mod storage;
 pub mod sync;
@@ -39,6 +40,7 @@ pub use device::{
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};
 pub use filter::{Filter, Filtered, Route};
+pub use serving::{Hangup, Peer, Serialize, ServerHandle, ServerRef};
 pub use storage::{
     CacheMode, NodeInfo, Preallocation, SnapshotChange, Storage, StorageOptions, StorageRef,
 };

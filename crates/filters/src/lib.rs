@@ -28,6 +28,25 @@
 //! | [`gzip`] | | serves a gzip file decompressed (whole, into a temporary file), read-only |
 //! | [`bzip2`] | | serves a bzip2 file decompressed as gzip does, read-only |
 //! | [`tar`] | `tar-entry=`, `tar-limit=` | serves one file inside a tarball |
+//! | [`protect`] | `protect=START-END`, `protect=~START-END` | write-protects ranges (EPERM) |
+//! | [`readonly`] | `readonly-file=` | read-only, always or while a file exists |
+//! | [`checkwrite`] | | writes become checks that nothing changes (EIO) |
+//! | [`swab`] | `swab-bits=` | swaps the bytes of 16-, 32- or 64-bit words |
+//! | [`nocache`] | `cachemode=` | hides, emulates or ignores cache requests |
+//! | [`count`] | | counts bytes read, written, zeroed, trimmed |
+//! | [`cacheextents`] | | keeps the last extents answer |
+//! | [`ddrescue`] | `ddrescue-mapfile=` | fails reads of the bad blocks of a ddrescue mapfile |
+//! | [`scan`] | `scan-ahead=`, `scan-clock=`, `scan-forever=`, `scan-size=` | caches the whole disk below, in the background, while connected |
+//! | [`noparallel`] | `serialize=` | one request, or one connection, at a time |
+//! | [`limit`] | `limit=` | limits the clients connected at once |
+//! | [`ip`] | `allow=`, `deny=` | allows or denies clients by address or credentials |
+//! | [`exitlast`] | | the server stops when its last client leaves |
+//! | [`exitwhen`] | `exit-when-*=` | the server stops when an event occurs |
+//! | [`time_limit`] | `time-limit=` | closes connections after a time |
+//!
+//! The last five, and noparallel's `connections`, act on connections:
+//! through the server's events that every layer passes on
+//! ([`diskit_core::serving`]).
 //!
 //! [`unmap`] is QEMU's, not nbdkit's: the `discard=` and `detect-zeroes=`
 //! policy of a block node, stacked by commands that take QEMU's options
@@ -54,36 +73,52 @@ mod blockmap;
 pub mod blocksize;
 pub mod bzip2;
 pub mod cache;
+pub mod cacheextents;
 mod call;
+pub mod checkwrite;
+pub mod count;
 pub mod cow;
 pub mod cow_file;
+pub mod ddrescue;
 pub mod delay;
 pub mod error;
+pub mod exitlast;
+pub mod exitwhen;
 pub mod fua;
 mod gate;
 pub mod gzip;
 pub mod inflate;
+pub mod ip;
+pub mod limit;
 pub mod log;
 pub mod multi_conn;
+pub mod nocache;
 pub mod noextents;
+pub mod noparallel;
 pub mod nozero;
 pub mod offset;
 mod overlay;
 pub mod params;
 pub mod partition;
 mod prefetch;
+pub mod protect;
 pub mod rate;
 pub mod readahead;
+pub mod readonly;
 mod registry;
 pub mod retry;
+pub mod scan;
 pub mod stats;
 #[cfg(test)]
 mod submit_tests;
+pub mod swab;
 pub mod tar;
 #[cfg(test)]
 mod testing;
+pub mod time_limit;
 pub mod truncate;
 pub mod unmap;
+mod verify;
 mod watch;
 pub mod xz;
 
@@ -106,11 +141,31 @@ pub const FILTERS: &[FilterInfo] = &[
         cache::KEYS,
         "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)",
     ),
+    FilterInfo::new::<cacheextents::CacheextentsConfig>(
+        "cacheextents",
+        cacheextents::KEYS,
+        "keeps the answer of the last extents request and answers from it until a write, for clients that ask one extent at a time",
+    ),
+    FilterInfo::new::<checkwrite::Checkwrite>(
+        "checkwrite",
+        checkwrite::KEYS,
+        "turns writes into checks that the data is already there (EIO if not), to test copying tools; the device below is never written",
+    ).reads_only_below(),
+    FilterInfo::new::<count::CountConfig>(
+        "count",
+        count::KEYS,
+        "counts the bytes read, written, zeroed and trimmed, and writes the totals to stderr when the server stops",
+    ),
     FilterInfo::new::<cow::CowConfig>(
         "cow",
         cow::KEYS,
         "a writable overlay in a temporary file, or kept as a qcow2 image backed by the source (cow-file=OVERLAY.qcow2); the device below is never written (cow-block-size= cow-on-read=true|false|/PATH cow-on-cache= cow-file=)",
     ).reads_only_below(),
+    FilterInfo::new::<ddrescue::Ddrescue>(
+        "ddrescue",
+        ddrescue::KEYS,
+        "serves a disk rescued by GNU ddrescue read-only, failing reads (EIO) of the blocks its mapfile does not list as rescued (ddrescue-mapfile=FILE)",
+    ),
     FilterInfo::new::<delay::Delay>(
         "delay",
         delay::KEYS,
@@ -120,6 +175,16 @@ pub const FILTERS: &[FilterInfo] = &[
         "error",
         error::KEYS,
         "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)",
+    ),
+    FilterInfo::new::<exitlast::ExitlastConfig>(
+        "exitlast",
+        exitlast::KEYS,
+        "stops the server when the last client leaves (not before the first comes)",
+    ),
+    FilterInfo::new::<exitwhen::ExitwhenConfig>(
+        "exitwhen",
+        exitwhen::KEYS,
+        "stops the server gracefully when an event occurs: new clients are refused, the connected ones finish (exit-when-file-created=FILE exit-when-file-deleted=FILE exit-when-pipe-closed=FD exit-when-process-exits=PID exit-when-script=COMMAND exit-when-poll=SECS)",
     ),
     FilterInfo::new::<fua::Fua>(
         "fua",
@@ -131,6 +196,16 @@ pub const FILTERS: &[FilterInfo] = &[
         gzip::KEYS,
         "serves a gzip file decompressed, read-only: the whole stream once, into a temporary file in $TMPDIR (or /var/tmp)",
     ).reads_only_below(),
+    FilterInfo::new::<ip::Ip>(
+        "ip",
+        ip::KEYS,
+        "allows or denies clients, before their handshake, by address or (Unix sockets) credentials: allow rules first, then deny, else allowed (allow=RULE,... deny=RULE,...: all, anyipv4, anyipv6, anyunix, A.B.C.D/NN, IPV6/NN, pid:N, uid:N, gid:N)",
+    ),
+    FilterInfo::new::<limit::LimitConfig>(
+        "limit",
+        limit::KEYS,
+        "limits the clients connected at once; more are closed before their handshake (limit=N, default 1, 0: none)",
+    ),
     FilterInfo::new::<log::LogConfig>(
         "log",
         log::KEYS,
@@ -141,10 +216,20 @@ pub const FILTERS: &[FilterInfo] = &[
         multi_conn::KEYS,
         "advertises, emulates (a flush reaches every connection) or hides multi-conn, and skips flushes nothing made necessary (multi-conn-mode=auto|emulate|plugin|unsafe|disable multi-conn-track-dirty=connection|fast|off multi-conn-exportname=BOOL)",
     ),
+    FilterInfo::new::<nocache::Nocache>(
+        "nocache",
+        nocache::KEYS,
+        "hides cache requests, emulates them by reading, or ignores them (cachemode=none|emulate|nop)",
+    ),
     FilterInfo::new::<noextents::Noextents>(
         "noextents",
         noextents::KEYS,
         "hides allocation: the whole disk reads as data in block status",
+    ),
+    FilterInfo::new::<noparallel::NoparallelConfig>(
+        "noparallel",
+        noparallel::KEYS,
+        "serializes requests per connection, requests of all connections, or connections (one client at a time, no multi-conn) (serialize=requests|all-requests|connections)",
     ),
     FilterInfo::new::<nozero::Nozero>(
         "nozero",
@@ -161,6 +246,11 @@ pub const FILTERS: &[FilterInfo] = &[
         partition::KEYS,
         "serves one partition of an MBR or GPT disk (partition=N: 1-4 primary, 5 and up logical, or the GPT entry)",
     ),
+    FilterInfo::new::<protect::ProtectConfig>(
+        "protect",
+        protect::KEYS,
+        "write-protects ranges: writes that would change them fail with EPERM (protect=START-END, repeatable; protect=~START-END protects the rest)",
+    ),
     FilterInfo::new::<rate::RateConfig>(
         "rate",
         rate::KEYS,
@@ -171,20 +261,40 @@ pub const FILTERS: &[FilterInfo] = &[
         readahead::KEYS,
         "asks the layer below to cache, in the background, what is likely read next: ahead of sequential streams, around reads elsewhere (over cow with cow-on-cache=true, say)",
     ),
+    FilterInfo::new::<readonly::Readonly>(
+        "readonly",
+        readonly::KEYS,
+        "makes the export read-only; with readonly-file=PATH, writes fail with EPERM only while PATH exists",
+    ),
     FilterInfo::new::<retry::RetryConfig>(
         "retry",
         retry::KEYS,
         "retries failed requests after a delay, reopening the device below first (an NBD connection connects again) (retries=5 retry-delay=2 retry-exponential=yes retry-readonly=no)",
+    ),
+    FilterInfo::new::<scan::ScanConfig>(
+        "scan",
+        scan::KEYS,
+        "while a client is connected, asks the layer below to cache the whole disk in the background (stack cache below where the device has no cache) (scan-ahead=BOOL scan-clock=BOOL scan-forever=BOOL scan-size=2M)",
     ),
     FilterInfo::new::<stats::StatsConfig>(
         "stats",
         stats::KEYS,
         "counts requests (bytes, time, size and alignment breakdown) and writes nbdkit's summary when the server stops (statsfile=FILE statsappend=BOOL statsthreshold=PERCENT)",
     ),
+    FilterInfo::new::<swab::Swab>(
+        "swab",
+        swab::KEYS,
+        "swaps the bytes of each word; unaligned requests fail (swab-bits=8|16|32|64, default 16)",
+    ),
     FilterInfo::new::<tar::TarConfig>(
         "tar",
         tar::KEYS,
         "serves one file inside a tarball (ustar, GNU long names, pax headers), found by its headers (tar-entry=NAME, required; tar-limit=SIZE: look only that far in)",
+    ),
+    FilterInfo::new::<time_limit::TimeLimitConfig>(
+        "time-limit",
+        time_limit::KEYS,
+        "closes a connection at its first request after a time; that request fails with ESHUTDOWN (time-limit=SECS, default 60, 0: none)",
     ),
     FilterInfo::new::<truncate::TruncateConfig>(
         "truncate",

@@ -428,6 +428,7 @@ mod tests {
             export: "a b".into(),
             tls: false,
             read_only: true,
+            ..Session::default()
         };
         let view = dev.connect(&session).unwrap().unwrap();
         view.write_at(&[1; 512], 4096, WriteFlags::FUA).unwrap();

@@ -2,7 +2,7 @@
 //! records what reaches it, and helpers for parameters, data and flags.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -11,7 +11,8 @@ use diskit_core::aio::{Completion, CompletionQueue, Request};
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::sync::lock;
 use diskit_core::{
-    BlockDevice, Capabilities, DeviceRef, Error, Extent, Result, WriteFlags, ZeroFlags,
+    BlockDevice, Capabilities, DeviceRef, Error, Extent, Result, ServerHandle, WriteFlags,
+    ZeroFlags,
 };
 
 use crate::{FilterSpec, stack};
@@ -355,4 +356,21 @@ pub(crate) fn kv(v: &[(&str, &str)]) -> Vec<(String, String)> {
     v.iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// A server, as the layers see it, that counts the times they stop it.
+#[derive(Debug, Default)]
+pub(crate) struct Stops(AtomicUsize);
+
+impl Stops {
+    /// How many times a layer asked the server to stop.
+    pub(crate) fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl ServerHandle for Stops {
+    fn shutdown(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }

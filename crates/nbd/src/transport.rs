@@ -56,6 +56,45 @@ pub trait Transport: Read + Write + Send {
 
     /// Who is at the other end, for logs.
     fn peer(&self) -> String;
+
+    /// Who is at the other end, for the checks of the layers served (see
+    /// [`diskit_core::BlockDevice::preconnect`]): unknown by default.
+    fn peer_info(&self) -> diskit_core::Peer {
+        diskit_core::Peer::Other
+    }
+}
+
+/// The credentials of the process at the other end of a Unix socket.
+fn unix_peer(sock: &UnixStream) -> diskit_core::Peer {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of a ucred; the
+    // descriptor is open.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return diskit_core::Peer::Unix {
+            pid: None,
+            uid: None,
+            gid: None,
+        };
+    }
+    diskit_core::Peer::Unix {
+        pid: u32::try_from(cred.pid).ok(),
+        uid: Some(cred.uid),
+        gid: Some(cred.gid),
+    }
 }
 
 /// A socket written with MSG_NOSIGNAL: a server that goes away is an
@@ -125,6 +164,10 @@ impl Transport for UnixStream {
     fn peer(&self) -> String {
         String::from("unix socket")
     }
+
+    fn peer_info(&self) -> diskit_core::Peer {
+        unix_peer(self)
+    }
 }
 
 impl Transport for TcpStream {
@@ -138,6 +181,13 @@ impl Transport for TcpStream {
         self.peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| String::from("tcp"))
+    }
+
+    fn peer_info(&self) -> diskit_core::Peer {
+        match self.peer_addr() {
+            Ok(a) => diskit_core::Peer::Ip(a.ip()),
+            Err(_) => diskit_core::Peer::Other,
+        }
     }
 }
 

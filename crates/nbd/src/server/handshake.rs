@@ -33,6 +33,8 @@ pub struct Negotiated {
     pub contexts: Vec<MetaContext>,
     /// The transmission flags sent to the client.
     pub tflags: u16,
+    /// Raised by a layer of the export to have the connection closed.
+    pub hangup: diskit_core::Hangup,
 }
 
 /// Why the handshake ended without transmission.
@@ -61,8 +63,19 @@ struct State {
     extended: bool,
     /// The last SET_META_CONTEXT: the export it named and what it selected.
     meta: Option<(Arc<Export>, Vec<MetaContext>)>,
+    /// Who the client is.
+    client: Client,
+}
+
+/// A connection, as the server knows it before the handshake.
+#[derive(Debug, Clone, Default)]
+pub struct Client {
     /// The server's number for the connection.
-    id: u64,
+    pub id: u64,
+    /// Who is at the other end.
+    pub peer: diskit_core::Peer,
+    /// Raised by a layer of the export to have the connection closed.
+    pub hangup: diskit_core::Hangup,
 }
 
 /// What the client said in its flags.
@@ -105,7 +118,13 @@ pub fn negotiate<S: Read + Write + ?Sized>(
     exports: &ExportSet,
 ) -> Result<Negotiated, HandshakeEnd> {
     let flags = greet(stream)?;
-    match haggle(stream, exports, flags, TlsState::Unavailable, 0)? {
+    match haggle(
+        stream,
+        exports,
+        flags,
+        TlsState::Unavailable,
+        &Client::default(),
+    )? {
         Step::Go(n) => Ok(n),
         Step::StartTls => Err(HandshakeEnd::Protocol("STARTTLS without TLS".into())),
     }
@@ -144,13 +163,13 @@ pub fn haggle<S: Read + Write + ?Sized>(
     exports: &ExportSet,
     flags: ClientFlags,
     tls: TlsState,
-    id: u64,
+    client: &Client,
 ) -> Result<Step, HandshakeEnd> {
     let mut st = State {
         fixed: flags.fixed,
         no_zeroes: flags.no_zeroes,
         tls,
-        id,
+        client: client.clone(),
         ..State::default()
     };
 
@@ -259,10 +278,12 @@ fn error(reply: u32, message: impl Into<String>) -> OptionError {
 /// The export's device as this connection will see it.
 fn connect(st: &State, export: &Export, name: &str) -> diskit_core::Result<DeviceRef> {
     let session = Session {
-        id: st.id,
+        id: st.client.id,
         export: name.to_string(),
         tls: st.tls == TlsState::Active,
         read_only: export.read_only(),
+        peer: st.client.peer.clone(),
+        hangup: st.client.hangup.clone(),
     };
     let shared = export.device();
     Ok(shared.connect(&session)?.unwrap_or_else(|| shared.clone()))
@@ -305,6 +326,7 @@ fn handle<S: Read + Write + ?Sized>(
                 extended: false,
                 contexts,
                 tflags,
+                hangup: st.client.hangup.clone(),
             }));
         }
         ClientOption::Abort => {
@@ -365,6 +387,7 @@ fn handle<S: Read + Write + ?Sized>(
                     extended: st.extended,
                     contexts,
                     tflags,
+                    hangup: st.client.hangup.clone(),
                 }));
             }
         }

@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use diskit_core::{Serialize, ServerHandle, ServerRef};
+
 pub use bitmap::ExportBitmap;
 pub use export::{Advertising, Export, ExportSet, MAX_PAYLOAD, MetaContext};
 pub use handshake::HandshakeEnd;
@@ -103,6 +105,10 @@ pub enum ConnectionEnd {
     HandshakeTimeout,
     /// The accept loop turned it away: too many connections.
     Refused,
+    /// A layer of the export refused the client before its handshake
+    /// (see [`diskit_core::BlockDevice::preconnect`]), or the server is
+    /// shutting down.
+    Rejected(String),
     /// It ended during transmission.
     Transmission(End),
 }
@@ -119,6 +125,7 @@ impl std::fmt::Display for ConnectionEnd {
             ConnectionEnd::Handshake(HandshakeEnd::Io(e)) => write!(f, "handshake I/O error: {e}"),
             ConnectionEnd::HandshakeTimeout => f.write_str("handshake timed out"),
             ConnectionEnd::Refused => f.write_str("refused: too many connections"),
+            ConnectionEnd::Rejected(why) => write!(f, "rejected: {why}"),
             ConnectionEnd::Transmission(e) => e.fmt(f),
         }
     }
@@ -139,6 +146,24 @@ pub struct Server {
     /// loops waiting for a free place ([`OverLimit::Wait`]).
     ended: (Mutex<()>, Condvar),
     last_client: Mutex<Option<LastClient>>,
+    /// Set once a layer asked the server to stop: new connections are
+    /// rejected, and `on_stop` runs when the last open one ends.
+    closing: std::sync::atomic::AtomicBool,
+    on_stop: Mutex<Option<LastClient>>,
+    /// The strictest serialization the exports ask for.
+    serial: Serialize,
+}
+
+/// The server as the layers of its exports see it (see
+/// [`diskit_core::serving`]); weak, as the server holds the layers.
+struct Handle(std::sync::Weak<Server>);
+
+impl ServerHandle for Handle {
+    fn shutdown(&self) {
+        if let Some(s) = self.0.upgrade() {
+            s.shutdown();
+        }
+    }
 }
 
 /// Counts a connection as active while it lives; when it ends, wakes
@@ -165,13 +190,24 @@ impl Drop for ActiveGuard<'_> {
                 f();
             }
         }
+        if left == 0 && s.closing.load(Ordering::SeqCst) {
+            s.stop_now();
+        }
     }
 }
 
 impl Server {
     /// A server for `exports`.
     pub fn new(exports: ExportSet, config: ServerConfig) -> Server {
+        let serial = exports
+            .iter()
+            .map(|e| e.device().serialize())
+            .max()
+            .unwrap_or_default();
         Server {
+            closing: std::sync::atomic::AtomicBool::new(false),
+            on_stop: Mutex::new(None),
+            serial,
             exports,
             config,
             next_id: AtomicU64::new(1),
@@ -188,6 +224,39 @@ impl Server {
     /// handshake (listing exports, probing) do not count.
     pub fn on_last_client(&self, action: impl FnOnce() + Send + 'static) {
         *lock(&self.last_client) = Some(Box::new(action));
+    }
+
+    /// Tells the layers of every export that the server starts, giving
+    /// them a handle to stop it (see [`diskit_core::BlockDevice::serving`]);
+    /// `action` runs when one does, once the open connections have ended.
+    pub fn start(self: &Arc<Self>, action: impl FnOnce() + Send + 'static) {
+        *lock(&self.on_stop) = Some(Box::new(action));
+        let handle: ServerRef = Arc::new(Handle(Arc::downgrade(self)));
+        for e in self.exports.iter() {
+            e.device().serving(&handle);
+        }
+    }
+
+    /// Stops accepting connections; runs the stop action once none is
+    /// open (nbdkit_shutdown).
+    pub fn shutdown(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        let (gate, ended) = &self.ended;
+        {
+            let _held = lock(gate);
+            ended.notify_all();
+        }
+        if self.active.load(Ordering::SeqCst) == 0 {
+            self.stop_now();
+        }
+    }
+
+    /// Runs the stop action, once.
+    fn stop_now(&self) {
+        let action = lock(&self.on_stop).take();
+        if let Some(f) = action {
+            f();
+        }
     }
 
     /// Offers (or requires) TLS through NBD_OPT_STARTTLS.
@@ -251,11 +320,21 @@ impl Server {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let peer = transport.peer();
         let start = Instant::now();
+        let client = handshake::Client {
+            id,
+            peer: transport.peer_info(),
+            hangup: Default::default(),
+        };
+        if let Err(why) = self.preconnect(&client.peer) {
+            let end = ConnectionEnd::Rejected(why);
+            log_line!("diskit: connection {id} ({peer}): {end}");
+            return end;
+        }
         let dog = match (self.config.handshake_timeout, cutoff) {
             (Some(t), Some(c)) => Some(watchdog::Watchdog::start(t, c)),
             _ => None,
         };
-        let negotiated = self.handshake(&mut transport, id);
+        let negotiated = self.handshake(&mut transport, &client);
         let timed_out = dog.is_some_and(watchdog::Watchdog::disarm);
         let neg = match negotiated {
             Ok(n) if !timed_out => n,
@@ -287,8 +366,13 @@ impl Server {
         };
         let conn_stats = Stats::default();
         active.transmitted = true;
+        let serial = export.device().serialize();
         let tuning = transmission::Tuning {
-            threads: self.config.threads,
+            threads: if serial >= Serialize::Requests {
+                1
+            } else {
+                self.config.threads
+            },
             max_in_flight: self.config.max_in_flight,
         };
         let end = transmission::run(neg, halves, tuning, &conn_stats);
@@ -305,10 +389,22 @@ impl Server {
 
     /// The handshake, STARTTLS included: after a TLS handshake `transport`
     /// is the encrypted stream and option haggling starts over.
+    /// The checks before the handshake: the server is not stopping, and
+    /// the layers of every export accept `peer`.
+    fn preconnect(&self, peer: &diskit_core::Peer) -> Result<(), String> {
+        if self.closing.load(Ordering::SeqCst) {
+            return Err("the server is shutting down".into());
+        }
+        for e in self.exports.iter() {
+            e.device().preconnect(peer).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     fn handshake(
         &self,
         transport: &mut Box<dyn Transport>,
-        id: u64,
+        client: &handshake::Client,
     ) -> Result<handshake::Negotiated, HandshakeEnd> {
         let flags = handshake::greet(&mut **transport)?;
         let mut state = match self.tls.as_ref().map(TlsConfig::mode) {
@@ -317,7 +413,7 @@ impl Server {
             Some(TlsMode::Require) => handshake::TlsState::Required,
         };
         loop {
-            match handshake::haggle(&mut **transport, &self.exports, flags, state, id)? {
+            match handshake::haggle(&mut **transport, &self.exports, flags, state, client)? {
                 handshake::Step::Go(n) => return Ok(n),
                 handshake::Step::StartTls => {
                     let Some(config) = &self.tls else {
@@ -375,13 +471,19 @@ impl Server {
     /// With [`OverLimit::Wait`], waits until fewer than `max_connections`
     /// are served, so that the next connection stays queued meanwhile.
     fn wait_for_place(&self) {
-        let max = self.config.max_connections;
-        if max == 0 || self.config.over_limit != OverLimit::Wait {
+        let mut max = self.config.max_connections;
+        if self.config.over_limit != OverLimit::Wait {
+            max = 0;
+        }
+        if self.serial == Serialize::Connections {
+            max = 1;
+        }
+        if max == 0 {
             return;
         }
         let (gate, ended) = &self.ended;
         let mut held = lock(gate);
-        while self.active.load(Ordering::SeqCst) >= max {
+        while self.active.load(Ordering::SeqCst) >= max && !self.closing.load(Ordering::SeqCst) {
             held = ended.wait(held).unwrap_or_else(|p| p.into_inner());
         }
     }

@@ -85,6 +85,9 @@ pub enum End {
     Protocol(String),
     /// The stream failed.
     Io(io::Error),
+    /// A layer of the export asked for the connection to close (see
+    /// [`diskit_core::Hangup`]).
+    HungUp,
 }
 
 impl std::fmt::Display for End {
@@ -94,6 +97,7 @@ impl std::fmt::Display for End {
             End::Closed => f.write_str("client closed the connection"),
             End::Protocol(m) => write!(f, "protocol violation: {m}"),
             End::Io(e) => write!(f, "I/O error: {e}"),
+            End::HungUp => f.write_str("closed at the export's request"),
         }
     }
 }
@@ -144,6 +148,8 @@ struct Shared<'a> {
     waiting: AtomicUsize,
     broken: AtomicBool,
     shutdown: &'a (dyn Fn() + Send + Sync),
+    /// Raised by a layer of the export: the connection closes.
+    hangup: diskit_core::Hangup,
     budget: Budget,
     conn_stats: &'a Stats,
     cost: Cost,
@@ -275,6 +281,15 @@ impl Shared<'_> {
     }
 
     /// One worker: takes turns at the reader until the request stream ends.
+    /// Closes the connection a layer asked to close, once the replies so
+    /// far are out: the other workers, waiting for a request, wake.
+    fn hang_up(&self) {
+        self.flush();
+        self.stopped.store(true, Ordering::Release);
+        lock(&self.end).get_or_insert(End::HungUp);
+        (self.shutdown)();
+    }
+
     fn work(&self) {
         let mut buf = Vec::new();
         let mut zc = ZeroCopy::default();
@@ -320,6 +335,10 @@ impl Shared<'_> {
                     *lock(&self.end) = Some(end);
                     return;
                 }
+            }
+            if self.hangup.raised() {
+                self.hang_up();
+                return;
             }
             if buf.len() > KEEP_BUF {
                 buf = Vec::new();
@@ -413,6 +432,7 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
         waiting: AtomicUsize::new(0),
         broken: AtomicBool::new(false),
         shutdown: &*shutdown,
+        hangup: neg.hangup.clone(),
         budget: Budget::new(tuning.max_in_flight.max(u64::from(limits.max_payload))),
         conn_stats,
         cost: Cost::default(),

@@ -181,6 +181,13 @@ pub fn serve(
         }),
     }));
     lifecycle::handle_signals(cleanup.clone());
+    // A layer that stops the server (exitlast, exitwhen) stops it as a
+    // signal does, once its clients have gone.
+    let c = cleanup.clone();
+    server.start(move || {
+        c.run();
+        std::process::exit(0);
+    });
     if let Some(p) = &pidfile
         && let Err(e) = lifecycle::write_pidfile(p)
     {
