@@ -154,3 +154,27 @@ fn every_connection_opens_and_closes_its_own_handle() {
     assert_eq!(outs[0], outs[1]);
     assert_eq!(outs[1].trim(), "65536\n65536");
 }
+
+#[test]
+fn any_export_name_reaches_the_plugin_as_under_nbdkit() {
+    let dir = workdir();
+    // The handle is the export name the client asked for; the size
+    // depends on it. nbdkit serves a plugin under any name.
+    let args = [
+        "-e",
+        "disk",
+        "eval",
+        "open=echo \"$3\"",
+        "get_size=case \"$2\" in big) echo 2M;; *) echo 1M;; esac",
+        "pread=dd if=/dev/zero count=$3 iflag=count_bytes status=none",
+    ];
+    let cmd = "nbdinfo --size \"nbd+unix:///big?socket=$unixsocket\" && \
+               nbdinfo --size \"nbd+unix:///other?socket=$unixsocket\" && \
+               nbdinfo --size \"$uri\"";
+    let [nb, dk] = both_ok(dir.path(), &args, cmd);
+    assert_eq!(nb, dk);
+    assert_eq!(
+        dk.split_whitespace().collect::<Vec<_>>(),
+        ["2097152", "1048576", "1048576"]
+    );
+}

@@ -255,6 +255,8 @@ impl Export {
 pub struct ExportSet {
     exports: Vec<Arc<Export>>,
     default: Option<usize>,
+    /// Whether unknown names reach the default export.
+    any_name: bool,
 }
 
 impl ExportSet {
@@ -273,15 +275,25 @@ impl ExportSet {
         e
     }
 
-    /// Looks an export up by name; "" is the default export.
+    /// Looks an export up by name; "" is the default export, and so is
+    /// any other name when the set [`answers_any_name`](Self::answers_any_name).
     pub fn find(&self, name: &str) -> Option<Arc<Export>> {
         if let Some(e) = self.exports.iter().find(|e| e.name == name) {
             return Some(e.clone());
         }
-        if name.is_empty() {
+        if name.is_empty() || self.any_name {
             return self.default.map(|i| self.exports[i].clone());
         }
         None
+    }
+
+    /// Makes every name a client asks for reach the default export, as
+    /// nbdkit serves its plugin under any name (the name is the
+    /// connection's, given to the layers in [`diskit_core::Session`]);
+    /// qemu-nbd refuses names it does not export.
+    pub fn answers_any_name(mut self, any: bool) -> ExportSet {
+        self.any_name = any;
+        self
     }
 
     /// Every export, in the order added.

@@ -251,6 +251,8 @@ fn build(
             .with_allocation_depth(opened.allocation_depth)
             .with_bitmaps(opened.bitmaps),
     );
+    // Any name a client asks for reaches the plugin, as under nbdkit.
+    let exports = exports.answers_any_name(true);
     let mut server = Server::new(
         exports,
         ServerConfig {
