@@ -13,6 +13,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_core::device::{check_range, write_zero_buffer};
+use diskit_core::serving::{Hangup, ServerRef};
 use diskit_core::sync::lock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, ExtentFlags,
@@ -104,6 +105,43 @@ impl Can {
             Can::Rotational => "is_rotational",
         }
     }
+}
+
+/// What a call asked of the server, as nbdkit's `nbdkit_shutdown` and
+/// `nbdkit_disconnect` ask it: noted on the calling thread, carried out
+/// by [`CallbackDevice`] once the call returns.
+#[derive(Debug, Clone, Copy, Default)]
+struct Asked {
+    shutdown: bool,
+    disconnect: bool,
+}
+
+thread_local! {
+    static ASKED: std::cell::Cell<Asked> = const {
+        std::cell::Cell::new(Asked { shutdown: false, disconnect: false })
+    };
+}
+
+/// Called during a plugin call: the server is to stop (no new clients;
+/// it exits once the connections end), as `nbdkit_shutdown`.
+pub fn request_shutdown() {
+    ASKED.with(|a| {
+        a.set(Asked {
+            shutdown: true,
+            ..a.get()
+        })
+    });
+}
+
+/// Called during a plugin call: the calling connection is to be closed
+/// after this request, as `nbdkit_disconnect`.
+pub fn request_disconnect() {
+    ASKED.with(|a| {
+        a.set(Asked {
+            disconnect: true,
+            ..a.get()
+        })
+    });
 }
 
 /// nbdkit's extent types: bit 0 a hole, bit 1 reads as zeros.
@@ -199,6 +237,8 @@ struct Shared<C: Callbacks> {
     all: Mutex<()>,
     turn: Turn,
     readonly: bool,
+    /// The server, once it serves the plugin (for a shutdown asked).
+    server: std::sync::OnceLock<ServerRef>,
 }
 
 /// A plugin's handle as a device; [`BlockDevice::connect`] opens another
@@ -211,6 +251,8 @@ pub struct CallbackDevice<C: Callbacks> {
     own: Mutex<()>,
     /// Whether this handle holds the connections' turn.
     has_turn: bool,
+    /// Its connection's hang-up (none for the export's own handle).
+    hangup: Option<Hangup>,
 }
 
 impl<C: Callbacks> CallbackDevice<C> {
@@ -225,8 +267,9 @@ impl<C: Callbacks> CallbackDevice<C> {
             all: Mutex::new(()),
             turn: Turn::default(),
             readonly,
+            server: std::sync::OnceLock::new(),
         });
-        CallbackDevice::with_handle(shared, "", false, false)
+        CallbackDevice::with_handle(shared, "", false, false, None)
     }
 
     fn with_handle(
@@ -234,6 +277,7 @@ impl<C: Callbacks> CallbackDevice<C> {
         export: &str,
         tls: bool,
         has_turn: bool,
+        hangup: Option<Hangup>,
     ) -> Result<CallbackDevice<C>> {
         let handle = {
             let _all = serialize_all(&shared);
@@ -255,14 +299,30 @@ impl<C: Callbacks> CallbackDevice<C> {
             answers,
             own: Mutex::new(()),
             has_turn,
+            hangup,
         })
     }
 
     /// Runs one call under the plugin's thread model.
     fn call<T>(&self, f: impl FnOnce(&C, &C::Handle) -> Result<T>) -> Result<T> {
-        let _all = serialize_all(&self.shared);
-        let _own = (self.shared.model <= ThreadModel::SerializeRequests).then(|| lock(&self.own));
-        f(&self.shared.plugin, &self.handle)
+        let r = {
+            let _all = serialize_all(&self.shared);
+            let _own =
+                (self.shared.model <= ThreadModel::SerializeRequests).then(|| lock(&self.own));
+            f(&self.shared.plugin, &self.handle)
+        };
+        let asked = ASKED.with(|a| a.replace(Asked::default()));
+        if asked.shutdown
+            && let Some(server) = self.shared.server.get()
+        {
+            server.shutdown();
+        }
+        if asked.disconnect
+            && let Some(h) = &self.hangup
+        {
+            h.raise();
+        }
+        r
     }
 }
 
@@ -421,12 +481,21 @@ impl<C: Callbacks> BlockDevice for CallbackDevice<C> {
     fn describe(&self) -> String {
         self.shared.plugin.name()
     }
+    fn serving(&self, server: &ServerRef) {
+        let _ = self.shared.server.set(server.clone());
+    }
     fn connect(&self, session: &Session) -> Result<Option<DeviceRef>> {
         let turn = self.shared.model == ThreadModel::SerializeConnections;
         if turn {
             self.shared.turn.take();
         }
-        match CallbackDevice::with_handle(self.shared.clone(), &session.export, session.tls, turn) {
+        match CallbackDevice::with_handle(
+            self.shared.clone(),
+            &session.export,
+            session.tls,
+            turn,
+            Some(session.hangup.clone()),
+        ) {
             Ok(d) => Ok(Some(Arc::new(d))),
             Err(e) => {
                 if turn {

@@ -178,3 +178,83 @@ fn any_export_name_reaches_the_plugin_as_under_nbdkit() {
         ["2097152", "1048576", "1048576"]
     );
 }
+
+/// nbdkit 1.34's exit statuses 4-8 (nbdkit 1.32, the peer here, treats
+/// them as errors): checked against nbdkit-sh-plugin(3).
+fn eval_pread_exiting(status: u8) -> Vec<String> {
+    vec![
+        "eval".into(),
+        "get_size=echo 1M".into(),
+        format!("pread=dd if=/dev/zero count=$3 iflag=count_bytes status=none; exit {status}"),
+    ]
+}
+
+#[test]
+fn status_7_closes_the_connection_after_the_reply_and_8_fails_it_too() {
+    let dir = workdir();
+    // Each of two reads: "ok", or the errno's name; "closed" once the
+    // connection is gone.
+    let py = "import errno, nbd, sys\n\
+              h = nbd.NBD()\n\
+              h.connect_uri(sys.argv[1])\n\
+              for _ in range(2):\n    \
+              try:\n        h.pread(512, 0)\n        print('ok')\n    \
+              except nbd.Error as e:\n        \
+              print(errno.errorcode.get(e.errnum, 'closed'))\n";
+    std::fs::write(dir.path().join("two.py"), py).unwrap();
+    for (status, want) in [(7, ["ok", "closed"]), (8, ["ESHUTDOWN", "closed"])] {
+        let args = eval_pread_exiting(status);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = run(
+            Server::Diskit,
+            dir.path(),
+            &args,
+            &format!("{PYTHON} two.py \"$uri\""),
+        );
+        let out = stdout(&ok(o));
+        let got: Vec<&str> = out.lines().collect();
+        // The second read finds the connection closed (libnbd's errno
+        // for a dead connection varies: any but success).
+        assert_eq!(got[0], want[0], "status {status}: {out}");
+        assert_ne!(got[1], "ok", "status {status}: {out}");
+    }
+}
+
+#[test]
+fn status_4_shuts_the_server_down_after_the_reply() {
+    let dir = workdir();
+    let sock = dir.path().join("s.sock");
+    let args = eval_pread_exiting(4);
+    let mut server = std::process::Command::new(diskit_bin())
+        .args(["serve", "-f", "-U"])
+        .arg(&sock)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed().as_secs() < 10, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let uri = format!("nbd+unix:///?socket={}", s(&sock));
+    let o = std::process::Command::new(PYTHON)
+        .args(["-c", "import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); print(len(h.pread(512, 0)))"])
+        .arg(&uri)
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&ok(o)).trim(), "512");
+    // Once its last client has gone, the server exits by itself.
+    loop {
+        if let Some(st) = server.try_wait().unwrap() {
+            assert!(st.success(), "the server failed: {st}");
+            break;
+        }
+        if start.elapsed().as_secs() > 20 {
+            let _ = server.kill();
+            panic!("the server did not shut down");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -2,8 +2,8 @@
 //! the script run with the method and its arguments, the request's bytes
 //! on its standard input, its answer on standard output, and what went
 //! wrong, an errno name first, on standard error. The exit status says
-//! how it went (nbdkit 1.32's meanings: 0 done, 2 the method is missing,
-//! 3 false, anything else an error).
+//! how it went: 0 done, 2 the method is missing, 3 false, 4-8 nbdkit
+//! 1.34's shutdown and disconnect requests, anything else an error.
 
 use std::ffi::OsStr;
 use std::io::{ErrorKind as IoKind, Read, Write};
@@ -98,11 +98,27 @@ pub fn call(script: &Path, args: &[&str], input: &[u8], tmpdir: &Path) -> Result
     }
     let out = out.map_err(|e| Error::io(format!("{name}: read: {e}")))?;
     let err = err.map_err(|e| Error::io(format!("{name}: read: {e}")))?;
-    match status.code() {
-        Some(0) => Ok(Answer {
+    let code = status.code();
+    // nbdkit 1.34's statuses 4-8: a shutdown of the server (4 done, 5
+    // failed) or a disconnect of this client (6 at once, 7 done, 8
+    // failed), asked of the server the plugin runs in
+    // (crate::callbacks::request_shutdown, request_disconnect); a failure
+    // without an errno name is ESHUTDOWN.
+    match code {
+        Some(4 | 5) => crate::callbacks::request_shutdown(),
+        Some(6..=8) => crate::callbacks::request_disconnect(),
+        _ => {}
+    }
+    match code {
+        Some(0 | 4 | 7) => Ok(Answer {
             status: Status::Done,
             out,
         }),
+        Some(5 | 6 | 8) => Err(script_error_or(
+            &name,
+            &String::from_utf8_lossy(&err),
+            ErrorKind::Shutdown,
+        )),
         Some(2) => Ok(Answer {
             status: Status::Missing,
             out,
@@ -146,7 +162,12 @@ const ERRNO_NAMES: &[(&str, i32)] = &[
 /// The error a failed call reports: the kind its standard error names
 /// (EIO when it names none), and its first line as the message.
 pub fn script_error(script: &str, stderr: &str) -> Error {
-    let mut kind = ErrorKind::Io;
+    script_error_or(script, stderr, ErrorKind::Io)
+}
+
+/// [`script_error`] with `default` where the script names no errno.
+fn script_error_or(script: &str, stderr: &str, default: ErrorKind) -> Error {
+    let mut kind = default;
     let mut rest = stderr;
     // The longest name first: "EOPNOTSUPP" is not "EOPNOTSUP..." cut.
     let mut names: Vec<_> = ERRNO_NAMES.iter().collect();

@@ -312,6 +312,12 @@ impl Shared<'_> {
                     let Turn::Job(job) = turn else { unreachable!() };
                     self.execute(job, &mut buf, &mut zc, more);
                     batch += 1;
+                    // A layer asked to close the connection: no request
+                    // after this one is read.
+                    if self.hangup.raised() {
+                        self.hang_up();
+                        return;
+                    }
                     turn = next_request(&mut *reader, self, &mut buf);
                     cheap = matches!(&turn, Turn::Job(job) if self.cheap(job));
                 }
