@@ -185,3 +185,34 @@ fn external_data_files_are_locked_as_qemu_locks_them() {
         assert!(held_bytes(&data).is_empty(), "locks left behind");
     }
 }
+
+#[test]
+fn plugins_serving_files_writable_take_qemu_s_write_lock() {
+    // file, split and partitioning write the files they serve: a file a
+    // QEMU process writes is refused (qemu-img's message), and served
+    // read-only (-r) it is not.
+    let dir = workdir();
+    let img = dir.path().join("disk.qcow2");
+    ok(qemu_img(&["create", "-q", "-f", "qcow2", s(&img), "4M"]));
+    let sock = dir.path().join("s");
+    let _q = hold("qemu-nbd", &["-f", "qcow2", "-k", s(&sock), s(&img)], &sock);
+    for plugin in ["file", "split", "partitioning"] {
+        let o = diskit(&["serve", "-U", "-", plugin, s(&img), "--run", "true"]);
+        assert_eq!(code(&o), 1, "{plugin} served a file qemu-nbd writes");
+        assert!(
+            message(&o).contains("Failed to get \"write\" lock"),
+            "{plugin}: {}",
+            stderr(&o)
+        );
+        ok(diskit(&[
+            "serve",
+            "-r",
+            "-U",
+            "-",
+            plugin,
+            s(&img),
+            "--run",
+            "true",
+        ]));
+    }
+}

@@ -310,19 +310,26 @@ pub fn realpath(path: &Path) -> Result<std::path::PathBuf> {
 pub fn open_file(kv: &PluginArgs, readonly: bool) -> Result<DeviceRef> {
     let path = Path::new(&kv["file"]);
     realpath(path)?;
+    let f = serve_file(path, readonly)
+        .map_err(|e| Error::new(e.kind(), format!("file: {}: {e}", path.display())))?;
+    Ok(Arc::new(f))
+}
+
+/// A file a plugin serves (file, split, partitioning): opened for writing
+/// unless `readonly`, and then locked as a writer with QEMU's locks, so
+/// that a file another process keeps from writers (a running VM's image)
+/// is refused.
+pub(crate) fn serve_file(path: &Path, readonly: bool) -> Result<FileDevice> {
     let opts = StorageOptions {
         writable: !readonly,
         ..StorageOptions::default()
     };
-    let fail = |e: Error| Error::new(e.kind(), format!("file: {}: {e}", path.display()));
-    let f = FileDevice::open(path, opts).map_err(fail)?;
+    let f = FileDevice::open(path, opts)?;
     if !readonly {
-        // A file served writable is written: QEMU's locks say so, and a
-        // file another process keeps from writers is refused.
         let (perm, unshare) = diskit_core::storage::lock::for_image(true, false);
-        diskit_core::Storage::lock_image(&f, perm, unshare).map_err(fail)?;
+        diskit_core::Storage::lock_image(&f, perm, unshare)?;
     }
-    Ok(Arc::new(f))
+    Ok(f)
 }
 
 /// nbdkit's memory plugin: a sparse RAM disk.

@@ -11,11 +11,11 @@ use diskit_backends::partitioning::{
 };
 use diskit_backends::tmpdisk::{DEFAULT_COMMAND, TmpDisk, TmpDiskSpec};
 use diskit_backends::{
-    FileDevice, FullDevice, NullDevice, RandomDevice, SparseRandomDevice, SparseRandomLayout,
-    SplitDevice, ZeroDevice,
+    FullDevice, NullDevice, RandomDevice, SparseRandomDevice, SparseRandomLayout, SplitDevice,
+    ZeroDevice,
 };
 use diskit_core::params::{boolean, nbdkit_unsigned};
-use diskit_core::{DeviceRef, Error, Result, StorageOptions};
+use diskit_core::{DeviceRef, Error, Result};
 
 use crate::plugin::{LIST_SEPARATOR, OrderedArgs, PluginArgs, realpath, size_arg};
 
@@ -153,11 +153,7 @@ pub fn open_data(kv: &PluginArgs, _readonly: bool) -> Result<DeviceRef> {
 /// A file of a split or partitioned disk, opened for writing unless
 /// `readonly`; a failure is told after `label`, as nbdkit tells it.
 fn open_part(path: &std::path::Path, label: &str, readonly: bool) -> Result<DeviceRef> {
-    let opts = StorageOptions {
-        writable: !readonly,
-        ..StorageOptions::default()
-    };
-    let f = FileDevice::open(path, opts)
+    let f = crate::plugin::serve_file(path, readonly)
         .map_err(|e| Error::new(e.kind(), format!("{label}: {}", e.detail())))?;
     Ok(Arc::new(f))
 }
