@@ -11,27 +11,11 @@ use std::sync::Mutex;
 
 use diskit_core::extent::clip;
 use diskit_core::sync::lock;
-use diskit_core::{BlockDevice, DeviceRef, Extent, Filter, Request, Result, Route};
+use diskit_core::{BlockDevice, Extent, Filter, Request, Result, Route};
 use diskit_core::{WriteFlags, ZeroFlags};
-
-use crate::registry::{Configure, over, unknown};
 
 /// The keys the filter takes: none.
 pub const KEYS: &[&str] = &[];
-
-/// The configuration: nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CacheextentsConfig;
-
-impl Configure for CacheextentsConfig {
-    fn set(&mut self, key: &str, _value: &str) -> Result<()> {
-        Err(unknown("cacheextents", key))
-    }
-
-    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
-        Ok(over(Cacheextents::default(), next))
-    }
-}
 
 /// The last answer: where it starts and its extents.
 #[derive(Debug, Default)]

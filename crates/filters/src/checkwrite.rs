@@ -13,10 +13,9 @@
 
 use diskit_core::extent::walk;
 use diskit_core::{
-    BlockDevice, Capabilities, DeviceRef, Error, ErrorKind, Filter, Result, WriteFlags, ZeroFlags,
+    BlockDevice, Capabilities, Error, ErrorKind, Filter, Result, WriteFlags, ZeroFlags,
 };
 
-use crate::registry::{Configure, over, unknown};
 use crate::verify::{Expected, below_holds};
 
 /// The keys the filter takes: none.
@@ -25,16 +24,6 @@ pub const KEYS: &[&str] = &[];
 /// The filter.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Checkwrite;
-
-impl Configure for Checkwrite {
-    fn set(&mut self, key: &str, _value: &str) -> Result<()> {
-        Err(unknown("checkwrite", key))
-    }
-
-    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
-        Ok(over(*self, next))
-    }
-}
 
 /// The error of a write that would change something.
 fn mismatch() -> Error {

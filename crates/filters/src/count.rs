@@ -7,26 +7,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use diskit_core::{BlockDevice, DeviceRef, Filter, Result, WriteFlags, ZeroFlags};
-
-use crate::registry::{Configure, over, unknown};
+use diskit_core::{BlockDevice, Filter, Result, WriteFlags, ZeroFlags};
 
 /// The keys the filter takes: none.
 pub const KEYS: &[&str] = &[];
-
-/// The configuration: nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CountConfig;
-
-impl Configure for CountConfig {
-    fn set(&mut self, key: &str, _value: &str) -> Result<()> {
-        Err(unknown("count", key))
-    }
-
-    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
-        Ok(over(Count::default(), next))
-    }
-}
 
 /// The filter: its totals.
 #[derive(Debug, Default)]

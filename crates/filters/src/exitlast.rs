@@ -8,30 +8,8 @@ use std::sync::{Arc, OnceLock};
 
 use diskit_core::{BlockDevice, DeviceRef, Filter, Result, ServerRef, Session};
 
-use crate::registry::{Configure, over, unknown};
-
 /// The keys the filter takes: none.
 pub const KEYS: &[&str] = &[];
-
-/// The configuration: nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ExitlastConfig;
-
-impl Configure for ExitlastConfig {
-    fn set(&mut self, key: &str, _value: &str) -> Result<()> {
-        Err(unknown("exitlast", key))
-    }
-
-    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
-        Ok(over(
-            Exitlast {
-                shared: Arc::default(),
-                counted: false,
-            },
-            next,
-        ))
-    }
-}
 
 /// What every connection's view shares: the server, the count.
 #[derive(Default)]
@@ -41,6 +19,7 @@ struct Shared {
 }
 
 /// The filter; a connection's view is counted until dropped.
+#[derive(Default)]
 pub struct Exitlast {
     shared: Arc<Shared>,
     counted: bool,

@@ -122,7 +122,7 @@ mod verify;
 mod watch;
 pub mod xz;
 
-pub use registry::{Configure, FilterInfo, FilterSpec, Params, info, stack, unknown};
+pub use registry::{Configure, FilterInfo, FilterSpec, Keyless, Params, info, stack, unknown};
 
 /// Every filter, by name: its row.
 pub const FILTERS: &[FilterInfo] = &[
@@ -141,17 +141,17 @@ pub const FILTERS: &[FilterInfo] = &[
         cache::KEYS,
         "keeps blocks in a temporary file (cache=writeback|writethrough|unsafe cache-min-block-size= cache-on-read=true|false|/PATH cache-max-size= cache-high-threshold= cache-low-threshold=)",
     ),
-    FilterInfo::new::<cacheextents::CacheextentsConfig>(
+    FilterInfo::new::<Keyless<cacheextents::Cacheextents>>(
         "cacheextents",
         cacheextents::KEYS,
         "keeps the answer of the last extents request and answers from it until a write, for clients that ask one extent at a time",
     ),
-    FilterInfo::new::<checkwrite::Checkwrite>(
+    FilterInfo::new::<Keyless<checkwrite::Checkwrite>>(
         "checkwrite",
         checkwrite::KEYS,
         "turns writes into checks that the data is already there (EIO if not), to test copying tools; the device below is never written",
     ).reads_only_below(),
-    FilterInfo::new::<count::CountConfig>(
+    FilterInfo::new::<Keyless<count::Count>>(
         "count",
         count::KEYS,
         "counts the bytes read, written, zeroed and trimmed, and writes the totals to stderr when the server stops",
@@ -176,7 +176,7 @@ pub const FILTERS: &[FilterInfo] = &[
         error::KEYS,
         "fails requests at random, for testing clients (error=EIO|ENOSPC|... error-rate=10% error-file=PATH, and error-pread-*= error-pwrite-*= error-trim-*= error-zero-*= error-extents-*= error-cache-*=)",
     ),
-    FilterInfo::new::<exitlast::ExitlastConfig>(
+    FilterInfo::new::<Keyless<exitlast::Exitlast>>(
         "exitlast",
         exitlast::KEYS,
         "stops the server when the last client leaves (not before the first comes)",

@@ -76,6 +76,32 @@ pub fn unknown(filter: &str, key: &str) -> Error {
     Error::invalid(format!("{filter}: unknown parameter '{key}'"))
 }
 
+/// The configuration of a filter that takes no parameters: any key is
+/// refused, and the filter `F` as it starts ([`Default`]) is stacked.
+pub struct Keyless<F>(std::marker::PhantomData<fn() -> F>);
+
+impl<F> Default for Keyless<F> {
+    fn default() -> Self {
+        Keyless(std::marker::PhantomData)
+    }
+}
+
+impl<F> fmt::Debug for Keyless<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Keyless")
+    }
+}
+
+impl<F: Filter + Default + 'static> Configure for Keyless<F> {
+    fn set(&mut self, key: &str, _value: &str) -> Result<()> {
+        Err(unknown(F::default().name(), key))
+    }
+
+    fn stack(&self, next: DeviceRef) -> Result<DeviceRef> {
+        Ok(over(F::default(), next))
+    }
+}
+
 /// A filter's row: its name, the parameter keys it takes, a one-line
 /// description, what it promises and how its parameters are read.
 #[derive(Debug, Clone, Copy)]
