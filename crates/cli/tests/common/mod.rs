@@ -311,6 +311,27 @@ pub fn same_as_qemu_img(args: &[&str], what: &str) -> Output {
     ours
 }
 
+/// Runs `runs` (diskit's and a peer's, to be compared) while the file
+/// system's allocation of `file` holds still, and returns their outputs:
+/// qcow2's metadata-preallocation test reads st_blocks, which delayed
+/// allocation or speculative preallocation trimmed in the background can
+/// change between two runs. The file is synced first; a pair of runs
+/// during which the allocation changed is run again.
+pub fn on_settled_allocation<T>(file: &Path, mut runs: impl FnMut() -> T) -> T {
+    use std::os::unix::fs::MetadataExt;
+    ok(Command::new("sync").arg(file).output().unwrap());
+    let blocks = || std::fs::metadata(file).unwrap().blocks();
+    for _ in 0..5 {
+        let before = blocks();
+        let out = runs();
+        if blocks() == before {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    panic!("{} kept changing its allocation", file.display());
+}
+
 /// Runs `tool` (qemu-img, or diskit's binary) in `dir`.
 pub fn run_in(tool: &Path, dir: &Path, args: &[&str]) -> Output {
     Command::new(tool)
