@@ -16,8 +16,8 @@ use diskit_core::device::{check_range, write_zero_buffer};
 use diskit_core::serving::{Hangup, ServerRef};
 use diskit_core::sync::lock;
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, Extent, ExtentFlags,
-    Result, Session, WriteFlags, ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, ExportEntry,
+    ExportQuery, Extent, ExtentFlags, Result, Session, WriteFlags, ZeroFlags,
 };
 
 /// How many of a plugin's calls may run at once (nbdkit's thread models).
@@ -195,6 +195,26 @@ pub trait Callbacks: Send + Sync + 'static {
     ) -> Result<Vec<(u64, u64, u32)>>;
     /// Prefetches a range (only called for [`Support::Native`]).
     fn cache(&self, h: &Self::Handle, offset: u64, len: u64) -> Result<()>;
+    /// The exports a listing shows (nbdkit's `list_exports`); `None`, the
+    /// default, when the plugin does not say (the server lists its
+    /// default export).
+    fn list_exports(&self, readonly: bool, tls: bool) -> Result<Option<Vec<ExportEntry>>> {
+        let _ = (readonly, tls);
+        Ok(None)
+    }
+    /// The name the default export `""` stands for (nbdkit's
+    /// `default_export`); `None`, the default, when the plugin does not
+    /// say.
+    fn default_export(&self, readonly: bool, tls: bool) -> Result<Option<String>> {
+        let _ = (readonly, tls);
+        Ok(None)
+    }
+    /// The description of a handle's export (nbdkit's
+    /// `export_description`); `None`, the default, for none.
+    fn export_description(&self, h: &Self::Handle) -> Result<Option<String>> {
+        let _ = h;
+        Ok(None)
+    }
 }
 
 /// What a handle said of itself once, when it was opened.
@@ -483,6 +503,18 @@ impl<C: Callbacks> BlockDevice for CallbackDevice<C> {
     }
     fn serving(&self, server: &ServerRef) {
         let _ = self.shared.server.set(server.clone());
+    }
+    fn list_exports(&self, query: &ExportQuery) -> Result<Option<Vec<ExportEntry>>> {
+        let _all = serialize_all(&self.shared);
+        self.shared.plugin.list_exports(query.read_only, query.tls)
+    }
+    fn default_export(&self, query: &ExportQuery) -> Result<Option<String>> {
+        let _all = serialize_all(&self.shared);
+        self.shared.plugin.default_export(query.read_only, query.tls)
+    }
+    fn export_description(&self) -> Option<String> {
+        // nbdkit sends no description when the call fails.
+        self.call(|p, h| p.export_description(h)).ok().flatten()
     }
     fn connect(&self, session: &Session) -> Result<Option<DeviceRef>> {
         let turn = self.shared.model == ThreadModel::SerializeConnections;

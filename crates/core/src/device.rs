@@ -72,6 +72,36 @@ pub struct Session {
     pub hangup: crate::serving::Hangup,
 }
 
+/// What a server tells a device when it asks about the exports it
+/// answers for (nbdkit passes the same to `list_exports` and
+/// `default_export`): the answer may depend on them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportQuery {
+    /// Whether the export is served read-only.
+    pub read_only: bool,
+    /// Whether the client's connection runs over TLS.
+    pub tls: bool,
+}
+
+/// One export as a listing (NBD_OPT_LIST) shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExportEntry {
+    /// The name a client asks for.
+    pub name: String,
+    /// Its description, if it has one.
+    pub description: Option<String>,
+}
+
+impl ExportEntry {
+    /// An export named `name`, with `description` if any.
+    pub fn new(name: impl Into<String>, description: Option<String>) -> ExportEntry {
+        ExportEntry {
+            name: name.into(),
+            description,
+        }
+    }
+}
+
 /// Flags of a write request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteFlags {
@@ -307,6 +337,30 @@ pub trait BlockDevice: Send + Sync {
         Ok(None)
     }
 
+    /// The exports a client that lists them (NBD_OPT_LIST) is shown, as
+    /// nbdkit's `list_exports`: `None`, the default, leaves the list to
+    /// the server (its own export names); an error refuses the listing.
+    fn list_exports(&self, query: &ExportQuery) -> Result<Option<Vec<ExportEntry>>> {
+        let _ = query;
+        Ok(None)
+    }
+
+    /// The name the default export `""` stands for, as nbdkit's
+    /// `default_export`: the name connections to `""` open and listings
+    /// show. `None`, the default, keeps the server's own; an error refuses
+    /// connections to `""`.
+    fn default_export(&self, query: &ExportQuery) -> Result<Option<String>> {
+        let _ = query;
+        Ok(None)
+    }
+
+    /// The export's description as this device (a connection's view, or
+    /// the export's own device) gives it, as nbdkit's
+    /// `export_description`: `None`, the default, keeps the server's.
+    fn export_description(&self) -> Option<String> {
+        None
+    }
+
     /// The server that serves the device starts: a layer that may stop it
     /// keeps `server` (see [`crate::serving`]). Nothing by default.
     fn serving(&self, server: &ServerRef) {
@@ -476,6 +530,15 @@ macro_rules! forward_device {
             }
             fn connect(&self, session: &Session) -> Result<Option<DeviceRef>> {
                 (**self).connect(session)
+            }
+            fn list_exports(&self, query: &ExportQuery) -> Result<Option<Vec<ExportEntry>>> {
+                (**self).list_exports(query)
+            }
+            fn default_export(&self, query: &ExportQuery) -> Result<Option<String>> {
+                (**self).default_export(query)
+            }
+            fn export_description(&self) -> Option<String> {
+                (**self).export_description()
             }
             fn serving(&self, server: &ServerRef) {
                 (**self).serving(server)

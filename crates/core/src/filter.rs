@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use crate::aio::{Completion, CompletionQueue, Request};
 use crate::device::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Lent, Session, WriteFlags,
-    ZeroFlags, check_range,
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, ExportEntry, ExportQuery, FileView,
+    Lent, Session, WriteFlags, ZeroFlags, check_range,
 };
 use crate::error::{Error, Result};
 use crate::extent::Extent;
@@ -124,6 +124,22 @@ pub trait Filter: Send + Sync {
     {
         let _ = (next, session);
         Ok(None)
+    }
+    /// See [`BlockDevice::list_exports`]: passes through.
+    fn list_exports(
+        &self,
+        next: &dyn BlockDevice,
+        query: &ExportQuery,
+    ) -> Result<Option<Vec<ExportEntry>>> {
+        next.list_exports(query)
+    }
+    /// See [`BlockDevice::default_export`]: passes through.
+    fn default_export(&self, next: &dyn BlockDevice, query: &ExportQuery) -> Result<Option<String>> {
+        next.default_export(query)
+    }
+    /// See [`BlockDevice::export_description`]: passes through.
+    fn export_description(&self, next: &dyn BlockDevice) -> Option<String> {
+        next.export_description()
     }
     /// See [`BlockDevice::serving`]: passes through.
     fn serving(&self, next: &dyn BlockDevice, server: &ServerRef) {
@@ -322,6 +338,15 @@ impl<F: Filter + 'static> BlockDevice for Filtered<F> {
     }
     fn extents_before_reads(&self) -> bool {
         self.filter.extents_before_reads(&*self.next)
+    }
+    fn list_exports(&self, query: &ExportQuery) -> Result<Option<Vec<ExportEntry>>> {
+        self.filter.list_exports(&*self.next, query)
+    }
+    fn default_export(&self, query: &ExportQuery) -> Result<Option<String>> {
+        self.filter.default_export(&*self.next, query)
+    }
+    fn export_description(&self) -> Option<String> {
+        self.filter.export_description(&*self.next)
     }
     fn serving(&self, server: &ServerRef) {
         self.filter.serving(&*self.next, server)

@@ -34,8 +34,8 @@ pub mod zero;
 
 pub use aio::{Completion, CompletionQueue, ReadSink, Request};
 pub use device::{
-    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, FileView, Lent, Session, WriteFlags,
-    ZeroFlags,
+    BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, ExportEntry, ExportQuery, FileView,
+    Lent, Session, WriteFlags, ZeroFlags,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use extent::{Extent, ExtentFlags};
