@@ -10,13 +10,23 @@ asynchronous ones (``aio_*``) whose completions are taken by ``poll`` or
 ``aio_notify_read`` on the descriptor ``aio_get_fd`` gives. Errors are
 ``nbd.Error`` with the message (``.string``) and errno (``.errnum``).
 
-Not yet: option mode (a handle with ``set_opt_mode(True)`` refuses to
-connect; no ``opt_*`` calls), TLS settings (an ``nbds://`` URI works),
-debug callbacks.
+In option mode (``set_opt_mode(True)`` before connecting) the handle
+stops after the greeting (and structured replies), and ``opt_list``,
+``opt_list_meta_context``, ``opt_info``, ``opt_go`` and ``opt_abort`` go
+on from there, as libnbd's do.
+
+Debug messages (``set_debug``, on by default when ``LIBNBD_DEBUG=1``)
+go to the callback ``set_debug_callback`` gives, else to standard error
+as libnbd prints them; they tell what the handle does (connecting, each
+option, entering transmission, shutting down).
+
+Not yet: TLS settings (an ``nbds://`` URI works; option mode is plain
+connections only).
 """
 
 import errno as _errno
 import os
+import sys
 import urllib.parse
 
 from diskit import _diskit
@@ -192,6 +202,11 @@ class NBD:
 
     def __init__(self):
         self._client = None
+        # In option mode, before opt_go: the option phase, and what the
+        # last opt_info told (size, flags, contexts agreed to).
+        self._opts = None
+        self._opt_info = None
+        self._aborted = False
         self._export = ""
         self._contexts = []
         self._handle_name = None
@@ -207,6 +222,8 @@ class NBD:
         self._next_cookie = 1
         self._commands = {}
         self._private = 0
+        self._debug_on = os.environ.get("LIBNBD_DEBUG") == "1"
+        self._debug_callback = None
 
     def __enter__(self):
         return self
@@ -224,6 +241,10 @@ class NBD:
         """Closes the connection (the server it ran, if any, stops)."""
         if self._client is not None:
             self._client.close()
+        if self._opts is not None:
+            self._opts.abort()
+            self._opts = None
+            self._aborted = True
 
     # Settings.
 
@@ -247,6 +268,28 @@ class NBD:
         if self._handle_name is None:
             self._handle_name = "nbd%d" % id(self)
         return self._handle_name
+
+    def set_debug(self, debug):
+        self._debug_on = bool(debug)
+
+    def get_debug(self):
+        return self._debug_on
+
+    def set_debug_callback(self, debug):
+        self._debug_callback = debug
+
+    def clear_debug_callback(self):
+        self._debug_callback = None
+
+    def _debug(self, context, msg):
+        """A debug message from the call ``context``, when debugging."""
+        if not self._debug_on:
+            return
+        if self._debug_callback is not None:
+            self._debug_callback(context, msg)
+        else:
+            sys.stderr.write("libnbd: debug: %s: %s: %s\n"
+                             % (self.get_handle_name(), context, msg))
 
     def set_private_data(self, data):
         old, self._private = self._private, data
@@ -350,25 +393,42 @@ class NBD:
 
     # Connecting.
 
-    def _connect(self, how, *args):
-        if self._opt_mode:
-            raise Error("%s: option mode is not supported yet: connect "
-                        "without set_opt_mode(True)" % how.__name__,
-                        _errno.ENOTSUP)
-        if self._client is not None:
-            raise Error("%s: invalid state: the handle is already connected"
-                        % how.__name__, _errno.EINVAL)
+    def _connect(self, name, client_args, opts_args):
+        """Connects with ``_diskit.Client.NAME(*client_args, export,
+        contexts)``, or in option mode ``_diskit.Options.NAME(*opts_args,
+        structured)``."""
+        if self._client is not None or self._opts is not None:
+            raise Error("nbd_%s: invalid state: the handle is already "
+                        "connected" % name, _errno.EINVAL)
+        context = "nbd_" + name
+        self._debug(context, "connecting (option mode: %s, export: %r, "
+                    "metadata contexts: %s)" % (self._opt_mode, self._export,
+                                                self._contexts))
         try:
-            self._client = how(*args, list(self._contexts))
+            if self._opt_mode:
+                how = getattr(_diskit.Options, name)
+                self._opts = how(*opts_args, self._structured)
+            else:
+                how = getattr(_diskit.Client, name)
+                self._client = how(*client_args, list(self._contexts))
         except _diskit.Error as e:
             string, errnum = e.args
-            raise Error("nbd_%s: %s" % (how.__name__, string), errnum) \
-                from None
+            self._debug(context, "failed: %s" % string)
+            raise Error("%s: %s" % (context, string), errnum) from None
+        if self._opt_mode:
+            self._debug(context, "negotiating options (protocol %s, "
+                        "structured replies: %s)"
+                        % (self._opts.protocol(), self._opts.structured()))
+        else:
+            self._debug(context, "transmission started (size %d)"
+                        % self._client.size())
 
     def connect_uri(self, uri):
         self._uri = uri
-        self._connect(_diskit.Client.connect_uri, uri)
         parsed = urllib.parse.urlparse(uri)
+        if self._opt_mode:
+            self._export = urllib.parse.unquote(parsed.path[1:])
+        self._connect("connect_uri", [uri], [uri])
         self._export = urllib.parse.unquote(parsed.path[1:])
 
     def connect_unix(self, unixsocket):
@@ -376,22 +436,78 @@ class NBD:
             urllib.parse.quote(self._export),
             urllib.parse.quote(unixsocket))
         self._uri = uri
-        self._connect(_diskit.Client.connect_uri, uri)
+        self._connect("connect_uri", [uri], [uri])
 
     def connect_tcp(self, hostname, port):
         host = hostname if ":" not in hostname else "[%s]" % hostname
         uri = "nbd://%s:%s/%s" % (host, port,
                                   urllib.parse.quote(self._export))
         self._uri = uri
-        self._connect(_diskit.Client.connect_uri, uri)
+        self._connect("connect_uri", [uri], [uri])
 
     def connect_command(self, argv):
-        self._connect(_diskit.Client.connect_command, list(argv),
-                      self._export)
+        self._connect("connect_command", [list(argv), self._export],
+                      [list(argv)])
 
     def connect_systemd_socket_activation(self, argv):
-        self._connect(_diskit.Client.connect_socket_activation, list(argv),
-                      self._export)
+        self._connect("connect_socket_activation",
+                      [list(argv), self._export], [list(argv)])
+
+    # Option mode.
+
+    def _negotiating(self, what):
+        if self._opts is None or self._opts.is_closed():
+            raise Error("%s: invalid state: the handle is not negotiating "
+                        "options (set_opt_mode(True) before connecting)"
+                        % what, _errno.EINVAL)
+        return self._opts
+
+    def _opt(self, what, f, *args):
+        o = self._negotiating(what)
+        self._debug(what, "sending the option (export %r)" % self._export)
+        try:
+            r = getattr(o, f)(*args)
+        except _diskit.Error as e:
+            string, errnum = e.args
+            self._debug(what, "the server refused: %s" % string)
+            raise Error("%s: %s" % (what, string), errnum) from None
+        self._debug(what, "the server replied")
+        return r
+
+    def opt_list(self, list):
+        exports = self._opt("nbd_opt_list", "list")
+        for name, description in exports:
+            list(name, description)
+        return len(exports)
+
+    def opt_list_meta_context(self, context):
+        names = self._opt("nbd_opt_list_meta_context", "list_meta_contexts",
+                          self._export, list(self._contexts))
+        for name in names:
+            context(name)
+        return len(names)
+
+    def opt_info(self):
+        self._opt_info = None
+        self._opt_info = self._opt("nbd_opt_info", "info", self._export,
+                                   list(self._contexts))
+
+    def opt_go(self):
+        o = self._negotiating("nbd_opt_go")
+        self._opt_info = None
+        self._debug("nbd_opt_go", "entering transmission on %r"
+                    % self._export)
+        try:
+            self._client = o.go(self._export, list(self._contexts))
+        except _diskit.Error as e:
+            string, errnum = e.args
+            self._debug("nbd_opt_go", "the server refused: %s" % string)
+            raise Error("nbd_opt_go: %s" % string, errnum) from None
+        self._opts = None
+
+    def opt_abort(self):
+        self._negotiating("nbd_opt_abort").abort()
+        self._aborted = True
 
     def get_uri(self):
         if self._uri is None:
@@ -400,7 +516,9 @@ class NBD:
         return self._uri
 
     def shutdown(self, flags=0):
-        self._connected("nbd_shutdown")
+        if self._opts is None:
+            self._connected("nbd_shutdown")
+        self._debug("nbd_shutdown", "disconnecting")
         self.close()
 
     def kill_subprocess(self, signum=0):
@@ -409,31 +527,47 @@ class NBD:
     # State.
 
     def _connected(self, what):
+        if self._client is None and (self._opts is not None or self._aborted):
+            # Negotiating without the export's information, or left: what
+            # libnbd says of an export it knows nothing of.
+            raise Error("%s: the server has not returned the export's "
+                        "information (opt_info or opt_go)" % what,
+                        _errno.EINVAL)
         if self._client is None or self._client.is_closed():
             raise Error("%s: invalid state: the handle is not connected"
                         % what, _errno.ENOTCONN)
         return self._client
 
-    def _flag(self, bit, what):
+    def _flags(self, what):
+        """The export's transmission flags: the connection's, or what
+        opt_info told while negotiating."""
+        if self._client is None and self._opt_info is not None:
+            return self._opt_info[1]
         try:
-            return bool(self._connected(what).flags() & bit)
+            return self._connected(what).flags()
         except _diskit.Error as e:
             _raise_from(e)
 
+    def _flag(self, bit, what):
+        return bool(self._flags(what) & bit)
+
     def aio_is_closed(self):
+        if self._aborted:
+            return True
         return self._client is not None and self._client.is_closed()
 
     def aio_is_ready(self):
         return self._client is not None and not self._client.is_closed()
 
     def aio_is_created(self):
-        return self._client is None
+        return (self._client is None and self._opts is None
+                and not self._aborted)
 
     def aio_is_connecting(self):
         return False
 
     def aio_is_negotiating(self):
-        return False
+        return self._opts is not None and not self._opts.is_closed()
 
     def aio_is_processing(self):
         return self.aio_is_ready() and self.aio_in_flight() > 0
@@ -442,19 +576,29 @@ class NBD:
         return False
 
     def connection_state(self):
+        if self.aio_is_negotiating():
+            return "NEGOTIATING"
+        if self._aborted:
+            return "CLOSED"
         if self._client is None:
             return "START"
         return "CLOSED" if self._client.is_closed() else "READY"
 
     def get_protocol(self):
+        if self.aio_is_negotiating():
+            return self._opts.protocol()
         self._connected("nbd_get_protocol")
         return "newstyle-fixed"
 
     def get_structured_replies_negotiated(self):
+        if self.aio_is_negotiating():
+            return bool(self._opts.structured())
         return bool(self._connected(
             "nbd_get_structured_replies_negotiated").structured())
 
     def get_size(self):
+        if self._client is None and self._opt_info is not None:
+            return self._opt_info[0]
         try:
             return self._connected("nbd_get_size").size()
         except _diskit.Error as e:
@@ -491,6 +635,8 @@ class NBD:
         return self._flag(_TF_SEND_CACHE, "nbd_can_cache")
 
     def can_meta_context(self, name):
+        if self._client is None and self._opt_info is not None:
+            return name in self._opt_info[2]
         return bool(self._connected("nbd_can_meta_context")
                     .offers_context(name))
 

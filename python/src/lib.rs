@@ -16,6 +16,7 @@ use std::time::Duration;
 use diskit_core::buffer::AlignedBuf;
 use diskit_core::{BlockDevice, CompletionQueue, Request, WriteFlags, ZeroFlags};
 use diskit_nbd::client::NbdClient;
+use diskit_nbd::client::options::OptionPhase;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -560,10 +561,142 @@ impl Image {
     }
 }
 
+/// A connection in the option phase (libnbd's option mode): options one
+/// at a time until `go` enters transmission (a `Client`) or `abort`
+/// leaves.
+#[pyclass(frozen)]
+struct Options {
+    phase: Mutex<Option<OptionPhase>>,
+}
+
+impl Options {
+    fn new(phase: OptionPhase) -> Options {
+        Options {
+            phase: Mutex::new(Some(phase)),
+        }
+    }
+
+    /// Runs `f` on the phase, the GIL released.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut OptionPhase) -> diskit_core::Result<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| {
+            let mut g = diskit_core::sync::lock(&self.phase);
+            let phase = g.as_mut().ok_or_else(closed)?;
+            f(phase).map_err(err)
+        })
+    }
+}
+
+#[pymethods]
+impl Options {
+    /// Connects to the server a URI names, greets it and asks for
+    /// structured replies when `structured`.
+    #[staticmethod]
+    fn connect_uri(py: Python<'_>, uri: String, structured: bool) -> PyResult<Options> {
+        let p = py
+            .detach(|| OptionPhase::connect_uri(&uri, structured))
+            .map_err(err)?;
+        Ok(Options::new(p))
+    }
+
+    /// Runs `argv` as a server on its standard input and output.
+    #[staticmethod]
+    fn connect_command(py: Python<'_>, argv: Vec<String>, structured: bool) -> PyResult<Options> {
+        let p = py
+            .detach(|| OptionPhase::stdio_command(&argv, structured))
+            .map_err(err)?;
+        Ok(Options::new(p))
+    }
+
+    /// Runs `argv` as a socket-activated server.
+    #[staticmethod]
+    fn connect_socket_activation(
+        py: Python<'_>,
+        argv: Vec<String>,
+        structured: bool,
+    ) -> PyResult<Options> {
+        let p = py
+            .detach(|| OptionPhase::socket_activation(&argv, structured))
+            .map_err(err)?;
+        Ok(Options::new(p))
+    }
+
+    /// The protocol the server speaks.
+    fn protocol(&self, py: Python<'_>) -> PyResult<&'static str> {
+        self.with(py, |p| Ok(p.protocol()))
+    }
+
+    /// Whether structured replies were negotiated.
+    fn structured(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, |p| Ok(p.structured()))
+    }
+
+    /// The exports the server lists: (name, description) pairs.
+    fn list(&self, py: Python<'_>) -> PyResult<Vec<(String, String)>> {
+        self.with(py, |p| p.list())
+    }
+
+    /// The metadata contexts of `export` that `queries` name.
+    fn list_meta_contexts(
+        &self,
+        py: Python<'_>,
+        export: String,
+        queries: Vec<String>,
+    ) -> PyResult<Vec<String>> {
+        self.with(py, |p| p.list_meta_contexts(&export, &contexts(&queries)))
+    }
+
+    /// `export`'s size, transmission flags and the contexts agreed to of
+    /// `contexts_`.
+    fn info(
+        &self,
+        py: Python<'_>,
+        export: String,
+        contexts_: Vec<String>,
+    ) -> PyResult<(u64, u16, Vec<String>)> {
+        let a = self.with(py, |p| p.info(&export, &contexts(&contexts_)))?;
+        Ok((a.info.size, a.info.flags, a.contexts.into_keys().collect()))
+    }
+
+    /// Enters transmission on `export`; a refusal leaves the phase as it
+    /// was.
+    fn go(&self, py: Python<'_>, export: String, contexts_: Vec<String>) -> PyResult<Client> {
+        let client = py.detach(|| {
+            let mut g = diskit_core::sync::lock(&self.phase);
+            let phase = g.take().ok_or_else(closed)?;
+            phase
+                .go(&export, &contexts(&contexts_))
+                .map_err(|(back, e)| {
+                    *g = back;
+                    err(e)
+                })
+        })?;
+        Client::new(client)
+    }
+
+    /// Leaves without transmission (NBD_OPT_ABORT).
+    fn abort(&self, py: Python<'_>) {
+        py.detach(|| {
+            if let Some(p) = diskit_core::sync::lock(&self.phase).take() {
+                p.abort();
+            }
+        })
+    }
+
+    /// Whether the connection is gone (aborted, or entered transmission).
+    fn is_closed(&self) -> bool {
+        diskit_core::sync::lock(&self.phase).is_none()
+    }
+}
+
 /// The module.
 #[pymodule]
 fn _diskit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
+    m.add_class::<Options>()?;
     m.add_class::<Image>()?;
     m.add("Error", m.py().get_type::<Error>())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;

@@ -320,12 +320,23 @@ pub fn set_meta_contexts<S: Read + Write>(
         .collect())
 }
 
-/// Every metadata context the server has for `export` (an empty query
-/// list asks for all of them), in the server's order.
+/// Every metadata context the server has for `export`, in the server's
+/// order.
 pub fn list_meta_contexts<S: Read + Write>(s: &mut S, export: &str) -> Result<Vec<String>> {
+    list_meta_contexts_matching(s, export, &[])
+}
+
+/// The metadata contexts of `export` that `queries` name (an empty query
+/// list asks for all of them), in the server's order; none from a server
+/// that refuses the request.
+pub fn list_meta_contexts_matching<S: Read + Write>(
+    s: &mut S,
+    export: &str,
+    queries: &[&str],
+) -> Result<Vec<String>> {
     let req = MetaRequest {
         export: export.to_string(),
-        queries: Vec::new(),
+        queries: queries.iter().map(|q| q.to_string()).collect(),
     };
     Ok(meta_contexts(s, ClientOption::ListMetaContext(req))?
         .unwrap_or_default()

@@ -12,6 +12,7 @@
 pub mod command;
 pub mod conn;
 pub mod handshake;
+pub mod options;
 pub mod probe;
 mod splice;
 pub mod tls;
@@ -391,6 +392,12 @@ impl NbdClient {
     ) -> Result<NbdClient> {
         let (stream, negotiated) =
             negotiate(stream, export, contexts, tls).map_err(|e| e.context(format!("'{uri}'")))?;
+        Self::transmitting(stream, negotiated, uri)
+    }
+
+    /// A client over `stream`, whose handshake settled `negotiated`:
+    /// transmission starts.
+    fn transmitting(stream: Stream, negotiated: Negotiated, uri: &str) -> Result<NbdClient> {
         let allocation = negotiated.contexts.get(BASE_ALLOCATION).copied();
         let conn = Connection::start_with(stream, negotiated.structured, negotiated.extended)?;
         Ok(NbdClient {
