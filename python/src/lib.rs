@@ -670,7 +670,7 @@ impl Options {
             phase
                 .go(&export, &contexts(&contexts_))
                 .map_err(|(back, e)| {
-                    *g = back;
+                    *g = back.map(|b| *b);
                     err(e)
                 })
         })?;

@@ -133,7 +133,7 @@ impl OptionPhase {
         mut self,
         export: &str,
         contexts: &[&str],
-    ) -> std::result::Result<NbdClient, (Option<OptionPhase>, Error)> {
+    ) -> std::result::Result<NbdClient, (Option<Box<OptionPhase>>, Error)> {
         let no_zeroes = matches!(
             self.greeting,
             Greeting::Newstyle {
@@ -154,7 +154,7 @@ impl OptionPhase {
         });
         let negotiated = match entered {
             Ok(n) => n,
-            Err(e) => return Err((Some(self), e)),
+            Err(e) => return Err((Some(Box::new(self)), e)),
         };
         let OptionPhase {
             stream,
