@@ -214,6 +214,9 @@ fn dump_plugin(name: Option<&str>, filters: &[String]) -> CmdResult {
     for c in callbacks(p.name) {
         out += &format!("has_{c}=1\n");
     }
+    for line in plugin::dump_lines(p.name)? {
+        out += &format!("{line}\n");
+    }
     print!("{out}");
     Ok(0)
 }
