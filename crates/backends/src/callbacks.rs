@@ -537,7 +537,9 @@ impl<C: Callbacks> BlockDevice for CallbackDevice<C> {
     }
     fn default_export(&self, query: &ExportQuery) -> Result<Option<String>> {
         let _all = serialize_all(&self.shared);
-        self.shared.plugin.default_export(query.read_only, query.tls)
+        self.shared
+            .plugin
+            .default_export(query.read_only, query.tls)
     }
     fn export_description(&self) -> Option<String> {
         // nbdkit sends no description when the call fails.

@@ -19,8 +19,8 @@ use std::sync::{Mutex, OnceLock};
 
 use diskit_core::dynlib::Library;
 use diskit_core::plugin_abi::{
-    self as abi, ABI_VERSION, FAILED, FLAG_FAST_ZERO, FLAG_FUA, FLAG_MAY_TRIM, FLAG_REQ_ONE,
-    Host, Opaque, Pair, Plugin, Str, UNSAID,
+    self as abi, ABI_VERSION, FAILED, FLAG_FAST_ZERO, FLAG_FUA, FLAG_MAY_TRIM, FLAG_REQ_ONE, Host,
+    Opaque, Pair, Plugin, Str, UNSAID,
 };
 use diskit_core::sync::lock;
 use diskit_core::{BlockSizeLimits, Error, ErrorKind, ExportEntry, Result, ZeroFlags};
@@ -137,9 +137,8 @@ fn open_library(file: &str) -> std::result::Result<&'static Plugin, String> {
     // SAFETY: `HOST` lives for the process, as the ABI asks.
     let table = unsafe { entry(ABI_VERSION, &HOST) };
     // SAFETY: a non-null table lives as long as the library: forever.
-    let table = unsafe { table.as_ref() }.filter(|t| {
-        t.abi == ABI_VERSION && t.size == std::mem::size_of::<Plugin>()
-    });
+    let table = unsafe { table.as_ref() }
+        .filter(|t| t.abi == ABI_VERSION && t.size == std::mem::size_of::<Plugin>());
     table.ok_or_else(|| {
         format!(
             "{}: not a plugin of this diskit (plugin ABI {ABI_VERSION} expected)",
@@ -369,13 +368,14 @@ impl Callbacks for SharedPlugin {
         let mut sizes = [0u32; 3];
         // SAFETY: the plugin's state and handle; `sizes` holds the three
         // values the ABI writes.
-        let rc =
-            unsafe { (self.table.block_size)(self.state(), h.0.as_ptr(), sizes.as_mut_ptr()) };
-        Ok((self.check(rc, "block_size")? != UNSAID).then_some(BlockSizeLimits {
-            minimum: sizes[0],
-            preferred: sizes[1],
-            maximum: sizes[2],
-        }))
+        let rc = unsafe { (self.table.block_size)(self.state(), h.0.as_ptr(), sizes.as_mut_ptr()) };
+        Ok(
+            (self.check(rc, "block_size")? != UNSAID).then_some(BlockSizeLimits {
+                minimum: sizes[0],
+                preferred: sizes[1],
+                maximum: sizes[2],
+            }),
+        )
     }
     fn can(&self, h: &Handle, what: Can) -> Result<Option<bool>> {
         let method = what.method();
@@ -525,9 +525,7 @@ mod tests {
 
     #[test]
     fn a_missing_library_is_one_clear_line() {
-        let e = library("test", "libdiskit-no-such-plugin.so")
-            .err()
-            .expect("no such library");
+        let e = library("test", "libdiskit-no-such-plugin.so").expect_err("no such library");
         let text = e.to_string();
         assert!(
             text.starts_with("cannot load the test plugin: libdiskit-no-such-plugin.so is not in "),

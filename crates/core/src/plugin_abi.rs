@@ -160,8 +160,13 @@ pub struct Plugin {
     /// (native), or [`UNSAID`].
     pub mode: unsafe extern "C" fn(state: Opaque, h: Opaque, method: Str) -> c_int,
     /// Fills `len` bytes at `buf` from `offset`.
-    pub pread:
-        unsafe extern "C" fn(state: Opaque, h: Opaque, buf: *mut u8, len: usize, offset: u64) -> c_int,
+    pub pread: unsafe extern "C" fn(
+        state: Opaque,
+        h: Opaque,
+        buf: *mut u8,
+        len: usize,
+        offset: u64,
+    ) -> c_int,
     /// Writes `len` bytes from `buf` at `offset`.
     pub pwrite: unsafe extern "C" fn(
         state: Opaque,

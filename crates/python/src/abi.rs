@@ -218,7 +218,13 @@ unsafe extern "C" fn mode(state: Opaque, h: Opaque, method: Str) -> c_int {
     })
 }
 
-unsafe extern "C" fn pread(state: Opaque, h: Opaque, buf: *mut u8, len: usize, offset: u64) -> c_int {
+unsafe extern "C" fn pread(
+    state: Opaque,
+    h: Opaque,
+    buf: *mut u8,
+    len: usize,
+    offset: u64,
+) -> c_int {
     guard(|| {
         // SAFETY: the host's buffer, ours exclusively for the call.
         let buf = unsafe { std::slice::from_raw_parts_mut(buf, len) };
@@ -299,7 +305,14 @@ unsafe extern "C" fn list_exports(
         for (name, desc) in &list {
             let d = desc.as_deref().unwrap_or("");
             // SAFETY: the host's callback and context, for this call.
-            unsafe { add(ctx, Str::new(name), Str::new(d), c_int::from(desc.is_some())) };
+            unsafe {
+                add(
+                    ctx,
+                    Str::new(name),
+                    Str::new(d),
+                    c_int::from(desc.is_some()),
+                )
+            };
         }
         Ok(0)
     })

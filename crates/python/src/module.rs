@@ -40,7 +40,6 @@ pub const MODE_EMULATE: i64 = 1;
 /// `can_fua()`/`can_cache()`: the script's own.
 pub const MODE_NATIVE: i64 = 2;
 
-
 thread_local! {
     static ERRNO: Cell<i32> = const { Cell::new(0) };
     static EXPORT: RefCell<String> = const { RefCell::new(String::new()) };

@@ -41,8 +41,7 @@ impl PythonPlugin {
     /// `config_complete`, `thread_model`, `get_ready` and `after_fork`
     /// (the server has forked already when it opens its plugin).
     pub fn load(args: &[(String, String)]) -> Result<PythonPlugin> {
-        let Some(((_, path), rest)) = args.split_first().filter(|((k, _), _)| k == "script")
-        else {
+        let Some(((_, path), rest)) = args.split_first().filter(|((k, _), _)| k == "script") else {
             return Err(Error::invalid(
                 "the first parameter must be script=/path/to/python/script.py",
             ));
@@ -102,7 +101,10 @@ impl PythonPlugin {
                 "python_pep_384_abi_version={}",
                 pyo3::ffi::PYTHON_ABI_VERSION
             ),
-            format!("nbdkit_python_maximum_api_version={}", crate::script::MAX_API),
+            format!(
+                "nbdkit_python_maximum_api_version={}",
+                crate::script::MAX_API
+            ),
         ])
     }
 
@@ -372,11 +374,7 @@ impl PythonPlugin {
 
     /// `list_exports(readonly, is_tls)`: names, or (name, description)
     /// pairs; none without the callback.
-    pub fn list_exports(
-        &self,
-        readonly: bool,
-        tls: bool,
-    ) -> Result<Option<Vec<(String, Option<String>)>>> {
+    pub fn list_exports(&self, readonly: bool, tls: bool) -> Result<Option<Vec<Listed>>> {
         self.python(|py, s| {
             if !s.defines(py, "list_exports") {
                 return Ok(None);
@@ -409,7 +407,12 @@ impl PythonPlugin {
             if !s.defines(py, "default_export") {
                 return Ok(None);
             }
-            text(py, s, "default_export", s.call(py, "default_export", (readonly, tls))?)
+            text(
+                py,
+                s,
+                "default_export",
+                s.call(py, "default_export", (readonly, tls))?,
+            )
         })
     }
 
@@ -419,7 +422,12 @@ impl PythonPlugin {
             if !s.defines(py, "export_description") {
                 return Ok(None);
             }
-            text(py, s, "export_description", s.call(py, "export_description", (h,))?)
+            text(
+                py,
+                s,
+                "export_description",
+                s.call(py, "export_description", (h,))?,
+            )
         })
     }
 
@@ -443,8 +451,16 @@ impl PythonPlugin {
     }
 }
 
+/// An export `list_exports` gives: its name and description, if any.
+pub(crate) type Listed = (String, Option<String>);
+
 /// A callback's answer that must be a str.
-fn text(py: Python<'_>, s: &Script, name: &str, answer: Bound<'_, PyAny>) -> Result<Option<String>> {
+fn text(
+    py: Python<'_>,
+    s: &Script,
+    name: &str,
+    answer: Bound<'_, PyAny>,
+) -> Result<Option<String>> {
     let text = answer
         .cast::<PyString>()
         .map_err(|_| Error::io(format!("{}: {name} method did not return a str", s.path)))?
