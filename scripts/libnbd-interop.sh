@@ -69,13 +69,19 @@ variant socket-activation-file socket-activation.c '-DSERVER_PARAMS="serve", "fi
 variant socket-activation-memory socket-activation.c '-DSERVER_PARAMS="serve", "memory", "1048576"'
 variant interop-file-socket-activation interop.c -DNEEDS_TMPFILE=1 -DSOCKET_ACTIVATION=1 \
   '-DSERVER_PARAMS="serve", "file", TMPFILE'
-# The export list, as upstream checks qemu-nbd's (-x NAME -D DESCRIPTION).
+# The export list, as upstream checks qemu-nbd's (-x NAME -D DESCRIPTION),
+# under diskit's qemu-nbd, and under serve as nbdkit names and describes
+# exports (the exportname filter).
+variant list-exports-qemu-nbd list-exports.c -DNEEDS_TMPFILE=1 -DSOCKET_ACTIVATION=1 \
+  '-DEXPORTS="testing"' '-DDESCRIPTIONS="data"' \
+  '-DSERVER_PARAMS="qemu-nbd", "-f", "raw", "-x", "testing", "-D", "data", TMPFILE'
+named='"exportname-list=explicit", "exportname=testing", "exportdesc=fixed:data"'
 variant list-exports-file list-exports.c -DNEEDS_TMPFILE=1 '-DEXPORTS="testing"' '-DDESCRIPTIONS="data"' \
-  '-DSERVER_PARAMS="serve", "-s", "--exit-with-parent", "-e", "testing", "--description", "data", "file", TMPFILE'
+  "-DSERVER_PARAMS=\"serve\", \"-s\", \"--exit-with-parent\", \"--filter=exportname\", \"file\", TMPFILE, $named"
 variant list-exports-memory list-exports.c '-DEXPORTS="testing"' '-DDESCRIPTIONS="data"' \
-  '-DSERVER_PARAMS="serve", "-s", "--exit-with-parent", "-e", "testing", "--description", "data", "memory", "1M"'
+  "-DSERVER_PARAMS=\"serve\", \"-s\", \"--exit-with-parent\", \"--filter=exportname\", \"memory\", \"1M\", $named"
 variant list-exports-socket-activation list-exports.c -DSOCKET_ACTIVATION=1 '-DEXPORTS="testing"' \
-  '-DDESCRIPTIONS="data"' '-DSERVER_PARAMS="serve", "-e", "testing", "--description", "data", "memory", "1M"'
+  '-DDESCRIPTIONS="data"' "-DSERVER_PARAMS=\"serve\", \"--filter=exportname\", \"memory\", \"1M\", $named"
 
 # Build every variant once per version of the sources, this script and the
 # path of diskit (compiled into the programs).

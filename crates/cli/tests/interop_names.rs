@@ -293,7 +293,7 @@ fn nbdkit_dump_config_and_dump_plugin_answer_as_nbdkit() {
     );
     assert!(v.starts_with(&format!("{major}.{minor}.")), "{ours}");
 
-    for plugin in ["memory", "file", "null"] {
+    for plugin in ["memory", "file", "null", "sh", "eval"] {
         let ours = n.run("nbdkit", &[plugin, "--dump-plugin"]);
         let theirs = n.real("nbdkit", &[plugin, "--dump-plugin"]);
         assert!(ours.status.success(), "{plugin}: {}", stderr(&ours));
@@ -317,6 +317,17 @@ fn nbdkit_dump_config_and_dump_plugin_answer_as_nbdkit() {
             "has_extents",
         ] {
             assert_eq!(value(&ours, has), value(&theirs, has), "{plugin} {has}");
+        }
+        // The script plugins name, list and describe their exports (the
+        // file plugin's dir= does too, which diskit's has not).
+        for has in [
+            "has_list_exports",
+            "has_default_export",
+            "has_export_description",
+        ] {
+            if matches!(plugin, "sh" | "eval") {
+                assert_eq!(value(&ours, has), value(&theirs, has), "{plugin} {has}");
+            }
         }
     }
     // With filters, as virt-v2v probes them; an unknown one fails.

@@ -134,7 +134,11 @@ pub trait Filter: Send + Sync {
         next.list_exports(query)
     }
     /// See [`BlockDevice::default_export`]: passes through.
-    fn default_export(&self, next: &dyn BlockDevice, query: &ExportQuery) -> Result<Option<String>> {
+    fn default_export(
+        &self,
+        next: &dyn BlockDevice,
+        query: &ExportQuery,
+    ) -> Result<Option<String>> {
         next.default_export(query)
     }
     /// See [`BlockDevice::export_description`]: passes through.

@@ -1,7 +1,8 @@
 //! The exitlast filter (nbdkit-exitlast-filter): the server stops when
 //! its last client leaves (not before the first one comes). A client
-//! counts from its start of transmission; clients that only list
-//! exports or probe do not. It takes no parameters.
+//! counts once it opens the export (NBD_OPT_GO, or NBD_OPT_INFO, for
+//! which the server opens it too, as nbdkit does); one that only lists
+//! the exports does not. It takes no parameters.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -43,6 +43,7 @@
 //! | [`exitlast`] | | the server stops when its last client leaves |
 //! | [`exitwhen`] | `exit-when-*=` | the server stops when an event occurs |
 //! | [`time_limit`] | `time-limit=` | closes connections after a time |
+//! | [`exportname`] | `default-export=`, `exportname-list=`, `exportname=`, `exportname-strict=`, `exportdesc=` | changes the export names and descriptions clients see |
 //!
 //! The last five, and noparallel's `connections`, act on connections:
 //! through the server's events that every layer passes on
@@ -84,6 +85,7 @@ pub mod delay;
 pub mod error;
 pub mod exitlast;
 pub mod exitwhen;
+pub mod exportname;
 pub mod fua;
 mod gate;
 pub mod gzip;
@@ -185,6 +187,11 @@ pub const FILTERS: &[FilterInfo] = &[
         "exitwhen",
         exitwhen::KEYS,
         "stops the server gracefully when an event occurs: new clients are refused, the connected ones finish (exit-when-file-created=FILE exit-when-file-deleted=FILE exit-when-pipe-closed=FD exit-when-process-exits=PID exit-when-script=COMMAND exit-when-poll=SECS)",
+    ),
+    FilterInfo::new::<exportname::Exportname>(
+        "exportname",
+        exportname::KEYS,
+        "changes the export names clients are shown and may open: the default export (default-export=NAME), the listing (exportname-list=keep|error|empty|defaultonly|explicit, exportname=NAME...), only the listed names (exportname-strict=true), descriptions (exportdesc=keep|none|fixed:TEXT|script:SCRIPT)",
     ),
     FilterInfo::new::<fua::Fua>(
         "fua",

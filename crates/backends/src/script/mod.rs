@@ -17,7 +17,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use diskit_core::size::parse_size;
-use diskit_core::{BlockSizeLimits, Error, ErrorKind, Result, ZeroFlags};
+use diskit_core::{BlockSizeLimits, Error, ErrorKind, ExportEntry, Result, ZeroFlags};
 
 use crate::callbacks::{Callbacks, Can, EXTENT_HOLE, EXTENT_ZERO, Support, ThreadModel};
 use run::{Answer, Status};
@@ -437,6 +437,83 @@ impl Callbacks for ScriptPlugin {
         self.optional_request("cache", &[h, &count, &at], b"")
             .map(|_| ())
     }
+    fn list_exports(&self, readonly: bool, tls: bool) -> Result<Option<Vec<ExportEntry>>> {
+        let a = self.call("list_exports", &[bool_word(readonly), bool_word(tls)], b"")?;
+        match a.status {
+            Status::Done => Ok(Some(parse_exports(&String::from_utf8_lossy(&a.out)))),
+            Status::Missing => Ok(None),
+            Status::False => Err(self.unexpected_false("list_exports")),
+        }
+    }
+    fn default_export(&self, readonly: bool, tls: bool) -> Result<Option<String>> {
+        let a = self.call(
+            "default_export",
+            &[bool_word(readonly), bool_word(tls)],
+            b"",
+        )?;
+        match a.status {
+            Status::Done => {
+                // Any of list_exports' forms: the first name listed.
+                let out = String::from_utf8_lossy(&a.out);
+                let rest = ["INTERLEAVED\n", "NAMES+DESCRIPTIONS\n", "NAMES\n"]
+                    .iter()
+                    .find_map(|m| out.strip_prefix(m))
+                    .unwrap_or(&out);
+                Ok(Some(rest.split('\n').next().unwrap_or("").to_string()))
+            }
+            Status::Missing => Ok(None),
+            Status::False => Err(self.unexpected_false("default_export")),
+        }
+    }
+    fn export_description(&self, h: &String) -> Result<Option<String>> {
+        let a = self.call("export_description", &[h], b"")?;
+        match a.status {
+            Status::Done => Ok(Some(a.text())),
+            Status::Missing => Ok(None),
+            Status::False => Err(self.unexpected_false("export_description")),
+        }
+    }
+}
+
+/// A `list_exports` answer, in the form its first line names (nbdkit's
+/// sh-plugin protocol): `INTERLEAVED` (a name line, then its description
+/// line), `NAMES+DESCRIPTIONS` (the names, then as many descriptions), or
+/// `NAMES` (also assumed when the first line names no form): one name per
+/// line. Only whole lines (ending in a newline) count as names; a
+/// description line without one is empty, as nbdkit reads them.
+fn parse_exports(out: &str) -> Vec<ExportEntry> {
+    // The lines that end in a newline.
+    let whole = |s: &str| -> Vec<String> {
+        let mut v: Vec<String> = s.split('\n').map(str::to_string).collect();
+        v.pop();
+        v
+    };
+    if let Some(rest) = out.strip_prefix("INTERLEAVED\n") {
+        return whole(rest)
+            .chunks(2)
+            .map(|pair| {
+                ExportEntry::new(
+                    pair[0].clone(),
+                    Some(pair.get(1).cloned().unwrap_or_default()),
+                )
+            })
+            .collect();
+    }
+    if let Some(rest) = out.strip_prefix("NAMES+DESCRIPTIONS\n") {
+        let lines = whole(rest);
+        let half = lines.len().div_ceil(2);
+        return (0..half)
+            .map(|i| {
+                let desc = lines.get(half + i).cloned().unwrap_or_default();
+                ExportEntry::new(lines[i].clone(), Some(desc))
+            })
+            .collect();
+    }
+    let rest = out.strip_prefix("NAMES\n").unwrap_or(out);
+    whole(rest)
+        .into_iter()
+        .map(|n| ExportEntry::new(n, None))
+        .collect()
 }
 
 fn bool_word(b: bool) -> &'static str {
@@ -514,6 +591,30 @@ mod tests {
         assert_eq!(parse_extent("s", "0 512 2").unwrap(), (0, 512, 2));
         assert!(parse_extent("s", "x 1").is_err());
         assert!(parse_extent("s", "0").is_err());
+    }
+
+    #[test]
+    fn export_lists_read_in_each_form() {
+        let names = |v: Vec<ExportEntry>| {
+            v.into_iter()
+                .map(|e| (e.name, e.description))
+                .collect::<Vec<_>>()
+        };
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            names(parse_exports("a\nb\nunfinished")),
+            [(s("a"), None), (s("b"), None)]
+        );
+        assert_eq!(names(parse_exports("NAMES\nx\n")), [(s("x"), None)]);
+        assert_eq!(
+            names(parse_exports("INTERLEAVED\na\nfirst\nb\nsecond\n")),
+            [(s("a"), Some(s("first"))), (s("b"), Some(s("second")))]
+        );
+        assert_eq!(
+            names(parse_exports("NAMES+DESCRIPTIONS\na\nb\nfirst\nsecond\n")),
+            [(s("a"), Some(s("first"))), (s("b"), Some(s("second")))]
+        );
+        assert!(parse_exports("").is_empty());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
-use diskit_core::{BlockDevice, DeviceRef, Session};
+use diskit_core::{BlockDevice, DeviceRef, ExportEntry, ExportQuery, Session};
 
 use super::export::{Export, ExportSet, MetaContext};
 use crate::proto::consts::*;
@@ -22,6 +22,8 @@ pub const MAX_OPTION_SKIP: u32 = 16 << 20;
 pub struct Negotiated {
     /// The export chosen.
     pub export: Arc<Export>,
+    /// The name the connection opened it by (`""` made canonical).
+    pub name: String,
     /// The export's device as this connection sees it (see
     /// [`diskit_core::BlockDevice::connect`]); dropped when it ends.
     pub device: DeviceRef,
@@ -276,6 +278,43 @@ fn error(reply: u32, message: impl Into<String>) -> OptionError {
 }
 
 /// The export's device as this connection will see it.
+/// What the export's device is told when asked about its exports.
+fn query(st: &State, export: &Export) -> ExportQuery {
+    ExportQuery {
+        read_only: export.read_only(),
+        tls: st.tls == TlsState::Active,
+    }
+}
+
+/// The name a client's `name` stands for: `""` is the default export's
+/// canonical name (nbdkit's default_export, the export's own name when the
+/// device does not say); an error refuses the default export.
+fn canonical(st: &State, export: &Export, name: &str) -> diskit_core::Result<String> {
+    if !name.is_empty() {
+        return Ok(name.to_string());
+    }
+    Ok(export
+        .device()
+        .default_export(&query(st, export))?
+        .unwrap_or_else(|| export.name().to_string()))
+}
+
+/// Every export a listing shows, as the exports' devices list them (the
+/// server's own names where they do not say).
+fn listing(st: &State, exports: &ExportSet) -> diskit_core::Result<Vec<ExportEntry>> {
+    let mut v = Vec::new();
+    for e in exports.iter() {
+        match e.device().list_exports(&query(st, e))? {
+            Some(list) => v.extend(list),
+            None => {
+                let description = Some(e.description().to_string()).filter(|d| !d.is_empty());
+                v.push(ExportEntry::new(canonical(st, e, e.name())?, description));
+            }
+        }
+    }
+    Ok(v)
+}
+
 fn connect(st: &State, export: &Export, name: &str) -> diskit_core::Result<DeviceRef> {
     let session = Session {
         id: st.client.id,
@@ -307,7 +346,8 @@ fn handle<S: Read + Write + ?Sized>(
             let export = exports
                 .find(&name)
                 .ok_or_else(|| HandshakeEnd::Protocol(format!("unknown export '{name}'")))?;
-            let device = connect(st, &export, &name)
+            let (name, device) = canonical(st, &export, &name)
+                .and_then(|canon| Ok((canon.clone(), connect(st, &export, &canon)?)))
                 .map_err(|e| HandshakeEnd::Protocol(format!("export '{name}': {e}")))?;
             let tflags = export.transmission_flags_of(&*device, st.structured);
             let mut out = Vec::with_capacity(134);
@@ -321,6 +361,7 @@ fn handle<S: Read + Write + ?Sized>(
             let contexts = selected_contexts(st, &export);
             return Ok(Some(Negotiated {
                 export,
+                name,
                 device,
                 structured: st.structured,
                 extended: false,
@@ -334,15 +375,19 @@ fn handle<S: Read + Write + ?Sized>(
             let _ = send(stream, &OptionReply::ack(code));
             return Err(HandshakeEnd::Aborted);
         }
-        ClientOption::List => {
-            let mut out = Vec::new();
-            for e in exports.iter() {
-                out.extend(OptionReply::server(code, e.name(), e.description()).encode());
+        ClientOption::List => match listing(st, exports) {
+            Ok(list) => {
+                let mut out = Vec::new();
+                for e in &list {
+                    let description = e.description.as_deref().unwrap_or("");
+                    out.extend(OptionReply::server(code, &e.name, description).encode());
+                }
+                out.extend(OptionReply::ack(code).encode());
+                stream.write_all(&out)?;
+                stream.flush()?;
             }
-            out.extend(OptionReply::ack(code).encode());
-            stream.write_all(&out)?;
-            stream.flush()?;
-        }
+            Err(e) => refuse(stream, code, error(REP_ERR_PLATFORM, e.to_string()))?,
+        },
         ClientOption::StartTls => {
             // Answered by `haggle`, which owns the TLS state.
             refuse(stream, code, error(REP_ERR_POLICY, "TLS is not configured"))?;
@@ -358,30 +403,33 @@ fn handle<S: Read + Write + ?Sized>(
             };
             // The connection's view of the device is made when the
             // client picks the export, so that a failure is this option's.
-            let device = if code == OPT_GO {
-                match connect(st, &export, &req.name) {
-                    Ok(d) => Some(d),
-                    Err(e) => {
-                        refuse(stream, code, error(REP_ERR_UNKNOWN, e.to_string()))?;
-                        return Ok(None);
-                    }
+            let name = match canonical(st, &export, &req.name) {
+                Ok(n) => n,
+                Err(e) => {
+                    refuse(stream, code, error(REP_ERR_UNKNOWN, e.to_string()))?;
+                    return Ok(None);
                 }
-            } else {
-                None
             };
-            // What the client is told is what its connection will see
-            // (INFO, with no connection, asks the export's device).
-            let seen: &dyn BlockDevice = match &device {
-                Some(d) => &**d,
-                None => &**export.device(),
+            // The connection's view of the device is made when the client
+            // asks about the export, so that a failure is this option's,
+            // and what it is told is what its connection sees: INFO opens
+            // one too, dropped after the reply, as nbdkit opens its plugin.
+            let device = match connect(st, &export, &name) {
+                Ok(d) => d,
+                Err(e) => {
+                    refuse(stream, code, error(REP_ERR_UNKNOWN, e.to_string()))?;
+                    return Ok(None);
+                }
             };
-            let tflags = export.transmission_flags_of(seen, st.structured);
-            send_info(stream, code, &export, seen, &req, tflags)?;
+            let tflags = export.transmission_flags_of(&*device, st.structured);
+            send_info(stream, code, &export, &name, &*device, &req, tflags)?;
             send(stream, &OptionReply::ack(code))?;
+            let device = (code == OPT_GO).then_some(device);
             if let Some(device) = device {
                 let contexts = selected_contexts(st, &export);
                 return Ok(Some(Negotiated {
                     export,
+                    name,
                     device,
                     structured: st.structured,
                     extended: st.extended,
@@ -459,6 +507,7 @@ fn send_info<S: Write + ?Sized>(
     stream: &mut S,
     code: u32,
     export: &Export,
+    name: &str,
     device: &dyn BlockDevice,
     req: &InfoRequest,
     tflags: u16,
@@ -470,10 +519,13 @@ fn send_info<S: Write + ?Sized>(
         flags: tflags,
     });
     if req.requests.contains(&INFO_NAME) {
-        put(Info::Name(export.name().to_string()));
+        put(Info::Name(name.to_string()));
     }
-    if !export.description().is_empty() {
-        put(Info::Description(export.description().to_string()));
+    let description = device
+        .export_description()
+        .unwrap_or_else(|| export.description().to_string());
+    if !description.is_empty() {
+        put(Info::Description(description));
     }
     let b = export.block_size_of(device);
     put(Info::BlockSize {

@@ -356,6 +356,7 @@ impl Server {
             Err(e) => return ConnectionEnd::Transmission(End::Io(e)),
         };
         let export = neg.export.clone();
+        let name = neg.name.clone();
         export.stats().connected();
         let headers = if neg.extended {
             "extended headers"
@@ -379,7 +380,7 @@ impl Server {
         if self.config.verbose {
             log_line!(
                 "diskit: connection {id} ({peer}): export '{}', {headers}: {}; {end} after {:.3}s",
-                export.name(),
+                name,
                 conn_stats.snapshot().summary(),
                 start.elapsed().as_secs_f64()
             );

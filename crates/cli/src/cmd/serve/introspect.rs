@@ -169,13 +169,54 @@ const WRITE_CALLBACKS: &[&str] = &[
     "extents",
 ];
 
+/// The callbacks of the script plugins (`sh`, `eval`): nbdkit's list but
+/// `preconnect`, which diskit does not call.
+const SCRIPT_CALLBACKS: &[&str] = &[
+    "load",
+    "unload",
+    "config",
+    "config_complete",
+    "config_help",
+    "thread_model",
+    "get_ready",
+    "after_fork",
+    "list_exports",
+    "default_export",
+    "open",
+    "close",
+    "export_description",
+    "get_size",
+    "block_size",
+    "can_write",
+    "can_flush",
+    "is_rotational",
+    "can_trim",
+    "can_zero",
+    "can_fast_zero",
+    "can_extents",
+    "can_fua",
+    "can_multi_conn",
+    "can_cache",
+    "pread",
+    "pwrite",
+    "flush",
+    "trim",
+    "zero",
+    "extents",
+    "cache",
+];
+
 /// The callbacks the plugin `name` has.
-fn callbacks(name: &str) -> impl Iterator<Item = &'static str> {
+fn callbacks(name: &str) -> Vec<&'static str> {
+    if matches!(name, "sh" | "eval") {
+        return SCRIPT_CALLBACKS.to_vec();
+    }
     let read_only = matches!(name, "pattern" | "http" | "curl" | "zero");
     CALLBACKS
         .iter()
         .copied()
-        .filter(move |c| !(read_only && WRITE_CALLBACKS.contains(c)))
+        .filter(|c| !(read_only && WRITE_CALLBACKS.contains(c)))
+        .collect()
 }
 
 /// The filters of `--filter=`, each known to diskit.
@@ -201,9 +242,15 @@ fn dump_plugin(name: Option<&str>, filters: &[String]) -> CmdResult {
     };
     check_filters(filters)?;
     let p = plugin::find(name)?;
+    // eval without a thread_model snippet answers nbdkit's default.
+    let model = if p.name == "eval" {
+        "serialize_all_requests"
+    } else {
+        "parallel"
+    };
     let mut out = format!(
         "path={}\nname={}\nversion={NBDKIT_VERSION}\napi_version=2\nstruct_size=384\n\
-         max_thread_model=parallel\nthread_model=parallel\nerrno_is_preserved=1\n",
+         max_thread_model=parallel\nthread_model={model}\nerrno_is_preserved=1\n",
         exe().display(),
         p.name,
     );
@@ -213,6 +260,11 @@ fn dump_plugin(name: Option<&str>, filters: &[String]) -> CmdResult {
     }
     for c in callbacks(p.name) {
         out += &format!("has_{c}=1\n");
+    }
+    // The script plugins take nbdkit 1.34's exit statuses 4-8 (scripts
+    // look for this line before they use them).
+    if matches!(p.name, "sh" | "eval") {
+        out += "max_known_status=8\n";
     }
     for line in plugin::dump_lines(p.name)? {
         out += &format!("{line}\n");

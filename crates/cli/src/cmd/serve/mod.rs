@@ -63,7 +63,8 @@ pub struct Args {
     /// Serve read-only.
     #[arg(short = 'r', long = "readonly", alias = "read-only")]
     readonly: bool,
-    /// The export's name (clients asking for "" get it too).
+    /// The export name --run puts in $uri and $exportname, as nbdkit's -e
+    /// (clients may ask for any name; listings show the plugin's).
     #[arg(
         short = 'e',
         long = "exportname",
@@ -245,7 +246,9 @@ fn build(
     }
     let mut exports = ExportSet::new();
     exports.add(
-        Export::new(a.exportname.clone(), device)
+        // The plugin's default export: "" unless the plugin or a filter
+        // names it (default_export); -e only names it for --run.
+        Export::new(String::new(), device)
             .with_read_only(a.readonly)
             .with_description(a.description.clone().unwrap_or_default())
             .with_allocation_depth(opened.allocation_depth)
