@@ -631,3 +631,45 @@ fn diskit_does_not_link_libpython_and_loads_the_plugin_only_for_python() {
         }
     }
 }
+
+#[test]
+fn export_lists_default_export_and_descriptions_are_the_scripts() {
+    let dir = workdir();
+    let path = dir.path().join("exports.py");
+    std::fs::write(
+        &path,
+        "import nbdkit\nAPI_VERSION = 2\n\
+         def list_exports(readonly, is_tls):\n    return ['a', ('b', 'the b export')]\n\
+         def default_export(readonly, is_tls):\n    return 'a'\n\
+         def open(readonly):\n    return nbdkit.export_name()\n\
+         def export_description(h):\n    return 'desc of ' + h\n\
+         def get_size(h):\n    return 1048576 if h == 'a' else 2097152\n\
+         def pread(h, buf, offset, flags):\n    buf[:] = bytes(len(buf))\n",
+    )
+    .unwrap();
+    let cmd = "nbdinfo --list --json \"$uri\" > list.json && nbdinfo --json \"$uri\" > info.json";
+    let runs = under_all(dir.path(), &[s(&path)], cmd);
+    all_ok(&runs, None);
+    let seen = |d: &Path, file: &str| -> Vec<(String, String, u64)> {
+        json(&d.join(file))["exports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["export-name"].as_str().unwrap().to_string(),
+                    e["description"].as_str().unwrap_or("-").to_string(),
+                    e["export-size"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let list = seen(&runs[0].1, "list.json");
+    assert_eq!(list.len(), 2, "{list:?}");
+    let info = seen(&runs[0].1, "info.json");
+    assert_eq!(info, [("a".into(), "desc of a".into(), 1 << 20)]);
+    for (_, d) in &runs[1..] {
+        assert_eq!(seen(d, "list.json"), list, "{}", d.display());
+        assert_eq!(seen(d, "info.json"), info, "{}", d.display());
+    }
+}
