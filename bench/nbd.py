@@ -124,7 +124,10 @@ def build():
     if os.environ.get("DISKIT_BIN"):
         return Path(os.environ["DISKIT_BIN"])
     log("building diskit (release)")
-    subprocess.run(["cargo", "build", "--release", "-p", "diskit"], cwd=REPO, check=True)
+    # With the python plugin's library, which diskit loads from beside its
+    # binary (bench/python-plugin.py serves nbdkit's scripts).
+    subprocess.run(["cargo", "build", "--release", "-p", "diskit", "-p", "diskit-python"],
+                   cwd=REPO, check=True)
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
     return target / "release" / "diskit"
 

@@ -15,6 +15,10 @@ serialize_all_requests) has it. Target (issue #31 §2): diskit at least
     bench/python-plugin.py                    # 512 MiB, 6 rounds, 5 s runs
     SIZE_MIB=128 ROUNDS=2 RUNTIME=3 bench/python-plugin.py
     DISKIT_BIN=target/release/diskit bench/python-plugin.py
+
+diskit loads the plugin's library, libdiskit_python.so, from beside its
+binary (cargo build --release leaves both in target/release), or from
+DISKIT_PLUGIN_DIR.
 """
 
 import json

@@ -10,6 +10,7 @@
 //! plugin has no zero of its own, cache emulated by reading; the extents
 //! a plugin gives checked and clipped to the request.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_core::device::{check_range, write_zero_buffer};
@@ -145,9 +146,7 @@ pub fn request_disconnect() {
 }
 
 /// nbdkit's extent types: bit 0 a hole, bit 1 reads as zeros.
-pub const EXTENT_HOLE: u32 = 1;
-/// See [`EXTENT_HOLE`].
-pub const EXTENT_ZERO: u32 = 2;
+pub use diskit_core::plugin_abi::{EXTENT_HOLE, EXTENT_ZERO};
 
 /// A plugin as nbdkit's plugin API sees it, from a connection's opening to
 /// its requests. Offsets and lengths are the client's, already checked
@@ -215,6 +214,11 @@ pub trait Callbacks: Send + Sync + 'static {
         let _ = h;
         Ok(None)
     }
+    /// The server stops, after the export's own handle is closed
+    /// (nbdkit's `cleanup`). Nothing by default.
+    fn cleanup(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What a handle said of itself once, when it was opened.
@@ -273,6 +277,8 @@ pub struct CallbackDevice<C: Callbacks> {
     has_turn: bool,
     /// Its connection's hang-up (none for the export's own handle).
     hangup: Option<Hangup>,
+    /// Whether the handle is closed already.
+    closed: AtomicBool,
 }
 
 impl<C: Callbacks> CallbackDevice<C> {
@@ -289,23 +295,25 @@ impl<C: Callbacks> CallbackDevice<C> {
             readonly,
             server: std::sync::OnceLock::new(),
         });
-        CallbackDevice::with_handle(shared, "", false, false, None)
+        CallbackDevice::with_handle(shared, "", false, false, false, None)
     }
 
     fn with_handle(
         shared: Arc<Shared<C>>,
         export: &str,
+        readonly: bool,
         tls: bool,
         has_turn: bool,
         hangup: Option<Hangup>,
     ) -> Result<CallbackDevice<C>> {
+        let readonly = readonly || shared.readonly;
         let handle = {
             let _all = serialize_all(&shared);
-            shared.plugin.open(shared.readonly, export, tls)?
+            shared.plugin.open(readonly, export, tls)?
         };
         let answers = {
             let _all = serialize_all(&shared);
-            match ask(&shared.plugin, &handle, shared.readonly) {
+            match ask(&shared.plugin, &handle, readonly) {
                 Ok(a) => a,
                 Err(e) => {
                     shared.plugin.close(&handle);
@@ -320,7 +328,17 @@ impl<C: Callbacks> CallbackDevice<C> {
             own: Mutex::new(()),
             has_turn,
             hangup,
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// Closes the plugin's handle, once.
+    fn close_handle(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _all = serialize_all(&self.shared);
+        self.shared.plugin.close(&self.handle);
     }
 
     /// Runs one call under the plugin's thread model.
@@ -395,10 +413,7 @@ fn ask<C: Callbacks>(p: &C, h: &C::Handle, readonly: bool) -> Result<Answers> {
 
 impl<C: Callbacks> Drop for CallbackDevice<C> {
     fn drop(&mut self) {
-        {
-            let _all = serialize_all(&self.shared);
-            self.shared.plugin.close(&self.handle);
-        }
+        self.close_handle();
         if self.has_turn {
             self.shared.turn.give_back();
         }
@@ -498,8 +513,20 @@ impl<C: Callbacks> BlockDevice for CallbackDevice<C> {
         let given = self.call(|p, h| p.extents(h, offset, len, false))?;
         clip_extents(&self.shared.plugin.name(), &given, offset, len)
     }
+    fn extents_before_reads(&self) -> bool {
+        // Each is a call into the plugin, which nbdkit never makes unasked
+        // (and which a plugin may count).
+        false
+    }
     fn describe(&self) -> String {
         self.shared.plugin.name()
+    }
+    fn close(&self) -> Result<()> {
+        // The export's own handle, then the plugin (nbdkit's close and
+        // cleanup when the server stops).
+        self.close_handle();
+        let _all = serialize_all(&self.shared);
+        self.shared.plugin.cleanup()
     }
     fn serving(&self, server: &ServerRef) {
         let _ = self.shared.server.set(server.clone());
@@ -526,6 +553,7 @@ impl<C: Callbacks> BlockDevice for CallbackDevice<C> {
         match CallbackDevice::with_handle(
             self.shared.clone(),
             &session.export,
+            session.read_only,
             session.tls,
             turn,
             Some(session.hangup.clone()),

@@ -15,7 +15,9 @@
 //!   [`partitioning::PartitioningDevice`] (files as partitions), and
 //!   [`tmpdisk::TmpDisk`] (a new filesystem for each client).
 //! - nbdkit's plugin API as a device ([`callbacks::CallbackDevice`]), and
-//!   the script plugins over it ([`script::ScriptPlugin`]: sh and eval).
+//!   the script plugins over it ([`script::ScriptPlugin`]: sh and eval) and
+//!   the plugins built as shared objects ([`shared_plugin::SharedPlugin`]:
+//!   python).
 
 pub mod callbacks;
 pub mod data;
@@ -29,6 +31,7 @@ pub mod partitioning;
 pub mod pattern;
 pub mod random;
 pub mod script;
+pub mod shared_plugin;
 pub mod sparse_random;
 pub mod split;
 mod sys;

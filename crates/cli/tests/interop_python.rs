@@ -36,8 +36,13 @@ const ALL: [Server; 3] = [Server::Nbdkit, Server::Diskit, Server::DiskitAsNbdkit
 
 /// Runs `server -U - python ARGS --run CMD` in `dir` (made if missing).
 fn run_in(server: Server, dir: &Path, args: &[&str], cmd: &str) -> Output {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut c = match server {
+    run_with(server, dir, &[], args, cmd)
+}
+
+/// The command of `server` (a link named nbdkit in `dir` for
+/// [`Server::DiskitAsNbdkit`]), with the test PATH.
+fn server_command(server: Server, dir: &Path) -> std::process::Command {
+    match server {
         Server::Nbdkit => timed("nbdkit", 60),
         Server::Diskit => {
             let mut c = timed(diskit_bin(), 60);
@@ -51,8 +56,16 @@ fn run_in(server: Server, dir: &Path, args: &[&str], cmd: &str) -> Output {
             }
             timed(link, 60)
         }
-    };
-    c.args(["-U", "-", "python"])
+    }
+}
+
+/// Runs `server OPTS -U - python ARGS --run CMD` in `dir` (made if
+/// missing).
+fn run_with(server: Server, dir: &Path, opts: &[&str], args: &[&str], cmd: &str) -> Output {
+    std::fs::create_dir_all(dir).unwrap();
+    server_command(server, dir)
+        .args(opts)
+        .args(["-U", "-", "python"])
         .args(args)
         .args(["--run", cmd])
         .current_dir(dir)
@@ -464,5 +477,199 @@ fn api_version_1_scripts_run_too() {
     );
     for (_, d) in &runs[1..] {
         assert!(read(&d.join("out.raw")) == want, "{}", d.display());
+    }
+}
+
+/// A script whose `pread` fills zeros, then runs `then` (a statement).
+fn reading_script(dir: &Path, then: &str) -> String {
+    let path = dir.join("then.py");
+    std::fs::write(
+        &path,
+        format!(
+            "import nbdkit\nAPI_VERSION = 2\ndef open(readonly):\n    return 1\n\
+             def get_size(h):\n    return 1048576\n\
+             def pread(h, buf, offset, flags):\n    buf[:] = bytes(len(buf))\n    {then}\n"
+        ),
+    )
+    .unwrap();
+    s(&path).to_string()
+}
+
+#[test]
+fn nbdkit_debug_is_shown_with_v_only() {
+    let dir = workdir();
+    for server in ALL {
+        let d = dir.path().join(format!("{server:?}"));
+        for (opts, shown) in [(&["-v"][..], true), (&[][..], false)] {
+            let o = run_with(
+                server,
+                &d,
+                opts,
+                &[&script("ramdisk.py")],
+                "nbdinfo --size \"$uri\"",
+            );
+            assert!(o.status.success(), "{server:?}: {}", stderr(&o));
+            assert_eq!(
+                stderr(&o).contains("debug: open: readonly=0"),
+                shown,
+                "{server:?} {opts:?}: {}",
+                stderr(&o)
+            );
+        }
+    }
+}
+
+#[test]
+fn nbdkit_shutdown_stops_the_server_after_its_last_client() {
+    let dir = workdir();
+    let script = reading_script(dir.path(), "nbdkit.shutdown()");
+    for server in [Server::Nbdkit, Server::Diskit] {
+        let sock = dir.path().join(format!("{server:?}.sock"));
+        let mut child = server_command(server, dir.path())
+            .args(["-f", "-U", s(&sock), "python", &script])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(appears(&sock, 20), "{server:?} did not start");
+        let uri = format!("nbd+unix:///?socket={}", s(&sock));
+        assert_eq!(one_read(&uri), "512", "{server:?}");
+        // Once its last client has gone, the server exits by itself.
+        let st =
+            exits_within(&mut child, 30).unwrap_or_else(|| panic!("{server:?} did not shut down"));
+        assert!(st.success(), "{server:?} failed: {st}");
+    }
+}
+
+#[test]
+fn nbdkit_disconnect_closes_the_connection_after_the_reply() {
+    // nbdkit 1.34's nbdkit.disconnect (nbdkit 1.32, the peer here, has
+    // none): the read that asks for it is answered, the next finds the
+    // connection closed.
+    let dir = workdir();
+    let script = reading_script(dir.path(), "nbdkit.disconnect()");
+    let py = "import nbd, sys\n\
+              h = nbd.NBD()\n\
+              h.connect_uri(sys.argv[1])\n\
+              for _ in range(2):\n    \
+              try:\n        h.pread(512, 0)\n        print('ok')\n    \
+              except nbd.Error:\n        print('closed')\n";
+    std::fs::write(dir.path().join("two.py"), py).unwrap();
+    let o = ok(run_in(
+        Server::Diskit,
+        dir.path(),
+        &[&script],
+        &format!("{PYTHON} two.py \"$uri\""),
+    ));
+    assert_eq!(stdout(&o), "ok\nclosed\n");
+}
+
+#[test]
+fn diskit_does_not_link_libpython_and_loads_the_plugin_only_for_python() {
+    let dir = workdir();
+    let ldd = ok(peer("ldd", &[s(&diskit_bin())]));
+    assert!(!stdout(&ldd).contains("libpython"), "{}", stdout(&ldd));
+    // With the plugin's library out of reach, diskit runs (as qemu-img
+    // too), and serving a script is one line of error.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let qemu_img = dir.path().join("qemu-img");
+    std::os::unix::fs::symlink(diskit_bin(), &qemu_img).unwrap();
+    let o = ok(std::process::Command::new(&qemu_img)
+        .arg("--version")
+        .env("DISKIT_PLUGIN_DIR", &empty)
+        .output()
+        .unwrap());
+    assert_contains(&stdout(&o), "qemu-img version");
+    for server in [Server::Diskit, Server::DiskitAsNbdkit] {
+        for args in [
+            &["-U", "-", "python", &script("ramdisk.py"), "--run", "true"][..],
+            &["python", "--dump-plugin"][..],
+        ] {
+            let o = server_command(server, dir.path())
+                .args(args)
+                .env("DISKIT_PLUGIN_DIR", &empty)
+                .output()
+                .unwrap();
+            assert!(!o.status.success(), "{server:?} {args:?}");
+            let e = stderr(&o);
+            assert_eq!(e.lines().count(), 1, "{server:?} {args:?}: {e}");
+            assert_contains(
+                &e,
+                "cannot load the python plugin: libdiskit_python.so is not in",
+            );
+        }
+    }
+    // Found, it tells the Python it runs, as nbdkit's plugin does (nbdkit
+    // names the version it was built with: the same minor version).
+    let minor = |o: &Output| {
+        let out = stdout(o);
+        let v = out
+            .lines()
+            .find_map(|l| l.strip_prefix("python_version="))
+            .unwrap_or_else(|| panic!("no python_version: {out}"))
+            .to_string();
+        v.rsplit_once('.').map(|(m, _)| m.to_string()).unwrap()
+    };
+    let theirs = ok(peer("nbdkit", &["python", "--dump-plugin"]));
+    for server in [Server::Diskit, Server::DiskitAsNbdkit] {
+        let ours = ok(server_command(server, dir.path())
+            .args(["python", "--dump-plugin"])
+            .output()
+            .unwrap());
+        assert_eq!(minor(&ours), minor(&theirs), "{server:?}");
+        for key in [
+            "python_pep_384_abi_version",
+            "nbdkit_python_maximum_api_version",
+        ] {
+            let line = |o: &Output| {
+                stdout(o)
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{key}=")))
+                    .map(String::from)
+            };
+            assert_eq!(line(&ours), line(&theirs), "{server:?} {key}");
+        }
+    }
+}
+
+#[test]
+fn export_lists_default_export_and_descriptions_are_the_scripts() {
+    let dir = workdir();
+    let path = dir.path().join("exports.py");
+    std::fs::write(
+        &path,
+        "import nbdkit\nAPI_VERSION = 2\n\
+         def list_exports(readonly, is_tls):\n    return ['a', ('b', 'the b export')]\n\
+         def default_export(readonly, is_tls):\n    return 'a'\n\
+         def open(readonly):\n    return nbdkit.export_name()\n\
+         def export_description(h):\n    return 'desc of ' + h\n\
+         def get_size(h):\n    return 1048576 if h == 'a' else 2097152\n\
+         def pread(h, buf, offset, flags):\n    buf[:] = bytes(len(buf))\n",
+    )
+    .unwrap();
+    let cmd = "nbdinfo --list --json \"$uri\" > list.json && nbdinfo --json \"$uri\" > info.json";
+    let runs = under_all(dir.path(), &[s(&path)], cmd);
+    all_ok(&runs, None);
+    let seen = |d: &Path, file: &str| -> Vec<(String, String, u64)> {
+        json(&d.join(file))["exports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["export-name"].as_str().unwrap().to_string(),
+                    e["description"].as_str().unwrap_or("-").to_string(),
+                    e["export-size"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let list = seen(&runs[0].1, "list.json");
+    assert_eq!(list.len(), 2, "{list:?}");
+    let info = seen(&runs[0].1, "info.json");
+    assert_eq!(info, [("a".into(), "desc of a".into(), 1 << 20)]);
+    for (_, d) in &runs[1..] {
+        assert_eq!(seen(d, "list.json"), list, "{}", d.display());
+        assert_eq!(seen(d, "info.json"), info, "{}", d.display());
     }
 }

@@ -233,28 +233,10 @@ fn status_4_shuts_the_server_down_after_the_reply() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(start.elapsed().as_secs() < 10, "the server did not start");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    assert!(appears(&sock, 10), "the server did not start");
     let uri = format!("nbd+unix:///?socket={}", s(&sock));
-    let o = std::process::Command::new(PYTHON)
-        .args(["-c", "import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); print(len(h.pread(512, 0)))"])
-        .arg(&uri)
-        .output()
-        .unwrap();
-    assert_eq!(stdout(&ok(o)).trim(), "512");
+    assert_eq!(one_read(&uri), "512");
     // Once its last client has gone, the server exits by itself.
-    loop {
-        if let Some(st) = server.try_wait().unwrap() {
-            assert!(st.success(), "the server failed: {st}");
-            break;
-        }
-        if start.elapsed().as_secs() > 20 {
-            let _ = server.kill();
-            panic!("the server did not shut down");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let st = exits_within(&mut server, 20).expect("the server did not shut down");
+    assert!(st.success(), "the server failed: {st}");
 }

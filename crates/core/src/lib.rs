@@ -22,6 +22,7 @@ pub mod error;
 pub mod extent;
 pub mod filter;
 pub mod params;
+pub mod plugin_abi;
 pub mod range_lock;
 pub mod serving;
 pub mod size;

@@ -268,10 +268,17 @@ pub fn open_plugin(
 /// Prints plugins' debug messages (a Python script's `nbdkit.debug`) on
 /// standard error from now on: the server's `-v`.
 pub fn set_verbose(on: bool) {
-    #[cfg(feature = "python")]
-    diskit_python::set_verbose(on);
-    #[cfg(not(feature = "python"))]
-    let _ = on;
+    diskit_backends::shared_plugin::set_verbose(on);
+}
+
+/// The `key=value` lines a plugin adds to `--dump-plugin` (the python
+/// plugin's Python version: its library is loaded to tell).
+pub fn dump_lines(name: &str) -> Result<Vec<String>> {
+    match name {
+        #[cfg(feature = "python")]
+        "python" => crate::scripts::dump_python(),
+        _ => Ok(Vec::new()),
+    }
 }
 
 /// The plugin list for --help.

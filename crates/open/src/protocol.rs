@@ -379,9 +379,9 @@ pub const PROTOCOLS: &[Protocol] = &[
         aliases: &[],
         variables: true,
         help: "a Python script written for nbdkit's python plugin (API 1 or 2), run \
-               unmodified on embedded CPython (script=SCRIPT.py [key=value]...: the \
+               unmodified on embedded CPython, from libdiskit_python.so (script=SCRIPT.py [key=value]...: the \
                others go to the script's config(key, value), in order)",
-        open: PluginOpen::InOrder(diskit_python::open),
+        open: PluginOpen::InOrder(crate::scripts::open_python),
     }]),
     Protocol {
         name: "rbd",

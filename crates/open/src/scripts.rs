@@ -1,5 +1,6 @@
 //! The rows' openers of nbdkit's script plugins, `sh` and `eval`
-//! ([`diskit_backends::script`]).
+//! ([`diskit_backends::script`]), and `python` (a library loaded at run
+//! time, [`diskit_backends::shared_plugin`]).
 
 use std::sync::Arc;
 
@@ -32,4 +33,23 @@ pub fn open_sh(args: &OrderedArgs, readonly: bool) -> Result<DeviceRef> {
 pub fn open_eval(args: &OrderedArgs, readonly: bool) -> Result<DeviceRef> {
     let plugin = ScriptPlugin::eval(args)?;
     Ok(Arc::new(CallbackDevice::open(plugin, readonly)?))
+}
+
+/// The python plugin's library (crates/python), loaded at its first use.
+#[cfg(feature = "python")]
+const PYTHON_LIBRARY: &str = "libdiskit_python.so";
+
+/// `python SCRIPT.py [KEY=VALUE...]`: nbdkit's python plugin, from
+/// [`PYTHON_LIBRARY`].
+#[cfg(feature = "python")]
+pub fn open_python(args: &OrderedArgs, readonly: bool) -> Result<DeviceRef> {
+    use diskit_backends::shared_plugin::SharedPlugin;
+    let plugin = SharedPlugin::load("python", PYTHON_LIBRARY, args)?;
+    Ok(Arc::new(CallbackDevice::open(plugin, readonly)?))
+}
+
+/// What `python --dump-plugin` adds (the Python version).
+#[cfg(feature = "python")]
+pub fn dump_python() -> Result<Vec<String>> {
+    diskit_backends::shared_plugin::dump("python", PYTHON_LIBRARY)
 }

@@ -1,14 +1,18 @@
 //! The `nbdkit` module scripts import: nbdkit's functions (`debug`,
-//! `set_error`, `export_name`, `parse_size`, `shutdown`) and constants
+//! `set_error`, `export_name`, `parse_size`, `shutdown`, `disconnect`)
+//! and constants
 //! (thread models, request flags, FUA and cache modes, extent types), with
 //! nbdkit's values.
 //!
 //! `set_error` and `export_name` are per thread, as in nbdkit: the errno a
 //! script sets is read back by the call that ran it on the same thread,
 //! and the export name is the one of the connection whose request runs.
+//! `debug`, `shutdown` and `disconnect` are the server's: they go to
+//! diskit through the host's services ([`crate::abi::host`]).
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, Ordering};
+
+use diskit_core::plugin_abi::Str;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -23,14 +27,11 @@ pub const THREAD_MODEL_SERIALIZE_REQUESTS: i64 = 2;
 /// Requests in parallel (Python code still under the GIL).
 pub const THREAD_MODEL_PARALLEL: i64 = 3;
 
-/// Zero requests: the range may be deallocated.
-pub const FLAG_MAY_TRIM: u32 = 1 << 0;
-/// Force unit access.
-pub const FLAG_FUA: u32 = 1 << 1;
-/// Extents: one extent is enough.
-pub const FLAG_REQ_ONE: u32 = 1 << 2;
-/// Zero requests: fail at once unless zeroing is fast.
-pub const FLAG_FAST_ZERO: u32 = 1 << 3;
+/// Request flags and extent types, with nbdkit's values (the plugin
+/// ABI's).
+pub use diskit_core::plugin_abi::{
+    EXTENT_HOLE, EXTENT_ZERO, FLAG_FAST_ZERO, FLAG_FUA, FLAG_MAY_TRIM, FLAG_REQ_ONE,
+};
 
 /// `can_fua()`/`can_cache()`: not at all.
 pub const MODE_NONE: i64 = 0;
@@ -39,22 +40,9 @@ pub const MODE_EMULATE: i64 = 1;
 /// `can_fua()`/`can_cache()`: the script's own.
 pub const MODE_NATIVE: i64 = 2;
 
-/// Extent types: a hole, reading as zeros when [`EXTENT_ZERO`] is set too.
-pub const EXTENT_HOLE: u32 = 1 << 0;
-/// Extent types: reads as zeros.
-pub const EXTENT_ZERO: u32 = 1 << 1;
-
-static VERBOSE: AtomicBool = AtomicBool::new(false);
-
 thread_local! {
     static ERRNO: Cell<i32> = const { Cell::new(0) };
     static EXPORT: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
-/// Prints `nbdkit.debug` messages on standard error from now on (the
-/// server's `-v`).
-pub fn set_verbose(on: bool) {
-    VERBOSE.store(on, Ordering::Relaxed);
 }
 
 /// Forgets the errno a script set on this thread (before each call).
@@ -79,8 +67,9 @@ pub(crate) fn set_export(name: &str) {
 
 #[pyfunction]
 fn debug(msg: &str) {
-    if VERBOSE.load(Ordering::Relaxed) {
-        eprintln!("nbdkit: python: debug: {msg}");
+    if let Some(host) = crate::abi::host() {
+        // SAFETY: the host's function; `msg` lives for the call.
+        unsafe { (host.debug)(Str::new(msg)) };
     }
 }
 
@@ -102,10 +91,18 @@ fn parse_size(s: &str) -> PyResult<u64> {
 
 #[pyfunction]
 fn shutdown() {
-    // The server stops on SIGTERM, as nbdkit's shutdown does on request.
-    // SAFETY: kill with our own pid and a signal number; no pointers.
-    unsafe {
-        libc::kill(libc::getpid(), libc::SIGTERM);
+    if let Some(host) = crate::abi::host() {
+        // SAFETY: the host's function, which takes nothing.
+        unsafe { (host.shutdown)() };
+    }
+}
+
+#[pyfunction]
+#[pyo3(signature = (force = false))]
+fn disconnect(force: bool) {
+    if let Some(host) = crate::abi::host() {
+        // SAFETY: the host's function, given an integer.
+        unsafe { (host.disconnect)(std::ffi::c_int::from(force)) };
     }
 }
 
@@ -121,6 +118,7 @@ pub(crate) fn install(py: Python<'_>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(export_name, &m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, &m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, &m)?)?;
+    m.add_function(wrap_pyfunction!(disconnect, &m)?)?;
     let ints: [(&str, i64); 16] = [
         (
             "THREAD_MODEL_SERIALIZE_CONNECTIONS",

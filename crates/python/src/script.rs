@@ -21,9 +21,12 @@ pub(crate) struct Script {
     pub api: u32,
 }
 
+/// The highest `API_VERSION` a script may ask for.
+pub(crate) const MAX_API: i64 = 2;
+
 /// The one interpreter of the process, started on first use with the
 /// `nbdkit` module importable.
-fn interpreter() -> Result<()> {
+pub(crate) fn interpreter() -> Result<()> {
     static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     STARTED
         .get_or_init(|| {
@@ -74,10 +77,10 @@ impl Script {
                 Err(_) => 1,
                 Ok(v) => v.extract::<i64>().unwrap_or(0),
             };
-            if !(1..=2).contains(&api) {
+            if !(1..=MAX_API).contains(&api) {
                 return Err(Error::invalid(format!(
                     "{path}: API_VERSION requested unknown version: {api}.  \
-                     This plugin supports API versions between 1 and 2."
+                     This plugin supports API versions between 1 and {MAX_API}."
                 )));
             }
             Ok(Script {

@@ -442,6 +442,54 @@ pub fn diskit_killed_after(dir: &Path, args: &[&str], ms: u64) {
     let _ = child.wait();
 }
 
+/// Waits up to `secs` seconds for `path` to appear (a server's socket):
+/// whether it did.
+pub fn appears(path: &Path, secs: u64) -> bool {
+    let t = std::time::Instant::now();
+    while !path.exists() {
+        if t.elapsed().as_secs() >= secs {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
+/// Waits up to `secs` seconds for `child` (a server asked to stop) to
+/// exit by itself: its status, or none (it is killed then).
+pub fn exits_within(
+    child: &mut std::process::Child,
+    secs: u64,
+) -> Option<std::process::ExitStatus> {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if t.elapsed().as_secs() >= secs {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// One 512-byte read of the export at `uri` with libnbd's Python module:
+/// the number of bytes read (`512`).
+pub fn one_read(uri: &str) -> String {
+    let o = ok(peer(
+        PYTHON,
+        &[
+            "-c",
+            "import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); \
+             print(len(h.pread(512, 0)))",
+            uri,
+        ],
+    ));
+    stdout(&o).trim().to_string()
+}
+
 /// Starts `diskit serve -f -U SOCKET image IMAGE` and waits for its
 /// socket; the server stops when the guard is dropped.
 pub fn serve_image(socket: &Path, image: &Path) -> ServeGuard {

@@ -266,6 +266,9 @@ fn dump_plugin(name: Option<&str>, filters: &[String]) -> CmdResult {
     if matches!(p.name, "sh" | "eval") {
         out += "max_known_status=8\n";
     }
+    for line in plugin::dump_lines(p.name)? {
+        out += &format!("{line}\n");
+    }
     print!("{out}");
     Ok(0)
 }

@@ -6,7 +6,7 @@
 use crate::util::CliError;
 use diskit_open::plugin::{self, Plugin};
 
-pub use diskit_open::plugin::{Opened, is_key, set_verbose};
+pub use diskit_open::plugin::{Opened, dump_lines, is_key, set_verbose};
 
 fn cli(e: diskit_core::Error) -> CliError {
     CliError::new(e.to_string())
