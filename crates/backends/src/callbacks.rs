@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_core::device::{check_range, write_zero_buffer};
-use diskit_core::serving::{Hangup, ServerRef};
+use diskit_core::serving::{Hangup, Serialize, ServerRef};
 use diskit_core::sync::lock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, ExportEntry,
@@ -530,6 +530,19 @@ impl<C: Callbacks> BlockDevice for CallbackDevice<C> {
     }
     fn serving(&self, server: &ServerRef) {
         let _ = self.shared.server.set(server.clone());
+    }
+    fn serialize(&self) -> Serialize {
+        // The server runs no more at once than the plugin takes: one
+        // connection at a time is held before its handshake (as nbdkit
+        // holds it), one request at a time runs on the connection's own
+        // thread, without a hop to a worker that would wait for the lock.
+        match self.shared.model {
+            ThreadModel::SerializeConnections => Serialize::Connections,
+            ThreadModel::SerializeAllRequests | ThreadModel::SerializeRequests => {
+                Serialize::Requests
+            }
+            ThreadModel::Parallel => Serialize::Parallel,
+        }
     }
     fn list_exports(&self, query: &ExportQuery) -> Result<Option<Vec<ExportEntry>>> {
         let _all = serialize_all(&self.shared);
