@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use diskit_core::device::{check_range, write_zero_buffer};
-use diskit_core::serving::{Hangup, Serialize, ServerRef};
+use diskit_core::serving::{Hangup, Peer, Serialize, ServerRef};
 use diskit_core::sync::lock;
 use diskit_core::{
     BlockDevice, BlockSizeLimits, Capabilities, DeviceRef, Error, ErrorKind, ExportEntry,
@@ -207,6 +207,12 @@ pub trait Callbacks: Send + Sync + 'static {
     fn default_export(&self, readonly: bool, tls: bool) -> Result<Option<String>> {
         let _ = (readonly, tls);
         Ok(None)
+    }
+    /// A client connects, before its handshake (nbdkit's `preconnect`):
+    /// an error refuses it. Accepted by default.
+    fn preconnect(&self, readonly: bool) -> Result<()> {
+        let _ = readonly;
+        Ok(())
     }
     /// The description of a handle's export (nbdkit's
     /// `export_description`); `None`, the default, for none.
@@ -530,6 +536,10 @@ impl<C: Callbacks> BlockDevice for CallbackDevice<C> {
     }
     fn serving(&self, server: &ServerRef) {
         let _ = self.shared.server.set(server.clone());
+    }
+    fn preconnect(&self, _peer: &Peer) -> Result<()> {
+        let _all = serialize_all(&self.shared);
+        self.shared.plugin.preconnect(self.shared.readonly)
     }
     fn serialize(&self) -> Serialize {
         // The server runs no more at once than the plugin takes: one

@@ -179,6 +179,30 @@ fn any_export_name_reaches_the_plugin_as_under_nbdkit() {
     );
 }
 
+#[test]
+fn preconnect_runs_before_each_handshake_and_may_refuse_the_client() {
+    let dir = workdir();
+    // The script counts its calls in $tmpdir and refuses the second
+    // client: the first connects, the second is closed before its
+    // handshake, the third connects again.
+    let args = [
+        "eval",
+        "preconnect=n=$(cat $tmpdir/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > $tmpdir/n; \
+         [ $n -ne 2 ] || { echo refused >&2; exit 1; }",
+        "get_size=echo 1M",
+        "pread=dd if=/dev/zero count=$3 iflag=count_bytes status=none",
+    ];
+    let cmd = "nbdinfo --size \"$uri\"; echo \"first $?\"; \
+               nbdinfo --size \"$uri\" 2>/dev/null; echo \"second $?\"; \
+               nbdinfo --size \"$uri\"; echo \"third $?\"";
+    let [nb, dk] = both_ok(dir.path(), &args, cmd);
+    assert_eq!(nb, dk);
+    assert_eq!(
+        dk.lines().collect::<Vec<_>>(),
+        ["1048576", "first 0", "second 1", "1048576", "third 0"]
+    );
+}
+
 /// nbdkit 1.34's exit statuses 4-8 (nbdkit 1.32, the peer here, treats
 /// them as errors): checked against nbdkit-sh-plugin(3).
 fn eval_pread_exiting(status: u8) -> Vec<String> {

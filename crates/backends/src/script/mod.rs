@@ -465,6 +465,10 @@ impl Callbacks for ScriptPlugin {
             Status::False => Err(self.unexpected_false("default_export")),
         }
     }
+    fn preconnect(&self, readonly: bool) -> Result<()> {
+        let a = self.call("preconnect", &[bool_word(readonly)], b"")?;
+        self.not_false("preconnect", &a)
+    }
     fn export_description(&self, h: &String) -> Result<Option<String>> {
         let a = self.call("export_description", &[h], b"")?;
         match a.status {

@@ -169,8 +169,7 @@ const WRITE_CALLBACKS: &[&str] = &[
     "extents",
 ];
 
-/// The callbacks of the script plugins (`sh`, `eval`): nbdkit's list but
-/// `preconnect`, which diskit does not call.
+/// The callbacks of the script plugins (`sh`, `eval`): nbdkit's list.
 const SCRIPT_CALLBACKS: &[&str] = &[
     "load",
     "unload",
@@ -180,6 +179,7 @@ const SCRIPT_CALLBACKS: &[&str] = &[
     "thread_model",
     "get_ready",
     "after_fork",
+    "preconnect",
     "list_exports",
     "default_export",
     "open",
