@@ -512,6 +512,11 @@ impl Callbacks for SharedPlugin {
             unsafe { (self.table.export_description)(self.state(), h.0.as_ptr(), add_string, ctx) }
         })
     }
+    fn preconnect(&self, readonly: bool) -> Result<()> {
+        // SAFETY: the plugin's state.
+        let rc = unsafe { (self.table.preconnect)(self.state(), c_int::from(readonly)) };
+        self.check(rc, "preconnect").map(drop)
+    }
     fn cleanup(&self) -> Result<()> {
         // SAFETY: the plugin's state.
         let rc = unsafe { (self.table.cleanup)(self.state()) };

@@ -673,3 +673,34 @@ fn export_lists_default_export_and_descriptions_are_the_scripts() {
         assert_eq!(seen(d, "info.json"), info, "{}", d.display());
     }
 }
+
+#[test]
+fn preconnect_runs_before_each_handshake_and_may_refuse_the_client() {
+    let dir = workdir();
+    // The script refuses the second client (an exception), before its
+    // handshake; the first and the third connect.
+    let path = dir.path().join("gate.py");
+    std::fs::write(
+        &path,
+        "import nbdkit\nAPI_VERSION = 2\nseen = 0\n\
+         def preconnect(readonly):\n    global seen\n    seen += 1\n    \
+         if seen == 2:\n        raise RuntimeError('not this one')\n\
+         def open(readonly):\n    return 1\n\
+         def get_size(h):\n    return 1048576\n\
+         def pread(h, buf, offset, flags):\n    buf[:] = bytes(len(buf))\n",
+    )
+    .unwrap();
+    let cmd = "nbdinfo --size \"$uri\"; echo \"first $?\"; \
+               nbdinfo --size \"$uri\" 2>/dev/null; echo \"second $?\"; \
+               nbdinfo --size \"$uri\"; echo \"third $?\"";
+    for (o, d) in under_all(dir.path(), &[s(&path)], cmd) {
+        assert!(o.status.success(), "{}: {}", d.display(), stderr(&o));
+        assert_eq!(
+            stdout(&o).lines().collect::<Vec<_>>(),
+            ["1048576", "first 0", "second 1", "1048576", "third 0"],
+            "{}: {}",
+            d.display(),
+            stderr(&o)
+        );
+    }
+}

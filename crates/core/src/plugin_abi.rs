@@ -216,6 +216,9 @@ pub struct Plugin {
     /// nbdkit's `export_description`: the text to `add`, or [`UNSAID`].
     pub export_description:
         unsafe extern "C" fn(state: Opaque, h: Opaque, add: AddStr, ctx: *mut c_void) -> c_int,
+    /// nbdkit's `preconnect`: a client connects, before its handshake; a
+    /// failure refuses it.
+    pub preconnect: unsafe extern "C" fn(state: Opaque, readonly: c_int) -> c_int,
     /// The server stops: nbdkit's `cleanup` (after the last handle closed).
     pub cleanup: unsafe extern "C" fn(state: Opaque) -> c_int,
 }

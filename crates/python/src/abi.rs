@@ -70,6 +70,7 @@ static TABLE: Plugin = Plugin {
     list_exports,
     default_export,
     export_description,
+    preconnect,
     cleanup,
 };
 
@@ -354,6 +355,15 @@ unsafe extern "C" fn export_description(
         // SAFETY: the state and a live handle.
         let text = unsafe { plugin(state).export_description(handle(h)) }?;
         Ok(give(text, add, ctx))
+    })
+}
+
+unsafe extern "C" fn preconnect(state: Opaque, readonly: c_int) -> c_int {
+    // SAFETY: the state of `load`.
+    guard(|| {
+        unsafe { plugin(state) }
+            .preconnect(readonly != 0)
+            .map(|()| 0)
     })
 }
 

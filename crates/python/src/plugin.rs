@@ -401,6 +401,17 @@ impl PythonPlugin {
         })
     }
 
+    /// `preconnect(readonly)`, when the script has it: an exception
+    /// refuses the client.
+    pub fn preconnect(&self, readonly: bool) -> Result<()> {
+        self.python(|py, s| {
+            if s.defines(py, "preconnect") {
+                s.call(py, "preconnect", (readonly,))?;
+            }
+            Ok(())
+        })
+    }
+
     /// `default_export(readonly, is_tls)`; none without the callback.
     pub fn default_export(&self, readonly: bool, tls: bool) -> Result<Option<String>> {
         self.python(|py, s| {
