@@ -6,7 +6,8 @@
 //! wherever the request completes (an NBD connection's reader, or the
 //! FUSE thread itself for a device that runs requests as they come). So
 //! the kernel's concurrent requests (readahead, several readers) are in
-//! flight at once, and no lock is held around I/O.
+//! flight at once, and no lock is held around I/O. Sequential reads are
+//! also read ahead by the mount itself ([`crate::readahead`]).
 
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use fuser::{
 };
 
 use crate::pool::BufPool;
+use crate::readahead::{Answer, Found, Readahead, is_prefetch};
 
 /// The file's inode when the root is a directory holding it.
 const FILE_INO: INodeNo = INodeNo(2);
@@ -47,35 +49,47 @@ pub struct FileOptions {
 
 /// One file over a device.
 pub struct OneFile {
-    dev: DeviceRef,
+    io: Arc<Io>,
     opts: FileOptions,
     size: u64,
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
+}
+
+/// What moves the file's bytes: shared with the thread that takes
+/// finished requests.
+struct Io {
+    dev: DeviceRef,
     /// Where completions go once replied to: the pool takes their
-    /// buffers back there.
+    /// buffers back there, and reads ahead are answered from there.
     cq: CompletionQueue,
     pool: Arc<BufPool>,
+    ahead: Readahead<ReplyData>,
     next_tag: AtomicU64,
 }
 
 impl OneFile {
     /// A filesystem showing `dev` as described; starts the thread that
-    /// takes finished requests' buffers back.
+    /// takes finished requests.
     pub fn new(dev: DeviceRef, opts: FileOptions) -> OneFile {
-        let cq = CompletionQueue::new();
         let pool = Arc::new(BufPool::new(MAX_IO as usize));
+        let size = dev.size();
+        let io = Arc::new(Io {
+            dev,
+            cq: CompletionQueue::new(),
+            ahead: Readahead::new(size, pool.clone()),
+            pool,
+            next_tag: AtomicU64::new(0),
+        });
         {
-            let (cq, pool) = (cq.clone(), pool.clone());
+            let io = io.clone();
             std::thread::Builder::new()
                 .name("fuse-done".into())
                 .spawn(move || {
                     loop {
-                        let c: Completion = cq.wait();
-                        if let Some(b) = c.buf {
-                            pool.give(b);
-                        }
+                        let c = io.cq.wait();
+                        io.finished(c);
                     }
                 })
                 .expect("start a thread");
@@ -83,15 +97,12 @@ impl OneFile {
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         OneFile {
-            size: dev.size(),
-            dev,
+            size,
+            io,
             opts,
             uid,
             gid,
             mounted_at: SystemTime::now(),
-            cq,
-            pool,
-            next_tag: AtomicU64::new(0),
         }
     }
 
@@ -139,6 +150,9 @@ impl OneFile {
         len.min(self.size.saturating_sub(offset))
     }
 
+}
+
+impl Io {
     /// A handle to the completion queue that runs `reply` on the
     /// request's completion first.
     fn replying(&self, reply: impl FnOnce(&Completion) + Send + 'static) -> CompletionQueue {
@@ -146,7 +160,80 @@ impl OneFile {
     }
 
     fn tag(&self) -> u64 {
-        self.next_tag.fetch_add(1, Ordering::Relaxed)
+        // Reads ahead have tags of their own.
+        self.next_tag.fetch_add(1, Ordering::Relaxed) & !crate::readahead::TAG_BIT
+    }
+
+    /// Takes a finished request: a read ahead's bytes go to the readers
+    /// waiting for them; buffers go back to the pool.
+    fn finished(&self, c: Completion) {
+        if !is_prefetch(c.tag) {
+            if let Some(b) = c.buf {
+                self.pool.give(b);
+            }
+            return;
+        }
+        let buf = c.buf.filter(|_| c.result.is_ok());
+        for a in self.ahead.completed(c.tag, buf) {
+            self.answer(a);
+        }
+    }
+
+    /// Answers a reader that waited for a read ahead.
+    fn answer(&self, a: Answer<ReplyData>) {
+        match a.bytes {
+            Some(b) => {
+                a.waiter.data(&b[a.range]);
+                self.ahead.recycle(b);
+            }
+            None => self.read(a.offset, a.range.len(), a.waiter),
+        }
+    }
+
+    /// Reads `len` bytes (inside the device) at `offset` from the device
+    /// and replies with them when they come.
+    fn read(&self, offset: u64, len: usize, reply: ReplyData) {
+        let buf = match self.pool.take(len) {
+            Ok(b) => b,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let cq = self.replying(move |c| match (&c.result, &c.buf) {
+            (Ok(()), Some(b)) => reply.data(&b[..len]),
+            (Err(e), _) => reply.error(errno(e)),
+            (Ok(()), None) => reply.error(Errno::EIO),
+        });
+        self.dev
+            .submit(self.tag(), IoRequest::Read { offset, buf, len }, &cq);
+    }
+
+    /// Sends reads ahead.
+    fn prefetch(&self, reads: Vec<crate::readahead::Prefetch>) {
+        for p in reads {
+            match self.pool.take(p.len) {
+                Ok(buf) => {
+                    let req = IoRequest::Read {
+                        offset: p.offset,
+                        buf,
+                        len: p.len,
+                    };
+                    self.dev.submit(p.tag, req, &self.cq);
+                }
+                Err(_) => {
+                    for a in self.ahead.completed(p.tag, None) {
+                        self.answer(a);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs a change of the device's bytes other than a write (a trim,
+    /// zeroing) with the reads ahead made stale around it.
+    fn changing<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.ahead.write_starts();
+        let out = f();
+        self.ahead.write_ends();
+        out
     }
 }
 
@@ -232,6 +319,8 @@ impl Filesystem for OneFile {
         let mut f = FopenFlags::empty();
         if self.opts.keep_cache {
             f |= FopenFlags::FOPEN_KEEP_CACHE;
+        } else {
+            self.io.ahead.reset();
         }
         if self.opts.direct_io {
             f |= FopenFlags::FOPEN_DIRECT_IO;
@@ -257,17 +346,17 @@ impl Filesystem for OneFile {
         if len == 0 {
             return reply.data(&[]);
         }
-        let buf = match self.pool.take(len) {
-            Ok(b) => b,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        let cq = self.replying(move |c| match (&c.result, &c.buf) {
-            (Ok(()), Some(b)) => reply.data(&b[..len]),
-            (Err(e), _) => reply.error(errno(e)),
-            (Ok(()), None) => reply.error(Errno::EIO),
-        });
-        self.dev
-            .submit(self.tag(), IoRequest::Read { offset, buf, len }, &cq);
+        let io = &self.io;
+        let (found, ahead) = io.ahead.read(offset, len, reply);
+        match found {
+            Found::Ready(reply, buf, range) => {
+                reply.data(&buf[range]);
+                io.ahead.recycle(buf);
+            }
+            Found::Waiting => {}
+            Found::Miss(reply) => io.read(offset, len, reply),
+        }
+        io.prefetch(ahead);
     }
 
     fn write(
@@ -298,14 +387,21 @@ impl Filesystem for OneFile {
                 Errno::ENOSPC
             });
         }
-        let mut buf = match self.pool.take(len) {
+        let io = &self.io;
+        let mut buf = match io.pool.take(len) {
             Ok(b) => b,
             Err(e) => return reply.error(errno(&e)),
         };
         buf[..len].copy_from_slice(&data[..len]);
-        let cq = self.replying(move |c| match &c.result {
-            Ok(()) => reply.written(len as u32),
-            Err(e) => reply.error(errno(e)),
+        // Reads ahead of the write are stale once it is answered.
+        io.ahead.write_starts();
+        let done = io.clone();
+        let cq = io.replying(move |c| {
+            done.ahead.write_ends();
+            match &c.result {
+                Ok(()) => reply.written(len as u32),
+                Err(e) => reply.error(errno(e)),
+            }
         });
         let req = IoRequest::Write {
             offset,
@@ -313,7 +409,7 @@ impl Filesystem for OneFile {
             range: 0..len,
             flags: WriteFlags::NONE,
         };
-        self.dev.submit(self.tag(), req, &cq);
+        io.dev.submit(io.tag(), req, &cq);
     }
 
     fn flush(
@@ -339,7 +435,7 @@ impl Filesystem for OneFile {
         if !self.is_file(ino) {
             return reply.ok();
         }
-        answer(reply, self.dev.flush());
+        answer(reply, self.io.dev.flush());
     }
 
     fn fallocate(
@@ -359,7 +455,8 @@ impl Filesystem for OneFile {
             return reply.error(Errno::EACCES);
         }
         let len = self.clamp(offset, length);
-        let caps = self.dev.capabilities();
+        let dev = &self.io.dev;
+        let caps = dev.capabilities();
         let result = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
             if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
                 return reply.error(Errno::EINVAL);
@@ -369,19 +466,21 @@ impl Filesystem for OneFile {
             if len == 0 {
                 Ok(())
             } else if caps.can_trim {
-                self.dev.trim(offset, len, WriteFlags::NONE)
+                self.io
+                    .changing(|| dev.trim(offset, len, WriteFlags::NONE))
             } else {
                 let flags = ZeroFlags {
                     may_trim: true,
                     ..ZeroFlags::default()
                 };
-                self.dev.write_zeroes(offset, len, flags)
+                self.io.changing(|| dev.write_zeroes(offset, len, flags))
             }
         } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
             if len == 0 {
                 Ok(())
             } else {
-                self.dev.write_zeroes(offset, len, ZeroFlags::default())
+                self.io
+                    .changing(|| dev.write_zeroes(offset, len, ZeroFlags::default()))
             }
         } else {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
