@@ -335,7 +335,7 @@ impl Filesystem for OneFile {
         _fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
@@ -347,6 +347,12 @@ impl Filesystem for OneFile {
             return reply.data(&[]);
         }
         let io = &self.io;
+        // Reads that bypass the kernel's cache (O_DIRECT, the direct_io
+        // option) are not read ahead either: they see what other clients
+        // of the device wrote before they were made.
+        if self.opts.direct_io || flags.0 & libc::O_DIRECT != 0 {
+            return io.read(offset, len, reply);
+        }
         let (found, ahead) = io.ahead.read(offset, len, reply);
         match found {
             Found::Ready(reply, buf, range) => {

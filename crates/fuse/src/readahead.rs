@@ -9,7 +9,10 @@
 //! Writes make what was read ahead stale: while one is in flight nothing
 //! is read ahead, and what was read before it is not used after it.
 //! Reads that cannot be answered from what was read ahead go to the
-//! device as they are.
+//! device as they are. Only reads through the kernel's cache are read
+//! ahead: what was read ahead is as fresh as the kernel's cached pages
+//! (an opening drops both), while reads that bypass the cache see what
+//! other clients of the device wrote before they were made.
 
 use std::collections::VecDeque;
 use std::ops::Range;
