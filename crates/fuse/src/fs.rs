@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use diskit_core::aio::{Completion, CompletionQueue, Request as IoRequest};
+use diskit_core::buffer::AlignedBuf;
 use diskit_core::{DeviceRef, WriteFlags, ZeroFlags};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -23,7 +24,7 @@ use fuser::{
 };
 
 use crate::pool::BufPool;
-use crate::readahead::{Answer, Found, Readahead, is_prefetch};
+use crate::readahead::{Answer, Found, Readahead};
 
 /// The file's inode when the root is a directory holding it.
 const FILE_INO: INodeNo = INodeNo(2);
@@ -61,9 +62,13 @@ pub struct OneFile {
 /// finished requests.
 struct Io {
     dev: DeviceRef,
-    /// Where completions go once replied to: the pool takes their
-    /// buffers back there, and reads ahead are answered from there.
+    /// Where reads ahead complete: the thread that waits there answers
+    /// the readers waiting for them.
     cq: CompletionQueue,
+    /// Where the other requests complete once replied to (nobody waits
+    /// there, so nobody is woken): their buffers are taken back for the
+    /// next request.
+    replied: CompletionQueue,
     pool: Arc<BufPool>,
     ahead: Readahead<ReplyData>,
     next_tag: AtomicU64,
@@ -78,6 +83,7 @@ impl OneFile {
         let io = Arc::new(Io {
             dev,
             cq: CompletionQueue::new(),
+            replied: CompletionQueue::new(),
             ahead: Readahead::new(size, pool.clone()),
             pool,
             next_tag: AtomicU64::new(0),
@@ -153,26 +159,30 @@ impl OneFile {
 }
 
 impl Io {
-    /// A handle to the completion queue that runs `reply` on the
-    /// request's completion first.
+    /// A handle to the completion queue of replied requests that runs
+    /// `reply` on the request's completion first.
     fn replying(&self, reply: impl FnOnce(&Completion) + Send + 'static) -> CompletionQueue {
-        self.cq.watched(reply)
+        self.replied.watched(reply)
     }
 
-    fn tag(&self) -> u64 {
-        // Reads ahead have tags of their own.
-        self.next_tag.fetch_add(1, Ordering::Relaxed) & !crate::readahead::TAG_BIT
-    }
-
-    /// Takes a finished request: a read ahead's bytes go to the readers
-    /// waiting for them; buffers go back to the pool.
-    fn finished(&self, c: Completion) {
-        if !is_prefetch(c.tag) {
+    /// A buffer of at least `len` bytes: one of a request replied to if
+    /// there is one (the others go back to the pool), else the pool's.
+    fn buffer(&self, len: usize) -> diskit_core::Result<AlignedBuf> {
+        while let Some(c) = self.replied.try_pop() {
             if let Some(b) = c.buf {
                 self.pool.give(b);
             }
-            return;
         }
+        self.pool.take(len)
+    }
+
+    fn tag(&self) -> u64 {
+        self.next_tag.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes a finished read ahead: its bytes go to the readers waiting
+    /// for them.
+    fn finished(&self, c: Completion) {
         let buf = c.buf.filter(|_| c.result.is_ok());
         for a in self.ahead.completed(c.tag, buf) {
             self.answer(a);
@@ -193,7 +203,7 @@ impl Io {
     /// Reads `len` bytes (inside the device) at `offset` from the device
     /// and replies with them when they come.
     fn read(&self, offset: u64, len: usize, reply: ReplyData) {
-        let buf = match self.pool.take(len) {
+        let buf = match self.buffer(len) {
             Ok(b) => b,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -209,7 +219,7 @@ impl Io {
     /// Sends reads ahead.
     fn prefetch(&self, reads: Vec<crate::readahead::Prefetch>) {
         for p in reads {
-            match self.pool.take(p.len) {
+            match self.buffer(p.len) {
                 Ok(buf) => {
                     let req = IoRequest::Read {
                         offset: p.offset,
@@ -394,7 +404,7 @@ impl Filesystem for OneFile {
             });
         }
         let io = &self.io;
-        let mut buf = match io.pool.take(len) {
+        let mut buf = match io.buffer(len) {
             Ok(b) => b,
             Err(e) => return reply.error(errno(&e)),
         };

@@ -125,14 +125,6 @@ pub struct Readahead<W> {
     state: Mutex<State<W>>,
 }
 
-/// Tags of reads ahead have the top bit set: other requests' never do.
-pub const TAG_BIT: u64 = 1 << 63;
-
-/// Whether `tag` is one of a read ahead.
-pub fn is_prefetch(tag: u64) -> bool {
-    tag & TAG_BIT != 0
-}
-
 impl<W> Readahead<W> {
     /// Reads ahead of a file of `size` bytes, into buffers from `pool`.
     pub fn new(size: u64, pool: Arc<BufPool>) -> Readahead<W> {
@@ -146,7 +138,7 @@ impl<W> Readahead<W> {
                 window: 0,
                 frontier: 0,
                 slots: VecDeque::new(),
-                next_tag: TAG_BIT,
+                next_tag: 0,
             }),
         }
     }
@@ -379,7 +371,7 @@ mod tests {
         assert!(matches!(f, Found::Miss(2)));
         let offsets: Vec<u64> = p.iter().map(|p| p.offset).collect();
         assert_eq!(offsets, [2 * u, 3 * u]);
-        assert!(p.iter().all(|p| is_prefetch(p.tag) && p.len == UNIT));
+        assert!(p.iter().all(|p| p.len == UNIT) && p[0].tag != p[1].tag);
         // The next read waits for the first read ahead...
         let (f, more) = r.read(2 * u, UNIT, 3);
         assert!(matches!(f, Found::Waiting));
