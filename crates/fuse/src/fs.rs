@@ -76,7 +76,7 @@ struct Io {
 
 impl OneFile {
     /// A filesystem showing `dev` as described; starts the thread that
-    /// takes finished requests.
+    /// takes finished reads ahead.
     pub fn new(dev: DeviceRef, opts: FileOptions) -> OneFile {
         let pool = Arc::new(BufPool::new(MAX_IO as usize));
         let size = dev.size();
@@ -89,13 +89,17 @@ impl OneFile {
             next_tag: AtomicU64::new(0),
         });
         {
-            let io = io.clone();
+            // It does not keep the device open once the file is gone.
+            let (cq, io) = (io.cq.clone(), Arc::downgrade(&io));
             std::thread::Builder::new()
                 .name("fuse-done".into())
                 .spawn(move || {
                     loop {
-                        let c = io.cq.wait();
-                        io.finished(c);
+                        let c = cq.wait();
+                        match io.upgrade() {
+                            Some(io) => io.finished(c),
+                            None => return,
+                        }
                     }
                 })
                 .expect("start a thread");
