@@ -70,11 +70,17 @@ impl Setup {
     /// `src.raw` ([`patterned`], SIZE) and `want.raw`: it with `data`
     /// written at `offset`, what a write through the mount must make.
     fn source_and_want(&self, offset: u64, data: &[u8]) -> (PathBuf, PathBuf) {
-        let (src, want) = (self.at("src.raw"), self.at("want.raw"));
-        patterned(&src, SIZE);
+        let (src, want) = (self.patterned_source(), self.at("want.raw"));
         std::fs::copy(&src, &want).unwrap();
         write_through(&want, offset, data);
         (src, want)
+    }
+
+    /// `src.raw`: [`patterned`], SIZE.
+    fn patterned_source(&self) -> PathBuf {
+        let src = self.at("src.raw");
+        patterned(&src, SIZE);
+        src
     }
 
     /// A new empty directory to mount on.
@@ -275,8 +281,7 @@ fn sequential_reads_see_writes_made_meanwhile_as_nbdfuse_does() {
     // not outlive a write through the mount, nor, for the next opening,
     // one by another client of the export.
     let t = Setup::new();
-    let src = t.at("src.raw");
-    patterned(&src, SIZE);
+    let src = t.patterned_source();
     const K64: usize = 64 << 10;
     for (i, (name, prog)) in t.nbdfuses().into_iter().enumerate() {
         let served = t.at(&format!("served{i}.raw"));
@@ -376,8 +381,7 @@ fn runs_a_server_for_the_mount_in_brackets_and_with_command() {
 fn read_only_refuses_writes_as_nbdfuse_does() {
     need_fuse!();
     let t = Setup::new();
-    let src = t.at("src.raw");
-    patterned(&src, SIZE);
+    let src = t.patterned_source();
     let mut refusals = Vec::new();
     for (i, (name, prog)) in t.nbdfuses().into_iter().enumerate() {
         let sock = t.at(&format!("k{i}.sock"));

@@ -159,7 +159,6 @@ impl OneFile {
     fn clamp(&self, offset: u64, len: u64) -> u64 {
         len.min(self.size.saturating_sub(offset))
     }
-
 }
 
 impl Io {
@@ -486,8 +485,7 @@ impl Filesystem for OneFile {
             if len == 0 {
                 Ok(())
             } else if caps.can_trim {
-                self.io
-                    .changing(|| dev.trim(offset, len, WriteFlags::NONE))
+                self.io.changing(|| dev.trim(offset, len, WriteFlags::NONE))
             } else {
                 let flags = ZeroFlags {
                     may_trim: true,

@@ -156,10 +156,8 @@ impl<W> Readahead<W> {
         let mut dropped = Vec::new();
         st.slots.retain_mut(|s| {
             let keep = s.end() > offset || s.awaited();
-            if !keep {
-                if let Data::Ready(b) = &s.data {
-                    dropped.push(b.clone());
-                }
+            if !keep && let Data::Ready(b) = &s.data {
+                dropped.push(b.clone());
             }
             keep
         });
@@ -176,14 +174,13 @@ impl<W> Readahead<W> {
                     Data::Ready(buf) => {
                         let buf = buf.clone();
                         // Read to its end: nobody reads it again.
-                        if last {
-                            if let Some(Slot {
+                        if last
+                            && let Some(Slot {
                                 data: Data::Ready(b),
                                 ..
                             }) = st.slots.remove(i)
-                            {
-                                dropped.push(b);
-                            }
+                        {
+                            dropped.push(b);
                         }
                         Found::Ready(waiter, buf, range)
                     }
@@ -350,6 +347,12 @@ mod tests {
         Readahead::new(64 * UNIT as u64, Arc::new(BufPool::new(UNIT)))
     }
 
+    /// Two reads in sequence from the start: the reads ahead they send.
+    fn sequence(r: &Readahead<u32>) -> Vec<Prefetch> {
+        r.read(0, UNIT, 1);
+        r.read(UNIT as u64, UNIT, 2).1
+    }
+
     /// Completes `p` with a buffer of its offset's low byte.
     fn complete(r: &Readahead<u32>, p: &Prefetch) -> Vec<(u32, Range<usize>, u8)> {
         let mut b = AlignedBuf::new(UNIT, 4096).unwrap();
@@ -390,8 +393,7 @@ mod tests {
     fn a_write_makes_reads_ahead_stale() {
         let r = ra();
         let u = UNIT as u64;
-        r.read(0, UNIT, 1);
-        let (_, p) = r.read(u, UNIT, 2);
+        let p = sequence(&r);
         complete(&r, &p[0]);
         r.write_starts();
         let (f, p2) = r.read(2 * u, UNIT, 3);
@@ -408,8 +410,7 @@ mod tests {
     fn a_failed_read_ahead_sends_its_waiters_to_the_device() {
         let r = ra();
         let u = UNIT as u64;
-        r.read(0, UNIT, 1);
-        let (_, p) = r.read(u, UNIT, 2);
+        let p = sequence(&r);
         assert!(matches!(r.read(2 * u, UNIT, 3).0, Found::Waiting));
         let w = r.completed(p[0].tag, None);
         assert_eq!(w.len(), 1);
