@@ -7,7 +7,7 @@
 mod common;
 
 use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -70,11 +70,17 @@ impl Setup {
     /// `src.raw` ([`patterned`], SIZE) and `want.raw`: it with `data`
     /// written at `offset`, what a write through the mount must make.
     fn source_and_want(&self, offset: u64, data: &[u8]) -> (PathBuf, PathBuf) {
-        let (src, want) = (self.at("src.raw"), self.at("want.raw"));
-        patterned(&src, SIZE);
+        let (src, want) = (self.patterned_source(), self.at("want.raw"));
         std::fs::copy(&src, &want).unwrap();
         write_through(&want, offset, data);
         (src, want)
+    }
+
+    /// `src.raw`: [`patterned`], SIZE.
+    fn patterned_source(&self) -> PathBuf {
+        let src = self.at("src.raw");
+        patterned(&src, SIZE);
+        src
     }
 
     /// A new empty directory to mount on.
@@ -254,6 +260,70 @@ fn reads_and_writes_a_qemu_nbd_export_as_nbdfuse_does() {
     }
 }
 
+/// `len` bytes of `byte` in a buffer aligned for O_DIRECT.
+fn aligned(len: usize, byte: u8) -> (Vec<u8>, usize) {
+    let v = vec![byte; len + 4096];
+    let at = v.as_ptr().align_offset(4096);
+    (v, at)
+}
+
+/// Reads `len` bytes at `offset` of `f`.
+fn bytes_at(f: &std::fs::File, offset: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0; len];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b
+}
+
+#[test]
+fn sequential_reads_see_writes_made_meanwhile_as_nbdfuse_does() {
+    need_fuse!();
+    // diskit reads ahead of a sequential reader: what it read ahead must
+    // not outlive a write through the mount, nor, for the next opening,
+    // one by another client of the export.
+    let t = Setup::new();
+    let src = t.patterned_source();
+    const K64: usize = 64 << 10;
+    for (i, (name, prog)) in t.nbdfuses().into_iter().enumerate() {
+        let served = t.at(&format!("served{i}.raw"));
+        std::fs::copy(&src, &served).unwrap();
+        let sock = t.at(&format!("q{i}.sock"));
+        let server = QemuNbd::start(&sock, &["-f", "raw", "-e", "8", s(&served)]);
+        let mp = t.mountpoint(&format!("mp{i}"));
+        let m = Mount::start(&prog, &[], &mp, &[s(&mp), &server.uri]);
+        let file = mp.join("nbd");
+        // A write through the mount, after the reader went past half a
+        // MiB, to a place ahead of it (the kernel's cache bypassed).
+        let w = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&file)
+            .unwrap();
+        let r = std::fs::File::open(&file).unwrap();
+        for k in 0..8 {
+            bytes_at(&r, k * K64 as u64, K64);
+        }
+        let (buf, at) = aligned(K64, 0x77);
+        w.write_all_at(&buf[at..at + K64], 1 << 20).unwrap();
+        assert_eq!(bytes_at(&r, 1 << 20, K64), vec![0x77; K64], "{name}");
+        drop((r, w));
+        // Another client's write between two openings.
+        let r = std::fs::File::open(&file).unwrap();
+        for k in 0..8 {
+            bytes_at(&r, (2 << 20) + k * K64 as u64, K64);
+        }
+        drop(r);
+        let o = peer(
+            "qemu-io",
+            &qemu_io_args(Some("raw"), &["write -P 0x66 3M 64k"], &server.uri),
+        );
+        assert!(o.status.success(), "qemu-io: {}", stderr(&o));
+        let r = std::fs::File::open(&file).unwrap();
+        assert_eq!(bytes_at(&r, 3 << 20, K64), vec![0x66; K64], "{name}");
+        drop(r);
+        assert_eq!(m.unmount().code(), Some(0), "{name}: exit status");
+    }
+}
+
 #[test]
 fn runs_a_server_for_the_mount_in_brackets_and_with_command() {
     need_fuse!();
@@ -311,8 +381,7 @@ fn runs_a_server_for_the_mount_in_brackets_and_with_command() {
 fn read_only_refuses_writes_as_nbdfuse_does() {
     need_fuse!();
     let t = Setup::new();
-    let src = t.at("src.raw");
-    patterned(&src, SIZE);
+    let src = t.patterned_source();
     let mut refusals = Vec::new();
     for (i, (name, prog)) in t.nbdfuses().into_iter().enumerate() {
         let sock = t.at(&format!("k{i}.sock"));

@@ -6,7 +6,8 @@
 //! wherever the request completes (an NBD connection's reader, or the
 //! FUSE thread itself for a device that runs requests as they come). So
 //! the kernel's concurrent requests (readahead, several readers) are in
-//! flight at once, and no lock is held around I/O.
+//! flight at once, and no lock is held around I/O. Sequential reads are
+//! also read ahead by the mount itself ([`crate::readahead`]).
 
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use diskit_core::aio::{Completion, CompletionQueue, Request as IoRequest};
+use diskit_core::buffer::AlignedBuf;
 use diskit_core::{DeviceRef, WriteFlags, ZeroFlags};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -22,6 +24,7 @@ use fuser::{
 };
 
 use crate::pool::BufPool;
+use crate::readahead::{Answer, Found, Readahead};
 
 /// The file's inode when the root is a directory holding it.
 const FILE_INO: INodeNo = INodeNo(2);
@@ -47,34 +50,55 @@ pub struct FileOptions {
 
 /// One file over a device.
 pub struct OneFile {
-    dev: DeviceRef,
+    io: Arc<Io>,
     opts: FileOptions,
     size: u64,
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
-    /// Where completions go once replied to: the pool takes their
-    /// buffers back there.
+}
+
+/// What moves the file's bytes: shared with the thread that takes
+/// finished requests.
+struct Io {
+    dev: DeviceRef,
+    /// Where reads ahead complete: the thread that waits there answers
+    /// the readers waiting for them.
     cq: CompletionQueue,
+    /// Where the other requests complete once replied to (nobody waits
+    /// there, so nobody is woken): their buffers are taken back for the
+    /// next request.
+    replied: CompletionQueue,
     pool: Arc<BufPool>,
+    ahead: Readahead<ReplyData>,
     next_tag: AtomicU64,
 }
 
 impl OneFile {
     /// A filesystem showing `dev` as described; starts the thread that
-    /// takes finished requests' buffers back.
+    /// takes finished reads ahead.
     pub fn new(dev: DeviceRef, opts: FileOptions) -> OneFile {
-        let cq = CompletionQueue::new();
         let pool = Arc::new(BufPool::new(MAX_IO as usize));
+        let size = dev.size();
+        let io = Arc::new(Io {
+            dev,
+            cq: CompletionQueue::new(),
+            replied: CompletionQueue::new(),
+            ahead: Readahead::new(size, pool.clone()),
+            pool,
+            next_tag: AtomicU64::new(0),
+        });
         {
-            let (cq, pool) = (cq.clone(), pool.clone());
+            // It does not keep the device open once the file is gone.
+            let (cq, io) = (io.cq.clone(), Arc::downgrade(&io));
             std::thread::Builder::new()
                 .name("fuse-done".into())
                 .spawn(move || {
                     loop {
-                        let c: Completion = cq.wait();
-                        if let Some(b) = c.buf {
-                            pool.give(b);
+                        let c = cq.wait();
+                        match io.upgrade() {
+                            Some(io) => io.finished(c),
+                            None => return,
                         }
                     }
                 })
@@ -83,15 +107,12 @@ impl OneFile {
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         OneFile {
-            size: dev.size(),
-            dev,
+            size,
+            io,
             opts,
             uid,
             gid,
             mounted_at: SystemTime::now(),
-            cq,
-            pool,
-            next_tag: AtomicU64::new(0),
         }
     }
 
@@ -138,15 +159,94 @@ impl OneFile {
     fn clamp(&self, offset: u64, len: u64) -> u64 {
         len.min(self.size.saturating_sub(offset))
     }
+}
 
-    /// A handle to the completion queue that runs `reply` on the
-    /// request's completion first.
+impl Io {
+    /// A handle to the completion queue of replied requests that runs
+    /// `reply` on the request's completion first.
     fn replying(&self, reply: impl FnOnce(&Completion) + Send + 'static) -> CompletionQueue {
-        self.cq.watched(reply)
+        self.replied.watched(reply)
+    }
+
+    /// A buffer of at least `len` bytes: one of a request replied to if
+    /// there is one (the others go back to the pool), else the pool's.
+    fn buffer(&self, len: usize) -> diskit_core::Result<AlignedBuf> {
+        while let Some(c) = self.replied.try_pop() {
+            if let Some(b) = c.buf {
+                self.pool.give(b);
+            }
+        }
+        self.pool.take(len)
     }
 
     fn tag(&self) -> u64 {
         self.next_tag.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes a finished read ahead: its bytes go to the readers waiting
+    /// for them.
+    fn finished(&self, c: Completion) {
+        let buf = c.buf.filter(|_| c.result.is_ok());
+        for a in self.ahead.completed(c.tag, buf) {
+            self.answer(a);
+        }
+    }
+
+    /// Answers a reader that waited for a read ahead.
+    fn answer(&self, a: Answer<ReplyData>) {
+        match a.bytes {
+            Some(b) => {
+                a.waiter.data(&b[a.range]);
+                self.ahead.recycle(b);
+            }
+            None => self.read(a.offset, a.range.len(), a.waiter),
+        }
+    }
+
+    /// Reads `len` bytes (inside the device) at `offset` from the device
+    /// and replies with them when they come.
+    fn read(&self, offset: u64, len: usize, reply: ReplyData) {
+        let buf = match self.buffer(len) {
+            Ok(b) => b,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let cq = self.replying(move |c| match (&c.result, &c.buf) {
+            (Ok(()), Some(b)) => reply.data(&b[..len]),
+            (Err(e), _) => reply.error(errno(e)),
+            (Ok(()), None) => reply.error(Errno::EIO),
+        });
+        self.dev
+            .submit(self.tag(), IoRequest::Read { offset, buf, len }, &cq);
+    }
+
+    /// Sends reads ahead.
+    fn prefetch(&self, reads: Vec<crate::readahead::Prefetch>) {
+        for p in reads {
+            match self.buffer(p.len) {
+                Ok(buf) => {
+                    let req = IoRequest::Read {
+                        offset: p.offset,
+                        buf,
+                        len: p.len,
+                    };
+                    self.dev.submit(p.tag, req, &self.cq);
+                }
+                Err(_) => {
+                    for a in self.ahead.completed(p.tag, None) {
+                        self.answer(a);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs a change of the device's bytes other than a write (a trim,
+    /// zeroing) with the reads ahead made stale around it.
+    fn changing<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.ahead.write_starts();
+        let out = f();
+        self.ahead.write_ends();
+        out
     }
 }
 
@@ -232,6 +332,8 @@ impl Filesystem for OneFile {
         let mut f = FopenFlags::empty();
         if self.opts.keep_cache {
             f |= FopenFlags::FOPEN_KEEP_CACHE;
+        } else {
+            self.io.ahead.reset();
         }
         if self.opts.direct_io {
             f |= FopenFlags::FOPEN_DIRECT_IO;
@@ -246,7 +348,7 @@ impl Filesystem for OneFile {
         _fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
@@ -257,17 +359,23 @@ impl Filesystem for OneFile {
         if len == 0 {
             return reply.data(&[]);
         }
-        let buf = match self.pool.take(len) {
-            Ok(b) => b,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        let cq = self.replying(move |c| match (&c.result, &c.buf) {
-            (Ok(()), Some(b)) => reply.data(&b[..len]),
-            (Err(e), _) => reply.error(errno(e)),
-            (Ok(()), None) => reply.error(Errno::EIO),
-        });
-        self.dev
-            .submit(self.tag(), IoRequest::Read { offset, buf, len }, &cq);
+        let io = &self.io;
+        // Reads that bypass the kernel's cache (O_DIRECT, the direct_io
+        // option) are not read ahead either: they see what other clients
+        // of the device wrote before they were made.
+        if self.opts.direct_io || flags.0 & libc::O_DIRECT != 0 {
+            return io.read(offset, len, reply);
+        }
+        let (found, ahead) = io.ahead.read(offset, len, reply);
+        match found {
+            Found::Ready(reply, buf, range) => {
+                reply.data(&buf[range]);
+                io.ahead.recycle(buf);
+            }
+            Found::Waiting => {}
+            Found::Miss(reply) => io.read(offset, len, reply),
+        }
+        io.prefetch(ahead);
     }
 
     fn write(
@@ -298,14 +406,21 @@ impl Filesystem for OneFile {
                 Errno::ENOSPC
             });
         }
-        let mut buf = match self.pool.take(len) {
+        let io = &self.io;
+        let mut buf = match io.buffer(len) {
             Ok(b) => b,
             Err(e) => return reply.error(errno(&e)),
         };
         buf[..len].copy_from_slice(&data[..len]);
-        let cq = self.replying(move |c| match &c.result {
-            Ok(()) => reply.written(len as u32),
-            Err(e) => reply.error(errno(e)),
+        // Reads ahead of the write are stale once it is answered.
+        io.ahead.write_starts();
+        let done = io.clone();
+        let cq = io.replying(move |c| {
+            done.ahead.write_ends();
+            match &c.result {
+                Ok(()) => reply.written(len as u32),
+                Err(e) => reply.error(errno(e)),
+            }
         });
         let req = IoRequest::Write {
             offset,
@@ -313,7 +428,7 @@ impl Filesystem for OneFile {
             range: 0..len,
             flags: WriteFlags::NONE,
         };
-        self.dev.submit(self.tag(), req, &cq);
+        io.dev.submit(io.tag(), req, &cq);
     }
 
     fn flush(
@@ -339,7 +454,7 @@ impl Filesystem for OneFile {
         if !self.is_file(ino) {
             return reply.ok();
         }
-        answer(reply, self.dev.flush());
+        answer(reply, self.io.dev.flush());
     }
 
     fn fallocate(
@@ -359,7 +474,8 @@ impl Filesystem for OneFile {
             return reply.error(Errno::EACCES);
         }
         let len = self.clamp(offset, length);
-        let caps = self.dev.capabilities();
+        let dev = &self.io.dev;
+        let caps = dev.capabilities();
         let result = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
             if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
                 return reply.error(Errno::EINVAL);
@@ -369,19 +485,20 @@ impl Filesystem for OneFile {
             if len == 0 {
                 Ok(())
             } else if caps.can_trim {
-                self.dev.trim(offset, len, WriteFlags::NONE)
+                self.io.changing(|| dev.trim(offset, len, WriteFlags::NONE))
             } else {
                 let flags = ZeroFlags {
                     may_trim: true,
                     ..ZeroFlags::default()
                 };
-                self.dev.write_zeroes(offset, len, flags)
+                self.io.changing(|| dev.write_zeroes(offset, len, flags))
             }
         } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
             if len == 0 {
                 Ok(())
             } else {
-                self.dev.write_zeroes(offset, len, ZeroFlags::default())
+                self.io
+                    .changing(|| dev.write_zeroes(offset, len, ZeroFlags::default()))
             }
         } else {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));

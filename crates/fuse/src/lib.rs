@@ -11,6 +11,7 @@
 
 pub mod fs;
 mod pool;
+mod readahead;
 mod signals;
 pub mod target;
 

@@ -1,6 +1,8 @@
 //! Buffers kept for the next request: a request's buffer is given back
 //! when it completes, so that a steady stream of requests neither maps
-//! nor faults in memory of its own each time.
+//! nor faults in memory of its own each time. They are mapped, their
+//! pages made when first touched: a 128 KiB read costs 128 KiB of a
+//! buffer sized for the largest request, not the whole of it zeroed.
 
 use std::sync::Mutex;
 
@@ -29,11 +31,11 @@ impl BufPool {
     /// A buffer of at least `len` bytes (what it holds is unspecified).
     pub fn take(&self, len: usize) -> Result<AlignedBuf> {
         if len > self.size {
-            return AlignedBuf::new(len, 4096);
+            return AlignedBuf::mapped(len);
         }
         match lock(&self.idle).pop() {
             Some(b) => Ok(b),
-            None => AlignedBuf::new(self.size, 4096),
+            None => AlignedBuf::mapped(self.size),
         }
     }
 
