@@ -359,11 +359,10 @@ unsafe extern "C" fn export_description(
 }
 
 unsafe extern "C" fn preconnect(state: Opaque, readonly: c_int) -> c_int {
-    // SAFETY: the state of `load`.
     guard(|| {
-        unsafe { plugin(state) }
-            .preconnect(readonly != 0)
-            .map(|()| 0)
+        // SAFETY: the state of `load`.
+        let p = unsafe { plugin(state) };
+        p.preconnect(readonly != 0).map(|()| 0)
     })
 }
 
