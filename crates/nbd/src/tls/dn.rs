@@ -43,7 +43,11 @@ pub fn format_name(name: &[u8]) -> Option<String> {
                 out.push('+');
             }
             first_in_set = false;
-            match (short_name(&oid), decode_string(tag, value)) {
+            let text = string_types(&oid)
+                .contains(&tag)
+                .then(|| decode_string(tag, value))
+                .flatten();
+            match (short_name(&oid), text) {
                 (Some(name), Some(text)) => {
                     out.push_str(name);
                     out.push('=');
@@ -170,12 +174,28 @@ fn short_name(oid: &str) -> Option<&'static str> {
     })
 }
 
-/// The text of a directory string value, or `None` for another type.
+/// The string types GnuTLS decodes for an attribute: its ASN.1 type's
+/// (PrintableString for a country, a serial number and a DN qualifier,
+/// IA5String for a domain component and an e-mail address, a
+/// DirectoryString for the others). A value of another type is shown in
+/// hex.
+fn string_types(oid: &str) -> &'static [u8] {
+    const PRINTABLE: u8 = 0x13;
+    const IA5: u8 = 0x16;
+    match oid {
+        "2.5.4.6" | "2.5.4.5" | "2.5.4.46" => &[PRINTABLE],
+        "0.9.2342.19200300.100.1.25" | "1.2.840.113549.1.9.1" => &[IA5],
+        // TeletexString, PrintableString, UniversalString, UTF8String,
+        // BMPString.
+        _ => &[0x14, PRINTABLE, 0x1c, 0x0c, 0x1e],
+    }
+}
+
+/// The text of a string value, or `None` for another type.
 fn decode_string(tag: u8, value: &[u8]) -> Option<String> {
     match tag {
-        // UTF8String, PrintableString, TeletexString, IA5String,
-        // VisibleString.
-        0x0c | 0x13 | 0x14 | 0x16 | 0x1a => std::str::from_utf8(value).ok().map(str::to_owned),
+        // UTF8String, PrintableString, TeletexString, IA5String.
+        0x0c | 0x13 | 0x14 | 0x16 => std::str::from_utf8(value).ok().map(str::to_owned),
         // BMPString: UTF-16BE.
         0x1e if value.len() % 2 == 0 => {
             let units = value.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]]));
@@ -230,6 +250,7 @@ mod tests {
     const O: &[u8] = &[0x55, 0x04, 0x0a];
     const OU: &[u8] = &[0x55, 0x04, 0x0b];
     const ORG_ID: &[u8] = &[0x55, 0x04, 0x61];
+    const C: &[u8] = &[0x55, 0x04, 0x06];
 
     #[test]
     fn names_are_written_in_certificate_order_and_escaped() {
@@ -248,9 +269,12 @@ mod tests {
     }
 
     #[test]
-    fn unknown_attributes_are_shown_as_oid_and_der() {
+    fn unknown_attributes_and_unexpected_types_are_shown_in_hex() {
         let name = set(&[atv(ORG_ID, "oi")]);
         assert_eq!(format_name(&name).unwrap(), "2.5.4.97=#0c026f69");
+        // A country must be a PrintableString.
+        let name = set(&[atv(C, "GB")]);
+        assert_eq!(format_name(&name).unwrap(), "C=#0c024742");
     }
 
     #[test]
