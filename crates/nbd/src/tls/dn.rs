@@ -14,8 +14,9 @@ use rustls::pki_types::CertificateDer;
 
 /// The subject of the certificate `cert` (DER) as QEMU names it, or `None`
 /// when the certificate or its subject does not parse.
-pub fn certificate_subject(cert: &CertificateDer<'_>) -> Option<String> {
-    let parsed = webpki::EndEntityCert::try_from(cert).ok()?;
+pub fn certificate_subject(cert: &[u8]) -> Option<String> {
+    let cert = CertificateDer::from(cert);
+    let parsed = webpki::EndEntityCert::try_from(&cert).ok()?;
     format_name(parsed.subject())
 }
 

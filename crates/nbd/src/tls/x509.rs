@@ -104,7 +104,7 @@ macro_rules! rustls_session {
 
             fn peer_subject(&self) -> Option<String> {
                 let leaf = self.peer_certificates()?.first()?;
-                super::dn::certificate_subject(leaf)
+                super::dn::certificate_subject(leaf.as_ref())
             }
         }
     };
