@@ -86,13 +86,22 @@ impl Bench {
         };
         let log = self.file("server.log");
         let mut cmd = timed(program, 60);
-        cmd.args(["-t", "-r", "-f", "raw", "--object", creds, "--object", authz])
-            .args(["--tls-creds", "tls0", "--tls-authz", authz_id, "-k", s(&sock)])
-            .arg("disk.raw")
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
+        cmd.args([
+            "-t", "-r", "-f", "raw", "--object", creds, "--object", authz,
+        ])
+        .args([
+            "--tls-creds",
+            "tls0",
+            "--tls-authz",
+            authz_id,
+            "-k",
+            s(&sock),
+        ])
+        .arg("disk.raw")
+        .current_dir(self.dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
         let mut child = cmd.spawn().unwrap();
         let t = Instant::now();
         while !sock.exists() {
@@ -101,7 +110,10 @@ impl Bench {
                 "{which:?} exited: {}",
                 std::fs::read_to_string(&log).unwrap()
             );
-            assert!(t.elapsed() < Duration::from_secs(20), "{which:?} not listening");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{which:?} not listening"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         Server { child, sock, log }
@@ -140,10 +152,7 @@ impl Server {
     fn copies(&self, b: &Bench, uri: &str) -> bool {
         let out = b.file("out.raw");
         let _ = std::fs::remove_file(&out);
-        let o = timed("nbdcopy", 60)
-            .args([uri, s(&out)])
-            .output()
-            .unwrap();
+        let o = timed("nbdcopy", 60).args([uri, s(&out)]).output().unwrap();
         o.status.success() && same_bytes(&b.file("disk.raw"), &out)
     }
 
@@ -174,7 +183,10 @@ fn commas(text: &str) -> String {
 fn both_decide(b: &Bench, authz: &str, expected: [bool; 2]) {
     for which in BOTH {
         let srv = b.serve(which, &b.x509(true), authz, "auth0");
-        for (who, subject, want) in [("alice", ALICE, expected[0]), ("mallory", MALLORY, expected[1])] {
+        for (who, subject, want) in [
+            ("alice", ALICE, expected[0]),
+            ("mallory", MALLORY, expected[1]),
+        ] {
             let got = srv.reads(b, &b.file(who));
             assert_eq!(got, want, "{which:?} {authz}: {who}; {}", srv.log());
             if !want {

@@ -246,7 +246,10 @@ impl Authorizer for ById {
             .get(&self.0)
             .cloned()
             .ok_or_else(|| {
-                Error::new(ErrorKind::NotFound, format!("Cannot find QAuthZ object ID {}", self.0))
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("Cannot find QAuthZ object ID {}", self.0),
+                )
             })?;
         authz.is_allowed(identity)
     }
@@ -431,7 +434,11 @@ mod tests {
         assert!(e.is_err());
         let e = define_from_items(
             "authz-list",
-            &[("id", "t-3"), ("rules.0.match", "x"), ("rules.0.policy", "maybe")],
+            &[
+                ("id", "t-3"),
+                ("rules.0.match", "x"),
+                ("rules.0.policy", "maybe"),
+            ],
         );
         assert_eq!(
             e.unwrap_err().to_string(),

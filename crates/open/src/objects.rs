@@ -249,8 +249,10 @@ mod tests {
         assert!(define_object("tls-creds-psk,id=t-q,colour=red").is_err());
         assert!(define_object("tls-creds-psk,id=t-r,endpoint=middle").is_err());
         define_object("secret,id=t-s,data=x").unwrap();
-        define_object(r#"{"qom-type":"tls-creds-psk","id":"t-j","dir":"/a,b","verify-peer":false}"#)
-            .unwrap();
+        define_object(
+            r#"{"qom-type":"tls-creds-psk","id":"t-j","dir":"/a,b","verify-peer":false}"#,
+        )
+        .unwrap();
         let c = tls_creds("t-j", Endpoint::Client).unwrap();
         assert_eq!(c.dir, PathBuf::from("/a,b"));
         assert!(!c.verify_peer);
@@ -262,6 +264,10 @@ mod tests {
         assert!(a.is_allowed("CN=x").unwrap());
         assert!(!a.is_allowed("O=x").unwrap());
         define_object("authz-simple,id=t-as,identity=CN=a,,O=b").unwrap();
-        assert!(crate::authz::authorizer("t-as").is_allowed("CN=a,O=b").unwrap());
+        assert!(
+            crate::authz::authorizer("t-as")
+                .is_allowed("CN=a,O=b")
+                .unwrap()
+        );
     }
 }

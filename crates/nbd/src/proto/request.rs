@@ -255,7 +255,10 @@ impl BlockStatusPayload {
         for chunk in rest.chunks_exact(4) {
             let id = u32::from_be_bytes(chunk.try_into().expect("4 bytes"));
             if !negotiated.contains(&id) {
-                return Err(reject(EINVAL, format!("metadata context {id} not negotiated")));
+                return Err(reject(
+                    EINVAL,
+                    format!("metadata context {id} not negotiated"),
+                ));
             }
             if ids.contains(&id) {
                 return Err(reject(EINVAL, format!("metadata context {id} asked twice")));

@@ -200,7 +200,9 @@ fn decode_string(tag: u8, value: &[u8]) -> Option<String> {
         // BMPString: UTF-16BE.
         0x1e if value.len() % 2 == 0 => {
             let units = value.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]]));
-            char::decode_utf16(units).collect::<Result<String, _>>().ok()
+            char::decode_utf16(units)
+                .collect::<Result<String, _>>()
+                .ok()
         }
         // UniversalString: UTF-32BE.
         0x1c if value.len() % 4 == 0 => value
