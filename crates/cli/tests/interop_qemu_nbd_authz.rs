@@ -11,7 +11,7 @@ mod common;
 mod certs;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use certs::DnType;

@@ -235,7 +235,7 @@ impl BlockStatusPayload {
     /// negotiated `contexts` contexts: 8 bytes and one to `contexts` ids.
     /// A payload that cannot is skipped unread and refused with EINVAL.
     pub fn plausible_len(len: u64, contexts: usize) -> bool {
-        len >= 12 && len % 4 == 0 && (len - 8) / 4 <= contexts as u64
+        len >= 12 && len.is_multiple_of(4) && (len - 8) / 4 <= contexts as u64
     }
 
     /// Parses `payload` for a connection that negotiated the contexts

@@ -198,14 +198,14 @@ fn decode_string(tag: u8, value: &[u8]) -> Option<String> {
         // UTF8String, PrintableString, TeletexString, IA5String.
         0x0c | 0x13 | 0x14 | 0x16 => std::str::from_utf8(value).ok().map(str::to_owned),
         // BMPString: UTF-16BE.
-        0x1e if value.len() % 2 == 0 => {
+        0x1e if value.len().is_multiple_of(2) => {
             let units = value.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]]));
             char::decode_utf16(units)
                 .collect::<Result<String, _>>()
                 .ok()
         }
         // UniversalString: UTF-32BE.
-        0x1c if value.len() % 4 == 0 => value
+        0x1c if value.len().is_multiple_of(4) => value
             .chunks(4)
             .map(|c| char::from_u32(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
             .collect(),
