@@ -23,15 +23,6 @@ const ALICE: &str = "C=#0c024742,O=Example\\, Org,OU=Q\\+A,CN=diskit test client
 /// The subject of mallory's.
 const MALLORY: &str = "O=Mallory Inc,CN=diskit test client";
 
-/// Which qemu-nbd runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Which {
-    Real,
-    Ours,
-}
-
-const BOTH: [Which; 2] = [Which::Real, Which::Ours];
-
 /// A work directory with a 1 MiB image, a `bin/qemu-nbd` link to diskit,
 /// and certificates: `server/` (the server's, with the CA), `alice/` and
 /// `mallory/` (each a client's, with the CA).
@@ -74,18 +65,19 @@ impl Bench {
         self.dir.path().join(name)
     }
 
+    /// The real qemu-nbd, then diskit under its name.
+    fn both(&self) -> [PathBuf; 2] {
+        [PathBuf::from("qemu-nbd"), self.file("bin/qemu-nbd")]
+    }
+
     /// `which` serving disk.raw read-only on `sock` with TLS from `creds`
     /// and `--tls-authz auth0` defined by `authz` (several `--object`s
     /// with `extra`).
-    fn serve(&self, which: Which, creds: &str, authz: &str, authz_id: &str) -> Server {
+    fn serve(&self, which: &Path, creds: &str, authz: &str, authz_id: &str) -> Server {
         let sock = self.file("s.sock");
         let _ = std::fs::remove_file(&sock);
-        let program = match which {
-            Which::Real => PathBuf::from("qemu-nbd"),
-            Which::Ours => self.file("bin/qemu-nbd"),
-        };
         let log = self.file("server.log");
-        let mut cmd = timed(program, 60);
+        let mut cmd = timed(which, 60);
         cmd.args([
             "-t", "-r", "-f", "raw", "--object", creds, "--object", authz,
         ])
@@ -181,8 +173,8 @@ fn commas(text: &str) -> String {
 /// and mallory get in (`expected`), and that a refusal names the client
 /// as QEMU does.
 fn both_decide(b: &Bench, authz: &str, expected: [bool; 2]) {
-    for which in BOTH {
-        let srv = b.serve(which, &b.x509(true), authz, "auth0");
+    for which in b.both() {
+        let srv = b.serve(&which, &b.x509(true), authz, "auth0");
         for (who, subject, want) in [
             ("alice", ALICE, expected[0]),
             ("mallory", MALLORY, expected[1]),
@@ -242,13 +234,14 @@ fn authz_list_file_rules_decide_as_the_same_list_does() {
         rules.trim_start_matches('{')
     );
     let as_file = format!("authz-list-file,id=auth0,filename={}", s(&file));
-    for (which, authz) in [(Which::Real, &as_list), (Which::Ours, &as_file)] {
+    let [real, ours] = b.both();
+    for (which, authz) in [(&real, &as_list), (&ours, &as_file)] {
         let srv = b.serve(which, &b.x509(true), authz, "auth0");
         assert!(srv.reads(&b, &b.file("alice")), "{which:?}: {}", srv.log());
         assert!(!srv.reads(&b, &b.file("mallory")), "{which:?}");
     }
     // diskit reads the file again at each client.
-    let srv = b.serve(Which::Ours, &b.x509(true), &as_file, "auth0");
+    let srv = b.serve(&ours, &b.x509(true), &as_file, "auth0");
     std::fs::write(&file, r#"{"policy":"allow"}"#).unwrap();
     assert!(srv.reads(&b, &b.file("mallory")), "{}", srv.log());
     drop(srv);
@@ -274,7 +267,8 @@ fn authz_applies_to_verified_certificates_and_a_missing_object_refuses() {
     let key = "6b3a55e0261b4a8e1f6c0d1d6ee4c8a2f3c3a6b0b0a1d2c3e4f5061728394a5b";
     std::fs::write(keys.join("keys.psk"), format!("alice:{key}\n")).unwrap();
     let psk = format!("tls-creds-psk,id=tls0,endpoint=server,dir={}", s(&keys));
-    for which in BOTH {
+    for which in b.both() {
+        let which = &which;
         let srv = b.serve(which, &b.x509(false), nobody, "auth0");
         assert!(srv.reads(&b, &b.file("alice")), "{which:?}: {}", srv.log());
         drop(srv);
