@@ -2,7 +2,8 @@
 //! (no panic; what parses re-encodes to the same message), and a whole
 //! server session fed the input as the client's byte stream (handshake and
 //! transmission, requests executed inline on a memory device): it must end
-//! without panicking, whatever the bytes.
+//! without panicking, whatever the bytes. The same bytes are also a
+//! certificate subject for `--tls-authz` ([`diskit_nbd::tls::dn`]).
 #![no_main]
 
 use std::io::Cursor;
@@ -100,7 +101,15 @@ fn session(data: &[u8]) {
     let _ = server.serve(Box::new(transport));
 }
 
+/// The client certificate's subject, as `--tls-authz` sees it: any bytes
+/// as a DER name and as a whole certificate (no panic).
+fn subject(data: &[u8]) {
+    let _ = diskit_nbd::tls::dn::format_name(data);
+    let _ = diskit_nbd::tls::dn::certificate_subject(data);
+}
+
 fuzz_target!(|data: &[u8]| {
     parsers(data);
     session(data);
+    subject(data);
 });

@@ -11,6 +11,7 @@ use diskit_backends::MemoryDevice;
 use diskit_core::BlockDevice;
 use diskit_nbd::proto::option_reply::OPTION_REPLY_HEADER_LEN;
 use diskit_nbd::proto::reply::{ChunkHeader, SIMPLE_REPLY_LEN};
+use diskit_nbd::proto::request::BlockStatusPayload;
 use diskit_nbd::proto::*;
 use diskit_nbd::server::{
     ConnectionEnd, End, Export, ExportSet, HandshakeEnd, Server, ServerConfig,
@@ -453,6 +454,60 @@ fn extended_headers() {
     p.request(true, CMD_BLOCK_STATUS, CMD_FLAG_PAYLOAD_LEN, 0, 16, 5);
     p.sock.write_all(&[0u8; 16]).unwrap();
     assert_eq!(p.error_chunk(true, 5), EINVAL);
+    // A block status payload picks one of the two contexts: one chunk.
+    let filtered = |length: u64, ids: &[u32]| {
+        BlockStatusPayload {
+            length,
+            ids: ids.to_vec(),
+        }
+        .encode()
+    };
+    let payload = filtered(SIZE, &[2]);
+    p.request(
+        true,
+        CMD_BLOCK_STATUS,
+        CMD_FLAG_PAYLOAD_LEN,
+        0,
+        payload.len() as u64,
+        50,
+    );
+    p.sock.write_all(&payload).unwrap();
+    let (h, body) = p.chunk(true);
+    assert_eq!(
+        (h.kind, h.flags),
+        (REPLY_TYPE_BLOCK_STATUS_EXT, REPLY_FLAG_DONE)
+    );
+    match Chunk::parse(h.kind, &body).unwrap() {
+        Chunk::BlockStatus { context, extents } => {
+            assert_eq!(context, 2);
+            assert_eq!(extents.iter().map(|e| e.0).sum::<u64>(), SIZE);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Malformed payloads: consumed, EINVAL, and the connection goes on.
+    let bad: [Vec<u8>; 5] = [
+        filtered(SIZE, &[1, 1]),    // an id twice
+        filtered(SIZE, &[7]),       // an id not negotiated
+        filtered(0, &[1]),          // no length of interest
+        filtered(SIZE, &[]),        // no context
+        filtered(SIZE, &[1, 2, 1]), // more ids than contexts
+    ];
+    for (i, payload) in bad.iter().enumerate() {
+        let cookie = 51 + i as u64;
+        p.request(
+            true,
+            CMD_BLOCK_STATUS,
+            CMD_FLAG_PAYLOAD_LEN,
+            0,
+            payload.len() as u64,
+            cookie,
+        );
+        p.sock.write_all(payload).unwrap();
+        assert_eq!(p.error_chunk(true, cookie), EINVAL, "payload {i}");
+    }
+    p.request(true, CMD_BLOCK_STATUS, CMD_FLAG_PAYLOAD_LEN, 0, 10, 56);
+    p.sock.write_all(&[0u8; 10]).unwrap();
+    assert_eq!(p.error_chunk(true, 56), EINVAL);
     p.request(true, CMD_READ, 0, 8192, 4, 6);
     let (h, payload) = p.chunk(true);
     assert_eq!(h.offset, 8192);

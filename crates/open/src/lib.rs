@@ -14,6 +14,7 @@
 //! [`Capability`]s, creation and check types) are re-exported here, so
 //! that a tool reaches formats through this crate alone.
 
+pub mod authz;
 pub mod create;
 pub mod export_bitmaps;
 pub mod gate;

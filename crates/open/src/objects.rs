@@ -1,6 +1,8 @@
-//! qemu-img's `--object` definitions: secrets (kept by the formats'
-//! crypto, which reads them) and TLS credentials (`tls-creds-x509`,
-//! `tls-creds-psk`), which an nbd node names with `tls-creds=ID`.
+//! qemu-img's and qemu-nbd's `--object` definitions, as `key=value` lists
+//! or JSON objects: secrets (kept by the formats' crypto, which reads
+//! them), TLS credentials (`tls-creds-x509`, `tls-creds-psk`), which an
+//! nbd node names with `tls-creds=ID`, and authorization objects
+//! (`authz-*`, kept by [`crate::authz`]), which `--tls-authz=ID` names.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -78,8 +80,13 @@ pub fn tls_creds(id: &str, endpoint: Endpoint) -> Result<TlsCreds> {
 }
 
 /// Defines what one `--object` argument describes: a `secret`, a
-/// `tls-creds-x509` or a `tls-creds-psk`; another type is refused by name.
+/// `tls-creds-x509`, a `tls-creds-psk` or an `authz-*` object, as
+/// `key=value` items or (starting with `{`) a JSON object; another type
+/// is refused by name.
 pub fn define_object(text: &str) -> Result<()> {
+    if text.trim_start().starts_with('{') {
+        return define_json(text);
+    }
     let parts = split_items(text);
     let qom_type = match parts.first().map(|p| p.split_once('=')) {
         Some(Some(("qom-type", v))) => v.to_string(),
@@ -91,8 +98,9 @@ pub fn define_object(text: &str) -> Result<()> {
             .to_string(),
     };
     let kind = match qom_type.as_str() {
-        "tls-creds-x509" => TlsKind::X509,
-        "tls-creds-psk" => TlsKind::Psk,
+        "tls-creds-x509" => Some(TlsKind::X509),
+        "tls-creds-psk" => Some(TlsKind::Psk),
+        t if crate::authz::is_authz_type(t) => None,
         _ => return diskit_formats::crypto::secret::define_object(text),
     };
     let mut keys: Vec<(&str, &str)> = Vec::new();
@@ -108,6 +116,9 @@ pub fn define_object(text: &str) -> Result<()> {
             }
         }
     }
+    let Some(kind) = kind else {
+        return crate::authz::define_from_items(&qom_type, &keys);
+    };
     let allowed: &[&str] = match kind {
         TlsKind::X509 => &[
             "id",
@@ -175,6 +186,44 @@ pub fn define_object(text: &str) -> Result<()> {
     Ok(())
 }
 
+/// Defines the object a JSON `--object` describes: authorization objects
+/// take it as it is (their rules are a JSON array); the others are
+/// written back as `key=value` items.
+fn define_json(text: &str) -> Result<()> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::invalid(format!("--object: JSON parse error, {e}")))?;
+    let serde_json::Value::Object(mut props) = value else {
+        return Err(Error::invalid("--object: expected a JSON object"));
+    };
+    let qom_type = match props.remove("qom-type") {
+        Some(serde_json::Value::String(t)) => t,
+        Some(_) => {
+            return Err(Error::invalid(
+                "Invalid parameter type for 'qom-type', expected: string",
+            ));
+        }
+        None => return Err(Error::invalid("Parameter 'qom-type' is missing")),
+    };
+    if crate::authz::is_authz_type(&qom_type) {
+        return crate::authz::define(&qom_type, &props);
+    }
+    let mut items = vec![qom_type];
+    for (k, v) in &props {
+        let v = match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Bool(b) => if *b { "on" } else { "off" }.to_string(),
+            serde_json::Value::Number(n) => n.to_string(),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "Invalid parameter type for '{k}', expected: string"
+                )));
+            }
+        };
+        items.push(format!("{k}={}", v.replace(',', ",,")));
+    }
+    define_object(&items.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +249,25 @@ mod tests {
         assert!(define_object("tls-creds-psk,id=t-q,colour=red").is_err());
         assert!(define_object("tls-creds-psk,id=t-r,endpoint=middle").is_err());
         define_object("secret,id=t-s,data=x").unwrap();
+        define_object(
+            r#"{"qom-type":"tls-creds-psk","id":"t-j","dir":"/a,b","verify-peer":false}"#,
+        )
+        .unwrap();
+        let c = tls_creds("t-j", Endpoint::Client).unwrap();
+        assert_eq!(c.dir, PathBuf::from("/a,b"));
+        assert!(!c.verify_peer);
+        define_object(
+            r#"{"qom-type":"authz-list","id":"t-az","rules":[{"match":"CN=*","policy":"allow","format":"glob"}]}"#,
+        )
+        .unwrap();
+        let a = crate::authz::authorizer("t-az");
+        assert!(a.is_allowed("CN=x").unwrap());
+        assert!(!a.is_allowed("O=x").unwrap());
+        define_object("authz-simple,id=t-as,identity=CN=a,,O=b").unwrap();
+        assert!(
+            crate::authz::authorizer("t-as")
+                .is_allowed("CN=a,O=b")
+                .unwrap()
+        );
     }
 }

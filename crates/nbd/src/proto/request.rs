@@ -218,6 +218,67 @@ fn reject(error: u32, message: impl Into<String>) -> Rejection {
     }
 }
 
+/// The payload of a BLOCK_STATUS request sent with
+/// NBD_CMD_FLAG_PAYLOAD_LEN (extended headers, a server that advertised
+/// NBD_FLAG_BLOCK_STAT_PAYLOAD): the effect length, then the ids of the
+/// negotiated metadata contexts the client wants this time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockStatusPayload {
+    /// The length of interest (the header's length is the payload's).
+    pub length: u64,
+    /// The contexts to report, a subset of those negotiated.
+    pub ids: Vec<u32>,
+}
+
+impl BlockStatusPayload {
+    /// Whether a payload of `len` bytes can be one for a connection that
+    /// negotiated `contexts` contexts: 8 bytes and one to `contexts` ids.
+    /// A payload that cannot is skipped unread and refused with EINVAL.
+    pub fn plausible_len(len: u64, contexts: usize) -> bool {
+        len >= 12 && len.is_multiple_of(4) && (len - 8) / 4 <= contexts as u64
+    }
+
+    /// Parses `payload` for a connection that negotiated the contexts
+    /// `negotiated`: EINVAL (as qemu-nbd answers) for a length that is not
+    /// [`Self::plausible_len`], an id that was not negotiated, or an id
+    /// given twice.
+    pub fn parse(payload: &[u8], negotiated: &[u32]) -> Result<BlockStatusPayload, Rejection> {
+        if !Self::plausible_len(payload.len() as u64, negotiated.len()) {
+            return Err(reject(
+                EINVAL,
+                format!("block status payload of {} bytes", payload.len()),
+            ));
+        }
+        let (length, rest) = payload.split_at(8);
+        let length = u64::from_be_bytes(length.try_into().expect("8 bytes"));
+        let mut ids: Vec<u32> = Vec::with_capacity(rest.len() / 4);
+        for chunk in rest.chunks_exact(4) {
+            let id = u32::from_be_bytes(chunk.try_into().expect("4 bytes"));
+            if !negotiated.contains(&id) {
+                return Err(reject(
+                    EINVAL,
+                    format!("metadata context {id} not negotiated"),
+                ));
+            }
+            if ids.contains(&id) {
+                return Err(reject(EINVAL, format!("metadata context {id} asked twice")));
+            }
+            ids.push(id);
+        }
+        Ok(BlockStatusPayload { length, ids })
+    }
+
+    /// The payload on the wire.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(8 + 4 * self.ids.len());
+        v.extend_from_slice(&self.length.to_be_bytes());
+        for id in &self.ids {
+            v.extend_from_slice(&id.to_be_bytes());
+        }
+        v
+    }
+}
+
 /// The command flags each command accepts (FUA is checked separately).
 fn allowed_flags(command: u16) -> u16 {
     match command {

@@ -421,12 +421,18 @@ fn handle<S: Read + Write + ?Sized>(
                     return Ok(None);
                 }
             };
-            let tflags = export.transmission_flags_of(&*device, st.structured);
+            let mut tflags = export.transmission_flags_of(&*device, st.structured);
+            let contexts = selected_contexts(st, &export);
+            // As qemu-nbd: a BLOCK_STATUS payload may pick among the
+            // contexts with extended headers (said to INFO whatever the
+            // contexts, to GO when there are some).
+            if st.extended && (code == OPT_INFO || !contexts.is_empty()) {
+                tflags |= TFLAG_BLOCK_STATUS_PAYLOAD;
+            }
             send_info(stream, code, &export, &name, &*device, &req, tflags)?;
             send(stream, &OptionReply::ack(code))?;
             let device = (code == OPT_GO).then_some(device);
             if let Some(device) = device {
-                let contexts = selected_contexts(st, &export);
                 return Ok(Some(Negotiated {
                     export,
                     name,

@@ -28,7 +28,7 @@ pub use bitmap::ExportBitmap;
 pub use export::{Advertising, Export, ExportSet, MAX_PAYLOAD, MetaContext};
 pub use handshake::HandshakeEnd;
 pub use stats::{Stats, StatsSnapshot};
-pub use tls::{TlsConfig, TlsMode};
+pub use tls::{Authorizer, TlsConfig, TlsMode};
 pub use transmission::End;
 pub use transport::{Halves, Pipe, Transport};
 pub use watchdog::Cutoff;
@@ -423,8 +423,15 @@ impl Server {
                     let placeholder: Box<dyn Transport> =
                         Box::new(Pipe::new(io::empty(), io::sink(), ""));
                     let plain = std::mem::replace(transport, placeholder);
+                    let peer = plain.peer();
                     *transport = tls::upgrade(plain, config).map_err(|e| {
-                        HandshakeEnd::Protocol(format!("TLS handshake failed: {e}"))
+                        if e.kind() == io::ErrorKind::PermissionDenied {
+                            // Refusing a client is worth a line, verbose or not.
+                            log_line!("diskit: connection {} ({peer}): {e}", client.id);
+                            HandshakeEnd::Protocol(e.to_string())
+                        } else {
+                            HandshakeEnd::Protocol(format!("TLS handshake failed: {e}"))
+                        }
                     })?;
                     state = handshake::TlsState::Active;
                 }

@@ -168,7 +168,17 @@ pub fn execute(
             offset,
             len,
             req_one,
-        } => return block_status(conn, cookie, offset, len, req_one),
+        } => {
+            // With a payload (checked when it was read), the contexts
+            // wanted follow the effect length.
+            let only: Option<Vec<u32>> = (payload_len > 8).then(|| {
+                buf[8..payload_len]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            });
+            return block_status(conn, cookie, offset, len, req_one, only.as_deref());
+        }
         Command::Write { offset, fua, .. } => {
             conn.export.note_write(offset, payload_len as u64);
             dev.write_at(&buf[..payload_len], offset, WriteFlags { fua })
@@ -471,14 +481,28 @@ fn status(ctx: MetaContext, e: &Extent) -> u32 {
     }
 }
 
-fn block_status(conn: &Conn, cookie: u64, offset: u64, len: u64, req_one: bool) -> Reply {
+/// The BLOCK_STATUS reply: one chunk per context of the connection, or
+/// of those in `only` (a request's payload), in the connection's order.
+fn block_status(
+    conn: &Conn,
+    cookie: u64,
+    offset: u64,
+    len: u64,
+    req_one: bool,
+    only: Option<&[u32]>,
+) -> Reply {
     let style = conn.style;
+    let contexts: Vec<MetaContext> = conn
+        .contexts
+        .iter()
+        .copied()
+        .filter(|c| only.is_none_or(|ids| ids.contains(&c.id())))
+        .collect();
     let dev = conn.device.as_ref();
     let max = if req_one { 1 } else { MAX_DESCRIPTORS };
     let extended = style == ReplyStyle::Extended;
     // The device's extents, once, for the contexts they answer.
-    let from_device = conn
-        .contexts
+    let from_device = contexts
         .iter()
         .any(|c| !matches!(c, MetaContext::DirtyBitmap(_)));
     let extents = if from_device {
@@ -498,7 +522,7 @@ fn block_status(conn: &Conn, cookie: u64, offset: u64, len: u64, req_one: bool) 
         REPLY_TYPE_BLOCK_STATUS
     };
     let mut v = Vec::new();
-    for (i, &ctx) in conn.contexts.iter().enumerate() {
+    for (i, &ctx) in contexts.iter().enumerate() {
         let descs = match ctx {
             MetaContext::DirtyBitmap(b) => {
                 conn.export.bitmaps()[b].status(offset, len, max, extended)
@@ -517,7 +541,7 @@ fn block_status(conn: &Conn, cookie: u64, offset: u64, len: u64, req_one: bool) 
             }
         };
         let payload = block_status_payload(ctx.id(), &descs, extended);
-        let flags = if i + 1 == conn.contexts.len() {
+        let flags = if i + 1 == contexts.len() {
             REPLY_FLAG_DONE
         } else {
             0

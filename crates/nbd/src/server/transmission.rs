@@ -18,7 +18,10 @@ use super::ops::{self, Conn, Part, Reply};
 use super::splice::ZeroCopy;
 use super::stats::Stats;
 use super::transport::Halves;
-use crate::proto::request::{Limits, RequestHeader, validate};
+use crate::proto::consts::{
+    CMD_BLOCK_STATUS, CMD_FLAG_PAYLOAD_LEN, EINVAL, TFLAG_BLOCK_STATUS_PAYLOAD,
+};
+use crate::proto::request::{BlockStatusPayload, Limits, Rejection, RequestHeader, validate};
 use crate::proto::{Command, ReplyStyle};
 
 /// A payload larger than the maximum payload but at most this long is read
@@ -458,6 +461,38 @@ pub fn run(neg: Negotiated, halves: Halves, tuning: Tuning, conn_stats: &Stats) 
         .unwrap_or_else(|| End::Io(io::Error::other("connection ended without a cause")))
 }
 
+/// A BLOCK_STATUS request with a payload (NBD_CMD_FLAG_PAYLOAD_LEN): reads
+/// the payload into `buf` (or skips one too short or too long to be
+/// one), checks it against the connection's contexts, and validates the
+/// request with the effect length it gives. Refusals are EINVAL, as
+/// qemu-nbd's.
+fn status_with_payload(
+    reader: &mut impl Read,
+    h: &RequestHeader,
+    shared: &Shared<'_>,
+    buf: &mut Vec<u8>,
+) -> io::Result<Result<Command, Rejection>> {
+    let ids: Vec<u32> = shared.conn.contexts.iter().map(|c| c.id()).collect();
+    if !BlockStatusPayload::plausible_len(h.length, ids.len()) {
+        discard(reader, h.length)?;
+        return Ok(Err(Rejection {
+            error: EINVAL,
+            message: format!("block status payload of {} bytes", h.length),
+        }));
+    }
+    // At most 8 bytes and 4 per context: small.
+    let len = h.length as usize;
+    reader.read_exact(ops::request_buf(buf, len))?;
+    Ok(BlockStatusPayload::parse(&buf[..len], &ids).and_then(|p| {
+        let effect = RequestHeader {
+            length: p.length,
+            flags: h.flags & !CMD_FLAG_PAYLOAD_LEN,
+            ..*h
+        };
+        validate(&effect, &shared.limits)
+    }))
+}
+
 /// Reads the next request: its header, and its payload into `buf`.
 fn next_request(reader: &mut impl Read, shared: &Shared<'_>, buf: &mut Vec<u8>) -> Turn {
     let limits = &shared.limits;
@@ -479,7 +514,21 @@ fn next_request(reader: &mut impl Read, shared: &Shared<'_>, buf: &mut Vec<u8>) 
     if plen > u64::from(limits.max_payload) && (limits.extended || plen > MAX_DISCARD) {
         return Turn::End(End::Protocol(format!("request payload of {plen} bytes")));
     }
-    match validate(&h, limits) {
+    // A BLOCK_STATUS payload is read (or skipped) first: it holds the
+    // length the request is validated with.
+    let (verdict, unread) = if limits.extended
+        && h.command == CMD_BLOCK_STATUS
+        && h.flags & CMD_FLAG_PAYLOAD_LEN != 0
+        && limits.tflags & TFLAG_BLOCK_STATUS_PAYLOAD != 0
+    {
+        match status_with_payload(reader, &h, shared, buf) {
+            Ok(v) => (v, 0),
+            Err(e) => return Turn::End(End::Io(e)),
+        }
+    } else {
+        (validate(&h, limits), plen)
+    };
+    match verdict {
         Ok(Command::Disconnect) => match discard(reader, plen) {
             Ok(()) => Turn::End(End::Disconnect),
             Err(e) => Turn::End(End::Io(e)),
@@ -492,7 +541,7 @@ fn next_request(reader: &mut impl Read, shared: &Shared<'_>, buf: &mut Vec<u8>) 
             let taken = shared.budget.acquire(REQUEST_OVERHEAD + data);
             // Validation bounds a payload by the maximum payload size.
             let payload_len = plen as usize;
-            if payload_len > 0
+            if unread > 0
                 && let Err(e) = reader.read_exact(ops::request_buf(buf, payload_len))
             {
                 shared.budget.release(taken);
@@ -508,7 +557,7 @@ fn next_request(reader: &mut impl Read, shared: &Shared<'_>, buf: &mut Vec<u8>) 
             })
         }
         Err(rej) => {
-            if let Err(e) = discard(reader, plen) {
+            if let Err(e) = discard(reader, unread) {
                 return Turn::End(End::Io(e));
             }
             let reply = ops::error_reply(

@@ -18,6 +18,7 @@
 //! one more [`Transport`], a [`TlsStream`]: the handshake goes on over it
 //! and transmission splits it like any other stream.
 
+pub mod dn;
 pub mod psk;
 pub mod x509;
 
@@ -64,6 +65,13 @@ pub(crate) trait Session: Send {
     /// What was negotiated (protocol version, cipher suite, the PSK
     /// identity), for logs.
     fn describe(&self) -> String;
+
+    /// The subject of the certificate the peer presented, as QEMU names
+    /// it ([`dn`]); `None` without one (pre-shared keys, or a server that
+    /// asks for none).
+    fn peer_subject(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Runs the TLS handshake of `session` over `plain` (right after the
@@ -303,6 +311,12 @@ impl TlsStream {
     /// pre-shared keys the identity).
     pub fn negotiated(&self) -> &str {
         &self.negotiated
+    }
+
+    /// The subject of the certificate the peer presented (see
+    /// [`dn`]), if it presented one.
+    pub fn peer_subject(&self) -> Option<String> {
+        lock(&self.writer.shared.conn).peer_subject()
     }
 
     /// Ends the session (close_notify) and the connection under it.

@@ -101,6 +101,11 @@ macro_rules! rustls_session {
             fn describe(&self) -> String {
                 describe(self)
             }
+
+            fn peer_subject(&self) -> Option<String> {
+                let leaf = self.peer_certificates()?.first()?;
+                super::dn::certificate_subject(leaf.as_ref())
+            }
         }
     };
 }

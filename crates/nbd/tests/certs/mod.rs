@@ -7,8 +7,10 @@
 
 use std::path::Path;
 
+pub use rcgen::DnType;
+
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
     ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
     RevokedCertParams, SerialNumber, date_time_ymd,
 };
@@ -62,15 +64,27 @@ impl Ca {
     /// Writes `PREFIX-cert.pem` and `PREFIX-key.pem` ("server" or
     /// "client") into `dir`, signed by this CA.
     pub fn leaf(&self, dir: &Path, prefix: &str) {
+        self.leaf_with_subject(dir, prefix, &[]);
+    }
+
+    /// As [`Ca::leaf`], with `subject` (attributes in this order) before
+    /// the common name "diskit test PREFIX".
+    pub fn leaf_with_subject(&self, dir: &Path, prefix: &str, subject: &[(DnType, &str)]) {
         let server = prefix == "server";
-        let mut p = params(
-            &format!("diskit test {prefix}"),
-            if server {
-                vec!["localhost".into(), "127.0.0.1".into()]
-            } else {
-                Vec::new()
-            },
-        );
+        let sans = if server {
+            vec!["localhost".into(), "127.0.0.1".into()]
+        } else {
+            Vec::new()
+        };
+        let mut p = CertificateParams::new(sans).expect("valid names");
+        p.distinguished_name = DistinguishedName::new();
+        for (t, v) in subject {
+            p.distinguished_name.push(t.clone(), *v);
+        }
+        p.distinguished_name
+            .push(DnType::CommonName, format!("diskit test {prefix}"));
+        p.not_before = date_time_ymd(2020, 1, 1);
+        p.not_after = date_time_ymd(2099, 12, 31);
         p.use_authority_key_identifier_extension = true;
         p.serial_number = Some(SerialNumber::from(serial(prefix)));
         // qemu insists on both usages for non-CA certificates.

@@ -111,13 +111,15 @@ pub struct Args {
     /// List the exports of another NBD server.
     #[arg(short = 'L', long = "list")]
     list: bool,
-    /// Define an object: secret, tls-creds-x509, tls-creds-psk (repeatable).
+    /// Define an object: secret, tls-creds-x509, tls-creds-psk, authz-simple,
+    /// authz-list, authz-list-file (repeatable; key=value or JSON).
     #[arg(long = "object", value_name = "OBJECTDEF", action = clap::ArgAction::Append, allow_hyphen_values = true)]
     object: Vec<String>,
     /// Use the TLS credentials object ID (TLS is then required).
     #[arg(long = "tls-creds", value_name = "ID", allow_hyphen_values = true)]
     tls_creds: Option<String>,
-    /// Authorization object for TLS clients (not supported).
+    /// Authorization object (authz-simple, authz-list, authz-list-file)
+    /// that TLS clients' certificates must satisfy.
     #[arg(long = "tls-authz", value_name = "ID", allow_hyphen_values = true)]
     tls_authz: Option<String>,
     /// Host name the server's certificate must carry (with -L).
@@ -282,7 +284,7 @@ pub fn run(a: Args, given: &[Found], policy: OpenPolicy) -> CmdResult {
             "--disconnect: diskit does not drive the kernel's NBD client (/dev/nbdN)",
         ));
     }
-    let tls = server_tls(a.tls_creds.as_deref())?;
+    let tls = server_tls(a.tls_creds.as_deref(), a.tls_authz.as_deref())?;
 
     let label = super::serve::label_sockets(a.selinux_label.as_deref())?;
     let bound = if activated {
@@ -374,11 +376,6 @@ fn check_tls(a: &Args) -> Result<(), CliError> {
             "TLS hostname is only supported with export list",
         ));
     }
-    if a.tls_authz.is_some() {
-        return Err(CliError::new(
-            "--tls-authz: authorization objects are not supported",
-        ));
-    }
     let endpoint = if a.list {
         Endpoint::Client
     } else {
@@ -390,8 +387,10 @@ fn check_tls(a: &Args) -> Result<(), CliError> {
         .map_err(|e| CliError::new(format!("Failed to get TLS creds: {e}")))
 }
 
-/// The server's TLS, required, from the credentials object `id`.
-fn server_tls(id: Option<&str>) -> Result<Option<TlsConfig>, CliError> {
+/// The server's TLS, required, from the credentials object `id`, letting
+/// in the clients the authorization object `authz` allows (looked up at
+/// each client, as QEMU does).
+fn server_tls(id: Option<&str>, authz: Option<&str>) -> Result<Option<TlsConfig>, CliError> {
     let Some(id) = id else { return Ok(None) };
     let creds = tls_creds(id, Endpoint::Server)
         .map_err(|e| CliError::new(format!("Failed to get TLS creds: {e}")))?;
@@ -399,9 +398,11 @@ fn server_tls(id: Option<&str>) -> Result<Option<TlsConfig>, CliError> {
         TlsKind::X509 => TlsConfig::from_dir(TlsMode::Require, &creds.dir, creds.verify_peer),
         TlsKind::Psk => TlsConfig::from_psk_file(TlsMode::Require, &creds.psk_file()),
     };
-    config
-        .map(Some)
-        .map_err(|e| CliError::new(format!("Failed to get TLS creds: {e}")))
+    let config = config.map_err(|e| CliError::new(format!("Failed to get TLS creds: {e}")))?;
+    Ok(Some(match authz {
+        Some(authz) => config.with_authz(diskit_open::authz::authorizer(authz)),
+        None => config,
+    }))
 }
 
 /// `-p`'s port (default 10809), in QEMU's words when it is none.

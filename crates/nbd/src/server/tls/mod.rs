@@ -29,11 +29,22 @@ pub enum TlsMode {
     Require,
 }
 
-/// A server's TLS settings: the mode and how clients are authenticated.
+/// Decides whether a TLS client may go on, by the identity its
+/// certificate proves (QEMU's authorization objects, `--tls-authz`).
+pub trait Authorizer: Send + Sync {
+    /// Whether `identity` (the subject of the client's certificate, as
+    /// [`crate::tls::dn`] writes it) is allowed; an error when the
+    /// question cannot be answered (which refuses the client too).
+    fn is_allowed(&self, identity: &str) -> diskit_core::Result<bool>;
+}
+
+/// A server's TLS settings: the mode, how clients are authenticated and
+/// which are let in.
 #[derive(Clone)]
 pub struct TlsConfig {
     mode: TlsMode,
     engine: Engine,
+    authz: Option<Arc<dyn Authorizer>>,
 }
 
 /// What makes a TLS session for each client.
@@ -64,6 +75,7 @@ impl TlsConfig {
         TlsConfig {
             mode,
             engine: Engine::X509(rustls),
+            authz: None,
         }
     }
 
@@ -86,7 +98,17 @@ impl TlsConfig {
         Ok(TlsConfig {
             mode,
             engine: Engine::Psk(Arc::new(psk::PskConfig::new(path)?)),
+            authz: None,
         })
+    }
+
+    /// Lets in only the clients `authz` allows. As in QEMU, what it is
+    /// asked about is the subject of a client certificate: it has no say
+    /// over clients that present none (pre-shared keys, or certificates
+    /// without `verify_peer`).
+    pub fn with_authz(mut self, authz: Arc<dyn Authorizer>) -> TlsConfig {
+        self.authz = Some(authz);
+        self
     }
 
     /// The mode.
@@ -104,8 +126,23 @@ impl TlsConfig {
 }
 
 /// Runs the server side of a TLS handshake over `plain` (right after the
-/// STARTTLS acknowledgement) and returns the encrypted transport.
+/// STARTTLS acknowledgement), checks the client's identity against the
+/// authorizer if there is one, and returns the encrypted transport. A
+/// client the authorizer refuses is a `PermissionDenied` error in QEMU's
+/// words.
 pub fn upgrade(plain: Box<dyn Transport>, config: &TlsConfig) -> io::Result<Box<dyn Transport>> {
     let session = config.session()?;
-    Ok(Box::new(crate::tls::upgrade(plain, session, "client")?))
+    let stream = crate::tls::upgrade(plain, session, "client")?;
+    if let (Some(authz), Some(subject)) = (&config.authz, stream.peer_subject()) {
+        let refusal = match authz.is_allowed(&subject) {
+            Ok(true) => None,
+            Ok(false) => Some(format!("TLS x509 authz check for {subject} is denied")),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = refusal {
+            stream.close();
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+        }
+    }
+    Ok(Box::new(stream))
 }
