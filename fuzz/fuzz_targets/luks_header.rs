@@ -23,7 +23,8 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(again, h);
     // The volume: these bytes, at most 4 MiB of key material after them.
     let mem = Arc::new(MemoryDevice::new(0));
-    mem.write_extend(&data[..data.len().min(4 << 20)], 0).unwrap();
+    mem.write_extend(&data[..data.len().min(4 << 20)], 0)
+        .unwrap();
     let _ = Secrets::global().insert("fuzz", Secret::new(b"fuzz".to_vec()));
     let pass = Secrets::global().get("fuzz").unwrap();
     let _ = keys::unlock(&h, &*mem, 0, pass.bytes(), None);

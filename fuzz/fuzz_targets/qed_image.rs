@@ -7,11 +7,11 @@
 #![no_main]
 
 use diskit_core::{BlockDevice, WriteFlags};
+use diskit_formats::OpenOptions;
 use diskit_formats::check::Repair;
 use diskit_formats::driver::{FormatDriver, Opening};
 use diskit_formats::implied::NoImpliedFiles;
 use diskit_formats::qed::{self, QedDriver};
-use diskit_formats::OpenOptions;
 use libfuzzer_sys::fuzz_target;
 
 mod common;

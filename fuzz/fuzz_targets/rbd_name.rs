@@ -13,7 +13,13 @@ fuzz_target!(|data: &[u8]| {
         assert!(!n.pool.is_empty() && !n.image.is_empty());
         let again = RbdName::parse(&n.canonical()).expect("its canonical name parses");
         assert_eq!(
-            (&again.pool, &again.namespace, &again.image, &again.snapshot, &again.conf),
+            (
+                &again.pool,
+                &again.namespace,
+                &again.image,
+                &again.snapshot,
+                &again.conf
+            ),
             (&n.pool, &n.namespace, &n.image, &n.snapshot, &n.conf),
             "{}",
             n.canonical()

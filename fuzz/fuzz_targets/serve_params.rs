@@ -65,7 +65,9 @@ fuzz_target!(|data: &[u8]| {
     let disk: DeviceRef = Arc::new(MemoryDevice::new(1 << 20));
     let read_only = which & 0x80 != 0;
     if let Ok(dev) = spec.stack(disk, read_only) {
-        let seed = rest.iter().fold(0u64, |a, &b| a.wrapping_mul(31).wrapping_add(b.into()));
+        let seed = rest
+            .iter()
+            .fold(0u64, |a, &b| a.wrapping_mul(31).wrapping_add(b.into()));
         exercise(&*dev, seed);
     }
 });

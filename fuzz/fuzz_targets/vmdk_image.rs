@@ -5,11 +5,11 @@
 //! small disks qemu-img and qemu-io wrote.
 #![no_main]
 
+use diskit_formats::OpenOptions;
 use diskit_formats::check::Repair;
 use diskit_formats::driver::{FormatDriver, Opening};
 use diskit_formats::implied::NoImpliedFiles;
 use diskit_formats::vmdk::{VmdkDriver, descriptor::Descriptor};
-use diskit_formats::OpenOptions;
 use libfuzzer_sys::fuzz_target;
 
 mod common;
