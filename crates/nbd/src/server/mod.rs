@@ -425,7 +425,7 @@ impl Server {
                     let plain = std::mem::replace(transport, placeholder);
                     let peer = plain.peer();
                     *transport = tls::upgrade(plain, config).map_err(|e| {
-                        if e.kind() == io::ErrorKind::PermissionDenied {
+                        if tls::Refused::is(&e) {
                             // Refusing a client is worth a line, verbose or not.
                             log_line!("diskit: connection {} ({peer}): {e}", client.id);
                             HandshakeEnd::Protocol(e.to_string())

@@ -125,11 +125,32 @@ impl TlsConfig {
     }
 }
 
+/// A client the authorizer refused, in QEMU's words: the error inside
+/// the `PermissionDenied` that [`upgrade`] returns for it (other failed
+/// handshakes are `PermissionDenied` too, a bad PSK say).
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl Refused {
+    /// Whether `e` is an authorizer's refusal.
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|inner| inner.is::<Refused>())
+    }
+}
+
 /// Runs the server side of a TLS handshake over `plain` (right after the
 /// STARTTLS acknowledgement), checks the client's identity against the
 /// authorizer if there is one, and returns the encrypted transport. A
-/// client the authorizer refuses is a `PermissionDenied` error in QEMU's
-/// words.
+/// client the authorizer refuses is a `PermissionDenied` error holding a
+/// [`Refused`], in QEMU's words.
 pub fn upgrade(plain: Box<dyn Transport>, config: &TlsConfig) -> io::Result<Box<dyn Transport>> {
     let session = config.session()?;
     let stream = crate::tls::upgrade(plain, session, "client")?;
@@ -141,7 +162,10 @@ pub fn upgrade(plain: Box<dyn Transport>, config: &TlsConfig) -> io::Result<Box<
         };
         if let Some(why) = refusal {
             stream.close();
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                Refused(why),
+            ));
         }
     }
     Ok(Box::new(stream))
