@@ -468,3 +468,81 @@ fn a_flushed_write_through_serve_rbd_is_in_the_cluster() {
     assert!(data[4096..8192].iter().all(|&b| b == 0x6b));
     assert!(data[..4096].iter().all(|&b| b == 0));
 }
+
+/// A read-only image serves small reads that continue one another from
+/// whole objects (read once each, the next one loaded ahead): streams of
+/// reads that are not aligned to its objects (1 MiB here), nor to one
+/// another's ends, read `rbd export`'s bytes, as do reads that jump about
+/// between them and nbdcopy's whole copy.
+#[test]
+fn served_read_only_streams_read_what_rbd_export_reads() {
+    let ceph = Ceph::start();
+    let dir = workdir();
+    let d = dir.path();
+    // Bytes that differ from place to place: a read from the wrong
+    // offset, or of the wrong object, shows.
+    let size = (6u64 << 20) + 12_345;
+    let src = d.join("src.raw");
+    let bytes: Vec<u8> = (0..size)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&src, &bytes).unwrap();
+    ok(ceph.rbd(&[
+        "import",
+        "--object-size",
+        "1M",
+        s(&src),
+        &ceph.at("objects"),
+    ]));
+    let exported = d.join("export.raw");
+    ok(ceph.rbd(&["export", &ceph.at("objects"), s(&exported)]));
+    assert!(same_bytes(&src, &exported), "rbd export: the image as made");
+    let script = d.join("streams.py");
+    std::fs::write(
+        &script,
+        "import os, random\n\
+         exp = open(os.environ['EXPORTED'], 'rb').read()\n\
+         size = h.get_size()\n\
+         assert size == len(exp), (size, len(exp))\n\
+         # Two streams, their reads interleaved, and random reads between.\n\
+         streams = [[0, 300001], [7, 65539]]\n\
+         r = random.Random(28)\n\
+         while any(at < size for at, _ in streams):\n\
+         \x20   for s in streams:\n\
+         \x20       at, step = s\n\
+         \x20       if at >= size:\n\
+         \x20           continue\n\
+         \x20       n = min(step, size - at)\n\
+         \x20       assert h.pread(n, at) == exp[at:at + n], (at, n)\n\
+         \x20       s[0] = at + n\n\
+         \x20   n = r.choice([1, 4096, 100000])\n\
+         \x20   off = r.randrange(0, size - n + 1)\n\
+         \x20   assert h.pread(n, off) == exp[off:off + n], (off, n)\n\
+         # A stream read again: from the objects still held.\n\
+         at = 1000\n\
+         while at < size:\n\
+         \x20   n = min(123457, size - at)\n\
+         \x20   assert h.pread(n, at) == exp[at:at + n], (at, n)\n\
+         \x20   at += n\n",
+    )
+    .unwrap();
+    let copy = d.join("copy.raw");
+    let conf = format!("conf={}", ceph.conf().display());
+    let o = ok(serve(&[
+        "-U",
+        "-",
+        "-r",
+        "rbd",
+        &ceph.at("objects"),
+        &conf,
+        "--run",
+        &format!(
+            "EXPORTED={} nbdsh -u \"$uri\" -c 'exec(open(\"{}\").read())' && nbdcopy --request-size=262144 \"$uri\" {} && echo read",
+            s(&exported),
+            s(&script),
+            s(&copy),
+        ),
+    ]));
+    assert_eq!(stdout(&o).trim(), "read", "{}", stderr(&o));
+    assert!(same_bytes(&exported, &copy), "nbdcopy read other bytes");
+}
