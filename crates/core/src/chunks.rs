@@ -16,7 +16,9 @@
 //! more) is sent as asked, unless the chunks it falls in are held
 //! already. Memory is bounded: at most [`MEMORY`] bytes of chunks (and
 //! between [`MIN_SLOTS`] and [`MAX_SLOTS`] of them) are held, the least
-//! recently used one given up (its buffer reused) for a new one; when
+//! recently used one given up for a new one (its buffer kept for another
+//! once no reply holds it: a fresh buffer costs as much to clear as to
+//! fill); when
 //! every slot is still being filled, a read is sent as asked and nothing
 //! is loaded ahead. A chunk whose request fails is forgotten, and each
 //! read that waited for it sends its own (with its own retries and
@@ -26,7 +28,7 @@
 //! [`RangeReader`] puts this in front of a [`ReadRange`] source, with the
 //! threads that load chunks ahead.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
 use crate::sync::{lock, wait};
 use crate::workers::Workers;
@@ -134,12 +136,41 @@ impl<R: ReadRange> RangeReader<R> {
     }
 }
 
+/// Buffers of chunks given up, for new ones.
+type Spares = Mutex<Vec<Vec<u8>>>;
+
+/// A loaded chunk's bytes: its buffer goes back to the spares when the
+/// last holder (the chunk's slot, a reply lent its bytes) lets it go.
+struct Bytes {
+    data: Vec<u8>,
+    spares: Weak<Spares>,
+    /// Spares kept at most.
+    keep: usize,
+}
+
+impl AsRef<[u8]> for Bytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for Bytes {
+    fn drop(&mut self) {
+        if let Some(spares) = self.spares.upgrade() {
+            let mut spares = lock(&spares);
+            if spares.len() < self.keep {
+                spares.push(std::mem::take(&mut self.data));
+            }
+        }
+    }
+}
+
 /// Where a chunk's bytes are.
 enum Fill {
     /// Its request is in flight.
     Loading,
     /// Its bytes.
-    Ready(Arc<Vec<u8>>),
+    Ready(Arc<Bytes>),
     /// Its request failed.
     Failed,
 }
@@ -159,7 +190,7 @@ impl Chunk {
     }
 
     /// Its bytes, once loaded; `None` if its request failed.
-    fn bytes(&self) -> Option<Arc<Vec<u8>>> {
+    fn bytes(&self) -> Option<Arc<Bytes>> {
         let mut f = lock(&self.fill);
         loop {
             match &*f {
@@ -177,15 +208,6 @@ impl Chunk {
 
     fn is_loading(&self) -> bool {
         matches!(*lock(&self.fill), Fill::Loading)
-    }
-
-    /// Its buffer, when nothing else holds the chunk or its bytes.
-    fn into_buffer(self: Arc<Chunk>) -> Option<Vec<u8>> {
-        let chunk = Arc::try_unwrap(self).ok()?;
-        match chunk.fill.into_inner().ok()? {
-            Fill::Ready(d) => Arc::try_unwrap(d).ok(),
-            _ => None,
-        }
     }
 }
 
@@ -225,14 +247,10 @@ impl Table {
     }
 
     /// Makes room for `need` chunks more, keeping those of `keep`: the
-    /// least recently used loaded chunks go, and their buffers come back
-    /// when nothing holds them any more. `None` (and nothing given up)
-    /// when there is not room enough.
-    fn make_room(
-        &mut self,
-        need: usize,
-        keep: &std::ops::RangeInclusive<u64>,
-    ) -> Option<Vec<Vec<u8>>> {
+    /// least recently used loaded chunks go (their buffers come back to
+    /// the spares when nothing holds them any more). `None` (and nothing
+    /// given up) when there is not room enough.
+    fn make_room(&mut self, need: usize, keep: &std::ops::RangeInclusive<u64>) -> Option<()> {
         let over = (self.slots.len() + need).saturating_sub(self.max);
         let mut victims: Vec<(u64, usize)> = self
             .slots
@@ -249,21 +267,19 @@ impl Table {
         // From the last index down, so that each removal leaves the
         // indices still to remove in place.
         gone.sort_unstable_by(|a, b| b.cmp(a));
-        Some(
-            gone.into_iter()
-                .filter_map(|i| self.slots.swap_remove(i).chunk.into_buffer())
-                .collect(),
-        )
+        for i in gone {
+            self.slots.swap_remove(i);
+        }
+        Some(())
     }
 }
 
 /// A chunk whose slot is taken and whose request is still to send
-/// ([`Chunks::fill`] sends it), with a buffer to reuse if one was freed.
-/// Dropped unsent, the chunk fails: its readers send their own requests.
+/// ([`Chunks::fill`] sends it). Dropped unsent, the chunk fails: its
+/// readers send their own requests.
 pub struct Pending {
     index: u64,
     chunk: Arc<Chunk>,
-    buffer: Vec<u8>,
 }
 
 impl Drop for Pending {
@@ -288,6 +304,10 @@ pub struct Chunks {
     /// The size of a chunk, and the alignment of its start.
     chunk: u64,
     table: Mutex<Table>,
+    /// Buffers of chunks given up, at most as many as the slots.
+    spares: Arc<Spares>,
+    /// Slots at most (the table's).
+    slots: usize,
 }
 
 impl Chunks {
@@ -302,6 +322,8 @@ impl Chunks {
         Chunks {
             size,
             chunk,
+            spares: Arc::new(Mutex::new(Vec::with_capacity(max))),
+            slots: max,
             table: Mutex::new(Table {
                 slots: Vec::with_capacity(max),
                 max,
@@ -357,7 +379,7 @@ impl Chunks {
                     {
                         return Ok(Some(lent));
                     }
-                    piece.copy_from_slice(&d[range]);
+                    piece.copy_from_slice(&d.data[range]);
                 }
                 None => fetch(piece, from)?,
             }
@@ -367,12 +389,18 @@ impl Chunks {
 
     /// Loads the chunk `p` with `fetch`; if that fails, the chunk is
     /// forgotten and the reads waiting for it send their own requests.
-    pub fn fill(&self, mut p: Pending, fetch: impl Fn(&mut [u8], u64) -> Result<()>) {
+    pub fn fill(&self, p: Pending, fetch: impl Fn(&mut [u8], u64) -> Result<()>) {
         let at = p.index * self.chunk;
-        let mut data = std::mem::take(&mut p.buffer);
+        let mut data = lock(&self.spares).pop().unwrap_or_default();
         data.resize(self.chunk.min(self.size - at) as usize, 0);
         match fetch(&mut data, at) {
-            Ok(()) => p.chunk.finish(Fill::Ready(Arc::new(data))),
+            Ok(()) => {
+                p.chunk.finish(Fill::Ready(Arc::new(Bytes {
+                    data,
+                    spares: Arc::downgrade(&self.spares),
+                    keep: self.slots,
+                })))
+            }
             Err(_) => {
                 self.forget(p.index, &p.chunk);
                 p.chunk.finish(Fill::Failed);
@@ -394,29 +422,24 @@ impl Chunks {
         t.clock += 1;
         let now = t.clock;
         let missing: Vec<u64> = span.clone().filter(|&k| t.find(k).is_none()).collect();
-        let mut spare = Vec::new();
         if !missing.is_empty() {
             if !follows {
                 return None;
             }
-            spare = t.make_room(missing.len(), &span)?;
+            t.make_room(missing.len(), &span)?;
         }
-        let take = |t: &mut Table, index: u64, buffer: Vec<u8>| {
+        let take = |t: &mut Table, index: u64| {
             let chunk = Arc::new(Chunk::loading());
             t.slots.push(Slot {
                 index,
                 chunk: chunk.clone(),
                 used: now,
             });
-            Pending {
-                index,
-                chunk,
-                buffer,
-            }
+            Pending { index, chunk }
         };
         let mine = missing
             .into_iter()
-            .map(|index| take(&mut t, index, spare.pop().unwrap_or_default()))
+            .map(|index| take(&mut t, index))
             .collect();
         let mut chunks = Vec::with_capacity(2);
         for s in t.slots.iter_mut().filter(|s| span.contains(&s.index)) {
@@ -427,7 +450,7 @@ impl Chunks {
         let next = span.end() + 1;
         let ahead = if follows && next * self.chunk < self.size && t.find(next).is_none() {
             t.make_room(1, &(*span.start()..=next))
-                .map(|mut spare| take(&mut t, next, spare.pop().unwrap_or_default()))
+                .map(|()| take(&mut t, next))
         } else {
             None
         };
@@ -743,7 +766,7 @@ mod tests {
         want.extend((0..11).map(|k| (k * chunk, chunk.min(size - k * chunk) as usize)));
         assert_eq!(f.taken(), want);
         // Slots: as many as the memory holds, within the bounds.
-        let slots = |chunk| lock(&Chunks::new(1 << 40, chunk).table).max;
+        let slots = |chunk| Chunks::new(1 << 40, chunk).slots;
         assert_eq!(slots(64 << 10), MAX_SLOTS);
         assert_eq!(slots(4 << 20), 16);
         assert_eq!(slots(8 << 20), 8);
@@ -805,5 +828,41 @@ mod tests {
         d.read(&mut buf, 0).unwrap();
         d.read(&mut buf, 4096).unwrap();
         assert_eq!(f.taken(), vec![(0, 4096), (4096, 4096)]);
+    }
+
+    #[test]
+    fn buffers_of_chunks_given_up_are_reused_once_no_reply_holds_them() {
+        let size = (SLOTS as u64 + 4) * CHUNK;
+        let (c, f) = (Chunks::new(size, CHUNK), Fake::new(size));
+        read(&c, &f, 0, 4096);
+        read(&c, &f, 4096, 4096);
+        let mut buf = vec![0u8; 4096];
+        let lent = c
+            .read(
+                &mut buf,
+                8192,
+                true,
+                |b, o| f.fetch(b, o),
+                |_| panic!("held"),
+            )
+            .unwrap()
+            .expect("lent");
+        // The stream goes on until chunk 0 is given up: its buffer is
+        // still lent.
+        let mut at = 12288;
+        while lock(&c.table).find(0).is_some() {
+            read(&c, &f, at, 1 << 20);
+            at += 1 << 20;
+        }
+        let spares = lock(&c.spares).len();
+        pattern(4096, 8192, |at, want| {
+            assert!(lent.bytes()[at..at + want.len()] == *want)
+        });
+        drop(lent);
+        assert_eq!(lock(&c.spares).len(), spares + 1);
+        // The next chunk loaded takes it (and reads its own bytes).
+        read(&c, &f, at, 1 << 20);
+        assert!(lock(&c.spares).len() <= spares + 1);
+        assert!(lock(&c.spares).len() <= SLOTS);
     }
 }
