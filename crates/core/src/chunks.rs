@@ -394,13 +394,11 @@ impl Chunks {
         let mut data = lock(&self.spares).pop().unwrap_or_default();
         data.resize(self.chunk.min(self.size - at) as usize, 0);
         match fetch(&mut data, at) {
-            Ok(()) => {
-                p.chunk.finish(Fill::Ready(Arc::new(Bytes {
-                    data,
-                    spares: Arc::downgrade(&self.spares),
-                    keep: self.slots,
-                })))
-            }
+            Ok(()) => p.chunk.finish(Fill::Ready(Arc::new(Bytes {
+                data,
+                spares: Arc::downgrade(&self.spares),
+                keep: self.slots,
+            }))),
             Err(_) => {
                 self.forget(p.index, &p.chunk);
                 p.chunk.finish(Fill::Failed);
