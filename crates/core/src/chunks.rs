@@ -563,18 +563,24 @@ mod tests {
 
     #[test]
     fn a_stream_of_small_reads_is_served_from_whole_chunks() {
-        let size = 5 * CHUNK + 12345;
-        let (c, f) = (Chunks::new(size, CHUNK), Fake::new(size));
-        let step = 256 << 10;
+        stream_served_whole(CHUNK, 5 * CHUNK + 12345, 256 << 10);
+    }
+
+    /// A stream of reads of `step` bytes over a source of `size` bytes
+    /// in chunks of `chunk`: the first read as asked, then each chunk
+    /// whole (the one after the read's loaded ahead), the last one cut
+    /// at the end.
+    fn stream_served_whole(chunk: u64, size: u64, step: u64) {
+        let (c, f) = (Chunks::new(size, chunk), Fake::new(size));
         let mut at = 0;
         while at < size {
             read(&c, &f, at, step.min(size - at) as usize);
             at += step;
         }
-        // The first read as asked, then each chunk whole (the one after
-        // the read's loaded ahead), the last one cut at the end.
         let mut want = vec![(0, step as usize)];
-        want.extend((0..6).map(|k| (k * CHUNK, CHUNK.min(size - k * CHUNK) as usize)));
+        want.extend(
+            (0..size.div_ceil(chunk)).map(|k| (k * chunk, chunk.min(size - k * chunk) as usize)),
+        );
         assert_eq!(f.taken(), want);
     }
 
@@ -752,17 +758,7 @@ mod tests {
     fn chunks_of_another_size_serve_a_stream_and_hold_what_memory_allows() {
         // RBD objects of 64 KiB, read in unaligned pieces of 10000 bytes.
         let chunk = 64 << 10;
-        let size = 10 * chunk + 100;
-        let (c, f) = (Chunks::new(size, chunk), Fake::new(size));
-        let step = 10_000;
-        let mut at = 0;
-        while at < size {
-            read(&c, &f, at, step.min(size - at) as usize);
-            at += step;
-        }
-        let mut want = vec![(0, step as usize)];
-        want.extend((0..11).map(|k| (k * chunk, chunk.min(size - k * chunk) as usize)));
-        assert_eq!(f.taken(), want);
+        stream_served_whole(chunk, 10 * chunk + 100, 10_000);
         // Slots: as many as the memory holds, within the bounds.
         let slots = |chunk| Chunks::new(1 << 40, chunk).slots;
         assert_eq!(slots(64 << 10), MAX_SLOTS);
