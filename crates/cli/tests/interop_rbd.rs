@@ -8,7 +8,7 @@
 mod ceph;
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ceph::Ceph;
 use common::*;
@@ -309,18 +309,13 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
             (size - 5000, 5000, 0xff),
         ],
     );
-    ok(ceph.rbd(&["import", s(&odd), &ceph.at("odd")]));
-    let exported = d.join("odd-export.raw");
-    ok(ceph.rbd(&["export", &ceph.at("odd"), s(&exported)]));
-    assert!(same_bytes(&odd, &exported), "rbd export: the image as made");
-    let script = d.join("reads.py");
-    std::fs::write(
-        &script,
-        "import os, random\n\
-         exp = open(os.environ['EXPORTED'], 'rb').read()\n\
-         size = h.get_size()\n\
-         assert size == len(exp), (size, len(exp))\n\
-         r = random.Random(28)\n\
+    let exported = imported(&ceph, d, &odd, "odd", &[]);
+    read_served(
+        &ceph,
+        d,
+        "odd",
+        &exported,
+        "r = random.Random(28)\n\
          for _ in range(200):\n\
          \x20   n = r.choice([512, 4096, 65536, 262144, 1 << 20])\n\
          \x20   off = r.randrange(0, size - n + 1)\n\
@@ -328,26 +323,66 @@ fn serve_rbd_serves_an_image_to_nbd_clients() {
          tail = size - (8 << 20)\n\
          assert h.pread(size - tail, tail) == exp[tail:]\n\
          assert h.pread(5000, size - 5000) == exp[-5000:]\n",
+        "",
+    );
+}
+
+/// `src` imported into RBD as `image` by `rbd import` (with `opts`), and
+/// exported back into a file by `rbd export`, which holds `src`'s bytes.
+fn imported(ceph: &Ceph, d: &Path, src: &Path, image: &str, opts: &[&str]) -> PathBuf {
+    let at = ceph.at(image);
+    let mut args = vec!["import"];
+    args.extend_from_slice(opts);
+    args.extend([s(src), &at]);
+    ok(ceph.rbd(&args));
+    let exported = d.join(format!("{image}-export.raw"));
+    ok(ceph.rbd(&["export", &at, s(&exported)]));
+    assert!(same_bytes(src, &exported), "rbd export: the image as made");
+    exported
+}
+
+/// `serve -r rbd IMAGE` read by an nbdsh script (`reads`, after `exp`
+/// holds `exported`'s bytes and `size` the size served) and by nbdcopy
+/// (with `nbdcopy_opts`), which copies `exported`'s bytes.
+fn read_served(
+    ceph: &Ceph,
+    d: &Path,
+    image: &str,
+    exported: &Path,
+    reads: &str,
+    nbdcopy_opts: &str,
+) {
+    let script = d.join(format!("{image}-reads.py"));
+    std::fs::write(
+        &script,
+        format!(
+            "import os, random\n\
+             exp = open(os.environ['EXPORTED'], 'rb').read()\n\
+             size = h.get_size()\n\
+             assert size == len(exp), (size, len(exp))\n\
+             {reads}"
+        ),
     )
     .unwrap();
-    let copy = d.join("odd-copy.raw");
+    let copy = d.join(format!("{image}-copy.raw"));
+    let conf = format!("conf={}", ceph.conf().display());
     let o = ok(serve(&[
         "-U",
         "-",
         "-r",
         "rbd",
-        &ceph.at("odd"),
+        &ceph.at(image),
         &conf,
         "--run",
         &format!(
-            "nbdcopy \"$uri\" {} && EXPORTED={} nbdsh -u \"$uri\" -c 'exec(open(\"{}\").read())' && echo read",
+            "EXPORTED={} nbdsh -u \"$uri\" -c 'exec(open(\"{}\").read())' && nbdcopy {nbdcopy_opts} \"$uri\" {} && echo read",
+            s(exported),
+            s(&script),
             s(&copy),
-            s(&exported),
-            s(&script)
         ),
     ]));
     assert_eq!(stdout(&o).trim(), "read", "{}", stderr(&o));
-    assert!(same_bytes(&exported, &copy), "nbdcopy read other bytes");
+    assert!(same_bytes(exported, &copy), "nbdcopy read other bytes");
 }
 
 /// A copy whose source fails part way removes the RBD image it created;
@@ -467,4 +502,52 @@ fn a_flushed_write_through_serve_rbd_is_in_the_cluster() {
     assert!(data[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0x5a));
     assert!(data[4096..8192].iter().all(|&b| b == 0x6b));
     assert!(data[..4096].iter().all(|&b| b == 0));
+}
+
+/// A read-only image serves small reads that continue one another from
+/// whole objects (read once each, the next one loaded ahead): streams of
+/// reads that are not aligned to its objects (1 MiB here), nor to one
+/// another's ends, read `rbd export`'s bytes, as do reads that jump about
+/// between them and nbdcopy's whole copy.
+#[test]
+fn served_read_only_streams_read_what_rbd_export_reads() {
+    let ceph = Ceph::start();
+    let dir = workdir();
+    let d = dir.path();
+    // Bytes that differ from place to place: a read from the wrong
+    // offset, or of the wrong object, shows.
+    let size = (6u64 << 20) + 12_345;
+    let src = d.join("src.raw");
+    let bytes: Vec<u8> = (0..size)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&src, &bytes).unwrap();
+    let exported = imported(&ceph, d, &src, "objects", &["--object-size", "1M"]);
+    read_served(
+        &ceph,
+        d,
+        "objects",
+        &exported,
+        "# Two streams, their reads interleaved, and random reads between.\n\
+         streams = [[0, 300001], [7, 65539]]\n\
+         r = random.Random(28)\n\
+         while any(at < size for at, _ in streams):\n\
+         \x20   for s in streams:\n\
+         \x20       at, step = s\n\
+         \x20       if at >= size:\n\
+         \x20           continue\n\
+         \x20       n = min(step, size - at)\n\
+         \x20       assert h.pread(n, at) == exp[at:at + n], (at, n)\n\
+         \x20       s[0] = at + n\n\
+         \x20   n = r.choice([1, 4096, 100000])\n\
+         \x20   off = r.randrange(0, size - n + 1)\n\
+         \x20   assert h.pread(n, off) == exp[off:off + n], (off, n)\n\
+         # A stream read again: from the objects still held.\n\
+         at = 1000\n\
+         while at < size:\n\
+         \x20   n = min(123457, size - at)\n\
+         \x20   assert h.pread(n, at) == exp[at:at + n], (at, n)\n\
+         \x20   at += n\n",
+        "--request-size=262144",
+    );
 }

@@ -15,6 +15,7 @@
 pub mod aio;
 pub mod bits;
 pub mod buffer;
+pub mod chunks;
 pub mod concat;
 pub mod device;
 pub mod dynlib;

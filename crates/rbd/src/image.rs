@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use diskit_core::aio::{self as core_aio, CompletionQueue, Request};
+use diskit_core::chunks::{RangeReader, ReadRange};
 use diskit_core::workers::Workers;
 
 use diskit_core::{
-    BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, Preallocation, Result,
+    BlockDevice, BlockSizeLimits, Capabilities, Error, Extent, Lent, Preallocation, Result,
     SnapshotChange, Storage, WriteFlags, ZeroFlags,
 };
 
@@ -146,12 +147,81 @@ impl Drop for Pool {
     }
 }
 
-/// An open RBD image.
-pub struct RbdImage {
+/// An image handle on the connection it is open on: the image is closed
+/// (librbd's close waits for the submitted requests still in flight,
+/// whose callbacks own all they use), then the connection, when the last
+/// holder lets it go (the image, or a chunk still loading ahead).
+struct Open {
     image: Handle,
-    /// The connection the image is open on: closed after the image (the
-    /// image is closed in `drop`, before the fields are dropped).
+    /// Closed after the image (the image is closed in `drop`, before the
+    /// fields are dropped).
     pool: Pool,
+}
+
+// SAFETY: an `rbd_image_t` may be used from several threads at once for
+// I/O (librbd serialises inside; QEMU issues requests from any thread).
+unsafe impl Send for Open {}
+// SAFETY: as above.
+unsafe impl Sync for Open {}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        // SAFETY: the image is open, and nothing else holds it any more.
+        unsafe { (self.pool.api.rbd_close)(self.image) };
+    }
+}
+
+impl ReadRange for Open {
+    /// Reads in requests of at most [`MAX_REQUEST`] bytes; bytes past the
+    /// end of an image that shrank read as zeros.
+    fn read_range(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len();
+        let ptr = buf.as_mut_ptr();
+        pieces(offset, len, |at, skip, n| {
+            // SAFETY: `ptr[skip..skip+n]` lies in `buf`, which outlives the
+            // call; the image is open.
+            let r =
+                unsafe { (self.pool.api.rbd_read2)(self.image, at, n, ptr.add(skip).cast(), 0) };
+            if r < 0 {
+                return Err(request_failed(r as i64));
+            }
+            if (r as usize) < n {
+                // Past the end of a shrunk image: zeros.
+                // SAFETY: as above.
+                unsafe { std::ptr::write_bytes(ptr.add(skip + r as usize), 0, n - r as usize) };
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Calls `op(offset, skip, n)` over `[offset, offset+len)` in pieces of
+/// at most [`MAX_REQUEST`] bytes, `skip` bytes from the start.
+fn pieces(
+    offset: u64,
+    len: usize,
+    mut op: impl FnMut(u64, usize, usize) -> Result<()>,
+) -> Result<()> {
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(MAX_REQUEST);
+        op(offset + done as u64, done, n)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// An open RBD image.
+///
+/// Opened read-only (or at a snapshot), its bytes cannot change under a
+/// reader, and small reads that continue one another (a client reading a
+/// stream through `serve`) are served from whole objects, each read with
+/// one request and the next one loaded ahead ([`diskit_core::chunks`]):
+/// an OSD's cost is mostly per request. Submitted requests go to librbd
+/// as they are (a copier's reads are whole objects already).
+pub struct RbdImage {
+    /// The image, and its reads (through chunks when read-only).
+    reads: Arc<RangeReader<Open>>,
     size: AtomicU64,
     object_size: u64,
     writable: bool,
@@ -162,12 +232,6 @@ pub struct RbdImage {
     /// Threads that hand read data on to sinks.
     workers: Arc<Workers>,
 }
-
-// SAFETY: an `rbd_image_t` may be used from several threads at once for
-// I/O (librbd serialises inside; QEMU issues requests from any thread).
-unsafe impl Send for RbdImage {}
-// SAFETY: as above.
-unsafe impl Sync for RbdImage {}
 
 /// Creates the image `name` of `size` bytes (Ceph's default object size
 /// and features) and opens it for writing, on one connection.
@@ -237,20 +301,32 @@ impl RbdImage {
             unsafe { (api.rbd_close)(image) };
             return Err(failed(r.into(), "error getting image info"));
         }
+        let fast_diff = Self::has_fast_diff(api, image);
+        let open = Open { image, pool };
+        let object_size = info.obj_size.max(512);
+        let reads = if writable {
+            RangeReader::direct(open)
+        } else {
+            RangeReader::chunked(open, info.size, object_size, "diskit-rbd")
+        };
         Ok(RbdImage {
-            image,
-            pool,
+            reads: Arc::new(reads),
             size: AtomicU64::new(info.size),
-            object_size: info.obj_size.max(512),
+            object_size,
             writable,
-            fast_diff: Self::has_fast_diff(api, image),
+            fast_diff,
             location: name.canonical().into(),
             workers: Arc::new(Workers::new("diskit-rbd", 2)),
         })
     }
 
     fn api(&self) -> &'static Api {
-        self.pool.api
+        self.reads.source().pool.api
+    }
+
+    /// The image's librbd handle.
+    fn handle(&self) -> Handle {
+        self.reads.source().image
     }
 
     /// Whether the image `image` has the fast-diff feature with a valid
@@ -273,7 +349,7 @@ impl RbdImage {
     fn refresh_size(&self) -> Result<()> {
         let mut size = 0u64;
         // SAFETY: the image is open; `size` is written on success.
-        let r = unsafe { (self.api().rbd_get_size)(self.image, &mut size) };
+        let r = unsafe { (self.api().rbd_get_size)(self.handle(), &mut size) };
         if r < 0 {
             return Err(failed(r.into(), "error getting the image size"));
         }
@@ -286,31 +362,6 @@ impl RbdImage {
             diskit_core::ErrorKind::PermissionDenied,
             "the image is read-only",
         )
-    }
-
-    /// Calls `op(offset, len)` over `[offset, offset+len)` in pieces.
-    fn pieces(
-        &self,
-        offset: u64,
-        len: usize,
-        mut op: impl FnMut(u64, usize, usize) -> Result<()>,
-    ) -> Result<()> {
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(MAX_REQUEST);
-            op(offset + done as u64, done, n)?;
-            done += n;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for RbdImage {
-    fn drop(&mut self) {
-        // SAFETY: the image is open; librbd's close waits for the
-        // submitted requests still in flight (their callbacks own all
-        // they use).
-        unsafe { (self.api().rbd_close)(self.image) };
     }
 }
 
@@ -376,22 +427,15 @@ impl BlockDevice for RbdImage {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         diskit_core::device::check_range(self.size(), offset, buf.len() as u64)?;
-        let len = buf.len();
-        let ptr = buf.as_mut_ptr();
-        self.pieces(offset, len, |at, skip, n| {
-            // SAFETY: `ptr[skip..skip+n]` lies in `buf`, which outlives the
-            // call; the image is open.
-            let r = unsafe { (self.api().rbd_read2)(self.image, at, n, ptr.add(skip).cast(), 0) };
-            if r < 0 {
-                return Err(request_failed(r as i64));
-            }
-            if (r as usize) < n {
-                // Past the end of a shrunk image: zeros.
-                // SAFETY: as above.
-                unsafe { std::ptr::write_bytes(ptr.add(skip + r as usize), 0, n - r as usize) };
-            }
-            Ok(())
-        })
+        self.reads.read(buf, offset)
+    }
+
+    fn read_or_lend(&self, buf: &mut [u8], offset: u64) -> Result<Option<Lent>> {
+        diskit_core::device::check_range(self.size(), offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        self.reads.read_or_lend(buf, offset, true)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
@@ -399,10 +443,11 @@ impl BlockDevice for RbdImage {
             return Err(Self::read_only());
         }
         diskit_core::device::check_range(self.size(), offset, buf.len() as u64)?;
-        self.pieces(offset, buf.len(), |at, skip, n| {
+        pieces(offset, buf.len(), |at, skip, n| {
             let piece = &buf[skip..skip + n];
             // SAFETY: `piece` outlives the call; the image is open.
-            let r = unsafe { (self.api().rbd_write2)(self.image, at, n, piece.as_ptr().cast(), 0) };
+            let r =
+                unsafe { (self.api().rbd_write2)(self.handle(), at, n, piece.as_ptr().cast(), 0) };
             if r < 0 {
                 return Err(request_failed(r as i64));
             }
@@ -429,7 +474,7 @@ impl BlockDevice for RbdImage {
         while at < offset + len {
             let n = (offset + len - at).min(MAX_REQUEST as u64) as usize;
             // SAFETY: the image is open.
-            let r = unsafe { (self.api().rbd_write_zeroes)(self.image, at, n, zflags, 0) };
+            let r = unsafe { (self.api().rbd_write_zeroes)(self.handle(), at, n, zflags, 0) };
             if r < 0 {
                 return Err(request_failed(r as i64));
             }
@@ -447,7 +492,7 @@ impl BlockDevice for RbdImage {
         }
         diskit_core::device::check_range(self.size(), offset, len)?;
         // SAFETY: the image is open.
-        let r = unsafe { (self.api().rbd_discard)(self.image, offset, len) };
+        let r = unsafe { (self.api().rbd_discard)(self.handle(), offset, len) };
         if r < 0 {
             return Err(request_failed(r.into()));
         }
@@ -462,7 +507,7 @@ impl BlockDevice for RbdImage {
             return Ok(());
         }
         // SAFETY: the image is open.
-        let r = unsafe { (self.api().rbd_flush)(self.image) };
+        let r = unsafe { (self.api().rbd_flush)(self.handle()) };
         if r < 0 {
             return Err(failed(
                 r.into(),
@@ -491,7 +536,7 @@ impl BlockDevice for RbdImage {
         // the callback on this thread only.
         let r = unsafe {
             (self.api().rbd_diff_iterate2)(
-                self.image,
+                self.handle(),
                 std::ptr::null(),
                 offset,
                 len,
@@ -552,7 +597,7 @@ impl BlockDevice for RbdImage {
         if let Err(e) = diskit_core::device::check_range(self.size(), offset, len) {
             return cq.push(req.fail(tag, Err(e)));
         }
-        crate::aio::start(self.api(), self.image, tag, req, cq, &self.workers);
+        crate::aio::start(self.api(), self.handle(), tag, req, cq, &self.workers);
     }
 
     fn queue_depth(&self) -> usize {
@@ -592,7 +637,7 @@ impl Storage for RbdImage {
             )));
         }
         // SAFETY: the image is open.
-        let r = unsafe { (self.api().rbd_resize)(self.image, new_len) };
+        let r = unsafe { (self.api().rbd_resize)(self.handle(), new_len) };
         if r < 0 {
             return Err(failed(r.into(), "error resizing the image"));
         }
@@ -616,7 +661,7 @@ impl Storage for RbdImage {
                 .collect();
             // SAFETY: `snaps` has room for `max` entries (librbd says how
             // many it needs with ERANGE); the image is open.
-            let r = unsafe { (api.rbd_snap_list)(self.image, snaps.as_mut_ptr(), &mut max) };
+            let r = unsafe { (api.rbd_snap_list)(self.handle(), snaps.as_mut_ptr(), &mut max) };
             if r == -libc::ERANGE {
                 continue;
             }
@@ -647,7 +692,7 @@ impl Storage for RbdImage {
         };
         let cname = c_string(name, "the snapshot")?;
         // SAFETY: the image is open; the name is NUL-terminated.
-        let r = unsafe { f(self.image, cname.as_ptr()) };
+        let r = unsafe { f(self.handle(), cname.as_ptr()) };
         if r < 0 {
             return Err(request_failed(r.into()));
         }

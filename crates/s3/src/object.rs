@@ -5,6 +5,7 @@
 //! mostly per request).
 
 use diskit_core::Result;
+use diskit_core::chunks::ReadRange;
 use diskit_http::{RangeDevice, RangeRead};
 
 use crate::client::Client;
@@ -32,6 +33,9 @@ impl RangeRead for Seen {
     fn protocol(&self) -> &'static str {
         "s3"
     }
+}
+
+impl ReadRange for Seen {
     fn read_range(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.client
             .read(buf, offset, self.size, self.etag.as_deref())

@@ -1,47 +1,176 @@
 //! Small reads that continue one another, served from whole chunks.
 //!
 //! A read shorter than a chunk that starts where a recent read ended
-//! takes the aligned chunk (or two) it falls in with one range request,
-//! and the reads after it that fall in the same chunk wait for that
-//! request instead of sending their own; the chunk after it is loaded
-//! ahead, on another thread, so that the stream finds it there. A range
-//! request costs a store far more per request than per byte (radosgw
-//! spent 4.4 s of processor time serving 1 GiB in 256 KiB requests,
-//! 1.1-1.3 s in 4 MiB ones, and its OSD half as much again), so a client
+//! takes the aligned chunk (or two) it falls in with one request to the
+//! source, and the reads after it that fall in the same chunk wait for
+//! that request instead of sending their own; the chunk after it is
+//! loaded ahead, on another thread, so that the stream finds it there.
+//! For a source whose cost is per request more than per byte (an object
+//! store: radosgw's range requests, an RBD image's OSD reads), a client
 //! reading a stream in small requests (nbdcopy through `serve`: 256 KiB
 //! each, 64 at once on each of 4 connections) is served with few big
-//! ones. 4 MiB is radosgw's stripe: a chunk is one piece of it.
+//! ones. The chunk is the store's own unit: radosgw's 4 MiB stripe, an
+//! RBD image's object.
 //!
 //! Any other read (the first of a stream, a random one, one of a chunk or
 //! more) is sent as asked, unless the chunks it falls in are held
-//! already. Memory is bounded: at most [`SLOTS`] chunks are held, the
-//! least recently used one given up (its buffer reused) for a new one;
-//! when every slot is still being filled, a read is sent as asked and
-//! nothing is loaded ahead. A chunk whose request fails is forgotten, and
-//! each read that waited for it sends its own (with its own retries and
-//! error). The resource must not change while it is read (an S3 object
-//! read by its entity tag).
+//! already. Memory is bounded: at most [`MEMORY`] bytes of chunks (and
+//! between [`MIN_SLOTS`] and [`MAX_SLOTS`] of them) are held, the least
+//! recently used one given up for a new one (its buffer kept for another
+//! once no reply holds it: a fresh buffer costs as much to clear as to
+//! fill); when
+//! every slot is still being filled, a read is sent as asked and nothing
+//! is loaded ahead. A chunk whose request fails is forgotten, and each
+//! read that waited for it sends its own (with its own retries and
+//! error). The source must not change while it is read (an S3 object
+//! read by its entity tag, a read-only RBD image).
+//!
+//! [`RangeReader`] puts this in front of a [`ReadRange`] source, with the
+//! threads that load chunks ahead.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use diskit_core::sync::{lock, wait};
-use diskit_core::{Lent, Result};
+use crate::sync::{lock, wait};
+use crate::workers::Workers;
+use crate::{Lent, Result};
 
-/// The size of a chunk, and the alignment of its start.
-pub const CHUNK: u64 = 4 << 20;
-/// Chunks held at most (64 MiB): for each of several streams, the one
-/// it reads, the one loaded ahead, and one it may come back to.
-pub const SLOTS: usize = 16;
+/// The bytes of chunks held at most, when that many chunks are not fewer
+/// than [`MIN_SLOTS`]: for each of several streams, the chunk it reads,
+/// the one loaded ahead, and one it may come back to (16 chunks of 4 MiB).
+pub const MEMORY: u64 = 64 << 20;
+/// Chunks held at most, however small.
+pub const MAX_SLOTS: usize = 16;
+/// Chunks held at least, however large (up to [`MAX_CHUNK`]).
+pub const MIN_SLOTS: usize = 4;
+/// The largest chunk: a source with larger units is read as asked.
+pub const MAX_CHUNK: u64 = 64 << 20;
 /// Ends of recent reads remembered: a read that starts at one continues
 /// a stream. Enough for several streams of many requests in flight.
 const ENDS: usize = 64;
+/// Threads that load chunks ahead of the streams read: as many streams
+/// as nbdcopy reads at once by default.
+const AHEAD_THREADS: usize = 4;
+
+/// A source read by byte ranges, from any thread.
+pub trait ReadRange: Send + Sync + 'static {
+    /// Reads `buf.len()` bytes at `offset` (in range).
+    fn read_range(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+}
+
+/// A source's reads, either sent as asked or, made
+/// [`chunked`](RangeReader::chunked), small ones that continue one another
+/// served from whole chunks. Shared (`Arc`) with the threads that load
+/// chunks ahead.
+pub struct RangeReader<R> {
+    source: R,
+    chunked: Option<Chunked>,
+}
+
+/// The chunks held, and the threads that load chunks ahead (threads of
+/// their own: they wait for nothing but their request).
+struct Chunked {
+    chunks: Chunks,
+    ahead: Workers,
+}
+
+impl<R: ReadRange> RangeReader<R> {
+    /// Reads of `source` sent as asked.
+    pub fn direct(source: R) -> RangeReader<R> {
+        RangeReader {
+            source,
+            chunked: None,
+        }
+    }
+
+    /// Reads of `source`, of `size` bytes, in chunks of `chunk` bytes
+    /// (aligned to it), chunks ahead loaded by threads named
+    /// `thread_name`. A chunk of 0 or over [`MAX_CHUNK`] reads as asked.
+    pub fn chunked(source: R, size: u64, chunk: u64, thread_name: &'static str) -> RangeReader<R> {
+        if chunk == 0 || chunk > MAX_CHUNK {
+            return Self::direct(source);
+        }
+        RangeReader {
+            source,
+            chunked: Some(Chunked {
+                chunks: Chunks::new(size, chunk),
+                ahead: Workers::new(thread_name, AHEAD_THREADS),
+            }),
+        }
+    }
+
+    /// The source.
+    pub fn source(&self) -> &R {
+        &self.source
+    }
+
+    /// The size of a chunk, when reads are chunked.
+    pub fn chunk_size(&self) -> Option<u64> {
+        self.chunked.as_ref().map(|c| c.chunks.chunk)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (in range).
+    pub fn read(self: &Arc<Self>, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_or_lend(buf, offset, false).map(drop)
+    }
+
+    /// Reads, or with `lend` may lend the bytes out of a held chunk
+    /// (`Some`, `buf` left as it is) instead.
+    pub fn read_or_lend(
+        self: &Arc<Self>,
+        buf: &mut [u8],
+        offset: u64,
+        lend: bool,
+    ) -> Result<Option<Lent>> {
+        let Some(c) = &self.chunked else {
+            return self.source.read_range(buf, offset).map(|()| None);
+        };
+        let fetch = |b: &mut [u8], at| self.source.read_range(b, at);
+        c.chunks.read(buf, offset, lend, fetch, |p| {
+            let me = self.clone();
+            c.ahead.run(move || {
+                if let Some(c) = &me.chunked {
+                    c.chunks.fill(p, |b, at| me.source.read_range(b, at));
+                }
+            });
+        })
+    }
+}
+
+/// Buffers of chunks given up, for new ones.
+type Spares = Mutex<Vec<Vec<u8>>>;
+
+/// A loaded chunk's bytes: its buffer goes back to the spares when the
+/// last holder (the chunk's slot, a reply lent its bytes) lets it go.
+struct Bytes {
+    data: Vec<u8>,
+    spares: Weak<Spares>,
+    /// Spares kept at most.
+    keep: usize,
+}
+
+impl AsRef<[u8]> for Bytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for Bytes {
+    fn drop(&mut self) {
+        if let Some(spares) = self.spares.upgrade() {
+            let mut spares = lock(&spares);
+            if spares.len() < self.keep {
+                spares.push(std::mem::take(&mut self.data));
+            }
+        }
+    }
+}
 
 /// Where a chunk's bytes are.
 enum Fill {
     /// Its request is in flight.
     Loading,
     /// Its bytes.
-    Ready(Arc<Vec<u8>>),
+    Ready(Arc<Bytes>),
     /// Its request failed.
     Failed,
 }
@@ -61,7 +190,7 @@ impl Chunk {
     }
 
     /// Its bytes, once loaded; `None` if its request failed.
-    fn bytes(&self) -> Option<Arc<Vec<u8>>> {
+    fn bytes(&self) -> Option<Arc<Bytes>> {
         let mut f = lock(&self.fill);
         loop {
             match &*f {
@@ -80,20 +209,11 @@ impl Chunk {
     fn is_loading(&self) -> bool {
         matches!(*lock(&self.fill), Fill::Loading)
     }
-
-    /// Its buffer, when nothing else holds the chunk or its bytes.
-    fn into_buffer(self: Arc<Chunk>) -> Option<Vec<u8>> {
-        let chunk = Arc::try_unwrap(self).ok()?;
-        match chunk.fill.into_inner().ok()? {
-            Fill::Ready(d) => Arc::try_unwrap(d).ok(),
-            _ => None,
-        }
-    }
 }
 
 /// A held chunk.
 struct Slot {
-    /// Which chunk (its offset over [`CHUNK`]).
+    /// Which chunk (its offset over the chunk size).
     index: u64,
     chunk: Arc<Chunk>,
     /// When a read last used it (the table's clock).
@@ -103,6 +223,8 @@ struct Slot {
 /// The chunks held and the reads seen.
 struct Table {
     slots: Vec<Slot>,
+    /// Slots at most.
+    max: usize,
     /// Ends of recent reads, a ring.
     ends: [u64; ENDS],
     next_end: usize,
@@ -125,15 +247,11 @@ impl Table {
     }
 
     /// Makes room for `need` chunks more, keeping those of `keep`: the
-    /// least recently used loaded chunks go, and their buffers come back
-    /// when nothing holds them any more. `None` (and nothing given up)
-    /// when there is not room enough.
-    fn make_room(
-        &mut self,
-        need: usize,
-        keep: &std::ops::RangeInclusive<u64>,
-    ) -> Option<Vec<Vec<u8>>> {
-        let over = (self.slots.len() + need).saturating_sub(SLOTS);
+    /// least recently used loaded chunks go (their buffers come back to
+    /// the spares when nothing holds them any more). `None` (and nothing
+    /// given up) when there is not room enough.
+    fn make_room(&mut self, need: usize, keep: &std::ops::RangeInclusive<u64>) -> Option<()> {
+        let over = (self.slots.len() + need).saturating_sub(self.max);
         let mut victims: Vec<(u64, usize)> = self
             .slots
             .iter()
@@ -149,21 +267,19 @@ impl Table {
         // From the last index down, so that each removal leaves the
         // indices still to remove in place.
         gone.sort_unstable_by(|a, b| b.cmp(a));
-        Some(
-            gone.into_iter()
-                .filter_map(|i| self.slots.swap_remove(i).chunk.into_buffer())
-                .collect(),
-        )
+        for i in gone {
+            self.slots.swap_remove(i);
+        }
+        Some(())
     }
 }
 
 /// A chunk whose slot is taken and whose request is still to send
-/// ([`Chunks::fill`] sends it), with a buffer to reuse if one was freed.
-/// Dropped unsent, the chunk fails: its readers send their own requests.
+/// ([`Chunks::fill`] sends it). Dropped unsent, the chunk fails: its
+/// readers send their own requests.
 pub struct Pending {
     index: u64,
     chunk: Arc<Chunk>,
-    buffer: Vec<u8>,
 }
 
 impl Drop for Pending {
@@ -182,19 +298,35 @@ struct Plan {
     ahead: Option<Pending>,
 }
 
-/// The chunks of one resource of `size` bytes.
+/// The chunks of one source of `size` bytes.
 pub struct Chunks {
     size: u64,
+    /// The size of a chunk, and the alignment of its start.
+    chunk: u64,
     table: Mutex<Table>,
+    /// Buffers of chunks given up, at most as many as the slots.
+    spares: Arc<Spares>,
+    /// Slots at most (the table's).
+    slots: usize,
 }
 
 impl Chunks {
-    /// No chunk held yet, for a resource of `size` bytes.
-    pub fn new(size: u64) -> Chunks {
+    /// No chunk held yet, for a source of `size` bytes read in chunks of
+    /// `chunk` bytes (more than 0): as many slots as [`MEMORY`] holds,
+    /// within [`MIN_SLOTS`] and [`MAX_SLOTS`].
+    pub fn new(size: u64, chunk: u64) -> Chunks {
+        let chunk = chunk.max(1);
+        let max = usize::try_from(MEMORY / chunk)
+            .unwrap_or(MAX_SLOTS)
+            .clamp(MIN_SLOTS, MAX_SLOTS);
         Chunks {
             size,
+            chunk,
+            spares: Arc::new(Mutex::new(Vec::with_capacity(max))),
+            slots: max,
             table: Mutex::new(Table {
-                slots: Vec::with_capacity(SLOTS),
+                slots: Vec::with_capacity(max),
+                max,
                 ends: [u64::MAX; ENDS],
                 next_end: 0,
                 clock: 0,
@@ -219,7 +351,9 @@ impl Chunks {
         ahead: impl FnOnce(Pending),
     ) -> Result<Option<Lent>> {
         let len = buf.len() as u64;
-        if len == 0 || len >= CHUNK {
+        // A source that grew since (a read past the size it had) is read
+        // as asked.
+        if len == 0 || len >= self.chunk || offset.saturating_add(len) > self.size {
             return fetch(buf, offset).map(|()| None);
         }
         let Some(plan) = self.plan(offset, len) else {
@@ -233,8 +367,8 @@ impl Chunks {
         }
         let whole = plan.chunks.len() == 1;
         for (index, chunk) in plan.chunks {
-            let at = index * CHUNK;
-            let (from, to) = (offset.max(at), (offset + len).min(at + CHUNK));
+            let at = index * self.chunk;
+            let (from, to) = (offset.max(at), (offset + len).min(at + self.chunk));
             let piece = &mut buf[(from - offset) as usize..(to - offset) as usize];
             let range = (from - at) as usize..(to - at) as usize;
             match chunk.bytes() {
@@ -245,7 +379,7 @@ impl Chunks {
                     {
                         return Ok(Some(lent));
                     }
-                    piece.copy_from_slice(&d[range]);
+                    piece.copy_from_slice(&d.data[range]);
                 }
                 None => fetch(piece, from)?,
             }
@@ -255,12 +389,16 @@ impl Chunks {
 
     /// Loads the chunk `p` with `fetch`; if that fails, the chunk is
     /// forgotten and the reads waiting for it send their own requests.
-    pub fn fill(&self, mut p: Pending, fetch: impl Fn(&mut [u8], u64) -> Result<()>) {
-        let at = p.index * CHUNK;
-        let mut data = std::mem::take(&mut p.buffer);
-        data.resize(CHUNK.min(self.size - at) as usize, 0);
+    pub fn fill(&self, p: Pending, fetch: impl Fn(&mut [u8], u64) -> Result<()>) {
+        let at = p.index * self.chunk;
+        let mut data = lock(&self.spares).pop().unwrap_or_default();
+        data.resize(self.chunk.min(self.size - at) as usize, 0);
         match fetch(&mut data, at) {
-            Ok(()) => p.chunk.finish(Fill::Ready(Arc::new(data))),
+            Ok(()) => p.chunk.finish(Fill::Ready(Arc::new(Bytes {
+                data,
+                spares: Arc::downgrade(&self.spares),
+                keep: self.slots,
+            }))),
             Err(_) => {
                 self.forget(p.index, &p.chunk);
                 p.chunk.finish(Fill::Failed);
@@ -275,36 +413,31 @@ impl Chunks {
     /// read and its chunks are not all held, or there is no room for
     /// them).
     fn plan(&self, offset: u64, len: u64) -> Option<Plan> {
-        let span = offset / CHUNK..=(offset + len - 1) / CHUNK;
+        let span = offset / self.chunk..=(offset + len - 1) / self.chunk;
         let mut t = lock(&self.table);
         let follows = t.follows(offset);
         t.note_end(offset + len);
         t.clock += 1;
         let now = t.clock;
         let missing: Vec<u64> = span.clone().filter(|&k| t.find(k).is_none()).collect();
-        let mut spare = Vec::new();
         if !missing.is_empty() {
             if !follows {
                 return None;
             }
-            spare = t.make_room(missing.len(), &span)?;
+            t.make_room(missing.len(), &span)?;
         }
-        let take = |t: &mut Table, index: u64, buffer: Vec<u8>| {
+        let take = |t: &mut Table, index: u64| {
             let chunk = Arc::new(Chunk::loading());
             t.slots.push(Slot {
                 index,
                 chunk: chunk.clone(),
                 used: now,
             });
-            Pending {
-                index,
-                chunk,
-                buffer,
-            }
+            Pending { index, chunk }
         };
         let mine = missing
             .into_iter()
-            .map(|index| take(&mut t, index, spare.pop().unwrap_or_default()))
+            .map(|index| take(&mut t, index))
             .collect();
         let mut chunks = Vec::with_capacity(2);
         for s in t.slots.iter_mut().filter(|s| span.contains(&s.index)) {
@@ -313,9 +446,9 @@ impl Chunks {
         }
         chunks.sort_by_key(|(k, _)| *k);
         let next = span.end() + 1;
-        let ahead = if follows && next * CHUNK < self.size && t.find(next).is_none() {
+        let ahead = if follows && next * self.chunk < self.size && t.find(next).is_none() {
             t.make_room(1, &(*span.start()..=next))
-                .map(|mut spare| take(&mut t, next, spare.pop().unwrap_or_default()))
+                .map(|()| take(&mut t, next))
         } else {
             None
         };
@@ -345,6 +478,11 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// radosgw's stripe: the chunk of the tests.
+    const CHUNK: u64 = 4 << 20;
+    /// The slots of chunks of [`CHUNK`] bytes.
+    const SLOTS: usize = MAX_SLOTS;
+
     /// A resource whose byte at `i` is `i % 251`, counting requests.
     struct Fake {
         size: u64,
@@ -369,7 +507,7 @@ mod tests {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
             {
-                return Err(diskit_core::Error::invalid("refused"));
+                return Err(crate::Error::invalid("refused"));
             }
             pattern(buf.len(), offset, |at, bytes| {
                 buf[at..at + bytes.len()].copy_from_slice(bytes)
@@ -425,25 +563,31 @@ mod tests {
 
     #[test]
     fn a_stream_of_small_reads_is_served_from_whole_chunks() {
-        let size = 5 * CHUNK + 12345;
-        let (c, f) = (Chunks::new(size), Fake::new(size));
-        let step = 256 << 10;
+        stream_served_whole(CHUNK, 5 * CHUNK + 12345, 256 << 10);
+    }
+
+    /// A stream of reads of `step` bytes over a source of `size` bytes
+    /// in chunks of `chunk`: the first read as asked, then each chunk
+    /// whole (the one after the read's loaded ahead), the last one cut
+    /// at the end.
+    fn stream_served_whole(chunk: u64, size: u64, step: u64) {
+        let (c, f) = (Chunks::new(size, chunk), Fake::new(size));
         let mut at = 0;
         while at < size {
             read(&c, &f, at, step.min(size - at) as usize);
             at += step;
         }
-        // The first read as asked, then each chunk whole (the one after
-        // the read's loaded ahead), the last one cut at the end.
         let mut want = vec![(0, step as usize)];
-        want.extend((0..6).map(|k| (k * CHUNK, CHUNK.min(size - k * CHUNK) as usize)));
+        want.extend(
+            (0..size.div_ceil(chunk)).map(|k| (k * chunk, chunk.min(size - k * chunk) as usize)),
+        );
         assert_eq!(f.taken(), want);
     }
 
     #[test]
     fn reads_that_do_not_follow_are_sent_as_asked() {
         let size = 64 * CHUNK;
-        let (c, f) = (Chunks::new(size), Fake::new(size));
+        let (c, f) = (Chunks::new(size, CHUNK), Fake::new(size));
         let mut asked = Vec::new();
         // Scattered, overlapping, across chunk ends, backwards.
         let mut x: u64 = 12345;
@@ -469,7 +613,7 @@ mod tests {
     #[test]
     fn held_chunks_serve_any_read_in_them_and_memory_is_bounded() {
         let size = 3 * SLOTS as u64 * CHUNK;
-        let (c, f) = (Chunks::new(size), Fake::new(size));
+        let (c, f) = (Chunks::new(size, CHUNK), Fake::new(size));
         // A stream across unaligned reads that cross chunk ends.
         let step = 700_001;
         let mut at = 5;
@@ -493,7 +637,7 @@ mod tests {
     #[test]
     fn a_chunk_that_fails_leaves_each_read_its_own_request() {
         let size = 4 * CHUNK;
-        let (c, f) = (Chunks::new(size), Fake::new(size));
+        let (c, f) = (Chunks::new(size, CHUNK), Fake::new(size));
         read(&c, &f, 0, 4096);
         f.fail.store(1, Ordering::SeqCst);
         read(&c, &f, 4096, 4096);
@@ -522,7 +666,7 @@ mod tests {
     #[test]
     fn bytes_in_one_held_chunk_are_lent() {
         let size = 3 * CHUNK;
-        let (c, f) = (Chunks::new(size), Fake::new(size));
+        let (c, f) = (Chunks::new(size, CHUNK), Fake::new(size));
         read(&c, &f, 0, 4096);
         let lend = |offset: u64, len: usize| {
             let mut buf = vec![0u8; len];
@@ -570,7 +714,7 @@ mod tests {
     #[test]
     fn reads_from_many_threads_get_their_bytes() {
         let size = 40 * CHUNK + 999;
-        let (c, f) = (Chunks::new(size), Fake::new(size));
+        let (c, f) = (Chunks::new(size, CHUNK), Fake::new(size));
         let step = 256 << 10;
         // Four streams, each read by four threads taking requests in turn
         // (as a server's workers do), beside random reads; chunks ahead
@@ -608,5 +752,111 @@ mod tests {
             }
         });
         assert!(c.held() <= SLOTS);
+    }
+
+    #[test]
+    fn chunks_of_another_size_serve_a_stream_and_hold_what_memory_allows() {
+        // RBD objects of 64 KiB, read in unaligned pieces of 10000 bytes.
+        let chunk = 64 << 10;
+        stream_served_whole(chunk, 10 * chunk + 100, 10_000);
+        // Slots: as many as the memory holds, within the bounds.
+        let slots = |chunk| Chunks::new(1 << 40, chunk).slots;
+        assert_eq!(slots(64 << 10), MAX_SLOTS);
+        assert_eq!(slots(4 << 20), 16);
+        assert_eq!(slots(8 << 20), 8);
+        assert_eq!(slots(32 << 20), MIN_SLOTS);
+    }
+
+    #[test]
+    fn reads_past_the_size_known_are_sent_as_asked() {
+        let (c, f) = (Chunks::new(2 * CHUNK, CHUNK), Fake::new(4 * CHUNK));
+        read(&c, &f, 0, 4096);
+        read(&c, &f, 4096, 4096);
+        f.taken();
+        // The source grew: a stream past the size the chunks know.
+        read(&c, &f, 2 * CHUNK - 4096, 8192);
+        read(&c, &f, 2 * CHUNK + 4096, 8192);
+        assert_eq!(
+            f.taken(),
+            vec![(2 * CHUNK - 4096, 8192), (2 * CHUNK + 4096, 8192)]
+        );
+    }
+
+    #[test]
+    fn a_range_reader_loads_chunks_ahead_on_its_threads() {
+        struct Shared(Arc<Fake>);
+        impl ReadRange for Shared {
+            fn read_range(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+                self.0.fetch(buf, offset)
+            }
+        }
+        let size = 3 * CHUNK;
+        let f = Arc::new(Fake::new(size));
+        let r = Arc::new(RangeReader::chunked(
+            Shared(f.clone()),
+            size,
+            CHUNK,
+            "test-ahead",
+        ));
+        assert_eq!(r.chunk_size(), Some(CHUNK));
+        let mut buf = vec![0u8; 4096];
+        r.read(&mut buf, 0).unwrap();
+        r.read(&mut buf, 4096).unwrap();
+        pattern(4096, 4096, |at, want| {
+            assert!(buf[at..at + want.len()] == *want)
+        });
+        // The chunk after the stream's is loaded ahead: a read in it
+        // waits for that load and sends nothing of its own.
+        let lent = r.read_or_lend(&mut buf, CHUNK + 8, true).unwrap();
+        let lent = lent.expect("lent from the chunk loaded ahead");
+        pattern(4096, CHUNK + 8, |at, want| {
+            assert!(lent.bytes()[at..at + want.len()] == *want)
+        });
+        let mut taken = f.taken();
+        taken.sort_unstable();
+        let chunk = CHUNK as usize;
+        assert_eq!(taken, vec![(0, 4096), (0, chunk), (CHUNK, chunk)]);
+        // Made direct, every read is sent as asked.
+        let d = Arc::new(RangeReader::direct(Shared(f.clone())));
+        assert_eq!(d.chunk_size(), None);
+        d.read(&mut buf, 0).unwrap();
+        d.read(&mut buf, 4096).unwrap();
+        assert_eq!(f.taken(), vec![(0, 4096), (4096, 4096)]);
+    }
+
+    #[test]
+    fn buffers_of_chunks_given_up_are_reused_once_no_reply_holds_them() {
+        let size = (SLOTS as u64 + 4) * CHUNK;
+        let (c, f) = (Chunks::new(size, CHUNK), Fake::new(size));
+        read(&c, &f, 0, 4096);
+        read(&c, &f, 4096, 4096);
+        let mut buf = vec![0u8; 4096];
+        let lent = c
+            .read(
+                &mut buf,
+                8192,
+                true,
+                |b, o| f.fetch(b, o),
+                |_| panic!("held"),
+            )
+            .unwrap()
+            .expect("lent");
+        // The stream goes on until chunk 0 is given up: its buffer is
+        // still lent.
+        let mut at = 12288;
+        while lock(&c.table).find(0).is_some() {
+            read(&c, &f, at, 1 << 20);
+            at += 1 << 20;
+        }
+        let spares = lock(&c.spares).len();
+        pattern(4096, 8192, |at, want| {
+            assert!(lent.bytes()[at..at + want.len()] == *want)
+        });
+        drop(lent);
+        assert_eq!(lock(&c.spares).len(), spares + 1);
+        // The next chunk loaded takes it (and reads its own bytes).
+        read(&c, &f, at, 1 << 20);
+        assert!(lock(&c.spares).len() <= spares + 1);
+        assert!(lock(&c.spares).len() <= SLOTS);
     }
 }
