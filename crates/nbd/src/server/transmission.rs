@@ -30,9 +30,12 @@ use crate::proto::{Command, ReplyStyle};
 pub const MAX_DISCARD: u64 = 128 << 20;
 /// What every request in flight counts against the budget besides its data.
 const REQUEST_OVERHEAD: u64 = 1024;
-/// A worker keeps its buffer between requests up to this size; a bigger
-/// one (for a rare big request) is freed once the reply is sent.
-const KEEP_BUF: usize = 2 << 20;
+/// A worker keeps its buffer between requests up to this size: the
+/// largest request clients commonly send (4 MiB: nbdcopy asks for the
+/// preferred block size, an RBD or S3 object's size), with room for its
+/// headers, so that such a stream does not allocate and clear a buffer
+/// for every request; a bigger one is freed once the reply is sent.
+const KEEP_BUF: usize = (4 << 20) + (64 << 10);
 
 /// Requests one worker runs in a row while holding the reader.
 const MAX_BATCH: usize = 64;
