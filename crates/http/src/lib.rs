@@ -13,6 +13,7 @@
 //! TLS is verified against the system's certificates, or `cainfo` /
 //! `capath`. nbdkit's curl plugin is the model for the options.
 
+pub mod direct;
 mod options;
 mod source;
 pub mod transport;

@@ -144,17 +144,17 @@ impl Expected<'_> {
         error(self.what, kind, msg)
     }
 
-    /// Takes a 206 answer to a request for `buf.len()` bytes at `offset`
-    /// into `buf`, after checking its range, total and entity tag; reads
-    /// the body to its end, so that the connection goes back to the pool.
-    pub fn take(
+    /// Checks a 206 answer's `Content-Range` and entity tag (header values,
+    /// when sent) against a request for `len` bytes at `offset`.
+    pub fn check(
         &self,
-        r: &mut Response<ureq::Body>,
-        buf: &mut [u8],
+        content_range: Option<&str>,
+        etag: Option<&str>,
         offset: u64,
+        len: usize,
     ) -> std::result::Result<(), Failure> {
-        let last = offset + buf.len() as u64 - 1;
-        match content_range(r.headers()) {
+        let last = offset + len as u64 - 1;
+        match content_range.and_then(parse_content_range) {
             Some((a, b, total)) => {
                 if let Some(t) = total.filter(|&t| t != self.size) {
                     return Err(Failure::Permanent(self.err(
@@ -177,24 +177,48 @@ impl Expected<'_> {
                 )));
             }
         }
-        if let (Some(want), Some(got)) = (self.etag, header(r.headers(), "etag"))
-            && *want != got
+        if let (Some(want), Some(got)) = (self.etag, etag)
+            && want != got.trim()
         {
             return Err(Failure::Permanent(self.err(
                 ErrorKind::Io,
-                format!("the resource changed (entity tag {want} is now {got})"),
+                format!(
+                    "the resource changed (entity tag {want} is now {})",
+                    got.trim()
+                ),
             )));
         }
+        Ok(())
+    }
+
+    /// A short body: worth another try.
+    pub fn short(&self, got: usize, len: usize, offset: u64) -> Failure {
+        Failure::Transient(self.err(
+            ErrorKind::Io,
+            format!("short answer: {got} of {len} bytes at {offset}"),
+        ))
+    }
+
+    /// Takes a 206 answer to a request for `buf.len()` bytes at `offset`
+    /// into `buf`, after checking its range, total and entity tag; reads
+    /// the body to its end, so that the connection goes back to the pool.
+    pub fn take(
+        &self,
+        r: &mut Response<ureq::Body>,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> std::result::Result<(), Failure> {
+        self.check(
+            header(r.headers(), "content-range").as_deref(),
+            header(r.headers(), "etag").as_deref(),
+            offset,
+            buf.len(),
+        )?;
         let mut reader = r.body_mut().as_reader();
         let mut got = 0;
         while got < buf.len() {
             match reader.read(&mut buf[got..]) {
-                Ok(0) => {
-                    return Err(Failure::Transient(self.err(
-                        ErrorKind::Io,
-                        format!("short answer: {got} of {} bytes at {offset}", buf.len()),
-                    )));
-                }
+                Ok(0) => return Err(self.short(got, buf.len(), offset)),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use diskit_core::{Error, ErrorKind, Result};
+use diskit_http::direct::{DirectGets, Got};
 use diskit_http::transport::{self, Expected, Failure, header};
 use rusty_s3::actions::{CreateMultipartUpload, ListObjectsV2, S3Action};
 use rusty_s3::{Bucket, Credentials, UrlStyle};
@@ -29,6 +30,9 @@ pub(crate) const MAX_REQUEST: usize = 32 << 20;
 /// it share.
 struct Store {
     agent: Agent,
+    /// Range GETs read straight into the caller's buffer, for a plain
+    /// `http://` endpoint (diskit_http::direct).
+    direct: Option<DirectGets>,
     bucket: Bucket,
     credentials: Option<Credentials>,
     retries: u32,
@@ -58,6 +62,11 @@ impl Client {
                 UrlStyle::VirtualHost,
             ),
         };
+        let direct = DirectGets::for_endpoint(
+            &endpoint,
+            opts.connections.max(1),
+            diskit_http::transport::STALL_TIMEOUT,
+        );
         let endpoint = endpoint
             .parse()
             .map_err(|e| Error::invalid(format!("{what}: endpoint '{endpoint}': {e}")))?;
@@ -73,6 +82,7 @@ impl Client {
         };
         let store = Store {
             agent: transport::agent(&http)?,
+            direct,
             bucket,
             credentials,
             retries: opts.retries,
@@ -255,9 +265,15 @@ impl Client {
             let at = offset + (i * MAX_REQUEST) as u64;
             let last = at + piece.len() as u64 - 1;
             self.retrying(|c| {
+                let url = c.get_url();
+                if let Some(d) = &c.store.direct
+                    && let Got::Bytes = d.get_range(&url, piece, at, &expected)?
+                {
+                    return Ok(());
+                }
                 let r = c
                     .agent()
-                    .get(&c.get_url())
+                    .get(&url)
                     .header("Range", format!("bytes={at}-{last}"))
                     .call()
                     .map_err(|e| transport::failure(&c.what, e))?;
