@@ -210,18 +210,25 @@ fn read_head(s: &mut TcpStream) -> io::Result<(Vec<u8>, Vec<u8>)> {
 
 /// What an answer's header section says, as far as this path needs.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Answer {
-    status: u16,
-    length: Option<u64>,
-    content_range: Option<String>,
-    etag: Option<String>,
-    chunked: bool,
-    close: bool,
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// `Content-Length`.
+    pub length: Option<u64>,
+    /// `Content-Range`.
+    pub content_range: Option<String>,
+    /// `ETag`.
+    pub etag: Option<String>,
+    /// A `Transfer-Encoding` was given (the body is not plain).
+    pub chunked: bool,
+    /// `Connection: close`.
+    pub close: bool,
 }
 
 impl Answer {
-    /// Parses a header section (`None`: not one to take).
-    fn parse(head: &[u8]) -> Option<Answer> {
+    /// Parses an HTTP/1.1 header section, status line first (`None`: not
+    /// one this path takes).
+    pub fn parse(head: &[u8]) -> Option<Answer> {
         let text = std::str::from_utf8(head).ok()?;
         let mut lines = text.split("\r\n");
         let status_line = lines.next()?;
