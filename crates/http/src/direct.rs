@@ -350,23 +350,33 @@ mod tests {
         }
     }
 
+    /// Direct GETs to the test server at `addr`.
+    fn to(addr: std::net::SocketAddr) -> DirectGets {
+        DirectGets {
+            authority: addr.to_string(),
+            idle: Mutex::new(Vec::new()),
+            keep: 2,
+            stall: Duration::from_secs(10),
+        }
+    }
+
+    /// The test servers' resource.
+    fn whole_test_object() -> Expected<'static> {
+        Expected {
+            what: "test",
+            size: 1000000,
+            etag: None,
+        }
+    }
+
     #[test]
     fn bodies_land_in_the_buffer_and_connections_are_kept() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || serve(listener, 3, 0));
-        let d = DirectGets {
-            authority: addr.to_string(),
-            idle: Mutex::new(Vec::new()),
-            keep: 2,
-            stall: Duration::from_secs(10),
-        };
+        let d = to(addr);
         let url = format!("http://{addr}/bucket/key?sig=1");
-        let expected = Expected {
-            what: "test",
-            size: 1000000,
-            etag: None,
-        };
+        let expected = whole_test_object();
         for (offset, len) in [(0u64, 70000usize), (123457, 5), (999000, 1000)] {
             let mut buf = vec![0u8; len];
             assert!(matches!(
@@ -395,18 +405,9 @@ mod tests {
             serve(listener, 1, 0);
             serve(l2, 1, 0);
         });
-        let d = DirectGets {
-            authority: addr.to_string(),
-            idle: Mutex::new(Vec::new()),
-            keep: 2,
-            stall: Duration::from_secs(10),
-        };
+        let d = to(addr);
         let url = format!("http://{addr}/k");
-        let expected = Expected {
-            what: "test",
-            size: 1000000,
-            etag: None,
-        };
+        let expected = whole_test_object();
         for offset in [0u64, 4096] {
             let mut buf = vec![0u8; 4096];
             assert!(matches!(
