@@ -360,13 +360,7 @@ fn exitlast_stops_the_server_when_its_last_client_leaves() {
     let src = disk(dir.path());
     for diskit in [false, true] {
         let sock = dir.path().join(format!("{diskit}.sock"));
-        let mut c = if diskit {
-            let mut c = timed(diskit_bin(), 60);
-            c.arg("serve");
-            c
-        } else {
-            timed("nbdkit", 60)
-        };
+        let mut c = server(diskit).command(60);
         let mut child = c
             .args(["-f", "-U", s(&sock), "--filter=exitlast", "file", s(&src)])
             .spawn()
@@ -388,6 +382,15 @@ fn exitlast_stops_the_server_when_its_last_client_leaves() {
         );
         let status = child.wait().unwrap();
         assert!(status.success(), "diskit={diskit}: {status}");
+    }
+}
+
+/// diskit's server when `diskit`, else nbdkit.
+fn server(diskit: bool) -> Server {
+    if diskit {
+        Server::Diskit
+    } else {
+        Server::Nbdkit
     }
 }
 
@@ -468,13 +471,7 @@ for i in range(2):
 /// `diskit serve` or `nbdkit` (`diskit` false) in the foreground on the
 /// socket `sock` with `--filter=exitwhen file FILE ARGS`, once it listens.
 fn exitwhen_server(diskit: bool, sock: &Path, file: &Path, args: &[&str]) -> std::process::Child {
-    let mut c = if diskit {
-        let mut c = timed(diskit_bin(), 60);
-        c.arg("serve");
-        c
-    } else {
-        timed("nbdkit", 60)
-    };
+    let mut c = server(diskit).command(60);
     let child = c
         .args(["-f", "-U", s(sock), "--filter=exitwhen", "file", s(file)])
         .args(args)
@@ -527,13 +524,7 @@ print(h.get_size())
         assert!(status.success(), "diskit={diskit}: {status}");
         // The event there already: the server stops at once.
         let sock = dir.path().join(format!("again-{diskit}.sock"));
-        let mut c = if diskit {
-            let mut c = timed(diskit_bin(), 60);
-            c.arg("serve");
-            c
-        } else {
-            timed("nbdkit", 60)
-        };
+        let mut c = server(diskit).command(60);
         let o = c
             .args([
                 "-f",

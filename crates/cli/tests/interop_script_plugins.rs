@@ -33,24 +33,8 @@ fn nbdkit_s_example_sh_serves_a_file_as_nbdkit_does() {
     // export's name is not compared.
     same_flags(dir.path(), &args, &["can_flush"]);
     // The same requests, each server from the same file, which ends equal.
-    let ops = nbd_script("synth_ops.py");
-    let cmd = format!("{PYTHON} {} \"$uri\" 0 65536", s(&ops));
-    let answers = SERVERS.map(|server| {
-        std::fs::copy(&file, dir.path().join("disk.img")).unwrap();
-        let o = ok(run(server, dir.path(), &args, &cmd));
-        std::fs::copy(
-            dir.path().join("disk.img"),
-            dir.path().join(format!("after.{}", server.name())),
-        )
-        .unwrap();
-        stdout(&o)
-    });
-    assert_eq!(answers[0], answers[1]);
-    assert!(answers[1].contains("write-changed ok"), "{}", answers[1]);
-    assert!(same_bytes(
-        &dir.path().join("after.nbdkit"),
-        &dir.path().join("after.diskit")
-    ));
+    let disk = dir.path().join("disk.img");
+    same_answers_and_file(dir.path(), &args, &file, &disk, 0, 65536);
     both_refuse(dir.path(), &["sh", s(&ex)], "file parameter missing");
 }
 

@@ -136,21 +136,7 @@ fn a_remote_file_reads_and_writes_as_under_nbdkit() {
     same_bytes_and_map(dir.path(), &strs(&args));
     // The same requests from the same file under each server; the remote
     // file ends the same.
-    let ops = nbd_script("synth_ops.py");
-    let cmd = format!("{PYTHON} {} \"$uri\" 4096 70000", s(&ops));
-    let answers = SERVERS.map(|server| {
-        std::fs::copy(&pristine, &remote).unwrap();
-        let o = ok(run(server, dir.path(), &strs(&args), &cmd));
-        let after = dir.path().join(format!("after.{}", server.name()));
-        std::fs::copy(&remote, &after).unwrap();
-        stdout(&o)
-    });
-    assert_eq!(answers[0], answers[1]);
-    assert!(answers[1].contains("write-changed ok"), "{}", answers[1]);
-    assert!(same_bytes(
-        &dir.path().join("after.nbdkit"),
-        &dir.path().join("after.diskit")
-    ));
+    same_answers_and_file(dir.path(), &strs(&args), &pristine, &remote, 4096, 70000);
     // Read-only: the file opened for reading, writes refused.
     let ro = [strs(&args), vec!["-r"]].concat();
     let dk = same_flags(dir.path(), &ro, &[]);

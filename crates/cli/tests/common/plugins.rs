@@ -90,3 +90,32 @@ pub fn both_refuse(dir: &Path, args: &[&str], msg: &str) {
     let o = run(Server::Diskit, dir, args, "true");
     assert_eq!(stderr(&o).trim_end().lines().count(), 1, "{}", stderr(&o));
 }
+
+/// The requests of synth_ops.py over `offset..offset+len`, under each
+/// server with `args`, each starting from `pristine` copied to `served`
+/// (the file the plugin serves): the same answers (a write among them),
+/// and `served` ends with the same bytes. The answers.
+pub fn same_answers_and_file(
+    dir: &Path,
+    args: &[&str],
+    pristine: &Path,
+    served: &Path,
+    offset: u64,
+    len: u64,
+) -> String {
+    let ops = nbd_script("synth_ops.py");
+    let cmd = format!("{PYTHON} {} \"$uri\" {offset} {len}", s(&ops));
+    let answers = SERVERS.map(|server| {
+        std::fs::copy(pristine, served).unwrap();
+        let o = ok(run(server, dir, args, &cmd));
+        std::fs::copy(served, dir.join(format!("after.{}", server.name()))).unwrap();
+        stdout(&o)
+    });
+    assert_eq!(answers[0], answers[1]);
+    assert!(answers[1].contains("write-changed ok"), "{}", answers[1]);
+    assert!(same_bytes(
+        &dir.join("after.nbdkit"),
+        &dir.join("after.diskit")
+    ));
+    answers[1].clone()
+}
