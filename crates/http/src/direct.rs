@@ -4,9 +4,10 @@
 //! that copy was a sixth of a download's processor time. This path takes
 //! only what it can do exactly: `http://` URLs, no proxy in the
 //! environment, an answer `206` with a `Content-Length` of the bytes
-//! asked; anything else (another status, a chunked body, an error) is
-//! left to the agent, which sends the request again and reads the answer
-//! its way. Connections are kept open for the next request (HTTP/1.1
+//! asked, or a refusal (4xx, 5xx) with a small body, given to the caller
+//! to name; anything else (a chunked body, a redirect, a 200 that ignored
+//! the range) is left to the agent, which sends the request again and
+//! reads the answer its way. Connections are kept open for the next request (HTTP/1.1
 //! keep-alive), a few per server.
 
 use std::io::{self, Read, Write};
@@ -22,10 +23,21 @@ use crate::transport::{Expected, Failure, error};
 /// The longest header section taken (the rest is the agent's to read).
 const MAX_HEAD: usize = 64 << 10;
 
+/// The longest error body taken (S3's XML error documents are small).
+const MAX_ERROR_BODY: u64 = 64 << 10;
+
 /// What a direct GET did.
 pub enum Got {
     /// The bytes are in the buffer.
     Bytes,
+    /// The server refused (a 4xx or 5xx answer, its body as text): the
+    /// caller names the error from them.
+    Refused {
+        /// The status code.
+        status: u16,
+        /// The body (at most 64 KiB).
+        body: String,
+    },
     /// The answer is not one this path takes: ask again through the agent.
     Other,
 }
@@ -138,6 +150,29 @@ impl DirectGets {
         let Some(answer) = Answer::parse(&head) else {
             return Ok(Got::Other);
         };
+        if answer.status >= 400
+            && !answer.chunked
+            && let Some(n) = answer.length.filter(|&n| n <= MAX_ERROR_BODY)
+        {
+            // A refusal with a small body (S3's error document): read whole,
+            // so the connection can serve the next request.
+            let mut body = extra;
+            body.truncate(n as usize);
+            let mut rest = Vec::new();
+            (&mut s)
+                .take(n - body.len() as u64)
+                .read_to_end(&mut rest)
+                .map_err(io_fail)?;
+            body.extend_from_slice(&rest);
+            if body.len() as u64 != n {
+                return Err(expected.short(body.len(), n as usize, offset));
+            }
+            self.keep(s, &answer);
+            return Ok(Got::Refused {
+                status: answer.status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
         if answer.status != 206 || answer.chunked || answer.length != Some(buf.len() as u64) {
             // Not this path's: the agent asks again (this connection,
             // with an answer half read, is dropped).
@@ -169,13 +204,18 @@ impl DirectGets {
                 Err(e) => return Err(io_fail(e)),
             }
         }
+        self.keep(s, &answer);
+        Ok(Got::Bytes)
+    }
+
+    /// Keeps `s` for the next request unless the answer closes it.
+    fn keep(&self, s: TcpStream, answer: &Answer) {
         if !answer.close {
             let mut idle = lock(&self.idle);
             if idle.len() < self.keep {
                 idle.push(s);
             }
         }
-        Ok(Got::Bytes)
     }
 }
 
@@ -390,6 +430,45 @@ mod tests {
             );
             // One connection served all three.
             assert_eq!(lock(&d.idle).len(), 1);
+        }
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn refusals_come_back_with_their_body_and_the_connection_serves_on() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (c, _) = listener.accept().unwrap();
+            let mut r = io::BufReader::new(c.try_clone().unwrap());
+            let mut w = c;
+            let body = "<Error><Code>NoSuchKey</Code></Error>";
+            for _ in 0..2 {
+                let mut line = String::new();
+                while line != "\r\n" {
+                    line.clear();
+                    r.read_line(&mut line).unwrap();
+                }
+                write!(
+                    w,
+                    "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+            }
+        });
+        let d = to(addr);
+        let expected = whole_test_object();
+        for _ in 0..2 {
+            let mut buf = vec![0u8; 10];
+            match d.get_range(&format!("http://{addr}/k"), &mut buf, 0, &expected) {
+                Ok(Got::Refused { status, body }) => {
+                    assert_eq!(status, 404);
+                    assert_eq!(body, "<Error><Code>NoSuchKey</Code></Error>");
+                }
+                _ => panic!("not a refusal"),
+            }
+            assert_eq!(lock(&d.idle).len(), 1, "the connection is kept");
         }
         server.join().unwrap();
     }

@@ -145,15 +145,19 @@ impl Client {
     /// What an answer other than a success means: S3's error code (from
     /// the XML body, when there is one), and a failure that may pass or not.
     fn refusal(&self, mut r: Response<ureq::Body>) -> (Option<String>, Failure) {
-        let status = r.status();
         let mut body = String::new();
         let _ = r
             .body_mut()
             .as_reader()
             .take(64 << 10)
             .read_to_string(&mut body);
-        let code = xml_text(&body, "Code");
-        let message = xml_text(&body, "Message").filter(|m| !m.is_empty());
+        self.refusal_of(r.status(), &body)
+    }
+
+    /// What an answer of `status` with `body` means (see [`Self::refusal`]).
+    fn refusal_of(&self, status: StatusCode, body: &str) -> (Option<String>, Failure) {
+        let code = xml_text(body, "Code");
+        let message = xml_text(body, "Message").filter(|m| !m.is_empty());
         let text = match (&code, message) {
             (Some(c), Some(m)) => format!("{c}: {m} (HTTP {status})"),
             (Some(c), None) => format!("{c} (HTTP {status})"),
@@ -266,10 +270,23 @@ impl Client {
             let last = at + piece.len() as u64 - 1;
             self.retrying(|c| {
                 let url = c.get_url();
-                if let Some(d) = &c.store.direct
-                    && let Got::Bytes = d.get_range(&url, piece, at, &expected)?
-                {
-                    return Ok(());
+                let refused = |piece: &mut [u8], (code, f): (Option<String>, Failure)| match code {
+                    Some(code) if code == "NoSuchKey" && missing == IfMissing::Zeros => {
+                        piece.fill(0);
+                        Ok(())
+                    }
+                    _ => Err(f),
+                };
+                if let Some(d) = &c.store.direct {
+                    match d.get_range(&url, piece, at, &expected)? {
+                        Got::Bytes => return Ok(()),
+                        Got::Refused { status, body } => {
+                            let status = StatusCode::from_u16(status)
+                                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                            return refused(piece, c.refusal_of(status, &body));
+                        }
+                        Got::Other => {}
+                    }
                 }
                 let r = c
                     .agent()
@@ -278,13 +295,7 @@ impl Client {
                     .call()
                     .map_err(|e| transport::failure(&c.what, e))?;
                 if !r.status().is_success() {
-                    return match c.refusal(r) {
-                        (Some(code), _) if code == "NoSuchKey" && missing == IfMissing::Zeros => {
-                            piece.fill(0);
-                            Ok(())
-                        }
-                        (_, f) => Err(f),
-                    };
+                    return refused(piece, c.refusal(r));
                 }
                 let mut r = r;
                 if r.status() != StatusCode::PARTIAL_CONTENT {
