@@ -104,3 +104,37 @@ fn copy_offloading_and_rate_limits_as_qemu_img() {
         );
     }
 }
+
+#[test]
+fn qcow2_written_by_several_workers_keeps_source_order_as_qemu_img() {
+    let dir = workdir();
+    let d = dir.path();
+    let src = d.join("src.raw");
+    // 24 MiB of data in runs of different bytes, no zeros.
+    let runs: Vec<(u64, usize, u8)> = (0..24u64)
+        .map(|i| (i << 20, 1 << 20, i as u8 + 1))
+        .collect();
+    sparse_file(&src, 24 << 20, &runs);
+    for tool in ["diskit", "qemu-img"] {
+        let out = d.join(format!("{tool}.qcow2"));
+        let args = ["convert", "-m", "8", "-O", "qcow2", s(&src), s(&out)];
+        ok(if tool == "diskit" {
+            diskit(&args)
+        } else {
+            qemu_img(&args)
+        });
+        ok(qemu_img(&["compare", s(&src), s(&out)]));
+        // Without -W the clusters lie in the file in guest order, written
+        // by every worker: each run of the map starts past the one before.
+        let map = stdout(&ok(qemu_img(&["map", "--output=json", s(&out)])));
+        let map: serde_json::Value = serde_json::from_str(&map).unwrap();
+        let mut end = 0;
+        for e in map.as_array().unwrap() {
+            let at = e["offset"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{tool}: {e}"));
+            assert!(at >= end, "{tool}: {e} lies before {end}");
+            end = at + e["length"].as_u64().unwrap();
+        }
+    }
+}

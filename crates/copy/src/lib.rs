@@ -284,7 +284,11 @@ pub fn copy<D: BlockDevice + ?Sized + 'static>(
     let depth = if opts.ordered_writes && !reorder {
         1
     } else {
-        let by_memory = (opts.queue_size / request).max(1) as usize;
+        // The one worker of a copy in source order keeps a few reads in
+        // flight however large they are (RBD's are whole 4 MiB objects):
+        // two would leave the source idle while the worker writes.
+        let least = if reorder { REORDER_IN_FLIGHT } else { 1 };
+        let by_memory = (opts.queue_size / request).max(least) as usize;
         let queued = if sink.is_some() { 4 } else { 1 };
         src.queue_depth()
             .max(dst.queue_depth())
@@ -442,6 +446,10 @@ impl<D: BlockDevice + ?Sized + 'static> ReadSink for CopySink<D> {
         self.state.discards
     }
 }
+
+/// Reads a worker that writes in source order keeps in flight at least,
+/// whatever the bytes in flight (`queue_size`) allow.
+const REORDER_IN_FLIGHT: u64 = 8;
 
 /// The largest range a worker owns at a time (as nbdcopy's threads do).
 const MAX_CHUNK: u64 = 128 << 20;
@@ -856,6 +864,25 @@ impl Engine<'_> {
             f.requests += 1;
             w.requests += 1;
             w.stats.data_bytes += len;
+            if f.data.is_empty() && self.turn_ends_when_placed() {
+                // The item's last write: the next item's turn begins once
+                // this one's bytes have their place, and the bytes are
+                // written meanwhile (the device writes synchronously: as
+                // its submit would, here).
+                let seq = f.item.seq;
+                let range = start..start + len as usize;
+                let result =
+                    self.dst
+                        .write_placed(&buf[range], offset, WriteFlags::NONE, &mut || {
+                            self.end_turn(seq)
+                        });
+                w.cq.push(Completion {
+                    tag,
+                    result,
+                    buf: Some(buf),
+                });
+                return;
+            }
             self.dst.submit(
                 tag,
                 Request::Write {
@@ -976,11 +1003,23 @@ impl Engine<'_> {
         Ok(())
     }
 
+    /// Whether workers take turns only to place their writes: the
+    /// destination writes synchronously and says when a write's bytes
+    /// have their place ([`BlockDevice::write_placed`]), so a layout in
+    /// source order does not keep the data writes one at a time.
+    fn turn_ends_when_placed(&self) -> bool {
+        self.opts.ordered_writes && !self.reorder && self.dst.queue_depth() <= 1
+    }
+
+    /// Ends item `seq`'s turn (once: an item whose last write was placed
+    /// has ended it already, and a later turn may have begun since).
     fn end_turn(&self, seq: u64) {
         if self.opts.ordered_writes {
             let mut turn = sync::lock(&self.turn);
-            *turn = seq + 1;
-            self.turn_changed.notify_all();
+            if *turn <= seq {
+                *turn = seq + 1;
+                self.turn_changed.notify_all();
+            }
         }
     }
 }

@@ -698,6 +698,81 @@ fn ordered_writes_by_several_workers_are_announced_before_their_turn() {
     assert!(written.iter().all(|w| w.2), "unannounced writes");
 }
 
+/// A memory device whose writes take their place in the order they come
+/// (`write_placed`) and then wait, before their bytes move, for the next
+/// write to be placed: a copy that keeps writes one at a time would wait
+/// each out (`serial` counts those).
+struct Placing {
+    mem: MemoryDevice,
+    placed: Mutex<Vec<u64>>,
+    more: Condvar,
+    serial: AtomicUsize,
+}
+
+impl BlockDevice for Placing {
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        self.mem.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.mem.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
+        self.write_placed(buf, offset, flags, &mut || {})
+    }
+    fn write_placed(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+        placed: &mut dyn FnMut(),
+    ) -> Result<()> {
+        let mut list = self.placed.lock().unwrap();
+        list.push(offset);
+        let mine = list.len();
+        self.more.notify_all();
+        drop(list);
+        placed();
+        if offset + (buf.len() as u64) < self.size() {
+            let list = self.placed.lock().unwrap();
+            let (_list, waited) = self
+                .more
+                .wait_timeout_while(list, std::time::Duration::from_secs(2), |l| l.len() == mine)
+                .unwrap();
+            if waited.timed_out() {
+                self.serial.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.mem.write_at(buf, offset, flags)
+    }
+}
+
+#[test]
+fn ordered_writes_are_placed_in_order_and_written_side_by_side() {
+    // Items of 8 MiB: a worker more starts for each (RAMP_BYTES).
+    let src = PatternDevice::new(64 << 20);
+    let dst = Arc::new(Placing {
+        mem: MemoryDevice::new(src.size()),
+        placed: Mutex::new(Vec::new()),
+        more: Condvar::new(),
+        serial: AtomicUsize::new(0),
+    });
+    let opts = CopyOptions {
+        workers: 4,
+        ordered_writes: true,
+        request_size: 8 << 20,
+        ..Default::default()
+    };
+    copy(&src, &dst, &opts, &Progress::default()).unwrap();
+    assert_same(&src, &dst.mem);
+    let placed = dst.placed.lock().unwrap();
+    assert_eq!(*placed, (0..8).map(|i| i << 23).collect::<Vec<u64>>());
+    // Each write's bytes moved after the next one was placed.
+    assert_eq!(dst.serial.load(Ordering::Relaxed), 0);
+}
+
 /// The blkhash of `dev`, its bytes read in order and given as data.
 fn blkhash_by_reading(dev: &dyn BlockDevice) -> blkhash::Md {
     let h = BlockHash::new(blkhash::Algorithm::default_algorithm(), 65536).unwrap();

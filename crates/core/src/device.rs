@@ -436,6 +436,25 @@ pub trait BlockDevice: Send + Sync {
     fn prepare_write(&self, buf: &[u8], offset: u64) {
         let _ = (buf, offset);
     }
+
+    /// Writes `buf` at `offset` for a writer that must place its writes in
+    /// order (a copy in source order, whose destination lays data out in
+    /// the order it comes): `placed` is called once the device has decided
+    /// where every byte goes (new space taken), before the bytes move, so
+    /// that the caller's next write may be placed while these are written.
+    /// By default the whole write comes first; `placed` is called whatever
+    /// the result.
+    fn write_placed(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+        placed: &mut dyn FnMut(),
+    ) -> Result<()> {
+        let result = self.write_at(buf, offset, flags);
+        placed();
+        result
+    }
 }
 
 /// How a request with `fua` that goes to `dev` as `pieces` writes keeps
@@ -569,6 +588,15 @@ macro_rules! forward_device {
             }
             fn prepare_write(&self, buf: &[u8], offset: u64) {
                 (**self).prepare_write(buf, offset)
+            }
+            fn write_placed(
+                &self,
+                buf: &[u8],
+                offset: u64,
+                flags: WriteFlags,
+                placed: &mut dyn FnMut(),
+            ) -> Result<()> {
+                (**self).write_placed(buf, offset, flags, placed)
             }
         }
     };

@@ -231,6 +231,8 @@ pub struct RbdImage {
     location: Arc<str>,
     /// Threads that hand read data on to sinks.
     workers: Arc<Workers>,
+    /// Held while the image grows for a write past its end.
+    growing: std::sync::Mutex<()>,
 }
 
 /// Creates the image `name` of `size` bytes (Ceph's default object size
@@ -317,6 +319,7 @@ impl RbdImage {
             fast_diff,
             location: name.canonical().into(),
             workers: Arc::new(Workers::new("diskit-rbd", 2)),
+            growing: std::sync::Mutex::new(()),
         })
     }
 
@@ -621,7 +624,12 @@ impl Storage for RbdImage {
             .checked_add(buf.len() as u64)
             .ok_or_else(|| Error::invalid("write past the largest offset"))?;
         if end > self.size() {
-            self.resize(end, Preallocation::Off)?;
+            // Writers placed side by side may end past the end at once:
+            // the image only grows.
+            let _growing = diskit_core::sync::lock(&self.growing);
+            if end > self.size() {
+                self.resize(end, Preallocation::Off)?;
+            }
         }
         self.write_at(buf, offset, WriteFlags::NONE)
     }

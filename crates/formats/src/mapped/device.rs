@@ -29,6 +29,16 @@ thread_local! {
     static FILL_BUFFER: ReusedBuf = const { std::cell::RefCell::new(None) };
 }
 
+/// What a write calls once its bytes have their place, until it is called.
+type Placed<'a> = Option<&'a mut dyn FnMut()>;
+
+/// Calls `placed` if it has not been called yet.
+fn call_placed(placed: &mut Placed<'_>) {
+    if let Some(p) = placed.take() {
+        p();
+    }
+}
+
 /// A format as a block device: the format describes, this moves bytes.
 pub struct Mapped<F> {
     format: F,
@@ -96,11 +106,13 @@ impl<F: MappedFormat> Mapped<F> {
         self.units.lock(g / u * u, end, true)
     }
 
-    /// Writes `buf` at guest `offset` (in range).
-    fn write_range(&self, buf: &[u8], offset: u64) -> Result<()> {
+    /// Writes `buf` at guest `offset` (in range); `placed`, if any, is
+    /// called (taken) once the last step's bytes have their place, before
+    /// they are written (see [`BlockDevice::write_placed`]).
+    fn write_range(&self, buf: &[u8], offset: u64, placed: &mut Placed<'_>) -> Result<()> {
         let mut done = 0usize;
         while done < buf.len() {
-            done += self.write_step(&buf[done..], offset + done as u64)?;
+            done += self.write_step(&buf[done..], offset + done as u64, placed)?;
         }
         Ok(())
     }
@@ -108,13 +120,17 @@ impl<F: MappedFormat> Mapped<F> {
     /// Writes a prefix of `buf` at guest `g`: a run writable in place, or
     /// new space for a run that is not data. Returns the bytes written (0
     /// when another writer allocated the run meanwhile: it is then
-    /// written in place).
-    fn write_step(&self, buf: &[u8], g: u64) -> Result<usize> {
+    /// written in place). A step that finishes `buf` calls `placed` before
+    /// its bytes move.
+    fn write_step(&self, buf: &[u8], g: u64, placed: &mut Placed<'_>) -> Result<usize> {
         let f = &self.format;
         let max = (buf.len() as u64).min(MAX_STEP);
         let (n, place, held) = f.lookup(g, max, f.mappings_change())?;
         if let Some((h, n)) = f.write_in_place(g, n, place)? {
             let n = n as usize;
+            if n == buf.len() {
+                call_placed(placed);
+            }
             f.data().write_extend(&buf[..n], h)?;
             drop(held);
             return Ok(n);
@@ -131,6 +147,9 @@ impl<F: MappedFormat> Mapped<F> {
         let a = f.allocate(g, &buf[..len as usize])?;
         debug_assert!(a.guest <= g && a.guest + a.len > g);
         let m = ((a.guest + a.len).min(g + len) - g) as usize;
+        if m == buf.len() {
+            call_placed(placed);
+        }
         self.fill(&a, &buf[..m], g)?;
         f.commit(a)?;
         Ok(m)
@@ -267,8 +286,32 @@ impl<F: MappedFormat> BlockDevice for Mapped<F> {
         self.check_change(offset, buf.len() as u64)?;
         if !buf.is_empty() {
             self.format.before_change(offset, buf.len() as u64)?;
-            self.write_range(buf, offset)?;
+            self.write_range(buf, offset, &mut None)?;
         }
+        self.finish(flags.fua)
+    }
+
+    /// New space is taken in the caller's order, the bytes written after
+    /// `placed`: a copy in source order lays a new image out in that order
+    /// while its workers write the data side by side.
+    fn write_placed(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+        placed: &mut dyn FnMut(),
+    ) -> Result<()> {
+        let mut pending: Placed<'_> = Some(placed);
+        let result = self.check_change(offset, buf.len() as u64).and_then(|()| {
+            if !buf.is_empty() {
+                self.format.before_change(offset, buf.len() as u64)?;
+                self.write_range(buf, offset, &mut pending)?;
+            }
+            Ok(())
+        });
+        // A write that failed before its last step is placed all the same.
+        call_placed(&mut pending);
+        result?;
         self.finish(flags.fua)
     }
 
@@ -362,6 +405,6 @@ impl<F: MappedFormat> BlockDevice for ZeroWriter<'_, F> {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, _flags: WriteFlags) -> Result<()> {
-        self.0.write_range(buf, offset)
+        self.0.write_range(buf, offset, &mut None)
     }
 }
