@@ -381,7 +381,7 @@ fn splice_read(
     let filled = runs.iter().filter(|r| !r.hole).try_for_each(|r| {
         let view = dev.file_view(offset + r.start, r.len).ok_or(None)?;
         let pipe = zc.pipe().ok_or(None)?;
-        if !pipe.fits(view.offset, r.len) {
+        if !pipe.make_room(view.offset, r.len) {
             return Err(None);
         }
         match pipe.fill(view, r.len) {
