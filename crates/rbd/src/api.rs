@@ -25,7 +25,8 @@ pub struct ImageInfo {
     pub num_objs: u64,
     /// log2 of the object size.
     pub order: c_int,
-    block_name_prefix: [c_char; 24],
+    /// The prefix of the image's data objects' names (NUL-terminated).
+    pub block_name_prefix: [c_char; 24],
     parent_pool: i64,
     parent_name: [c_char; 96],
 }
@@ -102,6 +103,13 @@ diskit_core::functions! {
         rbd_get_features: fn(Handle, *mut u64) -> c_int;
         rbd_get_flags: fn(Handle, *mut u64) -> c_int;
         rbd_diff_iterate2: fn(Handle, *const c_char, u64, u64, u8, u8, Option<DiffCb>, *mut c_void) -> c_int;
+        rbd_get_stripe_unit: fn(Handle, *mut u64) -> c_int;
+        rbd_get_stripe_count: fn(Handle, *mut u64) -> c_int;
+        rados_aio_create_completion: fn(*mut c_void, Option<AioCb>, Option<AioCb>, *mut Handle) -> c_int;
+        rados_aio_stat: fn(Handle, *const c_char, Handle, *mut u64, *mut libc::time_t) -> c_int;
+        rados_aio_wait_for_complete: fn(Handle) -> c_int;
+        rados_aio_get_return_value: fn(Handle) -> c_int;
+        rados_aio_release: fn(Handle);
     }
 }
 

@@ -18,6 +18,7 @@ use diskit_core::{
 
 use crate::api::{self, Api, Handle, ImageInfo, SnapInfo, failed, request_failed};
 use crate::name::RbdName;
+use crate::objects::{self, ObjectNames};
 
 /// Requests worth keeping in flight on one image from one submitter:
 /// each is an object-sized read or write on its own OSD request.
@@ -237,6 +238,10 @@ pub struct RbdImage {
     /// Whether the image keeps a valid fast-diff object map: extents then
     /// come from it, whole objects at a time, without asking each object.
     fast_diff: bool,
+    /// How the data objects are named, where their sizes bound the data
+    /// of the objects fast-diff reports whole (the head of an image with
+    /// the default striping; see [`crate::objects`]).
+    object_names: Option<ObjectNames>,
     location: Arc<str>,
     /// Threads that hand read data on to sinks.
     workers: Arc<Workers>,
@@ -313,6 +318,13 @@ impl RbdImage {
             return Err(failed(r.into(), "error getting image info"));
         }
         let fast_diff = Self::has_fast_diff(api, image);
+        // An object's size bounds the head's data only; a snapshot's
+        // bytes may lie past the head's end of the object.
+        let object_names = (fast_diff
+            && name.snapshot.is_none()
+            && Self::default_striping(api, image, info.obj_size))
+        .then(|| ObjectNames::new(&info.block_name_prefix))
+        .flatten();
         let open = Open { image, pool };
         let object_size = info.obj_size.max(512);
         let reads = if writable {
@@ -326,6 +338,7 @@ impl RbdImage {
             object_size,
             writable,
             fast_diff,
+            object_names,
             location: name.canonical().into(),
             workers: Arc::new(Workers::new("diskit-rbd", 2)),
             growing: std::sync::Mutex::new(()),
@@ -355,6 +368,56 @@ impl RbdImage {
                 && (api.rbd_get_flags)(image, &mut flags) == 0
         };
         known && features & FEATURE_FAST_DIFF != 0 && flags & MAP_INVALID == 0
+    }
+
+    /// Whether the image `image` stripes as by default: object `n` holds
+    /// the bytes from `n * object_size` on.
+    fn default_striping(api: &Api, image: Handle, object_size: u64) -> bool {
+        let (mut unit, mut count) = (0u64, 0u64);
+        // SAFETY: the image is open; both are written on success.
+        let known = unsafe {
+            (api.rbd_get_stripe_unit)(image, &mut unit) == 0
+                && (api.rbd_get_stripe_count)(image, &mut count) == 0
+        };
+        known && unit == object_size && count == 1
+    }
+
+    /// `runs` (allocated ranges in order, whole objects as fast-diff
+    /// reports them) narrowed to where each object's bytes reach: an
+    /// object holds data from its start up to its size at most. Objects
+    /// whose size is not known (absent from this pool: a parent's or a
+    /// data pool's) stay whole.
+    fn narrowed(&self, runs: Vec<(u64, u64)>, names: &ObjectNames) -> Vec<(u64, u64)> {
+        let os = self.object_size;
+        let objects: Vec<u64> = runs
+            .iter()
+            .flat_map(|&(s, e)| s / os..e.div_ceil(os))
+            .collect();
+        if objects.is_empty() || objects.len() > objects::MAX_ASKED {
+            return runs;
+        }
+        let source = self.reads.source();
+        let sizes = objects::sizes(source.pool.api, source.pool.ioctx, names, &objects);
+        let size_of: std::collections::HashMap<u64, Option<u64>> =
+            objects.into_iter().zip(sizes).collect();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (s, e) in runs {
+            for n in s / os..e.div_ceil(os) {
+                let start = n * os;
+                let end = match size_of[&n] {
+                    Some(size) => start + size.min(os),
+                    None => start + os,
+                };
+                let (a, b) = (s.max(start), e.min(end));
+                if a < b {
+                    match out.last_mut() {
+                        Some(last) if last.1 == a => last.1 = b,
+                        _ => out.push((a, b)),
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Learns the image's size again (after a resize or a rollback).
@@ -565,9 +628,13 @@ impl BlockDevice for RbdImage {
                 format!("error reading the allocation of {}", self.location),
             ));
         }
+        let runs = match (&self.object_names, self.fast_diff) {
+            (Some(names), true) => self.narrowed(diff.runs, names),
+            _ => diff.runs,
+        };
         let mut out = Vec::new();
         let mut at = offset;
-        for (s, e) in diff.runs {
+        for (s, e) in runs {
             if s > at {
                 out.push(Extent::hole(s - at));
             }

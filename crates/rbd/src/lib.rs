@@ -7,6 +7,7 @@ mod aio;
 mod api;
 pub mod image;
 pub mod name;
+mod objects;
 
 pub use image::{RbdImage, create, remove};
 pub use name::RbdName;
