@@ -16,17 +16,25 @@ import  Sources on /dev/shm: SIZE_MIB (default 2048) of random data (full)
             nbdcopy reads one through qemu-nbd)
           rbd import RAW rbd/dst  (the same data as raw: the users'
             workaround), the peer.
-        The image is removed after each run (not timed).
+        The image is removed after each run (not timed). Floors, in the
+        same rotation: `rbd create` of the image, and `rbd import-diff`
+        of the data's extents (the image's `rbd export-diff`) into an
+        image made first: Ceph's own tools making the image and writing
+        only the data.
         Target: diskit at most 1.0x rbd import's time; sparse at most 0.1x.
 
 export  The full and sparse images in RBD (put there by rbd import) to a
         file on /dev/shm by
           diskit convert -O raw|qcow2 rbd:... DST, diskit copy rbd:... DST
           rbd export rbd/IMG DST, the peer.
+        Floor: `rbd info` of the image (connecting and opening it).
         Target: at most 1.0x rbd export's time; sparse at most 0.1x.
 
 serve   nbdcopy from `diskit serve -r rbd image=rbd/full conf=C` to null:
         against `rbd export rbd/full -` into /dev/null, as throughput.
+        Floor: the processor seconds of rbd export, of the OSD during it
+        and of nbdcopy, spread over every processor: the highest ratio a
+        server that itself cost nothing could reach.
         Target: at least 1.0x.
 
 fio     4 KiB random writes, queue depth 16, through `diskit serve rbd`
@@ -45,6 +53,7 @@ stdout and bench/results/rbd-<date>.json.
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -75,6 +84,25 @@ def timed(argv, **kw):
     return time.monotonic() - start
 
 
+def children_cpu():
+    """Processor seconds of the children waited for so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def process_cpu(pid):
+    """Processor seconds process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_cpu(argv, osd, **kw):
+    """(seconds, the command's processor seconds, the OSD's) of a run."""
+    c0, o0 = children_cpu(), process_cpu(osd)
+    t = timed(argv, **kw)
+    return t, children_cpu() - c0, process_cpu(osd) - o0
+
+
 class Cluster:
     def __init__(self, work):
         self.dir = work / "ceph"
@@ -83,6 +111,8 @@ class Cluster:
         out = run([REPO / "scripts" / "ceph-cluster.sh", "start", self.dir, room],
                   capture_output=True, text=True).stdout
         self.conf = out.strip().splitlines()[-1]
+        self.osd = int(subprocess.run(["pgrep", "-f", f"ceph-osd.*{self.dir}"],
+                                      capture_output=True, text=True).stdout.split()[0])
 
     def name(self, image):
         return f"rbd:rbd/{image}:conf={self.conf}"
@@ -123,6 +153,13 @@ def medians(rounds):
 def part_import(diskit, cl, work, results):
     rows = []
     for kind in ["full", "sparse"]:
+        # The same extents as an RBD diff stream (`rbd export-diff`), for
+        # the floor: Ceph's own tool writing just that data.
+        diff = work / f"{kind}.diff"
+        cl.remove("diffsrc")
+        cl.rbd("import", work / f"{kind}.raw", "rbd/diffsrc")
+        cl.rbd("export-diff", "rbd/diffsrc", diff)
+        cl.remove("diffsrc")
         for fmt in ["raw", "qcow2"]:
             src = work / f"{kind}.{fmt}"
             raw = work / f"{kind}.raw"
@@ -138,7 +175,20 @@ def part_import(diskit, cl, work, results):
             def rbd_import():
                 return timed(["rbd", "-c", cl.conf, "--no-progress", "import", raw, "rbd/dst"])
 
-            tools = {"diskit convert": convert, "diskit copy": copy, "rbd import": rbd_import}
+            def rbd_create():
+                # The floor: connecting and making the image, no data.
+                return timed(["rbd", "-c", cl.conf, "create", "--size", f"{SIZE_MIB}M",
+                              "rbd/dst"])
+
+            def rbd_import_diff():
+                # The floor's other half: the data's extents written by
+                # `rbd import-diff` into an image made first (not timed).
+                cl.rbd("create", "--size", f"{SIZE_MIB}M", "rbd/dst")
+                return timed(["rbd", "-c", cl.conf, "--no-progress", "import-diff", diff,
+                              "rbd/dst"])
+
+            tools = {"diskit convert": convert, "diskit copy": copy, "rbd import": rbd_import,
+                     "rbd create": rbd_create, "rbd import-diff": rbd_import_diff}
             times = {t: [] for t in tools}
             for r in range(ROUNDS):
                 for t in rotated(list(tools), r):
@@ -148,16 +198,24 @@ def part_import(diskit, cl, work, results):
             m = medians(times)
             row = {"cell": f"{kind} {fmt}", **m,
                    "convert/rbd": m["diskit convert"] / m["rbd import"],
-                   "copy/rbd": m["diskit copy"] / m["rbd import"]}
+                   "copy/rbd": m["diskit copy"] / m["rbd import"],
+                   "floor convert/rbd": (m["rbd create"] + m["rbd import-diff"]) / m["rbd import"],
+                   "floor copy/rbd": m["rbd import-diff"] / m["rbd import"]}
             log(f"import {row}")
             rows.append(row)
     results["import"] = rows
-    print(f"\n## import: SIZE_MIB={SIZE_MIB}, medians of {ROUNDS} (s); ratio = diskit / rbd import")
-    print("| source | diskit convert | diskit copy | rbd import | convert ratio | copy ratio |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n## import: SIZE_MIB={SIZE_MIB}, medians of {ROUNDS} (s); ratio = diskit / rbd import;"
+          " floors: Ceph's own tools making the image (`rbd create`) and writing only the data's"
+          " extents into it (`rbd import-diff` of the image's `rbd export-diff`), / rbd import:"
+          " create + import-diff for convert (which makes the image), import-diff for copy")
+    print("| source | diskit convert | diskit copy | rbd import | convert ratio | copy ratio "
+          "| rbd create | rbd import-diff | convert floor | copy floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['cell']} | {r['diskit convert']:.2f} | {r['diskit copy']:.2f} | "
-              f"{r['rbd import']:.2f} | {r['convert/rbd']:.3f} | {r['copy/rbd']:.3f} |")
+        print(f"| {r['cell']} | {r['diskit convert']:.3f} | {r['diskit copy']:.3f} | "
+              f"{r['rbd import']:.3f} | {r['convert/rbd']:.3f} | {r['copy/rbd']:.3f} "
+              f"| {r['rbd create']:.3f} | {r['rbd import-diff']:.3f} "
+              f"| {r['floor convert/rbd']:.3f} | {r['floor copy/rbd']:.3f} |")
 
 
 def part_export(diskit, cl, work, results):
@@ -177,7 +235,12 @@ def part_export(diskit, cl, work, results):
             def rbd_export():
                 return timed(["rbd", "-c", cl.conf, "--no-progress", "export", f"rbd/{kind}", dst])
 
-            tools = {"diskit convert": convert, "rbd export": rbd_export}
+            def rbd_info():
+                # The floor: connecting and opening the image, no data.
+                return timed(["rbd", "-c", cl.conf, "info", f"rbd/{kind}"],
+                             stdout=subprocess.DEVNULL)
+
+            tools = {"diskit convert": convert, "rbd export": rbd_export, "rbd info": rbd_info}
             if fmt == "raw":
                 tools["diskit copy"] = copy
             times = {t: [] for t in tools}
@@ -188,20 +251,23 @@ def part_export(diskit, cl, work, results):
             dst.unlink(missing_ok=True)
             m = medians(times)
             row = {"cell": f"{kind} -> {fmt}", **m,
-                   "convert/rbd": m["diskit convert"] / m["rbd export"]}
+                   "convert/rbd": m["diskit convert"] / m["rbd export"],
+                   "floor/rbd": m["rbd info"] / m["rbd export"]}
             if "diskit copy" in m:
                 row["copy/rbd"] = m["diskit copy"] / m["rbd export"]
             log(f"export {row}")
             rows.append(row)
     results["export"] = rows
-    print(f"\n## export: medians of {ROUNDS} (s); ratio = diskit / rbd export (to raw)")
-    print("| image -> file | diskit convert | diskit copy | rbd export | convert ratio | copy ratio |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n## export: medians of {ROUNDS} (s); ratio = diskit / rbd export (to raw);"
+          " floor: `rbd info` of the image (connecting and opening it, no data) / rbd export")
+    print("| image -> file | diskit convert | diskit copy | rbd export | convert ratio | copy ratio "
+          "| rbd info | floor |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        copy = f"{r['diskit copy']:.2f}" if "diskit copy" in r else "-"
+        copy = f"{r['diskit copy']:.3f}" if "diskit copy" in r else "-"
         ratio = f"{r['copy/rbd']:.3f}" if "copy/rbd" in r else "-"
-        print(f"| {r['cell']} | {r['diskit convert']:.2f} | {copy} | {r['rbd export']:.2f} | "
-              f"{r['convert/rbd']:.3f} | {ratio} |")
+        print(f"| {r['cell']} | {r['diskit convert']:.3f} | {copy} | {r['rbd export']:.3f} | "
+              f"{r['convert/rbd']:.3f} | {ratio} | {r['rbd info']:.3f} | {r['floor/rbd']:.3f} |")
 
 
 def part_serve(diskit, cl, work, results):
@@ -210,14 +276,24 @@ def part_serve(diskit, cl, work, results):
     sock = work / "serve.sock"
     server = nb.Server([diskit, "serve", "-f", "-r", "-U", sock, "rbd", "image=rbd/full",
                         f"conf={cl.conf}"], sock)
+    # Processor seconds of each run: the tool's own (nbdcopy, rbd), the
+    # OSD's, and the server's (diskit serve).
+    cpu = {"nbdcopy": [], "rbd export": [], "osd (rbd export)": [], "diskit serve": []}
     try:
         def nbdcopy():
-            return SIZE_MIB / timed(["nbdcopy", server.uri, "null:"])
+            s0 = process_cpu(server.proc.pid)
+            t, own, _ = timed_cpu(["nbdcopy", server.uri, "null:"], cl.osd)
+            cpu["nbdcopy"].append(own)
+            cpu["diskit serve"].append(process_cpu(server.proc.pid) - s0)
+            return SIZE_MIB / t
 
         def rbd_export():
             with open(os.devnull, "wb") as null:
-                return SIZE_MIB / timed(["rbd", "-c", cl.conf, "--no-progress", "export",
-                                         "rbd/full", "-"], stdout=null)
+                t, own, osd = timed_cpu(["rbd", "-c", cl.conf, "--no-progress", "export",
+                                         "rbd/full", "-"], cl.osd, stdout=null)
+            cpu["rbd export"].append(own)
+            cpu["osd (rbd export)"].append(osd)
+            return SIZE_MIB / t
 
         tools = {"nbdcopy from diskit serve": nbdcopy, "rbd export": rbd_export}
         rates = {t: [] for t in tools}
@@ -227,13 +303,27 @@ def part_serve(diskit, cl, work, results):
     finally:
         server.stop()
     m = medians(rates)
-    row = {**m, "ratio": m["nbdcopy from diskit serve"] / m["rbd export"]}
+    c = medians(cpu)
+    # Any server's floor: the OSD's and librbd's work for the data (what
+    # `rbd export` and the OSD spend) and nbdcopy's own, on every
+    # processor at once, with nothing for the server itself.
+    cores = os.cpu_count()
+    floor_s = (c["rbd export"] + c["osd (rbd export)"] + c["nbdcopy"]) / cores
+    rbd_s = SIZE_MIB / m["rbd export"]
+    row = {**m, "ratio": m["nbdcopy from diskit serve"] / m["rbd export"],
+           "cpu": c, "floor seconds": floor_s, "floor ratio": rbd_s / floor_s}
     log(f"serve {row}")
     results["serve"] = row
-    print(f"\n## serve: {SIZE_MIB} MiB to null, medians of {ROUNDS} (MiB/s); ratio = diskit / rbd")
-    print("| nbdcopy from diskit serve | rbd export to /dev/null | ratio |")
-    print("|---|---|---|")
-    print(f"| {m['nbdcopy from diskit serve']:.0f} | {m['rbd export']:.0f} | {row['ratio']:.2f} |")
+    print(f"\n## serve: {SIZE_MIB} MiB to null, medians of {ROUNDS} (MiB/s); ratio = diskit / rbd;"
+          f" floor: the highest ratio any server could reach on {cores} processors (the"
+          " processor seconds of rbd export, of the OSD during it and of nbdcopy, spread over"
+          " every processor, the server's own work taken as none)")
+    print("| nbdcopy from diskit serve | rbd export to /dev/null | ratio | cpu s: rbd export / osd /"
+          " nbdcopy / diskit serve | floor |")
+    print("|---|---|---|---|---|")
+    print(f"| {m['nbdcopy from diskit serve']:.0f} | {m['rbd export']:.0f} | {row['ratio']:.2f} | "
+          f"{c['rbd export']:.2f} / {c['osd (rbd export)']:.2f} / {c['nbdcopy']:.2f} / "
+          f"{c['diskit serve']:.2f} | {row['floor ratio']:.2f} |")
 
 
 def part_fio(diskit, cl, work, results):
