@@ -542,12 +542,30 @@ impl QemuNbd {
             assert!(t.elapsed().as_secs() < 10, "qemu-nbd did not listen");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        // qemu-nbd listens before it opens (and locks) the image, and
+        // greets a client only once it serves: wait for the greeting.
+        while !greets(sock) {
+            assert!(t.elapsed().as_secs() < 10, "qemu-nbd did not serve");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         QemuNbd {
             child,
             sock: sock.to_path_buf(),
             uri: format!("nbd+unix:///?socket={}", s(sock)),
         }
     }
+}
+
+/// Whether an NBD server on `sock` sends its greeting to a new client
+/// (the connection is closed at once after).
+fn greets(sock: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut c) = std::os::unix::net::UnixStream::connect(sock) else {
+        return false;
+    };
+    let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    let mut magic = [0u8; 8];
+    c.read_exact(&mut magic).is_ok() && &magic == b"NBDMAGIC"
 }
 
 impl Drop for QemuNbd {

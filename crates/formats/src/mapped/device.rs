@@ -301,6 +301,13 @@ impl<F: MappedFormat> BlockDevice for Mapped<F> {
         flags: WriteFlags,
         placed: &mut dyn FnMut(),
     ) -> Result<()> {
+        if self.format.data().writes_in_order() {
+            // Storage written front to back (a new S3 object) takes the
+            // bytes themselves in order: the write comes whole first.
+            let result = self.write_at(buf, offset, flags);
+            placed();
+            return result;
+        }
         let mut pending: Placed<'_> = Some(placed);
         let result = self.check_change(offset, buf.len() as u64).and_then(|()| {
             if !buf.is_empty() {
