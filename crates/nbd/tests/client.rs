@@ -152,3 +152,66 @@ fn a_reply_cut_short_fails_the_request() {
     // Later requests fail at once: the connection is dead.
     assert!(conn.request(CMD_READ, 0, 0, 512, None).is_err());
 }
+
+/// A memory device that counts the extents it is asked for.
+struct CountingExtents {
+    mem: MemoryDevice,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl BlockDevice for CountingExtents {
+    fn size(&self) -> u64 {
+        self.mem.size()
+    }
+    fn capabilities(&self) -> diskit_core::Capabilities {
+        self.mem.capabilities()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> diskit_core::Result<()> {
+        self.mem.read_at(buf, offset)
+    }
+    fn extents(&self, offset: u64, len: u64) -> diskit_core::Result<Vec<diskit_core::Extent>> {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.mem.extents(offset, len)
+    }
+}
+
+#[test]
+fn block_status_of_one_context_of_several_asks_the_server_for_it_alone() {
+    use diskit_core::bits::Bits;
+    use diskit_nbd::server::ExportBitmap;
+    let dev = Arc::new(CountingExtents {
+        mem: MemoryDevice::new(SIZE),
+        asked: Default::default(),
+    });
+    let mut bits = Bits::new(SIZE, 16);
+    bits.set_range(1 << 20, 2 << 20);
+    let export = Export::new("disk", dev.clone())
+        .with_read_only(true)
+        .with_bitmaps(vec![Arc::new(ExportBitmap::new("b", bits, false))]);
+    let mut exports = ExportSet::new();
+    exports.add(export);
+    let server = Server::new(exports, ServerConfig::default());
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let serving = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        server.serve(Box::new(s))
+    });
+    let uri = format!("nbd+unix:///disk?socket={}", sock.display());
+    let c = NbdClient::connect_with(&uri, &["base:allocation", "qemu:dirty-bitmap:b"]).unwrap();
+    assert!(c.extended_headers());
+    // The bitmap's answer needs no extents: with a payload naming its
+    // context alone, the server works out nothing else.
+    let dirty = c.block_status("qemu:dirty-bitmap:b", 0, SIZE).unwrap();
+    assert_eq!(dirty, [(1 << 20, 0), (1 << 20, 1), (SIZE - (2 << 20), 0)]);
+    assert_eq!(dev.asked.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // base:allocation alone: the device's extents, once.
+    let alloc = c.block_status("base:allocation", 0, SIZE).unwrap();
+    assert_eq!(alloc.iter().map(|d| d.0).sum::<u64>(), SIZE);
+    assert!(dev.asked.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    c.close().unwrap();
+    drop(c);
+    serving.join().unwrap();
+}

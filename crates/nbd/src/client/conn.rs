@@ -434,6 +434,13 @@ impl Shared {
                 .and_then(|d| d.get(p.at..p.at + p.length as usize))
                 .ok_or_else(|| Error::invalid("write piece outside its payload"))?;
             Some(data)
+        } else if p.flags & CMD_FLAG_PAYLOAD_LEN != 0 {
+            // Another command's payload (BLOCK_STATUS's), whole: the
+            // header's length is its length.
+            let data = payload
+                .filter(|d| d.len() as u64 == p.length)
+                .ok_or_else(|| Error::invalid("a request's payload of another length"))?;
+            Some(data)
         } else {
             None
         };

@@ -32,6 +32,7 @@ use diskit_core::{
 };
 
 use crate::proto::consts::*;
+use crate::proto::request::BlockStatusPayload;
 use conn::{Connection, Group, Piece, Stream};
 use handshake::Negotiated;
 use tls::ClientTls;
@@ -497,7 +498,27 @@ impl NbdClient {
         let (a, e) = self.outer(offset, len.min(u64::from(u32::MAX) / 2));
         let n = (e - a).min(u64::from(u32::MAX) / self.min_block() * self.min_block());
         // Context ids belong to the connection that negotiated them.
-        let answer = self.first().request(CMD_BLOCK_STATUS, flags, a, n, None)?;
+        let answer = if self.export.contexts.len() > 1
+            && self.export.extended
+            && self.has(TFLAG_BLOCK_STATUS_PAYLOAD)
+        {
+            // Only this context, where the server takes a payload that
+            // says so: it need not work out the others.
+            let payload = BlockStatusPayload {
+                length: n,
+                ids: vec![id],
+            }
+            .encode();
+            self.first().request(
+                CMD_BLOCK_STATUS,
+                flags | CMD_FLAG_PAYLOAD_LEN,
+                a,
+                payload.len() as u64,
+                Some(&payload),
+            )?
+        } else {
+            self.first().request(CMD_BLOCK_STATUS, flags, a, n, None)?
+        };
         let mut skip = offset - a;
         let mut left = len.min(n - skip);
         let out: Vec<(u64, u32)> = answer
