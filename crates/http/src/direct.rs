@@ -49,6 +49,9 @@ pub struct DirectGets {
     idle: Mutex<Vec<TcpStream>>,
     keep: usize,
     stall: Duration,
+    /// Header lines sent with every request besides Host, Range and
+    /// Accept-Encoding (`Name: value\r\n` each).
+    extra: String,
 }
 
 impl DirectGets {
@@ -69,7 +72,22 @@ impl DirectGets {
             idle: Mutex::new(Vec::new()),
             keep: keep.max(1),
             stall,
+            extra: String::new(),
         })
+    }
+
+    /// The same, sending `headers` with every request too; `None` when a
+    /// name or value could break the request (a line break, a NUL, a
+    /// colon in a name: the agent refuses those).
+    pub fn with_headers(mut self, headers: &[(String, String)]) -> Option<DirectGets> {
+        for (k, v) in headers {
+            let bad = |t: &str| t.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0));
+            if k.is_empty() || k.contains(':') || bad(k) || bad(v) {
+                return None;
+            }
+            self.extra.push_str(&format!("{k}: {v}\r\n"));
+        }
+        Some(self)
     }
 
     /// GETs `buf.len()` bytes at `offset` of `url` (a URL of this server)
@@ -91,8 +109,8 @@ impl DirectGets {
         let last = offset + buf.len() as u64 - 1;
         let request = format!(
             "GET {target} HTTP/1.1\r\nHost: {}\r\nRange: bytes={offset}-{last}\r\n\
-             Accept-Encoding: identity\r\n\r\n",
-            self.authority
+             Accept-Encoding: identity\r\n{}\r\n",
+            self.authority, self.extra
         );
         // A kept connection the server has closed fails at once: one more
         // try on a new connection before the failure counts.
@@ -397,6 +415,54 @@ mod tests {
             idle: Mutex::new(Vec::new()),
             keep: 2,
             stall: Duration::from_secs(10),
+            extra: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_callers_headers_go_with_each_request_and_line_breaks_are_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (c, _) = listener.accept().unwrap();
+            let mut r = io::BufReader::new(c.try_clone().unwrap());
+            let mut w = c;
+            let mut lines = Vec::new();
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                if line == "\r\n" {
+                    break;
+                }
+                lines.push(line.trim_end().to_string());
+            }
+            write!(
+                w,
+                "HTTP/1.1 206 Partial Content\r\nContent-Length: 4\r\n\
+                 Content-Range: bytes 0-3/1000000\r\n\r\n\0\x01\x02\x03"
+            )
+            .unwrap();
+            lines
+        });
+        let headers = [
+            ("Cookie".to_string(), "a=b".to_string()),
+            ("Authorization".to_string(), "Basic eDp5".to_string()),
+        ];
+        let d = to(addr).with_headers(&headers).unwrap();
+        let mut buf = [9u8; 4];
+        let url = format!("http://{addr}/disk.img");
+        assert!(matches!(
+            d.get_range(&url, &mut buf, 0, &whole_test_object()),
+            Ok(Got::Bytes)
+        ));
+        assert_eq!(buf, [0, 1, 2, 3]);
+        let lines = server.join().unwrap();
+        assert_eq!(lines[0], "GET /disk.img HTTP/1.1");
+        assert!(lines.contains(&"Cookie: a=b".to_string()), "{lines:?}");
+        assert!(lines.contains(&"Authorization: Basic eDp5".to_string()), "{lines:?}");
+        for bad in [("X", "a\r\nEvil: 1"), ("X:Y", "v"), ("", "v"), ("X", "a\nb")] {
+            let h = [(bad.0.to_string(), bad.1.to_string())];
+            assert!(to(addr).with_headers(&h).is_none(), "{bad:?}");
         }
     }
 

@@ -7,6 +7,9 @@ use diskit_core::{Error, ErrorKind, Result};
 use ureq::Agent;
 use ureq::http::StatusCode;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::direct::{DirectGets, Got};
 use crate::options::{HttpOptions, basic_auth};
 use crate::transport::{self, Expected, Failure, content_range, header};
 
@@ -27,6 +30,11 @@ pub struct Source {
     /// Its entity tag, when the server gave one: a later answer with
     /// another one is another resource.
     etag: Option<String>,
+    /// Range GETs read straight into the caller's buffer, for a plain
+    /// `http://` URL (see [`crate::direct`]); given up after the first
+    /// answer they do not take (a redirect: the agent follows it).
+    direct: Option<DirectGets>,
+    direct_taken: AtomicBool,
 }
 
 impl Source {
@@ -47,6 +55,21 @@ impl Source {
         if let Some(c) = &opts.cookie {
             headers.push(("Cookie".into(), c.clone()));
         }
+        // Not where a whole-request timeout is asked (only a stall is
+        // timed on that path).
+        let direct = opts
+            .timeout
+            .is_none()
+            .then(|| DirectGets::for_endpoint(url, opts.connections.max(1), opts.stall_timeout))
+            .flatten()
+            .and_then(|d| {
+                let ua = opts
+                    .user_agent
+                    .iter()
+                    .map(|u| ("User-Agent".to_string(), u.clone()));
+                let all: Vec<(String, String)> = headers.iter().cloned().chain(ua).collect();
+                d.with_headers(&all)
+            });
         let mut source = Source {
             agent,
             url: url.to_string(),
@@ -55,6 +78,8 @@ impl Source {
             retries: opts.retries,
             size: 0,
             etag: None,
+            direct,
+            direct_taken: AtomicBool::new(true),
         };
         let (size, etag) = source.retrying(|s| s.probe())?;
         source.size = size;
@@ -145,10 +170,38 @@ impl Source {
 
     fn read_once(&self, buf: &mut [u8], offset: u64) -> std::result::Result<(), Failure> {
         let last = offset + buf.len() as u64 - 1;
+        let expected = Expected {
+            what: &self.what,
+            size: self.size,
+            etag: self.etag.as_deref(),
+        };
+        if let Some(d) = &self.direct
+            && self.direct_taken.load(Ordering::Relaxed)
+        {
+            match d.get_range(&self.url, buf, offset, &expected)? {
+                Got::Bytes => return Ok(()),
+                Got::Refused { status, .. } => {
+                    let status =
+                        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                    return Err(self.refusal(status, offset, last).unwrap_or_else(|| {
+                        Failure::Permanent(self.err(ErrorKind::Io, format!("HTTP status {status}")))
+                    }));
+                }
+                Got::Other => self.direct_taken.store(false, Ordering::Relaxed),
+            }
+        }
         let mut r = self.get_range(format!("bytes={offset}-{last}"))?;
-        let status = r.status();
+        if let Some(f) = self.refusal(r.status(), offset, last) {
+            return Err(f);
+        }
+        expected.take(&mut r, buf, offset)
+    }
+
+    /// What the answer `status` to a GET of bytes `offset..=last` means
+    /// when it is not the part asked: `None` for 206.
+    fn refusal(&self, status: StatusCode, offset: u64, last: u64) -> Option<Failure> {
         if status == StatusCode::RANGE_NOT_SATISFIABLE {
-            return Err(Failure::Permanent(self.err(
+            return Some(Failure::Permanent(self.err(
                 ErrorKind::Io,
                 format!(
                     "bytes {offset}-{last} are past the end: the resource shrank from {} bytes",
@@ -156,15 +209,7 @@ impl Source {
                 ),
             )));
         }
-        if let Some(f) = self.bad_status(status, true) {
-            return Err(f);
-        }
-        let expected = Expected {
-            what: &self.what,
-            size: self.size,
-            etag: self.etag.as_deref(),
-        };
-        expected.take(&mut r, buf, offset)
+        self.bad_status(status, true)
     }
 
     /// A GET of the byte range `range` (`bytes=A-B`); a server that answers
