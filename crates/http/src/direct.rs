@@ -459,8 +459,16 @@ mod tests {
         let lines = server.join().unwrap();
         assert_eq!(lines[0], "GET /disk.img HTTP/1.1");
         assert!(lines.contains(&"Cookie: a=b".to_string()), "{lines:?}");
-        assert!(lines.contains(&"Authorization: Basic eDp5".to_string()), "{lines:?}");
-        for bad in [("X", "a\r\nEvil: 1"), ("X:Y", "v"), ("", "v"), ("X", "a\nb")] {
+        assert!(
+            lines.contains(&"Authorization: Basic eDp5".to_string()),
+            "{lines:?}"
+        );
+        for bad in [
+            ("X", "a\r\nEvil: 1"),
+            ("X:Y", "v"),
+            ("", "v"),
+            ("X", "a\nb"),
+        ] {
             let h = [(bad.0.to_string(), bad.1.to_string())];
             assert!(to(addr).with_headers(&h).is_none(), "{bad:?}");
         }
