@@ -182,7 +182,13 @@ fn both_decide(b: &Bench, authz: &str, expected: [bool; 2]) {
             let got = srv.reads(b, &b.file(who));
             assert_eq!(got, want, "{which:?} {authz}: {who}; {}", srv.log());
             if !want {
+                // The server may log the refusal after the client has
+                // seen the connection end: wait for the line a while.
                 let line = format!("TLS x509 authz check for {subject} is denied");
+                let t = Instant::now();
+                while !srv.log().contains(&line) && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 assert_contains(&srv.log(), &line);
             }
         }
