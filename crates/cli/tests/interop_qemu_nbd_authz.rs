@@ -152,6 +152,19 @@ impl Server {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap()
     }
+
+    /// The server's log once it says `line` (a refusal may be logged
+    /// after the client saw the connection end), or after 10 s.
+    fn log_with(&self, line: &str) -> String {
+        let t = Instant::now();
+        loop {
+            let log = self.log();
+            if log.contains(line) || t.elapsed() > Duration::from_secs(10) {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Server {
@@ -182,14 +195,8 @@ fn both_decide(b: &Bench, authz: &str, expected: [bool; 2]) {
             let got = srv.reads(b, &b.file(who));
             assert_eq!(got, want, "{which:?} {authz}: {who}; {}", srv.log());
             if !want {
-                // The server may log the refusal after the client has
-                // seen the connection end: wait for the line a while.
                 let line = format!("TLS x509 authz check for {subject} is denied");
-                let t = Instant::now();
-                while !srv.log().contains(&line) && t.elapsed() < Duration::from_secs(10) {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                assert_contains(&srv.log(), &line);
+                assert_contains(&srv.log_with(&line), &line);
             }
         }
     }
@@ -288,6 +295,7 @@ fn authz_applies_to_verified_certificates_and_a_missing_object_refuses() {
         drop(srv);
         let srv = b.serve(which, &b.x509(true), nobody, "nope");
         assert!(!srv.reads(&b, &b.file("alice")), "{which:?}");
-        assert_contains(&srv.log(), "Cannot find QAuthZ object ID nope");
+        let line = "Cannot find QAuthZ object ID nope";
+        assert_contains(&srv.log_with(line), line);
     }
 }
