@@ -370,19 +370,12 @@ mod tests {
     /// A server answering each GET on a kept connection with the bytes
     /// `i % 251` of the range asked, `rounds` times, then closing.
     fn serve(listener: TcpListener, answers: usize, close_after: usize) {
-        let (c, _) = listener.accept().unwrap();
-        let mut r = io::BufReader::new(c.try_clone().unwrap());
-        let mut w = c;
+        let (mut r, mut w) = accept(&listener);
         for n in 0..answers {
             let mut range = (0u64, 0u64);
-            loop {
-                let mut line = String::new();
-                r.read_line(&mut line).unwrap();
-                if line == "\r\n" {
-                    break;
-                }
+            for line in request_lines(&mut r) {
                 if let Some(v) = line.strip_prefix("Range: bytes=") {
-                    let (a, b) = v.trim().split_once('-').unwrap();
+                    let (a, b) = v.split_once('-').unwrap();
                     range = (a.parse().unwrap(), b.parse().unwrap());
                 }
             }
@@ -408,6 +401,25 @@ mod tests {
         }
     }
 
+    /// The next connection to `listener`: read buffered, and written.
+    fn accept(listener: &TcpListener) -> (io::BufReader<TcpStream>, TcpStream) {
+        let (c, _) = listener.accept().unwrap();
+        (io::BufReader::new(c.try_clone().unwrap()), c)
+    }
+
+    /// The lines of the next request's header section, line ends cut.
+    fn request_lines(r: &mut io::BufReader<TcpStream>) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                return lines;
+            }
+            lines.push(line.trim_end().to_string());
+        }
+    }
+
     /// Direct GETs to the test server at `addr`.
     fn to(addr: std::net::SocketAddr) -> DirectGets {
         DirectGets {
@@ -424,18 +436,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
-            let (c, _) = listener.accept().unwrap();
-            let mut r = io::BufReader::new(c.try_clone().unwrap());
-            let mut w = c;
-            let mut lines = Vec::new();
-            loop {
-                let mut line = String::new();
-                r.read_line(&mut line).unwrap();
-                if line == "\r\n" {
-                    break;
-                }
-                lines.push(line.trim_end().to_string());
-            }
+            let (mut r, mut w) = accept(&listener);
+            let lines = request_lines(&mut r);
             write!(
                 w,
                 "HTTP/1.1 206 Partial Content\r\nContent-Length: 4\r\n\
@@ -513,16 +515,10 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
-            let (c, _) = listener.accept().unwrap();
-            let mut r = io::BufReader::new(c.try_clone().unwrap());
-            let mut w = c;
+            let (mut r, mut w) = accept(&listener);
             let body = "<Error><Code>NoSuchKey</Code></Error>";
             for _ in 0..2 {
-                let mut line = String::new();
-                while line != "\r\n" {
-                    line.clear();
-                    r.read_line(&mut line).unwrap();
-                }
+                request_lines(&mut r);
                 write!(
                     w,
                     "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\n\r\n{body}",

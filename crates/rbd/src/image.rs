@@ -397,14 +397,14 @@ impl RbdImage {
             return runs;
         }
         let source = self.reads.source();
-        let sizes = objects::sizes(source.pool.api, source.pool.ioctx, names, &objects);
-        let size_of: std::collections::HashMap<u64, Option<u64>> =
-            objects.into_iter().zip(sizes).collect();
+        // In the order `objects` lists them, walked again below.
+        let mut sizes =
+            objects::sizes(source.pool.api, source.pool.ioctx, names, &objects).into_iter();
         let mut out: Vec<(u64, u64)> = Vec::new();
         for (s, e) in runs {
             for n in s / os..e.div_ceil(os) {
                 let start = n * os;
-                let end = match size_of[&n] {
+                let end = match sizes.next().flatten() {
                     Some(size) => start + size.min(os),
                     None => start + os,
                 };

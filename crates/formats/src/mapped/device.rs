@@ -106,6 +106,24 @@ impl<F: MappedFormat> Mapped<F> {
         self.units.lock(g / u * u, end, true)
     }
 
+    /// A write of `buf` at guest `offset`: checked, announced to the
+    /// format, written (`placed` as [`write_range`](Self::write_range)
+    /// calls it), then FUA kept.
+    fn write_guest(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        flags: WriteFlags,
+        placed: &mut Placed<'_>,
+    ) -> Result<()> {
+        self.check_change(offset, buf.len() as u64)?;
+        if !buf.is_empty() {
+            self.format.before_change(offset, buf.len() as u64)?;
+            self.write_range(buf, offset, placed)?;
+        }
+        self.finish(flags.fua)
+    }
+
     /// Writes `buf` at guest `offset` (in range); `placed`, if any, is
     /// called (taken) once the last step's bytes have their place, before
     /// they are written (see [`BlockDevice::write_placed`]).
@@ -283,12 +301,7 @@ impl<F: MappedFormat> BlockDevice for Mapped<F> {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: WriteFlags) -> Result<()> {
-        self.check_change(offset, buf.len() as u64)?;
-        if !buf.is_empty() {
-            self.format.before_change(offset, buf.len() as u64)?;
-            self.write_range(buf, offset, &mut None)?;
-        }
-        self.finish(flags.fua)
+        self.write_guest(buf, offset, flags, &mut None)
     }
 
     /// New space is taken in the caller's order, the bytes written after
@@ -304,22 +317,15 @@ impl<F: MappedFormat> BlockDevice for Mapped<F> {
         if self.format.data().writes_in_order() {
             // Storage written front to back (a new S3 object) takes the
             // bytes themselves in order: the write comes whole first.
-            let result = self.write_at(buf, offset, flags);
+            let result = self.write_guest(buf, offset, flags, &mut None);
             placed();
             return result;
         }
         let mut pending: Placed<'_> = Some(placed);
-        let result = self.check_change(offset, buf.len() as u64).and_then(|()| {
-            if !buf.is_empty() {
-                self.format.before_change(offset, buf.len() as u64)?;
-                self.write_range(buf, offset, &mut pending)?;
-            }
-            Ok(())
-        });
+        let result = self.write_guest(buf, offset, flags, &mut pending);
         // A write that failed before its last step is placed all the same.
         call_placed(&mut pending);
-        result?;
-        self.finish(flags.fua)
+        result
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
